@@ -1,0 +1,104 @@
+"""The storage backend interface (core layer): one async ABC for posix and S3 volumes.
+
+A backend reaches existing storage in place. It never rewrites existing objects into a
+format of its own: what loomfs writes is a plain file or a plain object that the tools
+which wrote the rest can read. Keys are relative to the volume root, '/'-separated, never
+absolute, never containing '.' or '..' (the namespace layer has already refused those; a
+backend re-checks containment anyway, since it is the last line before the disk).
+
+Vendor errors (OSError, botocore) are translated into ``loomfs.errors`` here, at the
+boundary, with ``__cause__`` kept.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterable, AsyncIterator
+
+from ..streams import ByteSource
+from ..types import ObjectInfo
+
+
+class Capability(enum.StrEnum):
+    """Abilities a backend declares instead of faking them."""
+
+    ATOMIC_RENAME = "atomic_rename"  # rename of a file or whole directory is one atomic step
+    LOCAL_FILES = "local_files"  # reads can hand back a local FileRegion (sendfile)
+    SYMLINKS = "symlinks"
+    NOTIFY = "notify"  # change notification (inotify) in addition to rescans
+    POSIX_MODE = "posix_mode"  # mode/uid/gid are real and settable
+
+
+class Backend(ABC):
+    """One volume's storage. Instances are created by ``loomfs.core.registry``."""
+
+    #: the volume URL without secrets, safe to log and to store in the catalog
+    url: str
+    capabilities: frozenset[Capability] = frozenset()
+
+    @abstractmethod
+    async def check(self) -> None:
+        """Verify that the storage exists and the credentials work, or raise a clear error
+        (``NotFound``, ``AuthenticationFailed``, ``BackendUnavailable``)."""
+
+    @abstractmethod
+    async def stat(self, key: str) -> ObjectInfo:
+        """Facts of one object or directory; ``NotFound`` if there is none."""
+
+    @abstractmethod
+    def scan(self, prefix: str = "", start_after: str | None = None) -> AsyncIterator[
+        list[ObjectInfo]
+    ]:
+        """Every object and directory below ``prefix`` (not ``prefix`` itself), in batches.
+
+        Items come in ascending byte order of ``ObjectInfo.sort_key``; with ``start_after``
+        only items whose sort key is greater are produced, so a killed scan can resume.
+        Directories implied by S3 keys are produced once, before their first child. Reads
+        no object's data.
+        """
+
+    @abstractmethod
+    def list_dir(self, key: str) -> AsyncIterator[list[ObjectInfo]]:
+        """The direct children of directory ``key``, in batches, in sort-key order."""
+
+    @abstractmethod
+    async def open_read(
+        self, key: str, offset: int, length: int, expect: ObjectInfo | None = None
+    ) -> ByteSource:
+        """The bytes [offset, offset+length) of a file.
+
+        With ``expect``, raise ``Conflict`` if the object is no longer that version (S3:
+        If-Match on the ETag; posix: the fingerprint). The caller clamps the range.
+        """
+
+    @abstractmethod
+    async def write(
+        self, key: str, data: AsyncIterable[bytes], *, mode: int | None = None
+    ) -> ObjectInfo:
+        """Create or replace a file atomically: readers see the old or the new bytes, never
+        a mix or a partial file (posix: temp file, fsync, rename; S3: one PUT or a
+        completed multipart upload). The parent directory must exist."""
+
+    @abstractmethod
+    async def mkdir(self, key: str) -> ObjectInfo:
+        """Create one directory (the parent must exist); ``AlreadyExists`` if present."""
+
+    @abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove a file, a symlink, or an empty directory."""
+
+    @abstractmethod
+    async def rename(self, src: str, dst: str) -> None:
+        """Move a file or a directory tree to ``dst`` (which must not exist).
+
+        Atomic where ``ATOMIC_RENAME`` is declared; on S3 it copies, then deletes."""
+
+    async def set_attrs(
+        self, key: str, *, mode: int | None = None, mtime_ns: int | None = None
+    ) -> ObjectInfo:
+        """Change mode or mtime where the storage keeps them; otherwise just report."""
+        return await self.stat(key)
+
+    async def close(self) -> None:  # noqa: B027 - backends without connections hold nothing
+        """Release connections and threads."""

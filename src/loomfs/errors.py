@@ -1,0 +1,160 @@
+"""The one error hierarchy of loomfs (used by every layer).
+
+Each error inherits the builtin that a Python caller would expect (``NotFound`` is a
+``FileNotFoundError``), carries a stable ``code`` that protocol edges translate through
+their own tables, and says whether retrying can help. Vendor errors (botocore, sqlite,
+psycopg, OSError) are translated at the boundary that sees them, with ``__cause__`` kept.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class LoomError(Exception):
+    """Base of every loomfs error."""
+
+    code = "InternalError"
+    errno = _errno.EIO
+    retryable = False
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NotFound(LoomError, FileNotFoundError):
+    code = "NotFound"
+    errno = _errno.ENOENT
+
+
+class AlreadyExists(LoomError, FileExistsError):
+    code = "AlreadyExists"
+    errno = _errno.EEXIST
+
+
+class NotADirectory(LoomError, NotADirectoryError):
+    code = "NotADirectory"
+    errno = _errno.ENOTDIR
+
+
+class IsADirectory(LoomError, IsADirectoryError):
+    code = "IsADirectory"
+    errno = _errno.EISDIR
+
+
+class DirectoryNotEmpty(LoomError, OSError):
+    code = "DirectoryNotEmpty"
+    errno = _errno.ENOTEMPTY
+
+
+class Conflict(LoomError):
+    """A version precondition failed, or the content changed while it was being read."""
+
+    code = "Conflict"
+    errno = _errno.ESTALE
+
+
+class PermissionDenied(LoomError, PermissionError):
+    code = "PermissionDenied"
+    errno = _errno.EACCES
+
+
+class AuthenticationFailed(PermissionDenied):
+    """Credentials were missing, wrong or refused (by a backend or by loomfs itself)."""
+
+    code = "AuthenticationFailed"
+
+
+class InvalidPath(LoomError, ValueError):
+    code = "InvalidPath"
+    errno = _errno.EINVAL
+
+
+class InvalidArgument(LoomError, ValueError):
+    code = "InvalidArgument"
+    errno = _errno.EINVAL
+
+
+class UnsupportedScheme(InvalidArgument):
+    code = "UnsupportedScheme"
+
+
+class ConfigError(LoomError, ValueError):
+    code = "ConfigError"
+    errno = _errno.EINVAL
+
+
+class CrossesVolume(LoomError, OSError):
+    """A rename between two volumes (or out of a volume) cannot be done in place."""
+
+    code = "CrossesVolume"
+    errno = _errno.EXDEV
+
+
+class NotSupported(LoomError, OSError):
+    code = "NotSupported"
+    errno = _errno.ENOTSUP
+
+
+class InsufficientStorage(LoomError, OSError):
+    code = "InsufficientStorage"
+    errno = _errno.ENOSPC
+
+
+class BackendUnavailable(LoomError, ConnectionError):
+    """A volume's storage or the catalog cannot be reached right now."""
+
+    code = "BackendUnavailable"
+    errno = _errno.EIO
+    retryable = True
+
+
+ALL_ERRORS: tuple[type[LoomError], ...] = (
+    LoomError,
+    NotFound,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    Conflict,
+    PermissionDenied,
+    AuthenticationFailed,
+    InvalidPath,
+    InvalidArgument,
+    UnsupportedScheme,
+    ConfigError,
+    CrossesVolume,
+    NotSupported,
+    InsufficientStorage,
+    BackendUnavailable,
+)
+
+BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in ALL_ERRORS}
+
+
+def from_oserror(exc: OSError, path: str | None = None) -> LoomError:
+    """Translate an OSError from a local file system into the hierarchy, keeping the cause."""
+    table: dict[int, type[LoomError]] = {
+        _errno.ENOENT: NotFound,
+        _errno.EEXIST: AlreadyExists,
+        _errno.ENOTDIR: NotADirectory,
+        _errno.EISDIR: IsADirectory,
+        _errno.ENOTEMPTY: DirectoryNotEmpty,
+        _errno.EACCES: PermissionDenied,
+        _errno.EPERM: PermissionDenied,
+        _errno.ENOSPC: InsufficientStorage,
+        _errno.EDQUOT: InsufficientStorage,
+        _errno.EXDEV: CrossesVolume,
+        _errno.ENAMETOOLONG: InvalidPath,
+        _errno.ELOOP: InvalidPath,
+        _errno.EROFS: PermissionDenied,
+    }
+    cls = table.get(exc.errno or 0, LoomError)
+    err = cls(f"{exc.strerror or exc}" + (f": {path}" if path else ""), path=path)
+    err.__cause__ = exc
+    return err
