@@ -56,7 +56,7 @@ def join(parent: str, name: str) -> str:
 
 def is_within(path: str, top: str) -> bool:
     """True when ``path`` is ``top`` or lies below it (both normalized)."""
-    return top == ROOT or path == top or path.startswith(top + "/")
+    return top in (ROOT, path) or path.startswith(top + "/")
 
 
 def relative(path: str, top: str) -> str:

@@ -21,12 +21,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_for_port(
+    port: int, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Block until something accepts on 127.0.0.1:port, or fail with what went wrong."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode} before listening")
+            raise RuntimeError(
+                f"process {proc.args!r} exited with {proc.returncode} before listening"
+            )
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
             return
         time.sleep(0.05)

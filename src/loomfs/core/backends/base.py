@@ -47,9 +47,9 @@ class Backend(ABC):
         """Facts of one object or directory; ``NotFound`` if there is none."""
 
     @abstractmethod
-    def scan(self, prefix: str = "", start_after: str | None = None) -> AsyncIterator[
-        list[ObjectInfo]
-    ]:
+    def scan(
+        self, prefix: str = "", start_after: str | None = None
+    ) -> AsyncIterator[list[ObjectInfo]]:
         """Every object and directory below ``prefix`` (not ``prefix`` itself), in batches.
 
         Items come in ascending byte order of ``ObjectInfo.sort_key``; with ``start_after``
