@@ -80,6 +80,10 @@ class InvalidArgument(LoomError, ValueError):
     errno = _errno.EINVAL
 
 
+class RangeNotSatisfiable(InvalidArgument):
+    code = "RangeNotSatisfiable"
+
+
 class UnsupportedScheme(InvalidArgument):
     code = "UnsupportedScheme"
 
@@ -126,6 +130,7 @@ ALL_ERRORS: tuple[type[LoomError], ...] = (
     AuthenticationFailed,
     InvalidPath,
     InvalidArgument,
+    RangeNotSatisfiable,
     UnsupportedScheme,
     ConfigError,
     CrossesVolume,

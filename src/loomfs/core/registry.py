@@ -58,7 +58,10 @@ def _load(table: dict[str, _Impl], what: str, url: str) -> object:
             f"{what} scheme {scheme}:// needs a package that is not installed ({exc.name}); "
             f"install it with: {hint}"
         ) from exc
-    return getattr(module, attr)
+    target: object = module
+    for name in attr.split("."):
+        target = getattr(target, name)
+    return target
 
 
 def open_backend(url: str) -> Backend:

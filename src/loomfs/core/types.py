@@ -55,3 +55,73 @@ class Principal:
 
 
 SYSTEM = Principal(user="system", groups=frozenset({"admin"}), protocol="internal")
+
+
+class ChangeOp(enum.StrEnum):
+    CREATE = "create"
+    MODIFY = "modify"  # content changed: new version
+    META = "meta"  # mode, owner, mtime or tags changed; content version unchanged
+    DELETE = "delete"  # the path and everything below it is gone
+    RENAME = "rename"  # path moved to new_path, with everything below it
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One file, directory or symlink of the namespace, as the catalog records it.
+
+    ``version`` is the change-log sequence number of the last change to the content, so
+    it only grows, and a (path, version) pair never names two different contents even
+    across delete and re-create.
+    """
+
+    path: str
+    kind: EntryKind
+    size: int
+    mtime_ns: int
+    mode: int
+    uid: int
+    gid: int
+    version: int
+    etag: str | None = None
+    inode: int | None = None
+    link_target: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind is EntryKind.DIR
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One record of the change log; spokes consume these in ``seq`` order."""
+
+    seq: int
+    op: ChangeOp
+    path: str
+    kind: EntryKind
+    version: int
+    time_ns: int
+    new_path: str | None = None
+    size: int = 0
+
+
+class VolumeState(enum.StrEnum):
+    IMPORTING = "importing"  # first assimilation under way; checkpoint says how far
+    READY = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Volume:
+    """Existing storage assimilated at ``mount`` (a namespace path)."""
+
+    id: int
+    mount: str
+    url: str
+    state: VolumeState
+    checkpoint: str | None
+    created_ns: int
+    last_scan_ns: int | None

@@ -1,0 +1,105 @@
+"""Site configuration (core layer): one TOML file, overridable from the environment.
+
+Every key can be set as ``LOOMFS_<SECTION>__<KEY>`` (``LOOMFS_HUB__LISTEN=0.0.0.0:7070``);
+the file is found through ``--config``, ``LOOMFS_CONFIG`` or ``./loomfs.toml``. Secrets do
+not belong here: S3 credentials come from the AWS credential chain, database passwords
+from ``~/.pgpass``, so this file can be shown and logged.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import ConfigError
+
+ENV_PREFIX = "LOOMFS_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SiteSection(_Section):
+    name: str = "hub"
+    data_dir: Path = Path.home() / ".local" / "share" / "loomfs"
+
+
+class CatalogSection(_Section):
+    #: default: a SQLite file in the site's data directory
+    url: str | None = None
+
+
+class HubSection(_Section):
+    listen: str = "127.0.0.1:7070"
+    #: seconds between rescans of every volume (S3 changes are found this way); 0 = never
+    rescan_interval: float = 600.0
+    #: follow posix volumes with inotify
+    watch: bool = True
+
+
+class ClientSection(_Section):
+    hub: str = "http://127.0.0.1:7070"
+
+
+class LogSection(_Section):
+    level: str = "INFO"
+    #: "json" (one structured line per event) or "text"
+    format: str = "json"
+
+
+class Config(_Section):
+    site: SiteSection = SiteSection()
+    catalog: CatalogSection = CatalogSection()
+    hub: HubSection = HubSection()
+    client: ClientSection = ClientSection()
+    log: LogSection = LogSection()
+
+    @property
+    def catalog_url(self) -> str:
+        return self.catalog.url or f"sqlite://{self.site.data_dir.resolve() / 'catalog.db'}"
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        host, _, port = self.hub.listen.rpartition(":")
+        try:
+            return host or "127.0.0.1", int(port)
+        except ValueError:
+            raise ConfigError(f"hub.listen must be HOST:PORT, not {self.hub.listen!r}") from None
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name or name == "LOOMFS_CONFIG":
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        data.setdefault(section, {})[key] = value
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    if path is None and env.get("LOOMFS_CONFIG"):
+        path = Path(env["LOOMFS_CONFIG"])
+    if path is None and Path("loomfs.toml").is_file():
+        path = Path("loomfs.toml")
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    _apply_env(data, env)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration ({path or 'defaults'}): {problems}") from None

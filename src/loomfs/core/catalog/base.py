@@ -1,0 +1,164 @@
+"""The catalog interface (core layer): one async ABC over SQLite and PostgreSQL.
+
+The catalog is a site's metadata: volumes, entries, tags, and the change log whose
+sequence numbers spokes follow. Every write is one transaction that either commits whole
+or leaves nothing behind; sequence numbers are handed out inside it, so the change log is
+gap-free and in commit order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..types import Change, Entry, EntryKind, Volume, VolumeState
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Create or update one entry.
+
+    The catalog compares it with the stored row: a new path or a change of kind, size,
+    mtime or etag is a content change (new version); a change of mode/owner only is a META
+    change; anything else changes nothing and takes no sequence number.
+    """
+
+    path: str
+    kind: EntryKind
+    size: int = 0
+    mtime_ns: int = 0
+    mode: int = 0
+    uid: int = 0
+    gid: int = 0
+    etag: str | None = None
+    inode: int | None = None
+    link_target: str | None = None
+    #: fail with Conflict unless the stored version is this one
+    expect_version: int | None = None
+    #: fail with AlreadyExists if the path exists
+    exclusive: bool = False
+    #: fail unless the parent exists and is a directory (namespace writes)
+    check_parent: bool = False
+    #: a content change even if size/mtime/etag happen to match (an explicit write)
+    force_version: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Remove an entry; with ``recursive`` everything below it too."""
+
+    path: str
+    recursive: bool = False
+    expect_version: int | None = None
+    #: a vanished path is no error (sweeps racing other sweeps)
+    missing_ok: bool = False
+
+
+Op = Put | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one op did: the row's id (existing or new), the entry after it (None when
+    deleted), and the change it logged (None when nothing changed)."""
+
+    id: int | None
+    entry: Entry | None
+    change: Change | None
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeUpdate:
+    """Volume bookkeeping committed in the same transaction as a batch of ops, so that a
+    killed import resumes exactly after the last batch that committed."""
+
+    volume_id: int
+    state: VolumeState | None = None
+    checkpoint: str | None = None
+    clear_checkpoint: bool = False
+    last_scan_ns: int | None = None
+
+
+class Catalog(ABC):
+    """A site's metadata store. Created by ``loomfs.core.registry.open_catalog(url)``."""
+
+    url: str
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect and bring the schema to the current version (migrations)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    # -- entries ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def get(self, path: str) -> Entry | None: ...
+
+    @abstractmethod
+    async def get_many(self, paths: Sequence[str]) -> dict[str, Entry]: ...
+
+    @abstractmethod
+    async def list_dir(
+        self, parent: str, start_after: str | None = None, limit: int = 1000
+    ) -> list[Entry]:
+        """Children of ``parent`` ordered by name (bytewise), after ``start_after``."""
+
+    @abstractmethod
+    async def subtree_ids(
+        self, top: str, after: tuple[str, str] | None = None, limit: int = 10000
+    ) -> list[tuple[int, str]]:
+        """(id, path) of every entry strictly below ``top``, in a stable order, paged by
+        the (parent, name) of the last row returned."""
+
+    @abstractmethod
+    async def max_id(self) -> int: ...
+
+    @abstractmethod
+    async def apply(self, ops: Sequence[Op], volume: VolumeUpdate | None = None) -> list[Applied]:
+        """Apply ``ops`` in order in one transaction; any failed precondition rolls back
+        all of them and raises (Conflict, AlreadyExists, NotFound, DirectoryNotEmpty)."""
+
+    @abstractmethod
+    async def rename(self, src: str, dst: str) -> Applied:
+        """Move an entry and everything below it; ``dst`` must not exist and its parent
+        must be a directory. The content version is kept."""
+
+    # -- tags ------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def get_tags(self, path: str) -> dict[str, str]: ...
+
+    @abstractmethod
+    async def set_tags(
+        self, path: str, set_: Mapping[str, str], remove: Sequence[str] = ()
+    ) -> dict[str, str]:
+        """Set and remove tags in one transaction (a META change); returns all tags."""
+
+    # -- change log ------------------------------------------------------------------------
+
+    @abstractmethod
+    async def changes(self, since: int = 0, limit: int = 1000) -> list[Change]:
+        """Changes with seq > ``since``, oldest first."""
+
+    @abstractmethod
+    async def head_seq(self) -> int: ...
+
+    # -- volumes ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def add_volume(self, mount: str, url: str) -> Volume:
+        """Record a volume being imported at ``mount`` and create its root directory
+        entry and any missing ancestors; ``AlreadyExists`` if anything is mounted there."""
+
+    @abstractmethod
+    async def volumes(self) -> list[Volume]: ...
+
+    @abstractmethod
+    async def update_volume(self, update: VolumeUpdate) -> None: ...
+
+    @abstractmethod
+    async def remove_volume(self, mount: str) -> None:
+        """Forget a volume and every entry below its mount (data is not touched)."""

@@ -1,0 +1,675 @@
+"""The catalog over SQL (core layer): one implementation for SQLite and PostgreSQL.
+
+Both engines are driven through their synchronous DB-API drivers on one dedicated thread
+per catalog, so the SQL, the transaction logic and the diffing exist once; an engine only
+supplies its connection, its dialect of DDL, and its translation of driver errors. Writers
+are serialized (SQLite ``BEGIN IMMEDIATE``; PostgreSQL a row lock on the sequence counter),
+which is what makes the change log gap-free and in commit order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
+
+from ... import paths
+from ...errors import (
+    AlreadyExists,
+    Conflict,
+    DirectoryNotEmpty,
+    InvalidPath,
+    NotADirectory,
+    NotFound,
+)
+from ..types import Change, ChangeOp, Entry, EntryKind, Volume, VolumeState
+from .base import Applied, Catalog, Delete, Op, Put, VolumeUpdate
+
+T = TypeVar("T")
+
+ENTRY_COLUMNS = (
+    "id, parent, name, kind, size, mtime_ns, mode, uid, gid, version, etag, inode, link_target"
+)
+_BATCH = 400  # rows per IN (...) lookup: far below both engines' parameter limits
+
+
+class Cursor(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str
+    param: str  # the driver's placeholder
+    id_column: str  # an auto-assigned integer primary key
+    text: str  # a text column ordered bytewise
+    begin_write: str  # start a transaction that serializes writers
+    lock_writers: str | None = None  # run right after begin_write, where begin alone won't
+
+
+def _migrations(d: Dialect) -> list[str]:
+    """Schema versions, applied in order; never edit a released one, append a new one."""
+    return [
+        f"""
+        CREATE TABLE counters (name {d.text} PRIMARY KEY, value BIGINT NOT NULL);
+        INSERT INTO counters (name, value) VALUES ('seq', 0);
+        CREATE TABLE volumes (
+            id {d.id_column},
+            mount {d.text} NOT NULL UNIQUE,
+            url TEXT NOT NULL,
+            state TEXT NOT NULL,
+            checkpoint {d.text},
+            created_ns BIGINT NOT NULL,
+            last_scan_ns BIGINT
+        );
+        CREATE TABLE entries (
+            id {d.id_column},
+            parent {d.text} NOT NULL,
+            name {d.text} NOT NULL,
+            kind TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            mtime_ns BIGINT NOT NULL,
+            mode INTEGER NOT NULL,
+            uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL,
+            version BIGINT NOT NULL,
+            etag TEXT,
+            inode BIGINT,
+            link_target TEXT,
+            UNIQUE (parent, name)
+        );
+        CREATE TABLE tags (
+            entry_id BIGINT NOT NULL REFERENCES entries(id) ON DELETE CASCADE,
+            key {d.text} NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (entry_id, key)
+        );
+        CREATE TABLE changes (
+            seq BIGINT PRIMARY KEY,
+            op TEXT NOT NULL,
+            path TEXT NOT NULL,
+            new_path TEXT,
+            kind TEXT NOT NULL,
+            version BIGINT NOT NULL,
+            size BIGINT NOT NULL,
+            time_ns BIGINT NOT NULL
+        );
+        INSERT INTO entries (parent, name, kind, size, mtime_ns, mode, uid, gid, version)
+            VALUES ('', '', 'dir', 0, 0, {0o40755}, 0, 0, 0);
+        """,
+    ]
+
+
+def _split(path: str) -> tuple[str, str]:
+    """(parent, name) as stored; the root is ('', '')."""
+    return ("", "") if path == paths.ROOT else paths.split(path)
+
+
+def _join(parent: str, name: str) -> str:
+    return paths.ROOT if not parent else paths.join(parent, name)
+
+
+def _below(top: str) -> tuple[str, str]:
+    """Bounds of the ``parent`` column for every entry strictly below ``top``, as a
+    half-open byte range (parent = top, or parent starts with top + '/')."""
+    if top == paths.ROOT:
+        return "/", "0"  # every parent except the root's own ''
+    return top + "/", top + "0"  # '0' is the byte after '/'
+
+
+def _entry(row: Sequence[Any]) -> Entry:
+    return Entry(
+        path=_join(row[1], row[2]),
+        kind=EntryKind(row[3]),
+        size=row[4],
+        mtime_ns=row[5],
+        mode=row[6],
+        uid=row[7],
+        gid=row[8],
+        version=row[9],
+        etag=row[10],
+        inode=row[11],
+        link_target=row[12],
+    )
+
+
+def _content_differs(old: Entry, put: Put) -> bool:
+    return (old.kind, old.size, old.mtime_ns, old.etag, old.link_target) != (
+        put.kind,
+        put.size,
+        put.mtime_ns,
+        put.etag,
+        put.link_target,
+    )
+
+
+def _meta_differs(old: Entry, put: Put) -> bool:
+    return (old.mode, old.uid, old.gid, old.inode) != (put.mode, put.uid, put.gid, put.inode)
+
+
+class SqlCatalog(Catalog):
+    """Everything but the connection: subclasses give ``dialect``, ``_connect`` and
+    ``_translate`` (driver exception -> loomfs error)."""
+
+    dialect: Dialect
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="loomfs-catalog")
+        self._conn: Any = None
+
+    # -- engine hooks ----------------------------------------------------------------------
+
+    @abstractmethod
+    def _connect(self) -> Any:
+        """Open a DB-API connection (on the catalog thread), not in a transaction."""
+
+    @abstractmethod
+    def _translate(self, exc: Exception) -> Exception | None:
+        """A loomfs error for a driver error, or None to let it through."""
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, *args)
+        except Exception as exc:
+            translated = self._translate(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+
+    def _sql(self, sql: str) -> str:
+        return sql if self.dialect.param == "?" else sql.replace("?", self.dialect.param)
+
+    def _cur(self) -> Cursor:
+        return self._conn.cursor()  # type: ignore[no-any-return]
+
+    def _q(self, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        cur.execute(self._sql(sql), params)
+        return cur
+
+    def _read(self, fn: Callable[[Cursor], T]) -> T:
+        # connections run in autocommit mode: each read statement sees committed data
+        return fn(self._cur())
+
+    def _write(self, fn: Callable[[Cursor], T], *, lock: bool = True) -> T:
+        cur = self._cur()
+        cur.execute(self.dialect.begin_write)
+        try:
+            if lock and self.dialect.lock_writers:
+                cur.execute(self.dialect.lock_writers)
+            result = fn(cur)
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+        return result
+
+    # -- schema ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._run(self._open_sync)
+
+    def _open_sync(self) -> None:
+        self._conn = self._connect()
+        migrations = _migrations(self.dialect)
+
+        def migrate(cur: Cursor) -> None:
+            self._q(cur, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = self._q(cur, "SELECT max(version) FROM schema_version").fetchone()
+            current = row[0] or 0
+            if current > len(migrations):
+                raise RuntimeError(
+                    f"catalog {self.url} has schema version {current}, newer than this loomfs "
+                    f"({len(migrations)}); upgrade loomfs"
+                )
+            for version in range(current + 1, len(migrations) + 1):
+                for stmt in migrations[version - 1].split(";"):
+                    if stmt.strip():
+                        cur.execute(stmt)
+                self._q(cur, "INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+        self._write(migrate, lock=False)  # the lock's table may not exist yet
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
+            self._conn = None
+        self._executor.shutdown(wait=True)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _get(self, cur: Cursor, path: str) -> tuple[int, Entry] | None:
+        parent, name = _split(path)
+        row = self._q(
+            cur,
+            f"SELECT {ENTRY_COLUMNS} FROM entries WHERE parent = ? AND name = ?",
+            (parent, name),
+        ).fetchone()
+        return None if row is None else (row[0], _entry(row))
+
+    def _get_many(self, cur: Cursor, all_paths: Sequence[str]) -> dict[str, tuple[int, Entry]]:
+        found: dict[str, tuple[int, Entry]] = {}
+        for i in range(0, len(all_paths), _BATCH):
+            keys = [_split(p) for p in all_paths[i : i + _BATCH]]
+            values = ",".join(["(?, ?)"] * len(keys))
+            rows = self._q(
+                cur,
+                f"SELECT {ENTRY_COLUMNS} FROM entries WHERE (parent, name) IN (VALUES {values})",
+                [v for key in keys for v in key],
+            ).fetchall()
+            for row in rows:
+                entry = _entry(row)
+                found[entry.path] = (row[0], entry)
+        return found
+
+    async def get(self, path: str) -> Entry | None:
+        hit = await self._run(self._read, lambda cur: self._get(cur, path))
+        return None if hit is None else hit[1]
+
+    async def get_many(self, paths_: Sequence[str]) -> dict[str, Entry]:
+        hits = await self._run(self._read, lambda cur: self._get_many(cur, paths_))
+        return {path: entry for path, (_, entry) in hits.items()}
+
+    async def list_dir(
+        self, parent: str, start_after: str | None = None, limit: int = 1000
+    ) -> list[Entry]:
+        def fn(cur: Cursor) -> list[Entry]:
+            rows = self._q(
+                cur,
+                f"SELECT {ENTRY_COLUMNS} FROM entries WHERE parent = ? AND name > ? "
+                "ORDER BY name LIMIT ?",
+                (parent, start_after or "", limit),
+            ).fetchall()
+            return [_entry(r) for r in rows]
+
+        return await self._run(self._read, fn)
+
+    async def subtree_ids(
+        self, top: str, after: tuple[str, str] | None = None, limit: int = 10000
+    ) -> list[tuple[int, str]]:
+        lo, hi = _below(top)
+
+        def fn(cur: Cursor) -> list[tuple[int, str]]:
+            a_parent, a_name = after if after is not None else ("", "")
+            rows = self._q(
+                cur,
+                "SELECT id, parent, name FROM entries "
+                "WHERE (parent = ? OR (parent >= ? AND parent < ?)) AND (parent, name) > (?, ?) "
+                "ORDER BY parent, name LIMIT ?",
+                (top, lo, hi, a_parent, a_name, limit),
+            ).fetchall()
+            return [(r[0], _join(r[1], r[2])) for r in rows]
+
+        return await self._run(self._read, fn)
+
+    async def max_id(self) -> int:
+        row = await self._run(
+            self._read, lambda cur: self._q(cur, "SELECT max(id) FROM entries").fetchone()
+        )
+        return int(row[0] or 0)
+
+    async def head_seq(self) -> int:
+        row = await self._run(
+            self._read,
+            lambda cur: self._q(cur, "SELECT value FROM counters WHERE name = 'seq'").fetchone(),
+        )
+        return int(row[0])
+
+    async def changes(self, since: int = 0, limit: int = 1000) -> list[Change]:
+        def fn(cur: Cursor) -> list[Change]:
+            rows = self._q(
+                cur,
+                "SELECT seq, op, path, kind, version, time_ns, new_path, size FROM changes "
+                "WHERE seq > ? ORDER BY seq LIMIT ?",
+                (since, limit),
+            ).fetchall()
+            return [
+                Change(r[0], ChangeOp(r[1]), r[2], EntryKind(r[3]), r[4], r[5], r[6], r[7])
+                for r in rows
+            ]
+
+        return await self._run(self._read, fn)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def apply(self, ops: Sequence[Op], volume: VolumeUpdate | None = None) -> list[Applied]:
+        return await self._run(self._write, lambda cur: self._apply(cur, ops, volume))
+
+    def _apply(self, cur: Cursor, ops: Sequence[Op], volume: VolumeUpdate | None) -> list[Applied]:
+        seq = _Sequencer(self, cur)
+        existing = self._get_many(cur, [op.path for op in ops])
+        inserts: dict[str, tuple[Any, ...]] = {}  # by path, so a later op can amend one
+        updates: list[tuple[Any, ...]] = []
+        results: list[Applied] = []
+        for op in ops:
+            if isinstance(op, Delete):
+                self._flush(cur, inserts, updates)  # the delete must see earlier puts
+                results.append(self._delete(cur, seq, op, existing.get(op.path)))
+                for gone in [p for p in existing if paths.is_within(p, op.path)]:
+                    del existing[gone]
+                continue
+            hit = existing.get(op.path)
+            old_id, old = hit if hit is not None else (None, None)
+            if old is None:
+                if op.expect_version is not None:
+                    raise NotFound(f"no such entry: {op.path}", path=op.path)
+                if op.check_parent:
+                    self._check_parent(cur, op.path, existing)
+            elif op.exclusive:
+                raise AlreadyExists(f"already exists: {op.path}", path=op.path)
+            elif op.expect_version is not None and old.version != op.expect_version:
+                raise Conflict(
+                    f"{op.path} is at version {old.version}, not {op.expect_version}", path=op.path
+                )
+            if old is None or op.force_version or _content_differs(old, op):
+                change_op = ChangeOp.CREATE if old is None else ChangeOp.MODIFY
+                version = change_seq = seq.next()
+            elif _meta_differs(old, op):
+                change_op, version, change_seq = ChangeOp.META, old.version, seq.next()
+            else:
+                results.append(Applied(old_id, old, None))
+                continue
+            entry = Entry(
+                op.path,
+                op.kind,
+                op.size,
+                op.mtime_ns,
+                op.mode,
+                op.uid,
+                op.gid,
+                version,
+                op.etag,
+                op.inode,
+                op.link_target,
+            )
+            row = (
+                op.kind.value,
+                op.size,
+                op.mtime_ns,
+                op.mode,
+                op.uid,
+                op.gid,
+                version,
+                op.etag,
+                op.inode,
+                op.link_target,
+            )
+            if old_id is None or op.path in inserts:
+                inserts[op.path] = (*_split(op.path), *row)
+            else:
+                updates.append((*row, old_id))
+            results.append(Applied(old_id, entry, seq.log(change_seq, change_op, entry)))
+            existing[op.path] = (old_id if old_id is not None else -1, entry)
+        self._flush(cur, inserts, updates)
+        seq.flush()
+        if volume is not None:
+            self._update_volume(cur, volume)
+        return results
+
+    def _flush(
+        self, cur: Cursor, inserts: dict[str, tuple[Any, ...]], updates: list[tuple[Any, ...]]
+    ) -> None:
+        if inserts:
+            cur.executemany(
+                self._sql(
+                    "INSERT INTO entries (parent, name, kind, size, mtime_ns, mode, uid, gid, "
+                    "version, etag, inode, link_target) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                ),
+                list(inserts.values()),
+            )
+            inserts.clear()
+        if updates:
+            cur.executemany(
+                self._sql(
+                    "UPDATE entries SET kind = ?, size = ?, mtime_ns = ?, mode = ?, uid = ?, "
+                    "gid = ?, version = ?, etag = ?, inode = ?, link_target = ? WHERE id = ?"
+                ),
+                updates,
+            )
+            updates.clear()
+
+    def _check_parent(
+        self, cur: Cursor, path: str, pending: Mapping[str, tuple[int, Entry]]
+    ) -> None:
+        parent = paths.split(path)[0]
+        hit = pending.get(parent) or self._get(cur, parent)
+        if hit is None:
+            raise NotFound(f"parent directory does not exist: {parent}", path=path)
+        if not hit[1].is_dir:
+            raise NotADirectory(f"parent is not a directory: {parent}", path=path)
+
+    def _delete(
+        self, cur: Cursor, seq: _Sequencer, op: Delete, hit: tuple[int, Entry] | None
+    ) -> Applied:
+        if op.path == paths.ROOT:
+            raise InvalidPath("the root cannot be removed", path=op.path)
+        if hit is None or hit[0] < 0:
+            hit = self._get(cur, op.path)  # created or changed by an earlier op of this batch
+        if hit is None:
+            if op.missing_ok:
+                return Applied(None, None, None)
+            raise NotFound(f"no such entry: {op.path}", path=op.path)
+        entry_id, entry = hit
+        if op.expect_version is not None and entry.version != op.expect_version:
+            raise Conflict(
+                f"{op.path} is at version {entry.version}, not {op.expect_version}", path=op.path
+            )
+        if entry.is_dir:
+            lo, hi = _below(op.path)
+            if (
+                not op.recursive
+                and self._q(
+                    cur, "SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (op.path,)
+                ).fetchone()
+            ):
+                raise DirectoryNotEmpty(f"directory not empty: {op.path}", path=op.path)
+            self._q(
+                cur,
+                "DELETE FROM entries WHERE parent = ? OR (parent >= ? AND parent < ?)",
+                (op.path, lo, hi),
+            )
+        self._q(cur, "DELETE FROM entries WHERE id = ?", (entry_id,))
+        return Applied(entry_id, None, seq.log(seq.next(), ChangeOp.DELETE, entry))
+
+    async def rename(self, src: str, dst: str) -> Applied:
+        return await self._run(self._write, lambda cur: self._rename(cur, src, dst))
+
+    def _rename(self, cur: Cursor, src: str, dst: str) -> Applied:
+        if src == paths.ROOT or paths.is_within(dst, src):
+            raise InvalidPath(f"cannot move {src} into itself ({dst})", path=dst)
+        hit = self._get(cur, src)
+        if hit is None:
+            raise NotFound(f"no such entry: {src}", path=src)
+        if self._get(cur, dst) is not None:
+            raise AlreadyExists(f"already exists: {dst}", path=dst)
+        self._check_parent(cur, dst, {})
+        entry_id, entry = hit
+        parent, name = _split(dst)
+        self._q(
+            cur, "UPDATE entries SET parent = ?, name = ? WHERE id = ?", (parent, name, entry_id)
+        )
+        if entry.is_dir:
+            lo, hi = _below(src)
+            # every descendant's parent starts with src: swap that prefix for dst
+            self._q(
+                cur,
+                "UPDATE entries SET parent = ? || substr(parent, CAST(? AS INTEGER)) "
+                "WHERE parent = ? OR (parent >= ? AND parent < ?)",
+                (dst, len(src) + 1, src, lo, hi),
+            )
+        seq = _Sequencer(self, cur)
+        moved = replace(entry, path=dst)
+        change = seq.log(seq.next(), ChangeOp.RENAME, entry, new_path=dst)
+        seq.flush()
+        return Applied(entry_id, moved, change)
+
+    # -- tags ------------------------------------------------------------------------------
+
+    def _entry_id(self, cur: Cursor, path: str) -> tuple[int, Entry]:
+        hit = self._get(cur, path)
+        if hit is None:
+            raise NotFound(f"no such entry: {path}", path=path)
+        return hit
+
+    def _tags(self, cur: Cursor, entry_id: int) -> dict[str, str]:
+        rows = self._q(
+            cur, "SELECT key, value FROM tags WHERE entry_id = ? ORDER BY key", (entry_id,)
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    async def get_tags(self, path: str) -> dict[str, str]:
+        return await self._run(
+            self._read, lambda cur: self._tags(cur, self._entry_id(cur, path)[0])
+        )
+
+    async def set_tags(
+        self, path: str, set_: Mapping[str, str], remove: Sequence[str] = ()
+    ) -> dict[str, str]:
+        def fn(cur: Cursor) -> dict[str, str]:
+            entry_id, entry = self._entry_id(cur, path)
+            cur.executemany(
+                self._sql("DELETE FROM tags WHERE entry_id = ? AND key = ?"),
+                [(entry_id, k) for k in [*remove, *set_]],
+            )
+            cur.executemany(
+                self._sql("INSERT INTO tags (entry_id, key, value) VALUES (?, ?, ?)"),
+                [(entry_id, k, v) for k, v in set_.items()],
+            )
+            seq = _Sequencer(self, cur)
+            seq.log(seq.next(), ChangeOp.META, entry)
+            seq.flush()
+            return self._tags(cur, entry_id)
+
+        return await self._run(self._write, fn)
+
+    # -- volumes ---------------------------------------------------------------------------
+
+    _VOLUME_COLUMNS = "id, mount, url, state, checkpoint, created_ns, last_scan_ns"
+
+    @staticmethod
+    def _volume(row: Sequence[Any]) -> Volume:
+        return Volume(row[0], row[1], row[2], VolumeState(row[3]), row[4], row[5], row[6])
+
+    async def add_volume(self, mount: str, url: str) -> Volume:
+        def fn(cur: Cursor) -> Volume:
+            for vol in self._volumes(cur):
+                if paths.is_within(mount, vol.mount) or paths.is_within(vol.mount, mount):
+                    raise AlreadyExists(
+                        f"{mount} overlaps volume {vol.mount} ({vol.url})", path=mount
+                    )
+            if self._get(cur, mount) is not None:
+                raise AlreadyExists(f"{mount} already exists in the namespace", path=mount)
+            now = time.time_ns()
+            ops: list[Op] = []
+            for ancestor in [*paths.ancestors(mount), mount]:
+                if self._get(cur, ancestor) is None:
+                    ops.append(Put(ancestor, EntryKind.DIR, mtime_ns=now, mode=0o40755))
+            self._apply(cur, ops, None)
+            row = self._q(
+                cur,
+                f"INSERT INTO volumes (mount, url, state, created_ns) VALUES (?, ?, ?, ?) "
+                f"RETURNING {self._VOLUME_COLUMNS}",
+                (mount, url, VolumeState.IMPORTING.value, now),
+            ).fetchone()
+            return self._volume(row)
+
+        return await self._run(self._write, fn)
+
+    def _volumes(self, cur: Cursor) -> list[Volume]:
+        rows = self._q(cur, f"SELECT {self._VOLUME_COLUMNS} FROM volumes ORDER BY mount").fetchall()
+        return [self._volume(r) for r in rows]
+
+    async def volumes(self) -> list[Volume]:
+        return await self._run(self._read, self._volumes)
+
+    def _update_volume(self, cur: Cursor, update: VolumeUpdate) -> None:
+        sets: list[str] = []
+        params: list[Any] = []
+        if update.state is not None:
+            sets.append("state = ?")
+            params.append(update.state.value)
+        if update.checkpoint is not None or update.clear_checkpoint:
+            sets.append("checkpoint = ?")
+            params.append(update.checkpoint)
+        if update.last_scan_ns is not None:
+            sets.append("last_scan_ns = ?")
+            params.append(update.last_scan_ns)
+        if sets:
+            self._q(
+                cur,
+                f"UPDATE volumes SET {', '.join(sets)} WHERE id = ?",
+                (*params, update.volume_id),
+            )
+
+    async def update_volume(self, update: VolumeUpdate) -> None:
+        await self._run(self._write, lambda cur: self._update_volume(cur, update))
+
+    async def remove_volume(self, mount: str) -> None:
+        def fn(cur: Cursor) -> None:
+            if not any(v.mount == mount for v in self._volumes(cur)):
+                raise NotFound(f"no volume is mounted at {mount}", path=mount)
+            self._apply(cur, [Delete(mount, recursive=True, missing_ok=True)], None)
+            self._q(cur, "DELETE FROM volumes WHERE mount = ?", (mount,))
+
+        await self._run(self._write, fn)
+
+
+class _Sequencer:
+    """Hands out change-log sequence numbers inside one write transaction and writes the
+    change records and the counter once, at the end."""
+
+    def __init__(self, catalog: SqlCatalog, cur: Cursor) -> None:
+        self._catalog = catalog
+        self._cur = cur
+        row = catalog._q(cur, "SELECT value FROM counters WHERE name = 'seq'").fetchone()
+        self._start = self._last = int(row[0])
+        self._rows: list[tuple[Any, ...]] = []
+        self._now = time.time_ns()
+
+    def next(self) -> int:
+        self._last += 1
+        return self._last
+
+    def log(self, seq: int, op: ChangeOp, entry: Entry, new_path: str | None = None) -> Change:
+        change = Change(
+            seq, op, entry.path, entry.kind, entry.version, self._now, new_path, entry.size
+        )
+        self._rows.append(
+            (
+                seq,
+                op.value,
+                entry.path,
+                new_path,
+                entry.kind.value,
+                entry.version,
+                entry.size,
+                self._now,
+            )
+        )
+        return change
+
+    def flush(self) -> None:
+        if self._last == self._start:
+            return
+        self._cur.executemany(
+            self._catalog._sql(
+                "INSERT INTO changes (seq, op, path, new_path, kind, version, size, time_ns) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            ),
+            self._rows,
+        )
+        self._catalog._q(
+            self._cur, "UPDATE counters SET value = ? WHERE name = 'seq'", (self._last,)
+        )
+        self._start = self._last
+        self._rows.clear()

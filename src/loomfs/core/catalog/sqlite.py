@@ -1,0 +1,68 @@
+"""SQLite catalog engine (core layer): the embedded default, one file, WAL mode."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ...errors import (
+    AlreadyExists,
+    BackendUnavailable,
+    ConfigError,
+    InsufficientStorage,
+    LoomError,
+)
+from .sql import Dialect, SqlCatalog
+
+
+class SqliteCatalog(SqlCatalog):
+    """``sqlite:///absolute/path/catalog.db``; the parent directory is created."""
+
+    dialect = Dialect(
+        name="sqlite",
+        param="?",
+        id_column="INTEGER PRIMARY KEY AUTOINCREMENT",  # ids are never reused
+        text="TEXT",  # SQLite's default BINARY collation already orders bytewise
+        begin_write="BEGIN IMMEDIATE",
+    )
+
+    def __init__(self, url: str, path: Path) -> None:
+        super().__init__(url)
+        self.path = path
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteCatalog:
+        parts = urlsplit(url)
+        if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
+            raise ConfigError(
+                "a SQLite catalog URL names an absolute file "
+                f"(sqlite:///path/to/catalog.db), not {url!r}"
+            )
+        return cls(url, Path(parts.path))
+
+    def _connect(self) -> Any:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        for pragma in (
+            "journal_mode = WAL",
+            "synchronous = FULL",  # a commit the hub acknowledged survives power loss
+            "foreign_keys = ON",
+            "busy_timeout = 10000",
+            "cache_size = -65536",
+        ):
+            conn.execute(f"PRAGMA {pragma}")
+        return conn
+
+    def _translate(self, exc: Exception) -> Exception | None:
+        if isinstance(exc, LoomError) or not isinstance(exc, sqlite3.Error):
+            return None
+        text = str(exc)
+        if isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in text:
+            return AlreadyExists(f"already exists ({text})")
+        if "full" in text:
+            return InsufficientStorage(f"catalog {self.path}: {text}")
+        if "locked" in text or "busy" in text:
+            return BackendUnavailable(f"catalog {self.path} is busy: {text}")
+        return BackendUnavailable(f"catalog {self.path}: {text}")

@@ -1,0 +1,174 @@
+"""Assimilation (hub layer): import and rescan a volume's metadata without reading data.
+
+One algorithm serves the first import, every rescan, and the re-sync of a subtree that an
+inotify event points at. The backend scans in byte order of sort keys; each batch goes to
+the catalog as ``Put``s, and the catalog decides per row whether it is new, changed (new
+version), changed only in mode/owner, or unchanged. While a volume is first imported, the
+last committed sort key is stored in the same transaction as the batch, so a killed import
+resumes right after it. A scan from the start ends with a sweep: rows that existed before
+the scan and were not seen by it are gone from the volume, and are deleted (after a final
+stat confirms it, since a rename through the hub may have moved one meanwhile).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import paths
+from ..core.backends.base import Backend
+from ..core.catalog.base import Catalog, Delete, Put, VolumeUpdate
+from ..core.types import ChangeOp, EntryKind, ObjectInfo, Volume, VolumeState
+from ..errors import NotFound
+
+_DEFAULT_MODE = {EntryKind.FILE: 0o100644, EntryKind.DIR: 0o40755, EntryKind.SYMLINK: 0o120777}
+_SWEEP_PAGE = 10000
+_DELETE_BATCH = 1000
+
+
+def path_of(mount: str, key: str) -> str:
+    return paths.join(mount, key) if key else mount
+
+
+def put_for(mount: str, info: ObjectInfo, **flags: bool | int | None) -> Put:
+    """The catalog row for an object as the backend reports it."""
+    return Put(
+        path=path_of(mount, info.key),
+        kind=info.kind,
+        size=info.size if info.kind is not EntryKind.DIR else 0,
+        mtime_ns=info.mtime_ns,
+        mode=info.mode if info.mode is not None else _DEFAULT_MODE[info.kind],
+        uid=info.uid or 0,
+        gid=info.gid or 0,
+        etag=info.etag if info.kind is not EntryKind.DIR else None,
+        inode=info.inode,
+        link_target=info.link_target,
+        **flags,  # type: ignore[arg-type]
+    )
+
+
+@dataclass(slots=True)
+class ScanStats:
+    """Progress of one scan, reported after every batch."""
+
+    mount: str
+    scanned: int = 0
+    created: int = 0
+    modified: int = 0
+    meta: int = 0
+    deleted: int = 0
+    resumed_after: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    elapsed: float = 0.0
+    done: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "mount": self.mount,
+            "scanned": self.scanned,
+            "created": self.created,
+            "modified": self.modified,
+            "meta": self.meta,
+            "deleted": self.deleted,
+            "resumed_after": self.resumed_after,
+            "elapsed": round(self.elapsed, 3),
+            "rate": round(self.scanned / self.elapsed) if self.elapsed > 0 else 0,
+            "done": self.done,
+        }
+
+
+Progress = Callable[[ScanStats], None]
+
+
+class Assimilator:
+    def __init__(self, catalog: Catalog, batch_size: int = 2000) -> None:
+        self.catalog = catalog
+        self.batch_size = batch_size
+
+    async def sync(
+        self,
+        volume: Volume,
+        backend: Backend,
+        *,
+        prefix: str = "",
+        progress: Progress | None = None,
+    ) -> ScanStats:
+        """Bring the catalog in line with the volume below ``prefix`` ('' = whole volume)."""
+        importing = volume.state is VolumeState.IMPORTING and not prefix
+        resume_after = volume.checkpoint if importing else None
+        stats = ScanStats(volume.mount, resumed_after=resume_after)
+        top = path_of(volume.mount, prefix)
+        # a resumed import sweeps nothing: the rows before its checkpoint were just written
+        sweeping = resume_after is None
+        max_id = await self.catalog.max_id() if sweeping else 0
+        seen = bytearray(max_id + 1) if sweeping else bytearray()
+
+        root = await backend.stat(prefix)
+        await self.catalog.apply([put_for(volume.mount, root)])
+        async for batch in backend.scan(prefix, start_after=resume_after):
+            update = VolumeUpdate(volume.id, checkpoint=batch[-1].sort_key) if importing else None
+            applied = await self.catalog.apply([put_for(volume.mount, i) for i in batch], update)
+            for result in applied:
+                if result.id is not None and result.id <= max_id:
+                    seen[result.id] = 1
+                if result.change is not None:
+                    self._count(stats, result.change.op)
+            stats.scanned += len(batch)
+            self._report(stats, progress)
+        if sweeping:
+            stats.deleted += await self._sweep(volume, backend, top, max_id, seen)
+        if not prefix:
+            await self.catalog.update_volume(
+                VolumeUpdate(
+                    volume.id,
+                    state=VolumeState.READY,
+                    clear_checkpoint=True,
+                    last_scan_ns=time.time_ns(),
+                )
+            )
+        stats.done = True
+        self._report(stats, progress)
+        return stats
+
+    @staticmethod
+    def _count(stats: ScanStats, op: ChangeOp) -> None:
+        if op is ChangeOp.CREATE:
+            stats.created += 1
+        elif op is ChangeOp.MODIFY:
+            stats.modified += 1
+        elif op is ChangeOp.META:
+            stats.meta += 1
+
+    @staticmethod
+    def _report(stats: ScanStats, progress: Progress | None) -> None:
+        stats.elapsed = time.monotonic() - stats.started
+        if progress is not None:
+            progress(stats)
+
+    async def _sweep(
+        self, volume: Volume, backend: Backend, top: str, max_id: int, seen: bytearray
+    ) -> int:
+        """Delete rows below ``top`` that existed before the scan and that it did not see."""
+        gone: set[str] = set()
+        after: tuple[str, str] | None = None
+        while rows := await self.catalog.subtree_ids(top, after, _SWEEP_PAGE):
+            gone.update(path for row_id, path in rows if row_id <= max_id and not seen[row_id])
+            after = paths.split(rows[-1][1])
+        # a vanished directory takes its children with it: confirm and delete only the tops
+        tops = sorted(p for p in gone if not any(a in gone for a in paths.ancestors(p)))
+        confirmed: list[str] = []
+        for path in tops:
+            try:
+                await backend.stat(paths.relative(path, volume.mount))
+            except NotFound:
+                confirmed.append(path)
+        for i in range(0, len(confirmed), _DELETE_BATCH):
+            await self.catalog.apply(
+                [
+                    Delete(p, recursive=True, missing_ok=True)
+                    for p in confirmed[i : i + _DELETE_BATCH]
+                ]
+            )
+        removed = set(confirmed)
+        return sum(1 for p in gone if p in removed or any(a in removed for a in paths.ancestors(p)))

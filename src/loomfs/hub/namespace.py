@@ -1,0 +1,366 @@
+"""The hub's namespace (hub layer): the namespace API over a catalog and its volumes.
+
+Reads go to the volume in place, by range. Writes land in the volume atomically (the
+backend's job) and are then committed to the catalog with a new version; a write is
+acknowledged only after that commit. Changes made behind loomfs's back are noticed three
+ways: rescans, inotify on posix volumes, and lazily, when a read finds the object is no
+longer the version the catalog holds (it records the new version, then serves it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from .. import paths
+from ..core.backends.base import Backend
+from ..core.catalog.base import Catalog, Delete, Put
+from ..core.registry import open_backend
+from ..core.streams import clamp_range
+from ..core.types import Entry, EntryKind, ObjectInfo, Principal, Volume
+from ..errors import (
+    AlreadyExists,
+    Conflict,
+    CrossesVolume,
+    InvalidArgument,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    PermissionDenied,
+)
+from ..namespace.base import LIST_PAGE, Namespace, Reader
+from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
+
+log = logging.getLogger(__name__)
+
+MAX_TAG_KEY = 128
+MAX_TAG_VALUE = 1024
+
+
+@dataclass(slots=True)
+class Mounted:
+    volume: Volume
+    backend: Backend
+
+
+def _expect(key: str, entry: Entry) -> ObjectInfo:
+    """The object the catalog believes is there, for the backend to check on open."""
+    return ObjectInfo(key, entry.kind, entry.size, entry.mtime_ns, entry.etag, entry.inode)
+
+
+def _check_tag(key: str, value: str | None = None) -> None:
+    if not key or len(key) > MAX_TAG_KEY or any(ord(c) < 32 for c in key):
+        raise InvalidArgument(f"invalid tag key {key!r}: 1-{MAX_TAG_KEY} printable characters")
+    if value is not None and (len(value) > MAX_TAG_VALUE or "\x00" in value):
+        raise InvalidArgument(f"tag value for {key!r} is longer than {MAX_TAG_VALUE} or has NUL")
+
+
+class HubNamespace(Namespace):
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.assimilator = Assimilator(catalog)
+        self._mounts: dict[str, Mounted] = {}
+        # one writer per path in this process: the precondition check, the volume write and
+        # the catalog commit happen under it, and so do refreshes prompted by inotify
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._sync_locks: dict[str, asyncio.Lock] = {}
+
+    # -- volumes ---------------------------------------------------------------------------
+
+    async def load_volumes(self) -> list[Volume]:
+        """Attach every volume the catalog knows (no I/O to the storage yet)."""
+        volumes = await self.catalog.volumes()
+        for volume in volumes:
+            if volume.mount not in self._mounts:
+                self._mounts[volume.mount] = Mounted(volume, open_backend(volume.url))
+        return volumes
+
+    @property
+    def mounts(self) -> dict[str, Mounted]:
+        return dict(self._mounts)
+
+    async def add_volume(self, mount: str, url: str, progress: Progress | None = None) -> ScanStats:
+        """Assimilate existing storage at ``mount``: metadata only, no data read or copied."""
+        mount = paths.normalize(mount)
+        if mount == paths.ROOT:
+            raise InvalidArgument("a volume cannot be mounted at the root")
+        backend = open_backend(url)
+        try:
+            await backend.check()
+            volume = await self.catalog.add_volume(mount, backend.url)
+        except BaseException:
+            await backend.close()
+            raise
+        self._mounts[mount] = Mounted(volume, backend)
+        return await self.sync_volume(mount, progress)
+
+    async def sync_volume(
+        self, mount: str, progress: Progress | None = None, *, prefix: str = ""
+    ) -> ScanStats:
+        """Import (or resume importing) or rescan a volume, or a subtree of it."""
+        mount = paths.normalize(mount)
+        mounted = self._mounts.get(mount)
+        if mounted is None:
+            raise NotFound(f"no volume is mounted at {mount}", path=mount)
+        lock = self._sync_locks.setdefault(mount, asyncio.Lock())
+        async with lock:
+            # the catalog holds the checkpoint of an import in progress
+            current = {v.mount: v for v in await self.catalog.volumes()}[mount]
+            mounted.volume = current
+            return await self.assimilator.sync(
+                current, mounted.backend, prefix=prefix, progress=progress
+            )
+
+    async def remove_volume(self, mount: str) -> None:
+        """Forget a volume's metadata; its data stays untouched where it is."""
+        mount = paths.normalize(mount)
+        await self.catalog.remove_volume(mount)
+        mounted = self._mounts.pop(mount, None)
+        if mounted is not None:
+            await mounted.backend.close()
+
+    async def refresh(self, path: str) -> Entry | None:
+        """Re-read one object's facts from its volume and record any change (None: gone)."""
+        mounted, key = self._in_volume(path)
+        async with self._lock(path):
+            try:
+                info = await mounted.backend.stat(key)
+            except NotFound:
+                await self.catalog.apply([Delete(path, recursive=True, missing_ok=True)])
+                return None
+            if key:
+                parent = paths.split(path)[0]
+                if await self.catalog.get(parent) is None:
+                    # its directory is new as well: import the nearest new ancestor's subtree
+                    await self.refresh(parent)
+            [applied] = await self.catalog.apply([put_for(mounted.volume.mount, info)])
+        if info.kind is EntryKind.DIR and applied.change is not None and key:
+            await self.sync_volume(mounted.volume.mount, prefix=key)
+        return applied.entry
+
+    def _resolve(self, path: str) -> tuple[Mounted, str] | None:
+        for mount, mounted in self._mounts.items():
+            if paths.is_within(path, mount):
+                return mounted, paths.relative(path, mount)
+        return None
+
+    def _in_volume(self, path: str) -> tuple[Mounted, str]:
+        hit = self._resolve(path)
+        if hit is None:
+            raise PermissionDenied(
+                f"{path} is not inside a volume; add storage with 'loomfs volume add'", path=path
+            )
+        return hit
+
+    def _below_mount(self, path: str) -> tuple[Mounted, str]:
+        """Like ``_in_volume`` but refusing the volume's root itself."""
+        mounted, key = self._in_volume(path)
+        if not key:
+            raise PermissionDenied(
+                f"{path} is a volume's root; use 'loomfs volume remove' to detach it", path=path
+            )
+        return mounted, key
+
+    def _lock(self, path: str) -> asyncio.Lock:
+        lock = self._locks.get(path)
+        if lock is None:
+            lock = self._locks[path] = asyncio.Lock()
+        return lock
+
+    async def _entry(self, path: str) -> Entry:
+        entry = await self.catalog.get(path)
+        if entry is None:
+            raise NotFound(f"no such file or directory: {path}", path=path)
+        return entry
+
+    async def _dir(self, path: str) -> Entry:
+        entry = await self._entry(path)
+        if not entry.is_dir:
+            raise NotADirectory(f"not a directory: {path}", path=path)
+        return entry
+
+    # -- the namespace API -----------------------------------------------------------------
+
+    async def stat(self, who: Principal, path: str) -> Entry:
+        return await self._entry(paths.normalize(path))
+
+    async def list(
+        self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[Entry]:
+        path = paths.normalize(path)
+        await self._dir(path)
+        remaining = limit
+        while remaining is None or remaining > 0:
+            page_size = LIST_PAGE if remaining is None else min(LIST_PAGE, remaining)
+            page = await self.catalog.list_dir(path, start_after, page_size)
+            for entry in page:
+                yield entry
+            if len(page) < page_size:
+                return
+            start_after = page[-1].name
+            if remaining is not None:
+                remaining -= len(page)
+
+    async def read(
+        self,
+        who: Principal,
+        path: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        if_version: int | None = None,
+    ) -> Reader:
+        path = paths.normalize(path)
+        entry = await self._entry(path)
+        if entry.is_dir:
+            raise IsADirectory(f"is a directory: {path}", path=path)
+        if if_version is not None and entry.version != if_version:
+            raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
+        mounted, key = self._in_volume(path)
+        start, count = clamp_range(entry.size, offset, length)
+        try:
+            source = await mounted.backend.open_read(key, start, count, _expect(key, entry))
+        except Conflict:
+            # changed behind loomfs's back: record the new version, then serve it, since
+            # this read began after the change
+            fresh = await self.refresh(path)
+            if fresh is None:
+                raise NotFound(f"no such file or directory: {path}", path=path) from None
+            if if_version is not None or fresh.is_dir:
+                raise Conflict(f"{path} changed (now version {fresh.version})", path=path) from None
+            entry = fresh
+            start, count = clamp_range(entry.size, offset, length)
+            source = await mounted.backend.open_read(key, start, count, _expect(key, entry))
+        return Reader(entry, start, source)
+
+    async def write(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        path = paths.normalize(path)
+        mounted, key = self._below_mount(path)
+        async with self._lock(path):
+            current = await self.catalog.get(path)
+            if current is None:
+                if if_version is not None:
+                    raise NotFound(f"no such file: {path}", path=path)
+                await self._dir(paths.split(path)[0])
+            elif current.is_dir:
+                raise IsADirectory(f"is a directory: {path}", path=path)
+            elif exclusive:
+                raise AlreadyExists(f"already exists: {path}", path=path)
+            elif if_version is not None and current.version != if_version:
+                raise Conflict(
+                    f"{path} is at version {current.version}, not {if_version}", path=path
+                )
+            info = await mounted.backend.write(key, data, mode=mode)
+            [applied] = await self.catalog.apply(
+                [
+                    put_for(
+                        mounted.volume.mount,
+                        info,
+                        force_version=True,
+                        exclusive=current is None,
+                        expect_version=current.version if current else None,
+                    )
+                ]
+            )
+        assert applied.entry is not None
+        return applied.entry
+
+    async def mkdir(
+        self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
+    ) -> Entry:
+        path = paths.normalize(path)
+        existing = await self.catalog.get(path)
+        if existing is not None:
+            if exist_ok and existing.is_dir:
+                return existing
+            raise AlreadyExists(f"already exists: {path}", path=path)
+        mounted, key = self._below_mount(path)
+        parent = paths.split(path)[0]
+        if parents and await self.catalog.get(parent) is None:
+            await self.mkdir(who, parent, parents=True, exist_ok=True)
+        async with self._lock(path):
+            await self._dir(parent)
+            info = await mounted.backend.mkdir(key)
+            [applied] = await self.catalog.apply(
+                [put_for(mounted.volume.mount, info, exclusive=True, check_parent=True)]
+            )
+        assert applied.entry is not None
+        return applied.entry
+
+    async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
+        src, dst = paths.normalize(src), paths.normalize(dst)
+        src_mounted, src_key = self._below_mount(src)
+        dst_mounted, dst_key = self._below_mount(dst)
+        if src_mounted is not dst_mounted:
+            raise CrossesVolume(f"{src} and {dst} are on different volumes", path=dst)
+        first, second = sorted((src, dst))
+        async with self._lock(first), self._lock(second):
+            entry = await self._entry(src)
+            target = await self.catalog.get(dst)
+            if target is not None:
+                if not overwrite or target.is_dir or entry.is_dir:
+                    raise AlreadyExists(f"already exists: {dst}", path=dst)
+                await src_mounted.backend.delete(dst_key)
+                await self.catalog.apply([Delete(dst)])
+            await self._dir(paths.split(dst)[0])
+            await src_mounted.backend.rename(src_key, dst_key)
+            applied = await self.catalog.rename(src, dst)
+        assert applied.entry is not None
+        return applied.entry
+
+    async def remove(
+        self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
+    ) -> None:
+        path = paths.normalize(path)
+        mounted, key = self._below_mount(path)
+        async with self._lock(path):
+            entry = await self._entry(path)
+            if if_version is not None and entry.version != if_version:
+                raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
+            if entry.is_dir and recursive:
+                # deepest first, so each directory is empty when its turn comes
+                below = [e async for e in self.walk(who, path)]
+                for child in reversed(below):
+                    with contextlib.suppress(NotFound):
+                        await mounted.backend.delete(
+                            paths.relative(child.path, mounted.volume.mount)
+                        )
+            await mounted.backend.delete(key)
+            await self.catalog.apply([Delete(path, recursive=recursive, missing_ok=False)])
+
+    async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
+        return await self.catalog.get_tags(paths.normalize(path))
+
+    async def set_tags(
+        self,
+        who: Principal,
+        path: str,
+        set_: Mapping[str, str],
+        remove: Sequence[str] = (),
+    ) -> dict[str, str]:
+        for key, value in set_.items():
+            _check_tag(key, value)
+        for key in remove:
+            _check_tag(key)
+        return await self.catalog.set_tags(paths.normalize(path), set_, remove)
+
+    async def close(self) -> None:
+        for mounted in self._mounts.values():
+            await mounted.backend.close()
+        self._mounts.clear()
+
+
+__all__ = ["HubNamespace", "Mounted", "Put", "path_of"]

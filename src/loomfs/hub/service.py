@@ -1,0 +1,201 @@
+"""The hub service (hub layer): catalog, namespace, watchers, rescans and the REST API.
+
+``loomfs hub serve`` runs one of these. On start it resumes any import that a killed hub
+left half done, follows posix volumes with inotify, and rescans every volume periodically
+(which is how changes to S3 volumes made by other tools are found).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+
+from .. import paths
+from ..config import Config
+from ..core.backends.base import Capability
+from ..core.catalog.base import Catalog
+from ..core.registry import open_catalog
+from ..core.types import VolumeState
+from ..errors import LoomError
+from ..rest import wire
+from ..rest.server import RestServer
+from .assimilate import ScanStats, path_of
+from .namespace import HubNamespace
+from .watch import PosixWatcher
+
+log = logging.getLogger(__name__)
+
+SCANNED = Counter("loomfs_assimilated_entries_total", "Entries scanned by imports and rescans")
+HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change")
+VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
+
+
+class HubService:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.catalog: Catalog = open_catalog(config.catalog_url)
+        self.namespace = HubNamespace(self.catalog)
+        self._watchers: dict[str, PosixWatcher] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.catalog.open()
+        volumes = await self.namespace.load_volumes()
+        VOLUMES.set(len(volumes))
+        HEAD_SEQ.set(await self.catalog.head_seq())
+        for volume in volumes:
+            if volume.state is VolumeState.IMPORTING:
+                log.info(
+                    "resuming import", extra={"mount": volume.mount, "after": volume.checkpoint}
+                )
+                self._spawn(self._logged_sync(volume.mount))
+            self._start_watcher(volume.mount)
+        if self.config.hub.rescan_interval > 0:
+            self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for watcher in self._watchers.values():
+            await watcher.stop()
+        self._watchers.clear()
+        await self.namespace.close()
+        await self.catalog.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- change detection ------------------------------------------------------------------
+
+    def _start_watcher(self, mount: str) -> None:
+        mounted = self.namespace.mounts.get(mount)
+        if not self.config.hub.watch or mounted is None or mount in self._watchers:
+            return
+        backend = mounted.backend
+        if Capability.NOTIFY not in backend.capabilities:
+            return
+        root: Path = backend.root  # type: ignore[attr-defined]
+        ignore: str = backend.TEMP_PREFIX  # type: ignore[attr-defined]
+
+        async def on_change(keys: set[str] | None) -> None:
+            try:
+                if keys is None:
+                    await self.namespace.sync_volume(mount)
+                    return
+                for key in sorted(keys):
+                    await self.namespace.refresh(path_of(mount, key))
+                HEAD_SEQ.set(await self.catalog.head_seq())
+            except LoomError as exc:
+                log.warning("could not record a change", extra={"mount": mount, "error": str(exc)})
+
+        watcher = PosixWatcher(root, on_change, ignore)
+        watcher.start()
+        self._watchers[mount] = watcher
+
+    async def _logged_sync(self, mount: str) -> ScanStats | None:
+        try:
+            stats = await self.namespace.sync_volume(mount)
+        except LoomError as exc:
+            log.error("scan failed", extra={"mount": mount, "error": str(exc)})
+            return None
+        SCANNED.inc(stats.scanned)
+        HEAD_SEQ.set(await self.catalog.head_seq())
+        log.info("scan done", extra=stats.as_dict())
+        return stats
+
+    async def _rescan_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            for mount in list(self.namespace.mounts):
+                await self._logged_sync(mount)
+
+    # -- VolumeAdmin -----------------------------------------------------------------------
+
+    async def add_volume(
+        self, mount: str, url: str, progress: Callable[[ScanStats], None]
+    ) -> ScanStats:
+        log.info("adding volume", extra={"mount": mount, "url": url})
+        stats = await self.namespace.add_volume(mount, url, progress)
+        SCANNED.inc(stats.scanned)
+        VOLUMES.set(len(self.namespace.mounts))
+        HEAD_SEQ.set(await self.catalog.head_seq())
+        self._start_watcher(paths.normalize(mount))
+        log.info("volume imported", extra=stats.as_dict())
+        return stats
+
+    async def rescan(self, mount: str, progress: Callable[[ScanStats], None]) -> ScanStats:
+        stats = await self.namespace.sync_volume(mount, progress)
+        SCANNED.inc(stats.scanned)
+        HEAD_SEQ.set(await self.catalog.head_seq())
+        log.info("rescan done", extra=stats.as_dict())
+        return stats
+
+    async def remove_volume(self, mount: str) -> None:
+        mount = paths.normalize(mount)
+        watcher = self._watchers.pop(mount, None)
+        if watcher is not None:
+            await watcher.stop()
+        await self.namespace.remove_volume(mount)
+        VOLUMES.set(len(self.namespace.mounts))
+        log.info("volume removed", extra={"mount": mount})
+
+    async def list_volumes(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "mount": v.mount,
+                "url": v.url,
+                "state": v.state.value,
+                "checkpoint": v.checkpoint,
+                "created_ns": v.created_ns,
+                "last_scan_ns": v.last_scan_ns,
+            }
+            for v in await self.catalog.volumes()
+        ]
+
+    async def changes(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        changes = await self.catalog.changes(since, limit)
+        return [wire.change_json(c) for c in changes], await self.catalog.head_seq()
+
+    # -- serving ---------------------------------------------------------------------------
+
+    async def serve(self, ready_file: Path | None = None) -> None:
+        """Run until SIGTERM or SIGINT, then stop cleanly."""
+        await self.start()
+        server = RestServer(self.namespace, self, site=self.config.site.name)
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        host, port = self.config.listen_host_port
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://{host}:{bound}"
+        log.info("hub listening", extra={"url": url, "catalog": self.catalog.url})
+        if ready_file is not None:
+            ready_file.write_text(json.dumps({"url": url}))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            log.info("hub stopping")
+            await runner.cleanup()
+            await self.stop()
+            with contextlib.suppress(FileNotFoundError):
+                if ready_file is not None:
+                    ready_file.unlink()

@@ -1,0 +1,148 @@
+"""The namespace API (namespace layer): the one async file interface every protocol calls.
+
+A hub implements it over its catalog and volumes, a spoke over its cache and the fabric
+link, and the REST client over HTTP; FUSE, S3, SFTP and the SDK only translate their wire
+protocol into these calls. Every call carries the caller's ``Principal`` so authorization
+and audit happen here, once, for all protocols. Errors are ``loomfs.errors`` only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from types import TracebackType
+
+from ..core.streams import ByteSource, FileRegion, aiter_bytes
+from ..core.types import Entry, Principal
+
+LIST_PAGE = 1000
+
+
+class Reader(ByteSource):
+    """The bytes of one read together with the entry (and so the version) they belong to."""
+
+    def __init__(self, entry: Entry, offset: int, source: ByteSource) -> None:
+        self.entry = entry
+        self.offset = offset
+        self.source = source
+        self.length = source.length
+        self.region: FileRegion | None = source.region
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self.source.chunks()
+
+    async def verify(self) -> None:
+        await self.source.verify()
+
+    async def aclose(self) -> None:
+        await self.source.aclose()
+
+    async def __aenter__(self) -> Reader:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Namespace(ABC):
+    """Paths are absolute namespace paths; implementations normalize and refuse bad ones
+    with ``InvalidPath`` before anything else happens."""
+
+    @abstractmethod
+    async def stat(self, who: Principal, path: str) -> Entry: ...
+
+    @abstractmethod
+    def list(
+        self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[Entry]:
+        """Children of a directory by name (bytewise), streamed page by page so memory stays
+        flat; ``start_after`` is the name to resume after, ``limit`` caps the count."""
+
+    @abstractmethod
+    async def read(
+        self,
+        who: Principal,
+        path: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        if_version: int | None = None,
+    ) -> Reader:
+        """Open [offset, offset+length) of a file; the caller closes the reader (async with).
+        With ``if_version``, ``Conflict`` unless the file is at that version."""
+
+    @abstractmethod
+    async def write(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        """Create or replace a file from a stream, atomically: readers see the old or the new
+        content, never a mix. ``if_version``: replace only that version (else Conflict);
+        ``exclusive``: create only (else AlreadyExists). The parent must exist."""
+
+    @abstractmethod
+    async def mkdir(
+        self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
+    ) -> Entry: ...
+
+    @abstractmethod
+    async def rename(
+        self, who: Principal, src: str, dst: str, *, overwrite: bool = False
+    ) -> Entry: ...
+
+    @abstractmethod
+    async def remove(
+        self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
+    ) -> None: ...
+
+    @abstractmethod
+    async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...
+
+    @abstractmethod
+    async def set_tags(
+        self,
+        who: Principal,
+        path: str,
+        set_: Mapping[str, str],
+        remove: Sequence[str] = (),
+    ) -> dict[str, str]: ...
+
+    async def close(self) -> None:  # noqa: B027 - stateless implementations hold nothing
+        """Release what the namespace holds (connections, watchers)."""
+
+    # -- derived helpers, written once for every implementation ----------------------------
+
+    async def read_bytes(
+        self, who: Principal, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes:
+        async with await self.read(who, path, offset, length) as reader:
+            return await reader.read_all()
+
+    async def write_bytes(self, who: Principal, path: str, data: bytes, **kwargs: object) -> Entry:
+        return await self.write(who, path, aiter_bytes(data), **kwargs)  # type: ignore[arg-type]
+
+    async def exists(self, who: Principal, path: str) -> bool:
+        try:
+            await self.stat(who, path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def walk(self, who: Principal, top: str) -> AsyncIterator[Entry]:
+        """Every entry below ``top``, depth first, directories before their children."""
+        async for entry in self.list(who, top):
+            yield entry
+            if entry.is_dir:
+                async for child in self.walk(who, entry.path):
+                    yield child

@@ -1,0 +1,238 @@
+"""A namespace over the REST API (protocol layer, client side): the CLI's way to a hub.
+
+``RestNamespace`` is one more implementation of the namespace API, so the shared
+conformance suite runs through HTTP exactly as it runs against the hub in-process.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from .. import paths
+from ..core.streams import BytesSource, StreamSource
+from ..core.types import Change, Entry, Principal
+from ..errors import BackendUnavailable, Conflict, LoomError, RangeNotSatisfiable
+from ..namespace.base import Namespace, Reader
+from . import wire
+
+
+def _quoted(path: str) -> str:
+    return quote(paths.normalize(path), safe="/")
+
+
+class RestNamespace(Namespace):
+    def __init__(self, base_url: str, *, timeout: float = 300.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        try:
+            response = await self.session.request(method, self.base_url + url, **kwargs)
+        except aiohttp.ClientConnectionError as exc:
+            raise BackendUnavailable(f"cannot reach {self.base_url}: {exc}") from exc
+        if response.status >= 400:
+            try:
+                body = await response.json(content_type=None)
+            except (json.JSONDecodeError, aiohttp.ClientError):
+                body = None
+            finally:
+                response.release()
+            raise wire.error_from(response.status, body)
+        return response
+
+    async def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+        response = await self._request(method, url, **kwargs)
+        async with response:
+            return await response.json()
+
+    async def _lines(self, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+        async with response:
+            async for line in response.content:
+                if line.strip():
+                    yield json.loads(line)
+
+    # -- the namespace API -----------------------------------------------------------------
+
+    async def stat(self, who: Principal, path: str) -> Entry:
+        return wire.entry_from(await self._json("GET", f"{wire.API}/stat{_quoted(path)}"))
+
+    async def list(
+        self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[Entry]:
+        params: dict[str, str] = {}
+        if start_after is not None:
+            params["start_after"] = start_after
+        if limit is not None:
+            params["limit"] = str(limit)
+        response = await self._request("GET", f"{wire.API}/list{_quoted(path)}", params=params)
+        async for line in self._lines(response):
+            yield wire.entry_from(line)
+
+    async def read(
+        self,
+        who: Principal,
+        path: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        if_version: int | None = None,
+    ) -> Reader:
+        headers: dict[str, str] = {}
+        if offset or length is not None:
+            last = "" if length is None else str(offset + length - 1)
+            if length == 0:
+                # HTTP has no empty range; ask for the entry and hand back nothing
+                entry = await self.stat(who, path)
+                return Reader(entry, min(offset, entry.size), BytesSource(b""))
+            headers["Range"] = f"bytes={offset}-{last}"
+        if if_version is not None:
+            headers["If-Match"] = f'"{if_version}"'
+        try:
+            response = await self._request(
+                "GET", f"{wire.API}/files{_quoted(path)}", headers=headers
+            )
+        except RangeNotSatisfiable:
+            entry = await self.stat(who, path)  # reading past the end is empty, as locally
+            return Reader(entry, entry.size, BytesSource(b""))
+        entry = wire.entry_header_from(response.headers[wire.ENTRY_HEADER])
+        content_range = response.headers.get("Content-Range")
+        start = int(content_range.split()[1].split("-")[0]) if content_range else 0
+        length_ = int(response.headers["Content-Length"])
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.content.iter_chunked(1 << 20):
+                    yield chunk
+            except aiohttp.ClientPayloadError as exc:
+                raise Conflict(f"{path} changed while it was read") from exc
+
+        async def close() -> None:
+            response.release()
+
+        return Reader(entry, start, StreamSource(body(), length_, close))
+
+    async def write(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        headers = {"Content-Type": "application/octet-stream"}
+        if if_version is not None:
+            headers["If-Match"] = f'"{if_version}"'
+        if exclusive:
+            headers["If-None-Match"] = "*"
+        if mode is not None:
+            headers["X-Loomfs-Mode"] = str(mode)
+        return wire.entry_from(
+            await self._json("PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers)
+        )
+
+    async def mkdir(
+        self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
+    ) -> Entry:
+        params = {"parents": str(parents).lower(), "exist_ok": str(exist_ok).lower()}
+        return wire.entry_from(
+            await self._json("POST", f"{wire.API}/mkdir{_quoted(path)}", params=params)
+        )
+
+    async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
+        body = {"src": src, "dst": dst, "overwrite": overwrite}
+        return wire.entry_from(await self._json("POST", f"{wire.API}/rename", json=body))
+
+    async def remove(
+        self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
+    ) -> None:
+        headers = {"If-Match": f'"{if_version}"'} if if_version is not None else {}
+        response = await self._request(
+            "DELETE",
+            f"{wire.API}/files{_quoted(path)}",
+            params={"recursive": str(recursive).lower()},
+            headers=headers,
+        )
+        response.release()
+
+    async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
+        tags: dict[str, str] = await self._json("GET", f"{wire.API}/tags{_quoted(path)}")
+        return tags
+
+    async def set_tags(
+        self,
+        who: Principal,
+        path: str,
+        set_: Mapping[str, str],
+        remove: Sequence[str] = (),
+    ) -> dict[str, str]:
+        body = {"set": dict(set_), "remove": list(remove)}
+        tags: dict[str, str] = await self._json(
+            "PATCH", f"{wire.API}/tags{_quoted(path)}", json=body
+        )
+        return tags
+
+    # -- hub administration ----------------------------------------------------------------
+
+    async def volumes(self) -> builtins.list[dict[str, Any]]:
+        volumes: builtins.list[dict[str, Any]] = await self._json("GET", f"{wire.API}/volumes")
+        return volumes
+
+    async def add_volume(
+        self, mount: str, url: str, progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> dict[str, Any]:
+        response = await self._request(
+            "POST", f"{wire.API}/volumes", json={"mount": mount, "url": url}
+        )
+        return await self._follow(response, progress)
+
+    async def rescan(
+        self, mount: str, progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> dict[str, Any]:
+        response = await self._request("POST", f"{wire.API}/volumes/rescan", json={"mount": mount})
+        return await self._follow(response, progress)
+
+    async def _follow(
+        self,
+        response: aiohttp.ClientResponse,
+        progress: Callable[[dict[str, Any]], None] | None,
+    ) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        async for line in self._lines(response):
+            if "error" in line:
+                raise wire.error_from(500, line)
+            last = line
+            if progress is not None:
+                progress(line)
+        if not last.get("done"):
+            raise LoomError("the hub ended the job without a result; see its log")
+        return last
+
+    async def remove_volume(self, mount: str) -> None:
+        response = await self._request("DELETE", f"{wire.API}/volumes", params={"mount": mount})
+        response.release()
+
+    async def changes(self, since: int = 0, limit: int = 1000) -> tuple[builtins.list[Change], int]:
+        data = await self._json(
+            "GET", f"{wire.API}/changes", params={"since": str(since), "limit": str(limit)}
+        )
+        return [wire.change_from(c) for c in data["changes"]], int(data["head"])

@@ -1,0 +1,252 @@
+"""The REST API's OpenAPI 3.1 description (protocol layer), served at /openapi.json.
+
+Written by hand next to the routes; a test checks that every route is described here and
+that the document is valid OpenAPI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import __version__
+
+_PATH_PARAM = {
+    "name": "path",
+    "in": "path",
+    "required": True,
+    "description": "namespace path without its leading slash",
+    "schema": {"type": "string"},
+}
+_ERROR = {"$ref": "#/components/responses/Error"}
+_ENTRY = {"$ref": "#/components/schemas/Entry"}
+
+
+def _json_ok(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"summary": summary, "responses": {**responses, "default": _ERROR}, **extra}
+
+
+def _ndjson(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/x-ndjson": {"schema": {}}}}
+
+
+def spec() -> dict[str, Any]:
+    flag = {"schema": {"type": "boolean"}, "in": "query"}
+    if_match = {
+        "name": "If-Match",
+        "in": "header",
+        "schema": {"type": "string"},
+        "description": "only if the entry is at this version",
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "loomfs REST API", "version": __version__},
+        "paths": {
+            "/v1/stat/{path}": {
+                "parameters": [_PATH_PARAM],
+                "get": _op("Stat an entry", {"200": _json_ok(_ENTRY)}),
+            },
+            "/v1/list/{path}": {
+                "parameters": [_PATH_PARAM],
+                "get": _op(
+                    "List a directory, streamed as one JSON entry per line",
+                    {"200": _ndjson("entries ordered by name")},
+                    parameters=[
+                        {"name": "start_after", "in": "query", "schema": {"type": "string"}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    ],
+                ),
+            },
+            "/v1/files/{path}": {
+                "parameters": [_PATH_PARAM],
+                "get": _op(
+                    "Read a file or a byte range of it",
+                    {
+                        "200": {"description": "the whole file"},
+                        "206": {"description": "the requested range"},
+                    },
+                    parameters=[
+                        {"name": "Range", "in": "header", "schema": {"type": "string"}},
+                        if_match,
+                    ],
+                ),
+                "put": _op(
+                    "Create or replace a file atomically from the request body",
+                    {"201": _json_ok(_ENTRY, "the new entry")},
+                    parameters=[
+                        if_match,
+                        {"name": "If-None-Match", "in": "header", "schema": {"const": "*"}},
+                        {"name": "X-Loomfs-Mode", "in": "header", "schema": {"type": "integer"}},
+                    ],
+                    requestBody={
+                        "content": {"application/octet-stream": {"schema": {}}},
+                    },
+                ),
+                "delete": _op(
+                    "Remove a file or directory",
+                    {"204": {"description": "removed"}},
+                    parameters=[{"name": "recursive", **flag}, if_match],
+                ),
+            },
+            "/v1/mkdir/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "Create a directory",
+                    {"201": _json_ok(_ENTRY)},
+                    parameters=[{"name": "parents", **flag}, {"name": "exist_ok", **flag}],
+                ),
+            },
+            "/v1/rename": {
+                "post": _op(
+                    "Move a file or directory within a volume",
+                    {"200": _json_ok(_ENTRY)},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["src", "dst"],
+                                    "properties": {
+                                        "src": {"type": "string"},
+                                        "dst": {"type": "string"},
+                                        "overwrite": {"type": "boolean"},
+                                    },
+                                }
+                            }
+                        }
+                    },
+                ),
+            },
+            "/v1/tags/{path}": {
+                "parameters": [_PATH_PARAM],
+                "get": _op(
+                    "Tags of an entry", {"200": _json_ok({"$ref": "#/components/schemas/Tags"})}
+                ),
+                "patch": _op(
+                    "Set and remove tags",
+                    {"200": _json_ok({"$ref": "#/components/schemas/Tags"})},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        "set": {"$ref": "#/components/schemas/Tags"},
+                                        "remove": {"type": "array", "items": {"type": "string"}},
+                                    },
+                                }
+                            }
+                        }
+                    },
+                ),
+            },
+            "/v1/changes": {
+                "get": _op(
+                    "The change log after a sequence number",
+                    {"200": _json_ok({"type": "object"})},
+                    parameters=[
+                        {"name": "since", "in": "query", "schema": {"type": "integer"}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    ],
+                ),
+            },
+            "/v1/volumes": {
+                "get": _op("Volumes of this hub", {"200": _json_ok({"type": "array"})}),
+                "post": _op(
+                    "Assimilate a volume (metadata only); progress streamed as JSON lines",
+                    {"200": _ndjson("progress lines, the last one the result or an error")},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["mount", "url"],
+                                    "properties": {
+                                        "mount": {"type": "string"},
+                                        "url": {"type": "string"},
+                                    },
+                                }
+                            }
+                        }
+                    },
+                ),
+                "delete": _op(
+                    "Forget a volume's metadata (its data is untouched)",
+                    {"204": {"description": "removed"}},
+                    parameters=[
+                        {
+                            "name": "mount",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                ),
+            },
+            "/v1/volumes/rescan": {
+                "post": _op(
+                    "Rescan a volume for changes made behind loomfs's back",
+                    {"200": _ndjson("progress lines, the last one the result or an error")},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["mount"],
+                                    "properties": {"mount": {"type": "string"}},
+                                }
+                            }
+                        }
+                    },
+                ),
+            },
+            "/openapi.json": {"get": _op("This document", {"200": _json_ok({"type": "object"})})},
+            "/metrics": {"get": _op("Prometheus metrics", {"200": {"description": "text format"}})},
+            "/healthz": {"get": _op("Liveness", {"200": _json_ok({"type": "object"})})},
+        },
+        "components": {
+            "schemas": {
+                "Entry": {
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string"},
+                        "kind": {"enum": ["file", "dir", "symlink"]},
+                        "size": {"type": "integer"},
+                        "mtime_ns": {"type": "integer"},
+                        "mode": {"type": "integer"},
+                        "uid": {"type": "integer"},
+                        "gid": {"type": "integer"},
+                        "version": {"type": "integer"},
+                        "etag": {"type": ["string", "null"]},
+                        "inode": {"type": ["integer", "null"]},
+                        "link_target": {"type": ["string", "null"]},
+                    },
+                },
+                "Tags": {"type": "object", "additionalProperties": {"type": "string"}},
+                "Error": {
+                    "type": "object",
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "path": {"type": ["string", "null"]},
+                            },
+                        }
+                    },
+                },
+            },
+            "responses": {
+                "Error": {
+                    "description": "an error, with a stable code (NotFound, Conflict, ...)",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                }
+            },
+        },
+    }

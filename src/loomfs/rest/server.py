@@ -1,0 +1,410 @@
+"""The REST API (protocol layer): HTTP in, namespace calls out.
+
+It parses requests, calls the namespace, and encodes results; errors are mapped once,
+through ``wire.STATUS``. File bodies that sit in a local file go out with sendfile. The
+last byte of every body is held back until the read is verified, so a file changed in
+place while it was sent ends in a broken connection, never in a complete-looking mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from email.utils import formatdate
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from ..core.types import Principal
+from ..errors import Conflict, InvalidArgument, LoomError
+from ..hub.assimilate import ScanStats
+from ..namespace.base import Namespace, Reader
+from . import wire
+from .openapi import spec
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter("loomfs_http_requests_total", "REST requests", ["route", "method", "status"])
+LATENCY = Histogram("loomfs_http_request_seconds", "REST request latency", ["route", "method"])
+BYTES_OUT = Counter("loomfs_read_bytes_total", "File bytes sent by the REST API")
+BYTES_IN = Counter("loomfs_write_bytes_total", "File bytes received by the REST API")
+
+NDJSON = "application/x-ndjson"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class VolumeAdmin(Protocol):
+    """What the hub offers beyond the namespace: volumes and the change log."""
+
+    async def add_volume(
+        self, mount: str, url: str, progress: Callable[[ScanStats], None]
+    ) -> ScanStats: ...
+
+    async def rescan(self, mount: str, progress: Callable[[ScanStats], None]) -> ScanStats: ...
+
+    async def remove_volume(self, mount: str) -> None: ...
+
+    async def list_volumes(self) -> list[dict[str, Any]]: ...
+
+    async def changes(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]: ...
+
+
+def _path(request: web.Request) -> str:
+    return "/" + request.match_info.get("path", "")
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "").lower() in ("1", "true", "yes")
+
+
+def _int(value: str | None, name: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value.strip().strip('"'))
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer, not {value!r}") from None
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    return data
+
+
+def _file_headers(reader: Reader) -> dict[str, str]:
+    entry = reader.entry
+    return {
+        "ETag": f'"{entry.version}"',
+        "X-Loomfs-Version": str(entry.version),
+        wire.ENTRY_HEADER: wire.entry_header(entry),
+        "Last-Modified": formatdate(entry.mtime_ns / 1e9, usegmt=True),
+        "Accept-Ranges": "bytes",
+        "Content-Type": "application/octet-stream",
+    }
+
+
+async def _send_body(request: web.Request, response: web.StreamResponse, reader: Reader) -> None:
+    if reader.length == 0:
+        await reader.verify()
+        return
+    if reader.region is not None:
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("client went away")
+        with os.fdopen(os.dup(reader.region.fd), "rb") as fobj:
+            await asyncio.get_running_loop().sendfile(
+                transport, fobj, reader.region.offset, reader.length - 1
+            )
+            last = os.pread(reader.region.fd, 1, reader.region.offset + reader.length - 1)
+        await reader.verify()
+        await response.write(last)
+        BYTES_OUT.inc(reader.length)
+        return
+    held: bytes | None = None
+    async for chunk in reader.chunks():
+        if held:
+            await response.write(held)
+            BYTES_OUT.inc(len(held))
+        held = chunk
+    await reader.verify()
+    if held:
+        await response.write(held)
+        BYTES_OUT.inc(len(held))
+
+
+class RestServer:
+    def __init__(
+        self,
+        namespace: Namespace,
+        admin: VolumeAdmin | None = None,
+        *,
+        site: str = "hub",
+    ) -> None:
+        self.namespace = namespace
+        self.admin = admin
+        self.site = site
+        self.background: set[asyncio.Task[Any]] = set()
+
+    def principal(self, request: web.Request) -> Principal:
+        # authentication arrives with governance; until then every caller is anonymous and
+        # the server listens on loopback unless configured otherwise
+        return Principal(user="anonymous", site=self.site, protocol="rest")
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=1 << 20)
+        p = "/{path:.*}"
+        app.router.add_get(f"{wire.API}/stat{p}", self.stat)
+        app.router.add_get(f"{wire.API}/list{p}", self.list)
+        app.router.add_get(f"{wire.API}/files{p}", self.get_file, allow_head=True)
+        app.router.add_put(f"{wire.API}/files{p}", self.put_file)
+        app.router.add_delete(f"{wire.API}/files{p}", self.delete)
+        app.router.add_post(f"{wire.API}/mkdir{p}", self.mkdir)
+        app.router.add_post(f"{wire.API}/rename", self.rename)
+        app.router.add_get(f"{wire.API}/tags{p}", self.get_tags)
+        app.router.add_patch(f"{wire.API}/tags{p}", self.set_tags)
+        if self.admin is not None:
+            app.router.add_get(f"{wire.API}/changes", self.changes)
+            app.router.add_get(f"{wire.API}/volumes", self.volumes)
+            app.router.add_post(f"{wire.API}/volumes", self.add_volume)
+            app.router.add_post(f"{wire.API}/volumes/rescan", self.rescan)
+            app.router.add_delete(f"{wire.API}/volumes", self.remove_volume)
+        app.router.add_get("/openapi.json", self.openapi)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/healthz", self.healthz)
+        app.on_shutdown.append(self._cancel_background)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = (
+            request.match_info.route.resource.canonical
+            if request.match_info.route.resource
+            else "-"
+        )
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except LoomError as exc:
+            status = wire.status_of(exc)
+            if status >= 500:
+                log.error("request failed", extra={"path": request.path, "error": repr(exc)})
+            return _json(wire.error_body(exc), status)
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            status = 499
+            raise
+        except Exception:
+            log.exception("unexpected error", extra={"path": request.path})
+            return _json(wire.error_body(LoomError("internal error, see the server log")), 500)
+        finally:
+            REQUESTS.labels(route, request.method, str(status)).inc()
+            LATENCY.labels(route, request.method).observe(time.perf_counter() - start)
+
+    # -- namespace -------------------------------------------------------------------------
+
+    async def stat(self, request: web.Request) -> web.Response:
+        entry = await self.namespace.stat(self.principal(request), _path(request))
+        return _json(wire.entry_json(entry))
+
+    async def list(self, request: web.Request) -> web.StreamResponse:
+        who, path = self.principal(request), _path(request)
+        limit = _int(request.query.get("limit"), "limit")
+        entries = self.namespace.list(
+            who, path, start_after=request.query.get("start_after"), limit=limit
+        )
+        # the first entry is awaited before the status goes out, so a missing directory
+        # is a clean 404 rather than a broken stream
+        first = await anext(entries, None)
+        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await response.prepare(request)
+        lines: list[bytes] = []
+        if first is not None:
+            lines.append(json.dumps(wire.entry_json(first)).encode() + b"\n")
+        async for entry in entries:
+            lines.append(json.dumps(wire.entry_json(entry)).encode() + b"\n")
+            if len(lines) >= 256:
+                await response.write(b"".join(lines))
+                lines.clear()
+        if lines:
+            await response.write(b"".join(lines))
+        await response.write_eof()
+        return response
+
+    async def get_file(self, request: web.Request) -> web.StreamResponse:
+        who, path = self.principal(request), _path(request)
+        if_version = _int(request.headers.get("If-Match"), "If-Match")
+        range_header = request.headers.get("Range")
+        offset, length, status = 0, None, 200
+        if range_header:
+            entry = await self.namespace.stat(who, path)
+            window = wire.parse_range(range_header, entry.size)
+            if window is not None:
+                (offset, length), status = window, 206
+                if_version = if_version or entry.version  # the range was resolved against it
+        async with await self.namespace.read(
+            who, path, offset, length, if_version=if_version
+        ) as reader:
+            headers = _file_headers(reader)
+            if status == 206:
+                end = reader.offset + reader.length - 1
+                headers["Content-Range"] = f"bytes {reader.offset}-{end}/{reader.entry.size}"
+            response = web.StreamResponse(status=status, headers=headers)
+            response.content_length = reader.length
+            await response.prepare(request)
+            if request.method != "HEAD":
+                try:
+                    await _send_body(request, response, reader)
+                except Conflict as exc:
+                    log.warning("read aborted: %s", exc, extra={"path": path})
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
+            await response.write_eof()
+            return response
+
+    async def put_file(self, request: web.Request) -> web.Response:
+        who, path = self.principal(request), _path(request)
+        if_version = _int(request.headers.get("If-Match"), "If-Match")
+        exclusive = request.headers.get("If-None-Match", "").strip() == "*"
+        mode = _int(request.headers.get("X-Loomfs-Mode"), "X-Loomfs-Mode")
+
+        async def body() -> AsyncIterator[bytes]:
+            async for chunk in request.content.iter_chunked(1 << 20):
+                BYTES_IN.inc(len(chunk))
+                yield chunk
+
+        entry = await self.namespace.write(
+            who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode
+        )
+        return _json(wire.entry_json(entry), 201)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        await self.namespace.remove(
+            self.principal(request),
+            _path(request),
+            recursive=_flag(request, "recursive"),
+            if_version=_int(request.headers.get("If-Match"), "If-Match"),
+        )
+        return web.Response(status=204)
+
+    async def mkdir(self, request: web.Request) -> web.Response:
+        entry = await self.namespace.mkdir(
+            self.principal(request),
+            _path(request),
+            parents=_flag(request, "parents"),
+            exist_ok=_flag(request, "exist_ok"),
+        )
+        return _json(wire.entry_json(entry), 201)
+
+    async def rename(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        src, dst = body.get("src"), body.get("dst")
+        if not isinstance(src, str) or not isinstance(dst, str):
+            raise InvalidArgument("rename needs 'src' and 'dst' paths")
+        entry = await self.namespace.rename(
+            self.principal(request), src, dst, overwrite=bool(body.get("overwrite"))
+        )
+        return _json(wire.entry_json(entry))
+
+    async def get_tags(self, request: web.Request) -> web.Response:
+        return _json(await self.namespace.get_tags(self.principal(request), _path(request)))
+
+    async def set_tags(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        set_, remove = body.get("set", {}), body.get("remove", [])
+        if not isinstance(set_, dict) or not all(isinstance(v, str) for v in set_.values()):
+            raise InvalidArgument("'set' must map tag names to string values")
+        if not isinstance(remove, list) or not all(isinstance(k, str) for k in remove):
+            raise InvalidArgument("'remove' must be a list of tag names")
+        tags = await self.namespace.set_tags(self.principal(request), _path(request), set_, remove)
+        return _json(tags)
+
+    # -- hub administration ----------------------------------------------------------------
+
+    async def changes(self, request: web.Request) -> web.Response:
+        assert self.admin is not None
+        since = _int(request.query.get("since"), "since") or 0
+        limit = _int(request.query.get("limit"), "limit") or 1000
+        changes, head = await self.admin.changes(since, min(limit, 10000))
+        return _json({"changes": changes, "head": head})
+
+    async def volumes(self, request: web.Request) -> web.Response:
+        assert self.admin is not None
+        return _json(await self.admin.list_volumes())
+
+    async def add_volume(self, request: web.Request) -> web.StreamResponse:
+        assert self.admin is not None
+        admin = self.admin
+        body = await _body(request)
+        mount, url = body.get("mount"), body.get("url")
+        if not isinstance(mount, str) or not isinstance(url, str):
+            raise InvalidArgument("adding a volume needs 'mount' and 'url'")
+        return await self._progress(request, lambda cb: admin.add_volume(mount, url, cb))
+
+    async def rescan(self, request: web.Request) -> web.StreamResponse:
+        assert self.admin is not None
+        admin = self.admin
+        mount = (await _body(request)).get("mount")
+        if not isinstance(mount, str):
+            raise InvalidArgument("a rescan needs 'mount'")
+        return await self._progress(request, lambda cb: admin.rescan(mount, cb))
+
+    async def remove_volume(self, request: web.Request) -> web.Response:
+        assert self.admin is not None
+        mount = request.query.get("mount")
+        if not mount:
+            raise InvalidArgument("removing a volume needs ?mount=")
+        await self.admin.remove_volume(mount)
+        return web.Response(status=204)
+
+    async def _progress(
+        self,
+        request: web.Request,
+        job: Callable[[Callable[[ScanStats], None]], Coroutine[Any, Any, ScanStats]],
+    ) -> web.StreamResponse:
+        """Run a long job in the background (it survives the client going away) and stream
+        its progress as JSON lines; the last line is the result or the error."""
+        updates: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        task = asyncio.create_task(job(lambda stats: updates.put_nowait(stats.as_dict())))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        task.add_done_callback(lambda _: updates.put_nowait({}))
+        response: web.StreamResponse | None = None
+        while True:
+            update = await updates.get()
+            if not update:
+                break
+            if response is None:
+                response = web.StreamResponse(headers={"Content-Type": NDJSON})
+                await response.prepare(request)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(json.dumps(update).encode() + b"\n")
+        exc = task.exception()
+        if response is None:  # failed before the first progress report: a plain error
+            if exc is not None:
+                raise exc
+            response = web.StreamResponse(headers={"Content-Type": NDJSON})
+            await response.prepare(request)
+        if isinstance(exc, LoomError):
+            await response.write(json.dumps(wire.error_body(exc)).encode() + b"\n")
+        elif exc is not None:
+            log.error("background job failed", exc_info=exc)
+            await response.write(json.dumps(wire.error_body(LoomError(repr(exc)))).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    async def _cancel_background(self, app: web.Application) -> None:
+        for task in list(self.background):
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+
+    # -- service ---------------------------------------------------------------------------
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _json(spec())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok", "site": self.site})

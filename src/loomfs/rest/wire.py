@@ -1,0 +1,130 @@
+"""The REST wire format (protocol layer): entries as JSON, errors as a status table.
+
+Shared by the server and the client so that an error raised in the hub comes out of the
+client as the same ``loomfs.errors`` class, and an entry round-trips unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+from typing import Any
+
+from ..core.types import Change, ChangeOp, Entry, EntryKind
+from ..errors import (
+    BY_CODE,
+    AlreadyExists,
+    AuthenticationFailed,
+    BackendUnavailable,
+    Conflict,
+    CrossesVolume,
+    DirectoryNotEmpty,
+    InsufficientStorage,
+    InvalidArgument,
+    InvalidPath,
+    IsADirectory,
+    LoomError,
+    NotADirectory,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+    RangeNotSatisfiable,
+)
+
+API = "/v1"
+
+# The one table from error class to HTTP status; subclasses not listed use their base's.
+STATUS: dict[type[LoomError], int] = {
+    NotFound: 404,
+    AlreadyExists: 409,
+    NotADirectory: 409,
+    IsADirectory: 409,
+    DirectoryNotEmpty: 409,
+    CrossesVolume: 409,
+    Conflict: 412,
+    AuthenticationFailed: 401,
+    PermissionDenied: 403,
+    RangeNotSatisfiable: 416,
+    InvalidPath: 400,
+    InvalidArgument: 400,
+    NotSupported: 501,
+    InsufficientStorage: 507,
+    BackendUnavailable: 503,
+    LoomError: 500,
+}
+
+
+def status_of(exc: LoomError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def error_body(exc: LoomError) -> dict[str, Any]:
+    return {"error": {"code": exc.code, "message": exc.message, "path": exc.path}}
+
+
+def error_from(status: int, body: Any) -> LoomError:
+    """Rebuild the server's error on the client side."""
+    detail = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(detail, dict):
+        return LoomError(f"HTTP {status}: {str(body)[:200]}")
+    cls = BY_CODE.get(str(detail.get("code")), LoomError)
+    return cls(str(detail.get("message")), path=detail.get("path"))
+
+
+def entry_json(entry: Entry) -> dict[str, Any]:
+    return dataclasses.asdict(entry)
+
+
+def entry_from(data: dict[str, Any]) -> Entry:
+    return Entry(**{**data, "kind": EntryKind(data["kind"])})
+
+
+ENTRY_HEADER = "X-Loomfs-Entry"
+
+
+def entry_header(entry: Entry) -> str:
+    """The entry a body belongs to, as a header value (base64url JSON: paths may be any
+    Unicode, headers only ASCII)."""
+    return base64.urlsafe_b64encode(json.dumps(entry_json(entry)).encode()).decode()
+
+
+def entry_header_from(value: str) -> Entry:
+    return entry_from(json.loads(base64.urlsafe_b64decode(value)))
+
+
+def change_json(change: Change) -> dict[str, Any]:
+    return dataclasses.asdict(change)
+
+
+def change_from(data: dict[str, Any]) -> Change:
+    return Change(**{**data, "op": ChangeOp(data["op"]), "kind": EntryKind(data["kind"])})
+
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(offset, length) for a single 'bytes=' range, or None for the whole object.
+
+    A malformed or multi-range header is ignored (RFC 9110 allows serving the whole
+    representation); an unsatisfiable one raises ``InvalidArgument`` (416 at the edge).
+    """
+    if not header:
+        return None
+    match = _RANGE.match(header.strip())
+    if match is None or match.group(1) == match.group(2) == "":
+        return None
+    first, last = match.group(1), match.group(2)
+    if first == "":  # suffix: the last N bytes
+        count = min(int(last), size)
+        return size - count, count
+    start = int(first)
+    end = size - 1 if last == "" else min(int(last), size - 1)
+    if start >= size or end < start:
+        raise RangeNotSatisfiable(f"range {header} is outside 0-{size}")
+    return start, end - start + 1

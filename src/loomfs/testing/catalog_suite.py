@@ -1,0 +1,233 @@
+"""Catalog conformance suite (testing layer): the same tests for every catalog engine.
+
+A test module subclasses ``CatalogSuite`` and provides two fixtures: ``catalog`` (an open,
+empty catalog) and ``reopen`` (a callable giving a second, independent connection to the
+same database: for persistence and concurrency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from ..core.catalog.base import Catalog, Delete, Put, VolumeUpdate
+from ..core.types import ChangeOp, EntryKind, VolumeState
+from ..errors import (
+    AlreadyExists,
+    Conflict,
+    DirectoryNotEmpty,
+    InvalidPath,
+    NotADirectory,
+    NotFound,
+)
+
+Reopen = Callable[[], Awaitable[Catalog]]
+FILE, DIR = EntryKind.FILE, EntryKind.DIR
+
+
+def f(path: str, size: int = 1, etag: str = "e", **kw: object) -> Put:
+    return Put(path, FILE, size=size, mtime_ns=1, etag=etag, mode=0o100644, **kw)  # type: ignore[arg-type]
+
+
+def d(path: str, **kw: object) -> Put:
+    return Put(path, DIR, mode=0o40755, **kw)  # type: ignore[arg-type]
+
+
+async def tree(catalog: Catalog) -> None:
+    await catalog.apply(
+        [d("/v"), d("/v/a"), f("/v/a/x"), f("/v/a/y"), d("/v/a/sub"), f("/v/a/sub/z"), f("/v/b")]
+    )
+
+
+class CatalogSuite:
+    async def test_put_get_and_versions(self, catalog: Catalog) -> None:
+        head = await catalog.head_seq()
+        [a] = await catalog.apply([f("/x", size=3)])
+        assert a.entry is not None and a.change is not None
+        assert a.change.op is ChangeOp.CREATE and a.entry.version == head + 1
+        got = await catalog.get("/x")
+        assert got == a.entry
+        # unchanged: no new sequence number, no change record
+        [same] = await catalog.apply([f("/x", size=3)])
+        assert same.change is None and await catalog.head_seq() == head + 1
+        # content change: new version; mode only: META, version kept
+        [mod] = await catalog.apply([f("/x", size=4)])
+        assert mod.change is not None and mod.change.op is ChangeOp.MODIFY
+        assert mod.entry is not None and mod.entry.version == head + 2
+        [meta] = await catalog.apply([Put("/x", FILE, size=4, mtime_ns=1, etag="e", mode=0o100600)])
+        assert meta.change is not None and meta.change.op is ChangeOp.META
+        assert meta.entry is not None and meta.entry.version == head + 2
+        assert await catalog.get("/nope") is None
+
+    async def test_failed_precondition_rolls_back_the_whole_batch(self, catalog: Catalog) -> None:
+        await catalog.apply([f("/x")])
+        head = await catalog.head_seq()
+        with pytest.raises(Conflict):
+            await catalog.apply([f("/new"), f("/x", size=9, expect_version=head + 100)])
+        assert await catalog.get("/new") is None
+        assert await catalog.head_seq() == head
+        with pytest.raises(AlreadyExists):
+            await catalog.apply([f("/x", exclusive=True)])
+        with pytest.raises(NotFound):
+            await catalog.apply([f("/missing/child", check_parent=True)])
+        with pytest.raises(NotADirectory):
+            await catalog.apply([f("/x/child", check_parent=True)])
+        with pytest.raises(NotFound):
+            await catalog.apply([f("/absent", expect_version=1)])
+
+    async def test_list_is_bytewise_and_paged(self, catalog: Catalog) -> None:
+        names = ["b", "B", "a-c", "a", "é", "a.b", "z" * 200, "_", "0"]
+        await catalog.apply([d("/dir"), *[f(f"/dir/{n}") for n in names]])
+        await catalog.apply([f("/dir2")])
+        listed = [e.name for e in await catalog.list_dir("/dir")]
+        assert listed == sorted(names, key=lambda n: n.encode())
+        page1 = await catalog.list_dir("/dir", limit=4)
+        page2 = await catalog.list_dir("/dir", start_after=page1[-1].name, limit=100)
+        assert [e.name for e in page1 + page2] == listed
+        assert [e.name for e in await catalog.list_dir("/")] == ["dir", "dir2"]
+
+    async def test_rename_moves_the_subtree_and_keeps_versions(self, catalog: Catalog) -> None:
+        await tree(catalog)
+        before = await catalog.get("/v/a/sub/z")
+        applied = await catalog.rename("/v/a", "/v/c")
+        assert applied.change is not None and applied.change.op is ChangeOp.RENAME
+        assert applied.change.new_path == "/v/c"
+        assert await catalog.get("/v/a") is None and await catalog.get("/v/a/x") is None
+        after = await catalog.get("/v/c/sub/z")
+        assert before is not None and after is not None and after.version == before.version
+        assert [e.name for e in await catalog.list_dir("/v/c")] == ["sub", "x", "y"]
+        with pytest.raises(InvalidPath):
+            await catalog.rename("/v/c", "/v/c/sub/inside")
+        with pytest.raises(AlreadyExists):
+            await catalog.rename("/v/b", "/v/c")
+        with pytest.raises(NotFound):
+            await catalog.rename("/v/none", "/v/other")
+        with pytest.raises(NotFound):
+            await catalog.rename("/v/b", "/nowhere/b")
+
+    async def test_rename_does_not_touch_siblings_sharing_a_prefix(self, catalog: Catalog) -> None:
+        await catalog.apply([d("/a"), f("/a/x"), d("/a-b"), f("/a-b/y"), d("/ab"), f("/ab/z")])
+        await catalog.rename("/a", "/q")
+        assert await catalog.get("/a-b/y") is not None
+        assert await catalog.get("/ab/z") is not None
+        assert await catalog.get("/q/x") is not None
+
+    async def test_delete(self, catalog: Catalog) -> None:
+        await tree(catalog)
+        await catalog.set_tags("/v/a/x", {"k": "v"})
+        with pytest.raises(DirectoryNotEmpty):
+            await catalog.apply([Delete("/v/a")])
+        [gone] = await catalog.apply([Delete("/v/a", recursive=True)])
+        assert gone.change is not None and gone.change.op is ChangeOp.DELETE
+        assert await catalog.subtree_ids("/v") == [(await self._id(catalog, "/v/b"), "/v/b")]
+        with pytest.raises(NotFound):
+            await catalog.apply([Delete("/v/a")])
+        assert (await catalog.apply([Delete("/v/a", missing_ok=True)]))[0].change is None
+        with pytest.raises(InvalidPath):
+            await catalog.apply([Delete("/", recursive=True)])
+        # re-created under the same name, the old tags do not come back
+        await catalog.apply([d("/v/a"), f("/v/a/x")])
+        assert await catalog.get_tags("/v/a/x") == {}
+
+    async def _id(self, catalog: Catalog, path: str) -> int:
+        ids = {p: i for i, p in await catalog.subtree_ids("/")}
+        return ids[path]
+
+    async def test_put_then_delete_in_one_batch(self, catalog: Catalog) -> None:
+        await catalog.apply([d("/t"), f("/t/x"), Delete("/t/x"), f("/t/y")])
+        assert [e.name for e in await catalog.list_dir("/t")] == ["y"]
+
+    async def test_tags(self, catalog: Catalog) -> None:
+        await catalog.apply([f("/x")])
+        head = await catalog.head_seq()
+        assert await catalog.set_tags("/x", {"a": "1", "b": "2"}) == {"a": "1", "b": "2"}
+        assert await catalog.set_tags("/x", {"a": "3"}, ["b"]) == {"a": "3"}
+        assert await catalog.get_tags("/x") == {"a": "3"}
+        changes = await catalog.changes(head)
+        assert [c.op for c in changes] == [ChangeOp.META, ChangeOp.META]
+        with pytest.raises(NotFound):
+            await catalog.get_tags("/none")
+
+    async def test_change_log_is_gap_free_and_ordered(self, catalog: Catalog) -> None:
+        start = await catalog.head_seq()
+        await tree(catalog)
+        await catalog.rename("/v/b", "/v/bb")
+        await catalog.apply([Delete("/v/bb")])
+        changes = await catalog.changes(start)
+        assert [c.seq for c in changes] == list(range(start + 1, start + len(changes) + 1))
+        assert changes[-1].op is ChangeOp.DELETE and changes[-2].op is ChangeOp.RENAME
+        assert await catalog.head_seq() == changes[-1].seq
+        assert [c.seq for c in await catalog.changes(start, limit=2)] == [start + 1, start + 2]
+
+    async def test_subtree_ids_pages_cover_everything_once(self, catalog: Catalog) -> None:
+        await catalog.apply([d("/s"), *[d(f"/s/d{i}") for i in range(5)]])
+        await catalog.apply([f(f"/s/d{i}/f{j}") for i in range(5) for j in range(7)])
+        await catalog.apply([f("/s-sibling")])
+        seen: list[str] = []
+        after: tuple[str, str] | None = None
+        while rows := await catalog.subtree_ids("/s", after, limit=6):
+            seen.extend(p for _, p in rows)
+            after = (rows[-1][1].rsplit("/", 1)[0] or "/", rows[-1][1].rsplit("/", 1)[1])
+        assert len(seen) == len(set(seen)) == 5 + 35
+        assert all(p.startswith("/s/") for p in seen)
+
+    async def test_volumes(self, catalog: Catalog) -> None:
+        vol = await catalog.add_volume("/datasets/x", "posix:///data/x")
+        assert vol.state is VolumeState.IMPORTING and vol.checkpoint is None
+        assert (await catalog.get("/datasets")) is not None
+        root = await catalog.get("/datasets/x")
+        assert root is not None and root.is_dir
+        for overlapping in ("/datasets/x", "/datasets/x/y", "/datasets"):
+            with pytest.raises(AlreadyExists):
+                await catalog.add_volume(overlapping, "posix:///other")
+        # a batch and its checkpoint commit together
+        await catalog.apply([f("/datasets/x/a")], VolumeUpdate(vol.id, checkpoint="a"))
+        [stored] = await catalog.volumes()
+        assert stored.checkpoint == "a"
+        with pytest.raises(Conflict):
+            await catalog.apply(
+                [f("/datasets/x/b"), f("/datasets/x/a", expect_version=0)],
+                VolumeUpdate(vol.id, checkpoint="b"),
+            )
+        assert (await catalog.volumes())[0].checkpoint == "a"
+        await catalog.update_volume(
+            VolumeUpdate(vol.id, state=VolumeState.READY, clear_checkpoint=True, last_scan_ns=5)
+        )
+        [ready] = await catalog.volumes()
+        assert (ready.state, ready.checkpoint, ready.last_scan_ns) == (VolumeState.READY, None, 5)
+        await catalog.remove_volume("/datasets/x")
+        assert await catalog.volumes() == []
+        assert await catalog.get("/datasets/x/a") is None
+        with pytest.raises(NotFound):
+            await catalog.remove_volume("/datasets/x")
+
+    async def test_persists_across_reopen(self, catalog: Catalog, reopen: Reopen) -> None:
+        await tree(catalog)
+        other = await reopen()
+        try:
+            assert await other.get("/v/a/sub/z") == await catalog.get("/v/a/sub/z")
+            assert await other.head_seq() == await catalog.head_seq()
+        finally:
+            await other.close()
+
+    async def test_concurrent_writers_get_distinct_ordered_sequence_numbers(
+        self, catalog: Catalog, reopen: Reopen
+    ) -> None:
+        other = await reopen()
+        start = await catalog.head_seq()
+        try:
+
+            async def writer(cat: Catalog, name: str) -> None:
+                for i in range(20):
+                    await cat.apply([f(f"/{name}{i}")])
+
+            await asyncio.gather(writer(catalog, "a"), writer(other, "b"))
+        finally:
+            await other.close()
+        changes = await catalog.changes(start, limit=100)
+        assert [c.seq for c in changes] == list(range(start + 1, start + 41))
+        assert {e.version for e in await catalog.list_dir("/", limit=100)} >= {
+            c.version for c in changes
+        }

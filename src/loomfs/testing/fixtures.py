@@ -1,0 +1,37 @@
+"""pytest fixtures for real servers (testing layer), shared by the test suite.
+
+Servers start once per session on free ports and stop by their own process id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from ..core.catalog.base import Catalog
+from ..core.registry import open_catalog
+from .postgres import PostgresServer
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'catalog.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.create_database()
+
+
+@pytest.fixture
+async def catalog(catalog_url: str) -> AsyncIterator[Catalog]:
+    cat = open_catalog(catalog_url)
+    await cat.open()
+    yield cat
+    await cat.close()
