@@ -28,7 +28,7 @@ class TestCatalog(CatalogSuite):
 
 
 def test_unknown_scheme_names_the_known_ones() -> None:
-    with pytest.raises(UnsupportedScheme, match="known: .*postgresql://.*sqlite://"):
+    with pytest.raises(UnsupportedScheme, match=r"known: .*postgresql://.*sqlite://"):
         open_catalog("mysql://localhost/x")
 
 

@@ -421,3 +421,7 @@ async def changes(ctx: click.Context, since: int, limit: int) -> None:
         target = f" -> {c.new_path}" if c.new_path else ""
         out.print(f"{c.seq:>8} {_time(c.time_ns)} {c.op.value:<7} v{c.version:<6} {c.path}{target}")
     out.print(f"[dim]head {head}[/dim]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+# make demo: set everything up, then run the main job on the embedded default.
+# make test: set everything up, then run the linters and the test suite.
+# Both work on a fresh Debian machine: missing system packages are installed with apt-get.
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SYSTEM_PACKAGES := fuse3 postgresql rsync ca-certificates
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: setup system demo test lint typecheck unit bench-quick clean
+
+setup: system $(STAMP)
+
+system:
+	@missing=""; \
+	for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: setup
+	$(PY) -m loomfs.demo
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+unit: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck unit
+
+bench-quick: setup
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .demo .bench

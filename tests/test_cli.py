@@ -1,0 +1,90 @@
+"""The loomfs command against a real hub process, as a user types it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loomfs.testing.hubproc import HubProcess
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[HubProcess]:
+    with HubProcess(tmp_path / "site") as process:
+        yield process
+
+
+def loomfs(
+    hub: HubProcess, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "loomfs.cli", "--hub", hub.url, *args],
+        input=stdin, capture_output=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
+def ok(hub: HubProcess, *args: str, stdin: bytes | None = None) -> str:
+    result = loomfs(hub, *args, stdin=stdin)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "a.jsonl").write_text('{"x": 1}\n')
+    out = ok(hub, "volume", "add", "/datasets/sample", f"posix://{data}")
+    assert "3 scanned" in out and "3 new" in out
+    assert "/datasets/sample" in ok(hub, "volume", "list")
+    assert ok(hub, "ls", "/datasets/sample").split() == ["train/"]
+    assert ok(hub, "cat", "/datasets/sample/train/a.jsonl") == '{"x": 1}\n'
+    assert (
+        ok(hub, "cat", "/datasets/sample/train/a.jsonl", "--offset", "2", "--length", "3") == 'x":'
+    )
+    local = tmp_path / "upload.bin"
+    local.write_bytes(os.urandom(300_000))
+    assert "300,000 bytes" in ok(hub, "put", str(local), "/datasets/sample/up.bin")
+    assert (data / "up.bin").read_bytes() == local.read_bytes()  # in place, original form
+    ok(hub, "put", "-", "/datasets/sample/stdin.txt", stdin=b"from stdin")
+    assert (data / "stdin.txt").read_bytes() == b"from stdin"
+    version = json.loads(ok(hub, "stat", "/datasets/sample/stdin.txt"))["version"]
+    stale = loomfs(
+        hub, "put", "-", "/datasets/sample/stdin.txt", "--if-version", str(version - 1), stdin=b"x"
+    )
+    assert stale.returncode == 1 and b"Conflict" in stale.stderr
+    ok(hub, "mkdir", "-p", "/datasets/sample/a/b")
+    ok(hub, "mv", "/datasets/sample/stdin.txt", "/datasets/sample/a/b/moved.txt")
+    assert (data / "a" / "b" / "moved.txt").read_bytes() == b"from stdin"
+    assert ok(hub, "tag", "/datasets/sample/train", "split=train").strip() == "split=train"
+    assert ok(hub, "tag", "/datasets/sample/train").strip() == "split=train"
+    ok(hub, "rm", "-r", "/datasets/sample/a")
+    assert not (data / "a").exists()
+    listing = ok(hub, "ls", "-l", "/datasets/sample")
+    assert "up.bin" in listing and "300,000" in listing
+    changes = ok(hub, "changes")
+    assert "rename" in changes and "delete" in changes
+    (data / "train" / "b.jsonl").write_text("{}\n")
+    assert "1 new" in ok(hub, "volume", "rescan", "/datasets/sample")
+
+
+def test_errors_are_one_clear_line(hub: HubProcess, tmp_path: Path) -> None:
+    missing = loomfs(hub, "cat", "/nope")
+    assert missing.returncode == 1
+    assert missing.stderr.decode().strip().startswith("loomfs: NotFound:")
+    bad = loomfs(hub, "volume", "add", "/x", f"posix://{tmp_path}/absent")
+    assert bad.returncode == 1 and b"NotFound" in bad.stderr
+    scheme = loomfs(hub, "volume", "add", "/x", "gopher://host/x")
+    assert scheme.returncode == 1 and b"known: posix://, s3://" in scheme.stderr
+    traversal = loomfs(hub, "stat", "/x/../etc")
+    assert traversal.returncode == 1 and b"InvalidPath" in traversal.stderr
+    down = subprocess.run(
+        [sys.executable, "-m", "loomfs.cli", "--hub", "http://127.0.0.1:9", "ls", "/"],
+        capture_output=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert down.returncode == 1 and b"BackendUnavailable" in down.stderr

@@ -1,0 +1,93 @@
+"""The namespace conformance suite against the hub (posix and S3 volumes, SQLite and
+PostgreSQL catalogs) and through the REST API."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from loomfs.core.registry import open_catalog
+from loomfs.hub.namespace import HubNamespace
+from loomfs.namespace.base import Namespace
+from loomfs.rest.client import RestNamespace
+from loomfs.rest.server import RestServer
+from loomfs.testing.namespace_suite import NamespaceSuite
+from loomfs.testing.seaweedfs import SeaweedFS
+
+Factory = Callable[[], AbstractAsyncContextManager[tuple[Namespace, str]]]
+
+
+@contextlib.asynccontextmanager
+async def hub_over(catalog_url: str, volume_url: str) -> AsyncIterator[HubNamespace]:
+    catalog = open_catalog(catalog_url)
+    await catalog.open()
+    hub = HubNamespace(catalog)
+    try:
+        await hub.add_volume("/vol", volume_url)
+        yield hub
+    finally:
+        await hub.close()
+        await catalog.close()
+
+
+def posix_factory(tmp_path: Path, catalog_url: Callable[[], str]) -> Factory:
+    @contextlib.asynccontextmanager
+    async def make() -> AsyncIterator[tuple[Namespace, str]]:
+        root = tmp_path / uuid.uuid4().hex
+        root.mkdir()
+        async with hub_over(catalog_url(), f"posix://{root}") as hub:
+            yield hub, "/vol"
+
+    return make
+
+
+class TestHubPosixSqlite(NamespaceSuite):
+    @pytest.fixture
+    def ns_factory(self, tmp_path: Path) -> Factory:
+        return posix_factory(tmp_path, lambda: f"sqlite://{tmp_path / uuid.uuid4().hex}.db")
+
+
+class TestHubPosixPostgres(NamespaceSuite):
+    @pytest.fixture
+    def ns_factory(self, tmp_path: Path, postgres: object) -> Factory:
+        return posix_factory(tmp_path, postgres.create_database)  # type: ignore[attr-defined]
+
+
+class TestHubS3(NamespaceSuite):
+    @pytest.fixture
+    def ns_factory(self, tmp_path: Path, seaweedfs: SeaweedFS, s3_env: None) -> Factory:
+        @contextlib.asynccontextmanager
+        async def make() -> AsyncIterator[tuple[Namespace, str]]:
+            bucket = f"ns-{uuid.uuid4().hex[:12]}"
+            seaweedfs.create_bucket(bucket)
+            url = f"s3://{bucket}/some/prefix?endpoint={seaweedfs.endpoint}"
+            async with hub_over(f"sqlite://{tmp_path / uuid.uuid4().hex}.db", url) as hub:
+                yield hub, "/vol"
+
+        return make
+
+
+class TestRest(NamespaceSuite):
+    @pytest.fixture
+    def ns_factory(self, tmp_path: Path) -> Factory:
+        inner = posix_factory(tmp_path, lambda: f"sqlite://{tmp_path / uuid.uuid4().hex}.db")
+
+        @contextlib.asynccontextmanager
+        async def make() -> AsyncIterator[tuple[Namespace, str]]:
+            async with inner() as (hub, top):
+                server = TestServer(RestServer(hub).app(), host="127.0.0.1", port=0)
+                await server.start_server()
+                client = RestNamespace(str(server.make_url("")))
+                try:
+                    yield client, top
+                finally:
+                    await client.close()
+                    await server.close()
+
+        return make
