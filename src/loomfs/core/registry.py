@@ -7,6 +7,7 @@ installed (and which extra to install when a known scheme's package is missing).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,10 +59,8 @@ def _load(table: dict[str, _Impl], what: str, url: str) -> object:
             f"{what} scheme {scheme}:// needs a package that is not installed ({exc.name}); "
             f"install it with: {hint}"
         ) from exc
-    target: object = module
-    for name in attr.split("."):
-        target = getattr(target, name)
-    return target
+    # The target may be a dotted path inside the module ("PosixBackend.from_url").
+    return functools.reduce(getattr, attr.split("."), module)
 
 
 def open_backend(url: str) -> Backend:

@@ -63,9 +63,12 @@ class ByteSource(ABC):
         await self.aclose()
 
 
-def file_fingerprint(st: os.stat_result) -> tuple[int, int, int, int]:
-    """What changes when a file's bytes change in place (inode, size, mtime, ctime)."""
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def file_fingerprint(st: os.stat_result) -> tuple[int, int, int]:
+    """What changes when a file's bytes change (inode, size, mtime).
+
+    Not ctime: a chmod, chown or rename changes it too, and must not look like new content.
+    """
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class LocalFileSource(ByteSource):

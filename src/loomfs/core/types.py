@@ -18,7 +18,7 @@ class ObjectInfo:
 
     ``key`` uses '/' separators and no leading slash; '' is the volume's root. ``etag``
     is whatever tells a changed object from an unchanged one without reading it: the S3
-    ETag, or for posix a fingerprint of inode, size, mtime and ctime.
+    ETag, or for posix a fingerprint of inode, size and mtime.
     """
 
     key: str

@@ -22,6 +22,7 @@ from prometheus_client import Counter, Gauge
 from .. import paths
 from ..config import Config
 from ..core.backends.base import Capability
+from ..core.backends.posix import TEMP_PREFIX, PosixBackend
 from ..core.catalog.base import Catalog
 from ..core.registry import open_catalog
 from ..core.types import VolumeState
@@ -88,8 +89,7 @@ class HubService:
         backend = mounted.backend
         if Capability.NOTIFY not in backend.capabilities:
             return
-        root: Path = backend.root  # type: ignore[attr-defined]
-        ignore: str = backend.TEMP_PREFIX  # type: ignore[attr-defined]
+        assert isinstance(backend, PosixBackend)
 
         async def on_change(keys: set[str] | None) -> None:
             try:
@@ -102,7 +102,7 @@ class HubService:
             except LoomError as exc:
                 log.warning("could not record a change", extra={"mount": mount, "error": str(exc)})
 
-        watcher = PosixWatcher(root, on_change, ignore)
+        watcher = PosixWatcher(Path(backend.root), on_change, TEMP_PREFIX)
         watcher.start()
         self._watchers[mount] = watcher
 

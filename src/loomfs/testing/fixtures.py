@@ -13,6 +13,21 @@ import pytest
 from ..core.catalog.base import Catalog
 from ..core.registry import open_catalog
 from .postgres import PostgresServer
+from .seaweedfs import SeaweedFS
+
+
+@pytest.fixture(scope="session")
+def seaweedfs() -> Iterator[SeaweedFS]:
+    with SeaweedFS() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SeaweedFS credentials in the standard AWS variables, where S3 volumes look."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweedfs.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweedfs.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", seaweedfs.region)
 
 
 @pytest.fixture(scope="session")

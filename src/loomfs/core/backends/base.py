@@ -50,7 +50,8 @@ class Backend(ABC):
     def scan(
         self, prefix: str = "", start_after: str | None = None
     ) -> AsyncIterator[list[ObjectInfo]]:
-        """Every object and directory below ``prefix`` (not ``prefix`` itself), in batches.
+        """Every object and directory below directory ``prefix`` (not ``prefix`` itself), in
+        batches; nothing if there is no such directory.
 
         Items come in ascending byte order of ``ObjectInfo.sort_key``; with ``start_after``
         only items whose sort key is greater are produced, so a killed scan can resume.
@@ -69,7 +70,8 @@ class Backend(ABC):
         """The bytes [offset, offset+length) of a file.
 
         With ``expect``, raise ``Conflict`` if the object is no longer that version (S3:
-        If-Match on the ETag; posix: the fingerprint). The caller clamps the range.
+        If-Match on the ETag; posix: the fingerprint). A range past the end is cut short
+        there, so the source's ``length`` may be less than ``length``.
         """
 
     @abstractmethod

@@ -1,0 +1,390 @@
+"""A volume on a local or NFS directory (core layer): ``posix:///abs/dir``.
+
+Files stay plain files. Keys never reach outside the root: every path is checked with
+``realpath`` against the root before use, a file is opened with ``O_NOFOLLOW`` and its
+descriptor is checked again, so a symlink (or a race that swaps one in) can't lead out of
+the volume. Symlinks are reported as what they are and never followed by a scan.
+Writes go to a hidden temp file in the target's directory, are fsynced and renamed over
+the target, so readers see the old or the new file, never a partial one.
+"""
+
+# This module works on str paths and descriptors with os calls on purpose: the scan's hot
+# path can't afford a Path object per entry, and pathlib has no O_NOFOLLOW or fd variants.
+# ruff: noqa: PTH102, PTH104, PTH106, PTH108, PTH112, PTH114, PTH115, PTH117, PTH118, PTH120
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import os
+import secrets
+import stat
+from collections.abc import AsyncIterable, AsyncIterator
+from operator import attrgetter
+from urllib.parse import unquote, urlsplit
+
+from ...errors import (
+    AlreadyExists,
+    Conflict,
+    InvalidArgument,
+    InvalidPath,
+    IsADirectory,
+    LoomError,
+    NotADirectory,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+    from_oserror,
+)
+from ..streams import ByteSource, LocalFileSource, clamp_range, file_fingerprint
+from ..types import EntryKind, ObjectInfo
+from .base import Backend, Capability
+from .common import batches_from_thread, check_key, child_key, ordered_walk, parent_key
+
+#: names of loomfs's own in-flight files; hidden from scans and listings
+TEMP_PREFIX = ".loomfs-tmp-"
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+_libc = ctypes.CDLL(None, use_errno=True)
+_renameat2 = getattr(_libc, "renameat2", None)
+
+_by_sort_key = attrgetter("sort_key")
+
+
+def posix_etag(st: os.stat_result) -> str:
+    ino, size, mtime_ns = file_fingerprint(st)
+    return f"{ino:x}-{size:x}-{mtime_ns:x}"
+
+
+def _info(key: str, st: os.stat_result, path: str) -> ObjectInfo | None:
+    """Facts of one entry from its lstat; None for sockets, fifos and devices."""
+    fmt = stat.S_IFMT(st.st_mode)
+    link_target = None
+    if fmt == stat.S_IFREG:
+        kind = EntryKind.FILE
+    elif fmt == stat.S_IFDIR:
+        kind = EntryKind.DIR
+    elif fmt == stat.S_IFLNK:
+        kind = EntryKind.SYMLINK
+        link_target = os.readlink(path)
+    else:
+        return None
+    return ObjectInfo(
+        key,
+        kind,
+        0 if kind is EntryKind.DIR else st.st_size,
+        st.st_mtime_ns,
+        posix_etag(st),
+        st.st_ino,
+        stat.S_IMODE(st.st_mode),
+        st.st_uid,
+        st.st_gid,
+        link_target,
+    )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _rename_noreplace(src: str, dst: str) -> None:
+    """Rename without ever replacing ``dst``: atomically where the kernel and file
+    system offer RENAME_NOREPLACE, else by a check just before the rename."""
+    if _renameat2 is not None:
+        if (
+            _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+            == 0
+        ):
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), src)
+    if os.path.lexists(dst):
+        raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    os.rename(src, dst)
+
+
+class PosixBackend(Backend):
+    """A directory tree on a local (or NFS) file system."""
+
+    capabilities = frozenset(
+        {
+            Capability.ATOMIC_RENAME,
+            Capability.LOCAL_FILES,
+            Capability.SYMLINKS,
+            Capability.NOTIFY,
+            Capability.POSIX_MODE,
+        }
+    )
+
+    def __init__(self, root: str, url: str | None = None) -> None:
+        if not os.path.isabs(root):
+            raise InvalidArgument(f"a posix volume root must be an absolute path: {root!r}")
+        self.url = url or f"posix://{root}"
+        # Containment is judged against the real root, so a root that is itself a
+        # symlink (e.g. /data -> /mnt/disk1) still works.
+        self.root = os.path.realpath(root)
+
+    @classmethod
+    def from_url(cls, url: str) -> PosixBackend:
+        parts = urlsplit(url)
+        if parts.scheme != "posix":
+            raise InvalidArgument(f"not a posix URL: {url!r}")
+        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+            raise InvalidArgument(
+                f"a posix volume URL is posix:///absolute/dir, with no host or options: {url!r}"
+            )
+        root = unquote(parts.path)
+        if not root.startswith("/") or "\x00" in root:
+            raise InvalidArgument(f"a posix volume URL needs an absolute path: {url!r}")
+        return cls(root, url)
+
+    # -- paths -----------------------------------------------------------------
+
+    def _inside(self, real: str) -> bool:
+        return real == self.root or real.startswith(self.root + "/")
+
+    def _path(self, key: str) -> str:
+        """The path of ``key``; its parent directory must resolve inside the root.
+
+        The last component is not resolved: operations on it either don't follow
+        symlinks (lstat, unlink, rename) or check the opened descriptor themselves.
+        """
+        check_key(key)
+        if not key:
+            return self.root
+        path = os.path.join(self.root, key)
+        parent = os.path.dirname(path)
+        if not self._inside(os.path.realpath(parent)):
+            raise PermissionDenied(f"{key} lies behind a symlink out of the volume", path=key)
+        return path
+
+    # -- Backend -----------------------------------------------------------------
+
+    async def check(self) -> None:
+        try:
+            st = await asyncio.to_thread(os.stat, self.root)
+        except FileNotFoundError as exc:
+            raise NotFound(f"volume root {self.root} does not exist", path=self.root) from exc
+        except OSError as exc:
+            raise from_oserror(exc, self.root) from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectory(f"volume root {self.root} is not a directory", path=self.root)
+
+    def _stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        try:
+            info = _info(key, os.lstat(path), path)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        if info is None:
+            raise NotSupported(f"{key} is a special file", path=key)
+        return info
+
+    async def stat(self, key: str) -> ObjectInfo:
+        return await asyncio.to_thread(self._stat, key)
+
+    def _list_children(self, dir_key: str) -> list[ObjectInfo]:
+        path = self._path(dir_key)
+        items: list[ObjectInfo] = []
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if entry.name.startswith(TEMP_PREFIX):
+                        continue
+                    info = _info(
+                        child_key(dir_key, entry.name),
+                        entry.stat(follow_symlinks=False),
+                        entry.path,
+                    )
+                    if info is not None:
+                        items.append(info)
+        except FileNotFoundError:
+            # Removed between being listed in its parent and being walked: nothing below.
+            return []
+        except OSError as exc:
+            raise from_oserror(exc, dir_key) from exc
+        items.sort(key=_by_sort_key)
+        return items
+
+    async def scan(
+        self, prefix: str = "", start_after: str | None = None
+    ) -> AsyncIterator[list[ObjectInfo]]:
+        check_key(prefix)
+        walk = batches_from_thread(
+            lambda: ordered_walk(self._list_children, prefix, start_after),
+            name=f"loomfs-scan {self.root}",
+        )
+        async for batch in walk:
+            yield batch
+
+    async def list_dir(self, key: str) -> AsyncIterator[list[ObjectInfo]]:
+        info = await self.stat(key)
+        if info.kind is not EntryKind.DIR:
+            raise NotADirectory(f"not a directory: {key}", path=key)
+        items = await asyncio.to_thread(self._list_children, key)
+        for pos in range(0, len(items), 1000):
+            yield items[pos : pos + 1000]
+
+    def _open_read(
+        self, key: str, offset: int, length: int, expect: ObjectInfo | None
+    ) -> ByteSource:
+        path = self._path(key)
+        real = os.path.realpath(path)
+        if not self._inside(real):
+            raise PermissionDenied(f"{key} is a symlink out of the volume", path=key)
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        try:
+            # The descriptor tells where we really are, even if a component was swapped
+            # for a symlink between the realpath check and the open.
+            if not self._inside(os.readlink(f"/proc/self/fd/{fd}")):
+                raise PermissionDenied(f"{key} resolved out of the volume", path=key)
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectory(f"is a directory: {key}", path=key)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotSupported(f"{key} is a special file", path=key)
+            if expect is not None and expect.etag != posix_etag(st):
+                raise Conflict(f"{key} changed since it was listed", path=key)
+            start, count = clamp_range(st.st_size, offset, length)
+            return LocalFileSource(fd, start, count, key)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    async def open_read(
+        self, key: str, offset: int, length: int, expect: ObjectInfo | None = None
+    ) -> ByteSource:
+        return await asyncio.to_thread(self._open_read, key, offset, length, expect)
+
+    def _create_temp(self, key: str, mode: int | None) -> tuple[str, str, int]:
+        """Open a new temp file beside ``key``; (target path, temp path, descriptor)."""
+        check_key(key)
+        if not key:
+            raise IsADirectory("the volume root is a directory", path=key)
+        path = self._path(key)
+        if mode is None:
+            # A replace keeps the permissions the file had.
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode):
+                    mode = stat.S_IMODE(st.st_mode)
+        temp = os.path.join(os.path.dirname(path), TEMP_PREFIX + secrets.token_hex(8))
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise from_oserror(exc, parent_key(key)) from exc
+        if mode is not None:
+            os.fchmod(fd, mode)
+        return path, temp, fd
+
+    def _commit(self, key: str, path: str, temp: str, fd: int) -> ObjectInfo:
+        os.fsync(fd)
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise IsADirectory(f"is a directory: {key}", path=key)
+        os.rename(temp, path)
+        st = os.fstat(fd)
+        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            # Makes the rename itself durable, not only the file's bytes.
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        info = _info(key, st, path)
+        assert info is not None
+        return info
+
+    async def write(
+        self, key: str, data: AsyncIterable[bytes], *, mode: int | None = None
+    ) -> ObjectInfo:
+        path, temp, fd = await asyncio.to_thread(self._create_temp, key, mode)
+        try:
+            async for chunk in data:
+                await asyncio.to_thread(_write_all, fd, chunk)
+            return await asyncio.to_thread(self._commit, key, path, temp, fd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            if isinstance(exc, LoomError):
+                raise
+            if isinstance(exc, OSError):
+                raise from_oserror(exc, key) from exc
+            raise
+        finally:
+            os.close(fd)
+
+    def _mkdir(self, key: str) -> ObjectInfo:
+        if not check_key(key):
+            raise AlreadyExists("the volume root exists", path=key)
+        try:
+            os.mkdir(self._path(key))
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        return self._stat(key)
+
+    async def mkdir(self, key: str) -> ObjectInfo:
+        return await asyncio.to_thread(self._mkdir, key)
+
+    def _delete(self, key: str) -> None:
+        if not check_key(key):
+            raise InvalidPath("the volume root can't be deleted", path=key)
+        path = self._path(key)
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+
+    async def delete(self, key: str) -> None:
+        await asyncio.to_thread(self._delete, key)
+
+    def _rename(self, src: str, dst: str) -> None:
+        if not check_key(src) or not check_key(dst):
+            raise InvalidPath("the volume root can't be renamed or replaced", path=src or dst)
+        if dst.startswith(src + "/"):
+            raise InvalidArgument(f"can't move {src} into itself ({dst})", path=dst)
+        try:
+            _rename_noreplace(self._path(src), self._path(dst))
+        except OSError as exc:
+            raise from_oserror(exc, f"{src} -> {dst}") from exc
+
+    async def rename(self, src: str, dst: str) -> None:
+        await asyncio.to_thread(self._rename, src, dst)
+
+    def _set_attrs(self, key: str, mode: int | None, mtime_ns: int | None) -> ObjectInfo:
+        path = self._path(key)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                # Linux has no lchmod; a symlink's own mode means nothing anyway.
+                if mode is not None:
+                    raise NotSupported(f"a symlink has no mode of its own: {key}", path=key)
+                if mtime_ns is not None:
+                    os.utime(path, ns=(st.st_atime_ns, mtime_ns), follow_symlinks=False)
+                return self._stat(key)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                if mtime_ns is not None:
+                    os.utime(fd, ns=(st.st_atime_ns, mtime_ns))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        return self._stat(key)
+
+    async def set_attrs(
+        self, key: str, *, mode: int | None = None, mtime_ns: int | None = None
+    ) -> ObjectInfo:
+        return await asyncio.to_thread(self._set_attrs, key, mode, mtime_ns)

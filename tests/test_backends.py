@@ -1,0 +1,335 @@
+"""The backend conformance suite against posix and a real SeaweedFS, plus what is specific
+to each: containment and durability on posix, credentials and plain objects on S3."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from loomfs.core.backends.base import Backend
+from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
+from loomfs.core.backends.s3 import PART_SIZE, S3Backend
+from loomfs.core.registry import open_backend
+from loomfs.core.types import EntryKind
+from loomfs.errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    Conflict,
+    InsufficientStorage,
+    InvalidArgument,
+    InvalidPath,
+    NotADirectory,
+    NotFound,
+    PermissionDenied,
+)
+from loomfs.testing.backend_suite import BackendSuite, get, payload, pieces, put, scan_all
+from loomfs.testing.ports import free_port
+from loomfs.testing.seaweedfs import SeaweedFS
+
+# -- posix -----------------------------------------------------------------------
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Path:
+    root = tmp_path / "vol"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def posix(volume: Path) -> PosixBackend:
+    backend = open_backend(f"posix://{volume}")
+    assert isinstance(backend, PosixBackend)
+    return backend
+
+
+class TestPosix(BackendSuite):
+    @pytest.fixture
+    def backend(self, posix: PosixBackend) -> Backend:
+        return posix
+
+
+async def test_posix_url_and_check(tmp_path: Path) -> None:
+    for bad in ("posix://relative/dir", "posix:relative", "posix:///x?opt=1", "posix://host/x"):
+        with pytest.raises(InvalidArgument):
+            PosixBackend.from_url(bad)
+    with pytest.raises(NotFound, match="does not exist"):
+        await PosixBackend.from_url(f"posix://{tmp_path}/missing").check()
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(NotADirectory, match="not a directory"):
+        await PosixBackend.from_url(f"posix://{tmp_path}/file").check()
+    await PosixBackend.from_url(f"posix://{tmp_path}").check()
+
+
+async def test_posix_symlinks_never_lead_out(
+    tmp_path: Path, volume: Path, posix: PosixBackend
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    (volume / "inside").write_bytes(b"inside")
+    (volume / "to-secret").symlink_to(outside / "secret")
+    (volume / "to-outside").symlink_to(outside)
+    (volume / "to-inside").symlink_to("inside")
+
+    link = await posix.stat("to-secret")
+    assert (link.kind, link.link_target) == (EntryKind.SYMLINK, str(outside / "secret"))
+    with pytest.raises(PermissionDenied):
+        await posix.open_read("to-secret", 0, 6)
+    with pytest.raises(PermissionDenied):
+        await posix.open_read("to-outside/secret", 0, 6)
+    with pytest.raises(PermissionDenied):
+        await posix.stat("to-outside/secret")
+    with pytest.raises(PermissionDenied):
+        await put(posix, "to-outside/planted", b"x")
+    assert names(outside) == ["secret"]
+    # A symlink that stays inside the volume is fine to read.
+    assert await get(posix, "to-inside", 0, 6) == b"inside"
+    scanned = {i.key: i.kind for i in await scan_all(posix)}
+    assert scanned == {
+        "inside": EntryKind.FILE,
+        "to-inside": EntryKind.SYMLINK,
+        "to-outside": EntryKind.SYMLINK,
+        "to-secret": EntryKind.SYMLINK,
+    }
+
+
+async def test_posix_refuses_traversal_keys(posix: PosixBackend) -> None:
+    for key in ("..", "../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a/"):
+        with pytest.raises(InvalidPath):
+            await posix.stat(key)
+        with pytest.raises(InvalidPath):
+            await posix.open_read(key, 0, 1)
+        with pytest.raises(InvalidPath):
+            await put(posix, key, b"x")
+    with pytest.raises(InvalidPath):
+        await posix.delete("")
+
+
+async def test_posix_temp_files_are_invisible(volume: Path, posix: PosixBackend) -> None:
+    (volume / f"{TEMP_PREFIX}left-over").write_bytes(b"crash debris")
+    halfway, release = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> AsyncIterator[bytes]:
+        yield b"first half"
+        halfway.set()
+        await release.wait()
+        yield b" second half"
+
+    writer = asyncio.create_task(posix.write("f", slow()))
+    await halfway.wait()
+    assert len(names(volume)) == 2  # the debris and the writer's temp file, no 'f' yet
+    assert await scan_all(posix) == []
+    assert [i async for batch in posix.list_dir("") for i in batch] == []
+    release.set()
+    await writer
+    assert [i.key for i in await scan_all(posix)] == ["f"]
+    assert await get(posix, "f") == b"first half second half"
+    assert names(volume) == [f"{TEMP_PREFIX}left-over", "f"]
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, to run out of space for real."""
+    assert os.geteuid() == 0, "this test mounts a tmpfs and needs root"
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+async def test_posix_enospc_keeps_old_file(tiny_fs: Path) -> None:
+    backend = PosixBackend(str(tiny_fs))
+    old = payload(100_000)
+    await put(backend, "f", old)
+    with pytest.raises(InsufficientStorage):
+        await backend.write("f", pieces(payload(2 << 20, seed=1), 65536))
+    assert (tiny_fs / "f").read_bytes() == old
+    assert names(tiny_fs) == ["f"]
+
+
+async def test_posix_change_while_reading_conflicts(volume: Path, posix: PosixBackend) -> None:
+    info = await put(posix, "f", b"0123456789")
+    # An old mtime, so that the in-place write below surely changes it.
+    await posix.set_attrs("f", mtime_ns=10**18)
+    source = await posix.open_read("f", 0, 10)
+    async with source:
+        fd = os.open(volume / "f", os.O_WRONLY)
+        os.pwrite(fd, b"ABC", 0)
+        os.close(fd)
+        await source.chunks().__anext__()
+        with pytest.raises(Conflict):
+            await source.verify()
+    assert info.etag != (await posix.stat("f")).etag
+
+
+async def test_posix_modes_and_etag(volume: Path, posix: PosixBackend) -> None:
+    first = await posix.write("f", pieces(b"abc", 2), mode=0o640)
+    assert first.mode == 0o640
+    # chmod is not a change of content: the etag stays.
+    chmodded = await posix.set_attrs("f", mode=0o600, mtime_ns=1_500_000_000_123_456_789)
+    assert (chmodded.mode, chmodded.mtime_ns) == (0o600, 1_500_000_000_123_456_789)
+    (volume / "f").chmod(0o604)
+    assert (await posix.stat("f")).etag == posix_etag_of(volume / "f")
+    # Replacing a file keeps its permissions unless told otherwise.
+    replaced = await put(posix, "f", b"new")
+    assert replaced.mode == 0o604
+
+
+def posix_etag_of(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+# -- S3 --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def s3_env(seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Credentials the way a deployment passes them: boto3's environment variables."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweedfs.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweedfs.secret_key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+
+
+@pytest.fixture
+def bucket(seaweedfs: SeaweedFS) -> str:
+    return seaweedfs.create_bucket(f"loomfs-{uuid.uuid4().hex[:12]}")
+
+
+def s3_url(seaweedfs: SeaweedFS, bucket: str, prefix: str = "", **extra: str) -> str:
+    options = "&".join(f"{k}={v}" for k, v in {"endpoint": seaweedfs.endpoint, **extra}.items())
+    return f"s3://{bucket}{prefix}?{options}&region={seaweedfs.region}"
+
+
+@pytest.fixture
+async def s3(seaweedfs: SeaweedFS, s3_env: None, bucket: str) -> AsyncIterator[S3Backend]:
+    backend = open_backend(s3_url(seaweedfs, bucket))
+    assert isinstance(backend, S3Backend)
+    yield backend
+    await backend.close()
+
+
+class TestS3(BackendSuite):
+    @pytest.fixture
+    def backend(self, s3: S3Backend) -> Backend:
+        return s3
+
+
+class TestS3UnderPrefix(BackendSuite):
+    """A volume that is a prefix of a bucket sees only what lies below the prefix."""
+
+    @pytest.fixture
+    async def backend(
+        self, seaweedfs: SeaweedFS, s3_env: None, bucket: str
+    ) -> AsyncIterator[Backend]:
+        seaweedfs.client().put_object(Bucket=bucket, Key="vol/sub-sibling", Body=b"not ours")
+        seaweedfs.client().put_object(Bucket=bucket, Key="vol-other/x", Body=b"not ours")
+        backend = S3Backend.from_url(s3_url(seaweedfs, bucket, "/vol/sub"))
+        yield backend
+        await backend.close()
+
+
+async def test_s3_check_and_credentials(seaweedfs: SeaweedFS, s3_env: None, bucket: str) -> None:
+    await S3Backend.from_url(s3_url(seaweedfs, bucket)).check()
+    with pytest.raises(NotFound, match="bucket no-such-bucket does not exist"):
+        await S3Backend.from_url(s3_url(seaweedfs, "no-such-bucket")).check()
+
+
+async def test_s3_wrong_secret(
+    seaweedfs: SeaweedFS, s3_env: None, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    backend = S3Backend.from_url(s3_url(seaweedfs, bucket))
+    with pytest.raises(AuthenticationFailed):
+        await backend.check()
+    with pytest.raises(AuthenticationFailed):
+        await put(backend, "f", b"x")
+
+
+async def test_s3_profile_from_shared_credentials(
+    seaweedfs: SeaweedFS, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[loom]\naws_access_key_id = {seaweedfs.access_key}\n"
+        f"aws_secret_access_key = {seaweedfs.secret_key}\n"
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    url = s3_url(seaweedfs, bucket, profile="loom")
+    backend = S3Backend.from_url(url)
+    await backend.check()
+    assert backend.url == url
+    assert seaweedfs.secret_key not in backend.url
+
+
+def test_s3_url_validation() -> None:
+    with pytest.raises(InvalidArgument, match="credentials don't belong") as caught:
+        S3Backend.from_url("s3://AKIA:hunter2@bucket/x")
+    assert "hunter2" not in str(caught.value)
+    with pytest.raises(InvalidArgument, match="unknown S3 volume option"):
+        S3Backend.from_url("s3://bucket?secret_key=x")
+
+
+async def test_s3_unreachable_endpoint(s3_env: None) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    backend = S3Backend.from_url(f"s3://bucket?endpoint={endpoint}")
+    with pytest.raises(BackendUnavailable, match=endpoint):
+        await backend.check()
+
+
+async def test_s3_multipart_round_trip(seaweedfs: SeaweedFS, s3: S3Backend, bucket: str) -> None:
+    data = payload(2 * PART_SIZE + 12345, seed=4)
+    info = await s3.write("big", pieces(data, 1 << 20))
+    assert info.size == len(data)
+    assert await get(s3, "big") == data
+    assert await get(s3, "big", PART_SIZE - 5, 10) == data[PART_SIZE - 5 : PART_SIZE + 5]
+    # A plain object for every other S3 client, with no upload left behind.
+    plain = seaweedfs.client().get_object(Bucket=bucket, Key="big")["Body"].read()
+    assert plain == data
+    assert not seaweedfs.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+async def test_s3_failed_multipart_is_aborted(
+    seaweedfs: SeaweedFS, s3: S3Backend, bucket: str
+) -> None:
+    async def broken() -> AsyncIterator[bytes]:
+        yield payload(PART_SIZE + 1)
+        raise OSError("client went away")
+
+    with pytest.raises(OSError, match="client went away"):
+        await s3.write("big", broken())
+    assert not seaweedfs.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+    with pytest.raises(NotFound):
+        await s3.stat("big")
+
+
+async def test_s3_objects_stay_plain(seaweedfs: SeaweedFS, s3: S3Backend, bucket: str) -> None:
+    client = seaweedfs.client()
+    await s3.mkdir("d")
+    await put(s3, "d/f", b"plain bytes")
+    listed = client.list_objects_v2(Bucket=bucket)["Contents"]
+    assert [(o["Key"], o["Size"]) for o in listed] == [("d/", 0), ("d/f", 11)]
+    assert client.get_object(Bucket=bucket, Key="d/f")["Body"].read() == b"plain bytes"
+    # What other tools wrote is seen as it is, with implied directories.
+    client.put_object(Bucket=bucket, Key="other/x/y.txt", Body=b"by boto3")
+    keys = [(i.key, i.kind) for i in await scan_all(s3, "other")]
+    assert keys == [("other/x", EntryKind.DIR), ("other/x/y.txt", EntryKind.FILE)]
+    assert await get(s3, "other/x/y.txt") == b"by boto3"
