@@ -38,7 +38,7 @@ async def http(tmp_path: Path) -> AsyncIterator[TestClient[web.Request, web.Appl
 
 def test_openapi_is_valid_and_covers_every_route() -> None:
     document = spec()
-    validate(document)  # type: ignore[arg-type]
+    validate(document)
     app = RestServer(namespace=None, admin=object()).app()  # type: ignore[arg-type]
     routes = {
         r.resource.canonical.replace("/{path}", "/{path}")

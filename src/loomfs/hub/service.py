@@ -114,7 +114,7 @@ class HubService:
             return None
         SCANNED.inc(stats.scanned)
         HEAD_SEQ.set(await self.catalog.head_seq())
-        log.info("scan done", extra=stats.as_dict())
+        log.info("scan done", extra={"scan": stats.as_dict()})
         return stats
 
     async def _rescan_forever(self, interval: float) -> None:
@@ -134,14 +134,14 @@ class HubService:
         VOLUMES.set(len(self.namespace.mounts))
         HEAD_SEQ.set(await self.catalog.head_seq())
         self._start_watcher(paths.normalize(mount))
-        log.info("volume imported", extra=stats.as_dict())
+        log.info("volume imported", extra={"scan": stats.as_dict()})
         return stats
 
     async def rescan(self, mount: str, progress: Callable[[ScanStats], None]) -> ScanStats:
         stats = await self.namespace.sync_volume(mount, progress)
         SCANNED.inc(stats.scanned)
         HEAD_SEQ.set(await self.catalog.head_seq())
-        log.info("rescan done", extra=stats.as_dict())
+        log.info("rescan done", extra={"scan": stats.as_dict()})
         return stats
 
     async def remove_volume(self, mount: str) -> None:

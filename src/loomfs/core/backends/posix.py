@@ -10,7 +10,6 @@ the target, so readers see the old or the new file, never a partial one.
 
 # This module works on str paths and descriptors with os calls on purpose: the scan's hot
 # path can't afford a Path object per entry, and pathlib has no O_NOFOLLOW or fd variants.
-# ruff: noqa: PTH102, PTH104, PTH106, PTH108, PTH112, PTH114, PTH115, PTH117, PTH118, PTH120
 
 from __future__ import annotations
 
