@@ -16,7 +16,14 @@ import pytest
 from ..core.backends.base import Backend
 from ..core.streams import aiter_bytes
 from ..core.types import EntryKind, ObjectInfo
-from ..errors import AlreadyExists, Conflict, DirectoryNotEmpty, NotFound
+from ..errors import (
+    AlreadyExists,
+    Conflict,
+    DirectoryNotEmpty,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+)
 
 MIB = 1 << 20
 
@@ -107,6 +114,15 @@ class BackendSuite:
             await backend.delete("nope")
         with pytest.raises(NotFound):
             await put(backend, "no/parent", b"x")
+
+    async def test_files_and_dirs_dont_mix(self, backend: Backend) -> None:
+        await backend.mkdir("d")
+        await put(backend, "d/f", b"x")
+        with pytest.raises(IsADirectory):
+            await put(backend, "d", b"would hide a directory")
+        with pytest.raises(NotADirectory):
+            await children(backend, "d/f")
+        assert await get(backend, "d/f") == b"x"
 
     async def test_mkdir_and_already_exists(self, backend: Backend) -> None:
         info = await backend.mkdir("new")

@@ -141,7 +141,7 @@ class SeaweedFS:
         try:
             self._wait_ready()
         except BaseException:
-            self.stop()
+            self._stop_process()  # the temp dir stays, for the log named in the error
             raise
         return self
 
@@ -189,10 +189,15 @@ class SeaweedFS:
         self.client().create_bucket(Bucket=name)
         return name
 
-    def stop(self) -> None:
+    def _stop_process(self) -> None:
         if self._proc is not None:
-            stop_process(self._proc)
+            # The data is thrown away, and the filer's graceful stop waits 15 s for its own
+            # gRPC streams: a second's grace, then KILL.
+            stop_process(self._proc, timeout=1.0)
             self._proc = None
+
+    def stop(self) -> None:
+        self._stop_process()
         with contextlib.suppress(OSError):
             shutil.rmtree(self._tmp)
 

@@ -10,7 +10,7 @@ the target, so readers see the old or the new file, never a partial one.
 
 # This module works on str paths and descriptors with os calls on purpose: the scan's hot
 # path can't afford a Path object per entry, and pathlib has no O_NOFOLLOW or fd variants.
-# ruff: noqa: PTH102, PTH104, PTH106, PTH108, PTH112, PTH114, PTH115, PTH117, PTH118, PTH120
+# ruff: noqa: PTH102, PTH104, PTH106, PTH108, PTH115, PTH117, PTH118, PTH120
 
 from __future__ import annotations
 
@@ -191,17 +191,14 @@ class PosixBackend(Backend):
 
     def _list_children(self, dir_key: str) -> list[ObjectInfo]:
         path = self._path(dir_key)
+        base = child_key(dir_key, "")
         items: list[ObjectInfo] = []
         try:
             with os.scandir(path) as entries:
                 for entry in entries:
                     if entry.name.startswith(TEMP_PREFIX):
                         continue
-                    info = _info(
-                        child_key(dir_key, entry.name),
-                        entry.stat(follow_symlinks=False),
-                        entry.path,
-                    )
+                    info = _info(base + entry.name, entry.stat(follow_symlinks=False), entry.path)
                     if info is not None:
                         items.append(info)
         except FileNotFoundError:
@@ -288,9 +285,7 @@ class PosixBackend(Backend):
 
     def _commit(self, key: str, path: str, temp: str, fd: int) -> ObjectInfo:
         os.fsync(fd)
-        if os.path.isdir(path) and not os.path.islink(path):
-            raise IsADirectory(f"is a directory: {key}", path=key)
-        os.rename(temp, path)
+        os.rename(temp, path)  # onto a directory: EISDIR, reported as IsADirectory
         st = os.fstat(fd)
         dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
