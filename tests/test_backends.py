@@ -28,7 +28,15 @@ from loomfs.errors import (
     NotFound,
     PermissionDenied,
 )
-from loomfs.testing.backend_suite import BackendSuite, get, payload, pieces, put, scan_all
+from loomfs.testing.backend_suite import (
+    BackendSuite,
+    children,
+    get,
+    payload,
+    pieces,
+    put,
+    scan_all,
+)
 from loomfs.testing.ports import free_port
 from loomfs.testing.seaweedfs import SeaweedFS
 
@@ -92,7 +100,19 @@ async def test_posix_symlinks_never_lead_out(
         await posix.stat("to-outside/secret")
     with pytest.raises(PermissionDenied):
         await put(posix, "to-outside/planted", b"x")
+    with pytest.raises(PermissionDenied):
+        await posix.mkdir("to-outside/planted")
+    with pytest.raises(PermissionDenied):
+        await posix.rename("inside", "to-outside/planted")
+    with pytest.raises(PermissionDenied):
+        await posix.delete("to-outside/secret")
+    with pytest.raises(PermissionDenied):
+        await posix.set_attrs("to-outside/secret", mode=0o777)
+    with pytest.raises(NotADirectory):
+        await children(posix, "to-outside")
+    assert await scan_all(posix, "to-outside") == []
     assert names(outside) == ["secret"]
+    assert (outside / "secret").stat().st_mode & 0o777 != 0o777
     # A symlink that stays inside the volume is fine to read.
     assert await get(posix, "to-inside", 0, 6) == b"inside"
     scanned = {i.key: i.kind for i in await scan_all(posix)}
