@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from loomfs.core.backends.base import Backend
+from loomfs.core.backends.common import batches_from_thread
 from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
 from loomfs.core.backends.s3 import PART_SIZE, S3Backend
 from loomfs.core.registry import open_backend
-from loomfs.core.types import EntryKind
+from loomfs.core.types import EntryKind, ObjectInfo
 from loomfs.errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -157,6 +159,31 @@ async def test_posix_temp_files_are_invisible(volume: Path, posix: PosixBackend)
     assert [i.key for i in await scan_all(posix)] == ["f"]
     assert await get(posix, "f") == b"first half second half"
     assert names(volume) == [f"{TEMP_PREFIX}left-over", "f"]
+
+
+def endless_batches() -> Iterator[list[ObjectInfo]]:
+    while True:
+        yield [ObjectInfo("k", EntryKind.FILE)]
+
+
+async def test_abandoned_scan_stops_its_thread() -> None:
+    scan = batches_from_thread(endless_batches, name="loomfs-scan endless")
+    assert await anext(scan) == [ObjectInfo("k", EntryKind.FILE)]
+    [thread] = [t for t in threading.enumerate() if t.name == "loomfs-scan endless"]
+    assert thread.is_alive()  # waiting for the consumer: the queue is full
+    await scan.aclose()
+    await asyncio.to_thread(thread.join)  # would hang (and time out) if it never quit
+
+
+async def test_scan_thread_errors_reach_the_consumer() -> None:
+    def failing() -> Iterator[list[ObjectInfo]]:
+        yield [ObjectInfo("k", EntryKind.FILE)]
+        raise PermissionDenied("unreadable directory")
+
+    scan = batches_from_thread(failing, name="loomfs-scan failing")
+    assert await anext(scan) == [ObjectInfo("k", EntryKind.FILE)]
+    with pytest.raises(PermissionDenied, match="unreadable directory"):
+        await anext(scan)
 
 
 @pytest.fixture

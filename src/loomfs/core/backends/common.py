@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 
 from ... import paths
 from ...errors import InvalidPath
@@ -80,7 +80,7 @@ def ordered_walk(
 
 async def batches_from_thread(
     produce: Callable[[], Iterator[list[ObjectInfo]]], name: str
-) -> AsyncIterator[list[ObjectInfo]]:
+) -> AsyncGenerator[list[ObjectInfo], None]:
     """Run a blocking batch producer in its own thread and yield its batches here.
 
     The thread blocks once ``QUEUE_BATCHES`` batches wait unconsumed, and gives up when

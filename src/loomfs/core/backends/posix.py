@@ -23,7 +23,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, Iterator
 from operator import attrgetter
 from urllib.parse import unquote, urlsplit
 
@@ -191,7 +191,10 @@ class PosixBackend(Backend):
 
     def _stat(self, key: str) -> ObjectInfo:
         if not check_key(key):
-            root = _info("", os.stat(self.root), self.root)
+            try:
+                root = _info("", os.stat(self.root), self.root)
+            except OSError as exc:
+                raise from_oserror(exc, self.root) from exc
             assert root is not None
             return root
         with self._parent(key) as (parent, name):
@@ -233,18 +236,16 @@ class PosixBackend(Backend):
         items.sort(key=_by_sort_key)
         return items
 
-    async def scan(
+    def scan(
         self, prefix: str = "", start_after: str | None = None
-    ) -> AsyncIterator[list[ObjectInfo]]:
+    ) -> AsyncGenerator[list[ObjectInfo], None]:
         check_key(prefix)
-        walk = batches_from_thread(
+        return batches_from_thread(
             lambda: ordered_walk(self._list_children, prefix, start_after),
             name=f"loomfs-scan {self.root}",
         )
-        async for batch in walk:
-            yield batch
 
-    async def list_dir(self, key: str) -> AsyncIterator[list[ObjectInfo]]:
+    async def list_dir(self, key: str) -> AsyncGenerator[list[ObjectInfo], None]:
         info = await self.stat(key)
         if info.kind is not EntryKind.DIR:
             raise NotADirectory(f"not a directory: {key}", path=key)

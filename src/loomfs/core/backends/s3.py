@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -297,18 +297,16 @@ class S3Backend(Backend):
             return ObjectInfo(key, EntryKind.DIR)
         raise NotFound(f"no such object: s3://{self.bucket}/{self._obj(key)}", path=key)
 
-    async def scan(
+    def scan(
         self, prefix: str = "", start_after: str | None = None
-    ) -> AsyncIterator[list[ObjectInfo]]:
+    ) -> AsyncGenerator[list[ObjectInfo], None]:
         check_key(prefix)
-        walk = batches_from_thread(
+        return batches_from_thread(
             lambda: ordered_walk(self._list_children, prefix, start_after),
             name=f"loomfs-scan s3://{self.bucket}/{self._root}",
         )
-        async for batch in walk:
-            yield batch
 
-    async def list_dir(self, key: str) -> AsyncIterator[list[ObjectInfo]]:
+    async def list_dir(self, key: str) -> AsyncGenerator[list[ObjectInfo], None]:
         items = await asyncio.get_running_loop().run_in_executor(
             self._pool, self._list_children, key
         )
