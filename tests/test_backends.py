@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from loomfs.core.backends import s3 as s3_backend
 from loomfs.core.backends.base import Backend
 from loomfs.core.backends.common import batches_from_thread
 from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
@@ -363,6 +364,24 @@ async def test_s3_multipart_round_trip(seaweedfs: SeaweedFS, s3: S3Backend, buck
     plain = seaweedfs.client().get_object(Bucket=bucket, Key="big")["Body"].read()
     assert plain == data
     assert not seaweedfs.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+async def test_s3_rename_copies_large_objects_in_parts(
+    s3: S3Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real limits (5 GiB, 512 MiB parts) scaled down to S3's 5 MiB minimum part size.
+    monkeypatch.setattr(s3_backend, "COPY_LIMIT", 6 << 20)
+    monkeypatch.setattr(s3_backend, "COPY_PART_SIZE", 5 << 20)
+    data = payload(12 << 20, seed=5)
+    await s3.mkdir("d")
+    written = await s3.write("d/big", pieces(data, 1 << 20))
+    await s3.rename("d", "e")
+    await s3.rename("e/big", "e/moved")
+    assert await get(s3, "e/moved") == data
+    # Written as 8 + 4 MiB parts, copied as 5 + 5 + 2: the multipart ETags say so.
+    assert (written.etag or "").endswith("-2")
+    assert ((await s3.stat("e/moved")).etag or "").endswith("-3")
+    assert [i.key for i in await scan_all(s3)] == ["e", "e/moved"]
 
 
 async def test_s3_failed_multipart_is_aborted(

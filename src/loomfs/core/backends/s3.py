@@ -65,6 +65,10 @@ T = TypeVar("T")
 
 #: objects up to this size are sent in one PUT; larger ones as multipart uploads of it
 PART_SIZE = 8 << 20
+#: the largest object one CopyObject may copy (an S3 limit); larger ones are copied in parts
+COPY_LIMIT = 5 << 30
+COPY_PART_SIZE = 512 << 20
+MAX_PARTS = 10_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _URL_OPTIONS = frozenset({"endpoint", "region", "profile"})
@@ -356,56 +360,75 @@ class S3Backend(Backend):
         if not check_key(key) or await self._dir_exists(key):
             raise IsADirectory(f"is a directory: {key or '/'}", path=key)
         await self._need_parent(key)
-        target = {"Bucket": self.bucket, "Key": self._obj(key)}
+        obj = self._obj(key)
+        stream = aiter(data)
         buffer = bytearray()
-        upload_id: str | None = None
-        parts: list[dict[str, Any]] = []
-        try:
-            async for chunk in data:
-                buffer += chunk
+        async for chunk in stream:
+            buffer += chunk
+            if len(buffer) > PART_SIZE:
+                break
+        else:
+            await self._call(
+                key, self._client.put_object, Bucket=self.bucket, Key=obj, Body=bytes(buffer)
+            )
+            return await self.stat(key)
+        # Larger than one part: never more than a part and a chunk in memory.
+        async with self._multipart(key, obj) as upload_id:
+            parts: list[dict[str, Any]] = []
+            while True:
                 while len(buffer) > PART_SIZE:
-                    if upload_id is None:
-                        created = await self._call(
-                            key, self._client.create_multipart_upload, **target
-                        )
-                        upload_id = created["UploadId"]
                     part, buffer = bytes(buffer[:PART_SIZE]), buffer[PART_SIZE:]
-                    parts.append(await self._upload_part(key, upload_id, len(parts) + 1, part))
-            if upload_id is None:
-                await self._call(key, self._client.put_object, Body=bytes(buffer), **target)
-            else:
-                parts.append(await self._upload_part(key, upload_id, len(parts) + 1, bytes(buffer)))
-                await self._call(
-                    key,
-                    self._client.complete_multipart_upload,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                    **target,
-                )
-        except BaseException:
-            if upload_id is not None:
-                # The original error is the one worth reporting; a failed abort leaves
-                # parts that the bucket's lifecycle rules (or a later abort) clean up.
-                with contextlib.suppress(LoomError):
-                    await self._call(
-                        key, self._client.abort_multipart_upload, UploadId=upload_id, **target
-                    )
-            raise
+                    parts.append(await self._part(key, obj, upload_id, len(parts) + 1, Body=part))
+                next_chunk = await anext(stream, None)
+                if next_chunk is None:
+                    break
+                buffer += next_chunk
+            parts.append(await self._part(key, obj, upload_id, len(parts) + 1, Body=bytes(buffer)))
+            await self._complete(key, obj, upload_id, parts)
         return await self.stat(key)
 
-    async def _upload_part(
-        self, key: str, upload_id: str, number: int, body: bytes
+    @contextlib.asynccontextmanager
+    async def _multipart(self, key: str, obj: str) -> AsyncIterator[str]:
+        """A multipart upload of ``obj`` (its id), aborted if the block fails."""
+        target = {"Bucket": self.bucket, "Key": obj}
+        created = await self._call(key, self._client.create_multipart_upload, **target)
+        try:
+            yield created["UploadId"]
+        except BaseException:
+            # The original error is the one worth reporting; a failed abort leaves parts
+            # that the bucket's lifecycle rules (or a later abort) clean up.
+            with contextlib.suppress(LoomError):
+                await self._call(
+                    key,
+                    self._client.abort_multipart_upload,
+                    UploadId=created["UploadId"],
+                    **target,
+                )
+            raise
+
+    async def _part(
+        self, key: str, obj: str, upload_id: str, number: int, **source: Any
     ) -> dict[str, Any]:
-        response = await self._call(
+        """Upload part ``number`` from ``Body=`` bytes, or from ``CopySource=`` and
+        ``CopySourceRange=`` (a range of another object, copied by the server)."""
+        target = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id, "PartNumber": number}
+        if "Body" in source:
+            uploaded = await self._call(key, self._client.upload_part, **target, **source)
+            return {"PartNumber": number, "ETag": uploaded["ETag"]}
+        copied = await self._call(key, self._client.upload_part_copy, **target, **source)
+        return {"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]}
+
+    async def _complete(
+        self, key: str, obj: str, upload_id: str, parts: list[dict[str, Any]]
+    ) -> None:
+        await self._call(
             key,
-            self._client.upload_part,
+            self._client.complete_multipart_upload,
             Bucket=self.bucket,
-            Key=self._obj(key),
+            Key=obj,
             UploadId=upload_id,
-            PartNumber=number,
-            Body=body,
+            MultipartUpload={"Parts": parts},
         )
-        return {"PartNumber": number, "ETag": response["ETag"]}
 
     async def mkdir(self, key: str) -> ObjectInfo:
         if not check_key(key) or await self._head(key) or await self._dir_exists(key):
@@ -445,7 +468,7 @@ class S3Backend(Backend):
             raise AlreadyExists(f"already exists: {dst}", path=dst)
         await self._need_parent(dst)
         if info.kind is EntryKind.FILE:
-            await self._copy(src, self._obj(src), self._obj(dst))
+            await self._copy(src, self._obj(src), self._obj(dst), info.size)
             await self._call(
                 src, self._client.delete_object, Bucket=self.bucket, Key=self._obj(src)
             )
@@ -462,8 +485,11 @@ class S3Backend(Backend):
                 MaxKeys=1000,
                 **token,
             )
-            keys = [obj["Key"] for obj in page.get("Contents", [])]
-            await asyncio.gather(*(self._copy(src, k, new + k[len(old) :]) for k in keys))
+            objects = page.get("Contents", [])
+            keys = [obj["Key"] for obj in objects]
+            await asyncio.gather(
+                *(self._copy(src, o["Key"], new + o["Key"][len(old) :], o["Size"]) for o in objects)
+            )
             markers += [k for k in keys if k.endswith("/")]
             await self._delete_objects(src, [k for k in keys if not k.endswith("/")])
             if not page.get("IsTruncated"):
@@ -490,20 +516,36 @@ class S3Backend(Backend):
                     path=key,
                 )
 
-    async def _copy(self, key: str, src_obj: str, dst_obj: str) -> None:
+    async def _copy(self, key: str, src_obj: str, dst_obj: str, size: int) -> None:
         if src_obj.endswith("/"):
             # A directory marker holds nothing worth copying, and SeaweedFS can't copy one.
             await self._call(
                 key, self._client.put_object, Bucket=self.bucket, Key=dst_obj, Body=b""
             )
             return
-        await self._call(
-            key,
-            self._client.copy_object,
-            Bucket=self.bucket,
-            Key=dst_obj,
-            CopySource={"Bucket": self.bucket, "Key": src_obj},
-        )
+        source = {"Bucket": self.bucket, "Key": src_obj}
+        if size <= COPY_LIMIT:
+            await self._call(
+                key, self._client.copy_object, Bucket=self.bucket, Key=dst_obj, CopySource=source
+            )
+            return
+        # One CopyObject can't go beyond 5 GiB: copy ranges as parts, in parallel.
+        part_size = max(COPY_PART_SIZE, -(-size // MAX_PARTS))
+        async with self._multipart(key, dst_obj) as upload_id:
+            parts = await asyncio.gather(
+                *(
+                    self._part(
+                        key,
+                        dst_obj,
+                        upload_id,
+                        number,
+                        CopySource=source,
+                        CopySourceRange=f"bytes={start}-{min(start + part_size, size) - 1}",
+                    )
+                    for number, start in enumerate(range(0, size, part_size), 1)
+                )
+            )
+            await self._complete(key, dst_obj, upload_id, parts)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
