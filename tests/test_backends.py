@@ -10,13 +10,19 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from loomfs.core.backends import s3 as s3_backend
 from loomfs.core.backends.base import Backend
-from loomfs.core.backends.common import batches_from_thread
+from loomfs.core.backends.common import (
+    PrefetchingLister,
+    batches_from_thread,
+    descends,
+    ordered_walk,
+)
 from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
 from loomfs.core.backends.s3 import PART_SIZE, S3Backend
 from loomfs.core.registry import open_backend
@@ -165,6 +171,42 @@ async def test_posix_temp_files_are_invisible(volume: Path, posix: PosixBackend)
 def endless_batches() -> Iterator[list[ObjectInfo]]:
     while True:
         yield [ObjectInfo("k", EntryKind.FILE)]
+
+
+def test_prefetching_walk_is_the_plain_walk() -> None:
+    """Listing ahead changes neither what a walk produces nor lists anything twice or
+    anything a resumed walk skips."""
+    dirs = (
+        {""}
+        | {f"d{i:02}" for i in range(12)}
+        | {f"d{i:02}/s{j}" for i in range(12) for j in range(3)}
+    )
+    files = {f"{d}/f{k}" for d in dirs if d.count("/") == 1 for k in range(2)} | {"d05-x", "top"}
+    calls: list[str] = []
+
+    def list_children(dir_key: str) -> list[ObjectInfo]:
+        calls.append(dir_key)
+        below = [k for k in dirs | files if k and k.rpartition("/")[0] == dir_key]
+        infos = [ObjectInfo(k, EntryKind.DIR if k in dirs else EntryKind.FILE) for k in below]
+        return sorted(infos, key=lambda i: i.sort_key)
+
+    def walk(start_after: str | None, prefetch: ThreadPoolExecutor | None) -> list[str]:
+        lister = (
+            list_children
+            if prefetch is None
+            else PrefetchingLister(list_children, prefetch, start_after, window=3, hold=5)
+        )
+        return [i.sort_key for batch in ordered_walk(lister, "", start_after, 7) for i in batch]
+
+    everything = walk(None, None)
+    assert everything == sorted(everything)
+    assert len(everything) == len(dirs) - 1 + len(files)
+    with ThreadPoolExecutor(4) as pool:
+        for cut in [None, *everything[::5]]:
+            calls.clear()
+            assert walk(cut, pool) == [k for k in everything if cut is None or k > cut]
+            assert len(calls) == len(set(calls))
+            assert all(d == "" or descends(ObjectInfo(d, EntryKind.DIR), cut) for d in calls)
 
 
 async def test_abandoned_scan_stops_its_thread() -> None:

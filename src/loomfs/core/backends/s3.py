@@ -55,7 +55,14 @@ from ...errors import (
 from ..streams import BUFFER_SIZE, ByteSource, BytesSource, StreamSource
 from ..types import EntryKind, ObjectInfo
 from .base import Backend
-from .common import batches_from_thread, check_key, child_key, ordered_walk, parent_key
+from .common import (
+    PrefetchingLister,
+    batches_from_thread,
+    check_key,
+    child_key,
+    ordered_walk,
+    parent_key,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -159,6 +166,7 @@ class S3Backend(Backend):
                 s3={"addressing_style": "path" if endpoint else "auto"},
             ),
         )
+        self._workers = max_workers
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="loomfs-s3")
 
     @classmethod
@@ -306,7 +314,14 @@ class S3Backend(Backend):
     ) -> AsyncGenerator[list[ObjectInfo], None]:
         check_key(prefix)
         return batches_from_thread(
-            lambda: ordered_walk(self._list_children, prefix, start_after),
+            lambda: ordered_walk(
+                # Half the pool, so that reads and writes still get threads during a scan.
+                PrefetchingLister(
+                    self._list_children, self._pool, start_after, window=self._workers // 2
+                ),
+                prefix,
+                start_after,
+            ),
             name=f"loomfs-scan s3://{self.bucket}/{self._root}",
         )
 
