@@ -121,7 +121,7 @@ def translate(exc: Exception, *, endpoint: str, bucket: str, key: str | None) ->
             err = PermissionDenied(f"access denied to {where}", path=key)
         elif code in _UNAVAILABLE_CODES or status >= 500:
             err = BackendUnavailable(f"S3 at {endpoint} failed: {code}", path=key)
-        elif code in ("QuotaExceeded", "EntityTooLarge"):
+        elif code == "QuotaExceeded":
             err = InsufficientStorage(f"S3 refused {where}: {code}", path=key)
         else:
             err = LoomError(f"S3 request on {where} failed: {code or exc}", path=key)
