@@ -275,9 +275,11 @@ async def test_posix_modes_and_etag(volume: Path, posix: PosixBackend) -> None:
     assert (chmodded.mode, chmodded.mtime_ns) == (0o600, 1_500_000_000_123_456_789)
     (volume / "f").chmod(0o604)
     assert (await posix.stat("f")).etag == posix_etag_of(volume / "f")
-    # Replacing a file keeps its permissions unless told otherwise.
+    # Replacing a file keeps its owner, and its permissions unless told otherwise.
+    os.chown(volume / "f", 4321, 8765)
     replaced = await put(posix, "f", b"new")
-    assert replaced.mode == 0o604
+    assert (replaced.mode, replaced.uid, replaced.gid) == (0o604, 4321, 8765)
+    assert (await posix.write("f", pieces(b"x", 1), mode=0o640)).mode == 0o640
 
 
 def posix_etag_of(path: Path) -> str:

@@ -294,19 +294,31 @@ class PosixBackend(Backend):
         parent = self._open_dir(parent_name)
         temp = TEMP_PREFIX + secrets.token_hex(8)
         try:
-            if mode is None:
-                # A replace keeps the permissions the file had.
-                with contextlib.suppress(OSError):
-                    st = os.lstat(name, dir_fd=parent)
-                    if stat.S_ISREG(st.st_mode):
-                        mode = stat.S_IMODE(st.st_mode)
+            try:
+                old: os.stat_result | None = os.lstat(name, dir_fd=parent)
+            except FileNotFoundError:
+                old = None
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             fd = os.open(temp, flags, 0o666, dir_fd=parent)
         except OSError as exc:
             os.close(parent)
             raise from_oserror(exc, key) from exc
-        if mode is not None:
-            os.fchmod(fd, mode)
+        try:
+            if old is not None and stat.S_ISREG(old.st_mode):
+                # A replace keeps the file's owner and permissions: for the tools whose
+                # data this is, loomfs rewriting a file must not also chown or chmod it.
+                if os.geteuid() == 0:
+                    os.fchown(fd, old.st_uid, old.st_gid)
+                if mode is None:
+                    mode = stat.S_IMODE(old.st_mode)
+            if mode is not None:
+                os.fchmod(fd, mode)  # after fchown, which clears set-id bits
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=parent)
+            os.close(parent)
+            raise from_oserror(exc, key) from exc
         return parent, name, temp, fd
 
     def _commit(self, key: str, parent: int, name: str, temp: str, fd: int) -> ObjectInfo:
