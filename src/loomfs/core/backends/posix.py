@@ -1,9 +1,11 @@
 """A volume on a local or NFS directory (core layer): ``posix:///abs/dir``.
 
-Files stay plain files. Keys never reach outside the root: every path is checked with
-``realpath`` against the root before use, a file is opened with ``O_NOFOLLOW`` and its
-descriptor is checked again, so a symlink (or a race that swaps one in) can't lead out of
-the volume. Symlinks are reported as what they are and never followed by a scan.
+Files stay plain files. Keys never reach outside the root: an operation opens the parent
+directory, checks where that descriptor really is (``/proc/self/fd``) and then works on the
+last component relative to it without following a symlink there; a read resolves the key,
+opens it with ``O_NOFOLLOW`` and checks the descriptor the same way. So neither a symlink
+nor a race that swaps one in leads out of the volume. Symlinks are reported as what they
+are and never followed by a scan.
 Writes go to a hidden temp file in the target's directory, are fsynced and renamed over
 the target, so readers see the old or the new file, never a partial one.
 """
@@ -20,7 +22,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, Iterator
 from operator import attrgetter
 from urllib.parse import unquote, urlsplit
 
@@ -40,13 +42,12 @@ from ...errors import (
 from ..streams import ByteSource, LocalFileSource, clamp_range, file_fingerprint
 from ..types import EntryKind, ObjectInfo
 from .base import Backend, Capability
-from .common import batches_from_thread, check_key, child_key, ordered_walk, parent_key
+from .common import batches_from_thread, check_key, child_key, ordered_walk
 
 #: names of loomfs's own in-flight files; hidden from scans and listings
 TEMP_PREFIX = ".loomfs-tmp-"
 
 _RENAME_NOREPLACE = 1
-_AT_FDCWD = -100
 _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
 
@@ -58,7 +59,7 @@ def posix_etag(st: os.stat_result) -> str:
     return f"{ino:x}-{size:x}-{mtime_ns:x}"
 
 
-def _info(key: str, st: os.stat_result, path: str) -> ObjectInfo | None:
+def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) -> ObjectInfo | None:
     """Facts of one entry from its lstat; None for sockets, fifos and devices."""
     fmt = stat.S_IFMT(st.st_mode)
     link_target = None
@@ -68,7 +69,7 @@ def _info(key: str, st: os.stat_result, path: str) -> ObjectInfo | None:
         kind = EntryKind.DIR
     elif fmt == stat.S_IFLNK:
         kind = EntryKind.SYMLINK
-        link_target = os.readlink(path)
+        link_target = os.readlink(name, dir_fd=dir_fd)
     else:
         return None
     return ObjectInfo(
@@ -91,21 +92,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _rename_noreplace(src: str, dst: str) -> None:
+def _rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
     """Rename without ever replacing ``dst``: atomically where the kernel and file
     system offer RENAME_NOREPLACE, else by a check just before the rename."""
     if _renameat2 is not None:
-        if (
-            _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
-            == 0
-        ):
+        if _renameat2(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
             return
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
             raise OSError(err, os.strerror(err), src)
-    if os.path.lexists(dst):
+    with contextlib.suppress(FileNotFoundError):
+        os.lstat(dst, dir_fd=dst_fd)
         raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
-    os.rename(src, dst)
+    os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
 
 
 class PosixBackend(Backend):
@@ -148,20 +147,34 @@ class PosixBackend(Backend):
     def _inside(self, real: str) -> bool:
         return real == self.root or real.startswith(self.root + "/")
 
-    def _path(self, key: str) -> str:
-        """The path of ``key``; its parent directory must resolve inside the root.
+    def _check_fd(self, fd: int, key: str) -> None:
+        """Close ``fd`` and refuse if it lies outside the root.
 
-        The last component is not resolved: operations on it either don't follow
-        symlinks (lstat, unlink, rename) or check the opened descriptor themselves.
-        """
-        check_key(key)
-        if not key:
-            return self.root
-        path = os.path.join(self.root, key)
-        parent = os.path.dirname(path)
-        if not self._inside(os.path.realpath(parent)):
+        The descriptor tells where we really are, whatever symlinks the path went through
+        or was swapped for between a check and the open."""
+        if not self._inside(os.readlink(f"/proc/self/fd/{fd}")):
+            os.close(fd)
             raise PermissionDenied(f"{key} lies behind a symlink out of the volume", path=key)
-        return path
+
+    def _open_dir(self, key: str, flags: int = 0) -> int:
+        """A descriptor of directory ``key``, checked to be inside the root."""
+        path = os.path.join(self.root, key) if key else self.root
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | flags)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        self._check_fd(fd, key)
+        return fd
+
+    @contextlib.contextmanager
+    def _parent(self, key: str) -> Iterator[tuple[int, str]]:
+        """(descriptor of the parent directory, last component) of a non-root key."""
+        parent, _, name = check_key(key).rpartition("/")
+        fd = self._open_dir(parent)
+        try:
+            yield fd, name
+        finally:
+            os.close(fd)
 
     # -- Backend -----------------------------------------------------------------
 
@@ -176,11 +189,18 @@ class PosixBackend(Backend):
             raise NotADirectory(f"volume root {self.root} is not a directory", path=self.root)
 
     def _stat(self, key: str) -> ObjectInfo:
-        path = self._path(key)
-        try:
-            info = _info(key, os.lstat(path), path)
-        except OSError as exc:
-            raise from_oserror(exc, key) from exc
+        if not check_key(key):
+            try:
+                root = _info("", os.stat(self.root), self.root)
+            except OSError as exc:
+                raise from_oserror(exc, self.root) from exc
+            assert root is not None
+            return root
+        with self._parent(key) as (parent, name):
+            try:
+                info = _info(key, os.lstat(name, dir_fd=parent), name, parent)
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
         if info is None:
             raise NotSupported(f"{key} is a special file", path=key)
         return info
@@ -189,40 +209,42 @@ class PosixBackend(Backend):
         return await asyncio.to_thread(self._stat, key)
 
     def _list_children(self, dir_key: str) -> list[ObjectInfo]:
-        path = self._path(dir_key)
+        try:
+            # O_NOFOLLOW: a walk never enters a symlinked directory.
+            fd = self._open_dir(dir_key, os.O_NOFOLLOW)
+        except (NotFound, NotADirectory, InvalidPath):
+            # Gone since its parent was listed, or not a directory (ELOOP for a symlink):
+            # nothing below it.
+            return []
+        base = child_key(dir_key, "")
         items: list[ObjectInfo] = []
         try:
-            with os.scandir(path) as entries:
+            with os.scandir(fd) as entries:
                 for entry in entries:
                     if entry.name.startswith(TEMP_PREFIX):
                         continue
                     info = _info(
-                        child_key(dir_key, entry.name),
-                        entry.stat(follow_symlinks=False),
-                        entry.path,
+                        base + entry.name, entry.stat(follow_symlinks=False), entry.name, fd
                     )
                     if info is not None:
                         items.append(info)
-        except FileNotFoundError:
-            # Removed between being listed in its parent and being walked: nothing below.
-            return []
         except OSError as exc:
             raise from_oserror(exc, dir_key) from exc
+        finally:
+            os.close(fd)
         items.sort(key=_by_sort_key)
         return items
 
-    async def scan(
+    def scan(
         self, prefix: str = "", start_after: str | None = None
-    ) -> AsyncIterator[list[ObjectInfo]]:
+    ) -> AsyncGenerator[list[ObjectInfo], None]:
         check_key(prefix)
-        walk = batches_from_thread(
+        return batches_from_thread(
             lambda: ordered_walk(self._list_children, prefix, start_after),
             name=f"loomfs-scan {self.root}",
         )
-        async for batch in walk:
-            yield batch
 
-    async def list_dir(self, key: str) -> AsyncIterator[list[ObjectInfo]]:
+    async def list_dir(self, key: str) -> AsyncGenerator[list[ObjectInfo], None]:
         info = await self.stat(key)
         if info.kind is not EntryKind.DIR:
             raise NotADirectory(f"not a directory: {key}", path=key)
@@ -233,19 +255,17 @@ class PosixBackend(Backend):
     def _open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None
     ) -> ByteSource:
-        path = self._path(key)
-        real = os.path.realpath(path)
+        # Symlinks that stay inside the volume may be read, so resolve first; checking the
+        # resolved path before the open means nothing outside is even opened.
+        real = os.path.realpath(os.path.join(self.root, check_key(key)))
         if not self._inside(real):
             raise PermissionDenied(f"{key} is a symlink out of the volume", path=key)
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
             raise from_oserror(exc, key) from exc
+        self._check_fd(fd, key)
         try:
-            # The descriptor tells where we really are, even if a component was swapped
-            # for a symlink between the realpath check and the open.
-            if not self._inside(os.readlink(f"/proc/self/fd/{fd}")):
-                raise PermissionDenied(f"{key} resolved out of the volume", path=key)
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
                 raise IsADirectory(f"is a directory: {key}", path=key)
@@ -264,54 +284,63 @@ class PosixBackend(Backend):
     ) -> ByteSource:
         return await asyncio.to_thread(self._open_read, key, offset, length, expect)
 
-    def _create_temp(self, key: str, mode: int | None) -> tuple[str, str, int]:
-        """Open a new temp file beside ``key``; (target path, temp path, descriptor)."""
-        check_key(key)
-        if not key:
+    def _create_temp(self, key: str, mode: int | None) -> tuple[int, str, str, int]:
+        """Open a new temp file beside ``key``: (parent descriptor, name, temp name,
+        temp descriptor); the caller closes both descriptors."""
+        if not check_key(key):
             raise IsADirectory("the volume root is a directory", path=key)
-        path = self._path(key)
-        if mode is None:
-            # A replace keeps the permissions the file had.
-            with contextlib.suppress(OSError):
-                st = os.lstat(path)
-                if stat.S_ISREG(st.st_mode):
-                    mode = stat.S_IMODE(st.st_mode)
-        temp = os.path.join(os.path.dirname(path), TEMP_PREFIX + secrets.token_hex(8))
+        parent_name, _, name = key.rpartition("/")
+        parent = self._open_dir(parent_name)
+        temp = TEMP_PREFIX + secrets.token_hex(8)
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                old: os.stat_result | None = os.lstat(name, dir_fd=parent)
+            except FileNotFoundError:
+                old = None
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd = os.open(temp, flags, 0o666, dir_fd=parent)
         except OSError as exc:
-            raise from_oserror(exc, parent_key(key)) from exc
-        if mode is not None:
-            os.fchmod(fd, mode)
-        return path, temp, fd
-
-    def _commit(self, key: str, path: str, temp: str, fd: int) -> ObjectInfo:
-        os.fsync(fd)
-        if os.path.isdir(path) and not os.path.islink(path):
-            raise IsADirectory(f"is a directory: {key}", path=key)
-        os.rename(temp, path)
-        st = os.fstat(fd)
-        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.close(parent)
+            raise from_oserror(exc, key) from exc
         try:
-            # Makes the rename itself durable, not only the file's bytes.
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        info = _info(key, st, path)
+            if old is not None and stat.S_ISREG(old.st_mode):
+                # A replace keeps the file's owner and permissions: for the tools whose
+                # data this is, loomfs rewriting a file must not also chown or chmod it.
+                if os.geteuid() == 0:
+                    os.fchown(fd, old.st_uid, old.st_gid)
+                if mode is None:
+                    mode = stat.S_IMODE(old.st_mode)
+            if mode is not None:
+                os.fchmod(fd, mode)  # after fchown, which clears set-id bits
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=parent)
+            os.close(parent)
+            raise from_oserror(exc, key) from exc
+        return parent, name, temp, fd
+
+    def _commit(self, key: str, parent: int, name: str, temp: str, fd: int) -> ObjectInfo:
+        os.fsync(fd)
+        # Onto a directory this fails with EISDIR, reported as IsADirectory.
+        os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        # Makes the rename itself durable, not only the file's bytes.
+        os.fsync(parent)
+        info = _info(key, os.fstat(fd), name, parent)
         assert info is not None
         return info
 
     async def write(
         self, key: str, data: AsyncIterable[bytes], *, mode: int | None = None
     ) -> ObjectInfo:
-        path, temp, fd = await asyncio.to_thread(self._create_temp, key, mode)
+        parent, name, temp, fd = await asyncio.to_thread(self._create_temp, key, mode)
         try:
             async for chunk in data:
                 await asyncio.to_thread(_write_all, fd, chunk)
-            return await asyncio.to_thread(self._commit, key, path, temp, fd)
+            return await asyncio.to_thread(self._commit, key, parent, name, temp, fd)
         except BaseException as exc:
             with contextlib.suppress(OSError):
-                os.unlink(temp)
+                os.unlink(temp, dir_fd=parent)
             if isinstance(exc, LoomError):
                 raise
             if isinstance(exc, OSError):
@@ -319,14 +348,16 @@ class PosixBackend(Backend):
             raise
         finally:
             os.close(fd)
+            os.close(parent)
 
     def _mkdir(self, key: str) -> ObjectInfo:
         if not check_key(key):
             raise AlreadyExists("the volume root exists", path=key)
-        try:
-            os.mkdir(self._path(key))
-        except OSError as exc:
-            raise from_oserror(exc, key) from exc
+        with self._parent(key) as (parent, name):
+            try:
+                os.mkdir(name, dir_fd=parent)
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
         return self._stat(key)
 
     async def mkdir(self, key: str) -> ObjectInfo:
@@ -335,14 +366,14 @@ class PosixBackend(Backend):
     def _delete(self, key: str) -> None:
         if not check_key(key):
             raise InvalidPath("the volume root can't be deleted", path=key)
-        path = self._path(key)
-        try:
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                os.rmdir(path)
-            else:
-                os.unlink(path)
-        except OSError as exc:
-            raise from_oserror(exc, key) from exc
+        with self._parent(key) as (parent, name):
+            try:
+                if stat.S_ISDIR(os.lstat(name, dir_fd=parent).st_mode):
+                    os.rmdir(name, dir_fd=parent)
+                else:
+                    os.unlink(name, dir_fd=parent)
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
 
     async def delete(self, key: str) -> None:
         await asyncio.to_thread(self._delete, key)
@@ -352,35 +383,43 @@ class PosixBackend(Backend):
             raise InvalidPath("the volume root can't be renamed or replaced", path=src or dst)
         if dst.startswith(src + "/"):
             raise InvalidArgument(f"can't move {src} into itself ({dst})", path=dst)
-        try:
-            _rename_noreplace(self._path(src), self._path(dst))
-        except OSError as exc:
-            raise from_oserror(exc, f"{src} -> {dst}") from exc
+        with (
+            self._parent(src) as (src_parent, src_name),
+            self._parent(dst) as (dst_parent, dst_name),
+        ):
+            try:
+                _rename_noreplace(src_parent, src_name, dst_parent, dst_name)
+            except OSError as exc:
+                raise from_oserror(exc, f"{src} -> {dst}") from exc
 
     async def rename(self, src: str, dst: str) -> None:
         await asyncio.to_thread(self._rename, src, dst)
 
     def _set_attrs(self, key: str, mode: int | None, mtime_ns: int | None) -> ObjectInfo:
-        path = self._path(key)
-        try:
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                # Linux has no lchmod; a symlink's own mode means nothing anyway.
-                if mode is not None:
-                    raise NotSupported(f"a symlink has no mode of its own: {key}", path=key)
-                if mtime_ns is not None:
-                    os.utime(path, ns=(st.st_atime_ns, mtime_ns), follow_symlinks=False)
-                return self._stat(key)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        if not check_key(key):
+            raise InvalidPath("the volume root's attributes are not loomfs's to change")
+        with self._parent(key) as (parent, name):
             try:
+                st = os.lstat(name, dir_fd=parent)
                 if mode is not None:
-                    os.fchmod(fd, mode)
+                    if stat.S_ISLNK(st.st_mode):
+                        # Linux has no lchmod; a symlink's own mode means nothing anyway.
+                        raise NotSupported(f"a symlink has no mode of its own: {key}", path=key)
+                    fd = os.open(
+                        name,
+                        os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                        dir_fd=parent,
+                    )
+                    try:
+                        os.fchmod(fd, mode)
+                    finally:
+                        os.close(fd)
                 if mtime_ns is not None:
-                    os.utime(fd, ns=(st.st_atime_ns, mtime_ns))
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise from_oserror(exc, key) from exc
+                    os.utime(
+                        name, ns=(st.st_atime_ns, mtime_ns), dir_fd=parent, follow_symlinks=False
+                    )
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
         return self._stat(key)
 
     async def set_attrs(

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+import re
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,7 +55,14 @@ from ...errors import (
 from ..streams import BUFFER_SIZE, ByteSource, BytesSource, StreamSource
 from ..types import EntryKind, ObjectInfo
 from .base import Backend
-from .common import batches_from_thread, check_key, child_key, ordered_walk, parent_key
+from .common import (
+    PrefetchingLister,
+    batches_from_thread,
+    check_key,
+    child_key,
+    ordered_walk,
+    parent_key,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -64,7 +72,12 @@ T = TypeVar("T")
 
 #: objects up to this size are sent in one PUT; larger ones as multipart uploads of it
 PART_SIZE = 8 << 20
+#: the largest object one CopyObject may copy (an S3 limit); larger ones are copied in parts
+COPY_LIMIT = 5 << 30
+COPY_PART_SIZE = 512 << 20
+MAX_PARTS = 10_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _URL_OPTIONS = frozenset({"endpoint", "region", "profile"})
 _UNAVAILABLE_CODES = frozenset(
     {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "500", "503"}
@@ -108,7 +121,7 @@ def translate(exc: Exception, *, endpoint: str, bucket: str, key: str | None) ->
             err = PermissionDenied(f"access denied to {where}", path=key)
         elif code in _UNAVAILABLE_CODES or status >= 500:
             err = BackendUnavailable(f"S3 at {endpoint} failed: {code}", path=key)
-        elif code in ("QuotaExceeded", "EntityTooLarge"):
+        elif code == "QuotaExceeded":
             err = InsufficientStorage(f"S3 refused {where}: {code}", path=key)
         else:
             err = LoomError(f"S3 request on {where} failed: {code or exc}", path=key)
@@ -153,18 +166,22 @@ class S3Backend(Backend):
                 s3={"addressing_style": "path" if endpoint else "auto"},
             ),
         )
+        self._workers = max_workers
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="loomfs-s3")
 
     @classmethod
     def from_url(cls, url: str) -> S3Backend:
         parts = urlsplit(url)
-        if parts.scheme != "s3" or not parts.hostname:
-            raise InvalidArgument(f"an S3 volume URL is s3://bucket[/prefix][?options]: {url!r}")
         if "@" in parts.netloc:
             # Don't echo the URL: what precedes '@' may be a secret.
             raise InvalidArgument(
                 "credentials don't belong in an S3 volume URL; use the environment, "
                 "a shared credentials file or profile="
+            )
+        if parts.scheme != "s3" or not _BUCKET.fullmatch(parts.netloc):
+            raise InvalidArgument(
+                f"an S3 volume URL is s3://bucket[/prefix][?options], with a valid bucket name: "
+                f"{url!r}"
             )
         options = dict(parse_qsl(parts.query, strict_parsing=False))
         unknown = set(options) - _URL_OPTIONS
@@ -292,18 +309,23 @@ class S3Backend(Backend):
             return ObjectInfo(key, EntryKind.DIR)
         raise NotFound(f"no such object: s3://{self.bucket}/{self._obj(key)}", path=key)
 
-    async def scan(
+    def scan(
         self, prefix: str = "", start_after: str | None = None
-    ) -> AsyncIterator[list[ObjectInfo]]:
+    ) -> AsyncGenerator[list[ObjectInfo], None]:
         check_key(prefix)
-        walk = batches_from_thread(
-            lambda: ordered_walk(self._list_children, prefix, start_after),
+        return batches_from_thread(
+            lambda: ordered_walk(
+                # Half the pool, so that reads and writes still get threads during a scan.
+                PrefetchingLister(
+                    self._list_children, self._pool, start_after, window=self._workers // 2
+                ),
+                prefix,
+                start_after,
+            ),
             name=f"loomfs-scan s3://{self.bucket}/{self._root}",
         )
-        async for batch in walk:
-            yield batch
 
-    async def list_dir(self, key: str) -> AsyncIterator[list[ObjectInfo]]:
+    async def list_dir(self, key: str) -> AsyncGenerator[list[ObjectInfo], None]:
         items = await asyncio.get_running_loop().run_in_executor(
             self._pool, self._list_children, key
         )
@@ -315,6 +337,8 @@ class S3Backend(Backend):
     async def open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None = None
     ) -> ByteSource:
+        if offset < 0 or length < 0:
+            raise InvalidArgument(f"invalid range: offset={offset} length={length}", path=key)
         condition = {"IfMatch": f'"{expect.etag}"'} if expect and expect.etag else {}
         if length == 0:
             await self._call(
@@ -351,56 +375,75 @@ class S3Backend(Backend):
         if not check_key(key) or await self._dir_exists(key):
             raise IsADirectory(f"is a directory: {key or '/'}", path=key)
         await self._need_parent(key)
-        target = {"Bucket": self.bucket, "Key": self._obj(key)}
+        obj = self._obj(key)
+        stream = aiter(data)
         buffer = bytearray()
-        upload_id: str | None = None
-        parts: list[dict[str, Any]] = []
-        try:
-            async for chunk in data:
-                buffer += chunk
+        async for chunk in stream:
+            buffer += chunk
+            if len(buffer) > PART_SIZE:
+                break
+        else:
+            await self._call(
+                key, self._client.put_object, Bucket=self.bucket, Key=obj, Body=bytes(buffer)
+            )
+            return await self.stat(key)
+        # Larger than one part: never more than a part and a chunk in memory.
+        async with self._multipart(key, obj) as upload_id:
+            parts: list[dict[str, Any]] = []
+            while True:
                 while len(buffer) > PART_SIZE:
-                    if upload_id is None:
-                        created = await self._call(
-                            key, self._client.create_multipart_upload, **target
-                        )
-                        upload_id = created["UploadId"]
                     part, buffer = bytes(buffer[:PART_SIZE]), buffer[PART_SIZE:]
-                    parts.append(await self._upload_part(key, upload_id, len(parts) + 1, part))
-            if upload_id is None:
-                await self._call(key, self._client.put_object, Body=bytes(buffer), **target)
-            else:
-                parts.append(await self._upload_part(key, upload_id, len(parts) + 1, bytes(buffer)))
-                await self._call(
-                    key,
-                    self._client.complete_multipart_upload,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                    **target,
-                )
-        except BaseException:
-            if upload_id is not None:
-                # The original error is the one worth reporting; a failed abort leaves
-                # parts that the bucket's lifecycle rules (or a later abort) clean up.
-                with contextlib.suppress(LoomError):
-                    await self._call(
-                        key, self._client.abort_multipart_upload, UploadId=upload_id, **target
-                    )
-            raise
+                    parts.append(await self._part(key, obj, upload_id, len(parts) + 1, Body=part))
+                next_chunk = await anext(stream, None)
+                if next_chunk is None:
+                    break
+                buffer += next_chunk
+            parts.append(await self._part(key, obj, upload_id, len(parts) + 1, Body=bytes(buffer)))
+            await self._complete(key, obj, upload_id, parts)
         return await self.stat(key)
 
-    async def _upload_part(
-        self, key: str, upload_id: str, number: int, body: bytes
+    @contextlib.asynccontextmanager
+    async def _multipart(self, key: str, obj: str) -> AsyncIterator[str]:
+        """A multipart upload of ``obj`` (its id), aborted if the block fails."""
+        target = {"Bucket": self.bucket, "Key": obj}
+        created = await self._call(key, self._client.create_multipart_upload, **target)
+        try:
+            yield created["UploadId"]
+        except BaseException:
+            # The original error is the one worth reporting; a failed abort leaves parts
+            # that the bucket's lifecycle rules (or a later abort) clean up.
+            with contextlib.suppress(LoomError):
+                await self._call(
+                    key,
+                    self._client.abort_multipart_upload,
+                    UploadId=created["UploadId"],
+                    **target,
+                )
+            raise
+
+    async def _part(
+        self, key: str, obj: str, upload_id: str, number: int, **source: Any
     ) -> dict[str, Any]:
-        response = await self._call(
+        """Upload part ``number`` from ``Body=`` bytes, or from ``CopySource=`` and
+        ``CopySourceRange=`` (a range of another object, copied by the server)."""
+        target = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id, "PartNumber": number}
+        if "Body" in source:
+            uploaded = await self._call(key, self._client.upload_part, **target, **source)
+            return {"PartNumber": number, "ETag": uploaded["ETag"]}
+        copied = await self._call(key, self._client.upload_part_copy, **target, **source)
+        return {"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]}
+
+    async def _complete(
+        self, key: str, obj: str, upload_id: str, parts: list[dict[str, Any]]
+    ) -> None:
+        await self._call(
             key,
-            self._client.upload_part,
+            self._client.complete_multipart_upload,
             Bucket=self.bucket,
-            Key=self._obj(key),
+            Key=obj,
             UploadId=upload_id,
-            PartNumber=number,
-            Body=body,
+            MultipartUpload={"Parts": parts},
         )
-        return {"PartNumber": number, "ETag": response["ETag"]}
 
     async def mkdir(self, key: str) -> ObjectInfo:
         if not check_key(key) or await self._head(key) or await self._dir_exists(key):
@@ -440,7 +483,7 @@ class S3Backend(Backend):
             raise AlreadyExists(f"already exists: {dst}", path=dst)
         await self._need_parent(dst)
         if info.kind is EntryKind.FILE:
-            await self._copy(src, self._obj(src), self._obj(dst))
+            await self._copy(src, self._obj(src), self._obj(dst), info.size)
             await self._call(
                 src, self._client.delete_object, Bucket=self.bucket, Key=self._obj(src)
             )
@@ -457,8 +500,11 @@ class S3Backend(Backend):
                 MaxKeys=1000,
                 **token,
             )
-            keys = [obj["Key"] for obj in page.get("Contents", [])]
-            await asyncio.gather(*(self._copy(src, k, new + k[len(old) :]) for k in keys))
+            objects = page.get("Contents", [])
+            keys = [obj["Key"] for obj in objects]
+            await asyncio.gather(
+                *(self._copy(src, o["Key"], new + o["Key"][len(old) :], o["Size"]) for o in objects)
+            )
             markers += [k for k in keys if k.endswith("/")]
             await self._delete_objects(src, [k for k in keys if not k.endswith("/")])
             if not page.get("IsTruncated"):
@@ -485,20 +531,36 @@ class S3Backend(Backend):
                     path=key,
                 )
 
-    async def _copy(self, key: str, src_obj: str, dst_obj: str) -> None:
+    async def _copy(self, key: str, src_obj: str, dst_obj: str, size: int) -> None:
         if src_obj.endswith("/"):
             # A directory marker holds nothing worth copying, and SeaweedFS can't copy one.
             await self._call(
                 key, self._client.put_object, Bucket=self.bucket, Key=dst_obj, Body=b""
             )
             return
-        await self._call(
-            key,
-            self._client.copy_object,
-            Bucket=self.bucket,
-            Key=dst_obj,
-            CopySource={"Bucket": self.bucket, "Key": src_obj},
-        )
+        source = {"Bucket": self.bucket, "Key": src_obj}
+        if size <= COPY_LIMIT:
+            await self._call(
+                key, self._client.copy_object, Bucket=self.bucket, Key=dst_obj, CopySource=source
+            )
+            return
+        # One CopyObject can't go beyond 5 GiB: copy ranges as parts, in parallel.
+        part_size = max(COPY_PART_SIZE, -(-size // MAX_PARTS))
+        async with self._multipart(key, dst_obj) as upload_id:
+            parts = await asyncio.gather(
+                *(
+                    self._part(
+                        key,
+                        dst_obj,
+                        upload_id,
+                        number,
+                        CopySource=source,
+                        CopySourceRange=f"bytes={start}-{min(start + part_size, size) - 1}",
+                    )
+                    for number, start in enumerate(range(0, size, part_size), 1)
+                )
+            )
+            await self._complete(key, dst_obj, upload_id, parts)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
