@@ -27,6 +27,7 @@ from ..errors import (
     Conflict,
     CrossesVolume,
     InvalidArgument,
+    InvalidPath,
     IsADirectory,
     NotADirectory,
     NotFound,
@@ -306,6 +307,10 @@ class HubNamespace(Namespace):
 
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         src, dst = paths.normalize(src), paths.normalize(dst)
+        if src == dst:
+            return await self._entry(src)  # as rename(2): moving a thing onto itself is a no-op
+        if paths.is_within(dst, src):
+            raise InvalidPath(f"cannot move {src} into itself ({dst})", path=dst)
         src_mounted, src_key = self._below_mount(src)
         dst_mounted, dst_key = self._below_mount(dst)
         if src_mounted is not dst_mounted:

@@ -107,9 +107,10 @@ async def _send_body(request: web.Request, response: web.StreamResponse, reader:
         if transport is None:
             raise ConnectionResetError("client went away")
         with os.fdopen(os.dup(reader.region.fd), "rb") as fobj:
-            await asyncio.get_running_loop().sendfile(
-                transport, fobj, reader.region.offset, reader.length - 1
-            )
+            if reader.length > 1:
+                await asyncio.get_running_loop().sendfile(
+                    transport, fobj, reader.region.offset, reader.length - 1
+                )
             last = os.pread(reader.region.fd, 1, reader.region.offset + reader.length - 1)
         await reader.verify()
         await response.write(last)
@@ -254,8 +255,11 @@ class RestServer:
             if request.method != "HEAD":
                 try:
                     await _send_body(request, response, reader)
-                except Conflict as exc:
-                    log.warning("read aborted: %s", exc, extra={"path": path})
+                except Exception as exc:
+                    # the status line is out: the only honest signal left is to cut the
+                    # connection before the last byte, so the client sees a short body
+                    level = logging.WARNING if isinstance(exc, Conflict) else logging.ERROR
+                    log.log(level, "read aborted: %r", exc, extra={"path": path})
                     if request.transport is not None:
                         request.transport.close()
                     return response
