@@ -124,7 +124,8 @@ class SeaweedFS:
             f"-filer.localSocket={self._tmp / 'filer.sock'}",
             # Small volumes so that a test server doesn't reserve gigabytes of disk.
             "-master.volumeSizeLimitMB=256",
-            "-volume.max=0",
+            # every bucket is a collection with volumes of its own: tests make many buckets
+            "-volume.max=2000",
             "-volume.preStopSeconds=0",
         ]
         args += [f"-{name}={port}" for name, port in ports.items()]
