@@ -1,0 +1,231 @@
+"""Eviction and prediction when no plan was published (spoke layer, pure Python, no I/O).
+
+Without a plan the spoke cannot know the future, so it hedges. ``AdaptivePolicy`` weighs two
+experts, LRU and LFU, by online regret in the style of LeCaR and CACHEUS: each expert keeps a
+ghost list of the keys it evicted, and a miss on a ghost lowers that expert's weight. When LRU
+is the better expert its weight goes to one and the policy behaves as LRU, which is what keeps
+it from doing meaningfully worse than LRU. Predictors (stride within a file or directory,
+history of earlier runs) protect keys they expect to be read soon, but only while their recent
+guesses proved right, and they name what the prefetcher should fetch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
+
+from ..errors import InvalidArgument
+from .policy import EvictionPolicy, Key
+
+
+class Predictor(ABC):
+    """Guesses which keys follow an access."""
+
+    @abstractmethod
+    def observe(self, key: Key) -> list[Key]:
+        """Record an access and return the keys expected next, nearest first."""
+
+
+class StridePredictor(Predictor):
+    """Sequential and strided reads within a group (a file's chunks, a directory's files).
+
+    ``group`` maps a key to its file or directory; two equal steps in a row in one group
+    predict the next ``depth`` keys along that stride.
+    """
+
+    def __init__(self, group: Callable[[Key], Hashable], depth: int = 8):
+        self._group = group
+        self._depth = depth
+        self._last: dict[Hashable, tuple[Key, int]] = {}
+
+    def observe(self, key: Key) -> list[Key]:
+        group = self._group(key)
+        previous = self._last.get(group)
+        self._last[group] = (key, 0 if previous is None else key - previous[0])
+        if previous is None or previous[1] == 0 or key - previous[0] != previous[1]:
+            return []
+        stride = previous[1]
+        return [key + stride * step for step in range(1, self._depth + 1)]
+
+
+class HistoryPredictor(Predictor):
+    """Earlier runs over the same data: after a key, expect what followed it last time.
+
+    Catches a job resumed mid-epoch from a checkpoint, and reruns with the same seed. At most
+    ``capacity`` accesses are remembered; the older half is dropped when it is full.
+    """
+
+    def __init__(self, depth: int = 8, capacity: int = 1 << 20):
+        if capacity < 2:
+            raise InvalidArgument("history capacity must be at least 2")
+        self._depth = depth
+        self._capacity = capacity
+        self._sequence: list[Key] = []
+        self._where: dict[Key, int] = {}
+
+    def observe(self, key: Key) -> list[Key]:
+        index = self._where.get(key)
+        guess = [] if index is None else self._sequence[index + 1 : index + 1 + self._depth]
+        if len(self._sequence) >= self._capacity:
+            self._sequence = self._sequence[self._capacity // 2 :]
+            self._where = {seen: at for at, seen in enumerate(self._sequence)}
+        self._where[key] = len(self._sequence)
+        self._sequence.append(key)
+        return guess
+
+
+class _Track:
+    """How often one predictor's guesses were read while still outstanding, decayed."""
+
+    __slots__ = ("confirmed", "issued")
+
+    def __init__(self) -> None:
+        self.issued = 0.0
+        self.confirmed = 0.0
+
+
+class AdaptivePolicy(EvictionPolicy):
+    """LeCaR-style regret-weighted choice between LRU and LFU, guarded by trusted predictors.
+
+    ``learning_rate`` is LeCaR's lambda; a ghost hit found ``age`` requests after its eviction
+    counts ``discount ** age``, with ``discount = 0.005 ** (1 / cached keys)`` as in LeCaR, so
+    only regrets within about one cache turnover matter.
+    """
+
+    _EXPERTS = ("lru", "lfu")
+    # Guesses older than this many are forgotten: no prediction horizon needs more.
+    _GUESS_LIMIT = 4096
+
+    def __init__(
+        self,
+        predictors: Sequence[Predictor] = (),
+        *,
+        learning_rate: float = 0.45,
+        min_precision: float = 0.5,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if learning_rate <= 0 or not 0 < min_precision <= 1:
+            raise InvalidArgument("learning rate must be positive, precision in (0, 1]")
+        self._predictors = list(predictors)
+        self._tracks = [_Track() for _ in self._predictors]
+        self._learning_rate = learning_rate
+        self._min_precision = min_precision
+        self._random = random.Random(seed)
+        self.weights = dict.fromkeys(self._EXPERTS, 0.5)
+        self._now = 0
+        self._recency: OrderedDict[Key, None] = OrderedDict()
+        self._frequency: dict[Key, int] = {}
+        # frequency -> keys with it, least recently used first: LFU with LRU among ties.
+        self._buckets: dict[int, OrderedDict[Key, None]] = {}
+        self._ghosts: dict[str, OrderedDict[Key, int]] = {
+            name: OrderedDict() for name in self._EXPERTS
+        }
+        # outstanding guess -> index of the predictor that made it, oldest first.
+        self._guesses: OrderedDict[Key, int] = OrderedDict()
+
+    def predictions(self) -> list[Key]:
+        """Outstanding guesses of predictors that have been right lately, newest first: what
+        the prefetcher fetches when no plan exists."""
+        return [key for key, which in reversed(self._guesses.items()) if self._trusted(which)]
+
+    def _trusted(self, which: int) -> bool:
+        track = self._tracks[which]
+        return track.issued >= 16 and track.confirmed >= self._min_precision * track.issued
+
+    def _observe(self, key: Key) -> None:
+        self._now += 1
+        which = self._guesses.pop(key, None)
+        if which is not None:
+            self._tracks[which].confirmed += 1
+        for index, predictor in enumerate(self._predictors):
+            track = self._tracks[index]
+            for guess in predictor.observe(key):
+                if guess not in self._guesses:
+                    self._guesses[guess] = index
+                    track.issued += 1
+            # Forget slowly so a predictor that stops being right loses its trust.
+            track.issued *= 0.999
+            track.confirmed *= 0.999
+        while len(self._guesses) > self._GUESS_LIMIT:
+            self._guesses.popitem(last=False)
+
+    def _bump(self, key: Key, frequency: int) -> None:
+        self._frequency[key] = frequency
+        self._buckets.setdefault(frequency, OrderedDict())[key] = None
+
+    def _unbump(self, key: Key) -> int:
+        frequency = self._frequency.pop(key)
+        bucket = self._buckets[frequency]
+        del bucket[key]
+        if not bucket:
+            del self._buckets[frequency]
+        return frequency
+
+    def _on_insert(self, key: Key) -> None:
+        self._observe(key)
+        # An insert is a miss: a ghost hit means the expert that evicted this key was wrong.
+        discount = 0.005 ** (1 / max(1, len(self)))
+        for name, ghosts in self._ghosts.items():
+            evicted_at = ghosts.pop(key, None)
+            if evicted_at is not None:
+                regret = discount ** (self._now - evicted_at)
+                self.weights[name] *= math.exp(-self._learning_rate * regret)
+        total = sum(self.weights.values())
+        for name in self.weights:
+            # A floor keeps a beaten expert able to win back the cache when the workload turns.
+            self.weights[name] = max(self.weights[name] / total, 0.01)
+        self._recency[key] = None
+        self._bump(key, 1)
+
+    def _on_access(self, key: Key) -> None:
+        self._observe(key)
+        self._recency.move_to_end(key)
+        self._bump(key, self._unbump(key) + 1)
+
+    def _on_remove(self, key: Key) -> None:
+        del self._recency[key]
+        self._unbump(key)
+
+    def _lfu_order(self) -> Iterable[Key]:
+        for frequency in sorted(self._buckets):
+            yield from self._buckets[frequency]
+
+    def _first(self, order: Iterable[Key], taken: set[Key], protect: bool) -> Key | None:
+        for key in order:
+            if key in taken or key in self._pinned:
+                continue
+            if protect and key in self._guesses and self._trusted(self._guesses[key]):
+                continue
+            return key
+        return None
+
+    def _candidate(self, name: str, taken: set[Key]) -> Key | None:
+        order = self._recency if name == "lru" else self._lfu_order()
+        found = self._first(order, taken, protect=True)
+        if found is None:
+            order = self._recency if name == "lru" else self._lfu_order()
+            found = self._first(order, taken, protect=False)
+        return found
+
+    def _victim_order(self) -> Generator[Key, None, None]:
+        taken: set[Key] = set()
+        limit = max(1, len(self))
+        while True:
+            weights = [self.weights[name] for name in self._EXPERTS]
+            chosen = self._random.choices(self._EXPERTS, weights)[0]
+            victim = self._candidate(chosen, taken)
+            if victim is None:
+                return
+            other = "lfu" if chosen == "lru" else "lru"
+            # Only a disagreement teaches anything: then the chooser alone is to blame.
+            if self._candidate(other, taken) != victim:
+                ghosts = self._ghosts[chosen]
+                ghosts[victim] = self._now
+                while len(ghosts) > limit:
+                    ghosts.popitem(last=False)
+            taken.add(victim)
+            yield victim
