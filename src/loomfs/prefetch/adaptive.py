@@ -165,7 +165,11 @@ class AdaptivePolicy(EvictionPolicy):
             del self._buckets[frequency]
         return frequency
 
-    def _on_insert(self, key: Key) -> None:
+    def _on_insert(self, key: Key, prefetched: bool) -> None:
+        self._recency[key] = None
+        self._bump(key, 1)
+        if prefetched:
+            return
         self._observe(key)
         # An insert is a miss: a ghost hit means the expert that evicted this key was wrong.
         discount = 0.005 ** (1 / max(1, len(self)))
@@ -178,8 +182,6 @@ class AdaptivePolicy(EvictionPolicy):
         for name in self.weights:
             # A floor keeps a beaten expert able to win back the cache when the workload turns.
             self.weights[name] = max(self.weights[name] / total, 0.01)
-        self._recency[key] = None
-        self._bump(key, 1)
 
     def _on_access(self, key: Key) -> None:
         self._observe(key)

@@ -166,9 +166,13 @@ class Schedule:
         if self._jobs.pop(job_id, None) is not None:
             self.version += 1
 
-    def next_use(self, key: Key, now: float) -> float:
-        """Estimated time any active job reads ``key`` next; ``math.inf`` if no plan does."""
-        best = math.inf
+    def next_use(self, key: Key, now: float, *, just_read: bool = False) -> float:
+        """Estimated time any active job reads ``key`` next; ``math.inf`` if no plan does.
+
+        With ``just_read`` the key was read at ``now``: the planned read whose estimate is
+        nearest to ``now`` is the one that happened, so it does not count as a next use.
+        """
+        upcoming: list[tuple[float, float]] = []  # (estimate, the read after it)
         for job in self._jobs.values():
             occurrences = job.positions.get(key)
             if occurrences is None:
@@ -176,8 +180,19 @@ class Schedule:
             here = job.position_at(now - self.slack_s)
             index = bisect_left(occurrences, math.ceil(here))
             if index < len(occurrences):
-                best = min(best, job.time_of(occurrences[index]))
-        return best
+                after = occurrences[index + 1] if index + 1 < len(occurrences) else None
+                upcoming.append(
+                    (
+                        job.time_of(occurrences[index]),
+                        math.inf if after is None else job.time_of(after),
+                    )
+                )
+        if not upcoming:
+            return math.inf
+        if just_read:
+            happened = min(range(len(upcoming)), key=lambda at: abs(upcoming[at][0] - now))
+            upcoming[happened] = (upcoming[happened][1], math.inf)
+        return min(estimate for estimate, _ in upcoming)
 
     def upcoming(self, now: float) -> Iterator[tuple[float, Key]]:
         """Every planned read from ``now`` on, as (estimated time, key), earliest first."""

@@ -34,23 +34,23 @@ class PlanPolicy(EvictionPolicy):
         self._far: list[tuple[float, int, Key]] = []
         self._due: list[tuple[float, Key]] = []
 
-    def _estimate(self, key: Key, now: float) -> None:
-        estimate = self._schedule.next_use(key, now)
+    def _estimate(self, key: Key, now: float, just_read: bool = False) -> None:
+        estimate = self._schedule.next_use(key, now, just_read=just_read)
         self._next[key] = estimate
         heapq.heappush(self._far, (-estimate, self._last[key], key))
         if estimate != math.inf:
             heapq.heappush(self._due, (estimate, key))
 
-    def _touch(self, key: Key) -> None:
+    def _touch(self, key: Key, just_read: bool) -> None:
         self._tick += 1
         self._last[key] = self._tick
-        self._estimate(key, self._clock())
+        self._estimate(key, self._clock(), just_read)
 
-    def _on_insert(self, key: Key) -> None:
-        self._touch(key)
+    def _on_insert(self, key: Key, prefetched: bool) -> None:
+        self._touch(key, just_read=not prefetched)
 
     def _on_access(self, key: Key) -> None:
-        self._touch(key)
+        self._touch(key, just_read=True)
 
     def _on_remove(self, key: Key) -> None:
         del self._next[key], self._last[key]
@@ -76,19 +76,18 @@ class PlanPolicy(EvictionPolicy):
         now = self._clock()
         self._refresh(now)
         held: list[tuple[float, int, Key]] = []
+        # A key estimated twice to the same time has two live entries: hand it out once.
+        taken: set[Key] = set()
         try:
             while self._far:
                 entry = heapq.heappop(self._far)
                 negated, tick, key = entry
-                if self._last.get(key) != tick or self._next[key] != -negated:
+                if key in taken or self._last.get(key) != tick or self._next[key] != -negated:
                     continue
                 if key in self._pinned:
                     held.append(entry)
                     continue
-                # Step rates drift between heartbeats: a key that became nearer goes back.
-                if self._schedule.next_use(key, now) < -negated:
-                    self._estimate(key, now)
-                    continue
+                taken.add(key)
                 yield key
         finally:
             for entry in held:

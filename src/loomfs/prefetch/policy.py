@@ -41,16 +41,18 @@ class EvictionPolicy(ABC):
     def size_of(self, key: Key) -> int:
         return self._sizes[key]
 
-    def insert(self, key: Key, size: int) -> None:
-        """Record a key the cache just stored (a re-insert counts as an access)."""
+    def insert(self, key: Key, size: int, *, prefetched: bool = False) -> None:
+        """Record a key the cache just stored: after a read missed it, or ahead of any read
+        when ``prefetched``. Storing a cached key again updates its size."""
         if key in self._sizes:
             self._used += size - self._sizes[key]
             self._sizes[key] = size
-            self._on_access(key)
+            if not prefetched:
+                self._on_access(key)
             return
         self._sizes[key] = size
         self._used += size
-        self._on_insert(key)
+        self._on_insert(key, prefetched)
 
     def access(self, key: Key) -> None:
         """Record a hit on a cached key."""
@@ -97,7 +99,7 @@ class EvictionPolicy(ABC):
         self._on_remove(key)
 
     @abstractmethod
-    def _on_insert(self, key: Key) -> None: ...
+    def _on_insert(self, key: Key, prefetched: bool) -> None: ...
 
     @abstractmethod
     def _on_access(self, key: Key) -> None: ...
@@ -121,7 +123,7 @@ class LRUPolicy(EvictionPolicy):
         super().__init__()
         self._order: OrderedDict[Key, None] = OrderedDict()
 
-    def _on_insert(self, key: Key) -> None:
+    def _on_insert(self, key: Key, prefetched: bool) -> None:
         self._order[key] = None
 
     def _on_access(self, key: Key) -> None:
