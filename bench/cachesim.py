@@ -203,7 +203,8 @@ def make_loomfs(name: str, schedule: Schedule, clock: Callable[[], float]) -> Ev
 
 def replay_loomfs(workload: Workload, name: str, capacity: int) -> Iterator[bool]:
     """Drive a loomfs policy the way the spoke cache will: plans, heartbeats, reads."""
-    schedule = Schedule(default_rate=1.0, slack_s=BATCH / 2)
+    # Steps jitter by 10%: a slack of a few steps keeps a late job's next read in view.
+    schedule = Schedule(default_rate=1.0, slack_s=4.0)
     now = 0.0
     policy = make_loomfs(name, schedule, lambda: now)
     for event in workload.events:

@@ -111,10 +111,12 @@ class _Job:
     rate: float
 
     def position_at(self, now: float) -> float:
+        """Samples read by ``now``: the next one to read has this index."""
         return self.position + (now - self.at) * self.rate
 
-    def time_of(self, position: int) -> float:
-        return self.at + (position - self.position) / self.rate
+    def time_of(self, index: int) -> float:
+        """When the sample at ``index`` is read: it is the ``index + 1``-th read."""
+        return self.at + (index + 1 - self.position) / self.rate
 
 
 class Schedule:
@@ -177,8 +179,8 @@ class Schedule:
             occurrences = job.positions.get(key)
             if occurrences is None:
                 continue
-            here = job.position_at(now - self.slack_s)
-            index = bisect_left(occurrences, math.ceil(here))
+            # The first read not older than the slack: index + 1 > samples read by then.
+            index = bisect_left(occurrences, math.ceil(job.position_at(now - self.slack_s) - 1))
             if index < len(occurrences):
                 after = occurrences[index + 1] if index + 1 < len(occurrences) else None
                 upcoming.append(
@@ -191,7 +193,10 @@ class Schedule:
             return math.inf
         if just_read:
             happened = min(range(len(upcoming)), key=lambda at: abs(upcoming[at][0] - now))
-            upcoming[happened] = (upcoming[happened][1], math.inf)
+            # Off by more than the slack and half a step, it was a read no plan announced.
+            window = self.slack_s + 0.5 / min(job.rate for job in self._jobs.values())
+            if abs(upcoming[happened][0] - now) <= window:
+                upcoming[happened] = (upcoming[happened][1], math.inf)
         return min(estimate for estimate, _ in upcoming)
 
     def upcoming(self, now: float) -> Iterator[tuple[float, Key]]:
