@@ -219,10 +219,10 @@ def make_policy(name: str, clock: Clock) -> EvictionPolicy:
 
 
 @pytest.mark.parametrize("name", POLICIES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     operations=st.lists(
-        st.tuples(st.sampled_from(OPERATIONS), st.integers(0, 30)),
+        st.tuples(st.sampled_from(OPERATIONS), st.integers(0, 15)),
         max_size=120,
     )
 )
@@ -250,7 +250,10 @@ def test_pinned_keys_are_never_evicted(name: str, operations: list[tuple[str, in
             freed = sum(1 + victim % 7 for victim in victims)
             assert freed >= min(key, evictable)
             assert all(victim not in policy for victim in victims)
-        assert policy.used_bytes == sum(policy.size_of(k) for k in range(31) if k in policy)
+        assert policy.used_bytes == sum(policy.size_of(k) for k in range(16) if k in policy)
+    rest = policy.evict(10**9)
+    assert not pinned & set(rest)
+    assert {key for key in range(16) if key in policy} == pinned
 
 
 def hit_ratio(policy: EvictionPolicy, trace: Sequence[int], capacity: int) -> float:
