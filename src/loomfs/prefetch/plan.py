@@ -138,10 +138,6 @@ class Schedule:
         self.version = 0
         """Bumped when a plan is published or ended: every next-use estimate may change."""
 
-    @property
-    def jobs(self) -> list[str]:
-        return list(self._jobs)
-
     def publish(self, plan: Plan, now: float) -> None:
         """Adopt a job's plan (replacing its previous one), starting at ``plan.start``."""
         positions: dict[Key, list[int]] = {}
@@ -174,30 +170,26 @@ class Schedule:
         With ``just_read`` the key was read at ``now``: the planned read whose estimate is
         nearest to ``now`` is the one that happened, so it does not count as a next use.
         """
-        upcoming: list[tuple[float, float]] = []  # (estimate, the read after it)
+        # Per job: (its next read of the key, the read after that, its seconds per sample).
+        upcoming: list[tuple[float, float, float]] = []
         for job in self._jobs.values():
             occurrences = job.positions.get(key)
             if occurrences is None:
                 continue
             # The first read not older than the slack: index + 1 > samples read by then.
             index = bisect_left(occurrences, math.ceil(job.position_at(now - self.slack_s) - 1))
-            if index < len(occurrences):
-                after = occurrences[index + 1] if index + 1 < len(occurrences) else None
-                upcoming.append(
-                    (
-                        job.time_of(occurrences[index]),
-                        math.inf if after is None else job.time_of(after),
-                    )
-                )
-        if not upcoming:
-            return math.inf
-        if just_read:
+            if index == len(occurrences):
+                continue
+            later = occurrences[index + 1 : index + 2]
+            after = job.time_of(later[0]) if later else math.inf
+            upcoming.append((job.time_of(occurrences[index]), after, 1 / job.rate))
+        if just_read and upcoming:
             happened = min(range(len(upcoming)), key=lambda at: abs(upcoming[at][0] - now))
+            estimate, after, step = upcoming[happened]
             # Off by more than the slack and half a step, it was a read no plan announced.
-            window = self.slack_s + 0.5 / min(job.rate for job in self._jobs.values())
-            if abs(upcoming[happened][0] - now) <= window:
-                upcoming[happened] = (upcoming[happened][1], math.inf)
-        return min(estimate for estimate, _ in upcoming)
+            if abs(estimate - now) <= self.slack_s + step / 2:
+                upcoming[happened] = (after, math.inf, step)
+        return min((estimate for estimate, _, _ in upcoming), default=math.inf)
 
     def upcoming(self, now: float) -> Iterator[tuple[float, Key]]:
         """Every planned read from ``now`` on, as (estimated time, key), earliest first."""
