@@ -128,11 +128,10 @@ def workloads(samples: int, epochs: int, w2_jobs: tuple[int, ...], seed: int) ->
     sizes = [rng.randint(100_000, 1_000_000) for _ in range(samples)]
     everything = list(range(samples))
 
-    def job(
-        index: int, keys: list[int], start: float = 0.0, step_s: float = 1.0, plan: bool = True
-    ) -> Job:
+    def job(index: int, keys: list[int], start: float = 0.0, step_s: float = 1.0) -> Job:
+        """A job with a plan-publishing sampler that reshuffles ``keys`` every epoch."""
         orders = [shuffled(keys, rng) for _ in range(epochs)]
-        return Job(f"job{index}", orders, start, step_s, plan)
+        return Job(f"job{index}", orders, start, step_s, publishes=True)
 
     result = [build("W1", "1 job", sizes, [job(0, everything)], rng)]
     for count in w2_jobs:
@@ -291,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         samples, epochs, w2_jobs = 1000, 3, (3,)
     else:
-        samples, epochs, w2_jobs = 8000, 3, (3, 5, 8)
+        samples, epochs, w2_jobs = 20_000, 3, (3, 5, 8)
     started = time.perf_counter()
     rows = [
         (workload, fraction, simulate(workload, fraction))

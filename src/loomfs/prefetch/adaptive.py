@@ -95,8 +95,8 @@ class AdaptivePolicy(EvictionPolicy):
 
     Unlike LeCaR, which draws the expert at random by weight, the heaviest expert decides.
     On shuffled epochs the ghosts forget before keys return, so the weights hardly move, and a
-    random draw keeps letting LRU evict the stable set LFU holds: in ``bench/cachesim.py`` (W4,
-    10% cache) drawing scored 0.005 and following the leader 0.06, against LRU's 0.004.
+    random draw keeps letting LRU evict the stable set LFU holds: in ``bench/cachesim.py --quick``
+    (W4 random, 10% cache) drawing scored 0.005 and following the leader 0.06, LRU 0.004.
     """
 
     # A guess not read within this many accesses was wrong: predictors look a few steps ahead,
