@@ -257,8 +257,10 @@ def simulate(workload: Workload, fraction: float) -> dict[str, Result]:
 
 def table(rows: list[tuple[Workload, float, dict[str, Result]]], by_bytes: bool) -> str:
     names = [*LIBCACHESIM, *LOOMFS]
-    short = [name.removeprefix("loomfs-").replace("Adaptive", "Adapt") for name in names]
-    header = ["workload", "cache", *short, "Plan/Bel", "Adapt/Bel", "Adapt/LRU"]
+    # lf- marks loomfs's own policies; the ratios compare them with libCacheSim's Belady and
+    # with loomfs's LRU (identical to libCacheSim's, which checks the replay itself).
+    short = [name.replace("loomfs-", "lf-").replace("Adaptive", "Adapt") for name in names]
+    header = ["workload", "cache", *short, "Plan/Belady", "Adapt/Belady", "Adapt/LRU"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for workload, fraction, results in rows:
 
