@@ -143,6 +143,17 @@ def test_keys_no_plan_reads_go_first_least_recent_first() -> None:
     assert policy.evict(1) == [8]
 
 
+def test_prefetched_keys_keep_their_planned_read() -> None:
+    clock = Clock()
+    clock.now = 0.5
+    schedule = Schedule()
+    schedule.publish(Plan("job", 0, (1, 2, 3)), 0.0)
+    policy = PlanPolicy(schedule, clock)
+    policy.insert(1, 10, prefetched=True)  # read at t=1: a prefetch is not that read
+    policy.insert(3, 10, prefetched=True)  # read at t=3
+    assert policy.evict(1) == [3]
+
+
 @given(
     job=st.text(max_size=40),
     start=st.integers(0, 2**40),
