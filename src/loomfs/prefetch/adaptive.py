@@ -11,10 +11,11 @@ than LRU. Predictions that proved right lately are also what the prefetcher fetc
 
 from __future__ import annotations
 
+import itertools
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 
 from ..errors import InvalidArgument
 from .policy import EvictionPolicy, Key
@@ -199,43 +200,50 @@ class AdaptivePolicy(EvictionPolicy):
         del self._recency[key]
         self._unbump(key)
 
-    def _lfu_order(self) -> Iterable[Key]:
+    def _lfu_order(self) -> Iterator[Key]:
         # Among equally frequent keys the newest goes first: a key read once recently is a scan
         # or an epoch passing by, and keeping the older ones lets a loop bigger than the cache
         # hit on what stayed (plain LRU ties would make LFU miss every read of such a loop).
         for frequency in sorted(self._buckets):
             yield from reversed(self._buckets[frequency])
 
-    def _first(self, order: Iterable[Key], taken: set[Key], expected: bool) -> Key | None:
-        for key in order:
-            if key in taken or key in self._pinned:
-                continue
-            if expected and key in self._guesses and self._trusted(self._guesses[key][0]):
-                continue
-            return key
-        return None
+    def _expected(self, key: Key) -> bool:
+        guessed = self._guesses.get(key)
+        return guessed is not None and self._trusted(guessed[0])
 
-    def _candidate(self, name: str, taken: set[Key]) -> Key | None:
+    def _order(self, name: str) -> Iterator[Key]:
+        """Every cached key, best victim first, in the eyes of one expert."""
         if name == "lfu":
-            return self._first(self._lfu_order(), taken, expected=False)
-        if name == "predicted":
-            found = self._first(self._recency, taken, expected=True)
-            if found is not None:
-                return found
-        return self._first(self._recency, taken, expected=False)
+            return self._lfu_order()
+        if name == "lru":
+            return iter(self._recency)
+        # What no trusted predictor expects goes first, least recently used first.
+        return itertools.chain(
+            (key for key in self._recency if not self._expected(key)),
+            (key for key in self._recency if self._expected(key)),
+        )
 
     def _victim_order(self) -> Generator[Key, None, None]:
         taken: set[Key] = set()
         limit = max(1, len(self))
+        # Nothing the orders depend on changes until the base closes this generator, so each
+        # expert's order is walked once however many victims one eviction needs.
+        orders = {name: self._order(name) for name in self._experts}
+        heads: dict[str, Key | None] = {}
+
+        def head(name: str) -> Key | None:
+            current = heads.get(name)
+            if current is None or current in taken:
+                usable = (k for k in orders[name] if k not in taken and k not in self._pinned)
+                current = heads[name] = next(usable, None)
+            return current
+
         while True:
             chosen = max(self._experts, key=self.weights.__getitem__)
-            victim = self._candidate(chosen, taken)
+            victim = head(chosen)
             if victim is None:
                 return
-            picks = {
-                name: victim if name == chosen else self._candidate(name, taken)
-                for name in self._experts
-            }
+            picks = {name: head(name) for name in self._experts}
             # Only a disagreement teaches anything; then every expert that picked this victim
             # shares the blame (two experts that agree must not shield each other).
             if len(set(picks.values())) > 1:
