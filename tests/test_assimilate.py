@@ -29,7 +29,7 @@ from loomfs.errors import (
     UnsupportedScheme,
 )
 from loomfs.hub.namespace import HubNamespace
-from loomfs.hub.service import HubService
+from loomfs.service import HubService
 from loomfs.testing.ports import free_port
 from loomfs.testing.seaweedfs import SeaweedFS
 

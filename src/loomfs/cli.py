@@ -32,10 +32,10 @@ from rich.table import Table
 from .config import Config, load_config
 from .core.types import SYSTEM, Entry
 from .errors import LoomError
-from .hub.service import HubService
 from .log import setup_logging
 from .rest.client import RestNamespace
 from .rest.wire import entry_json
+from .service import HubService
 
 T = TypeVar("T")
 console = Console(stderr=True)
@@ -406,14 +406,17 @@ async def tag(
 
 
 @main.command("changes")
-@click.option("--since", type=int, default=0, help="Show changes after this sequence number.")
-@click.option("--limit", type=int, default=100)
+@click.option("--since", type=int, help="Changes after this sequence number (default: the newest).")
+@click.option("--limit", type=int, default=20, show_default=True)
 @click.pass_context
 @run
-async def changes(ctx: click.Context, since: int, limit: int) -> None:
+async def changes(ctx: click.Context, since: int | None, limit: int) -> None:
     """The hub's change log (what spokes follow)."""
     ns = client(ctx)
     try:
+        if since is None:
+            _, head = await ns.changes(0, 1)
+            since = max(0, head - limit)
         records, head = await ns.changes(since, limit)
     finally:
         await ns.close()

@@ -24,7 +24,7 @@ from rich.console import Console
 from .testing.ports import stop_process
 from .testing.seaweedfs import SeaweedFS
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 WORK = Path(".demo").resolve()
 
 
@@ -177,7 +177,7 @@ def run_demo(env: dict[str, str], url: str, sample: Path, s3: SeaweedFS, bucket:
     after = json.loads(sh("stat", labels, env=env))["version"]
     console.print(f"[bold]version {before} -> {after}[/]")
     sh("cat", labels, env=env)
-    sh("changes", "--since", "0", "--limit", "12", env=env)
+    sh("changes", "--limit", "8", env=env)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from ..core.types import Principal
+from ..core.types import Change, Principal
 from ..errors import Conflict, InvalidArgument, LoomError
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
@@ -52,7 +52,7 @@ class VolumeAdmin(Protocol):
 
     async def list_volumes(self) -> list[dict[str, Any]]: ...
 
-    async def changes(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]: ...
+    async def changes(self, since: int, limit: int) -> tuple[list[Change], int]: ...
 
 
 def _path(request: web.Request) -> str:
@@ -330,7 +330,7 @@ class RestServer:
         since = _int(request.query.get("since"), "since") or 0
         limit = _int(request.query.get("limit"), "limit") or 1000
         changes, head = await self.admin.changes(since, min(limit, 10000))
-        return _json({"changes": changes, "head": head})
+        return _json({"changes": [wire.change_json(c) for c in changes], "head": head})
 
     async def volumes(self, request: web.Request) -> web.Response:
         assert self.admin is not None

@@ -258,18 +258,25 @@ class SqlCatalog(Catalog):
         return None if row is None else (row[0], _entry(row))
 
     def _get_many(self, cur: Cursor, all_paths: Sequence[str]) -> dict[str, tuple[int, Entry]]:
+        # one "parent = ? AND name IN (...)" per directory: both engines walk the
+        # (parent, name) index for it, where a row-value IN (VALUES ...) scans the table
+        by_parent: dict[str, list[str]] = {}
+        for path in all_paths:
+            parent, name = _split(path)
+            by_parent.setdefault(parent, []).append(name)
         found: dict[str, tuple[int, Entry]] = {}
-        for i in range(0, len(all_paths), _BATCH):
-            keys = [_split(p) for p in all_paths[i : i + _BATCH]]
-            values = ",".join(["(?, ?)"] * len(keys))
-            rows = self._q(
-                cur,
-                f"SELECT {ENTRY_COLUMNS} FROM entries WHERE (parent, name) IN (VALUES {values})",
-                [v for key in keys for v in key],
-            ).fetchall()
-            for row in rows:
-                entry = _entry(row)
-                found[entry.path] = (row[0], entry)
+        for parent, names in by_parent.items():
+            for i in range(0, len(names), _BATCH):
+                chunk = names[i : i + _BATCH]
+                rows = self._q(
+                    cur,
+                    f"SELECT {ENTRY_COLUMNS} FROM entries "
+                    f"WHERE parent = ? AND name IN ({','.join('?' * len(chunk))})",
+                    [parent, *chunk],
+                ).fetchall()
+                for row in rows:
+                    entry = _entry(row)
+                    found[entry.path] = (row[0], entry)
         return found
 
     async def get(self, path: str) -> Entry | None:

@@ -1,4 +1,5 @@
-"""The hub service (hub layer): catalog, namespace, watchers, rescans and the REST API.
+"""The hub process (composition root, above every layer): catalog, namespace, watchers,
+rescans and the REST API wired together.
 
 ``loomfs hub serve`` runs one of these. On start it resumes any import that a killed hub
 left half done, follows posix volumes with inotify, and rescans every volume periodically
@@ -19,19 +20,18 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from .. import paths
-from ..config import Config
-from ..core.backends.base import Capability
-from ..core.backends.posix import TEMP_PREFIX, PosixBackend
-from ..core.catalog.base import Catalog
-from ..core.registry import open_catalog
-from ..core.types import VolumeState
-from ..errors import LoomError
-from ..rest import wire
-from ..rest.server import RestServer
-from .assimilate import ScanStats, path_of
-from .namespace import HubNamespace
-from .watch import PosixWatcher
+from . import paths
+from .config import Config
+from .core.backends.base import Capability
+from .core.backends.posix import TEMP_PREFIX, PosixBackend
+from .core.catalog.base import Catalog
+from .core.registry import open_catalog
+from .core.types import Change, VolumeState
+from .errors import LoomError
+from .hub.assimilate import ScanStats, path_of
+from .hub.namespace import HubNamespace
+from .hub.watch import PosixWatcher
+from .rest.server import RestServer
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +166,8 @@ class HubService:
             for v in await self.catalog.volumes()
         ]
 
-    async def changes(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]:
-        changes = await self.catalog.changes(since, limit)
-        return [wire.change_json(c) for c in changes], await self.catalog.head_seq()
+    async def changes(self, since: int, limit: int) -> tuple[list[Change], int]:
+        return await self.catalog.changes(since, limit), await self.catalog.head_seq()
 
     # -- serving ---------------------------------------------------------------------------
 
