@@ -118,7 +118,9 @@ async def posix_section(
             for n in rng.sample(range(files), max(1, files // 100)):
                 path = root / f"d{n // PER_DIR:05}" / f"f{n:07}.bin"
                 path.write_bytes(b"changed" * 3)
-            rescan_s = await atimed(lambda hub=hub: hub.sync_volume("/v"))
+            began = time.perf_counter()
+            await hub.sync_volume("/v")
+            rescan_s = time.perf_counter() - began
         await close_hub(hub)
     import_s = statistics.median(import_times)
     result: dict[str, Any] = {
