@@ -1,0 +1,78 @@
+"""Path rules and configuration: the checks every protocol relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loomfs import paths
+from loomfs.config import load_config
+from loomfs.errors import ConfigError, InvalidPath
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [("/", "/"), ("/a", "/a"), ("/a//b/", "/a/b"), ("//a", "/a"), ("/é/ü", "/é/ü")],
+)
+def test_normalize(raw: str, normal: str) -> None:
+    assert paths.normalize(raw) == normal
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "a", "a/b", "/a/../b", "/..", "/.", "/a/./b", "/a\x00b", "/" + "x" * 256,
+     "/" + "/".join(["abcdefgh"] * 500), "/\udcff"],
+)  # fmt: skip
+def test_invalid_paths(bad: str) -> None:
+    with pytest.raises(InvalidPath):
+        paths.normalize(bad)
+
+
+def test_helpers() -> None:
+    assert paths.split("/a/b") == ("/a", "b") and paths.split("/a") == ("/", "a")
+    assert paths.ancestors("/a/b/c") == ["/", "/a", "/a/b"] and paths.ancestors("/") == []
+    assert paths.is_within("/a/b", "/a") and not paths.is_within("/ab", "/a")
+    assert paths.relative("/a/b/c", "/a") == "b/c" and paths.relative("/a", "/a") == ""
+    with pytest.raises(InvalidPath):
+        paths.relative("/ab", "/a")
+
+
+def test_config_file_and_environment(tmp_path: Path) -> None:
+    file = tmp_path / "loomfs.toml"
+    file.write_text('[site]\nname = "hub-eu"\n[hub]\nlisten = "127.0.0.1:7071"\n')
+    config = load_config(
+        file, env={"LOOMFS_HUB__RESCAN_INTERVAL": "5", "LOOMFS_SITE__DATA_DIR": str(tmp_path)}
+    )
+    assert config.site.name == "hub-eu"
+    assert config.listen_host_port == ("127.0.0.1", 7071)
+    assert config.hub.rescan_interval == 5.0
+    assert config.catalog_url == f"sqlite://{tmp_path.resolve()}/catalog.db"
+    via_env = load_config(env={"LOOMFS_CONFIG": str(file)})
+    assert via_env.site.name == "hub-eu"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ("[hub]\nlisten = 7\n", {}, "hub.listen"),
+        ("[hub]\nbogus = 1\n", {}, "hub.bogus"),
+        ("not toml [", {}, "not valid TOML"),
+        ("", {"LOOMFS_HUB__WATCH": "maybe"}, "hub.watch"),
+    ],
+)
+def test_config_errors_are_clear(
+    tmp_path: Path, text: str, env: dict[str, str], message: str
+) -> None:
+    file = tmp_path / "loomfs.toml"
+    file.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(file, env=env)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.toml", env={})
+
+
+def test_listen_must_be_host_port() -> None:
+    config = load_config(env={"LOOMFS_HUB__LISTEN": "nonsense"})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        _ = config.listen_host_port
