@@ -1,0 +1,82 @@
+"""The WAN emulator: bytes arrive intact, cuts drop and refuse, pacing arithmetic."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from loomfs.testing.wan import LinkEmulator, TokenBucket
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[int]:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    yield int(server.sockets[0].getsockname()[1])
+    server.close()
+    await server.wait_closed()
+
+
+async def roundtrip(port: int, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    writer.write_eof()
+    got = await reader.read()
+    writer.close()
+    return got
+
+
+async def test_bytes_cross_intact_and_are_counted(echo: int) -> None:
+    payload = os.urandom(3 * 1024 * 1024 + 7)
+    async with LinkEmulator("127.0.0.1", echo, rate=200e6, latency=0.002) as link:
+        assert await roundtrip(link.port, payload) == payload
+        results = await asyncio.gather(*(roundtrip(link.port, payload[:100_000]) for _ in range(4)))
+        assert all(r == payload[:100_000] for r in results)
+    assert link.up.bytes == link.down.bytes == len(payload) + 4 * 100_000
+
+
+async def test_cut_drops_and_refuses_until_restored(echo: int) -> None:
+    async with LinkEmulator("127.0.0.1", echo) as link:
+        reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
+        writer.write(b"ping")
+        assert await reader.readexactly(4) == b"ping"
+        link.cut()
+        assert link.is_cut
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            writer.write(b"more")
+            await writer.drain()
+            await reader.readexactly(4)
+        writer.close()
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            r2, w2 = await asyncio.open_connection("127.0.0.1", link.port)
+            w2.write(b"x")
+            await r2.readexactly(1)
+        link.restore()
+        assert await roundtrip(link.port, b"back again") == b"back again"
+
+
+async def test_unreachable_target_closes_the_client(echo: int) -> None:
+    async with LinkEmulator("127.0.0.1", 9) as link:
+        assert await roundtrip(link.port, b"hello") == b""
+
+
+def test_token_bucket_paces_to_the_rate() -> None:
+    now = [0.0]
+    bucket = TokenBucket(rate=1000.0, burst=500, clock=lambda: now[0])
+    assert bucket.delay(500) == 0.0  # the burst goes at once
+    assert bucket.delay(1000) == pytest.approx(1.0)  # then 1000 bytes take a second
+    now[0] = 1.0
+    assert bucket.delay(500) == pytest.approx(0.5)
+    now[0] = 10.0  # idle time refills at most one burst
+    assert bucket.delay(500) == 0.0
+    assert bucket.delay(1) == pytest.approx(0.001)
+    with pytest.raises(ValueError):
+        TokenBucket(rate=0)
