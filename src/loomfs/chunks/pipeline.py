@@ -1,0 +1,147 @@
+"""Chunk, hash and encode files on a thread pool, so every core stays busy (core layer).
+
+pyfastcdc, blake3 and zstandard all release the GIL on large buffers, so threads scale:
+the calling thread reads and cuts (sequential by nature: each cut depends on the previous),
+and batches of chunks are hashed or compressed by the workers. Results come back in file
+order, and at most ``2 x workers`` batches are in flight, which bounds memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+from ..errors import Conflict
+from .cdc import DEFAULT_WINDOW, READ_SIZE, ChunkWindow, Readable, iter_chunks
+from .chunkmap import ChunkMap
+from .codec import DEFAULT_SETTINGS, CodecSettings, chunk_id, encode_chunk, encode_delta
+from .plan import ChunkToSend
+
+T = TypeVar("T")
+
+# Big enough that scheduling a batch costs little next to hashing it, small enough that
+# both workers get work from one read buffer.
+BATCH_BYTES = 2 << 20
+
+
+class ChunkPipeline:
+    """A pool of worker threads for mapping and encoding files; use as a context manager."""
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        window: ChunkWindow = DEFAULT_WINDOW,
+        settings: CodecSettings = DEFAULT_SETTINGS,
+        read_size: int = READ_SIZE,
+    ) -> None:
+        self.workers = workers or os.cpu_count() or 1
+        self.window = window
+        self.settings = settings
+        self.read_size = read_size
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="loomfs-chunks")
+
+    def __enter__(self) -> ChunkPipeline:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def map_stream(self, reader: Readable) -> ChunkMap:
+        """The chunk map of a stream: cut here, hashed by the workers."""
+        batches = _batches(iter_chunks(reader, self.window, self.read_size), len)
+        tasks = (partial(_hash_all, batch) for batch in batches)
+        return ChunkMap.from_lengths([pair for done in self._ordered(tasks) for pair in done])
+
+    def map_file(self, path: str | Path) -> ChunkMap:
+        with Path(path).open("rb", buffering=0) as stream:
+            return self.map_stream(stream)
+
+    def encode_file(
+        self,
+        path: str | Path,
+        plan: Sequence[ChunkToSend],
+        reference: str | Path | None = None,
+    ) -> Iterator[bytes]:
+        """The frames of the planned chunks of ``path``, in plan order.
+
+        Delta windows in the plan are read from ``reference``, the older version the
+        receiver holds. Each chunk is re-hashed as it is read: if the file changed since it
+        was mapped, this raises ``Conflict`` instead of sending bytes under a wrong id.
+        """
+        fd = os.open(path, os.O_RDONLY)
+        ref_fd = os.open(reference, os.O_RDONLY) if reference is not None else None
+        try:
+            batches = _batches(plan, lambda send: send.entry.length)
+            tasks = (
+                partial(_encode_all, fd, ref_fd, batch, self.settings, str(path))
+                for batch in batches
+            )
+            for frames in self._ordered(tasks):
+                yield from frames
+        finally:
+            os.close(fd)
+            if ref_fd is not None:
+                os.close(ref_fd)
+
+    def _ordered(self, tasks: Iterable[Callable[[], T]]) -> Iterator[T]:
+        pending: deque[Future[T]] = deque()
+        try:
+            for task in tasks:
+                pending.append(self._pool.submit(task))
+                if len(pending) >= 2 * self.workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _batches(items: Iterable[T], size: Callable[[T], int]) -> Iterator[list[T]]:
+    batch: list[T] = []
+    total = 0
+    for item in items:
+        batch.append(item)
+        total += size(item)
+        if total >= BATCH_BYTES:
+            yield batch
+            batch, total = [], 0
+    if batch:
+        yield batch
+
+
+def _hash_all(pieces: list[memoryview]) -> list[tuple[int, bytes]]:
+    return [(len(piece), chunk_id(piece)) for piece in pieces]
+
+
+def _encode_all(
+    fd: int, ref_fd: int | None, sends: list[ChunkToSend], settings: CodecSettings, path: str
+) -> list[bytes]:
+    frames = []
+    for send in sends:
+        entry = send.entry
+        data = os.pread(fd, entry.length, entry.offset)
+        if len(data) != entry.length or chunk_id(data) != entry.id:
+            raise Conflict(f"{path} changed since it was chunked", path=path)
+        if send.reference is not None and ref_fd is not None:
+            ref_offset, ref_length = send.reference
+            frames.append(
+                encode_delta(data, os.pread(ref_fd, ref_length, ref_offset), ref_offset, settings)
+            )
+        else:
+            frames.append(encode_chunk(data, settings))
+    return frames

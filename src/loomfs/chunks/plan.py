@@ -1,0 +1,86 @@
+"""Which chunks must cross the link, and what each may be encoded against (core layer).
+
+Given the chunk map of the version to send and the chunk ids the receiver already holds
+(from any file or version), the plan lists each missing chunk once, in file order, so
+dedup works within the file and across files and versions. When the receiver also holds
+an older version of the same file, each missing chunk gets a window of that version to be
+delta-encoded against: the region between the nearest unchanged chunks around it
+(anchors), or, where edits are so dense that no chunk survived, the proportional position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass
+
+from .chunkmap import ChunkEntry, ChunkMap
+
+# How far past the estimated position the delta window reaches on each side. Inserted and
+# deleted bytes between the anchor and the chunk shift it; a window of the chunk's own size
+# plus this much absorbs the drift that 10% scattered inserts cause.
+DELTA_SLACK = 16 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkToSend:
+    entry: ChunkEntry
+    # (offset, length) in the receiver's older version to delta-encode against, if any.
+    reference: tuple[int, int] | None = None
+
+
+def plan_transfer(
+    new: ChunkMap,
+    held: Container[bytes],
+    reference: ChunkMap | None = None,
+    slack: int = DELTA_SLACK,
+) -> list[ChunkToSend]:
+    """The chunks of ``new`` that the receiver lacks, each once, in file order."""
+    windows = _Windows(new, reference, slack) if reference is not None and reference.size else None
+    planned: set[bytes] = set()
+    plan = []
+    for index, entry in enumerate(new):
+        if entry.id in held or entry.id in planned:
+            continue
+        planned.add(entry.id)
+        plan.append(ChunkToSend(entry, windows.window(index) if windows else None))
+    return plan
+
+
+class _Windows:
+    """Delta windows in ``reference`` for the chunks of ``new``, from the nearest anchors."""
+
+    def __init__(self, new: ChunkMap, reference: ChunkMap, slack: int) -> None:
+        where: dict[bytes, int] = {}
+        for entry in reference:
+            where.setdefault(entry.id, entry.offset)
+        self.new, self.reference, self.slack = new, reference, slack
+        # Anchor i: (new entry, its offset in reference) of the nearest unchanged chunk
+        # before (self.before) or after (self.after) chunk i; one pass each way.
+        self.before: list[tuple[ChunkEntry, int] | None] = []
+        last: tuple[ChunkEntry, int] | None = None
+        for entry in new:
+            self.before.append(last)
+            if entry.id in where:
+                last = (entry, where[entry.id])
+        self.after: list[tuple[ChunkEntry, int] | None] = [None] * len(new)
+        last = None
+        for index in range(len(new) - 1, -1, -1):
+            self.after[index] = last
+            if new[index].id in where:
+                last = (new[index], where[new[index].id])
+
+    def window(self, index: int) -> tuple[int, int]:
+        entry = self.new[index]
+        before, after = self.before[index], self.after[index]
+        if before is not None:
+            anchor, at = before
+            estimate = at + anchor.length + (entry.offset - anchor.end)
+        elif after is not None:
+            anchor, at = after
+            estimate = at - (anchor.offset - entry.offset)
+        else:
+            estimate = entry.offset * self.reference.size // max(self.new.size, 1)
+        size = self.reference.size
+        start = max(0, min(estimate - self.slack, size))
+        end = min(size, max(estimate + entry.length + self.slack, start))
+        return start, end - start
