@@ -11,6 +11,7 @@ from .chunkmap import ChunkEntry, ChunkMap
 from .codec import (
     BytesReference,
     CodecSettings,
+    FileReference,
     FrameKind,
     Reference,
     chunk_id,
@@ -20,7 +21,7 @@ from .codec import (
     frame_length,
 )
 from .pipeline import ChunkPipeline
-from .plan import ChunkToSend, plan_transfer
+from .plan import ChunkToSend, choose_reference, plan_transfer
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -31,8 +32,10 @@ __all__ = [
     "ChunkToSend",
     "ChunkWindow",
     "CodecSettings",
+    "FileReference",
     "FrameKind",
     "Reference",
+    "choose_reference",
     "chunk_id",
     "chunk_map_of",
     "chunk_map_of_file",

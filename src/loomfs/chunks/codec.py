@@ -14,6 +14,7 @@ compressed size of the edits.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from enum import IntEnum
@@ -50,6 +51,26 @@ class BytesReference:
 
     def read(self, offset: int, length: int) -> bytes:
         return self.data[offset : offset + length]
+
+
+class FileReference:
+    """A reference version in a local file (a cache file at the receiver, a volume file at
+    the sender), read with ``pread`` so concurrent decoders share one descriptor."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> FileReference:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def chunk_id(data: bytes | memoryview) -> bytes:

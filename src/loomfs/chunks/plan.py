@@ -10,8 +10,10 @@ delta-encoded against: the region between the nearest unchanged chunks around it
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
+from difflib import SequenceMatcher
+from pathlib import PurePosixPath
 
 from .chunkmap import ChunkEntry, ChunkMap
 
@@ -44,6 +46,34 @@ def plan_transfer(
         planned.add(entry.id)
         plan.append(ChunkToSend(entry, windows.window(index) if windows else None))
     return plan
+
+
+def choose_reference(path: str, new: ChunkMap, held_versions: Mapping[str, ChunkMap]) -> str | None:
+    """Which file the receiver holds is the best base to delta-encode ``path`` against.
+
+    The same path if the receiver has it; else the held file sharing the most chunks (a
+    renamed or copied file, a checkpoint whose frozen layers match); else, like rsync's
+    ``--fuzzy``, the file with the most similar name and the same suffix in the same
+    directory (a checkpoint series where every weight changed shares no chunk at all).
+    """
+    if path in held_versions:
+        return path
+    ids = new.ids()
+    shared, best = max(
+        ((len(ids & held.ids()), name) for name, held in held_versions.items()), default=(0, "")
+    )
+    if shared:
+        return best
+    target = PurePosixPath(path)
+    siblings = [
+        name
+        for name in held_versions
+        if PurePosixPath(name).parent == target.parent
+        and PurePosixPath(name).suffix == target.suffix
+    ]
+    if not siblings:
+        return None
+    return max(siblings, key=lambda name: SequenceMatcher(None, name, path).ratio())
 
 
 class _Windows:
