@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import array
 import io
 import random
 from pathlib import Path
 
 import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +28,7 @@ from loomfs.chunks import (
     iter_chunks,
     plan_transfer,
 )
+from loomfs.chunks.codec import pack, unpack
 from loomfs.errors import Conflict, CorruptData, LoomError
 
 SMALL = ChunkWindow(min_size=1 << 10, avg_size=2 << 10, max_size=8 << 10)
@@ -118,7 +121,11 @@ def test_chunk_map_rejects_gaps() -> None:
 
 
 def kind_of(frame: bytes) -> FrameKind:
-    return FrameKind(frame[0])
+    return FrameKind(frame[0] & 0x0F)
+
+
+def _compressor_plain(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor(level=3).compress(data)
 
 
 def test_compressible_chunk_is_sent_compressed() -> None:
@@ -198,10 +205,50 @@ def test_frames_split_from_a_batch() -> None:
     for chunk in chunks:
         size = frame_length(batch, pos)
         decoded.append(decode_frame(batch[pos : pos + size], chunk_id(chunk)))
-        pos += size
+        last, pos = pos, pos + size
     assert decoded == chunks
+    assert pos == len(batch)
     with pytest.raises(CorruptData):
-        frame_length(batch[: pos - 1], pos - frame_length(batch, 0) + 1)
+        frame_length(batch[:-1], last)
+
+
+@given(st.binary(max_size=300), st.sampled_from([0, 2, 4]))
+def test_byte_planes_round_trip(data: bytes, width: int) -> None:
+    assert unpack(memoryview(pack(data, width, 1)), width, len(data)) == data
+
+
+def test_tensor_like_chunks_are_shuffled() -> None:
+    rng = random.Random(14)
+    values = array.array("f", (rng.gauss(0, 0.02) for _ in range(16_384)))
+    data = values.tobytes()
+    frame = encode_chunk(data)
+    assert kind_of(frame) == FrameKind.ZSTD
+    assert frame[0] >> 4 == 4
+    assert len(frame) < len(_compressor_plain(data))
+    assert decode_frame(frame, chunk_id(data)) == data
+
+
+def test_a_tensor_that_moved_a_little_is_sent_as_xor() -> None:
+    rng = random.Random(15)
+    old_values = [rng.gauss(0, 0.02) for _ in range(16_384)]
+    old = array.array("f", old_values).tobytes()
+    new = array.array("f", (v + rng.gauss(0, 1e-5) for v in old_values)).tobytes()
+    window = b"\1" * 100 + old + b"\2" * 100
+    frame = encode_delta(new, window, ref_offset=50, aligned=150)
+    assert kind_of(frame) == FrameKind.XOR
+    assert len(frame) < 0.7 * len(encode_chunk(new))
+    reference = BytesReference(b"\0" * 50 + window)
+    assert decode_frame(frame, chunk_id(new), reference) == new
+    with pytest.raises(CorruptData):
+        decode_frame(frame, chunk_id(new), BytesReference(b"\0" * 50 + window[:-200]))
+
+
+def test_unknown_shuffle_width_raises() -> None:
+    data = text(10_000)
+    frame = bytearray(encode_chunk(data))
+    frame[0] = FrameKind.ZSTD | 3 << 4
+    with pytest.raises(CorruptData):
+        decode_frame(bytes(frame), chunk_id(data))
 
 
 def test_plan_sends_only_missing_chunks_once() -> None:
@@ -226,12 +273,14 @@ def deliver_with_delta(old: bytes, new: bytes) -> tuple[int, int]:
     reference = BytesReference(old)
     wire = 0
     for send in plan:
-        assert send.reference is not None
-        start, length = send.reference
-        assert start >= 0
-        assert start + length <= len(old)
+        base = send.reference
+        assert base is not None
+        assert base.start >= 0
+        assert base.start + base.length <= len(old)
         data = new[send.entry.offset : send.entry.end]
-        frame = encode_delta(data, reference.read(start, length), start)
+        frame = encode_delta(
+            data, reference.read(base.start, base.length), base.start, base.aligned
+        )
         assert decode_frame(frame, send.entry.id, reference) == data
         wire += len(frame)
     return len(new_map), wire

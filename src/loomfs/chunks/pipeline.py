@@ -137,11 +137,10 @@ def _encode_all(
         data = os.pread(fd, entry.length, entry.offset)
         if len(data) != entry.length or chunk_id(data) != entry.id:
             raise Conflict(f"{path} changed since it was chunked", path=path)
-        if send.reference is not None and ref_fd is not None:
-            ref_offset, ref_length = send.reference
-            frames.append(
-                encode_delta(data, os.pread(ref_fd, ref_length, ref_offset), ref_offset, settings)
-            )
+        base = send.reference
+        if base is not None and ref_fd is not None:
+            window = os.pread(ref_fd, base.length, base.start)
+            frames.append(encode_delta(data, window, base.start, base.aligned, settings))
         else:
             frames.append(encode_chunk(data, settings))
     return frames

@@ -24,10 +24,18 @@ DELTA_SLACK = 16 << 10
 
 
 @dataclass(frozen=True, slots=True)
+class DeltaBase:
+    """Where in the receiver's older version to look when delta-encoding one chunk."""
+
+    start: int  # the window of old bytes used as a dictionary
+    length: int
+    aligned: int  # where the chunk's bytes are estimated to sit, for XOR deltas
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkToSend:
     entry: ChunkEntry
-    # (offset, length) in the receiver's older version to delta-encode against, if any.
-    reference: tuple[int, int] | None = None
+    reference: DeltaBase | None = None
 
 
 def plan_transfer(
@@ -99,7 +107,7 @@ class _Windows:
             if new[index].id in where:
                 last = (new[index], where[new[index].id])
 
-    def window(self, index: int) -> tuple[int, int]:
+    def window(self, index: int) -> DeltaBase:
         entry = self.new[index]
         before, after = self.before[index], self.after[index]
         if before is not None:
@@ -108,9 +116,14 @@ class _Windows:
         elif after is not None:
             anchor, at = after
             estimate = at - (anchor.offset - entry.offset)
+        elif abs(self.new.size - self.reference.size) * 100 <= self.reference.size:
+            # Same size within 1%, no chunk in common: a file rewritten in place with the
+            # same layout (a checkpoint whose every weight moved), bytes stay where they were.
+            estimate = entry.offset
         else:
+            # Dense edits everywhere: assume inserts are spread evenly.
             estimate = entry.offset * self.reference.size // max(self.new.size, 1)
         size = self.reference.size
         start = max(0, min(estimate - self.slack, size))
         end = min(size, max(estimate + entry.length + self.slack, start))
-        return start, end - start
+        return DeltaBase(start, end - start, estimate)
