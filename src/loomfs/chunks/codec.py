@@ -212,29 +212,44 @@ def encode_delta(
     settings: CodecSettings = DEFAULT_SETTINGS,
 ) -> bytes:
     """A delta frame for ``data`` against ``reference``, the bytes the receiver holds at
-    ``ref_offset`` of its older version, or ``encode_chunk``'s frame if no delta pays.
+    ``ref_offset`` of its older version, or a plain frame if no delta pays.
 
-    ``aligned`` is where ``data`` is expected to sit in the older version (inside the
-    window). If XOR against the bytes there compresses a sample much better than the
-    chunk alone (a tensor that moved a little), the frame is ``XOR``; otherwise it is a
-    dictionary ``DELTA``. The dictionary delta is never much larger than plain zstd, so
-    plain zstd is not tried as well: that would double the CPU per chunk.
+    ``aligned`` is where ``data`` is expected to sit in the older version. If XOR against
+    the bytes there compresses a sample better than the chunk alone (a tensor whose values
+    moved a little), the frame is ``XOR``. Otherwise a dictionary ``DELTA``; for numeric
+    data (a sample that prefers byte planes) plain byte-plane zstd is tried too, since a
+    dictionary finds no matches in values that all changed. Text is not compressed twice:
+    its dictionary delta is never much larger than plain zstd.
     """
     raw = bytes(data)
     if not reference:
         return encode_chunk(raw, settings)
+    plain_width, plain_ratio = _best_width(raw, settings)
     start = -1 if aligned is None else aligned - ref_offset
-    if start >= 0:
-        frame = _try_xor(raw, reference[start : start + len(raw)], start + ref_offset, settings)
-        if frame is not None:
-            return frame
-    dictionary = zstandard.ZstdCompressionDict(reference, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    packed = zstandard.ZstdCompressor(
-        level=settings.level, dict_data=dictionary, write_content_size=False, write_dict_id=False
-    ).compress(raw)
-    if len(packed) < len(raw) * settings.keep_ratio:
-        return _frame(FrameKind.DELTA, 0, len(raw), packed, ref_offset, len(reference))
-    return encode_chunk(raw, settings)
+    candidates = []
+    if start >= 0 and start + len(raw) <= len(reference):
+        xored = xor(raw, reference[start : start + len(raw)])
+        width, ratio = _best_width(xored, settings)
+        if ratio < plain_ratio * 0.95:
+            packed = pack(xored, width, settings.level)
+            candidates.append(
+                _frame(FrameKind.XOR, width, len(raw), packed, start + ref_offset, len(raw))
+            )
+    if not candidates:
+        dictionary = zstandard.ZstdCompressionDict(
+            reference, dict_type=zstandard.DICT_TYPE_RAWCONTENT
+        )
+        packed = zstandard.ZstdCompressor(
+            level=settings.level,
+            dict_data=dictionary,
+            write_content_size=False,
+            write_dict_id=False,
+        ).compress(raw)
+        candidates.append(_frame(FrameKind.DELTA, 0, len(raw), packed, ref_offset, len(reference)))
+        if plain_width:
+            candidates.append(encode_chunk(raw, settings))
+    best = min(candidates, key=len)
+    return best if len(best) < len(raw) * settings.keep_ratio else encode_chunk(raw, settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,21 +279,6 @@ def _parse_header(view: memoryview, pos: int) -> _Header:
     raw_length, *ref, payload_length = fields
     ref_offset, ref_length = ref if has_reference else (0, 0)
     return _Header(FrameKind(kind), width, raw_length, ref_offset, ref_length, pos, payload_length)
-
-
-def _try_xor(raw: bytes, base: bytes, aligned: int, settings: CodecSettings) -> bytes | None:
-    """An XOR frame if ``base`` (the old bytes at ``aligned``) is close enough to ``raw``
-    that XOR shrinks a sample by a fifth more than plain zstd; else None."""
-    if len(base) != len(raw):
-        return None
-    xored = xor(raw, base)
-    width, ratio = _best_width(xored, settings)
-    if ratio >= _best_width(raw, settings)[1] * 0.8:
-        return None
-    packed = pack(xored, width, settings.level)
-    if len(packed) >= len(raw) * settings.keep_ratio:
-        return None
-    return _frame(FrameKind.XOR, width, len(raw), packed, aligned, len(raw))
 
 
 def frame_length(buf: bytes | memoryview, pos: int = 0) -> int:
