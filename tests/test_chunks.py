@@ -150,16 +150,18 @@ def test_delta_costs_about_the_edits() -> None:
     for at in range(1000, len(new), 8000):  # 8 scattered 16-byte edits
         new[at : at + 16] = noise(16, seed=at)
     new_bytes = bytes(new)
-    frame = encode_delta(new_bytes, old, ref_offset=100)
+    # The old bytes sit 30000 bytes in, the planner guessed 20000: the encoder finds them.
+    reference = BytesReference(text(30_000) + old + text(30_000, seed=1))
+    frame = encode_delta(new_bytes, reference, estimate=20_000)
     assert kind_of(frame) == FrameKind.DELTA
     assert len(frame) < 1000
-    assert decode_frame(frame, chunk_id(new_bytes), BytesReference(b"\0" * 100 + old)) == new_bytes
+    assert decode_frame(frame, chunk_id(new_bytes), reference) == new_bytes
 
 
 def test_delta_needs_the_same_reference() -> None:
     old = noise(32 << 10, seed=5)
     new = old[:1000] + b"edit" + old[1004:]
-    frame = encode_delta(new, old, ref_offset=0)
+    frame = encode_delta(new, BytesReference(old), estimate=0)
     with pytest.raises(CorruptData):
         decode_frame(frame, chunk_id(new))
     with pytest.raises(CorruptData):
@@ -170,8 +172,8 @@ def test_delta_needs_the_same_reference() -> None:
 
 def test_useless_reference_falls_back_to_plain_frames() -> None:
     data = noise(32 << 10, seed=7)
-    assert kind_of(encode_delta(data, noise(32 << 10, seed=8), 0)) == FrameKind.RAW
-    assert kind_of(encode_delta(data, b"", 0)) == FrameKind.RAW
+    assert kind_of(encode_delta(data, BytesReference(noise(32 << 10, seed=8)), 0)) == FrameKind.RAW
+    assert kind_of(encode_delta(data, BytesReference(b""), 0)) == FrameKind.RAW
 
 
 @pytest.mark.parametrize("data", [text(50_000), noise(50_000)], ids=["text", "noise"])
@@ -233,14 +235,13 @@ def test_a_tensor_that_moved_a_little_is_sent_as_xor() -> None:
     old_values = [rng.gauss(0, 0.02) for _ in range(16_384)]
     old = array.array("f", old_values).tobytes()
     new = array.array("f", (v + rng.gauss(0, 1e-5) for v in old_values)).tobytes()
-    window = b"\1" * 100 + old + b"\2" * 100
-    frame = encode_delta(new, window, ref_offset=50, aligned=150)
+    held = b"\1" * 100 + old + b"\2" * 100
+    frame = encode_delta(new, BytesReference(held), estimate=100)
     assert kind_of(frame) == FrameKind.XOR
     assert len(frame) < 0.7 * len(encode_chunk(new))
-    reference = BytesReference(b"\0" * 50 + window)
-    assert decode_frame(frame, chunk_id(new), reference) == new
+    assert decode_frame(frame, chunk_id(new), BytesReference(held)) == new
     with pytest.raises(CorruptData):
-        decode_frame(frame, chunk_id(new), BytesReference(b"\0" * 50 + window[:-200]))
+        decode_frame(frame, chunk_id(new), BytesReference(held[:-200]))
 
 
 def test_unknown_shuffle_width_raises() -> None:
@@ -273,14 +274,10 @@ def deliver_with_delta(old: bytes, new: bytes) -> tuple[int, int]:
     reference = BytesReference(old)
     wire = 0
     for send in plan:
-        base = send.reference
-        assert base is not None
-        assert base.start >= 0
-        assert base.start + base.length <= len(old)
+        assert send.delta_from is not None
+        assert 0 <= send.delta_from <= len(old)
         data = new[send.entry.offset : send.entry.end]
-        frame = encode_delta(
-            data, reference.read(base.start, base.length), base.start, base.aligned
-        )
+        frame = encode_delta(data, reference, send.delta_from)
         assert decode_frame(frame, send.entry.id, reference) == data
         wire += len(frame)
     return len(new_map), wire

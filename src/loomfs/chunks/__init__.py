@@ -21,7 +21,7 @@ from .codec import (
     frame_length,
 )
 from .pipeline import ChunkPipeline
-from .plan import ChunkToSend, DeltaBase, choose_reference, plan_transfer
+from .plan import ChunkToSend, choose_reference, plan_transfer
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -32,7 +32,6 @@ __all__ = [
     "ChunkToSend",
     "ChunkWindow",
     "CodecSettings",
-    "DeltaBase",
     "FileReference",
     "FrameKind",
     "Reference",

@@ -12,6 +12,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +21,14 @@ from typing import TypeVar
 from ..errors import Conflict
 from .cdc import DEFAULT_WINDOW, READ_SIZE, ChunkWindow, Readable, iter_chunks
 from .chunkmap import ChunkMap
-from .codec import DEFAULT_SETTINGS, CodecSettings, chunk_id, encode_chunk, encode_delta
+from .codec import (
+    DEFAULT_SETTINGS,
+    CodecSettings,
+    FileReference,
+    chunk_id,
+    encode_chunk,
+    encode_delta,
+)
 from .plan import ChunkToSend
 
 T = TypeVar("T")
@@ -83,19 +91,17 @@ class ChunkPipeline:
         was mapped, this raises ``Conflict`` instead of sending bytes under a wrong id.
         """
         fd = os.open(path, os.O_RDONLY)
-        ref_fd = os.open(reference, os.O_RDONLY) if reference is not None else None
         try:
-            batches = _batches(plan, lambda send: send.entry.length)
-            tasks = (
-                partial(_encode_all, fd, ref_fd, batch, self.settings, str(path))
-                for batch in batches
-            )
-            for frames in self._ordered(tasks):
-                yield from frames
+            with FileReference(reference) if reference is not None else nullcontext() as ref:
+                batches = _batches(plan, lambda send: send.entry.length)
+                tasks = (
+                    partial(_encode_all, fd, ref, batch, self.settings, str(path))
+                    for batch in batches
+                )
+                for frames in self._ordered(tasks):
+                    yield from frames
         finally:
             os.close(fd)
-            if ref_fd is not None:
-                os.close(ref_fd)
 
     def _ordered(self, tasks: Iterable[Callable[[], T]]) -> Iterator[T]:
         pending: deque[Future[T]] = deque()
@@ -129,7 +135,11 @@ def _hash_all(pieces: list[memoryview]) -> list[tuple[int, bytes]]:
 
 
 def _encode_all(
-    fd: int, ref_fd: int | None, sends: list[ChunkToSend], settings: CodecSettings, path: str
+    fd: int,
+    reference: FileReference | None,
+    sends: list[ChunkToSend],
+    settings: CodecSettings,
+    path: str,
 ) -> list[bytes]:
     frames = []
     for send in sends:
@@ -137,10 +147,8 @@ def _encode_all(
         data = os.pread(fd, entry.length, entry.offset)
         if len(data) != entry.length or chunk_id(data) != entry.id:
             raise Conflict(f"{path} changed since it was chunked", path=path)
-        base = send.reference
-        if base is not None and ref_fd is not None:
-            window = os.pread(ref_fd, base.length, base.start)
-            frames.append(encode_delta(data, window, base.start, base.aligned, settings))
+        if send.delta_from is not None and reference is not None:
+            frames.append(encode_delta(data, reference, send.delta_from, settings))
         else:
             frames.append(encode_chunk(data, settings))
     return frames

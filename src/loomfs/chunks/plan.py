@@ -3,9 +3,10 @@
 Given the chunk map of the version to send and the chunk ids the receiver already holds
 (from any file or version), the plan lists each missing chunk once, in file order, so
 dedup works within the file and across files and versions. When the receiver also holds
-an older version of the same file, each missing chunk gets a window of that version to be
-delta-encoded against: the region between the nearest unchanged chunks around it
-(anchors), or, where edits are so dense that no chunk survived, the proportional position.
+an older version of the same file, each missing chunk gets an estimate of where its bytes
+sit in that version, to be delta-encoded against: relative to the nearest unchanged chunk
+(anchor), or, where edits are so dense that no chunk survived, the same or the
+proportional position.
 """
 
 from __future__ import annotations
@@ -17,42 +18,29 @@ from pathlib import PurePosixPath
 
 from .chunkmap import ChunkEntry, ChunkMap
 
-# How far past the estimated position the delta window reaches on each side. Inserted and
-# deleted bytes between the anchor and the chunk shift it; a window of the chunk's own size
-# plus this much absorbs the drift that 10% scattered inserts cause.
-DELTA_SLACK = 16 << 10
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaBase:
-    """Where in the receiver's older version to look when delta-encoding one chunk."""
-
-    start: int  # the window of old bytes used as a dictionary
-    length: int
-    aligned: int  # where the chunk's bytes are estimated to sit, for XOR deltas
-
 
 @dataclass(frozen=True, slots=True)
 class ChunkToSend:
     entry: ChunkEntry
-    reference: DeltaBase | None = None
+    # Where the chunk's bytes are estimated to sit in the receiver's older version, when
+    # there is one to delta-encode against (the encoder refines it from the bytes).
+    delta_from: int | None = None
 
 
 def plan_transfer(
     new: ChunkMap,
     held: Container[bytes],
     reference: ChunkMap | None = None,
-    slack: int = DELTA_SLACK,
 ) -> list[ChunkToSend]:
     """The chunks of ``new`` that the receiver lacks, each once, in file order."""
-    windows = _Windows(new, reference, slack) if reference is not None and reference.size else None
+    estimates = _Estimates(new, reference) if reference is not None and reference.size else None
     planned: set[bytes] = set()
     plan = []
     for index, entry in enumerate(new):
         if entry.id in held or entry.id in planned:
             continue
         planned.add(entry.id)
-        plan.append(ChunkToSend(entry, windows.window(index) if windows else None))
+        plan.append(ChunkToSend(entry, estimates.of(index) if estimates else None))
     return plan
 
 
@@ -84,14 +72,14 @@ def choose_reference(path: str, new: ChunkMap, held_versions: Mapping[str, Chunk
     return max(siblings, key=lambda name: SequenceMatcher(None, name, path).ratio())
 
 
-class _Windows:
-    """Delta windows in ``reference`` for the chunks of ``new``, from the nearest anchors."""
+class _Estimates:
+    """Where the chunks of ``new`` likely sit in ``reference``, from the nearest anchors."""
 
-    def __init__(self, new: ChunkMap, reference: ChunkMap, slack: int) -> None:
+    def __init__(self, new: ChunkMap, reference: ChunkMap) -> None:
         where: dict[bytes, int] = {}
         for entry in reference:
             where.setdefault(entry.id, entry.offset)
-        self.new, self.reference, self.slack = new, reference, slack
+        self.new, self.reference = new, reference
         # Anchor i: (new entry, its offset in reference) of the nearest unchanged chunk
         # before (self.before) or after (self.after) chunk i; one pass each way.
         self.before: list[tuple[ChunkEntry, int] | None] = []
@@ -107,7 +95,7 @@ class _Windows:
             if new[index].id in where:
                 last = (new[index], where[new[index].id])
 
-    def window(self, index: int) -> DeltaBase:
+    def of(self, index: int) -> int:
         entry = self.new[index]
         before, after = self.before[index], self.after[index]
         if before is not None:
@@ -123,7 +111,4 @@ class _Windows:
         else:
             # Dense edits everywhere: assume inserts are spread evenly.
             estimate = entry.offset * self.reference.size // max(self.new.size, 1)
-        size = self.reference.size
-        start = max(0, min(estimate - self.slack, size))
-        end = min(size, max(estimate + entry.length + self.slack, start))
-        return DeltaBase(start, end - start, estimate)
+        return min(max(0, estimate), self.reference.size)
