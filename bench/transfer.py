@@ -316,6 +316,11 @@ def main() -> None:
     )
     print(f"run: {'quick' if args.quick else 'full'} corpora, {os.cpu_count()} cores\n")
     print(table(rows))
+    steps = [step for row in rows for step in row.steps]
+    moved = sum(step.copy for step in steps)
+    for label, key in (("cut + BLAKE3", "loomfs_map"), ("cut + hash + plan + encode", "loomfs")):
+        seconds = sum(step.seconds.get(key, 0.0) for step in steps)
+        print(f"\nloomfs {label}, 2 threads: {moved / seconds / 1e6:,.0f} MB/s over {mb(moved)} MB")
     if args.json:
         args.json.write_text(json.dumps({"quick": args.quick, "corpora": report}, indent=2))
 

@@ -40,7 +40,7 @@ class ChunkWindow:
 
 
 # Chosen by bench/chunk_window.py on the dataset and checkpoint corpora: see docs/BENCHMARKS.md.
-DEFAULT_WINDOW = ChunkWindow(min_size=16 << 10, avg_size=32 << 10, max_size=256 << 10)
+DEFAULT_WINDOW = ChunkWindow(min_size=32 << 10, avg_size=64 << 10, max_size=512 << 10)
 
 
 def iter_chunks(
