@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from ..errors import CorruptData
 
@@ -57,7 +58,11 @@ class ChunkMap(Sequence[ChunkEntry]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __getitem__(self, index: int) -> ChunkEntry:  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> ChunkEntry: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[ChunkEntry, ...]: ...
+    def __getitem__(self, index: int | slice) -> ChunkEntry | tuple[ChunkEntry, ...]:
         return self._entries[index]
 
     def __iter__(self) -> Iterator[ChunkEntry]:

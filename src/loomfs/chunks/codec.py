@@ -14,7 +14,7 @@ Two delta kinds use bytes of the file version the receiver already holds. ``DELT
 zstd frame whose dictionary is a span of that version (raw-content dictionary, the
 ``--patch-from`` idea): bytes that the edit did not touch become back-references, so a
 chunk with a few scattered edits costs about the compressed size of the edits. ``XOR`` is
-the chunk XORed with the bytes at the same place in the old version, shuffled, then zstd:
+the chunk XORed with the bytes at the same place in the old version, then byte-plane zstd:
 a tensor whose every value moved a little keeps its signs, exponents and high mantissa
 bytes, which XOR to zeros where a dictionary would find no match at all.
 """
@@ -216,11 +216,12 @@ DELTA_SLACK = 16 << 10
 PROBE = 32
 
 
-def locate(data: bytes, region: bytes, region_start: int, estimate: int) -> int:
+def locate(data: bytes, region: bytes, region_start: int, estimate: int) -> int | None:
     """Where ``data`` most likely starts in the older version, of which ``region`` holds
     the bytes from ``region_start`` on: four 32-byte probes from the chunk are looked up
     nearest to where ``estimate`` puts them, and the median offset they vote for wins.
-    A probe that hits an edit finds nothing or a stray spot, and the median ignores it."""
+    A probe that hits an edit finds nothing or a stray spot, and the median ignores it.
+    None when no probe is found at all: the region shares no 32-byte run with the chunk."""
     votes = []
     for eighth in (1, 3, 5, 7):
         at = len(data) * eighth // 8
@@ -233,7 +234,7 @@ def locate(data: bytes, region: bytes, region_start: int, estimate: int) -> int:
         if found:
             votes.append(region_start + min(found, key=lambda hit: abs(hit - center)) - at)
     if not votes:
-        return estimate
+        return None
     return sorted(votes)[len(votes) // 2]
 
 
@@ -260,10 +261,10 @@ def encode_delta(
     region = reference.read(region_start, estimate + len(raw) + SEARCH_RADIUS - region_start)
     if not region:
         return encode_chunk(raw, settings)
-    aligned = locate(raw, region, region_start, estimate)
+    located = locate(raw, region, region_start, estimate)
+    aligned = estimate if located is None else located
     at = aligned - region_start
     plain_width, plain_ratio = _best_width(raw, settings)
-    candidates = []
     # XOR only for numeric data (the sample prefers byte planes): XOR of two unrelated
     # texts is skewed ASCII that zstd shrinks a little, fooling the sample test, while
     # the dictionary delta finds the real matches.
@@ -272,15 +273,20 @@ def encode_delta(
         width, ratio = _best_width(xored, settings)
         if ratio < plain_ratio * 0.95:
             packed = pack(xored, width, settings.level)
-            candidates.append(_frame(FrameKind.XOR, width, len(raw), packed, aligned, len(raw)))
-    if not candidates:
+            if len(packed) < len(raw) * settings.keep_ratio:
+                return _frame(FrameKind.XOR, width, len(raw), packed, aligned, len(raw))
+    # Numeric data with no 32-byte run in common (an unrelated file, or values that all
+    # changed): a dictionary finds nothing either, so spare its cost. Other data keeps
+    # it: shorter matches (snappy-compressed Parquet pages) still pay.
+    delta = None
+    if located is not None or not plain_width:
         start = min(max(0, at - DELTA_SLACK), len(region))
         window = region[start : max(start, at + len(raw) + DELTA_SLACK)]
-        candidates.append(_dictionary_delta(raw, window, region_start + start, settings))
-        if plain_width:
-            candidates.append(encode_chunk(raw, settings))
-    best = min(candidates, key=len)
-    return best if len(best) < len(raw) * settings.keep_ratio else encode_chunk(raw, settings)
+        delta = _dictionary_delta(raw, window, region_start + start, settings)
+        if not plain_width and len(delta) < len(raw) * settings.keep_ratio:
+            return delta
+    plain = encode_chunk(raw, settings)
+    return plain if delta is None or len(plain) <= len(delta) else delta
 
 
 def _dictionary_delta(raw: bytes, window: bytes, window_at: int, settings: CodecSettings) -> bytes:
