@@ -38,6 +38,7 @@ from loomfs.chunks import (
     ChunkPipeline,
     ChunkToSend,
     FileReference,
+    FrameKind,
     choose_reference,
     decode_frame,
     plan_transfer,
@@ -48,6 +49,7 @@ from loomfs.testing.ports import free_port, stop_process, wait_for_port
 # Per file, a real request also names the path and the version: count the path and 16
 # bytes of version and size, the chunk map, and one id per requested chunk.
 FILE_HEADER = 16
+DELTA_KINDS = (FrameKind.DELTA, FrameKind.XOR)
 
 
 @dataclass
@@ -98,7 +100,7 @@ class LoomfsReceiver:
             map_bytes = len(new.serialize()) + len(name.encode()) + FILE_HEADER
             result.loomfs_maps += map_bytes
             result.loomfs += map_bytes + ID_SIZE * len(plan) + sum(map(len, frames))
-            result.loomfs_delta_chunks += sum(frame[0] == 2 for frame in frames)
+            result.loomfs_delta_chunks += sum(frame[0] & 0x0F in DELTA_KINDS for frame in frames)
             self._verify(plan, frames, reference[1] if reference else None)
             self.held_ids.update(send.entry.id for send in plan)
             arrived[name] = (new, path)

@@ -19,6 +19,7 @@ from loomfs.chunks import (
     ChunkPipeline,
     ChunkWindow,
     FrameKind,
+    choose_reference,
     chunk_id,
     chunk_map_of,
     decode_frame,
@@ -337,3 +338,13 @@ def test_pipeline_refuses_a_file_changed_since_mapping(tmp_path: Path) -> None:
         path.write_bytes(text(100_000, seed=99))
         with pytest.raises(Conflict):
             list(pipeline.encode_file(path, plan_transfer(chunk_map, set())))
+
+
+def test_reference_is_same_path_then_shared_chunks_then_similar_name() -> None:
+    a, b = text(60_000, seed=20), text(60_000, seed=21)
+    held = {"ckpt/step-100.pt": cut(a), "ckpt/other.bin": cut(b), "data/x.pt": cut(b)}
+    assert choose_reference("ckpt/other.bin", cut(a), held) == "ckpt/other.bin"
+    assert choose_reference("ckpt/renamed.pt", cut(b), held) in {"ckpt/other.bin", "data/x.pt"}
+    unrelated = cut(text(60_000, seed=22))
+    assert choose_reference("ckpt/step-200.pt", unrelated, held) == "ckpt/step-100.pt"
+    assert choose_reference("new/step-200.pt", unrelated, held) is None
