@@ -4,9 +4,8 @@ Given the chunk map of the version to send and the chunk ids the receiver alread
 (from any file or version), the plan lists each missing chunk once, in file order, so
 dedup works within the file and across files and versions. When the receiver also holds
 an older version of the same file, each missing chunk gets an estimate of where its bytes
-sit in that version, to be delta-encoded against: relative to the nearest unchanged chunk
-(anchor), or, where edits are so dense that no chunk survived, the same or the
-proportional position.
+sit in that version, to be delta-encoded against: interpolated between the nearest
+unchanged chunks (anchors) around it.
 """
 
 from __future__ import annotations
@@ -96,19 +95,23 @@ class _Estimates:
                 last = (new[index], where[new[index].id])
 
     def of(self, index: int) -> int:
+        """Interpolate between the nearest anchors on each side, the file's start and end
+        standing in where there is none: inserts between two anchors shift the chunk by
+        their share only, where counting from one far anchor would add up every insert
+        on the way (hundreds of KiB across a 10 MB shard with 10% inserted rows)."""
         entry = self.new[index]
         before, after = self.before[index], self.after[index]
-        if before is not None:
-            anchor, at = before
-            estimate = at + anchor.length + (entry.offset - anchor.end)
-        elif after is not None:
-            anchor, at = after
-            estimate = at - (anchor.offset - entry.offset)
-        elif abs(self.new.size - self.reference.size) * 100 <= self.reference.size:
-            # Same size within 1%, no chunk in common: a file rewritten in place with the
-            # same layout (a checkpoint whose every weight moved), bytes stay where they were.
-            estimate = entry.offset
-        else:
-            # Dense edits everywhere: assume inserts are spread evenly.
-            estimate = entry.offset * self.reference.size // max(self.new.size, 1)
+        if before is None and after is None and self._same_layout():
+            # No chunk in common yet the same size within 1%: a file rewritten with the
+            # same layout (a checkpoint whose every weight moved), bytes stay in place.
+            return min(entry.offset, self.reference.size)
+        new_start, old_start = (before[0].end, before[1] + before[0].length) if before else (0, 0)
+        new_end, old_end = (
+            (after[0].offset, after[1]) if after else (self.new.size, self.reference.size)
+        )
+        span = max(new_end - new_start, 1)
+        estimate = old_start + (entry.offset - new_start) * (old_end - old_start) // span
         return min(max(0, estimate), self.reference.size)
+
+    def _same_layout(self) -> bool:
+        return abs(self.new.size - self.reference.size) * 100 <= self.reference.size
