@@ -348,3 +348,15 @@ def test_reference_is_same_path_then_shared_chunks_then_similar_name() -> None:
     unrelated = cut(text(60_000, seed=22))
     assert choose_reference("ckpt/step-200.pt", unrelated, held) == "ckpt/step-100.pt"
     assert choose_reference("new/step-200.pt", unrelated, held) is None
+
+
+def test_estimates_hold_far_from_the_only_anchor() -> None:
+    # One unchanged chunk at the start, then inserts everywhere: 600 KB of cheap filler
+    # over 1.2 MB. Counting from that one anchor would put most chunks more than the
+    # search radius off; interpolating to the file's end keeps every estimate close.
+    head, body = noise(20_000, seed=24), text(1_200_000, seed=25)
+    edited = b"".join(body[at : at + 400] + b"#" * 200 for at in range(0, len(body), 400))
+    old, new = head + body, head + edited
+    chunks, wire = deliver_with_delta(old, new)
+    assert chunks > 100
+    assert wire < len(encode_chunk(new)) / 3
