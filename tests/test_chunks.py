@@ -360,3 +360,14 @@ def test_estimates_hold_far_from_the_only_anchor() -> None:
     chunks, wire = deliver_with_delta(old, new)
     assert chunks > 100
     assert wire < len(encode_chunk(new)) / 3
+
+
+def test_pipeline_consumer_may_stop_early(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(text(3_000_000, seed=26))
+    with ChunkPipeline(workers=2, window=SMALL, read_size=256 << 10) as pipeline:
+        plan = plan_transfer(pipeline.map_file(path), set())
+        frames = pipeline.encode_file(path, plan)
+        first = next(frames)
+        frames.close()  # workers are drained before the descriptor is closed
+        assert decode_frame(first, plan[0].entry.id) == path.read_bytes()[: plan[0].entry.length]

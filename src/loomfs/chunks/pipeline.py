@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -83,12 +83,13 @@ class ChunkPipeline:
         path: str | Path,
         plan: Sequence[ChunkToSend],
         reference: str | Path | None = None,
-    ) -> Iterator[bytes]:
+    ) -> Generator[bytes, None, None]:
         """The frames of the planned chunks of ``path``, in plan order.
 
-        Delta windows in the plan are read from ``reference``, the older version the
-        receiver holds. Each chunk is re-hashed as it is read: if the file changed since it
-        was mapped, this raises ``Conflict`` instead of sending bytes under a wrong id.
+        Chunks the plan gives a delta estimate are encoded against ``reference``, the older
+        version the receiver holds. Each chunk is re-hashed as it is read: if the file
+        changed since it was mapped, this raises ``Conflict`` instead of sending bytes
+        under a wrong id.
         """
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -113,8 +114,11 @@ class ChunkPipeline:
             while pending:
                 yield pending.popleft().result()
         finally:
+            # A consumer that stops early must not return while workers still read from
+            # descriptors the caller is about to close.
             for future in pending:
                 future.cancel()
+            wait(pending)
 
 
 def _batches(items: Iterable[T], size: Callable[[T], int]) -> Iterator[list[T]]:
