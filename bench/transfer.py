@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from corpora import Corpus, build, files_of
 from loomfs.chunks import (
@@ -89,27 +90,39 @@ class LoomfsReceiver:
             new = self.pipeline.map_file(path)
             mapped = time.perf_counter()
             base = choose_reference(name, new, versions)
-            reference = self.held_files[base] if base is not None else None
-            plan = plan_transfer(new, self.held_ids, reference[0] if reference else None)
-            frames = list(
-                self.pipeline.encode_file(path, plan, reference[1] if reference else None)
-            )
-            encoded = time.perf_counter()
+            ref_map, ref_path = self.held_files[base] if base is not None else (None, None)
+            plan = plan_transfer(new, self.held_ids, ref_map)
+            with tempfile.TemporaryFile() as spool:
+                # Frames are spooled to disk, not collected: a file's frames can be as large
+                # as the file. The receiver's decoding runs after the clock stops.
+                sizes = [
+                    spool.write(frame) for frame in self.pipeline.encode_file(path, plan, ref_path)
+                ]
+                encoded = time.perf_counter()
+                spool.seek(0)
+                self._receive(spool, plan, sizes, ref_path, result)
             result.seconds["loomfs_map"] = result.seconds.get("loomfs_map", 0) + mapped - started
             result.seconds["loomfs"] = result.seconds.get("loomfs", 0) + encoded - started
             map_bytes = len(new.serialize()) + len(name.encode()) + FILE_HEADER
             result.loomfs_maps += map_bytes
-            result.loomfs += map_bytes + ID_SIZE * len(plan) + sum(map(len, frames))
-            result.loomfs_delta_chunks += sum(frame[0] & 0x0F in DELTA_KINDS for frame in frames)
-            self._verify(plan, frames, reference[1] if reference else None)
+            result.loomfs += map_bytes + ID_SIZE * len(plan) + sum(sizes)
             self.held_ids.update(send.entry.id for send in plan)
             arrived[name] = (new, path)
         self.held_files.update(arrived)
 
     @staticmethod
-    def _verify(plan: list[ChunkToSend], frames: list[bytes], reference: Path | None) -> None:
+    def _receive(
+        spool: BinaryIO,
+        plan: list[ChunkToSend],
+        sizes: list[int],
+        reference: Path | None,
+        result: StepResult,
+    ) -> None:
+        """Decode and verify every frame as the receiver would."""
         with FileReference(reference) if reference else nullcontext() as ref:
-            for send, frame in zip(plan, frames, strict=True):
+            for send, size in zip(plan, sizes, strict=True):
+                frame = spool.read(size)
+                result.loomfs_delta_chunks += frame[0] & 0x0F in DELTA_KINDS
                 decode_frame(frame, send.entry.id, ref)
 
 
