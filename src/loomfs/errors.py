@@ -118,6 +118,17 @@ class BackendUnavailable(LoomError, ConnectionError):
     retryable = True
 
 
+class CorruptData(LoomError):
+    """Bytes failed their integrity check (hash mismatch, truncated or malformed frame).
+
+    Retryable: a fresh fetch of the same chunk can succeed where this copy was damaged.
+    """
+
+    code = "CorruptData"
+    errno = _errno.EIO
+    retryable = True
+
+
 ALL_ERRORS: tuple[type[LoomError], ...] = (
     LoomError,
     NotFound,
@@ -137,6 +148,7 @@ ALL_ERRORS: tuple[type[LoomError], ...] = (
     NotSupported,
     InsufficientStorage,
     BackendUnavailable,
+    CorruptData,
 )
 
 BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in ALL_ERRORS}
