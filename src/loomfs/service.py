@@ -61,7 +61,7 @@ class HubService:
                     "resuming import", extra={"mount": volume.mount, "after": volume.checkpoint}
                 )
                 self._spawn(self._logged_sync(volume.mount))
-            self._start_watcher(volume.mount)
+            await self._start_watcher(volume.mount)
         if self.config.hub.rescan_interval > 0:
             self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
 
@@ -82,7 +82,7 @@ class HubService:
 
     # -- change detection ------------------------------------------------------------------
 
-    def _start_watcher(self, mount: str) -> None:
+    async def _start_watcher(self, mount: str) -> None:
         mounted = self.namespace.mounts.get(mount)
         if not self.config.hub.watch or mounted is None or mount in self._watchers:
             return
@@ -103,7 +103,7 @@ class HubService:
                 log.warning("could not record a change", extra={"mount": mount, "error": str(exc)})
 
         watcher = PosixWatcher(Path(backend.root), on_change, TEMP_PREFIX)
-        watcher.start()
+        await watcher.start()
         self._watchers[mount] = watcher
 
     async def _logged_sync(self, mount: str) -> ScanStats | None:
@@ -133,7 +133,7 @@ class HubService:
         SCANNED.inc(stats.scanned)
         VOLUMES.set(len(self.namespace.mounts))
         HEAD_SEQ.set(await self.catalog.head_seq())
-        self._start_watcher(paths.normalize(mount))
+        await self._start_watcher(paths.normalize(mount))
         log.info("volume imported", extra={"scan": stats.as_dict()})
         return stats
 

@@ -52,8 +52,11 @@ class PosixWatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limit_warned = False
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Watch every directory, then follow events; returns once the watches are in place,
+        so that no change made after it returns can be missed."""
         self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._watch_tree, "")
         self._thread = threading.Thread(target=self._run, name=f"inotify:{self.root}", daemon=True)
         self._thread.start()
 
@@ -89,7 +92,6 @@ class PosixWatcher:
         return True
 
     def _run(self) -> None:
-        self._watch_tree("")
         while not self._stop.is_set():
             events = self._inotify.read(timeout=_DEBOUNCE_MS, read_delay=_DEBOUNCE_MS // 4)
             if not events:
