@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -27,15 +28,21 @@ def _quoted(path: str) -> str:
 
 
 class RestNamespace(Namespace):
-    def __init__(self, base_url: str, *, timeout: float = 300.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = 300.0, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
+        self._ssl = ssl_context
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, auto_decompress=False, connector=connector
+            )
         return self._session
 
     async def close(self) -> None:
@@ -231,8 +238,11 @@ class RestNamespace(Namespace):
         response = await self._request("DELETE", f"{wire.API}/volumes", params={"mount": mount})
         response.release()
 
-    async def changes(self, since: int = 0, limit: int = 1000) -> tuple[builtins.list[Change], int]:
-        data = await self._json(
-            "GET", f"{wire.API}/changes", params={"since": str(since), "limit": str(limit)}
-        )
+    async def changes(
+        self, since: int = 0, limit: int = 1000, wait: float = 0.0
+    ) -> tuple[builtins.list[Change], int]:
+        """Changes after ``since``; with ``wait``, the hub holds the request up to that many
+        seconds until there is one (a long poll: the change feed without polling)."""
+        params = {"since": str(since), "limit": str(limit), "wait": str(wait)}
+        data = await self._json("GET", f"{wire.API}/changes", params=params)
         return [wire.change_from(c) for c in data["changes"]], int(data["head"])

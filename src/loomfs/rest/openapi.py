@@ -150,6 +150,13 @@ def spec() -> dict[str, Any]:
                     parameters=[
                         {"name": "since", "in": "query", "schema": {"type": "integer"}},
                         {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                        {
+                            "name": "wait",
+                            "in": "query",
+                            "schema": {"type": "number"},
+                            "description": "hold the request up to this many seconds (max 30) "
+                            "until there is a change",
+                        },
                     ],
                 ),
             },

@@ -36,6 +36,8 @@ BYTES_OUT = Counter("loomfs_read_bytes_total", "File bytes sent by the REST API"
 BYTES_IN = Counter("loomfs_write_bytes_total", "File bytes received by the REST API")
 
 NDJSON = "application/x-ndjson"
+MAX_WAIT = 30.0  # longest a change-feed long poll is held
+FEED_POLL = 0.05
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -140,6 +142,7 @@ class RestServer:
         self.admin = admin
         self.site = site
         self.background: set[asyncio.Task[Any]] = set()
+        self.stopping = False
 
     def principal(self, request: web.Request) -> Principal:
         # authentication arrives with governance; until then every caller is anonymous and
@@ -329,8 +332,22 @@ class RestServer:
         assert self.admin is not None
         since = _int(request.query.get("since"), "since") or 0
         limit = _int(request.query.get("limit"), "limit") or 1000
+        try:
+            wait = min(float(request.query.get("wait") or 0), MAX_WAIT)
+        except ValueError:
+            raise InvalidArgument("wait must be a number of seconds") from None
+        deadline = time.monotonic() + wait
         changes, head = await self.admin.changes(since, min(limit, 10000))
+        while not changes and time.monotonic() < deadline and not self._gone(request):
+            # the catalog may be written by other processes: polling its head is the one
+            # signal that sees them all, and it is a single indexed read
+            await asyncio.sleep(FEED_POLL)
+            changes, head = await self.admin.changes(since, min(limit, 10000))
         return _json({"changes": [wire.change_json(c) for c in changes], "head": head})
+
+    def _gone(self, request: web.Request) -> bool:
+        """The client hung up, or the server is shutting down: end a long poll early."""
+        return self.stopping or request.transport is None or request.transport.is_closing()
 
     async def volumes(self, request: web.Request) -> web.Response:
         assert self.admin is not None
@@ -398,6 +415,7 @@ class RestServer:
         return response
 
     async def _cancel_background(self, app: web.Application) -> None:
+        self.stopping = True
         for task in list(self.background):
             task.cancel()
         await asyncio.gather(*self.background, return_exceptions=True)

@@ -1,0 +1,447 @@
+"""The spoke's cache of file versions (spoke layer): ranged, verified, persistent, bounded.
+
+Each cached file version is one sparse local file, filled block by block (1 MiB) as reads
+miss; the index (SQLite, beside the data) records which blocks are present and the BLAKE3
+hash of each. Blocks are verified against their hash the first time they are served after
+the spoke starts and whenever the data file was touched by anything but the cache itself
+(its mtime is recorded after every fill), so a torn, truncated or corrupted cache file is
+refetched, never served. Reads hand back a ``FileRegion`` of the cache file, so servers
+can sendfile and the kernel's page cache serves warm reads.
+
+Misses are single-flight: readers needing the same block wait for one fetch. The cache is
+bounded: when a fill would pass the capacity, the eviction policy (LRU by default; the
+prefetcher supplies a smarter one) picks whole file versions to drop; versions being read,
+or pinned, are never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+from prometheus_client import Counter, Gauge
+
+from ..core.streams import LocalFileSource
+from ..errors import CorruptData, InsufficientStorage
+from ..prefetch.policy import EvictionPolicy, LRUPolicy
+
+log = logging.getLogger(__name__)
+
+BLOCK = 1 << 20
+SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke cache")
+MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
+CORRUPT = Counter("loomfs_cache_corrupt_blocks_total", "Cache blocks that failed verification")
+USED = Gauge("loomfs_cache_used_bytes", "Bytes held by the spoke cache")
+
+#: fetch(path, version, offset, length) -> the bytes of that range of that version
+Fetch = Callable[[str, int, int, int], Awaitable[bytes]]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    path TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    pinned INTEGER NOT NULL DEFAULT 0,
+    data_mtime_ns INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (path, version)
+);
+CREATE TABLE IF NOT EXISTS blocks (
+    file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    hash BLOB NOT NULL,
+    PRIMARY KEY (file_id, idx)
+);
+"""
+
+
+def block_span(offset: int, length: int) -> range:
+    """The blocks that hold bytes [offset, offset+length)."""
+    if length <= 0:
+        return range(0)
+    return range(offset // BLOCK, (offset + length - 1) // BLOCK + 1)
+
+
+@dataclass(slots=True)
+class CachedFile:
+    id: int
+    path: str
+    version: int
+    size: int
+    hashes: dict[int, bytes] = field(default_factory=dict)  # present blocks
+    verified: set[int] = field(default_factory=set)  # checked since start or last fill
+    data_mtime_ns: int = 0
+    pinned: bool = False
+    readers: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return (self.size + BLOCK - 1) // BLOCK
+
+    def block_len(self, idx: int) -> int:
+        return min(BLOCK, self.size - idx * BLOCK)
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(self.block_len(i) for i in self.hashes)
+
+    def complete(self) -> bool:
+        return len(self.hashes) == self.blocks
+
+
+class Cache:
+    def __init__(
+        self, directory: Path, capacity: int, policy: EvictionPolicy | None = None
+    ) -> None:
+        self.directory = directory
+        self.capacity = capacity
+        self.policy = policy or LRUPolicy()
+        self._files: dict[int, CachedFile] = {}
+        self._by_key: dict[tuple[str, int], int] = {}
+        self._inflight: dict[tuple[int, int], asyncio.Future[None]] = {}
+        self._db: sqlite3.Connection | None = None
+        self._db_lock = threading.Lock()  # the index is written from worker threads
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load the index and check it against the data files: a missing or resized data
+        file is dropped; every block will be verified before it is served."""
+        (self.directory / "data").mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(
+            self.directory / "index.db", isolation_level=None, check_same_thread=False
+        )
+        self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA)
+        rows = self._db.execute(
+            "SELECT id, path, version, size, pinned, data_mtime_ns FROM files"
+        ).fetchall()
+        for file_id, path, version, size, pinned, mtime in rows:
+            entry = CachedFile(
+                file_id, path, version, size, data_mtime_ns=mtime, pinned=bool(pinned)
+            )
+            data = self._data_path(file_id)
+            try:
+                on_disk = data.stat().st_size
+            except FileNotFoundError:
+                on_disk = -1
+            if on_disk != size:
+                log.warning("dropping a torn cache file", extra={"path": path, "version": version})
+                self._delete_row(file_id)
+                data.unlink(missing_ok=True)
+                continue
+            self._files[file_id] = entry
+            self._by_key[(path, version)] = file_id
+        for file_id, idx, digest in self._db.execute("SELECT file_id, idx, hash FROM blocks"):
+            if file_id in self._files:
+                self._files[file_id].hashes[idx] = bytes(digest)
+        for entry in self._files.values():
+            if entry.hashes:
+                self.policy.insert(entry.id, entry.cached_bytes)
+                if entry.pinned:
+                    self.policy.pin(entry.id)
+        USED.set(self.policy.used_bytes)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def used_bytes(self) -> int:
+        return self.policy.used_bytes
+
+    def _data_path(self, file_id: int) -> Path:
+        return self.directory / "data" / f"{file_id}.bin"
+
+    def _sql(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        assert self._db is not None, "open() first"
+        with self._db_lock:
+            return self._db.execute(sql, params)
+
+    def _delete_row(self, file_id: int) -> None:
+        self._sql("DELETE FROM files WHERE id = ?", (file_id,))
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def get(self, path: str, version: int) -> CachedFile | None:
+        file_id = self._by_key.get((path, version))
+        return None if file_id is None else self._files[file_id]
+
+    def versions(self, path: str) -> list[CachedFile]:
+        return [f for f in self._files.values() if f.path == path]
+
+    def _ensure(self, path: str, version: int, size: int) -> CachedFile:
+        found = self.get(path, version)
+        if found is not None:
+            return found
+        row = self._sql(
+            "INSERT INTO files (path, version, size) VALUES (?, ?, ?) RETURNING id",
+            (path, version, size),
+        ).fetchone()
+        entry = CachedFile(row[0], path, version, size)
+        with open(self._data_path(entry.id), "wb") as data:
+            data.truncate(size)  # sparse: blocks take room only once filled
+        self._files[entry.id] = entry
+        self._by_key[(path, version)] = entry.id
+        return entry
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def read(
+        self, path: str, version: int, size: int, offset: int, length: int, fetch: Fetch
+    ) -> LocalFileSource:
+        """The bytes [offset, offset+length) of a file version, fetched where missing."""
+        entry = self._ensure(path, version, size)
+        entry.readers += 1
+        try:
+            await self._fill(entry, block_span(offset, length), fetch)
+            await asyncio.to_thread(self._verify, entry, block_span(offset, length))
+            missing = [i for i in block_span(offset, length) if i not in entry.hashes]
+            if missing:  # a block failed verification: fetch it once more
+                await self._fill(entry, range(min(missing), max(missing) + 1), fetch)
+            fd = os.open(self._data_path(entry.id), os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:
+            entry.readers -= 1
+            raise
+        if entry.id in self.policy:
+            self.policy.access(entry.id)
+        SERVED.inc(length)
+        return _CacheSource(fd, offset, length, path, lambda: self._release(entry))
+
+    def _release(self, entry: CachedFile) -> None:
+        entry.readers -= 1
+
+    async def _fill(self, entry: CachedFile, span: range, fetch: Fetch) -> None:
+        """Fetch the absent blocks of ``span``: runs of blocks that nobody is fetching go
+        out as one ranged request each; blocks already in flight are awaited."""
+        waits: list[asyncio.Future[None]] = []
+        runs: list[list[int]] = []
+        for idx in span:
+            if idx in entry.hashes:
+                continue
+            pending = self._inflight.get((entry.id, idx))
+            if pending is not None:
+                waits.append(pending)
+            elif runs and runs[-1][-1] == idx - 1 and len(runs[-1]) < 8:
+                runs[-1].append(idx)
+            else:
+                runs.append([idx])
+        loop = asyncio.get_running_loop()
+        mine: list[tuple[list[int], asyncio.Future[None]]] = []
+        for run in runs:
+            future: asyncio.Future[None] = loop.create_future()
+            for idx in run:
+                self._inflight[(entry.id, idx)] = future
+            mine.append((run, future))
+        try:
+            await asyncio.gather(*(self._fetch_run(entry, run, fetch) for run, _ in mine))
+        except BaseException as exc:
+            for _, future in mine:
+                if not future.done():
+                    future.set_exception(exc)
+                    future.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            for run, future in mine:
+                if not future.done():
+                    future.set_result(None)
+                for idx in run:
+                    self._inflight.pop((entry.id, idx), None)
+        await asyncio.gather(*waits)
+
+    async def _fetch_run(self, entry: CachedFile, run: list[int], fetch: Fetch) -> None:
+        start = run[0] * BLOCK
+        length = sum(entry.block_len(i) for i in run)
+        data = await fetch(entry.path, entry.version, start, length)
+        if len(data) != length:
+            raise CorruptData(
+                f"fetched {len(data)} of {length} bytes of {entry.path}", path=entry.path
+            )
+        MISSES.inc(length)
+        await self._make_room(length, keep=entry.id)
+        await asyncio.to_thread(self._store, entry, run, data)
+        self.policy.insert(entry.id, entry.cached_bytes)
+        USED.set(self.policy.used_bytes)
+
+    def _store(self, entry: CachedFile, run: list[int], data: bytes) -> None:
+        view = memoryview(data)
+        digests: list[tuple[int, int, bytes]] = []
+        fd = os.open(self._data_path(entry.id), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            pos = 0
+            for idx in run:
+                piece = view[pos : pos + entry.block_len(idx)]
+                try:
+                    os.pwrite(fd, piece, idx * BLOCK)
+                except OSError as exc:
+                    raise InsufficientStorage(f"spoke cache: {exc.strerror}") from exc
+                digests.append((entry.id, idx, blake3.blake3(piece).digest()))
+                pos += len(piece)
+            mtime = os.fstat(fd).st_mtime_ns
+        finally:
+            os.close(fd)
+        self._record(entry, digests, mtime)
+
+    def _record(self, entry: CachedFile, digests: list[tuple[int, int, bytes]], mtime: int) -> None:
+        """Make blocks present: index first (a crash before it leaves them absent, and so
+        refetched), then memory."""
+        with self._db_lock:
+            assert self._db is not None
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO blocks (file_id, idx, hash) VALUES (?, ?, ?)", digests
+            )
+            self._db.execute("UPDATE files SET data_mtime_ns = ? WHERE id = ?", (mtime, entry.id))
+            self._db.execute("COMMIT")
+        for _, idx, digest in digests:
+            entry.hashes[idx] = digest
+            entry.verified.add(idx)
+        entry.data_mtime_ns = mtime
+
+    def _verify(self, entry: CachedFile, span: range) -> None:
+        """Check present blocks of ``span`` against their hashes where not yet checked;
+        a block that fails is forgotten (and so fetched again)."""
+        path = self._data_path(entry.id)
+        st = path.stat()
+        if st.st_mtime_ns != entry.data_mtime_ns or st.st_size != entry.size:
+            entry.verified.clear()  # touched by something other than the cache
+        todo = [i for i in span if i in entry.hashes and i not in entry.verified]
+        if not todo:
+            return
+        with open(path, "rb") as data:
+            for idx in todo:
+                block = os.pread(data.fileno(), entry.block_len(idx), idx * BLOCK)
+                if blake3.blake3(block).digest() == entry.hashes[idx]:
+                    entry.verified.add(idx)
+                    continue
+                CORRUPT.inc()
+                log.warning(
+                    "cache block failed verification; refetching",
+                    extra={"path": entry.path, "version": entry.version, "block": idx},
+                )
+                del entry.hashes[idx]
+                self._sql("DELETE FROM blocks WHERE file_id = ? AND idx = ?", (entry.id, idx))
+        if st.st_size != entry.size:
+            with open(path, "r+b") as data:
+                data.truncate(entry.size)
+
+    def incoming(self) -> Path:
+        """A fresh temp path beside the data, for a file being written through the spoke."""
+        (self.directory / "incoming").mkdir(exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=self.directory / "incoming")
+        os.close(fd)
+        return Path(name)
+
+    async def adopt(self, path: str, version: int, source: Path) -> None:
+        """Take a complete local file (just written through this spoke) as the cached copy
+        of that version, so reading back what was written costs no fetch."""
+        size = source.stat().st_size
+        await self._make_room(size, keep=-1)
+        entry = self._ensure(path, version, size)
+        await asyncio.to_thread(self._adopt, entry, source)
+        if entry.hashes:
+            self.policy.insert(entry.id, entry.cached_bytes)
+        USED.set(self.policy.used_bytes)
+
+    def _adopt(self, entry: CachedFile, source: Path) -> None:
+        data = self._data_path(entry.id)
+        os.replace(source, data)
+        with open(data, "rb") as f:
+            digests = [
+                (
+                    entry.id,
+                    idx,
+                    blake3.blake3(os.pread(f.fileno(), entry.block_len(idx), idx * BLOCK)).digest(),
+                )
+                for idx in range(entry.blocks)
+            ]
+            mtime = os.fstat(f.fileno()).st_mtime_ns
+        self._record(entry, digests, mtime)
+
+    # -- room, pins, invalidation ----------------------------------------------------------
+
+    async def _make_room(self, incoming: int, keep: int) -> None:
+        over = self.policy.used_bytes + incoming - self.capacity
+        if over <= 0:
+            return
+        busy = [f.id for f in self._files.values() if f.readers and f.id in self.policy]
+        for file_id in busy:
+            self.policy.pin(file_id)
+        try:
+            victims = self.policy.evict(over)
+        finally:
+            for file_id in busy:
+                if not self._files[file_id].pinned:
+                    self.policy.unpin(file_id)
+        for victim in victims:
+            await asyncio.to_thread(self._drop, victim)
+        if self.policy.used_bytes + incoming > self.capacity:
+            raise InsufficientStorage(
+                f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
+            )
+
+    def _drop(self, file_id: int) -> None:
+        entry = self._files.pop(file_id, None)
+        if entry is None:
+            return
+        self._by_key.pop((entry.path, entry.version), None)
+        self.policy.remove(file_id)
+        self._delete_row(file_id)
+        self._data_path(file_id).unlink(missing_ok=True)
+        USED.set(self.policy.used_bytes)
+
+    def invalidate(self, path: str, keep_version: int | None = None) -> int:
+        """Drop every cached version of ``path`` and below it, except ``keep_version``;
+        returns how many were dropped. Versions being read stay until their readers close."""
+        prefix = path.rstrip("/") + "/"
+        doomed = [
+            f.id
+            for f in self._files.values()
+            if (f.path == path or f.path.startswith(prefix))
+            and f.version != keep_version
+            and not f.readers
+        ]
+        for file_id in doomed:
+            self._drop(file_id)
+        return len(doomed)
+
+    def set_pinned(self, path: str, version: int, pinned: bool) -> None:
+        entry = self.get(path, version)
+        if entry is None:
+            return
+        entry.pinned = pinned
+        self._sql("UPDATE files SET pinned = ? WHERE id = ?", (int(pinned), entry.id))
+        (self.policy.pin if pinned else self.policy.unpin)(entry.id)
+
+    def __iter__(self) -> Iterator[CachedFile]:
+        return iter(list(self._files.values()))
+
+
+class _CacheSource(LocalFileSource):
+    """A cache file region that releases its version (for eviction) when closed."""
+
+    def __init__(
+        self, fd: int, offset: int, length: int, path: str, release: Callable[[], None]
+    ) -> None:
+        super().__init__(fd, offset, length, path)
+        self._release = release
+
+    async def verify(self) -> None:
+        # filled blocks never change (a new version is a new file) and these were verified;
+        # the file's mtime moves whenever other blocks are filled, so it proves nothing here
+        return None
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        with contextlib.suppress(Exception):
+            release, self._release = self._release, lambda: None
+            release()

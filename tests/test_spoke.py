@@ -1,0 +1,230 @@
+"""A spoke over mutual TLS and an emulated WAN: the conformance suite, ranged on-demand
+fetch, single-flight, coherence with the hub, offline reads, a persistent verified cache."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from loomfs.config import Config
+from loomfs.core.types import Principal
+from loomfs.errors import AuthenticationFailed, BackendUnavailable, PermissionDenied
+from loomfs.fabric.identity import SiteIdentity
+from loomfs.fabric.server import FabricServer
+from loomfs.namespace.base import Namespace
+from loomfs.rest.client import RestNamespace
+from loomfs.service import HubService
+from loomfs.spoke.cache import CORRUPT, Cache
+from loomfs.spoke.namespace import SpokeNamespace
+from loomfs.testing.namespace_suite import NamespaceSuite
+from loomfs.testing.wan import LinkEmulator
+
+WHO = Principal(user="tester", site="spoke", protocol="test")
+MiB = 1 << 20
+
+
+@dataclass
+class Sites:
+    hub: HubService
+    spoke: SpokeNamespace
+    link: LinkEmulator
+    volume: Path
+    tmp: Path
+    hub_id: SiteIdentity
+    spoke_id: SiteIdentity
+    port: int
+
+    def new_spoke(self, capacity: int = 1 << 30) -> SpokeNamespace:
+        client = RestNamespace(
+            f"https://127.0.0.1:{self.link.port}",
+            ssl_context=self.spoke_id.client_context(self.hub_id.cert_pem),
+        )
+        return SpokeNamespace(client, Cache(self.tmp / "cache", capacity), ["/vol"])
+
+
+@contextlib.asynccontextmanager
+async def sites(tmp: Path, capacity: int = 1 << 30) -> AsyncIterator[Sites]:
+    volume = tmp / "volume"
+    volume.mkdir()
+    hub = HubService(
+        Config.model_validate(
+            {"site": {"data_dir": str(tmp / "hub")}, "hub": {"rescan_interval": 0, "watch": False}}
+        )
+    )
+    await hub.start()
+    await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
+    hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
+    spoke_id = SiteIdentity.create(tmp / "spoke-id", "gpu-west")
+    server = FabricServer(hub.namespace, hub, hub_id, {"gpu-west": spoke_id.cert_pem})
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server.ssl_context())
+    await site.start()
+    port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    link = await LinkEmulator("127.0.0.1", port, rate=400e6, latency=0.001).start()
+    env = Sites(hub, None, link, volume, tmp, hub_id, spoke_id, port)  # type: ignore[arg-type]
+    env.spoke = env.new_spoke(capacity)
+    await env.spoke.start()
+    try:
+        yield env
+    finally:
+        await env.spoke.close()
+        await link.stop()
+        await runner.cleanup()
+        await hub.stop()
+
+
+Factory = Callable[[], AbstractAsyncContextManager[tuple[Namespace, str]]]
+
+
+class TestSpokeConformance(NamespaceSuite):
+    @pytest.fixture
+    def ns_factory(self, tmp_path: Path) -> Factory:
+        @contextlib.asynccontextmanager
+        async def make() -> AsyncIterator[tuple[Namespace, str]]:
+            tmp = tmp_path / uuid.uuid4().hex
+            tmp.mkdir()
+            async with sites(tmp) as env:
+                yield env.spoke, "/vol"
+
+        return make
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Sites]:
+    async with sites(tmp_path) as created:
+        yield created
+
+
+async def hub_write(env: Sites, path: str, data: bytes) -> int:
+    entry = await env.hub.namespace.write_bytes(WHO, path, data)
+    return entry.version
+
+
+async def test_a_small_read_of_a_big_file_fetches_about_that_much(env: Sites) -> None:
+    data = os.urandom(32 * MiB)
+    await hub_write(env, "/vol/big.bin", data)
+    before = env.link.down.bytes
+    got = await env.spoke.read_bytes(WHO, "/vol/big.bin", 10 * MiB + 123, MiB)
+    assert got == data[10 * MiB + 123 : 11 * MiB + 123]
+    cold = env.link.down.bytes - before
+    assert MiB <= cold <= 2 * MiB + 64 * 1024  # at most the two blocks it touches
+    before = env.link.down.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/big.bin", 10 * MiB + 123, MiB) == got
+    assert env.link.down.bytes - before < 16 * 1024  # warm: one stat, no data
+
+
+async def test_concurrent_misses_fetch_once(env: Sites) -> None:
+    data = os.urandom(8 * MiB)
+    await hub_write(env, "/vol/shared.bin", data)
+    before = env.link.down.bytes
+    results = await asyncio.gather(
+        *(env.spoke.read_bytes(WHO, "/vol/shared.bin") for _ in range(6))
+    )
+    assert all(r == data for r in results)
+    assert env.link.down.bytes - before < 8 * MiB + 256 * 1024
+
+
+async def test_a_change_at_the_hub_is_seen_at_the_next_open(env: Sites) -> None:
+    old = await hub_write(env, "/vol/f", b"old" * 1000)
+    assert await env.spoke.read_bytes(WHO, "/vol/f") == b"old" * 1000
+    assert env.spoke.cache.get("/vol/f", old) is not None
+    new = await hub_write(env, "/vol/f", b"new content")
+    assert await env.spoke.read_bytes(WHO, "/vol/f") == b"new content"
+    for _ in range(200):  # the change feed drops the superseded version
+        if env.spoke.cache.get("/vol/f", old) is None:
+            break
+        await asyncio.sleep(0.05)
+    assert env.spoke.cache.get("/vol/f", old) is None
+    assert env.spoke.seq >= new
+
+
+async def test_writes_go_through_and_read_back_locally(env: Sites) -> None:
+    payload = os.urandom(3 * MiB + 5)
+    entry = await env.spoke.write_bytes(WHO, "/vol/ckpt.pt", payload)
+    assert (env.volume / "ckpt.pt").read_bytes() == payload
+    assert (await env.hub.namespace.stat(WHO, "/vol/ckpt.pt")).version == entry.version
+    before = env.link.down.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/ckpt.pt") == payload
+    assert env.link.down.bytes - before < 16 * 1024
+
+
+async def test_cut_link_serves_cached_files_only(env: Sites) -> None:
+    await hub_write(env, "/vol/cached", b"c" * 5000)
+    await hub_write(env, "/vol/cold", b"x" * 5000)
+    assert await env.spoke.read_bytes(WHO, "/vol/cached") == b"c" * 5000
+    env.link.cut()
+    try:
+        assert await env.spoke.read_bytes(WHO, "/vol/cached") == b"c" * 5000
+        with pytest.raises(BackendUnavailable):
+            await env.spoke.read_bytes(WHO, "/vol/cold")
+        with pytest.raises(BackendUnavailable):
+            await env.spoke.write_bytes(WHO, "/vol/new", b"n")
+    finally:
+        env.link.restore()
+    assert await env.spoke.read_bytes(WHO, "/vol/cold") == b"x" * 5000
+
+
+async def test_cache_survives_restart_and_corruption_is_refetched(env: Sites) -> None:
+    data = os.urandom(3 * MiB)
+    version = await hub_write(env, "/vol/p.bin", data)
+    assert await env.spoke.read_bytes(WHO, "/vol/p.bin") == data
+    cached = env.spoke.cache.get("/vol/p.bin", version)
+    assert cached is not None
+    data_file = env.tmp / "cache" / "data" / f"{cached.id}.bin"
+    await env.spoke.close()
+    with data_file.open("r+b") as f:  # bit rot in the middle block
+        f.seek(MiB + 10)
+        f.write(b"garbage")
+    env.spoke = env.new_spoke()
+    await env.spoke.start()
+    corrupt_before = CORRUPT._value.get()
+    before = env.link.down.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/p.bin") == data
+    assert CORRUPT._value.get() == corrupt_before + 1
+    assert MiB <= env.link.down.bytes - before < 2 * MiB  # only the bad block came again
+    # a truncated data file is dropped at start and fetched whole
+    await env.spoke.close()
+    os.truncate(data_file, 100)
+    env.spoke = env.new_spoke()
+    await env.spoke.start()
+    assert env.spoke.cache.get("/vol/p.bin", version) is None
+    assert await env.spoke.read_bytes(WHO, "/vol/p.bin") == data
+
+
+async def test_the_cache_stays_within_its_capacity(tmp_path: Path) -> None:
+    async with sites(tmp_path, capacity=3 * MiB) as env:
+        files = {f"/vol/f{i}": os.urandom(MiB) for i in range(6)}
+        for path, data in files.items():
+            await hub_write(env, path, data)
+        for path, data in files.items():
+            assert await env.spoke.read_bytes(WHO, path) == data
+            assert env.spoke.cache.used_bytes <= 3 * MiB
+        assert len(list(env.spoke.cache)) <= 3
+
+
+async def test_an_unknown_site_is_refused(env: Sites) -> None:
+    intruder = SiteIdentity.create(env.tmp / "intruder", "intruder")
+    client = RestNamespace(
+        f"https://127.0.0.1:{env.port}", ssl_context=intruder.client_context(env.hub_id.cert_pem)
+    )
+    try:
+        with pytest.raises((BackendUnavailable, AuthenticationFailed)):
+            await client.stat(WHO, "/vol")
+    finally:
+        await client.close()
+
+
+async def test_paths_outside_attached_exports_are_refused(env: Sites) -> None:
+    with pytest.raises(PermissionDenied):
+        await env.spoke.read_bytes(WHO, "/elsewhere/file")
+    assert [e.name async for e in env.spoke.list(WHO, "/")] == ["vol"]
