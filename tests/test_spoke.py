@@ -17,7 +17,7 @@ from aiohttp import web
 
 from loomfs.config import Config
 from loomfs.core.types import Principal
-from loomfs.errors import AuthenticationFailed, BackendUnavailable, PermissionDenied
+from loomfs.errors import AuthenticationFailed, BackendUnavailable, Conflict, PermissionDenied
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.fabric.server import FabricServer
 from loomfs.namespace.base import Namespace
@@ -48,7 +48,9 @@ class Sites:
             f"https://127.0.0.1:{self.link.port}",
             ssl_context=self.spoke_id.client_context(self.hub_id.cert_pem),
         )
-        return SpokeNamespace(client, Cache(self.tmp / "cache", capacity), ["/vol"])
+        return SpokeNamespace(
+            client, Cache(self.tmp / "cache", capacity), ["/vol"], site=self.spoke_id.name
+        )
 
 
 @contextlib.asynccontextmanager
@@ -167,11 +169,76 @@ async def test_cut_link_serves_cached_files_only(env: Sites) -> None:
         assert await env.spoke.read_bytes(WHO, "/vol/cached") == b"c" * 5000
         with pytest.raises(BackendUnavailable):
             await env.spoke.read_bytes(WHO, "/vol/cold")
-        with pytest.raises(BackendUnavailable):
-            await env.spoke.write_bytes(WHO, "/vol/new", b"n")
+        # writes are journaled, acknowledged, and readable here at once
+        pending = await env.spoke.write_bytes(WHO, "/vol/new", b"written offline")
+        assert pending.version == 0
+        assert await env.spoke.read_bytes(WHO, "/vol/new") == b"written offline"
+        with pytest.raises(BackendUnavailable):  # only writes are journaled
+            await env.spoke.mkdir(WHO, "/vol/dir")
     finally:
         env.link.restore()
     assert await env.spoke.read_bytes(WHO, "/vol/cold") == b"x" * 5000
+    async with asyncio.timeout(30):
+        await env.spoke.sync()
+    assert (env.volume / "new").read_bytes() == b"written offline"
+
+
+async def test_write_back_returns_first_and_sync_waits(tmp_path: Path) -> None:
+    async with sites(tmp_path) as env:
+        env.spoke.write_back = True
+        env.link.cut()  # nothing can reach the hub, yet the write is acknowledged
+        entry = await env.spoke.write_bytes(WHO, "/vol/step-100.pt", b"weights" * 1000)
+        assert entry.version == 0 and len(env.spoke.journal) == 1
+        assert not (env.volume / "step-100.pt").exists()
+        env.link.restore()
+        async with asyncio.timeout(30):
+            await env.spoke.sync()
+        assert (env.volume / "step-100.pt").read_bytes() == b"weights" * 1000
+        assert (await env.spoke.stat(WHO, "/vol/step-100.pt")).version > 0
+
+
+async def test_a_conflicting_writer_gets_a_clear_error(env: Sites) -> None:
+    first = await hub_write(env, "/vol/shared", b"v1")
+    await hub_write(env, "/vol/shared", b"v2 from the hub")
+    with pytest.raises(Conflict):
+        await env.spoke.write_bytes(WHO, "/vol/shared", b"from the spoke", if_version=first)
+    assert (env.volume / "shared").read_bytes() == b"v2 from the hub"
+    assert len(env.spoke.journal) == 0
+
+
+async def test_offline_conflict_keeps_both_versions(env: Sites) -> None:
+    await hub_write(env, "/vol/notes", b"original")
+    assert await env.spoke.read_bytes(WHO, "/vol/notes") == b"original"
+    env.link.cut()
+    await env.spoke.write_bytes(WHO, "/vol/notes", b"edited at the spoke")
+    await hub_write(env, "/vol/notes", b"edited at the hub")
+    env.link.restore()
+    async with asyncio.timeout(30):
+        await env.spoke.sync()
+    assert (env.volume / "notes").read_bytes() == b"edited at the hub"
+    [kept] = [p for p in env.volume.iterdir() if p.name.startswith("notes.conflict-gpu-west-")]
+    assert kept.read_bytes() == b"edited at the spoke"
+
+
+async def test_restart_replays_acknowledged_writes_exactly_once(env: Sites) -> None:
+    env.spoke.write_back = True
+    env.link.cut()
+    for i in range(3):
+        await env.spoke.write_bytes(WHO, f"/vol/ck{i}", f"checkpoint {i}".encode())
+    # the upload of ck0 reached the hub just before the spoke died
+    [first, *_] = list(env.spoke.journal)
+    env.spoke.journal.mark_sending(first)
+    committed = await hub_write(env, "/vol/ck0", b"checkpoint 0")
+    for task in env.spoke._tasks:  # a crash: no orderly shutdown
+        task.cancel()
+    env.link.restore()
+    env.spoke = env.new_spoke()
+    await env.spoke.start()
+    async with asyncio.timeout(30):
+        await env.spoke.sync()
+    assert sorted(p.name for p in env.volume.iterdir()) == ["ck0", "ck1", "ck2"]
+    assert (await env.hub.namespace.stat(WHO, "/vol/ck0")).version == committed
+    assert (env.volume / "ck2").read_bytes() == b"checkpoint 2"
 
 
 async def test_cache_survives_restart_and_corruption_is_refetched(env: Sites) -> None:

@@ -6,10 +6,18 @@ from the hub; file data is fetched by range as reads miss and then served from t
 Consistency is close-to-open: every open asks the hub for the entry's current version
 (one metadata round trip; leases that save it are the next step), so an open at the spoke
 sees every change committed at the hub before it began. The change feed, followed as a
-long poll, drops superseded versions from the cache. Writes go through to the hub (which
-commits them atomically with the version precondition) and the written bytes become the
-cached copy of the new version. With the link down, cached versions are still served
-(counted as possibly stale); anything else is ``BackendUnavailable``.
+long poll, drops superseded versions from the cache.
+
+Writes land in the durable journal first. By default a write then waits until the hub has
+committed it (with the writer's version precondition, so a conflicting writer elsewhere
+gets a clear ``Conflict``); with ``write_back=True`` (checkpoints) it returns once the
+journal is durable and uploads in the background, and ``sync()`` waits for the upload.
+With the link down, writes are journaled and acknowledged, and replayed in order on
+reconnect against the version they were based on; a conflict then keeps both versions
+(``name.conflict-<site>-<time>``). The written bytes become the cached copy of the new
+version, and reads at this spoke see journaled writes at once. With the link down, cached
+versions are still served (counted as possibly stale); anything else not journaled is
+``BackendUnavailable``.
 """
 
 from __future__ import annotations
@@ -17,17 +25,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
 from .. import paths
-from ..core.streams import clamp_range
+from ..core.streams import BUFFER_SIZE, LocalFileSource, clamp_range
 from ..core.types import SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
-from ..errors import BackendUnavailable, Conflict, IsADirectory, PermissionDenied
+from ..errors import (
+    AlreadyExists,
+    BackendUnavailable,
+    Conflict,
+    IsADirectory,
+    NotFound,
+    PermissionDenied,
+)
 from ..namespace.base import Namespace, Reader
 from ..rest.client import RestNamespace
 from .cache import Cache
+from .journal import Journal, Pending
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +61,26 @@ RETRY = 1.0
 
 
 class SpokeNamespace(Namespace):
-    def __init__(self, hub: RestNamespace, cache: Cache, attach: Sequence[str]) -> None:
+    def __init__(
+        self,
+        hub: RestNamespace,
+        cache: Cache,
+        attach: Sequence[str],
+        *,
+        site: str = "spoke",
+        write_back: bool = False,
+    ) -> None:
         self.hub = hub
         self.cache = cache
+        self.journal = Journal(cache.directory / "journal")
         self.attached = [paths.normalize(p) for p in attach]
+        self.site = site
+        self.write_back = write_back
         self._known: dict[str, Entry] = {}  # the last entry seen per path, for offline reads
-        self._feed: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._waiters: dict[int, asyncio.Future[Entry]] = {}
+        self._stuck: set[int] = set()
         self.seq = 0
         self.online = True
 
@@ -58,13 +91,19 @@ class SpokeNamespace(Namespace):
         self.cache.open()
         with contextlib.suppress(BackendUnavailable):
             _, self.seq = await self.hub.changes(0, 1)
-        self._feed = asyncio.create_task(self._follow())
+        self._tasks = [
+            asyncio.create_task(self._follow()),
+            asyncio.create_task(self._upload_forever()),
+        ]
+        if len(self.journal):
+            self._wake.set()  # writes acknowledged before a restart
 
     async def close(self) -> None:
-        if self._feed is not None:
-            self._feed.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._feed
+                await task
         await self.hub.close()
         self.cache.close()
 
@@ -116,6 +155,10 @@ class SpokeNamespace(Namespace):
         path = paths.normalize(path)
         if not self._visible(path):
             raise PermissionDenied(f"{path} is not attached at this spoke", path=path)
+        pending = self.journal.pending(path)
+        if pending is not None:
+            with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
+                return self._pending_entry(pending)
         entry = await self.hub.stat(who, path)
         self._known[path] = entry
         return entry
@@ -160,6 +203,10 @@ class SpokeNamespace(Namespace):
         if_version: int | None = None,
     ) -> Reader:
         path = self._inside(path)
+        pending = self.journal.pending(path)
+        if pending is not None and if_version is None:
+            with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
+                return self._read_pending(pending, offset, length)
         entry = await self._open_entry(who, path)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
@@ -168,6 +215,12 @@ class SpokeNamespace(Namespace):
         start, count = clamp_range(entry.size, offset, length)
         source = await self.cache.read(path, entry.version, entry.size, start, count, self._fetch)
         return Reader(entry, start, source)
+
+    def _read_pending(self, pending: Pending, offset: int, length: int | None) -> Reader:
+        entry = self._pending_entry(pending)
+        start, count = clamp_range(entry.size, offset, length)
+        fd = os.open(self.journal.data_path(pending), os.O_RDONLY | os.O_CLOEXEC)
+        return Reader(entry, start, LocalFileSource(fd, start, count, pending.path))
 
     async def _fetch(self, path: str, version: int, offset: int, length: int) -> bytes:
         async with await self.hub.read(SYSTEM, path, offset, length, if_version=version) as r:
@@ -184,32 +237,161 @@ class SpokeNamespace(Namespace):
         mode: int | None = None,
     ) -> Entry:
         path = self._inside(path)
-        spool = self.cache.incoming()
+        base = await self._base_version(who, path)
+        seq, spool = self.journal.reserve()
         try:
             with spool.open("wb") as out:
+                async for chunk in data:
+                    await asyncio.to_thread(out.write, chunk)
+            pending = Pending(
+                seq, path, base, if_version, exclusive, mode, time.time_ns(),
+                early=self.write_back or not self.online,
+            )  # fmt: skip
+            await asyncio.to_thread(self.journal.commit, pending)
+        except BaseException:
+            self.journal.discard(seq)
+            raise
+        if pending.early:
+            self._wake.set()
+            return self._pending_entry(pending)
+        waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        self._waiters[seq] = waiter
+        self._wake.set()
+        return await waiter
 
-                async def tee() -> AsyncIterator[bytes]:
-                    async for chunk in data:
-                        await asyncio.to_thread(out.write, chunk)
-                        yield chunk
+    async def _base_version(self, who: Principal, path: str) -> int | None:
+        """The hub version a write replaces (None: a new file); offline, the last one seen."""
+        pending = self.journal.pending(path)
+        if pending is not None:
+            return pending.base_version
+        try:
+            return (await self.hub.stat(who, path)).version
+        except NotFound:
+            return None
+        except BackendUnavailable:
+            known = self._known.get(path)
+            return None if known is None else known.version
 
-                entry = await self.hub.write(
-                    who, path, tee(), if_version=if_version, exclusive=exclusive, mode=mode
-                )
-            self.cache.invalidate(path, keep_version=entry.version)
-            await self.cache.adopt(path, entry.version, spool)
-        finally:
-            spool.unlink(missing_ok=True)
-        self._known[path] = entry
-        return entry
+    def _pending_entry(self, pending: Pending) -> Entry:
+        """What stat says of a write not yet committed at the hub (version 0)."""
+        size = self.journal.data_path(pending).stat().st_size
+        return Entry(pending.path, EntryKind.FILE, size, pending.time_ns,
+                     pending.mode or 0o100644, 0, 0, 0)  # fmt: skip
+
+    async def sync(self) -> None:
+        """Wait until every journaled write is committed at the hub (bound it with
+        ``asyncio.timeout`` where the link may stay down)."""
+        while len(self.journal):
+            self._wake.set()
+            await asyncio.sleep(0.05)
+
+    # -- the uploader ----------------------------------------------------------------------
+
+    async def _upload_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            for pending in list(self.journal):
+                try:
+                    entry = await self._upload(pending)
+                except BackendUnavailable:
+                    self._set_online(False)
+                    self._release_early(pending)
+                    asyncio.get_running_loop().call_later(RETRY, self._wake.set)
+                    break
+                except Exception as exc:
+                    waiter = self._waiters.pop(pending.seq, None)
+                    if waiter is not None:  # the writer is there to hear it
+                        self.journal.remove(pending)
+                        waiter.set_exception(exc)
+                        continue
+                    if not isinstance(exc, Conflict | AlreadyExists):
+                        # acknowledged, and the hub refuses it (say its directory is gone):
+                        # it stays journaled, reported, until someone makes room for it
+                        if pending.seq not in self._stuck:
+                            log.error("a journaled write cannot be committed: %s", exc,
+                                      extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
+                            self._stuck.add(pending.seq)
+                        continue
+                    entry = await self._keep_both(pending, exc)
+                self._set_online(True)
+                self.cache.invalidate(entry.path, keep_version=entry.version)
+                await self.cache.adopt(entry.path, entry.version, self.journal.data_path(pending))
+                self.journal.remove(pending)
+                self._known[entry.path] = entry
+                waiter = self._waiters.pop(pending.seq, None)
+                if waiter is not None:
+                    waiter.set_result(entry)
+
+    def _release_early(self, pending: Pending) -> None:
+        """The link went down under a waiting writer: its write is durable, so it is
+        acknowledged now and replayed like any early write."""
+        waiter = self._waiters.pop(pending.seq, None)
+        if waiter is not None:
+            waiter.set_result(self._pending_entry(pending))
+
+    async def _upload(self, pending: Pending) -> Entry:
+        if self.journal.was_sending(pending) and await self._already_committed(pending):
+            return await self.hub.stat(SYSTEM, pending.path)
+        if pending.seq in self._waiters:  # the writer waits: its own preconditions apply
+            if_version, exclusive = pending.if_version, pending.exclusive
+        else:  # acknowledged already: commit only over the version it was based on
+            if_version, exclusive = pending.base_version, pending.base_version is None
+        self.journal.mark_sending(pending)
+        return await self.hub.write(
+            SYSTEM,
+            pending.path,
+            _file_chunks(self.journal.data_path(pending)),
+            if_version=if_version,
+            exclusive=exclusive,
+            mode=pending.mode,
+        )
+
+    async def _already_committed(self, pending: Pending) -> bool:
+        """After a crash mid-upload: did the hub commit it? Compare the hub's content
+        with the journaled bytes (only for the one upload that was in flight)."""
+        try:
+            entry = await self.hub.stat(SYSTEM, pending.path)
+        except NotFound:
+            return False
+        data = self.journal.data_path(pending)
+        if entry.is_dir or entry.size != data.stat().st_size:
+            return False
+        with data.open("rb") as local:
+            async with await self.hub.read(SYSTEM, pending.path) as remote:
+                async for chunk in remote.chunks():
+                    if await asyncio.to_thread(local.read, len(chunk)) != chunk:
+                        return False
+        return True
+
+    async def _keep_both(self, pending: Pending, exc: Exception) -> Entry:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(pending.time_ns / 1e9))
+        name = f"{pending.path}.conflict-{self.site}-{stamp}"
+        log.warning(
+            "write conflicted at the hub; keeping both versions",
+            extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
+        )
+        return await self.hub.write(
+            SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
+        )
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
     ) -> Entry:
-        return await self.hub.mkdir(who, self._inside(path), parents=parents, exist_ok=exist_ok)
+        path = self._inside(path)
+        await self._in_order()
+        return await self.hub.mkdir(who, path, parents=parents, exist_ok=exist_ok)
+
+    async def _in_order(self) -> None:
+        """Metadata changes go to the hub directly; journaled writes before them go first."""
+        if len(self.journal):
+            if not self.online:
+                raise BackendUnavailable("the hub is unreachable; only writes are journaled")
+            await self.sync()
 
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         src, dst = self._inside(src), self._inside(dst)
+        await self._in_order()
         entry = await self.hub.rename(who, src, dst, overwrite=overwrite)
         for gone in (src, dst):
             self.cache.invalidate(gone)
@@ -220,6 +402,7 @@ class SpokeNamespace(Namespace):
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
     ) -> None:
         path = self._inside(path)
+        await self._in_order()
         await self.hub.remove(who, path, recursive=recursive, if_version=if_version)
         self.cache.invalidate(path)
         self._known.pop(path, None)
@@ -235,3 +418,9 @@ class SpokeNamespace(Namespace):
         remove: Sequence[str] = (),
     ) -> dict[str, str]:
         return await self.hub.set_tags(who, self._inside(path), set_, remove)
+
+
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, BUFFER_SIZE):
+            yield chunk

@@ -174,3 +174,5 @@ class LinkEmulator:
             await receiver
         finally:
             receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await receiver
