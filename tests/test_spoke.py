@@ -24,12 +24,13 @@ from loomfs.namespace.base import Namespace
 from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
 from loomfs.spoke.cache import CORRUPT, Cache
-from loomfs.spoke.namespace import SpokeNamespace
+from loomfs.spoke.namespace import LEASED_OPENS, SpokeNamespace
 from loomfs.testing.namespace_suite import NamespaceSuite
 from loomfs.testing.wan import LinkEmulator
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
 MiB = 1 << 20
+LEASE = 3.0
 
 
 @dataclass
@@ -59,7 +60,10 @@ async def sites(tmp: Path, capacity: int = 1 << 30) -> AsyncIterator[Sites]:
     volume.mkdir()
     hub = HubService(
         Config.model_validate(
-            {"site": {"data_dir": str(tmp / "hub")}, "hub": {"rescan_interval": 0, "watch": False}}
+            {
+                "site": {"data_dir": str(tmp / "hub")},
+                "hub": {"rescan_interval": 0, "watch": False, "lease_ttl": LEASE},
+            }
         )
     )
     await hub.start()
@@ -229,8 +233,9 @@ async def test_restart_replays_acknowledged_writes_exactly_once(env: Sites) -> N
     [first, *_] = list(env.spoke.journal)
     env.spoke.journal.mark_sending(first)
     committed = await hub_write(env, "/vol/ck0", b"checkpoint 0")
-    for task in env.spoke._tasks:  # a crash: no orderly shutdown
+    for task in env.spoke._tasks:  # a crash: no orderly shutdown of the journal
         task.cancel()
+    await env.spoke.hub.close()
     env.link.restore()
     env.spoke = env.new_spoke()
     await env.spoke.start()
@@ -295,3 +300,40 @@ async def test_paths_outside_attached_exports_are_refused(env: Sites) -> None:
     with pytest.raises(PermissionDenied):
         await env.spoke.read_bytes(WHO, "/elsewhere/file")
     assert [e.name async for e in env.spoke.list(WHO, "/")] == ["vol"]
+
+
+async def wait_for_lease(spoke: SpokeNamespace) -> None:
+    for _ in range(200):
+        if spoke.leased:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the spoke never got a read lease")
+
+
+async def test_a_commit_at_the_hub_is_seen_by_a_leased_spoke_without_asking(env: Sites) -> None:
+    await hub_write(env, "/vol/model.cfg", b"lr=0.1")
+    assert await env.spoke.read_bytes(WHO, "/vol/model.cfg") == b"lr=0.1"
+    await wait_for_lease(env.spoke)
+    opens = LEASED_OPENS._value.get()
+    before = env.link.down.bytes + env.link.up.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/model.cfg") == b"lr=0.1"
+    assert LEASED_OPENS._value.get() == opens + 1
+    assert env.link.down.bytes + env.link.up.bytes - before < 4096  # the poll at most
+    # the hub's write returns only once the leased spoke has applied it...
+    await hub_write(env, "/vol/model.cfg", b"lr=0.01")
+    # ...so an open that begins after it sees the new version, lease or not
+    assert await env.spoke.read_bytes(WHO, "/vol/model.cfg") == b"lr=0.01"
+
+
+async def test_a_silent_spoke_delays_commits_by_one_lease_at_most(env: Sites) -> None:
+    await hub_write(env, "/vol/x", b"one")
+    assert await env.spoke.read_bytes(WHO, "/vol/x") == b"one"
+    await wait_for_lease(env.spoke)
+    env.link.cut()
+    try:
+        await hub_write(env, "/vol/x", b"two")  # completes once the lease has run out
+        assert not env.spoke.leased
+        assert await env.spoke.read_bytes(WHO, "/vol/x") == b"one"  # offline: stale, counted
+    finally:
+        env.link.restore()
+    assert await env.spoke.read_bytes(WHO, "/vol/x") == b"two"

@@ -415,15 +415,14 @@ async def changes(ctx: click.Context, since: int | None, limit: int) -> None:
     ns = client(ctx)
     try:
         if since is None:
-            _, head = await ns.changes(0, 1)
-            since = max(0, head - limit)
-        records, head = await ns.changes(since, limit)
+            since = max(0, (await ns.changes(0, 1)).head - limit)
+        feed = await ns.changes(since, limit)
     finally:
         await ns.close()
-    for c in records:
+    for c in feed.changes:
         target = f" -> {c.new_path}" if c.new_path else ""
         out.print(f"{c.seq:>8} {_time(c.time_ns)} {c.op.value:<7} v{c.version:<6} {c.path}{target}")
-    out.print(f"[dim]head {head}[/dim]")
+    out.print(f"[dim]head {feed.head}[/dim]")
 
 
 if __name__ == "__main__":

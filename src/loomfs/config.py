@@ -41,6 +41,8 @@ class HubSection(_Section):
     rescan_interval: float = 600.0
     #: follow posix volumes with inotify
     watch: bool = True
+    #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke
+    lease_ttl: float = 15.0
 
 
 class ClientSection(_Section):

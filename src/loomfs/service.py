@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,10 @@ from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
 from .core.registry import open_catalog
-from .core.types import Change, VolumeState
+from .core.types import Feed, VolumeState
 from .errors import LoomError
 from .hub.assimilate import ScanStats, path_of
+from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .rest.server import RestServer
@@ -36,6 +38,7 @@ from .rest.server import RestServer
 log = logging.getLogger(__name__)
 
 SCANNED = Counter("loomfs_assimilated_entries_total", "Entries scanned by imports and rescans")
+FEED_POLL = 0.05
 HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change")
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
 
@@ -44,7 +47,10 @@ class HubService:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.catalog: Catalog = open_catalog(config.catalog_url)
-        self.namespace = HubNamespace(self.catalog)
+        self.namespace = HubNamespace(
+            self.catalog,
+            Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
+        )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -166,8 +172,27 @@ class HubService:
             for v in await self.catalog.volumes()
         ]
 
-    async def changes(self, since: int, limit: int) -> tuple[list[Change], int]:
-        return await self.catalog.changes(since, limit), await self.catalog.head_seq()
+    async def feed(
+        self,
+        site: str | None,
+        since: int,
+        limit: int,
+        *,
+        ack: int = 0,
+        wait: float = 0.0,
+        gone: Callable[[], bool] = lambda: False,
+    ) -> Feed:
+        """Changes after ``since``, held up to ``wait`` seconds until there is one (a long
+        poll). A spoke's poll also renews its read lease and acknowledges ``ack``."""
+        lease = self.namespace.leases.renew(site, ack) if site is not None else None
+        deadline = time.monotonic() + wait
+        while True:
+            changes = await self.catalog.changes(since, limit)
+            if changes or time.monotonic() >= deadline or gone():
+                return Feed(changes, await self.catalog.head_seq(), lease)
+            # the catalog may be written by other processes: polling it is the one signal
+            # that sees them all, and it is a single indexed read
+            await asyncio.sleep(FEED_POLL)
 
     # -- serving ---------------------------------------------------------------------------
 

@@ -109,6 +109,16 @@ class Change:
     size: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """A page of the change log, and the read lease granted with it (seconds; None when
+    the caller is not a spoke)."""
+
+    changes: list[Change]
+    head: int
+    lease: float | None = None
+
+
 class VolumeState(enum.StrEnum):
     IMPORTING = "importing"  # first assimilation under way; checkpoint says how far
     READY = "ready"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .. import paths
 from ..core.backends.base import Backend
-from ..core.catalog.base import Catalog, Delete, Put
+from ..core.catalog.base import Applied, Catalog, Delete
 from ..core.registry import open_backend
 from ..core.streams import clamp_range
 from ..core.types import Entry, EntryKind, ObjectInfo, Principal, Volume
@@ -34,7 +34,8 @@ from ..errors import (
     PermissionDenied,
 )
 from ..namespace.base import LIST_PAGE, Namespace, Reader
-from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
+from .assimilate import Assimilator, Progress, ScanStats, put_for
+from .coherence import Leases
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,10 @@ def _check_tag(key: str, value: str | None = None) -> None:
 
 
 class HubNamespace(Namespace):
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, leases: Leases | None = None) -> None:
         self.catalog = catalog
+        #: spokes' read leases: a commit is acknowledged once they have applied it
+        self.leases = leases or Leases(0)
         self.assimilator = Assimilator(catalog)
         self._mounts: dict[str, Mounted] = {}
         # one writer per path in this process: the precondition check, the volume write and
@@ -280,6 +283,12 @@ class HubNamespace(Namespace):
                     )
                 ]
             )
+        return await self._settled(applied)
+
+    async def _settled(self, applied: Applied) -> Entry:
+        """Acknowledge a commit only once the spokes holding leases have applied it."""
+        if applied.change is not None:
+            await self.leases.settle(applied.change.seq)
         assert applied.entry is not None
         return applied.entry
 
@@ -302,8 +311,7 @@ class HubNamespace(Namespace):
             [applied] = await self.catalog.apply(
                 [put_for(mounted.volume.mount, info, exclusive=True, check_parent=True)]
             )
-        assert applied.entry is not None
-        return applied.entry
+        return await self._settled(applied)
 
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         src, dst = paths.normalize(src), paths.normalize(dst)
@@ -327,8 +335,7 @@ class HubNamespace(Namespace):
             await self._dir(paths.split(dst)[0])
             await src_mounted.backend.rename(src_key, dst_key)
             applied = await self.catalog.rename(src, dst)
-        assert applied.entry is not None
-        return applied.entry
+        return await self._settled(applied)
 
     async def remove(
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
@@ -348,7 +355,9 @@ class HubNamespace(Namespace):
                             paths.relative(child.path, mounted.volume.mount)
                         )
             await mounted.backend.delete(key)
-            await self.catalog.apply([Delete(path, recursive=recursive, missing_ok=False)])
+            [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
+        if applied.change is not None:
+            await self.leases.settle(applied.change.seq)
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))
@@ -364,12 +373,11 @@ class HubNamespace(Namespace):
             _check_tag(key, value)
         for key in remove:
             _check_tag(key)
-        return await self.catalog.set_tags(paths.normalize(path), set_, remove)
+        tags = await self.catalog.set_tags(paths.normalize(path), set_, remove)
+        await self.leases.settle(await self.catalog.head_seq())
+        return tags
 
     async def close(self) -> None:
         for mounted in self._mounts.values():
             await mounted.backend.close()
         self._mounts.clear()
-
-
-__all__ = ["HubNamespace", "Mounted", "Put", "path_of"]

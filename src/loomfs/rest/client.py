@@ -17,7 +17,7 @@ import aiohttp
 
 from .. import paths
 from ..core.streams import BytesSource, StreamSource
-from ..core.types import Change, Entry, Principal
+from ..core.types import Entry, Feed, Principal
 from ..errors import BackendUnavailable, Conflict, LoomError, RangeNotSatisfiable
 from ..namespace.base import Namespace, Reader
 from . import wire
@@ -239,10 +239,13 @@ class RestNamespace(Namespace):
         response.release()
 
     async def changes(
-        self, since: int = 0, limit: int = 1000, wait: float = 0.0
-    ) -> tuple[builtins.list[Change], int]:
+        self, since: int = 0, limit: int = 1000, *, wait: float = 0.0, ack: int = 0
+    ) -> Feed:
         """Changes after ``since``; with ``wait``, the hub holds the request up to that many
-        seconds until there is one (a long poll: the change feed without polling)."""
-        params = {"since": str(since), "limit": str(limit), "wait": str(wait)}
+        seconds until there is one (a long poll: the change feed without polling). A spoke
+        acknowledges with ``ack`` the changes it has applied, which renews its lease."""
+        params = {"since": str(since), "limit": str(limit), "wait": str(wait), "ack": str(ack)}
         data = await self._json("GET", f"{wire.API}/changes", params=params)
-        return [wire.change_from(c) for c in data["changes"]], int(data["head"])
+        return Feed(
+            [wire.change_from(c) for c in data["changes"]], int(data["head"]), data.get("lease")
+        )

@@ -157,6 +157,13 @@ def spec() -> dict[str, Any]:
                             "description": "hold the request up to this many seconds (max 30) "
                             "until there is a change",
                         },
+                        {
+                            "name": "ack",
+                            "in": "query",
+                            "schema": {"type": "integer"},
+                            "description": "a spoke: every change up to this one is applied "
+                            "(renews its read lease)",
+                        },
                     ],
                 ),
             },

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from ..core.types import Change, Principal
+from ..core.types import Feed, Principal
 from ..errors import Conflict, InvalidArgument, LoomError
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
@@ -37,7 +37,6 @@ BYTES_IN = Counter("loomfs_write_bytes_total", "File bytes received by the REST 
 
 NDJSON = "application/x-ndjson"
 MAX_WAIT = 30.0  # longest a change-feed long poll is held
-FEED_POLL = 0.05
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -54,7 +53,16 @@ class VolumeAdmin(Protocol):
 
     async def list_volumes(self) -> list[dict[str, Any]]: ...
 
-    async def changes(self, since: int, limit: int) -> tuple[list[Change], int]: ...
+    async def feed(
+        self,
+        site: str | None,
+        since: int,
+        limit: int,
+        *,
+        ack: int = 0,
+        wait: float = 0.0,
+        gone: Callable[[], bool] = ...,
+    ) -> Feed: ...
 
 
 def _path(request: web.Request) -> str:
@@ -330,20 +338,29 @@ class RestServer:
 
     async def changes(self, request: web.Request) -> web.Response:
         assert self.admin is not None
+        who = self.principal(request)
         since = _int(request.query.get("since"), "since") or 0
         limit = _int(request.query.get("limit"), "limit") or 1000
+        ack = _int(request.query.get("ack"), "ack") or 0
         try:
             wait = min(float(request.query.get("wait") or 0), MAX_WAIT)
         except ValueError:
             raise InvalidArgument("wait must be a number of seconds") from None
-        deadline = time.monotonic() + wait
-        changes, head = await self.admin.changes(since, min(limit, 10000))
-        while not changes and time.monotonic() < deadline and not self._gone(request):
-            # the catalog may be written by other processes: polling its head is the one
-            # signal that sees them all, and it is a single indexed read
-            await asyncio.sleep(FEED_POLL)
-            changes, head = await self.admin.changes(since, min(limit, 10000))
-        return _json({"changes": [wire.change_json(c) for c in changes], "head": head})
+        feed = await self.admin.feed(
+            who.site if who.protocol == "fabric" else None,
+            since,
+            min(limit, 10000),
+            ack=ack,
+            wait=wait,
+            gone=lambda: self._gone(request),
+        )
+        return _json(
+            {
+                "changes": [wire.change_json(c) for c in feed.changes],
+                "head": feed.head,
+                "lease": feed.lease,
+            }
+        )
 
     def _gone(self, request: web.Request) -> bool:
         """The client hung up, or the server is shutting down: end a long poll early."""

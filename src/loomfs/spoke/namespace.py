@@ -3,10 +3,12 @@
 The same namespace API as the hub, over a local cache and the fabric link. Metadata comes
 from the hub; file data is fetched by range as reads miss and then served from the cache.
 
-Consistency is close-to-open: every open asks the hub for the entry's current version
-(one metadata round trip; leases that save it are the next step), so an open at the spoke
-sees every change committed at the hub before it began. The change feed, followed as a
-long poll, drops superseded versions from the cache.
+Consistency is close-to-open: an open at the spoke sees every change committed at the hub
+before the open began. The spoke follows the change feed as a long poll; each poll
+acknowledges the changes applied so far and renews a read lease, and the hub acknowledges
+a commit to its writer only after every leased spoke has acknowledged it (or the lease has
+expired). So while its lease lasts the spoke opens files from what it already knows, with
+no round trip; without a live lease every open asks the hub for the current version.
 
 Writes land in the durable journal first. By default a write then waits until the hub has
 committed it (with the writer's version precondition, so a conflicting writer elsewhere
@@ -56,7 +58,12 @@ STALE_READS = Counter(
 LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub")
 FEED_SEQ = Gauge("loomfs_spoke_feed_seq", "The last change-feed sequence number applied")
 
-FEED_WAIT = 10.0
+LEASED_OPENS = Counter(
+    "loomfs_spoke_leased_opens_total", "Opens answered under a read lease, with no round trip"
+)
+
+FEED_WAIT = 5.0
+LEASE_MARGIN = 1.0
 RETRY = 1.0
 
 
@@ -76,7 +83,10 @@ class SpokeNamespace(Namespace):
         self.attached = [paths.normalize(p) for p in attach]
         self.site = site
         self.write_back = write_back
-        self._known: dict[str, Entry] = {}  # the last entry seen per path, for offline reads
+        self._known: dict[str, Entry] = {}  # what the hub said of each path, until changed
+        self._forgotten: dict[str, int] = {}  # path -> seq of the last change that dropped it
+        self.lease_until = 0.0
+        self.lease_term = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
@@ -90,7 +100,7 @@ class SpokeNamespace(Namespace):
         """Join the change feed at its head (the cache keeps only versions it can check)."""
         self.cache.open()
         with contextlib.suppress(BackendUnavailable):
-            _, self.seq = await self.hub.changes(0, 1)
+            self.seq = (await self.hub.changes(0, 1)).head
         self._tasks = [
             asyncio.create_task(self._follow()),
             asyncio.create_task(self._upload_forever()),
@@ -109,15 +119,26 @@ class SpokeNamespace(Namespace):
 
     async def _follow(self) -> None:
         while True:
+            sent = time.monotonic()  # the lease runs from before the hub granted it
+            # hold each poll well inside a lease term, so the next one renews it in time
+            wait = min(FEED_WAIT, self.lease_term / 3) if self.lease_term else FEED_WAIT
             try:
-                changes, _ = await self.hub.changes(self.seq, 1000, wait=FEED_WAIT)
+                feed = await self.hub.changes(self.seq, 1000, wait=wait, ack=self.seq)
             except BackendUnavailable:
                 self._set_online(False)
                 await asyncio.sleep(RETRY)
                 continue
             self._set_online(True)
-            for change in changes:
+            for change in feed.changes:
                 self.apply_change(change)
+            if feed.lease:
+                self.lease_term = feed.lease
+                self.lease_until = sent + feed.lease
+
+    @property
+    def leased(self) -> bool:
+        """Whether opens may trust what this spoke knows without asking the hub."""
+        return time.monotonic() < self.lease_until - LEASE_MARGIN
 
     def _set_online(self, online: bool) -> None:
         if online != self.online:
@@ -126,14 +147,29 @@ class SpokeNamespace(Namespace):
         LINK_UP.set(int(online))
 
     def apply_change(self, change: Change) -> None:
-        """Drop what a change at the hub made stale."""
+        """Drop what a change at the hub made stale: cached data of superseded versions,
+        and what this spoke knew of the path (and below it, for moves and deletes)."""
         if change.op is ChangeOp.MODIFY:
             self.cache.invalidate(change.path, keep_version=change.version)
         elif change.op in (ChangeOp.DELETE, ChangeOp.RENAME):
             self.cache.invalidate(change.path)
-            self._known.pop(change.path, None)
+        self._forget(change.path, change.seq)
+        if change.new_path:
+            self._forget(change.new_path, change.seq)
         self.seq = max(self.seq, change.seq)
         FEED_SEQ.set(self.seq)
+
+    def _forget(self, path: str, seq: int) -> None:
+        prefix = path.rstrip("/") + "/"
+        for known in [p for p in self._known if p == path or p.startswith(prefix)]:
+            del self._known[known]
+        self._forgotten[path] = seq
+
+    def _learn(self, entry: Entry, asked_at: int) -> None:
+        """Remember an answer from the hub, unless the feed changed the path while the
+        question was on its way (the answer may predate that change)."""
+        if self._forgotten.get(entry.path, 0) <= asked_at:
+            self._known[entry.path] = entry
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -159,8 +195,9 @@ class SpokeNamespace(Namespace):
         if pending is not None:
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
                 return self._pending_entry(pending)
+        asked_at = self.seq
         entry = await self.hub.stat(who, path)
-        self._known[path] = entry
+        self._learn(entry, asked_at)
         return entry
 
     async def list(
@@ -174,15 +211,20 @@ class SpokeNamespace(Namespace):
                 yield entry
 
     async def _open_entry(self, who: Principal, path: str) -> Entry:
+        known = self._known.get(path)
+        if known is not None and self.leased:
+            LEASED_OPENS.inc()
+            return known
+        asked_at = self.seq
         try:
             entry = await self.hub.stat(who, path)
         except BackendUnavailable:
-            known = self._known.get(path) or self._newest_cached(path)
+            known = known or self._newest_cached(path)
             if known is None:
                 raise
             STALE_READS.inc()
             return known
-        self._known[path] = entry
+        self._learn(entry, asked_at)
         return entry
 
     def _newest_cached(self, path: str) -> Entry | None:

@@ -1,0 +1,86 @@
+"""Read leases and invalidation acknowledgements (hub layer): the coherence contract.
+
+A spoke that follows the change feed holds a time-bounded read lease, renewed by each
+poll, and each poll acknowledges the changes it has applied. A commit at the hub is
+acknowledged to its writer only once every spoke with a live lease has acknowledged it,
+or its lease has expired. A spoke may therefore serve an open from what it knows, with no
+round trip, while its lease lasts: any commit finished before the open began has already
+been applied there. After a hub restart the leases it granted are forgotten, so if it
+granted any within the last lease term (a marker file's mtime says when), commits wait
+out the rest of that term (a grace period) before they are acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import Gauge, Histogram
+
+LEASES = Gauge("loomfs_hub_read_leases", "Spokes holding a live read lease")
+SETTLE = Histogram("loomfs_hub_settle_seconds", "Time commits waited for spoke acknowledgements")
+
+
+@dataclass(slots=True)
+class _Lease:
+    expires: float
+    acked: int
+
+
+class Leases:
+    def __init__(self, ttl: float, marker: Path | None = None) -> None:
+        self.ttl = ttl
+        self._leases: dict[str, _Lease] = {}
+        self._event = asyncio.Event()
+        self._marker = marker
+        self._marked = 0.0
+        self._grace_until = 0.0
+        if marker is not None and marker.exists():
+            left = marker.stat().st_mtime + ttl - time.time()
+            self._grace_until = time.monotonic() + max(0.0, left)
+
+    def renew(self, site: str, acked: int) -> float:
+        """A poll from ``site`` that has applied every change up to ``acked``; returns the
+        lease term granted from now."""
+        lease = self._leases.get(site)
+        expires = time.monotonic() + self.ttl
+        if lease is None:
+            self._leases[site] = _Lease(expires, acked)
+        else:
+            lease.expires, lease.acked = expires, max(lease.acked, acked)
+        LEASES.set(len(self._leases))
+        self._event.set()
+        self._event = asyncio.Event()
+        if self._marker is not None and time.monotonic() - self._marked > 1.0:
+            self._marker.touch()
+            self._marked = time.monotonic()
+        return self.ttl
+
+    def holders(self) -> dict[str, int]:
+        """Live leases: site -> acknowledged sequence number."""
+        now = time.monotonic()
+        return {site: lease.acked for site, lease in self._leases.items() if lease.expires > now}
+
+    async def settle(self, seq: int) -> None:
+        """Return once every live lease has acknowledged ``seq`` (or expired)."""
+        if self.ttl <= 0:
+            return
+        started = time.monotonic()
+        while True:
+            now = time.monotonic()
+            for site in [s for s, lease in self._leases.items() if lease.expires <= now]:
+                del self._leases[site]  # expired: the hub no longer waits for it
+            LEASES.set(len(self._leases))
+            waiting = [lease for lease in self._leases.values() if lease.acked < seq]
+            deadlines = [lease.expires for lease in waiting]
+            if now < self._grace_until:
+                deadlines.append(self._grace_until)
+            if not deadlines:
+                SETTLE.observe(now - started)
+                return
+            event = self._event
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), min(deadlines) - now)
