@@ -337,3 +337,24 @@ async def test_a_silent_spoke_delays_commits_by_one_lease_at_most(env: Sites) ->
     finally:
         env.link.restore()
     assert await env.spoke.read_bytes(WHO, "/vol/x") == b"two"
+
+
+async def test_warm_up_fetches_ahead_and_resumes(env: Sites) -> None:
+    files = {f"/vol/train/s{i}.bin": os.urandom(300_000) for i in range(5)}
+    await env.hub.namespace.mkdir(WHO, "/vol/train")
+    for path, data in files.items():
+        await hub_write(env, path, data)
+    await env.spoke.read_bytes(WHO, "/vol/train/s0.bin")  # one is cached already
+    seen: list[int] = []
+    stats = await env.spoke.warm(
+        WHO, "/vol/train", pin=True, progress=lambda s: seen.append(s.files)
+    )
+    assert (stats.files, stats.bytes, stats.fetched) == (5, 1_500_000, 1_200_000)
+    assert seen == [1, 2, 3, 4, 5]
+    before = env.link.down.bytes
+    for path, data in files.items():
+        assert await env.spoke.read_bytes(WHO, path) == data
+    assert env.link.down.bytes - before < 64 * 1024  # every read was a hit
+    assert all(f.pinned for f in env.spoke.cache if f.path.startswith("/vol/train/"))
+    again = await env.spoke.warm(WHO, "/vol/train")
+    assert again.fetched == 0

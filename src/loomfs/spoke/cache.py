@@ -296,6 +296,8 @@ class Cache:
         refetched), then memory."""
         with self._db_lock:
             assert self._db is not None
+            if entry.id not in self._files:
+                return  # dropped while its blocks were being written: nothing to record
             self._db.execute("BEGIN")
             self._db.executemany(
                 "INSERT OR REPLACE INTO blocks (file_id, idx, hash) VALUES (?, ?, ?)", digests

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
@@ -48,6 +49,8 @@ class Journal:
         for leftover in directory.glob("*.tmp"):
             leftover.unlink()  # a record that never became durable was never acknowledged
         self._records: dict[int, Pending] = {}
+        self._rebased: dict[tuple[str, int | None], int] = {}
+        self._lock = threading.Lock()  # commits run in worker threads
         for record in sorted(directory.glob("*.json")):
             pending = Pending(**json.loads(record.read_text()))
             if self.data_path(pending).exists():
@@ -63,6 +66,9 @@ class Journal:
     def __len__(self) -> int:
         return len(self._records)
 
+    def get(self, seq: int) -> Pending | None:
+        return self._records.get(seq)
+
     def pending(self, path: str) -> Pending | None:
         """The newest unsent write of ``path``: what a read at this spoke must see."""
         found = [p for p in self._records.values() if p.path == path]
@@ -77,14 +83,23 @@ class Journal:
         self._next += 1
         return seq, self.directory / f"{seq:012d}.data"
 
-    def commit(self, pending: Pending) -> None:
+    def commit(self, pending: Pending) -> Pending:
         """Make a spooled write durable; after this returns it may be acknowledged."""
-        data = self.data_path(pending)
-        fd = os.open(data, os.O_RDONLY)
+        fd = os.open(self.data_path(pending), os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+        with self._lock:  # against a rebase between resolving the base and recording it
+            base = pending.base_version
+            while (pending.path, base) in self._rebased:
+                base = self._rebased[(pending.path, base)]
+            pending = replace(pending, base_version=base)
+            self._write_record(pending)
+            self._records[pending.seq] = pending
+        return pending
+
+    def _write_record(self, pending: Pending) -> None:
         record = self.directory / f"{pending.seq:012d}.json"
         temp = record.with_suffix(".tmp")
         with temp.open("w") as out:
@@ -93,7 +108,18 @@ class Journal:
             os.fsync(out.fileno())
         os.replace(temp, record)
         self._fsync_dir()
-        self._records[pending.seq] = pending
+
+    def rebase(self, path: str, old_base: int | None, new_base: int) -> None:
+        """Later writes of ``path`` made on top of an earlier one that is now committed as
+        ``new_base`` are based on that version (else they would conflict with it). This
+        holds for writes still being spooled, too: ``commit`` follows the same step."""
+        with self._lock:
+            self._rebased[(path, old_base)] = new_base
+            for pending in list(self):
+                if pending.path == path and pending.base_version == old_base:
+                    moved = replace(pending, base_version=new_base)
+                    self._write_record(moved)
+                    self._records[pending.seq] = moved
 
     def remove(self, pending: Pending) -> None:
         """Forget a write the hub has committed (record first: a data file without its

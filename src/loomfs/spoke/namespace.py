@@ -29,7 +29,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import Counter, Gauge
@@ -57,6 +58,14 @@ STALE_READS = Counter(
 )
 LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub")
 FEED_SEQ = Gauge("loomfs_spoke_feed_seq", "The last change-feed sequence number applied")
+
+
+@dataclass(slots=True)
+class WarmStats:
+    files: int = 0
+    bytes: int = 0
+    fetched: int = 0
+
 
 LEASED_OPENS = Counter(
     "loomfs_spoke_leased_opens_total", "Opens answered under a read lease, with no round trip"
@@ -264,6 +273,37 @@ class SpokeNamespace(Namespace):
         fd = os.open(self.journal.data_path(pending), os.O_RDONLY | os.O_CLOEXEC)
         return Reader(entry, start, LocalFileSource(fd, start, count, pending.path))
 
+    async def warm(
+        self,
+        who: Principal,
+        top: str,
+        *,
+        pin: bool = False,
+        progress: Callable[[WarmStats], None] | None = None,
+    ) -> WarmStats:
+        """Fetch every file below ``top`` into the cache ahead of reads; blocks already
+        cached are skipped, so an interrupted warm-up resumes where it stopped."""
+        stats = WarmStats()
+        top = self._inside(top)
+        async for entry in self.walk(who, top):
+            if entry.kind is not EntryKind.FILE:
+                continue
+            before = self.cache.get(entry.path, entry.version)
+            had = before.cached_bytes if before is not None else 0
+            source = await self.cache.read(
+                entry.path, entry.version, entry.size, 0, entry.size, self._fetch
+            )
+            await source.aclose()
+            self._known.setdefault(entry.path, entry)
+            if pin:
+                self.cache.set_pinned(entry.path, entry.version, True)
+            stats.files += 1
+            stats.bytes += entry.size
+            stats.fetched += entry.size - had
+            if progress is not None:
+                progress(stats)
+        return stats
+
     async def _fetch(self, path: str, version: int, offset: int, length: int) -> bytes:
         async with await self.hub.read(SYSTEM, path, offset, length, if_version=version) as r:
             return await r.read_all()
@@ -289,7 +329,7 @@ class SpokeNamespace(Namespace):
                 seq, path, base, if_version, exclusive, mode, time.time_ns(),
                 early=self.write_back or not self.online,
             )  # fmt: skip
-            await asyncio.to_thread(self.journal.commit, pending)
+            pending = await asyncio.to_thread(self.journal.commit, pending)
         except BaseException:
             self.journal.discard(seq)
             raise
@@ -311,7 +351,7 @@ class SpokeNamespace(Namespace):
         except NotFound:
             return None
         except BackendUnavailable:
-            known = self._known.get(path)
+            known = self._known.get(path) or self._newest_cached(path)
             return None if known is None else known.version
 
     def _pending_entry(self, pending: Pending) -> Entry:
@@ -333,37 +373,55 @@ class SpokeNamespace(Namespace):
         while True:
             await self._wake.wait()
             self._wake.clear()
-            for pending in list(self.journal):
+            for seq in [p.seq for p in self.journal]:
+                pending = self.journal.get(seq)  # as of now: an earlier commit may rebase it
+                if pending is None:
+                    continue
+                waiter = self._waiters.get(pending.seq)
                 try:
-                    entry = await self._upload(pending)
+                    entry = await self._commit(pending, waiting=waiter is not None)
                 except BackendUnavailable:
                     self._set_online(False)
                     self._release_early(pending)
                     asyncio.get_running_loop().call_later(RETRY, self._wake.set)
                     break
                 except Exception as exc:
-                    waiter = self._waiters.pop(pending.seq, None)
                     if waiter is not None:  # the writer is there to hear it
+                        del self._waiters[pending.seq]
                         self.journal.remove(pending)
                         waiter.set_exception(exc)
-                        continue
-                    if not isinstance(exc, Conflict | AlreadyExists):
+                    elif pending.seq not in self._stuck:
                         # acknowledged, and the hub refuses it (say its directory is gone):
-                        # it stays journaled, reported, until someone makes room for it
-                        if pending.seq not in self._stuck:
-                            log.error("a journaled write cannot be committed: %s", exc,
-                                      extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
-                            self._stuck.add(pending.seq)
-                        continue
-                    entry = await self._keep_both(pending, exc)
+                        # it stays journaled and reported until someone makes room for it
+                        log.error("a journaled write cannot be committed: %s", exc,
+                                  extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
+                        self._stuck.add(pending.seq)
+                    continue
                 self._set_online(True)
+                if entry.path == pending.path:
+                    self.journal.rebase(pending.path, pending.base_version, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
-                await self.cache.adopt(entry.path, entry.version, self.journal.data_path(pending))
+                try:
+                    await self.cache.adopt(
+                        entry.path, entry.version, self.journal.data_path(pending)
+                    )
+                except Exception:  # only a missed cache fill: the hub has the write
+                    log.exception("could not keep a written file in the cache")
                 self.journal.remove(pending)
-                self._known[entry.path] = entry
+                self._learn(entry, entry.version)
                 waiter = self._waiters.pop(pending.seq, None)
                 if waiter is not None:
                     waiter.set_result(entry)
+
+    async def _commit(self, pending: Pending, *, waiting: bool) -> Entry:
+        """Upload one journaled write. A conflict fails a waiting writer; an early write
+        that conflicts is kept beside the hub's version instead."""
+        try:
+            return await self._upload(pending, waiting=waiting)
+        except (Conflict, AlreadyExists) as exc:
+            if waiting:
+                raise
+            return await self._keep_both(pending, exc)
 
     def _release_early(self, pending: Pending) -> None:
         """The link went down under a waiting writer: its write is durable, so it is
@@ -372,10 +430,10 @@ class SpokeNamespace(Namespace):
         if waiter is not None:
             waiter.set_result(self._pending_entry(pending))
 
-    async def _upload(self, pending: Pending) -> Entry:
-        if self.journal.was_sending(pending) and await self._already_committed(pending):
+    async def _upload(self, pending: Pending, *, waiting: bool) -> Entry:
+        if self.journal.was_sending(pending) and await self._holds(pending.path, pending):
             return await self.hub.stat(SYSTEM, pending.path)
-        if pending.seq in self._waiters:  # the writer waits: its own preconditions apply
+        if waiting:  # the writer waits: its own preconditions apply
             if_version, exclusive = pending.if_version, pending.exclusive
         else:  # acknowledged already: commit only over the version it was based on
             if_version, exclusive = pending.base_version, pending.base_version is None
@@ -389,18 +447,19 @@ class SpokeNamespace(Namespace):
             mode=pending.mode,
         )
 
-    async def _already_committed(self, pending: Pending) -> bool:
-        """After a crash mid-upload: did the hub commit it? Compare the hub's content
-        with the journaled bytes (only for the one upload that was in flight)."""
+    async def _holds(self, path: str, pending: Pending) -> bool:
+        """Whether the hub's ``path`` already holds the journaled bytes: an upload that was
+        in flight when the link or the spoke died may have been committed. Compared by
+        content, and only for such uploads."""
         try:
-            entry = await self.hub.stat(SYSTEM, pending.path)
+            entry = await self.hub.stat(SYSTEM, path)
         except NotFound:
             return False
         data = self.journal.data_path(pending)
         if entry.is_dir or entry.size != data.stat().st_size:
             return False
         with data.open("rb") as local:
-            async with await self.hub.read(SYSTEM, pending.path) as remote:
+            async with await self.hub.read(SYSTEM, path) as remote:
                 async for chunk in remote.chunks():
                     if await asyncio.to_thread(local.read, len(chunk)) != chunk:
                         return False
@@ -408,14 +467,19 @@ class SpokeNamespace(Namespace):
 
     async def _keep_both(self, pending: Pending, exc: Exception) -> Entry:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(pending.time_ns / 1e9))
-        name = f"{pending.path}.conflict-{self.site}-{stamp}"
+        name = f"{pending.path}.conflict-{self.site}-{stamp}-{pending.seq}"
         log.warning(
             "write conflicted at the hub; keeping both versions",
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
-        return await self.hub.write(
-            SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
-        )
+        try:
+            return await self.hub.write(
+                SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
+            )
+        except AlreadyExists:
+            if await self._holds(name, pending):  # kept before a lost answer
+                return await self.hub.stat(SYSTEM, name)
+            raise
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
