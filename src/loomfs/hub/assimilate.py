@@ -13,13 +13,13 @@ stat confirms it, since a rename through the hub may have moved one meanwhile).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import paths
 from ..core.backends.base import Backend
-from ..core.catalog.base import Catalog, Delete, Put, VolumeUpdate
-from ..core.types import ChangeOp, EntryKind, ObjectInfo, Volume, VolumeState
+from ..core.catalog.base import Catalog, Delete, Put, ScanRow, VolumeUpdate
+from ..core.types import EntryKind, ObjectInfo, Volume, VolumeState
 from ..errors import NotFound
 
 _DEFAULT_MODE = {EntryKind.FILE: 0o100644, EntryKind.DIR: 0o40755, EntryKind.SYMLINK: 0o120777}
@@ -31,21 +31,40 @@ def path_of(mount: str, key: str) -> str:
     return paths.join(mount, key) if key else mount
 
 
-def put_for(mount: str, info: ObjectInfo, **flags: bool | int | None) -> Put:
-    """The catalog row for an object as the backend reports it."""
-    return Put(
-        path=path_of(mount, info.key),
-        kind=info.kind,
-        size=info.size if info.kind is not EntryKind.DIR else 0,
-        mtime_ns=info.mtime_ns,
-        mode=info.mode if info.mode is not None else _DEFAULT_MODE[info.kind],
-        uid=info.uid or 0,
-        gid=info.gid or 0,
-        etag=info.etag if info.kind is not EntryKind.DIR else None,
-        inode=info.inode,
-        link_target=info.link_target,
-        **flags,  # type: ignore[arg-type]
+def _facts(
+    info: ObjectInfo,
+) -> tuple[str, int, int, int, int, int, str | None, int | None, str | None]:
+    """What the catalog records of an object: (kind, size, mtime_ns, mode, uid, gid, etag,
+    inode, link_target); a directory has no size or etag of its own."""
+    kind = info.kind
+    is_dir = kind is EntryKind.DIR
+    return (
+        kind.value,
+        0 if is_dir else info.size,
+        info.mtime_ns,
+        info.mode if info.mode is not None else _DEFAULT_MODE[kind],
+        info.uid or 0,
+        info.gid or 0,
+        None if is_dir else info.etag,
+        info.inode,
+        info.link_target,
     )
+
+
+def put_for(mount: str, info: ObjectInfo, **flags: bool | int | None) -> Put:
+    """The catalog row for an object as the backend reports it (a single write)."""
+    _, *facts = _facts(info)
+    return Put(path_of(mount, info.key), info.kind, *facts, **flags)  # type: ignore[arg-type]
+
+
+def scan_rows(mount: str, batch: Sequence[ObjectInfo]) -> list[ScanRow]:
+    """The catalog rows of a scan batch (keys below the mount, never its root)."""
+    base = mount + "/"
+    rows: list[ScanRow] = []
+    for info in batch:
+        parent, _, name = (base + info.key).rpartition("/")
+        rows.append((parent, name, *_facts(info)))
+    return rows
 
 
 @dataclass(slots=True)
@@ -108,12 +127,13 @@ class Assimilator:
         await self.catalog.apply([put_for(volume.mount, root)])
         async for batch in backend.scan(prefix, start_after=resume_after):
             update = VolumeUpdate(volume.id, checkpoint=batch[-1].sort_key) if importing else None
-            applied = await self.catalog.apply([put_for(volume.mount, i) for i in batch], update)
-            for result in applied:
-                if result.id is not None and result.id <= max_id:
-                    seen[result.id] = 1
-                if result.change is not None:
-                    self._count(stats, result.change.op)
+            applied = await self.catalog.apply_scan(scan_rows(volume.mount, batch), update)
+            for row_id in applied.seen:
+                if row_id <= max_id:
+                    seen[row_id] = 1
+            stats.created += applied.created
+            stats.modified += applied.modified
+            stats.meta += applied.meta
             stats.scanned += len(batch)
             self._report(stats, progress)
         if sweeping:
@@ -130,15 +150,6 @@ class Assimilator:
         stats.done = True
         self._report(stats, progress)
         return stats
-
-    @staticmethod
-    def _count(stats: ScanStats, op: ChangeOp) -> None:
-        if op is ChangeOp.CREATE:
-            stats.created += 1
-        elif op is ChangeOp.MODIFY:
-            stats.modified += 1
-        elif op is ChangeOp.META:
-            stats.meta += 1
 
     @staticmethod
     def _report(stats: ScanStats, progress: Progress | None) -> None:

@@ -23,6 +23,8 @@ class PostgresCatalog(SqlCatalog):
         begin_write="BEGIN",
         # one writer at a time: sequence numbers are then handed out in commit order
         lock_writers="SELECT value FROM counters WHERE name = 'seq' FOR UPDATE",
+        # temp tables are never vacuumed: let each commit truncate the scan's scratch rows
+        temp_table_options="ON COMMIT DELETE ROWS",
     )
 
     @classmethod

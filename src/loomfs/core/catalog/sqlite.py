@@ -51,6 +51,7 @@ class SqliteCatalog(SqlCatalog):
             "foreign_keys = ON",
             "busy_timeout = 10000",
             "cache_size = -65536",
+            "temp_store = MEMORY",  # apply_scan's scratch tables
         ):
             conn.execute(f"PRAGMA {pragma}")
         return conn
