@@ -36,19 +36,12 @@ def _facts(
 ) -> tuple[str, int, int, int, int, int, str | None, int | None, str | None]:
     """What the catalog records of an object: (kind, size, mtime_ns, mode, uid, gid, etag,
     inode, link_target); a directory has no size or etag of its own."""
-    kind = info.kind
-    is_dir = kind is EntryKind.DIR
-    return (
-        kind.value,
-        0 if is_dir else info.size,
-        info.mtime_ns,
-        info.mode if info.mode is not None else _DEFAULT_MODE[kind],
-        info.uid or 0,
-        info.gid or 0,
-        None if is_dir else info.etag,
-        info.inode,
-        info.link_target,
-    )
+    _, kind, size, mtime_ns, etag, inode, mode, uid, gid, link_target = info
+    if mode is None:
+        mode = _DEFAULT_MODE[kind]
+    if kind is EntryKind.DIR:
+        return ("dir", 0, mtime_ns, mode, uid or 0, gid or 0, None, inode, link_target)
+    return (kind.value, size, mtime_ns, mode, uid or 0, gid or 0, etag, inode, link_target)
 
 
 def put_for(mount: str, info: ObjectInfo, **flags: bool | int | None) -> Put:
