@@ -141,6 +141,7 @@ def _scan_tables(d: Dialect) -> list[str]:
     ]
 
 
+SCAN_COLUMNS = "parent, name, kind, size, mtime_ns, mode, uid, gid, etag, inode, link_target"
 # A scan batch is loaded with multi-row INSERTs of this many rows (11 parameters each: far
 # below both engines' limits): the rows are bound in one call and inserted in one step,
 # where an executemany binds row by row and (SQLite) releases and takes back the GIL around
@@ -535,14 +536,7 @@ class SqlCatalog(Catalog):
         # where comparing them here would cost a fetched row, an Entry and a result each.
         self._q(cur, "DELETE FROM scan_batch")
         self._q(cur, "DELETE FROM scan_diff")
-        for start in range(0, len(rows), _SCAN_CHUNK):
-            chunk = rows[start : start + _SCAN_CHUNK]
-            self._q(
-                cur,
-                "INSERT INTO scan_batch (parent, name, kind, size, mtime_ns, mode, uid, gid, "
-                f"etag, inode, link_target) VALUES {', '.join([_SCAN_ROW] * len(chunk))}",
-                list(chain.from_iterable(chunk)),
-            )
+        self._load_scan_batch(cur, rows)
         head = int(self._q(cur, "SELECT value FROM counters WHERE name = 'seq'").fetchone()[0])
         self._q(cur, _SCAN_DIFF, (head,))
         counts = dict(
@@ -568,6 +562,17 @@ class SqlCatalog(Catalog):
         if volume is not None:
             self._update_volume(cur, volume)
         return ScanApplied(created, modified, meta, [row[0] for row in seen])
+
+    def _load_scan_batch(self, cur: Cursor, rows: Sequence[ScanRow]) -> None:
+        """Insert ``rows`` into ``scan_batch`` in their order; engines may do it faster."""
+        for start in range(0, len(rows), _SCAN_CHUNK):
+            chunk = rows[start : start + _SCAN_CHUNK]
+            self._q(
+                cur,
+                f"INSERT INTO scan_batch ({SCAN_COLUMNS}) "
+                f"VALUES {', '.join([_SCAN_ROW] * len(chunk))}",
+                list(chain.from_iterable(chunk)),
+            )
 
     def _flush(
         self, cur: Cursor, inserts: dict[str, tuple[Any, ...]], updates: list[tuple[Any, ...]]
