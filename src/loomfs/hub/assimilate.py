@@ -31,33 +31,29 @@ def path_of(mount: str, key: str) -> str:
     return paths.join(mount, key) if key else mount
 
 
-def _facts(
-    info: ObjectInfo,
-) -> tuple[str, int, int, int, int, int, str | None, int | None, str | None]:
-    """What the catalog records of an object: (kind, size, mtime_ns, mode, uid, gid, etag,
-    inode, link_target); a directory has no size or etag of its own."""
-    _, kind, size, mtime_ns, etag, inode, mode, uid, gid, link_target = info
-    if mode is None:
-        mode = _DEFAULT_MODE[kind]
-    if kind is EntryKind.DIR:
-        return ("dir", 0, mtime_ns, mode, uid or 0, gid or 0, None, inode, link_target)
-    return (kind.value, size, mtime_ns, mode, uid or 0, gid or 0, etag, inode, link_target)
+def scan_rows(mount: str, batch: Sequence[ObjectInfo]) -> list[ScanRow]:
+    """The catalog rows of objects as the backend reports them (keys below the mount).
+
+    The one place that says what the catalog records of an object: a directory has no
+    size or etag of its own; a backend that knows no mode or owner gets defaults. A scan
+    runs this for every object, so it is one loop over plain tuples.
+    """
+    base = mount + "/"
+    rows: list[ScanRow] = []
+    append = rows.append
+    for key, kind, size, mtime_ns, etag, inode, mode, uid, gid, link_target in batch:
+        parent, _, name = (base + key).rpartition("/")
+        is_dir = kind is EntryKind.DIR
+        append((parent, name, kind.value, 0 if is_dir else size, mtime_ns,
+                _DEFAULT_MODE[kind] if mode is None else mode, uid or 0, gid or 0,
+                None if is_dir else etag, inode, link_target))  # fmt: skip
+    return rows
 
 
 def put_for(mount: str, info: ObjectInfo, **flags: bool | int | None) -> Put:
-    """The catalog row for an object as the backend reports it (a single write)."""
-    _, *facts = _facts(info)
+    """The catalog row for one object (a single write); any key, the root's too."""
+    facts = scan_rows(mount, [info])[0][3:]  # the row's parent and name don't fit the root
     return Put(path_of(mount, info.key), info.kind, *facts, **flags)  # type: ignore[arg-type]
-
-
-def scan_rows(mount: str, batch: Sequence[ObjectInfo]) -> list[ScanRow]:
-    """The catalog rows of a scan batch (keys below the mount, never its root)."""
-    base = mount + "/"
-    rows: list[ScanRow] = []
-    for info in batch:
-        parent, _, name = (base + info.key).rpartition("/")
-        rows.append((parent, name, *_facts(info)))
-    return rows
 
 
 @dataclass(slots=True)
