@@ -152,8 +152,8 @@ class Assimilator:
         """Delete rows below ``top`` that existed before the scan and that it did not see."""
         gone: set[str] = set()
         after: tuple[str, str] | None = None
-        while rows := await self.catalog.subtree_ids(top, after, _SWEEP_PAGE):
-            gone.update(path for row_id, path in rows if row_id <= max_id and not seen[row_id])
+        while rows := await self.catalog.subtree_ids(top, after, _SWEEP_PAGE, max_id):
+            gone.update(path for row_id, path in rows if not seen[row_id])
             after = paths.split(rows[-1][1])
         # a vanished directory takes its children with it: confirm and delete only the tops
         tops = sorted(p for p in gone if not any(a in gone for a in paths.ancestors(p)))

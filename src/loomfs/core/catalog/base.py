@@ -127,10 +127,15 @@ class Catalog(ABC):
 
     @abstractmethod
     async def subtree_ids(
-        self, top: str, after: tuple[str, str] | None = None, limit: int = 10000
+        self,
+        top: str,
+        after: tuple[str, str] | None = None,
+        limit: int = 10000,
+        max_id: int | None = None,
     ) -> list[tuple[int, str]]:
-        """(id, path) of every entry strictly below ``top``, in a stable order, paged by
-        the (parent, name) of the last row returned."""
+        """(id, path) of every entry strictly below ``top`` (with ``max_id``: only those
+        with id <= max_id), in a stable order, paged by the (parent, name) of the last row
+        returned."""
 
     @abstractmethod
     async def max_id(self) -> int: ...

@@ -403,9 +403,15 @@ class SqlCatalog(Catalog):
         return await self._run(self._read, fn)
 
     async def subtree_ids(
-        self, top: str, after: tuple[str, str] | None = None, limit: int = 10000
+        self,
+        top: str,
+        after: tuple[str, str] | None = None,
+        limit: int = 10000,
+        max_id: int | None = None,
     ) -> list[tuple[int, str]]:
         lo, hi = _below(top)
+        # filtered here rather than by the caller: after an import, every row is newer
+        newer = "" if max_id is None else "AND id <= ? "
 
         def fn(cur: Cursor) -> list[tuple[int, str]]:
             a_parent, a_name = after if after is not None else ("", "")
@@ -413,8 +419,8 @@ class SqlCatalog(Catalog):
                 cur,
                 "SELECT id, parent, name FROM entries "
                 "WHERE (parent = ? OR (parent >= ? AND parent < ?)) AND (parent, name) > (?, ?) "
-                "ORDER BY parent, name LIMIT ?",
-                (top, lo, hi, a_parent, a_name, limit),
+                f"{newer}ORDER BY parent, name LIMIT ?",
+                (top, lo, hi, a_parent, a_name, *([] if max_id is None else [max_id]), limit),
             ).fetchall()
             return [(r[0], _join(r[1], r[2])) for r in rows]
 
