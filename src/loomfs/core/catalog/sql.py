@@ -115,7 +115,7 @@ def _scan_tables(d: Dialect) -> list[str]:
     return [
         f"""
         CREATE TEMP TABLE IF NOT EXISTS scan_batch (
-            pos {d.id_column},  -- assigned in the order of the VALUES list: the scan's
+            pos {d.id_column},  -- assigned in the order the rows are loaded: the scan's
             parent {d.text} NOT NULL,
             name {d.text} NOT NULL,
             kind TEXT NOT NULL,
