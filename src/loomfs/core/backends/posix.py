@@ -55,13 +55,16 @@ _by_sort_key = attrgetter("sort_key")
 
 
 def posix_etag(st: os.stat_result) -> str:
-    ino, size, mtime_ns = file_fingerprint(st)
+    return _etag(*file_fingerprint(st))
+
+
+def _etag(ino: int, size: int, mtime_ns: int) -> str:
     return f"{ino:x}-{size:x}-{mtime_ns:x}"
 
 
 def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) -> ObjectInfo | None:
     """Facts of one entry from its lstat; None for sockets, fifos and devices."""
-    # the scan's hot path: posix_etag and the stat helpers are inlined
+    # the scan's hot path: the stat helpers are inlined
     mode = st.st_mode
     fmt = mode & 0o170000
     link_target = None
@@ -84,7 +87,7 @@ def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) ->
         kind,
         size,
         mtime_ns,
-        f"{ino:x}-{st.st_size:x}-{mtime_ns:x}",  # posix_etag(st)
+        _etag(ino, st.st_size, mtime_ns),  # posix_etag(st), from the values at hand
         ino,
         mode & 0o7777,
         st.st_uid,
