@@ -13,13 +13,13 @@ stat confirms it, since a rename through the hub may have moved one meanwhile).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import paths
 from ..core.backends.base import Backend
-from ..core.catalog.base import Catalog, Delete, Put, VolumeUpdate
-from ..core.types import ChangeOp, EntryKind, ObjectInfo, Volume, VolumeState
+from ..core.catalog.base import Catalog, Delete, Put, ScanRow, VolumeUpdate
+from ..core.types import EntryKind, ObjectInfo, Volume, VolumeState
 from ..errors import NotFound
 
 _DEFAULT_MODE = {EntryKind.FILE: 0o100644, EntryKind.DIR: 0o40755, EntryKind.SYMLINK: 0o120777}
@@ -31,21 +31,29 @@ def path_of(mount: str, key: str) -> str:
     return paths.join(mount, key) if key else mount
 
 
+def scan_rows(mount: str, batch: Sequence[ObjectInfo]) -> list[ScanRow]:
+    """The catalog rows of objects as the backend reports them (keys below the mount).
+
+    The one place that says what the catalog records of an object: a directory has no
+    size or etag of its own; a backend that knows no mode or owner gets defaults. A scan
+    runs this for every object, so it is one loop over plain tuples.
+    """
+    base = mount + "/"
+    rows: list[ScanRow] = []
+    append = rows.append
+    for key, kind, size, mtime_ns, etag, inode, mode, uid, gid, link_target in batch:
+        parent, _, name = (base + key).rpartition("/")
+        is_dir = kind is EntryKind.DIR
+        append((parent, name, kind.value, 0 if is_dir else size, mtime_ns,
+                _DEFAULT_MODE[kind] if mode is None else mode, uid or 0, gid or 0,
+                None if is_dir else etag, inode, link_target))  # fmt: skip
+    return rows
+
+
 def put_for(mount: str, info: ObjectInfo, **flags: bool | int | None) -> Put:
-    """The catalog row for an object as the backend reports it."""
-    return Put(
-        path=path_of(mount, info.key),
-        kind=info.kind,
-        size=info.size if info.kind is not EntryKind.DIR else 0,
-        mtime_ns=info.mtime_ns,
-        mode=info.mode if info.mode is not None else _DEFAULT_MODE[info.kind],
-        uid=info.uid or 0,
-        gid=info.gid or 0,
-        etag=info.etag if info.kind is not EntryKind.DIR else None,
-        inode=info.inode,
-        link_target=info.link_target,
-        **flags,  # type: ignore[arg-type]
-    )
+    """The catalog row for one object (a single write); any key, the root's too."""
+    facts = scan_rows(mount, [info])[0][3:]  # the row's parent and name don't fit the root
+    return Put(path_of(mount, info.key), info.kind, *facts, **flags)  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -108,12 +116,13 @@ class Assimilator:
         await self.catalog.apply([put_for(volume.mount, root)])
         async for batch in backend.scan(prefix, start_after=resume_after):
             update = VolumeUpdate(volume.id, checkpoint=batch[-1].sort_key) if importing else None
-            applied = await self.catalog.apply([put_for(volume.mount, i) for i in batch], update)
-            for result in applied:
-                if result.id is not None and result.id <= max_id:
-                    seen[result.id] = 1
-                if result.change is not None:
-                    self._count(stats, result.change.op)
+            applied = await self.catalog.apply_scan(scan_rows(volume.mount, batch), update)
+            for row_id in applied.seen:
+                if row_id <= max_id:
+                    seen[row_id] = 1
+            stats.created += applied.created
+            stats.modified += applied.modified
+            stats.meta += applied.meta
             stats.scanned += len(batch)
             self._report(stats, progress)
         if sweeping:
@@ -132,15 +141,6 @@ class Assimilator:
         return stats
 
     @staticmethod
-    def _count(stats: ScanStats, op: ChangeOp) -> None:
-        if op is ChangeOp.CREATE:
-            stats.created += 1
-        elif op is ChangeOp.MODIFY:
-            stats.modified += 1
-        elif op is ChangeOp.META:
-            stats.meta += 1
-
-    @staticmethod
     def _report(stats: ScanStats, progress: Progress | None) -> None:
         stats.elapsed = time.monotonic() - stats.started
         if progress is not None:
@@ -152,8 +152,8 @@ class Assimilator:
         """Delete rows below ``top`` that existed before the scan and that it did not see."""
         gone: set[str] = set()
         after: tuple[str, str] | None = None
-        while rows := await self.catalog.subtree_ids(top, after, _SWEEP_PAGE):
-            gone.update(path for row_id, path in rows if row_id <= max_id and not seen[row_id])
+        while rows := await self.catalog.subtree_ids(top, after, _SWEEP_PAGE, max_id):
+            gone.update(path for row_id, path in rows if not seen[row_id])
             after = paths.split(rows[-1][1])
         # a vanished directory takes its children with it: confirm and delete only the tops
         tops = sorted(p for p in gone if not any(a in gone for a in paths.ancestors(p)))

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from ..core.catalog.base import Catalog, Delete, Put, VolumeUpdate
+from ..core.catalog.base import Catalog, Delete, Put, ScanRow, VolumeUpdate
 from ..core.types import ChangeOp, EntryKind, VolumeState
 from ..errors import (
     AlreadyExists,
@@ -41,7 +41,91 @@ async def tree(catalog: Catalog) -> None:
     )
 
 
+def scan_row(put: Put) -> ScanRow:
+    parent, _, name = put.path.rpartition("/")
+    return (parent, name, put.kind.value, put.size, put.mtime_ns, put.mode, put.uid, put.gid,
+            put.etag, put.inode, put.link_target)  # fmt: skip
+
+
+def tricky(top: str) -> tuple[list[Put], list[Put]]:
+    """A tree below ``top``, and a scan of it that finds every kind of difference."""
+    link = EntryKind.SYMLINK
+    before = [
+        d(top),
+        f(f"{top}/content"),
+        f(f"{top}/mode"),
+        f(f"{top}/etag-appears", etag=None),  # type: ignore[arg-type]
+        f(f"{top}/inode-appears"),
+        f(f"{top}/same", inode=7),
+        f(f"{top}/becomes-dir"),
+        Put(f"{top}/link", link, mode=0o120777, link_target="a"),
+        Put(f"{top}/link-same", link, mode=0o120777, link_target="a"),
+        d(f"{top}/dir"),
+    ]
+    scan = [
+        d(f"{top}/becomes-dir"),
+        f(f"{top}/content", size=2),
+        f(f"{top}/dir/new"),
+        f(f"{top}/etag-appears"),
+        f(f"{top}/inode-appears", inode=3),
+        Put(f"{top}/link", link, mode=0o120777, link_target="b"),
+        Put(f"{top}/link-same", link, mode=0o120777, link_target="a"),
+        Put(f"{top}/mode", FILE, size=1, mtime_ns=1, etag="e", mode=0o100600),
+        f(f"{top}/new"),
+        f(f"{top}/same", inode=7),
+    ]
+    return before, scan
+
+
 class CatalogSuite:
+    async def test_bulk_scan_path_decides_as_single_puts_do(self, catalog: Catalog) -> None:
+        """``apply_scan`` (the diff in SQL) against ``apply`` (the diff in Python)."""
+        for top in ("/puts", "/scan"):
+            await catalog.apply(tricky(top)[0])
+        before = {
+            p.path: await catalog.get(p.path) for top in ("/puts", "/scan") for p in tricky(top)[0]
+        }
+        ids = {path: row_id for row_id, path in await catalog.subtree_ids("/scan")}
+
+        head = await catalog.head_seq()
+        applied = await catalog.apply(tricky("/puts")[1])
+        ops = [a.change.op for a in applied if a.change is not None]
+        mid = await catalog.head_seq()
+        assert mid == head + len(ops)
+        scanned = await catalog.apply_scan([scan_row(p) for p in tricky("/scan")[1]])
+        assert await catalog.head_seq() == mid + len(ops)
+
+        assert (scanned.created, scanned.modified, scanned.meta) == (
+            ops.count(ChangeOp.CREATE), ops.count(ChangeOp.MODIFY), ops.count(ChangeOp.META)
+        )  # fmt: skip
+        assert sorted(scanned.seen) == sorted(
+            ids[p.path] for p in tricky("/scan")[1] if p.path in ids
+        )
+        # the same changes in the same order, with sequence numbers that follow on
+        by_puts = await catalog.changes(head, limit=100)
+        assert [c.seq for c in by_puts] == list(range(head + 1, mid + len(ops) + 1))
+        puts_log, scan_log = by_puts[: len(ops)], by_puts[len(ops) :]
+        assert [(c.op, c.path[5:], c.kind, c.size) for c in puts_log] == [
+            (c.op, c.path[5:], c.kind, c.size) for c in scan_log
+        ]
+        # the same rows: a new version is the change's seq, a META change keeps the old one
+        for log, top in ((puts_log, "/puts"), (scan_log, "/scan")):
+            for put in tricky(top)[1]:
+                entry = await catalog.get(put.path)
+                assert entry is not None
+                assert (entry.kind, entry.size, entry.mode, entry.etag, entry.inode) == (
+                    put.kind, put.size, put.mode, put.etag, put.inode
+                )  # fmt: skip
+                assert entry.link_target == put.link_target
+                old = before.get(put.path)
+                change = next((c for c in log if c.path == put.path), None)
+                if change is None or change.op is ChangeOp.META:
+                    assert old is not None and entry.version == old.version
+                else:
+                    assert entry.version == change.seq
+                assert change is None or change.version == entry.version
+        assert {c.op for c in scan_log} == {ChangeOp.CREATE, ChangeOp.MODIFY, ChangeOp.META}
+
     async def test_put_get_and_versions(self, catalog: Catalog) -> None:
         head = await catalog.head_seq()
         [a] = await catalog.apply([f("/x", size=3)])
@@ -172,6 +256,14 @@ class CatalogSuite:
             after = (rows[-1][1].rsplit("/", 1)[0] or "/", rows[-1][1].rsplit("/", 1)[1])
         assert len(seen) == len(set(seen)) == 5 + 35
         assert all(p.startswith("/s/") for p in seen)
+        # only the rows up to an id (those a sweep may delete), still paged to the end
+        cut = sorted(i for i, _ in await catalog.subtree_ids("/s"))[5]
+        older: list[int] = []
+        after = None
+        while rows := await catalog.subtree_ids("/s", after, limit=2, max_id=cut):
+            older.extend(i for i, _ in rows)
+            after = (rows[-1][1].rsplit("/", 1)[0] or "/", rows[-1][1].rsplit("/", 1)[1])
+        assert sorted(older) == sorted(i for i, _ in await catalog.subtree_ids("/s") if i <= cut)
 
     async def test_volumes(self, catalog: Catalog) -> None:
         vol = await catalog.add_volume("/datasets/x", "posix:///data/x")

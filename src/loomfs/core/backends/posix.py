@@ -55,31 +55,41 @@ _by_sort_key = attrgetter("sort_key")
 
 
 def posix_etag(st: os.stat_result) -> str:
-    ino, size, mtime_ns = file_fingerprint(st)
+    return _etag(*file_fingerprint(st))
+
+
+def _etag(ino: int, size: int, mtime_ns: int) -> str:
     return f"{ino:x}-{size:x}-{mtime_ns:x}"
 
 
 def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) -> ObjectInfo | None:
     """Facts of one entry from its lstat; None for sockets, fifos and devices."""
-    fmt = stat.S_IFMT(st.st_mode)
+    # the scan's hot path: the stat helpers are inlined
+    mode = st.st_mode
+    fmt = mode & 0o170000
     link_target = None
     if fmt == stat.S_IFREG:
         kind = EntryKind.FILE
+        size = st.st_size
     elif fmt == stat.S_IFDIR:
         kind = EntryKind.DIR
+        size = 0
     elif fmt == stat.S_IFLNK:
         kind = EntryKind.SYMLINK
+        size = st.st_size
         link_target = os.readlink(name, dir_fd=dir_fd)
     else:
         return None
+    ino = st.st_ino
+    mtime_ns = st.st_mtime_ns
     return ObjectInfo(
         key,
         kind,
-        0 if kind is EntryKind.DIR else st.st_size,
-        st.st_mtime_ns,
-        posix_etag(st),
-        st.st_ino,
-        stat.S_IMODE(st.st_mode),
+        size,
+        mtime_ns,
+        _etag(ino, st.st_size, mtime_ns),  # posix_etag(st), from the values at hand
+        ino,
+        mode & 0o7777,
         st.st_uid,
         st.st_gid,
         link_target,

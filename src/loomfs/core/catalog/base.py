@@ -68,6 +68,25 @@ class Applied:
     change: Change | None
 
 
+#: One object as a scan found it, already in catalog form, for ``Catalog.apply_scan``:
+#: (parent, name, kind, size, mtime_ns, mode, uid, gid, etag, inode, link_target).
+#: A plain tuple, not a ``Put``: a scan makes one per object, and building a frozen
+#: dataclass costs several times more than the catalog spends on the row.
+ScanRow = tuple[str, str, str, int, int, int, int, int, str | None, int | None, str | None]
+
+
+@dataclass(slots=True)
+class ScanApplied:
+    """What one batch of a scan did: how many rows it created, changed in content (new
+    version) and changed in mode/owner only, and the ids of the rows it found existing
+    (a sweep deletes the rows that no scan batch saw)."""
+
+    created: int
+    modified: int
+    meta: int
+    seen: list[int]
+
+
 @dataclass(frozen=True, slots=True)
 class VolumeUpdate:
     """Volume bookkeeping committed in the same transaction as a batch of ops, so that a
@@ -108,10 +127,15 @@ class Catalog(ABC):
 
     @abstractmethod
     async def subtree_ids(
-        self, top: str, after: tuple[str, str] | None = None, limit: int = 10000
+        self,
+        top: str,
+        after: tuple[str, str] | None = None,
+        limit: int = 10000,
+        max_id: int | None = None,
     ) -> list[tuple[int, str]]:
-        """(id, path) of every entry strictly below ``top``, in a stable order, paged by
-        the (parent, name) of the last row returned."""
+        """(id, path) of every entry strictly below ``top`` (with ``max_id``: only those
+        with id <= max_id), in a stable order, paged by the (parent, name) of the last row
+        returned."""
 
     @abstractmethod
     async def max_id(self) -> int: ...
@@ -120,6 +144,15 @@ class Catalog(ABC):
     async def apply(self, ops: Sequence[Op], volume: VolumeUpdate | None = None) -> list[Applied]:
         """Apply ``ops`` in order in one transaction; any failed precondition rolls back
         all of them and raises (Conflict, AlreadyExists, NotFound, DirectoryNotEmpty)."""
+
+    @abstractmethod
+    async def apply_scan(
+        self, rows: Sequence[ScanRow], volume: VolumeUpdate | None = None
+    ) -> ScanApplied:
+        """Record a batch of scanned objects (distinct paths) in one transaction, each as a
+        ``Put`` of the same facts would: new, content change, META change, or nothing; in
+        the order given, so sequence numbers follow the scan. The bulk path of assimilation:
+        it returns counts instead of an ``Applied`` per row."""
 
     @abstractmethod
     async def rename(self, src: str, dst: str) -> Applied:

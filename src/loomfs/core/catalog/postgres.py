@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from psycopg import errors as pgerrors
 
 from ...errors import AlreadyExists, BackendUnavailable, InsufficientStorage, LoomError
-from .sql import Dialect, SqlCatalog
+from .base import ScanRow
+from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
 
 
 class PostgresCatalog(SqlCatalog):
@@ -23,6 +25,8 @@ class PostgresCatalog(SqlCatalog):
         begin_write="BEGIN",
         # one writer at a time: sequence numbers are then handed out in commit order
         lock_writers="SELECT value FROM counters WHERE name = 'seq' FOR UPDATE",
+        # temp tables are never vacuumed: let each commit truncate the scan's scratch rows
+        temp_table_options="ON COMMIT DELETE ROWS",
     )
 
     @classmethod
@@ -34,6 +38,12 @@ class PostgresCatalog(SqlCatalog):
             return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"cannot connect to the catalog database: {exc}") from exc
+
+    def _load_scan_batch(self, cur: Cursor, rows: Sequence[ScanRow]) -> None:
+        # COPY: psycopg parses a statement of thousands of placeholders in Python, uncached
+        with self._conn.cursor().copy(f"COPY scan_batch ({SCAN_COLUMNS}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
 
     def _translate(self, exc: Exception) -> Exception | None:
         if isinstance(exc, LoomError) or not isinstance(exc, psycopg.Error):

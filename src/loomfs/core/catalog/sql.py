@@ -15,6 +15,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Any, Protocol, TypeVar
 
 from ... import paths
@@ -27,7 +28,7 @@ from ...errors import (
     NotFound,
 )
 from ..types import Change, ChangeOp, Entry, EntryKind, Volume, VolumeState
-from .base import Applied, Catalog, Delete, Op, Put, VolumeUpdate
+from .base import Applied, Catalog, Delete, Op, Put, ScanApplied, ScanRow, VolumeUpdate
 
 T = TypeVar("T")
 
@@ -52,6 +53,7 @@ class Dialect:
     text: str  # a text column ordered bytewise
     begin_write: str  # start a transaction that serializes writers
     lock_writers: str | None = None  # run right after begin_write, where begin alone won't
+    temp_table_options: str = ""  # ends CREATE TEMP TABLE (PostgreSQL: empty it at commit)
 
 
 def _migrations(d: Dialect) -> list[str]:
@@ -105,6 +107,102 @@ def _migrations(d: Dialect) -> list[str]:
             VALUES ('', '', 'dir', 0, 0, {0o40755}, 0, 0, 0);
         """,
     ]
+
+
+def _scan_tables(d: Dialect) -> list[str]:
+    """Per-connection scratch tables of ``apply_scan``: the batch as scanned (``pos`` keeps
+    its order), and what the catalog makes of each row."""
+    return [
+        f"""
+        CREATE TEMP TABLE IF NOT EXISTS scan_batch (
+            pos {d.id_column},  -- assigned in the order the rows are loaded: the scan's
+            parent {d.text} NOT NULL,
+            name {d.text} NOT NULL,
+            kind TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            mtime_ns BIGINT NOT NULL,
+            mode INTEGER NOT NULL,
+            uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL,
+            etag TEXT,
+            inode BIGINT,
+            link_target TEXT
+        ) {d.temp_table_options}
+        """,
+        f"""
+        CREATE TEMP TABLE IF NOT EXISTS scan_diff (
+            pos BIGINT PRIMARY KEY,
+            id BIGINT,
+            op TEXT,
+            seq BIGINT,
+            version BIGINT
+        ) {d.temp_table_options}
+        """,
+    ]
+
+
+SCAN_COLUMNS = "parent, name, kind, size, mtime_ns, mode, uid, gid, etag, inode, link_target"
+# A scan batch is loaded with multi-row INSERTs of this many rows (11 parameters each: far
+# below both engines' limits): the rows are bound in one call and inserted in one step,
+# where an executemany binds row by row and (SQLite) releases and takes back the GIL around
+# each, waiting behind the scan thread every time.
+_SCAN_CHUNK = 500
+_SCAN_ROW = "(" + ", ".join("?" * 11) + ")"
+
+
+# The classification of ``_apply`` (_content_differs, _meta_differs) in SQL: one row per
+# scanned object with the id it already has, its change op (NULL: unchanged), and for a
+# change the next sequence number in scan order (a running count of changes from the
+# counter's value) and the version it gets (a META change keeps the old one).
+_SCAN_DIFF = """
+INSERT INTO scan_diff (pos, id, op, seq, version)
+SELECT pos, id, op, seq, CASE WHEN op = 'meta' THEN old_version ELSE seq END
+FROM (
+    SELECT pos, id, op, old_version,
+           CASE WHEN op IS NOT NULL
+                THEN CAST(? AS BIGINT) + count(op) OVER (ORDER BY pos) END AS seq
+    FROM (
+        SELECT s.pos, e.id, e.version AS old_version,
+               CASE WHEN e.id IS NULL THEN 'create'
+                    WHEN e.kind <> s.kind OR e.size <> s.size OR e.mtime_ns <> s.mtime_ns
+                         OR e.etag IS DISTINCT FROM s.etag
+                         OR e.link_target IS DISTINCT FROM s.link_target THEN 'modify'
+                    WHEN e.mode <> s.mode OR e.uid <> s.uid OR e.gid <> s.gid
+                         OR e.inode IS DISTINCT FROM s.inode THEN 'meta'
+               END AS op
+        FROM scan_batch s LEFT JOIN entries e ON e.parent = s.parent AND e.name = s.name
+    ) AS classified
+) AS numbered
+"""
+_SCAN_INSERT = """
+INSERT INTO entries (parent, name, kind, size, mtime_ns, mode, uid, gid, version, etag, inode,
+                     link_target)
+SELECT s.parent, s.name, s.kind, s.size, s.mtime_ns, s.mode, s.uid, s.gid, d.version, s.etag,
+       s.inode, s.link_target
+FROM scan_diff d JOIN scan_batch s ON s.pos = d.pos
+WHERE d.op = 'create' ORDER BY d.pos
+"""
+_SCAN_UPDATE = """
+UPDATE entries SET kind = u.kind, size = u.size, mtime_ns = u.mtime_ns, mode = u.mode,
+       uid = u.uid, gid = u.gid, version = u.version, etag = u.etag, inode = u.inode,
+       link_target = u.link_target
+FROM (
+    SELECT d.id, s.kind, s.size, s.mtime_ns, s.mode, s.uid, s.gid, d.version, s.etag, s.inode,
+           s.link_target
+    FROM scan_diff d JOIN scan_batch s ON s.pos = d.pos
+    WHERE d.op IN ('modify', 'meta')
+) AS u
+WHERE entries.id = u.id
+"""
+# scanned rows are never the root, so their parent is never '' (see _join)
+_SCAN_LOG = """
+INSERT INTO changes (seq, op, path, kind, version, size, time_ns)
+SELECT d.seq, d.op,
+       CASE WHEN s.parent = '/' THEN '/' || s.name ELSE s.parent || '/' || s.name END,
+       s.kind, d.version, s.size, ?
+FROM scan_diff d JOIN scan_batch s ON s.pos = d.pos
+WHERE d.op IS NOT NULL ORDER BY d.seq
+"""
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -239,6 +337,9 @@ class SqlCatalog(Catalog):
                 self._q(cur, "INSERT INTO schema_version (version) VALUES (?)", (version,))
 
         self._write(migrate, lock=False)  # the lock's table may not exist yet
+        cur = self._cur()
+        for stmt in _scan_tables(self.dialect):
+            cur.execute(stmt)
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -302,9 +403,15 @@ class SqlCatalog(Catalog):
         return await self._run(self._read, fn)
 
     async def subtree_ids(
-        self, top: str, after: tuple[str, str] | None = None, limit: int = 10000
+        self,
+        top: str,
+        after: tuple[str, str] | None = None,
+        limit: int = 10000,
+        max_id: int | None = None,
     ) -> list[tuple[int, str]]:
         lo, hi = _below(top)
+        # filtered here rather than by the caller: after an import, every row is newer
+        newer = "" if max_id is None else "AND id <= ? "
 
         def fn(cur: Cursor) -> list[tuple[int, str]]:
             a_parent, a_name = after if after is not None else ("", "")
@@ -312,8 +419,8 @@ class SqlCatalog(Catalog):
                 cur,
                 "SELECT id, parent, name FROM entries "
                 "WHERE (parent = ? OR (parent >= ? AND parent < ?)) AND (parent, name) > (?, ?) "
-                "ORDER BY parent, name LIMIT ?",
-                (top, lo, hi, a_parent, a_name, limit),
+                f"{newer}ORDER BY parent, name LIMIT ?",
+                (top, lo, hi, a_parent, a_name, *([] if max_id is None else [max_id]), limit),
             ).fetchall()
             return [(r[0], _join(r[1], r[2])) for r in rows]
 
@@ -422,6 +529,56 @@ class SqlCatalog(Catalog):
         if volume is not None:
             self._update_volume(cur, volume)
         return results
+
+    async def apply_scan(
+        self, rows: Sequence[ScanRow], volume: VolumeUpdate | None = None
+    ) -> ScanApplied:
+        return await self._run(self._write, lambda cur: self._apply_scan(cur, rows, volume))
+
+    def _apply_scan(
+        self, cur: Cursor, rows: Sequence[ScanRow], volume: VolumeUpdate | None
+    ) -> ScanApplied:
+        # The diff runs in SQL: Python's part is binding the rows as they come,
+        # where comparing them here would cost a fetched row, an Entry and a result each.
+        self._q(cur, "DELETE FROM scan_batch")
+        self._q(cur, "DELETE FROM scan_diff")
+        self._load_scan_batch(cur, rows)
+        head = int(self._q(cur, "SELECT value FROM counters WHERE name = 'seq'").fetchone()[0])
+        self._q(cur, _SCAN_DIFF, (head,))
+        counts = dict(
+            self._q(
+                cur, "SELECT op, count(*) FROM scan_diff WHERE op IS NOT NULL GROUP BY op"
+            ).fetchall()
+        )
+        created = counts.get(ChangeOp.CREATE.value, 0)
+        modified = counts.get(ChangeOp.MODIFY.value, 0)
+        meta = counts.get(ChangeOp.META.value, 0)
+        if created:
+            self._q(cur, _SCAN_INSERT)
+        if modified or meta:
+            self._q(cur, _SCAN_UPDATE)
+        if created or modified or meta:
+            self._q(cur, _SCAN_LOG, (time.time_ns(),))
+            self._q(
+                cur,
+                "UPDATE counters SET value = ? WHERE name = 'seq'",
+                (head + created + modified + meta,),
+            )
+        seen = self._q(cur, "SELECT id FROM scan_diff WHERE id IS NOT NULL").fetchall()
+        if volume is not None:
+            self._update_volume(cur, volume)
+        return ScanApplied(created, modified, meta, [row[0] for row in seen])
+
+    def _load_scan_batch(self, cur: Cursor, rows: Sequence[ScanRow]) -> None:
+        """Insert ``rows`` into ``scan_batch`` in their order; engines may do it faster."""
+        for start in range(0, len(rows), _SCAN_CHUNK):
+            chunk = rows[start : start + _SCAN_CHUNK]
+            self._q(
+                cur,
+                f"INSERT INTO scan_batch ({SCAN_COLUMNS}) "
+                f"VALUES {', '.join([_SCAN_ROW] * len(chunk))}",
+                list(chain.from_iterable(chunk)),
+            )
 
     def _flush(
         self, cur: Cursor, inserts: dict[str, tuple[Any, ...]], updates: list[tuple[Any, ...]]

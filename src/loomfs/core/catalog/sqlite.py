@@ -43,6 +43,12 @@ class SqliteCatalog(SqlCatalog):
         return cls(url, Path(parts.path))
 
     def _connect(self) -> Any:
+        if sqlite3.sqlite_version_info < (3, 39):
+            # the scan diff uses UPDATE ... FROM (3.33) and IS DISTINCT FROM (3.39)
+            raise ConfigError(
+                f"the SQLite catalog needs SQLite 3.39 or newer; Python here is linked "
+                f"with {sqlite3.sqlite_version}"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         for pragma in (
@@ -51,6 +57,7 @@ class SqliteCatalog(SqlCatalog):
             "foreign_keys = ON",
             "busy_timeout = 10000",
             "cache_size = -65536",
+            "temp_store = MEMORY",  # apply_scan's scratch tables
         ):
             conn.execute(f"PRAGMA {pragma}")
         return conn
