@@ -14,6 +14,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from types import TracebackType
@@ -76,7 +77,16 @@ class PostgresServer:
             start_new_session=True, **self._as_user,
         )  # fmt: skip
         wait_for_port(self.port, 60, self._proc)
-        return self
+        # the port opens before recovery ends ("the database system is starting up")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                psycopg.connect(f"{self.base_url}/postgres", connect_timeout=5).close()
+                return self
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
 
     def create_database(self) -> str:
         """A new empty database; returns its URL."""
