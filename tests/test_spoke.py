@@ -9,84 +9,23 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from loomfs.config import Config
 from loomfs.core.types import Principal
 from loomfs.errors import AuthenticationFailed, BackendUnavailable, Conflict, PermissionDenied
 from loomfs.fabric.identity import SiteIdentity
-from loomfs.fabric.server import FabricServer
 from loomfs.namespace.base import Namespace
 from loomfs.rest.client import RestNamespace
-from loomfs.service import HubService
-from loomfs.spoke.cache import CORRUPT, Cache
+from loomfs.spoke.cache import CORRUPT
 from loomfs.spoke.namespace import LEASED_OPENS, SpokeNamespace
+from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.namespace_suite import NamespaceSuite
-from loomfs.testing.wan import LinkEmulator
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
 MiB = 1 << 20
 LEASE = 3.0
-
-
-@dataclass
-class Sites:
-    hub: HubService
-    spoke: SpokeNamespace
-    link: LinkEmulator
-    volume: Path
-    tmp: Path
-    hub_id: SiteIdentity
-    spoke_id: SiteIdentity
-    port: int
-
-    def new_spoke(self, capacity: int = 1 << 30) -> SpokeNamespace:
-        client = RestNamespace(
-            f"https://127.0.0.1:{self.link.port}",
-            ssl_context=self.spoke_id.client_context(self.hub_id.cert_pem),
-        )
-        return SpokeNamespace(
-            client, Cache(self.tmp / "cache", capacity), ["/vol"], site=self.spoke_id.name
-        )
-
-
-@contextlib.asynccontextmanager
-async def sites(tmp: Path, capacity: int = 1 << 30) -> AsyncIterator[Sites]:
-    volume = tmp / "volume"
-    volume.mkdir()
-    hub = HubService(
-        Config.model_validate(
-            {
-                "site": {"data_dir": str(tmp / "hub")},
-                "hub": {"rescan_interval": 0, "watch": False, "lease_ttl": LEASE},
-            }
-        )
-    )
-    await hub.start()
-    await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
-    hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
-    spoke_id = SiteIdentity.create(tmp / "spoke-id", "gpu-west")
-    server = FabricServer(hub.namespace, hub, hub_id, {"gpu-west": spoke_id.cert_pem})
-    runner = web.AppRunner(server.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server.ssl_context())
-    await site.start()
-    port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-    link = await LinkEmulator("127.0.0.1", port, rate=400e6, latency=0.001).start()
-    env = Sites(hub, None, link, volume, tmp, hub_id, spoke_id, port)  # type: ignore[arg-type]
-    env.spoke = env.new_spoke(capacity)
-    await env.spoke.start()
-    try:
-        yield env
-    finally:
-        await env.spoke.close()
-        await link.stop()
-        await runner.cleanup()
-        await hub.stop()
 
 
 Factory = Callable[[], AbstractAsyncContextManager[tuple[Namespace, str]]]
@@ -99,24 +38,24 @@ class TestSpokeConformance(NamespaceSuite):
         async def make() -> AsyncIterator[tuple[Namespace, str]]:
             tmp = tmp_path / uuid.uuid4().hex
             tmp.mkdir()
-            async with sites(tmp) as env:
+            async with fabric(tmp, lease_ttl=LEASE) as env:
                 yield env.spoke, "/vol"
 
         return make
 
 
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Sites]:
-    async with sites(tmp_path) as created:
+async def env(tmp_path: Path) -> AsyncIterator[Fabric]:
+    async with fabric(tmp_path, lease_ttl=LEASE) as created:
         yield created
 
 
-async def hub_write(env: Sites, path: str, data: bytes) -> int:
+async def hub_write(env: Fabric, path: str, data: bytes) -> int:
     entry = await env.hub.namespace.write_bytes(WHO, path, data)
     return entry.version
 
 
-async def test_a_small_read_of_a_big_file_fetches_about_that_much(env: Sites) -> None:
+async def test_a_small_read_of_a_big_file_fetches_about_that_much(env: Fabric) -> None:
     data = os.urandom(32 * MiB)
     await hub_write(env, "/vol/big.bin", data)
     before = env.link.down.bytes
@@ -129,7 +68,7 @@ async def test_a_small_read_of_a_big_file_fetches_about_that_much(env: Sites) ->
     assert env.link.down.bytes - before < 16 * 1024  # warm: one stat, no data
 
 
-async def test_concurrent_misses_fetch_once(env: Sites) -> None:
+async def test_concurrent_misses_fetch_once(env: Fabric) -> None:
     data = os.urandom(8 * MiB)
     await hub_write(env, "/vol/shared.bin", data)
     before = env.link.down.bytes
@@ -140,7 +79,7 @@ async def test_concurrent_misses_fetch_once(env: Sites) -> None:
     assert env.link.down.bytes - before < 8 * MiB + 256 * 1024
 
 
-async def test_a_change_at_the_hub_is_seen_at_the_next_open(env: Sites) -> None:
+async def test_a_change_at_the_hub_is_seen_at_the_next_open(env: Fabric) -> None:
     old = await hub_write(env, "/vol/f", b"old" * 1000)
     assert await env.spoke.read_bytes(WHO, "/vol/f") == b"old" * 1000
     assert env.spoke.cache.get("/vol/f", old) is not None
@@ -154,7 +93,7 @@ async def test_a_change_at_the_hub_is_seen_at_the_next_open(env: Sites) -> None:
     assert env.spoke.seq >= new
 
 
-async def test_writes_go_through_and_read_back_locally(env: Sites) -> None:
+async def test_writes_go_through_and_read_back_locally(env: Fabric) -> None:
     payload = os.urandom(3 * MiB + 5)
     entry = await env.spoke.write_bytes(WHO, "/vol/ckpt.pt", payload)
     assert (env.volume / "ckpt.pt").read_bytes() == payload
@@ -164,7 +103,7 @@ async def test_writes_go_through_and_read_back_locally(env: Sites) -> None:
     assert env.link.down.bytes - before < 16 * 1024
 
 
-async def test_cut_link_serves_cached_files_only(env: Sites) -> None:
+async def test_cut_link_serves_cached_files_only(env: Fabric) -> None:
     await hub_write(env, "/vol/cached", b"c" * 5000)
     await hub_write(env, "/vol/cold", b"x" * 5000)
     assert await env.spoke.read_bytes(WHO, "/vol/cached") == b"c" * 5000
@@ -188,7 +127,7 @@ async def test_cut_link_serves_cached_files_only(env: Sites) -> None:
 
 
 async def test_write_back_returns_first_and_sync_waits(tmp_path: Path) -> None:
-    async with sites(tmp_path) as env:
+    async with fabric(tmp_path, lease_ttl=LEASE) as env:
         env.spoke.write_back = True
         env.link.cut()  # nothing can reach the hub, yet the write is acknowledged
         entry = await env.spoke.write_bytes(WHO, "/vol/step-100.pt", b"weights" * 1000)
@@ -201,7 +140,7 @@ async def test_write_back_returns_first_and_sync_waits(tmp_path: Path) -> None:
         assert (await env.spoke.stat(WHO, "/vol/step-100.pt")).version > 0
 
 
-async def test_a_conflicting_writer_gets_a_clear_error(env: Sites) -> None:
+async def test_a_conflicting_writer_gets_a_clear_error(env: Fabric) -> None:
     first = await hub_write(env, "/vol/shared", b"v1")
     await hub_write(env, "/vol/shared", b"v2 from the hub")
     with pytest.raises(Conflict):
@@ -210,7 +149,7 @@ async def test_a_conflicting_writer_gets_a_clear_error(env: Sites) -> None:
     assert len(env.spoke.journal) == 0
 
 
-async def test_offline_conflict_keeps_both_versions(env: Sites) -> None:
+async def test_offline_conflict_keeps_both_versions(env: Fabric) -> None:
     await hub_write(env, "/vol/notes", b"original")
     assert await env.spoke.read_bytes(WHO, "/vol/notes") == b"original"
     env.link.cut()
@@ -224,7 +163,7 @@ async def test_offline_conflict_keeps_both_versions(env: Sites) -> None:
     assert kept.read_bytes() == b"edited at the spoke"
 
 
-async def test_restart_replays_acknowledged_writes_exactly_once(env: Sites) -> None:
+async def test_restart_replays_acknowledged_writes_exactly_once(env: Fabric) -> None:
     env.spoke.write_back = True
     env.link.cut()
     for i in range(3):
@@ -237,8 +176,7 @@ async def test_restart_replays_acknowledged_writes_exactly_once(env: Sites) -> N
         task.cancel()
     await env.spoke.hub.close()
     env.link.restore()
-    env.spoke = env.new_spoke()
-    await env.spoke.start()
+    await env.new_spoke().start()
     async with asyncio.timeout(30):
         await env.spoke.sync()
     assert sorted(p.name for p in env.volume.iterdir()) == ["ck0", "ck1", "ck2"]
@@ -246,19 +184,18 @@ async def test_restart_replays_acknowledged_writes_exactly_once(env: Sites) -> N
     assert (env.volume / "ck2").read_bytes() == b"checkpoint 2"
 
 
-async def test_cache_survives_restart_and_corruption_is_refetched(env: Sites) -> None:
+async def test_cache_survives_restart_and_corruption_is_refetched(env: Fabric) -> None:
     data = os.urandom(3 * MiB)
     version = await hub_write(env, "/vol/p.bin", data)
     assert await env.spoke.read_bytes(WHO, "/vol/p.bin") == data
     cached = env.spoke.cache.get("/vol/p.bin", version)
     assert cached is not None
-    data_file = env.tmp / "cache" / "data" / f"{cached.id}.bin"
+    data_file = env.spoke.cache.directory / "data" / f"{cached.id}.bin"
     await env.spoke.close()
     with data_file.open("r+b") as f:  # bit rot in the middle block
         f.seek(MiB + 10)
         f.write(b"garbage")
-    env.spoke = env.new_spoke()
-    await env.spoke.start()
+    await env.new_spoke().start()
     corrupt_before = CORRUPT._value.get()
     before = env.link.down.bytes
     assert await env.spoke.read_bytes(WHO, "/vol/p.bin") == data
@@ -267,14 +204,13 @@ async def test_cache_survives_restart_and_corruption_is_refetched(env: Sites) ->
     # a truncated data file is dropped at start and fetched whole
     await env.spoke.close()
     os.truncate(data_file, 100)
-    env.spoke = env.new_spoke()
-    await env.spoke.start()
+    await env.new_spoke().start()
     assert env.spoke.cache.get("/vol/p.bin", version) is None
     assert await env.spoke.read_bytes(WHO, "/vol/p.bin") == data
 
 
 async def test_the_cache_stays_within_its_capacity(tmp_path: Path) -> None:
-    async with sites(tmp_path, capacity=3 * MiB) as env:
+    async with fabric(tmp_path, capacity=3 * MiB, lease_ttl=LEASE) as env:
         files = {f"/vol/f{i}": os.urandom(MiB) for i in range(6)}
         for path, data in files.items():
             await hub_write(env, path, data)
@@ -284,7 +220,7 @@ async def test_the_cache_stays_within_its_capacity(tmp_path: Path) -> None:
         assert len(list(env.spoke.cache)) <= 3
 
 
-async def test_an_unknown_site_is_refused(env: Sites) -> None:
+async def test_an_unknown_site_is_refused(env: Fabric) -> None:
     intruder = SiteIdentity.create(env.tmp / "intruder", "intruder")
     client = RestNamespace(
         f"https://127.0.0.1:{env.port}", ssl_context=intruder.client_context(env.hub_id.cert_pem)
@@ -296,7 +232,7 @@ async def test_an_unknown_site_is_refused(env: Sites) -> None:
         await client.close()
 
 
-async def test_paths_outside_attached_exports_are_refused(env: Sites) -> None:
+async def test_paths_outside_attached_exports_are_refused(env: Fabric) -> None:
     with pytest.raises(PermissionDenied):
         await env.spoke.read_bytes(WHO, "/elsewhere/file")
     assert [e.name async for e in env.spoke.list(WHO, "/")] == ["vol"]
@@ -310,7 +246,7 @@ async def wait_for_lease(spoke: SpokeNamespace) -> None:
     raise AssertionError("the spoke never got a read lease")
 
 
-async def test_a_commit_at_the_hub_is_seen_by_a_leased_spoke_without_asking(env: Sites) -> None:
+async def test_a_commit_at_the_hub_is_seen_by_a_leased_spoke_without_asking(env: Fabric) -> None:
     await hub_write(env, "/vol/model.cfg", b"lr=0.1")
     assert await env.spoke.read_bytes(WHO, "/vol/model.cfg") == b"lr=0.1"
     await wait_for_lease(env.spoke)
@@ -325,7 +261,7 @@ async def test_a_commit_at_the_hub_is_seen_by_a_leased_spoke_without_asking(env:
     assert await env.spoke.read_bytes(WHO, "/vol/model.cfg") == b"lr=0.01"
 
 
-async def test_a_silent_spoke_delays_commits_by_one_lease_at_most(env: Sites) -> None:
+async def test_a_silent_spoke_delays_commits_by_one_lease_at_most(env: Fabric) -> None:
     await hub_write(env, "/vol/x", b"one")
     assert await env.spoke.read_bytes(WHO, "/vol/x") == b"one"
     await wait_for_lease(env.spoke)
@@ -339,7 +275,7 @@ async def test_a_silent_spoke_delays_commits_by_one_lease_at_most(env: Sites) ->
     assert await env.spoke.read_bytes(WHO, "/vol/x") == b"two"
 
 
-async def test_warm_up_fetches_ahead_and_resumes(env: Sites) -> None:
+async def test_warm_up_fetches_ahead_and_resumes(env: Fabric) -> None:
     files = {f"/vol/train/s{i}.bin": os.urandom(300_000) for i in range(5)}
     await env.hub.namespace.mkdir(WHO, "/vol/train")
     for path, data in files.items():
