@@ -26,6 +26,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import blake3
 from prometheus_client import Counter, Gauge
@@ -162,10 +163,12 @@ class Cache:
     def _data_path(self, file_id: int) -> Path:
         return self.directory / "data" / f"{file_id}.bin"
 
-    def _sql(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+    def _sql(self, sql: str, params: tuple[object, ...] = ()) -> list[Any]:
+        """Run one statement to completion under the lock: a cursor left half-read would
+        keep its statement open and make another thread's COMMIT fail."""
         assert self._db is not None, "open() first"
         with self._db_lock:
-            return self._db.execute(sql, params)
+            return self._db.execute(sql, params).fetchall()
 
     def _delete_row(self, file_id: int) -> None:
         self._sql("DELETE FROM files WHERE id = ?", (file_id,))
@@ -183,10 +186,10 @@ class Cache:
         found = self.get(path, version)
         if found is not None:
             return found
-        row = self._sql(
+        [row] = self._sql(
             "INSERT INTO files (path, version, size) VALUES (?, ?, ?) RETURNING id",
             (path, version, size),
-        ).fetchone()
+        )
         entry = CachedFile(row[0], path, version, size)
         with open(self._data_path(entry.id), "wb") as data:
             data.truncate(size)  # sparse: blocks take room only once filled
@@ -201,13 +204,15 @@ class Cache:
     ) -> LocalFileSource:
         """The bytes [offset, offset+length) of a file version, fetched where missing."""
         entry = self._ensure(path, version, size)
+        span = block_span(offset, length)
         entry.readers += 1
         try:
-            await self._fill(entry, block_span(offset, length), fetch)
-            await asyncio.to_thread(self._verify, entry, block_span(offset, length))
-            missing = [i for i in block_span(offset, length) if i not in entry.hashes]
-            if missing:  # a block failed verification: fetch it once more
-                await self._fill(entry, range(min(missing), max(missing) + 1), fetch)
+            if not self._ready(entry, span):
+                await self._fill(entry, span, fetch)
+                await asyncio.to_thread(self._verify, entry, span)
+                missing = [i for i in span if i not in entry.hashes]
+                if missing:  # a block failed verification: fetch it once more
+                    await self._fill(entry, range(min(missing), max(missing) + 1), fetch)
             fd = os.open(self._data_path(entry.id), os.O_RDONLY | os.O_CLOEXEC)
         except BaseException:
             entry.readers -= 1
@@ -216,6 +221,16 @@ class Cache:
             self.policy.access(entry.id)
         SERVED.inc(length)
         return _CacheSource(fd, offset, length, path, lambda: self._release(entry))
+
+    def _ready(self, entry: CachedFile, span: range) -> bool:
+        """Every block present and verified, and the data file as the cache left it: the
+        warm path, which then costs one stat and no thread hop."""
+        if not all(i in entry.verified for i in span):
+            return False
+        try:
+            return os.stat(self._data_path(entry.id)).st_mtime_ns == entry.data_mtime_ns
+        except FileNotFoundError:
+            return False
 
     def _release(self, entry: CachedFile) -> None:
         entry.readers -= 1

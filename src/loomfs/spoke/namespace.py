@@ -93,7 +93,8 @@ class SpokeNamespace(Namespace):
         self.site = site
         self.write_back = write_back
         self._known: dict[str, Entry] = {}  # what the hub said of each path, until changed
-        self._forgotten: dict[str, int] = {}  # path -> seq of the last change that dropped it
+        # path -> (seq, was a content change) of the last change that dropped what we knew
+        self._forgotten: dict[str, tuple[int, bool]] = {}
         self.lease_until = 0.0
         self.lease_term = 0.0
         self._tasks: list[asyncio.Task[None]] = []
@@ -162,22 +163,32 @@ class SpokeNamespace(Namespace):
             self.cache.invalidate(change.path, keep_version=change.version)
         elif change.op in (ChangeOp.DELETE, ChangeOp.RENAME):
             self.cache.invalidate(change.path)
-        self._forget(change.path, change.seq)
+        known = self._known.get(change.path)
+        news = not (
+            change.op in (ChangeOp.CREATE, ChangeOp.MODIFY)
+            and known is not None
+            and known.version >= change.version
+        )  # a content change this spoke already saw (it asked after the change) is no news
+        if news:
+            content = change.op in (ChangeOp.CREATE, ChangeOp.MODIFY)
+            self._forget(change.path, change.seq, content=content)
         if change.new_path:
             self._forget(change.new_path, change.seq)
         self.seq = max(self.seq, change.seq)
         FEED_SEQ.set(self.seq)
 
-    def _forget(self, path: str, seq: int) -> None:
+    def _forget(self, path: str, seq: int, *, content: bool = False) -> None:
         prefix = path.rstrip("/") + "/"
         for known in [p for p in self._known if p == path or p.startswith(prefix)]:
             del self._known[known]
-        self._forgotten[path] = seq
+        self._forgotten[path] = (seq, content)
 
     def _learn(self, entry: Entry, asked_at: int) -> None:
         """Remember an answer from the hub, unless the feed changed the path while the
-        question was on its way (the answer may predate that change)."""
-        if self._forgotten.get(entry.path, 0) <= asked_at:
+        question was on its way and the answer may predate that change (an answer whose
+        version is that content change's is not older)."""
+        seq, content = self._forgotten.get(entry.path, (0, False))
+        if seq <= asked_at or (content and entry.version >= seq):
             self._known[entry.path] = entry
 
     # -- paths -----------------------------------------------------------------------------
