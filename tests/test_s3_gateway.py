@@ -35,9 +35,11 @@ from botocore.exceptions import ClientError
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import AccessKey, UserRegistry
+from loomfs.errors import AlreadyExists, InvalidArgument, NotFound
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.s3 import S3Gateway, sigv4
 from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.ports import stop_process
 from loomfs.testing.seaweedfs import SeaweedFS
 
 if TYPE_CHECKING:
@@ -644,3 +646,63 @@ def test_users_cli_and_hub_serve_s3(tmp_path: Path) -> None:
         with pytest.raises(ClientError) as err:
             client.get_object(Bucket="vol", Key="hello.txt")
         assert code_of(err) == "InvalidAccessKeyId"
+
+
+async def test_user_registry_on_both_engines(catalog_url: str, tmp_path: Path) -> None:
+    catalog = open_catalog(catalog_url)
+    await catalog.open()
+    try:
+        users = UserRegistry(catalog)
+        await users.add_user("carol", frozenset({"ml", "staff"}))
+        with pytest.raises(AlreadyExists):
+            await users.add_user("carol")
+        with pytest.raises(InvalidArgument):
+            await users.add_user("../root")
+        first, second = await users.add_access_key("carol"), await users.add_access_key("carol")
+        assert len(first.access_key) == 20 and len(first.secret) == 40
+        assert first.secret not in repr(first)  # never in a log line by accident
+        found = await users.lookup_access_key(second.access_key)
+        assert found is not None and found[0].name == "carol" and found[1] == second.secret
+        assert found[0].principal("s3").groups == frozenset({"ml", "staff"})
+        line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq1 carol@laptop"
+        await users.add_ssh_key("carol", line)
+        await users.add_user("dave")
+        with pytest.raises(AlreadyExists):
+            await users.add_ssh_key("dave", line)  # one key, one user
+        with pytest.raises(InvalidArgument):
+            await users.add_ssh_key("dave", "not a key")
+        by_key = await users.lookup_ssh_key("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIGq1")
+        assert by_key is not None and by_key.name == "carol"
+        listed = {u.name: u for u in await users.list_users()}
+        assert listed["carol"].access_keys == (first.access_key, second.access_key)
+        assert [k.comment for k in listed["carol"].ssh_keys] == ["carol@laptop"]
+        await users.remove_access_key(first.access_key)
+        assert await users.lookup_access_key(first.access_key) is None
+        await users.remove_user("carol")  # keys go with the user
+        assert await users.lookup_access_key(second.access_key) is None
+        assert await users.lookup_ssh_key("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIGq1") is None
+        with pytest.raises(NotFound):
+            await users.get_user("carol")
+        assert [u.name for u in await users.list_users()] == ["dave"]
+    finally:
+        await catalog.close()
+
+
+def test_serve_s3_shorthand(tmp_path: Path) -> None:
+    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(tmp_path), "LOOMFS_CONFIG": "/dev/null"}
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loomfs.cli", "serve", "s3", "--listen", "127.0.0.1:0",
+         "--ready-file", str(ready)],
+        env={**env, "LOOMFS_HUB__LISTEN": "127.0.0.1:0"}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while not ready.exists():
+            assert proc.poll() is None, "loomfs serve s3 exited"
+            time.sleep(0.05)
+        endpoint = json.loads(ready.read_text())["s3"]
+        unsigned = http("GET", endpoint + "/")
+        assert unsigned.status == 403 and b"<Code>AccessDenied</Code>" in unsigned.data
+    finally:
+        stop_process(proc)
