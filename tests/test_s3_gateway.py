@@ -382,7 +382,14 @@ def test_multipart(gw: Gateway, s3: S3Client) -> None:
         and got["ETag"] == done["ETag"]
         and got["Metadata"] == {"x": "y"}
     )
-    assert not list((gw.tmp / "staging").iterdir())
+    assert [p.name for p in (gw.tmp / "staging").iterdir() if p.is_dir()] == []  # parts gone
+    again = s3.complete_multipart_upload(  # a repeated Complete (lost reply) gets the answer
+        Bucket="data",
+        Key="mp/obj",
+        UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]},
+    )
+    assert again["ETag"] == done["ETag"]
     aborted = s3.create_multipart_upload(Bucket="data", Key="gone")["UploadId"]
     s3.upload_part(Bucket="data", Key="gone", UploadId=aborted, PartNumber=1, Body=b"x")
     s3.abort_multipart_upload(Bucket="data", Key="gone", UploadId=aborted)

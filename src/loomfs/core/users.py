@@ -20,6 +20,7 @@ from .catalog.sql import Cursor, SqlCatalog
 from .types import Principal
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+_ACCESS_KEY = re.compile(r"^[A-Za-z0-9]{16,128}$")
 _KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # as AWS key ids: upper case and digits
 SSH_KEY_TYPES = (
     "ssh-ed25519",
@@ -174,9 +175,13 @@ class UserRegistry:
 
     # -- S3 access keys --------------------------------------------------------------------
 
-    async def add_access_key(self, user: str) -> AccessKey:
-        """A new key pair for ``user``; the caller shows the secret once."""
-        key_id, secret = new_access_key()
+    async def add_access_key(self, user: str, imported: tuple[str, str] | None = None) -> AccessKey:
+        """A new key pair for ``user``; the caller shows the secret once. ``imported``
+        is an existing (key id, secret) pair to take over, as when moving users off
+        another S3 service that clients are configured for."""
+        key_id, secret = imported or new_access_key()
+        if not _ACCESS_KEY.match(key_id) or not 16 <= len(secret) <= 128:
+            raise InvalidArgument("an access key id is 16-128 letters or digits, a secret 16-128")
         now = time.time_ns()
 
         def fn(cur: Cursor) -> None:

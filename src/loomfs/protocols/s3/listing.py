@@ -73,6 +73,8 @@ class Lister:
     async def items(self) -> AsyncIterator[Item]:
         # start in the deepest directory the prefix names in full
         base = self.prefix[: self.prefix.rfind("/") + 1]
+        if any(part in ("", ".", "..") for part in base.split("/")[:-1]):
+            return  # no key has such a segment (``check_key``), so none can match
         last_prefix: str | None = None
         try:
             async for item in self._walk(base, self.after):

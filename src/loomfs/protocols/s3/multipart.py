@@ -4,12 +4,14 @@ S3 clients upload parts in any order and in parallel, then name the parts that m
 object. Parts wait in ``<staging>/<upload id>/`` under the site's data directory (one
 file per part, written to a temporary name and renamed once complete, so a part is there
 whole or not at all); completion streams them in order into one namespace write, which
-commits the object atomically, then removes the upload's directory.
+commits the object atomically, then removes the upload's directory and leaves a small
+marker, so that a client that repeats Complete (after a lost reply) gets the same answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +28,7 @@ from ...core.streams import BUFFER_SIZE
 from .errors import S3Error
 
 MIN_PART_SIZE = 5 << 20  # as AWS: every part but the last
+DONE_TTL_S = 3600  # how long a completed upload answers a repeated Complete
 MAX_PARTS = 10000
 _UPLOAD_ID = re.compile(r"^[A-Za-z0-9_-]{32}$")
 
@@ -63,6 +66,7 @@ class Staging:
         folder = self._dir(upload.upload_id)
 
         def make() -> None:
+            self._sweep_markers()
             folder.mkdir(parents=True)
             (folder / "upload.json").write_text(json.dumps(_as_dict(upload)))
 
@@ -172,6 +176,29 @@ class Staging:
 
     async def remove(self, upload: Upload) -> None:
         await asyncio.to_thread(shutil.rmtree, self._dir(upload.upload_id), True)
+
+    async def finish(self, upload: Upload, etag: str) -> None:
+        """Remove a completed upload's parts, remembering its ETag for a while."""
+        marker = self.root / f"{upload.upload_id}.done"
+        data = json.dumps({"bucket": upload.bucket, "key": upload.key, "etag": etag})
+        await asyncio.to_thread(marker.write_text, data)
+        await self.remove(upload)
+
+    async def completed(self, upload_id: str, bucket: str, key: str) -> str | None:
+        """The ETag of an upload completed lately as ``bucket``/``key``, else None."""
+        self._dir(upload_id)  # refuses ids that are not ours
+        try:
+            data = json.loads(await asyncio.to_thread((self.root / f"{upload_id}.done").read_text))
+        except (FileNotFoundError, ValueError):
+            return None
+        return str(data["etag"]) if (data["bucket"], data["key"]) == (bucket, key) else None
+
+    def _sweep_markers(self) -> None:
+        cutoff = time.time() - DONE_TTL_S
+        for marker in self.root.glob("*.done"):
+            with contextlib.suppress(FileNotFoundError):
+                if marker.stat().st_mtime < cutoff:
+                    marker.unlink()
 
 
 def _as_dict(upload: Upload) -> dict[str, Any]:

@@ -215,6 +215,10 @@ def object_etag(entry: Entry, tags: Mapping[str, str]) -> str:
 def _stored_meta(headers: Mapping[str, str]) -> dict[str, str]:
     """The tags that keep a request's Content-Type and x-amz-meta-* headers."""
     tags = {f"{TAG}{name}": headers[name] for name in STORED_HEADERS if name in headers}
+    # aws-chunked is the upload's framing, not a coding of the stored object
+    codings = [c.strip() for c in tags.pop(f"{TAG}content-encoding", "").split(",")]
+    if kept := ", ".join(c for c in codings if c and c != "aws-chunked"):
+        tags[f"{TAG}content-encoding"] = kept
     for name, value in headers.items():
         if name.startswith("x-amz-meta-"):
             tags[META_TAG + name[len("x-amz-meta-") :]] = value
@@ -273,7 +277,7 @@ class S3Gateway:
     def app(self) -> web.Application:
         # bodies stream; client_max_size bounds only what aiohttp itself would buffer
         app = web.Application(client_max_size=MAX_DOCUMENT)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=_expect)
         return app
 
     # -- the edge: authenticate, dispatch, map errors ---------------------------------------
@@ -286,6 +290,9 @@ class S3Gateway:
         resource = path
         op = "-"
         try:
+            if request.method == "OPTIONS":
+                # a CORS preflight; no CORS rules are configured on these buckets
+                raise S3Error("InvalidRequest", "CORS is not enabled for this bucket")
             query = _split_query(raw_query)
             headers = {k.lower(): v for k, v in request.headers.items()}
             auth, who = await self._authenticate(request.method, path, query, headers)
@@ -318,6 +325,8 @@ class S3Gateway:
                 "remote": request.remote,
                 "reason": exc.message,
                 "request_id": request_id,
+                # what the client is not told about a server-side failure
+                "cause": repr(exc.__cause__) if exc.status >= 500 and exc.__cause__ else None,
             },
         )
         exc.resource = exc.resource or resource
@@ -417,12 +426,23 @@ class S3Gateway:
                         found.setdefault(entry.name, entry.mtime_ns)
             except NotFound:
                 pass
+        after = c.query.get("continuation-token", "")
+        prefix = c.query.get("prefix", "")
+        limit = _int_param(c.query.get("max-buckets"), "max-buckets", 10000) or 10000
+        names = [n for n in sorted(found) if n > after and n.startswith(prefix)]
+        shown = names[:limit]
         buckets = [
-            el("Bucket", el("Name", name), el("CreationDate", iso_time(mtime)))
-            for name, mtime in sorted(found.items())
+            el("Bucket", el("Name", name), el("CreationDate", iso_time(found[name])))
+            for name in shown
         ]
         return _xml(
-            document("ListAllMyBucketsResult", self._owner(c), el("Buckets", nodes(buckets)))
+            document(
+                "ListAllMyBucketsResult",
+                self._owner(c),
+                el("Buckets", nodes(buckets)),
+                el("ContinuationToken", shown[-1]) if len(names) > limit else None,
+                el("Prefix", prefix) if prefix else None,
+            )
         )
 
     def _owner(self, c: Call) -> Xml:
@@ -433,6 +453,8 @@ class S3Gateway:
         return web.Response(headers={"x-amz-bucket-region": self.region})
 
     async def create_bucket(self, c: Call) -> web.Response:
+        if c.bucket not in self.buckets and not _valid_bucket_name(c.bucket):
+            raise S3Error("InvalidBucketName", "the specified bucket is not valid")
         folder = self.bucket_dir(c.bucket)
         if c.bucket in self.buckets or self.bucket_root is None:
             if await self.ns.exists(c.who, folder):
@@ -441,7 +463,9 @@ class S3Gateway:
         try:
             await self.ns.mkdir(c.who, folder)
         except AlreadyExists:
-            raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket") from None
+            # us-east-1 answers a repeated create with success, every other region not
+            if self.region != "us-east-1":
+                raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket") from None
         return web.Response(headers={"Location": f"/{c.bucket}"})
 
     async def delete_bucket(self, c: Call) -> web.Response:
@@ -481,7 +505,9 @@ class S3Gateway:
             items.append(item)
         return items, False
 
-    async def _contents(self, c: Call, items: list[Item], encode: bool, tag: str) -> Xml:
+    async def _contents(
+        self, c: Call, items: list[Item], encode: bool, tag: str, with_owner: bool
+    ) -> Xml:
         rows = []
         for item in items:
             if item.entry is None:
@@ -497,7 +523,7 @@ class S3Gateway:
                     el("ETag", object_etag(item.entry, tags)),
                     el("Size", item.entry.size),
                     el("StorageClass", "STANDARD"),
-                    self._owner(c) if tag == "Version" or "fetch-owner" in c.query else None,
+                    self._owner(c) if with_owner else None,
                 )
             )
         prefixes = [
@@ -524,13 +550,16 @@ class S3Gateway:
         next_after = items[-1].key if truncated and items else None
         common = (
             el("Name", c.bucket),
-            el("Prefix", _enc(prefix, encode)),
+            # V1 echoes the prefix as given even with encoding-type=url (clients rely on it)
+            el("Prefix", _enc(prefix, encode and v2)),
             el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
             el("MaxKeys", max_keys),
             el("EncodingType", "url") if encode else None,
             el("IsTruncated", truncated),
         )
-        contents = await self._contents(c, items, encode, "Contents")
+        # V1 always names the owner, V2 only when asked to
+        with_owner = not v2 or q.get("fetch-owner") == "true"
+        contents = await self._contents(c, items, encode, "Contents", with_owner)
         if v2:
             return _xml(
                 document(
@@ -580,7 +609,7 @@ class S3Gateway:
                 el("MaxKeys", max_keys),
                 el("EncodingType", "url") if encode else None,
                 el("IsTruncated", truncated),
-                await self._contents(c, items, encode, "Version"),
+                await self._contents(c, items, encode, "Version", True),
             )
         )
 
@@ -645,11 +674,7 @@ class S3Gateway:
         request = c.request
         headers = request.headers
         decoded = headers.get("x-amz-decoded-content-length")
-        if (
-            request.content_length is None
-            and decoded is None
-            and "chunked" not in headers.get("Transfer-Encoding", "")
-        ):
+        if request.content_length is None and decoded is None:
             raise S3Error("MissingContentLength", "you must provide the Content-Length header")
         declared = int(decoded) if decoded and decoded.isdigit() else request.content_length
         if declared is not None and declared > limit:
@@ -745,8 +770,8 @@ class S3Gateway:
         return web.Response(headers={"ETag": etag})
 
     def _copy_source(self, c: Call) -> tuple[str, str]:
-        source = unquote(c.request.headers["x-amz-copy-source"])
-        source, _, version = source.partition("?")
+        raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
+        source = unquote(raw)
         if version and version != "versionId=null":
             raise S3Error("InvalidArgument", "only the null version of an object exists here")
         bucket, _, key = source.lstrip("/").partition("/")
@@ -898,10 +923,7 @@ class S3Gateway:
         if source_range:
             bucket, key = self._copy_source(c)
             source, _ = await self._object(Call(c.request, c.who, c.auth, bucket, key, {}))
-            parsed = parse_range(source_range, source.size)
-            if parsed is None:
-                raise S3Error("InvalidArgument", "x-amz-copy-source-range must be bytes=first-last")
-            window = parsed
+            window = _copy_range(source_range, source.size)
         _, _, data = await self._read_source(c, window)
         part = await self.staging.put_part(upload, number, data, self.max_part_size)
         return _xml(
@@ -911,6 +933,9 @@ class S3Gateway:
         )
 
     async def complete_upload(self, c: Call) -> web.Response:
+        done = await self.staging.completed(c.query["uploadId"], c.bucket, c.key)
+        if done is not None:
+            return self._completed(c, done)
         upload = await self._upload(c)
         root = parse(await _read_document(c.request))
         if local(root.tag) != "CompleteMultipartUpload":
@@ -926,7 +951,10 @@ class S3Gateway:
         data, etag = await self.staging.assemble(upload, chosen)
         path = self.object_path(c)
         await self._store(c, path, data, dict(upload.meta), etag=etag, limit=self.max_object_size)
-        await self.staging.remove(upload)
+        await self.staging.finish(upload, etag)
+        return self._completed(c, etag)
+
+    def _completed(self, c: Call, etag: str) -> web.Response:
         return _xml(
             document(
                 "CompleteMultipartUploadResult",
@@ -1001,6 +1029,13 @@ class S3Gateway:
         )
 
 
+async def _expect(request: web.Request) -> None:
+    # 100-continue as usual; any other expectation is ignored, as S3 does (aiohttp's
+    # default would answer 417)
+    if request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
 def _xml(body: bytes, status: int = 200) -> web.Response:
     return web.Response(status=status, body=body, content_type="application/xml")
 
@@ -1022,6 +1057,17 @@ def _content_md5(value: str | None) -> bytes | None:
     if len(digest) != 16:
         raise S3Error("InvalidDigest", "the Content-MD5 you specified is not valid")
     return digest
+
+
+def _copy_range(header: str, size: int) -> tuple[int, int]:
+    """x-amz-copy-source-range: unlike Range, only 'bytes=first-last' inside the object."""
+    first, sep, last = header.removeprefix("bytes=").partition("-")
+    if not header.startswith("bytes=") or not sep or not first.isdigit() or not last.isdigit():
+        raise S3Error("InvalidArgument", "x-amz-copy-source-range must be bytes=first-last")
+    start, end = int(first), int(last)
+    if start > end or end >= size:
+        raise S3Error("InvalidRange", f"the range {header} is not inside the {size} byte source")
+    return start, end - start + 1
 
 
 def _encode_token(key: str) -> str:

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
 from .errors import S3Error
@@ -102,11 +103,26 @@ def canonical_request(  # noqa: PLR0917 - the six parts of the canonical form, i
     )
 
 
-def parse_amz_date(value: str) -> int:
+def parse_amz_date(value: str) -> float:
     try:
         return calendar.timegm(time.strptime(value, "%Y%m%dT%H%M%SZ"))
     except ValueError:
         raise S3Error("AccessDenied", f"invalid X-Amz-Date {value!r}") from None
+
+
+def _request_time(headers: Mapping[str, str]) -> tuple[str, float]:
+    """The signed time (ISO basic form, as in the string to sign) and its epoch seconds:
+    X-Amz-Date, or else the Date header (which SDKs sign instead when it is present)."""
+    amz_date = headers.get("x-amz-date")
+    if amz_date:
+        return amz_date, parse_amz_date(amz_date)
+    try:
+        when = parsedate_to_datetime(headers.get("date") or "").timestamp()
+    except (TypeError, ValueError):
+        raise S3Error(
+            "AccessDenied", "a signed request needs an X-Amz-Date or Date header"
+        ) from None
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when)), when
 
 
 def _parse_authorization(header: str) -> tuple[str, list[str], str]:
@@ -149,13 +165,10 @@ class Verifier:
         auth = headers.get("authorization")
         if auth is not None:
             credential, signed, signature = _parse_authorization(auth)
-            amz_date = headers.get("x-amz-date") or ""
             payload = headers.get("x-amz-content-sha256")
             if payload is None:
                 raise S3Error("InvalidRequest", "missing required header x-amz-content-sha256")
-            if not amz_date:
-                raise S3Error("AccessDenied", "a signed request needs an X-Amz-Date header")
-            when = parse_amz_date(amz_date)
+            amz_date, when = _request_time(headers)
             if abs(self.clock() - when) > MAX_SKEW_S:
                 raise S3Error(
                     "RequestTimeTooSkewed",
@@ -178,8 +191,7 @@ class Verifier:
                 ) from None
             if not 0 < expires <= MAX_PRESIGN_S:
                 raise S3Error(
-                    "AuthorizationQueryParametersError",
-                    f"X-Amz-Expires must be between 1 and {MAX_PRESIGN_S} seconds",
+                    "AccessDenied", f"X-Amz-Expires must be between 1 and {MAX_PRESIGN_S} seconds"
                 )
             when = parse_amz_date(amz_date)
             now = self.clock()
