@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -38,6 +39,7 @@ from loomfs.core.users import AccessKey, UserRegistry
 from loomfs.errors import AlreadyExists, InvalidArgument, NotFound
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.s3 import S3Gateway, sigv4
+from loomfs.protocols.s3.listing import Lister
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.ports import stop_process
 from loomfs.testing.seaweedfs import SeaweedFS
@@ -713,3 +715,50 @@ def test_serve_s3_shorthand(tmp_path: Path) -> None:
         assert unsigned.status == 403 and b"<Code>AccessDenied</Code>" in unsigned.data
     finally:
         stop_process(proc)
+
+
+def _model(keys: list[str], prefix: str, delimiter: str, after: str | None) -> list[str]:
+    """S3's listing, written the obvious way over a sorted list of every key."""
+    out: list[str] = []
+    for key in sorted(keys, key=lambda k: k.encode()):
+        if not key.startswith(prefix):
+            continue
+        cut = key.find(delimiter, len(prefix)) if delimiter else -1
+        item = key[: cut + len(delimiter)] if cut >= 0 else key
+        if (after is None or item > after) and (not out or out[-1] != item):
+            out.append(item)
+    return out
+
+
+async def test_listing_matches_a_model_of_s3(tmp_path: Path) -> None:
+    """The tree walk against the model, over keys chosen to sort across '/' ('-', '.',
+    ' ' are below it, '0' and letters above) with random prefixes, delimiters and starts."""
+    rng = random.Random(7)
+    alphabet = ["a", "b", "a-", "a.", "a ", "a0", "ab", "b-"]
+    keys: set[str] = set()
+    while len(keys) < 150:
+        keys.add("/".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))))
+    # a key cannot also be a prefix of others here (files and directories share names)
+    keys = {k for k in keys if not any(o.startswith(k + "/") for o in keys)}
+    root = tmp_path / "vol"
+    root.mkdir()
+    catalog = open_catalog(f"sqlite://{tmp_path / 'c.db'}")
+    await catalog.open()
+    ns = HubNamespace(catalog)
+    try:
+        await ns.add_volume("/b", f"posix://{root}")
+        for key in keys:
+            parent = "/b/" + key.rpartition("/")[0]
+            await ns.mkdir(SYSTEM, parent, parents=True, exist_ok=True)
+            await ns.write_bytes(SYSTEM, "/b/" + key, b"")
+        listed = sorted(keys, key=lambda k: k.encode())
+        for _ in range(150):
+            prefix = rng.choice(["", "a", "a/", "a-", "a/b", "b-/", "zz", rng.choice(listed)[:3]])
+            delimiter = rng.choice(["", "/", "-", "."])
+            after = rng.choice([None, rng.choice(listed), rng.choice(listed)[:2], "a/", "a."])
+            lister = Lister(ns, SYSTEM, "/b", prefix=prefix, delimiter=delimiter, after=after)
+            got = [item.key async for item in lister.items()]
+            assert got == _model(list(keys), prefix, delimiter, after), (prefix, delimiter, after)
+    finally:
+        await ns.close()
+        await catalog.close()

@@ -27,7 +27,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from urllib.parse import unquote
 
-from aiohttp import web
+from aiohttp import ClientError, web
 from prometheus_client import Counter
 
 from ... import paths
@@ -684,8 +684,8 @@ class S3Gateway:
         )
         if c.auth.payload in (sigv4.STREAMING, sigv4.STREAMING_UNSIGNED_TRAILER):
             reader = sigv4.ChunkReader(request.content.readline, request.content.read)
-            return checker.chunked(reader)
-        return checker.plain(request.content.iter_chunked(1 << 20))
+            return _from_client(checker.chunked(reader))
+        return _from_client(checker.plain(request.content.iter_chunked(1 << 20)))
 
     async def _ensure_parent(self, c: Call, path: str) -> None:
         parent = paths.split(paths.normalize(path))[0]
@@ -1027,6 +1027,16 @@ class S3Gateway:
                 ),
             )
         )
+
+
+async def _from_client(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A request body whose client may hang up: that is the client's error, and must not
+    reach a volume's write as an OSError (which it would report as a server fault)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    except (ConnectionError, ClientError) as exc:
+        raise S3Error("IncompleteBody", "the client closed the connection mid-body") from exc
 
 
 async def _expect(request: web.Request) -> None:
