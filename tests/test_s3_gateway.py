@@ -248,7 +248,21 @@ def test_conditional_get_and_put(gw: Gateway, s3: S3Client) -> None:
     with pytest.raises(ClientError) as err:
         s3.put_object(Bucket="data", Key="c", Body=b"x", IfNoneMatch="*")
     assert code_of(err) == "PreconditionFailed"
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket="data", Key="c", Body=b"x", IfNoneMatch=etag)
+    assert code_of(err) == "PreconditionFailed"
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket="data", Key="c", Body=b"x", IfMatch='"0000"')
+    assert code_of(err) == "PreconditionFailed"
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket="data", Key="absent", Body=b"x", IfMatch=etag)
+    assert code_of(err) == "NoSuchKey"
     assert gw.read("/data/c") == b"hello"
+    assert s3.put_object(Bucket="data", Key="c", Body=b"v2", IfMatch=etag)["ETag"] != etag
+    assert gw.read("/data/c") == b"v2"
+    with pytest.raises(ClientError) as err:
+        s3.get_object(Bucket="data", Key="c", Range="bytes=5-9")
+    assert code_of(err) == "InvalidRange"
 
 
 def _keys(s3: S3Client, v2: bool, **kwargs: Any) -> tuple[list[str], list[str], int]:
@@ -586,6 +600,15 @@ def test_aws_cli_cp_ls_sync(gw: Gateway, tmp_path: Path) -> None:
 def test_buckets_below_bucket_root(gw: Gateway, s3: S3Client) -> None:
     gw.call(gw.ns.mkdir(SYSTEM, "/data/buckets"))
     s3.create_bucket(Bucket="made-here")
+    s3.create_bucket(Bucket="made-here")  # us-east-1: a repeated create succeeds
+    gw.call(gw.users.add_user("bob"))
+    bob = gw.call(gw.users.add_access_key("bob"))
+    with pytest.raises(ClientError) as err:
+        gw.client(bob.access_key, bob.secret).create_bucket(Bucket="made-here")
+    assert code_of(err) == "BucketAlreadyExists"
+    with pytest.raises(ClientError) as err:
+        s3.create_bucket(Bucket="x")
+    assert code_of(err) == "InvalidBucketName"
     s3.put_object(Bucket="made-here", Key="k", Body=b"v")
     assert (gw.root / "buckets" / "made-here" / "k").read_bytes() == b"v"
     assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["data", "made-here"]

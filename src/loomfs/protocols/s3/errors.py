@@ -34,6 +34,7 @@ STATUS: dict[str, int] = {
     "AuthorizationHeaderMalformed": 400,
     "AuthorizationQueryParametersError": 400,
     "BadDigest": 400,
+    "BucketAlreadyExists": 409,
     "BucketAlreadyOwnedByYou": 409,
     "BucketNotEmpty": 409,
     "EntityTooLarge": 400,

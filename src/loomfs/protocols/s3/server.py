@@ -69,6 +69,8 @@ BYTES_OUT = Counter("loomfs_s3_read_bytes_total", "Object bytes sent by the S3 g
 TAG = "s3."
 ETAG_TAG = "s3.etag"  # "<version> <quoted etag>"
 META_TAG = "s3.meta."
+OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
+LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
 STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
                   "content-language", "expires")  # fmt: skip
 EMPTY_MD5 = f'"{hashlib.md5(b"").hexdigest()}"'
@@ -460,12 +462,21 @@ class S3Gateway:
             if await self.ns.exists(c.who, folder):
                 raise S3Error("BucketAlreadyOwnedByYou", "the bucket exists and is configured")
             raise S3Error("AccessDenied", "buckets are configured, not created, here")
+        location = ""
+        body = await _read_document(c.request)
+        if body.strip():
+            location = child_text(parse(body), "LocationConstraint") or ""
         try:
             await self.ns.mkdir(c.who, folder)
         except AlreadyExists:
+            owner = (await self.ns.get_tags(c.who, folder)).get(OWNER_TAG)
+            if owner is not None and owner != c.who.user:
+                raise S3Error("BucketAlreadyExists", "the bucket belongs to someone else") from None
             # us-east-1 answers a repeated create with success, every other region not
             if self.region != "us-east-1":
                 raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket") from None
+            return web.Response(headers={"Location": f"/{c.bucket}"})
+        await self.ns.set_tags(c.who, folder, {OWNER_TAG: c.who.user, LOCATION_TAG: location})
         return web.Response(headers={"Location": f"/{c.bucket}"})
 
     async def delete_bucket(self, c: Call) -> web.Response:
@@ -480,9 +491,9 @@ class S3Gateway:
 
     async def get_bucket(self, c: Call) -> web.Response:
         if "location" in c.query:
-            await self._bucket_entry(c)
+            tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
             region = "" if self.region == "us-east-1" else self.region
-            return _xml(document("LocationConstraint", region))
+            return _xml(document("LocationConstraint", tags.get(LOCATION_TAG) or region))
         if "uploads" in c.query:
             return await self.list_uploads(c)
         if "versions" in c.query:
@@ -650,7 +661,7 @@ class S3Gateway:
                 headers[name.title()] = override
         if entry.is_dir:  # a folder marker ('dir/'): an empty object
             return web.Response(headers={**headers, "Content-Length": "0"})
-        window = parse_range(request.headers.get("Range"), entry.size) if entry.size else None
+        window = parse_range(request.headers.get("Range"), entry.size)
         offset, length = window if window is not None else (0, None)
         async with await self.ns.read(
             c.who, entry.path, offset, length, if_version=entry.version
@@ -674,7 +685,11 @@ class S3Gateway:
         request = c.request
         headers = request.headers
         decoded = headers.get("x-amz-decoded-content-length")
-        if request.content_length is None and decoded is None:
+        if (
+            request.content_length is None
+            and decoded is None
+            and "chunked" not in headers.get("Transfer-Encoding", "")
+        ):
             raise S3Error("MissingContentLength", "you must provide the Content-Length header")
         declared = int(decoded) if decoded and decoded.isdigit() else request.content_length
         if declared is not None and declared > limit:
@@ -727,17 +742,25 @@ class S3Gateway:
         return entry, etag
 
     async def _write_conditions(self, c: Call, path: str) -> tuple[bool, int | None]:
+        """(exclusive, if_version) for the write from If-Match / If-None-Match: the
+        version the ETags were checked against is passed on, so the check and the
+        write are one atomic step in the namespace."""
         headers = c.request.headers
-        if headers.get("If-None-Match", "").strip() == "*":
+        if_match, if_none = headers.get("If-Match"), headers.get("If-None-Match")
+        if if_none is not None and if_none.strip() == "*" and if_match is None:
             return True, None
-        if_match = headers.get("If-Match")
-        if if_match is None:
+        if if_match is None and if_none is None:
             return False, None
         try:
             entry = await self.ns.stat(c.who, path)
         except NotFound:
-            raise S3Error("NoSuchKey", "the specified key does not exist") from None
-        if not _etag_matches(if_match, object_etag(entry, await self.ns.get_tags(c.who, path))):
+            if if_match is not None:
+                raise S3Error("NoSuchKey", "the specified key does not exist") from None
+            return True, None  # If-None-Match: nothing there matches; keep it so
+        etag = object_etag(entry, await self.ns.get_tags(c.who, path))
+        if (if_match is not None and not _etag_matches(if_match, etag)) or (
+            if_none is not None and _etag_matches(if_none, etag)
+        ):
             raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
         return False, entry.version
 
