@@ -417,6 +417,35 @@ def test_multipart(gw: Gateway, s3: S3Client) -> None:
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
 
 
+def test_upload_part_copy(gw: Gateway, s3: S3Client) -> None:
+    source = os.urandom(6 << 20)
+    s3.put_object(Bucket="data", Key="src.bin", Body=source)
+    uid = s3.create_multipart_upload(Bucket="data", Key="joined")["UploadId"]
+    first = s3.upload_part_copy(
+        Bucket="data", Key="joined", UploadId=uid, PartNumber=1,
+        CopySource={"Bucket": "data", "Key": "src.bin"},
+    )["CopyPartResult"]["ETag"]  # fmt: skip
+    second = s3.upload_part_copy(
+        Bucket="data", Key="joined", UploadId=uid, PartNumber=2,
+        CopySource={"Bucket": "data", "Key": "src.bin"}, CopySourceRange="bytes=10-19",
+    )["CopyPartResult"]["ETag"]  # fmt: skip
+    with pytest.raises(ClientError) as err:
+        s3.upload_part_copy(
+            Bucket="data", Key="joined", UploadId=uid, PartNumber=3,
+            CopySource={"Bucket": "data", "Key": "src.bin"}, CopySourceRange="bytes=10-99999999",
+        )  # fmt: skip
+    assert code_of(err) == "InvalidRange"
+    s3.complete_multipart_upload(
+        Bucket="data",
+        Key="joined",
+        UploadId=uid,
+        MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": first}, {"PartNumber": 2, "ETag": second}]
+        },
+    )
+    assert gw.read("/data/joined") == source + source[10:20]
+
+
 def test_upload_file_with_boto3_transfer(gw: Gateway, s3: S3Client, tmp_path: Path) -> None:
     source = tmp_path / "big.bin"
     source.write_bytes(os.urandom(12 << 20))
