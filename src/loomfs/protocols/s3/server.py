@@ -633,7 +633,7 @@ class S3Gateway:
         except NotFound:
             await self._bucket_entry(c)  # NoSuchBucket before NoSuchKey
             raise S3Error("NoSuchKey", "the specified key does not exist") from None
-        if entry.is_dir and not c.key.endswith("/"):
+        if entry.is_dir != c.key.endswith("/"):  # 'a/' names a directory, 'a' a file
             raise S3Error("NoSuchKey", "the specified key does not exist")
         return entry, await self.ns.get_tags(c.who, path)
 
@@ -654,8 +654,7 @@ class S3Gateway:
             "Accept-Ranges": "bytes",
             **_meta_headers(tags),
         }
-        for name in ("content-type", "cache-control", "content-disposition", "content-encoding",
-                     "content-language", "expires"):  # fmt: skip
+        for name in STORED_HEADERS:
             override = c.query.get(f"response-{name}")
             if override is not None:
                 headers[name.title()] = override
@@ -691,12 +690,11 @@ class S3Gateway:
             and "chunked" not in headers.get("Transfer-Encoding", "")
         ):
             raise S3Error("MissingContentLength", "you must provide the Content-Length header")
-        declared = int(decoded) if decoded and decoded.isdigit() else request.content_length
+        decoded_length = int(decoded) if decoded and decoded.isdigit() else None
+        declared = decoded_length if decoded_length is not None else request.content_length
         if declared is not None and declared > limit:
             raise S3Error("EntityTooLarge", f"the upload exceeds {limit} bytes")
-        checker = sigv4.PayloadChecker(
-            c.auth, int(decoded) if decoded and decoded.isdigit() else None
-        )
+        checker = sigv4.PayloadChecker(c.auth, decoded_length)
         if c.auth.payload in (sigv4.STREAMING, sigv4.STREAMING_UNSIGNED_TRAILER):
             reader = sigv4.ChunkReader(request.content.readline, request.content.read)
             return _from_client(checker.chunked(reader))
