@@ -58,6 +58,44 @@ USERS = (
 )  # fmt: skip
 
 
+# Why whole groups of tests fail: (pattern in the test name or failure, cause)
+CAUSES = (
+    ("aws2", "AWS Signature V2 is not implemented (AWS deprecated it; V4 only)"),
+    (
+        "acl",
+        "ACLs are not implemented: who may read or write is the namespace's policy "
+        "(governance), not something the S3 edge should store on its own",
+    ),
+    ("test_access_bucket", "ACLs are not implemented (see above)"),
+    ("anonymous", "anonymous access is not implemented (every request must be signed)"),
+    ("raw_get", "anonymous access is not implemented (every request must be signed)"),
+    (
+        "prefix of this key is an object",
+        "a key cannot be both an object and a prefix ('a' "
+        "and 'a/b'): keys are paths in a file tree",
+    ),
+    ("holds no data", "a key ending in '/' is a directory and cannot hold data"),
+    (
+        "Timeout",
+        "the hub namespace holds a path's write lock while a body streams in; the "
+        "test's single-threaded client starts a second PUT of the same key from inside the "
+        "first and both wait for ever (separate clients are merely serialized)",
+    ),
+    ("versioning", "bucket versioning is not implemented (buckets are unversioned)"),
+    ("attributes", "GetObjectAttributes is not implemented"),
+    ("publicAccessBlock", "public access blocks are not implemented"),
+    ("PartsCount", "GET/HEAD by partNumber is not implemented"),
+    ("get_part", "GET/HEAD by partNumber is not implemented"),
+)
+
+
+def cause_of(result: Result) -> str:
+    for pattern, cause in CAUSES:
+        if pattern in result.name or pattern in result.reason:
+            return cause
+    return "other (see the reason)"
+
+
 @dataclass
 class Result:
     name: str
@@ -203,10 +241,13 @@ def write_report(out: Path, results: list[Result], checkout: Path) -> None:
             f"| {group} | {len(rows)} | {counts['passed']} | {counts['failed']} | "
             f"{counts['error']} | {counts['skipped']} | {rate} |"
         )
+    failures = [r for r in results if r.outcome in ("failed", "error")]
+    lines += ["", "## Failures by cause", "", "| failures | cause |", "|---|---|"]
+    by_cause = Counter(cause_of(r) for r in failures)
+    lines += [f"| {n} | {cause} |" for cause, n in by_cause.most_common()]
     lines += ["", "## Why each failure fails", ""]
-    for r in results:
-        if r.outcome in ("failed", "error"):
-            lines.append(f"- `{r.name}` ({r.outcome}): {r.reason.replace('|', '/')}")
+    for r in failures:
+        lines.append(f"- `{r.name}` ({r.outcome}): {r.reason.replace('|', '/')}")
     out.write_text("\n".join(lines) + "\n")
 
 

@@ -406,6 +406,11 @@ def test_multipart(gw: Gateway, s3: S3Client) -> None:
         MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]},
     )
     assert again["ETag"] == done["ETag"]
+    second = s3.get_object(Bucket="data", Key="mp/obj", PartNumber=2)
+    assert second["PartsCount"] == 3 and second["Body"].read() == parts[1]
+    with pytest.raises(ClientError) as err:
+        s3.head_object(Bucket="data", Key="mp/obj", PartNumber=4)
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
     aborted = s3.create_multipart_upload(Bucket="data", Key="gone")["UploadId"]
     s3.upload_part(Bucket="data", Key="gone", UploadId=aborted, PartNumber=1, Body=b"x")
     s3.abort_multipart_upload(Bucket="data", Key="gone", UploadId=aborted)

@@ -147,9 +147,10 @@ class Staging:
 
     async def assemble(
         self, upload: Upload, chosen: list[tuple[int, str]]
-    ) -> tuple[AsyncIterator[bytes], str]:
-        """The object's bytes from the ``chosen`` (number, etag) parts, and its ETag
-        (MD5 of the parts' MD5s, '-N'); refuses missing, mismatched or small parts."""
+    ) -> tuple[AsyncIterator[bytes], str, list[int]]:
+        """The object's bytes from the ``chosen`` (number, etag) parts, its ETag (MD5 of
+        the parts' MD5s, '-N') and the parts' sizes; refuses missing, mismatched or small
+        parts."""
         if not chosen:
             raise S3Error("MalformedXML", "a multipart upload needs at least one part")
         numbers = [n for n, _ in chosen]
@@ -172,7 +173,8 @@ class Staging:
                     while chunk := await asyncio.to_thread(fobj.read, BUFFER_SIZE):
                         yield chunk
 
-        return stream(), f'"{combined.hexdigest()}-{len(chosen)}"'
+        sizes = [have[n].size for n in numbers]
+        return stream(), f'"{combined.hexdigest()}-{len(chosen)}"', sizes
 
     async def remove(self, upload: Upload) -> None:
         await asyncio.to_thread(shutil.rmtree, self._dir(upload.upload_id), True)

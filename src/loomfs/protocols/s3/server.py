@@ -71,6 +71,8 @@ ETAG_TAG = "s3.etag"  # "<version> <quoted etag>"
 META_TAG = "s3.meta."
 OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
 LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
+PARTS_TAG = "s3.parts"  # part sizes of a multipart object (valid with ETAG_TAG's version)
+MAX_PARTS_TAG = 1024
 STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
                   "content-language", "expires")  # fmt: skip
 EMPTY_MD5 = f'"{hashlib.md5(b"").hexdigest()}"'
@@ -212,6 +214,38 @@ def object_etag(entry: Entry, tags: Mapping[str, str]) -> str:
         return etag
     seed = f"{entry.version}:{entry.etag or ''}:{entry.size}".encode()
     return f'"{hashlib.md5(seed).hexdigest()}"'
+
+
+def encode_parts(sizes: list[int]) -> str:
+    """Part sizes, run-length encoded ('5242880*3,1048576'): uploads use equal parts."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return ",".join(f"{size}*{count}" if count > 1 else str(size) for size, count in runs)
+
+
+def parts_of(entry: Entry, tags: Mapping[str, str]) -> list[int]:
+    """The sizes of the parts an object was uploaded in; one part unless multipart."""
+    layout = tags.get(PARTS_TAG)
+    if layout is None or tags.get(ETAG_TAG, "").partition(" ")[0] != str(entry.version):
+        if object_etag(entry, tags).rstrip('"').rpartition("-")[1]:
+            raise S3Error("NotImplemented", "the part layout of this object is not known")
+        return [entry.size]
+    sizes: list[int] = []
+    for run in layout.split(","):
+        size, _, count = run.partition("*")
+        sizes += [int(size)] * int(count or 1)
+    return sizes
+
+
+def part_window(number: int, entry: Entry, tags: Mapping[str, str]) -> tuple[int, int]:
+    sizes = parts_of(entry, tags)
+    if not 1 <= number <= len(sizes):
+        raise S3Error("InvalidPart", f"the object has {len(sizes)} parts, not {number}")
+    return sum(sizes[: number - 1]), sizes[number - 1]
 
 
 def _stored_meta(headers: Mapping[str, str]) -> dict[str, str]:
@@ -660,7 +694,14 @@ class S3Gateway:
                 headers[name.title()] = override
         if entry.is_dir:  # a folder marker ('dir/'): an empty object
             return web.Response(headers={**headers, "Content-Length": "0"})
-        window = parse_range(request.headers.get("Range"), entry.size)
+        part = c.query.get("partNumber")
+        window: tuple[int, int] | None
+        if part is not None:
+            window = part_window(_int_param(part, "partNumber", 0), entry, tags)
+            if PARTS_TAG in tags:
+                headers["x-amz-mp-parts-count"] = str(len(parts_of(entry, tags)))
+        else:
+            window = parse_range(request.headers.get("Range"), entry.size)
         offset, length = window if window is not None else (0, None)
         async with await self.ns.read(
             c.who, entry.path, offset, length, if_version=entry.version
@@ -835,7 +876,8 @@ class S3Gateway:
             if replace
             else {k: v for k, v in tags.items() if k.startswith(TAG)}
         )
-        meta.pop(ETAG_TAG, None)
+        for own in (ETAG_TAG, PARTS_TAG):  # the copy is a new single-part object
+            meta.pop(own, None)
         if paths.normalize(path) == entry.path:
             await data.aclose()
             if not replace:
@@ -969,9 +1011,13 @@ class S3Gateway:
             if number is None or etag is None or not number.isdigit():
                 raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
             chosen.append((int(number), etag))
-        data, etag = await self.staging.assemble(upload, chosen)
+        data, etag, sizes = await self.staging.assemble(upload, chosen)
         path = self.object_path(c)
-        await self._store(c, path, data, dict(upload.meta), etag=etag, limit=self.max_object_size)
+        meta = dict(upload.meta)
+        layout = encode_parts(sizes)
+        if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
+            meta[PARTS_TAG] = layout
+        await self._store(c, path, data, meta, etag=etag, limit=self.max_object_size)
         await self.staging.finish(upload, etag)
         return self._completed(c, etag)
 
