@@ -339,6 +339,8 @@ class S3Gateway:
             response = self._error(request, exc, resource, request_id)
         except LoomError as exc:
             response = self._error(request, from_loom(exc, resource), resource, request_id)
+        except ConnectionResetError:
+            raise  # the client went away: nobody is left to answer
         except Exception:
             log.exception("unexpected error", extra={"path": path, "request_id": request_id})
             error = S3Error("InternalError", "internal error, see the server log")
