@@ -90,8 +90,9 @@ CAUSES = (
 
 
 def cause_of(result: Result) -> str:
+    text = f"{result.name} {result.reason}".lower()
     for pattern, cause in CAUSES:
-        if pattern in result.name or pattern in result.reason:
+        if pattern.lower() in text:
             return cause
     return "other (see the reason)"
 
@@ -162,7 +163,7 @@ def _reason(message: str) -> str:
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
     first = re.sub(r"0x[0-9a-f]+", "0x..", first)
     first = re.sub(r"loomfs-[a-z0-9]+-\d+", "BUCKET", first)
-    return first[:160]
+    return first[:300]
 
 
 def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
