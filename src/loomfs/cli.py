@@ -30,8 +30,11 @@ from rich.progress import (
 from rich.table import Table
 
 from .config import Config, load_config
+from .core.catalog.base import Catalog
+from .core.registry import open_catalog
 from .core.types import SYSTEM, Entry
-from .errors import LoomError
+from .core.users import AccessKey, UserRegistry
+from .errors import LoomError, NotFound
 from .log import setup_logging
 from .rest.client import RestNamespace
 from .rest.wire import entry_json
@@ -105,19 +108,43 @@ def hub() -> None:
 )
 @click.pass_context
 def hub_serve(ctx: click.Context, listen: str | None, ready_file: Path | None) -> None:
-    """Serve the namespace, follow volumes for changes, expose /metrics."""
+    """Serve the namespace, follow volumes for changes, expose /metrics (and S3 where
+    [s3] listen is set)."""
+    _serve(ctx, {"hub": {"listen": listen}} if listen else {}, ready_file)
+
+
+def _serve(ctx: click.Context, overrides: dict[str, dict[str, Any]], ready: Path | None) -> None:
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     try:
         config = state.config
-        if listen:
-            config = config.model_copy(
-                update={"hub": config.hub.model_copy(update={"listen": listen})}
-            )
+        for section, values in overrides.items():
+            current = getattr(config, section)
+            config = config.model_copy(update={section: current.model_copy(update=values)})
         setup_logging(config.log.level, config.log.format)
-        asyncio.run(HubService(config).serve(ready_file))
+        asyncio.run(HubService(config).serve(ready))
     except LoomError as exc:
         console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
         sys.exit(1)
+
+
+@main.group()
+def serve() -> None:
+    """Serve the namespace over one more protocol (shorthands for `hub serve`)."""
+
+
+@serve.command("s3")
+@click.option("--listen", help="HOST:PORT of the S3 endpoint (default: s3.listen).")
+@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
+@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.pass_context
+def serve_s3(
+    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
+) -> None:
+    """Serve the hub with its S3 gateway on; keys come from `loomfs user add`."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    address = listen or (f"127.0.0.1:{port}" if port is not None else None)
+    address = address or state.config.s3.listen or "127.0.0.1:9000"
+    _serve(ctx, {"s3": {"listen": address}}, ready_file)
 
 
 # -- volumes -----------------------------------------------------------------------------
@@ -423,6 +450,129 @@ async def changes(ctx: click.Context, since: int | None, limit: int) -> None:
         target = f" -> {c.new_path}" if c.new_path else ""
         out.print(f"{c.seq:>8} {_time(c.time_ns)} {c.op.value:<7} v{c.version:<6} {c.path}{target}")
     out.print(f"[dim]head {feed.head}[/dim]")
+
+
+# -- users -------------------------------------------------------------------------------
+
+
+def registry(ctx: click.Context) -> tuple[Catalog, UserRegistry]:
+    """The site catalog opened from the config: admin commands run on the hub's machine."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    catalog = open_catalog(state.config.catalog_url)
+    return catalog, UserRegistry(catalog)
+
+
+async def _with_registry(
+    ctx: click.Context, fn: Callable[[UserRegistry], Coroutine[Any, Any, T]]
+) -> T:
+    catalog, users = registry(ctx)
+    await catalog.open()
+    try:
+        return await fn(users)
+    finally:
+        await catalog.close()
+
+
+def _print_secret(key: AccessKey) -> None:
+    # the only time the secret is shown; it is never logged
+    out.print(f"access key id:     {key.access_key}")
+    out.print(f"secret access key: {key.secret}")
+
+
+@main.group()
+def user() -> None:
+    """Users shared by every protocol: S3 access keys, SSH public keys (on the hub)."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option("--group", "groups", multiple=True, help="A group of the user (repeatable).")
+@click.option("--ssh-key", "ssh_key", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.pass_context
+@run
+async def user_add(
+    ctx: click.Context, name: str, groups: tuple[str, ...], ssh_key: Path | None
+) -> None:
+    """Add a user with a new S3 access key (shown once) and optionally an SSH key."""
+
+    async def fn(users: UserRegistry) -> AccessKey:
+        await users.add_user(name, frozenset(groups))
+        if ssh_key is not None:
+            await users.add_ssh_key(name, ssh_key.read_text())
+        return await users.add_access_key(name)
+
+    _print_secret(await _with_registry(ctx, fn))
+
+
+@user.command("list")
+@click.pass_context
+@run
+async def user_list(ctx: click.Context) -> None:
+    """Users, their groups and key ids (never secrets)."""
+    users = await _with_registry(ctx, lambda r: r.list_users())
+    table = Table("user", "groups", "access keys", "ssh keys")
+    for u in users:
+        table.add_row(
+            u.name,
+            ",".join(sorted(u.groups)),
+            " ".join(u.access_keys),
+            "\n".join(f"{k.key_type} {k.comment}".strip() for k in u.ssh_keys),
+        )
+    out.print(table)
+
+
+@user.command("remove")
+@click.argument("name")
+@click.pass_context
+@run
+async def user_remove(ctx: click.Context, name: str) -> None:
+    """Remove a user and all their keys."""
+    await _with_registry(ctx, lambda r: r.remove_user(name))
+
+
+@user.group("key")
+def user_key() -> None:
+    """Add or remove a user's S3 access keys and SSH public keys."""
+
+
+@user_key.command("add")
+@click.argument("name")
+@click.option("--ssh-key", "ssh_key", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="Add this public key file instead of a new S3 access key.")  # fmt: skip
+@click.pass_context
+@run
+async def user_key_add(ctx: click.Context, name: str, ssh_key: Path | None) -> None:
+    """A new S3 access key for NAME (shown once), or an SSH public key."""
+    if ssh_key is not None:
+        await _with_registry(ctx, lambda r: r.add_ssh_key(name, ssh_key.read_text()))
+        return
+    _print_secret(await _with_registry(ctx, lambda r: r.add_access_key(name)))
+
+
+@user_key.command("remove")
+@click.argument("name")
+@click.option("--access-key", help="The S3 access key id to revoke.")
+@click.option("--ssh-key", "ssh_key", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="The public key file to revoke.")  # fmt: skip
+@click.pass_context
+@run
+async def user_key_remove(
+    ctx: click.Context, name: str, access_key: str | None, ssh_key: Path | None
+) -> None:
+    """Revoke one of NAME's keys."""
+    if (access_key is None) == (ssh_key is None):
+        raise click.UsageError("give exactly one of --access-key and --ssh-key")
+    if ssh_key is not None:
+        await _with_registry(ctx, lambda r: r.remove_ssh_key(name, ssh_key.read_text()))
+        return
+    assert access_key is not None
+
+    async def fn(users: UserRegistry) -> None:
+        if access_key not in (await users.get_user(name)).access_keys:
+            raise NotFound(f"user {name} has no access key {access_key}")
+        await users.remove_access_key(access_key)
+
+    await _with_registry(ctx, fn)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,19 @@ class HubSection(_Section):
     lease_ttl: float = 15.0
 
 
+class S3Section(_Section):
+    #: HOST:PORT of the S3 gateway; unset = no gateway
+    listen: str | None = None
+    #: the region clients sign for (SigV4 credential scope)
+    region: str = "us-east-1"
+    #: bucket name -> namespace directory
+    buckets: dict[str, str] = {}
+    #: a namespace directory whose subdirectories are buckets too (CreateBucket makes them)
+    bucket_root: str | None = None
+    max_object_size: int = 5 << 30
+    max_part_size: int = 5 << 30
+
+
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
 
@@ -59,6 +72,7 @@ class Config(_Section):
     site: SiteSection = SiteSection()
     catalog: CatalogSection = CatalogSection()
     hub: HubSection = HubSection()
+    s3: S3Section = S3Section()
     client: ClientSection = ClientSection()
     log: LogSection = LogSection()
 
@@ -68,11 +82,15 @@ class Config(_Section):
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
-        host, _, port = self.hub.listen.rpartition(":")
-        try:
-            return host or "127.0.0.1", int(port)
-        except ValueError:
-            raise ConfigError(f"hub.listen must be HOST:PORT, not {self.hub.listen!r}") from None
+        return host_port(self.hub.listen, "hub.listen")
+
+
+def host_port(listen: str, key: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    try:
+        return host or "127.0.0.1", int(port)
+    except ValueError:
+        raise ConfigError(f"{key} must be HOST:PORT, not {listen!r}") from None
 
 
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:

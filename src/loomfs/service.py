@@ -1,5 +1,5 @@
 """The hub process (composition root, above every layer): catalog, namespace, watchers,
-rescans and the REST API wired together.
+rescans, the REST API and the S3 gateway wired together.
 
 ``loomfs hub serve`` runs one of these. On start it resumes any import that a killed hub
 left half done, follows posix volumes with inotify, and rescans every volume periodically
@@ -22,17 +22,19 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import paths
-from .config import Config
+from .config import Config, host_port
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
 from .core.registry import open_catalog
 from .core.types import Feed, VolumeState
+from .core.users import UserRegistry
 from .errors import LoomError
 from .hub.assimilate import ScanStats, path_of
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
+from .protocols.s3 import S3Gateway
 from .rest.server import RestServer
 
 log = logging.getLogger(__name__)
@@ -196,29 +198,52 @@ class HubService:
 
     # -- serving ---------------------------------------------------------------------------
 
+    def s3_gateway(self) -> S3Gateway:
+        s3 = self.config.s3
+        return S3Gateway(
+            self.namespace,
+            UserRegistry(self.catalog),
+            s3.buckets,
+            staging=self.config.site.data_dir / "s3-uploads",
+            region=s3.region,
+            bucket_root=s3.bucket_root,
+            site=self.config.site.name,
+            max_object_size=s3.max_object_size,
+            max_part_size=s3.max_part_size,
+        )
+
     async def serve(self, ready_file: Path | None = None) -> None:
-        """Run until SIGTERM or SIGINT, then stop cleanly."""
+        """Run until SIGTERM or SIGINT, then stop cleanly; the S3 gateway too when
+        ``[s3] listen`` is set."""
         await self.start()
-        server = RestServer(self.namespace, self, site=self.config.site.name)
-        runner = web.AppRunner(server.app(), access_log=None)
-        await runner.setup()
-        host, port = self.config.listen_host_port
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        url = f"http://{host}:{bound}"
-        log.info("hub listening", extra={"url": url, "catalog": self.catalog.url})
-        if ready_file is not None:
-            ready_file.write_text(json.dumps({"url": url}))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        runners: list[web.AppRunner] = []
+        urls: dict[str, str] = {}
         try:
+            server = RestServer(self.namespace, self, site=self.config.site.name)
+            apps = [("url", server.app(), self.config.listen_host_port)]
+            if self.config.s3.listen:
+                listen = host_port(self.config.s3.listen, "s3.listen")
+                apps.append(("s3", self.s3_gateway().app(), listen))
+            for name, app, (host, port) in apps:
+                runner = web.AppRunner(app, access_log=None)
+                await runner.setup()
+                runners.append(runner)
+                site = web.TCPSite(runner, host, port)
+                await site.start()
+                bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+                urls[name] = f"http://{host}:{bound}"
+            log.info("hub listening", extra={**urls, "catalog": self.catalog.url})
+            if ready_file is not None:
+                ready_file.write_text(json.dumps(urls))
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
             await stop.wait()
         finally:
             log.info("hub stopping")
-            await runner.cleanup()
+            for runner in runners:
+                await runner.cleanup()
             await self.stop()
             with contextlib.suppress(FileNotFoundError):
                 if ready_file is not None:

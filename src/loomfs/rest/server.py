@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from email.utils import formatdate
@@ -22,9 +21,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from ..core.types import Feed, Principal
-from ..errors import Conflict, InvalidArgument, LoomError
+from ..errors import InvalidArgument, LoomError
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
+from ..protocols.http import parse_range, send_body_or_cut
 from . import wire
 from .openapi import spec
 
@@ -106,36 +106,6 @@ def _file_headers(reader: Reader) -> dict[str, str]:
         "Accept-Ranges": "bytes",
         "Content-Type": "application/octet-stream",
     }
-
-
-async def _send_body(request: web.Request, response: web.StreamResponse, reader: Reader) -> None:
-    if reader.length == 0:
-        await reader.verify()
-        return
-    if reader.region is not None:
-        transport = request.transport
-        if transport is None:
-            raise ConnectionResetError("client went away")
-        with os.fdopen(os.dup(reader.region.fd), "rb") as fobj:
-            if reader.length > 1:
-                await asyncio.get_running_loop().sendfile(
-                    transport, fobj, reader.region.offset, reader.length - 1
-                )
-            last = os.pread(reader.region.fd, 1, reader.region.offset + reader.length - 1)
-        await reader.verify()
-        await response.write(last)
-        BYTES_OUT.inc(reader.length)
-        return
-    held: bytes | None = None
-    async for chunk in reader.chunks():
-        if held:
-            await response.write(held)
-            BYTES_OUT.inc(len(held))
-        held = chunk
-    await reader.verify()
-    if held:
-        await response.write(held)
-        BYTES_OUT.inc(len(held))
 
 
 class RestServer:
@@ -249,7 +219,7 @@ class RestServer:
         offset, length, status = 0, None, 200
         if range_header:
             entry = await self.namespace.stat(who, path)
-            window = wire.parse_range(range_header, entry.size)
+            window = parse_range(range_header, entry.size)
             if window is not None:
                 (offset, length), status = window, 206
                 if_version = if_version or entry.version  # the range was resolved against it
@@ -263,17 +233,10 @@ class RestServer:
             response = web.StreamResponse(status=status, headers=headers)
             response.content_length = reader.length
             await response.prepare(request)
-            if request.method != "HEAD":
-                try:
-                    await _send_body(request, response, reader)
-                except Exception as exc:
-                    # the status line is out: the only honest signal left is to cut the
-                    # connection before the last byte, so the client sees a short body
-                    level = logging.WARNING if isinstance(exc, Conflict) else logging.ERROR
-                    log.log(level, "read aborted: %r", exc, extra={"path": path})
-                    if request.transport is not None:
-                        request.transport.close()
-                    return response
+            if request.method != "HEAD" and not await send_body_or_cut(
+                request, response, reader, BYTES_OUT.inc
+            ):
+                return response
             await response.write_eof()
             return response
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import re
 from typing import Any
 
 from ..core.types import Change, ChangeOp, Entry, EntryKind
@@ -103,28 +102,3 @@ def change_json(change: Change) -> dict[str, Any]:
 
 def change_from(data: dict[str, Any]) -> Change:
     return Change(**{**data, "op": ChangeOp(data["op"]), "kind": EntryKind(data["kind"])})
-
-
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-
-
-def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """(offset, length) for a single 'bytes=' range, or None for the whole object.
-
-    A malformed or multi-range header is ignored (RFC 9110 allows serving the whole
-    representation); an unsatisfiable one raises ``InvalidArgument`` (416 at the edge).
-    """
-    if not header:
-        return None
-    match = _RANGE.match(header.strip())
-    if match is None or match.group(1) == match.group(2) == "":
-        return None
-    first, last = match.group(1), match.group(2)
-    if first == "":  # suffix: the last N bytes
-        count = min(int(last), size)
-        return size - count, count
-    start = int(first)
-    end = size - 1 if last == "" else min(int(last), size - 1)
-    if start >= size or end < start:
-        raise RangeNotSatisfiable(f"range {header} is outside 0-{size}")
-    return start, end - start + 1

@@ -106,6 +106,34 @@ def _migrations(d: Dialect) -> list[str]:
         INSERT INTO entries (parent, name, kind, size, mtime_ns, mode, uid, gid, version)
             VALUES ('', '', 'dir', 0, 0, {0o40755}, 0, 0, 0);
         """,
+        # the user registry (loomfs.core.users): identities shared by every protocol
+        f"""
+        CREATE TABLE users (
+            name {d.text} PRIMARY KEY,
+            created_ns BIGINT NOT NULL
+        );
+        CREATE TABLE user_groups (
+            user_name {d.text} NOT NULL REFERENCES users(name) ON DELETE CASCADE,
+            group_name {d.text} NOT NULL,
+            PRIMARY KEY (user_name, group_name)
+        );
+        CREATE TABLE access_keys (
+            access_key {d.text} PRIMARY KEY,
+            user_name {d.text} NOT NULL REFERENCES users(name) ON DELETE CASCADE,
+            secret TEXT NOT NULL,
+            created_ns BIGINT NOT NULL
+        );
+        CREATE TABLE ssh_keys (
+            user_name {d.text} NOT NULL REFERENCES users(name) ON DELETE CASCADE,
+            key_type {d.text} NOT NULL,
+            key_data {d.text} NOT NULL,
+            comment TEXT NOT NULL,
+            created_ns BIGINT NOT NULL,
+            PRIMARY KEY (key_type, key_data)
+        );
+        CREATE INDEX access_keys_user ON access_keys (user_name);
+        CREATE INDEX ssh_keys_user ON ssh_keys (user_name)
+        """,
     ]
 
 

@@ -1,0 +1,1 @@
+"""Protocol front-ends (protocol layer): wire formats translated into namespace calls."""

@@ -1,0 +1,103 @@
+"""HTTP helpers shared by the HTTP protocol edges (protocol layer): REST and S3.
+
+File bodies go out with sendfile when the reader has a local region, and the last byte of
+every body is held back until the read is verified, so a file changed in place while it
+was sent ends in a short body (the connection is cut), never in a complete-looking mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Callable
+
+from aiohttp import web
+
+from ..errors import Conflict, RangeNotSatisfiable
+from ..namespace.base import Reader
+
+log = logging.getLogger(__name__)
+
+
+async def send_body(
+    request: web.Request,
+    response: web.StreamResponse,
+    reader: Reader,
+    sent: Callable[[int], None] = lambda n: None,
+) -> None:
+    """Write the reader's bytes after ``response.prepare``; ``sent`` counts them."""
+    if reader.length == 0:
+        await reader.verify()
+        return
+    if reader.region is not None:
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("client went away")
+        with os.fdopen(os.dup(reader.region.fd), "rb") as fobj:
+            if reader.length > 1:
+                await asyncio.get_running_loop().sendfile(
+                    transport, fobj, reader.region.offset, reader.length - 1
+                )
+            last = os.pread(reader.region.fd, 1, reader.region.offset + reader.length - 1)
+        await reader.verify()
+        await response.write(last)
+        sent(reader.length)
+        return
+    held: bytes | None = None
+    async for chunk in reader.chunks():
+        if held:
+            await response.write(held)
+            sent(len(held))
+        held = chunk
+    await reader.verify()
+    if held:
+        await response.write(held)
+        sent(len(held))
+
+
+async def send_body_or_cut(
+    request: web.Request,
+    response: web.StreamResponse,
+    reader: Reader,
+    sent: Callable[[int], None] = lambda n: None,
+) -> bool:
+    """``send_body`` after the status line went out: on failure the only honest signal
+    left is to cut the connection before the last byte. False when it was cut."""
+    try:
+        await send_body(request, response, reader, sent)
+    except Exception as exc:
+        level = logging.WARNING if isinstance(exc, Conflict) else logging.ERROR
+        log.log(level, "read aborted: %r", exc, extra={"path": reader.entry.path})
+        if request.transport is not None:
+            request.transport.close()
+        return False
+    return True
+
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(offset, length) for a single 'bytes=' range, or None for the whole object.
+
+    A malformed or multi-range header is ignored (RFC 9110 allows serving the whole
+    representation); an unsatisfiable one raises ``RangeNotSatisfiable`` (416).
+    """
+    if not header:
+        return None
+    match = _RANGE.match(header.strip())
+    if match is None or match.group(1) == match.group(2) == "":
+        return None
+    first, last = match.group(1), match.group(2)
+    if first == "":  # suffix: the last N bytes
+        count = min(int(last), size)
+        if count == 0:
+            raise RangeNotSatisfiable(f"range {header} selects nothing of {size} bytes")
+        return size - count, count
+    start = int(first)
+    end = size - 1 if last == "" else min(int(last), size - 1)
+    if start >= size or end < start:
+        raise RangeNotSatisfiable(f"range {header} is outside 0-{size}")
+    return start, end - start + 1

@@ -1,0 +1,221 @@
+"""Multipart uploads staged on local disk (protocol layer).
+
+S3 clients upload parts in any order and in parallel, then name the parts that make the
+object. Parts wait in ``<staging>/<upload id>/`` under the site's data directory (one
+file per part, written to a temporary name and renamed once complete, so a part is there
+whole or not at all); completion streams them in order into one namespace write, which
+commits the object atomically, then removes the upload's directory and leaves a small
+marker, so that a client that repeats Complete (after a lost reply) gets the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...core.streams import BUFFER_SIZE
+from .errors import S3Error
+
+MIN_PART_SIZE = 5 << 20  # as AWS: every part but the last
+DONE_TTL_S = 3600  # how long a completed upload answers a repeated Complete
+MAX_PARTS = 10000
+_UPLOAD_ID = re.compile(r"^[A-Za-z0-9_-]{32}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    number: int
+    size: int
+    etag: str  # quoted hex MD5, as S3 answers
+    mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    upload_id: str
+    bucket: str
+    key: str
+    owner: str
+    initiated_ns: int
+    meta: dict[str, str]  # the tags the object gets on completion (metadata, type)
+
+
+class Staging:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _dir(self, upload_id: str) -> Path:
+        # the id comes from the client: only our own shape may become a path
+        if not _UPLOAD_ID.match(upload_id):
+            raise S3Error("NoSuchUpload", "the specified upload does not exist")
+        return self.root / upload_id
+
+    async def create(self, bucket: str, key: str, owner: str, meta: dict[str, str]) -> Upload:
+        upload = Upload(secrets.token_urlsafe(24), bucket, key, owner, time.time_ns(), meta)
+        folder = self._dir(upload.upload_id)
+
+        def make() -> None:
+            self._sweep_markers()
+            folder.mkdir(parents=True)
+            (folder / "upload.json").write_text(json.dumps(_as_dict(upload)))
+
+        await asyncio.to_thread(make)
+        return upload
+
+    async def get(self, upload_id: str, bucket: str, key: str) -> Upload:
+        folder = self._dir(upload_id)
+        try:
+            data = json.loads(await asyncio.to_thread((folder / "upload.json").read_text))
+        except (FileNotFoundError, ValueError):
+            raise S3Error("NoSuchUpload", "the specified upload does not exist") from None
+        upload = Upload(**data)
+        if (upload.bucket, upload.key) != (bucket, key):
+            raise S3Error("NoSuchUpload", "the specified upload does not exist")
+        return upload
+
+    async def uploads(self, bucket: str) -> list[Upload]:
+        def scan() -> list[Upload]:
+            found = []
+            for meta in self.root.glob("*/upload.json"):
+                try:
+                    upload = Upload(**json.loads(meta.read_text()))
+                except (OSError, ValueError):
+                    continue  # being created or aborted right now
+                if upload.bucket == bucket:
+                    found.append(upload)
+            return sorted(found, key=lambda u: (u.key, u.initiated_ns))
+
+        if not self.root.is_dir():
+            return []
+        return await asyncio.to_thread(scan)
+
+    async def put_part(
+        self, upload: Upload, number: int, data: AsyncIterable[bytes], max_size: int
+    ) -> Part:
+        if not 1 <= number <= MAX_PARTS:
+            raise S3Error("InvalidArgument", f"part numbers are 1 to {MAX_PARTS}")
+        folder = self._dir(upload.upload_id)
+        final = folder / f"{number:05d}"
+        temp = folder / f".{number:05d}.{secrets.token_hex(4)}"
+        digest = hashlib.md5()
+        size = 0
+        fobj = await asyncio.to_thread(open, temp, "xb")
+        try:
+            async for chunk in data:
+                size += len(chunk)
+                if size > max_size:
+                    raise S3Error("EntityTooLarge", f"a part may be at most {max_size} bytes")
+                digest.update(chunk)
+                await asyncio.to_thread(fobj.write, chunk)
+            await asyncio.to_thread(fobj.flush)
+            await asyncio.to_thread(os.fsync, fobj.fileno())
+            fobj.close()
+            etag = f'"{digest.hexdigest()}"'
+            await asyncio.to_thread(_write_then_rename, temp, final, etag)
+        except BaseException:
+            fobj.close()
+            temp.unlink(missing_ok=True)
+            raise
+        return Part(number, size, etag, time.time_ns())
+
+    async def parts(self, upload: Upload) -> list[Part]:
+        folder = self._dir(upload.upload_id)
+
+        def scan() -> list[Part]:
+            found = []
+            for path in sorted(folder.glob("[0-9]" * 5)):
+                try:
+                    st = path.stat()
+                    etag = (folder / f"{path.name}.etag").read_text()
+                except FileNotFoundError:
+                    continue
+                found.append(Part(int(path.name), st.st_size, etag, st.st_mtime_ns))
+            return found
+
+        return await asyncio.to_thread(scan)
+
+    async def assemble(
+        self, upload: Upload, chosen: list[tuple[int, str]]
+    ) -> tuple[AsyncIterator[bytes], str, list[int]]:
+        """The object's bytes from the ``chosen`` (number, etag) parts, its ETag (MD5 of
+        the parts' MD5s, '-N') and the parts' sizes; refuses missing, mismatched or small
+        parts."""
+        if not chosen:
+            raise S3Error("MalformedXML", "a multipart upload needs at least one part")
+        numbers = [n for n, _ in chosen]
+        if numbers != sorted(set(numbers)):
+            raise S3Error("InvalidPartOrder", "the parts must be listed in ascending order")
+        have = {p.number: p for p in await self.parts(upload)}
+        combined = hashlib.md5()
+        for i, (number, etag) in enumerate(chosen):
+            part = have.get(number)
+            if part is None or part.etag.strip('"') != etag.strip().strip('"'):
+                raise S3Error("InvalidPart", f"part {number} was not uploaded or its ETag differs")
+            if part.size < MIN_PART_SIZE and i < len(chosen) - 1:
+                raise S3Error("EntityTooSmall", f"part {number} is smaller than 5 MiB")
+            combined.update(bytes.fromhex(part.etag.strip('"')))
+        folder = self._dir(upload.upload_id)
+
+        async def stream() -> AsyncIterator[bytes]:
+            for number in numbers:
+                with open(folder / f"{number:05d}", "rb") as fobj:  # noqa: ASYNC230 - reads go to a thread
+                    while chunk := await asyncio.to_thread(fobj.read, BUFFER_SIZE):
+                        yield chunk
+
+        sizes = [have[n].size for n in numbers]
+        return stream(), f'"{combined.hexdigest()}-{len(chosen)}"', sizes
+
+    async def remove(self, upload: Upload) -> None:
+        await asyncio.to_thread(shutil.rmtree, self._dir(upload.upload_id), True)
+
+    async def finish(self, upload: Upload, etag: str) -> None:
+        """Remove a completed upload's parts, remembering its ETag for a while."""
+        marker = self.root / f"{upload.upload_id}.done"
+        data = json.dumps({"bucket": upload.bucket, "key": upload.key, "etag": etag})
+        await asyncio.to_thread(marker.write_text, data)
+        await self.remove(upload)
+
+    async def completed(self, upload_id: str, bucket: str, key: str) -> str | None:
+        """The ETag of an upload completed lately as ``bucket``/``key``, else None."""
+        self._dir(upload_id)  # refuses ids that are not ours
+        try:
+            data = json.loads(await asyncio.to_thread((self.root / f"{upload_id}.done").read_text))
+        except (FileNotFoundError, ValueError):
+            return None
+        return str(data["etag"]) if (data["bucket"], data["key"]) == (bucket, key) else None
+
+    def _sweep_markers(self) -> None:
+        cutoff = time.time() - DONE_TTL_S
+        for marker in self.root.glob("*.done"):
+            with contextlib.suppress(FileNotFoundError):
+                if marker.stat().st_mtime < cutoff:
+                    marker.unlink()
+
+
+def _as_dict(upload: Upload) -> dict[str, Any]:
+    return {
+        "upload_id": upload.upload_id,
+        "bucket": upload.bucket,
+        "key": upload.key,
+        "owner": upload.owner,
+        "initiated_ns": upload.initiated_ns,
+        "meta": upload.meta,
+    }
+
+
+def _write_then_rename(temp: Path, final: Path, etag: str) -> None:
+    # the ETag file first: a part file without its ETag is skipped, never misreported
+    etag_file = final.with_name(final.name + ".etag")
+    etag_file.write_text(etag)
+    os.replace(temp, final)

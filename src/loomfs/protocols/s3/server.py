@@ -1,0 +1,1170 @@
+"""The S3 gateway (protocol layer): S3 requests in, namespace calls out, S3 XML back.
+
+Buckets are namespace directories named in the configuration (``[s3.buckets]``), plus,
+where ``[s3] bucket_root`` is set, the directories below it, which CreateBucket and
+DeleteBucket make and remove. An object key 'a/b/c' is the file ``<bucket dir>/a/b/c``;
+since S3 has no mkdir, a PUT creates the directories a key needs, and a DELETE prunes
+the ones it leaves empty. Every request is authenticated with SigV4 against the user
+registry and runs as that user's ``Principal``. Errors leave through one table
+(``errors.from_loom``) as S3 XML.
+
+What S3 keeps beside an object lives in the object's tags under ``s3.``: the ETag it
+computed while the bytes streamed in (with the version it belongs to, so a file changed
+behind loomfs's back never shows a stale ETag), the Content-Type and the user metadata.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from urllib.parse import unquote
+
+from aiohttp import ClientError, web
+from prometheus_client import Counter
+
+from ... import paths
+from ...core.types import Entry, Principal
+from ...core.users import UserRegistry
+from ...errors import (
+    AlreadyExists,
+    DirectoryNotEmpty,
+    InvalidPath,
+    LoomError,
+    NotADirectory,
+    NotFound,
+)
+from ...namespace.base import Namespace
+from ..http import parse_range, send_body_or_cut
+from . import sigv4
+from .errors import S3Error, error_xml, from_loom
+from .listing import Item, Lister, check_key
+from .multipart import Staging, Upload
+from .xmlio import (
+    MAX_DOCUMENT,
+    Xml,
+    child_text,
+    document,
+    el,
+    http_time,
+    iso_time,
+    local,
+    nodes,
+    parse,
+)
+from .xmlio import url_encode as _enc
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter("loomfs_s3_requests_total", "S3 requests", ["op", "status"])
+BYTES_OUT = Counter("loomfs_s3_read_bytes_total", "Object bytes sent by the S3 gateway")
+
+TAG = "s3."
+ETAG_TAG = "s3.etag"  # "<version> <quoted etag>"
+META_TAG = "s3.meta."
+OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
+LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
+PARTS_TAG = "s3.parts"  # part sizes of a multipart object (valid with ETAG_TAG's version)
+MAX_PARTS_TAG = 1024
+STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
+                  "content-language", "expires")  # fmt: skip
+EMPTY_MD5 = f'"{hashlib.md5(b"").hexdigest()}"'
+MAX_KEYS = 1000
+GiB = 1 << 30
+# subresources this gateway does not implement: answered NotImplemented rather than
+# mistaken for a plain GET or PUT of the object or bucket
+UNSUPPORTED = frozenset(
+    {
+        "acl",
+        "policy",
+        "cors",
+        "lifecycle",
+        "website",
+        "tagging",
+        "versioning",
+        "logging",
+        "notification",
+        "replication",
+        "encryption",
+        "object-lock",
+        "retention",
+        "legal-hold",
+        "torrent",
+        "restore",
+        "select",
+        "accelerate",
+        "requestPayment",
+        "analytics",
+        "inventory",
+        "metrics",
+        "ownershipControls",
+        "publicAccessBlock",
+        "intelligent-tiering",
+        "attributes",
+    }
+)
+
+
+@dataclass(slots=True)
+class Call:
+    """One authenticated request, parsed."""
+
+    request: web.Request
+    who: Principal
+    auth: sigv4.Verified
+    bucket: str
+    key: str
+    query: dict[str, str]
+    op: str = "-"
+
+    @property
+    def resource(self) -> str:
+        return f"/{self.bucket}/{self.key}" if self.key else f"/{self.bucket}"
+
+
+def _split_query(raw: str) -> list[tuple[str, str]]:
+    # not parse_qsl: '+' is a literal plus in S3 query strings, never a space
+    pairs = []
+    for part in raw.split("&"):
+        if part:
+            name, _, value = part.partition("=")
+            pairs.append((unquote(name), unquote(value)))
+    return pairs
+
+
+def _header_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None  # as AWS: an unparsable date is ignored
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    return any(t.strip() in ("*", etag, etag.strip('"')) for t in header.split(","))
+
+
+def check_preconditions(
+    get: Callable[[str], str | None], etag: str, mtime_ns: int, *, copy: bool = False
+) -> int | None:
+    """The status (412, or 304 for a GET) the conditional headers demand, or None.
+
+    RFC 9110's order, which is also S3's: If-Match decides before If-Unmodified-Since,
+    and If-None-Match before If-Modified-Since. ``get`` reads a header; with ``copy``
+    the x-amz-copy-source-if-* family, where every failure is 412.
+    """
+    prefix = "x-amz-copy-source-" if copy else ""
+    modified = mtime_ns // 1_000_000_000
+    if_match = get(prefix + "if-match")
+    if if_match is not None:
+        if not _etag_matches(if_match, etag):
+            return 412
+    else:
+        since = _header_time(get(prefix + "if-unmodified-since"))
+        if since is not None and modified > since:
+            return 412
+    if_none = get(prefix + "if-none-match")
+    if if_none is not None:
+        if _etag_matches(if_none, etag):
+            return 412 if copy else 304
+    else:
+        since = _header_time(get(prefix + "if-modified-since"))
+        if since is not None and modified <= since:
+            return 412 if copy else 304
+    return None
+
+
+class Tally:
+    """Counts and hashes bytes on their way to a write, refusing more than ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.md5 = hashlib.md5()
+
+    async def through(self, data: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in data:
+            self.size += len(chunk)
+            if self.size > self.limit:
+                raise S3Error("EntityTooLarge", f"the upload exceeds {self.limit} bytes")
+            self.md5.update(chunk)
+            yield chunk
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.md5.hexdigest()}"'
+
+
+def object_etag(entry: Entry, tags: Mapping[str, str]) -> str:
+    """The ETag S3 computed when the object came through it, if it is still that version;
+    otherwise a value that is stable for this content version (files that arrived by
+    another road: posix tools, assimilation)."""
+    if entry.is_dir:
+        return EMPTY_MD5
+    version, _, etag = tags.get(ETAG_TAG, "").partition(" ")
+    if etag and version == str(entry.version):
+        return etag
+    seed = f"{entry.version}:{entry.etag or ''}:{entry.size}".encode()
+    return f'"{hashlib.md5(seed).hexdigest()}"'
+
+
+def encode_parts(sizes: list[int]) -> str:
+    """Part sizes, run-length encoded ('5242880*3,1048576'): uploads use equal parts."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return ",".join(f"{size}*{count}" if count > 1 else str(size) for size, count in runs)
+
+
+def parts_of(entry: Entry, tags: Mapping[str, str]) -> list[int]:
+    """The sizes of the parts an object was uploaded in; one part unless multipart."""
+    layout = tags.get(PARTS_TAG)
+    if layout is None or tags.get(ETAG_TAG, "").partition(" ")[0] != str(entry.version):
+        if object_etag(entry, tags).rstrip('"').rpartition("-")[1]:
+            raise S3Error("NotImplemented", "the part layout of this object is not known")
+        return [entry.size]
+    sizes: list[int] = []
+    for run in layout.split(","):
+        size, _, count = run.partition("*")
+        sizes += [int(size)] * int(count or 1)
+    return sizes
+
+
+def part_window(number: int, entry: Entry, tags: Mapping[str, str]) -> tuple[int, int]:
+    sizes = parts_of(entry, tags)
+    if not 1 <= number <= len(sizes):
+        raise S3Error("InvalidPart", f"the object has {len(sizes)} parts, not {number}")
+    return sum(sizes[: number - 1]), sizes[number - 1]
+
+
+def _stored_meta(headers: Mapping[str, str]) -> dict[str, str]:
+    """The tags that keep a request's Content-Type and x-amz-meta-* headers."""
+    tags = {f"{TAG}{name}": headers[name] for name in STORED_HEADERS if name in headers}
+    # aws-chunked is the upload's framing, not a coding of the stored object
+    codings = [c.strip() for c in tags.pop(f"{TAG}content-encoding", "").split(",")]
+    if kept := ", ".join(c for c in codings if c and c != "aws-chunked"):
+        tags[f"{TAG}content-encoding"] = kept
+    for name, value in headers.items():
+        if name.startswith("x-amz-meta-"):
+            tags[META_TAG + name[len("x-amz-meta-") :]] = value
+    return tags
+
+
+def _meta_headers(tags: Mapping[str, str]) -> dict[str, str]:
+    out = {"Content-Type": tags.get(f"{TAG}content-type", "binary/octet-stream")}
+    for name in STORED_HEADERS[1:]:
+        if f"{TAG}{name}" in tags:
+            out[name.title()] = tags[f"{TAG}{name}"]
+    for key, value in tags.items():
+        if key.startswith(META_TAG):
+            out["x-amz-meta-" + key[len(META_TAG) :]] = value
+    return out
+
+
+def _int_param(value: str | None, name: str, default: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise S3Error("InvalidArgument", f"{name} must be an integer") from None
+    if number < 0:
+        raise S3Error("InvalidArgument", f"{name} must not be negative")
+    return number
+
+
+class S3Gateway:
+    def __init__(
+        self,
+        namespace: Namespace,
+        users: UserRegistry,
+        buckets: Mapping[str, str],
+        *,
+        staging: Path,
+        region: str = "us-east-1",
+        bucket_root: str | None = None,
+        site: str = "hub",
+        max_object_size: int = 5 * GiB,
+        max_part_size: int = 5 * GiB,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ns = namespace
+        self.users = users
+        self.buckets = {name: paths.normalize(path) for name, path in buckets.items()}
+        self.bucket_root = paths.normalize(bucket_root) if bucket_root else None
+        self.staging = Staging(staging)
+        self.site = site
+        self.max_object_size = max_object_size
+        self.max_part_size = max_part_size
+        self.verifier = sigv4.Verifier(region, clock)
+        self.region = region
+
+    def app(self) -> web.Application:
+        # bodies stream; client_max_size bounds only what aiohttp itself would buffer
+        app = web.Application(client_max_size=MAX_DOCUMENT)
+        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=_expect)
+        return app
+
+    # -- the edge: authenticate, dispatch, map errors ---------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        request_id = secrets.token_hex(8).upper()
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        path = unquote(raw_path)
+        bucket, _, key = path.lstrip("/").partition("/")
+        resource = path
+        op = "-"
+        try:
+            if request.method == "OPTIONS":
+                # a CORS preflight; no CORS rules are configured on these buckets
+                raise S3Error("InvalidRequest", "CORS is not enabled for this bucket")
+            query = _split_query(raw_query)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            auth, who = await self._authenticate(request.method, path, query, headers)
+            call = Call(request, who, auth, bucket, key, dict(query))
+            response = await self._dispatch(call)
+            op = call.op
+        except S3Error as exc:
+            response = self._error(request, exc, resource, request_id)
+        except LoomError as exc:
+            response = self._error(request, from_loom(exc, resource), resource, request_id)
+        except ConnectionResetError:
+            raise  # the client went away: nobody is left to answer
+        except Exception:
+            log.exception("unexpected error", extra={"path": path, "request_id": request_id})
+            error = S3Error("InternalError", "internal error, see the server log")
+            response = self._error(request, error, resource, request_id)
+        response.headers.setdefault("x-amz-request-id", request_id)
+        REQUESTS.labels(op, str(response.status)).inc()
+        return response
+
+    def _error(
+        self, request: web.Request, exc: S3Error, resource: str, request_id: str
+    ) -> web.Response:
+        level = logging.ERROR if exc.status >= 500 else logging.WARNING
+        log.log(
+            level,
+            "s3 request refused",
+            extra={
+                "code": exc.code,
+                "method": request.method,
+                "path": resource,
+                "remote": request.remote,
+                "reason": exc.message,
+                "request_id": request_id,
+                # what the client is not told about a server-side failure
+                "cause": repr(exc.__cause__) if exc.status >= 500 and exc.__cause__ else None,
+            },
+        )
+        exc.resource = exc.resource or resource
+        if request.method == "HEAD" or exc.status == 304:
+            return web.Response(status=exc.status)
+        body = error_xml(exc, request_id)
+        return web.Response(status=exc.status, body=body, content_type="application/xml")
+
+    async def _authenticate(
+        self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str]
+    ) -> tuple[sigv4.Verified, Principal]:
+        found: dict[str, Principal] = {}
+
+        async def lookup(access_key: str) -> str | None:
+            hit = await self.users.lookup_access_key(access_key)
+            if hit is None:
+                return None
+            user, secret = hit
+            found["who"] = user.principal("s3", self.site)
+            return secret
+
+        auth = await self.verifier.verify(method, path, query, headers, lookup)
+        return auth, found["who"]
+
+    async def _dispatch(self, c: Call) -> web.StreamResponse:
+        method, q = c.request.method, c.query
+        if UNSUPPORTED & q.keys():
+            raise S3Error("NotImplemented", f"{sorted(UNSUPPORTED & q.keys())[0]} is not supported")
+        handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
+        if not c.bucket:
+            handler = {"GET": self.list_buckets}.get(method)
+        elif not c.key:
+            handler = {
+                "GET": self.get_bucket,
+                "HEAD": self.head_bucket,
+                "PUT": self.create_bucket,
+                "DELETE": self.delete_bucket,
+                "POST": self.delete_objects if "delete" in q else None,
+            }.get(method)
+        elif "uploadId" in q:
+            handler = {
+                "GET": self.list_parts,
+                "PUT": self.upload_part,
+                "POST": self.complete_upload,
+                "DELETE": self.abort_upload,
+            }.get(method)
+        else:
+            handler = {
+                "GET": self.get_object,
+                "HEAD": self.get_object,
+                "PUT": self.copy_object
+                if "x-amz-copy-source" in c.request.headers
+                else self.put_object,
+                "DELETE": self.delete_object,
+                "POST": self.create_upload if "uploads" in q else None,
+            }.get(method)
+        if handler is None:
+            raise S3Error("MethodNotAllowed", f"{method} is not allowed on this resource")
+        c.op = handler.__name__
+        if c.key:
+            check_key(c.key)
+        return await handler(c)
+
+    # -- buckets --------------------------------------------------------------------------
+
+    def bucket_dir(self, bucket: str) -> str:
+        if bucket in self.buckets:
+            return self.buckets[bucket]
+        if self.bucket_root is not None and _valid_bucket_name(bucket):
+            return paths.join(self.bucket_root, bucket)
+        raise S3Error("NoSuchBucket", "the specified bucket does not exist", resource=f"/{bucket}")
+
+    async def _bucket_entry(self, c: Call) -> str:
+        folder = self.bucket_dir(c.bucket)
+        try:
+            entry = await self.ns.stat(c.who, folder)
+        except NotFound:
+            raise S3Error("NoSuchBucket", "the specified bucket does not exist") from None
+        if not entry.is_dir:
+            raise S3Error("NoSuchBucket", "the specified bucket does not exist")
+        return folder
+
+    def object_path(self, c: Call, key: str | None = None) -> str:
+        return self.bucket_dir(c.bucket) + "/" + (c.key if key is None else key)
+
+    async def list_buckets(self, c: Call) -> web.Response:
+        found: dict[str, int] = {}
+        for name, folder in self.buckets.items():
+            try:
+                found[name] = (await self.ns.stat(c.who, folder)).mtime_ns
+            except NotFound:
+                continue  # configured, but not (yet) there
+        if self.bucket_root is not None:
+            try:
+                async for entry in self.ns.list(c.who, self.bucket_root):
+                    if entry.is_dir and _valid_bucket_name(entry.name):
+                        found.setdefault(entry.name, entry.mtime_ns)
+            except NotFound:
+                pass
+        after = c.query.get("continuation-token", "")
+        prefix = c.query.get("prefix", "")
+        limit = _int_param(c.query.get("max-buckets"), "max-buckets", 10000) or 10000
+        names = [n for n in sorted(found) if n > after and n.startswith(prefix)]
+        shown = names[:limit]
+        buckets = [
+            el("Bucket", el("Name", name), el("CreationDate", iso_time(found[name])))
+            for name in shown
+        ]
+        return _xml(
+            document(
+                "ListAllMyBucketsResult",
+                self._owner(c),
+                el("Buckets", nodes(buckets)),
+                el("ContinuationToken", shown[-1]) if len(names) > limit else None,
+                el("Prefix", prefix) if prefix else None,
+            )
+        )
+
+    def _owner(self, c: Call) -> Xml:
+        return el("Owner", el("ID", c.who.user), el("DisplayName", c.who.user))
+
+    async def head_bucket(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)
+        return web.Response(headers={"x-amz-bucket-region": self.region})
+
+    async def create_bucket(self, c: Call) -> web.Response:
+        if c.bucket not in self.buckets and not _valid_bucket_name(c.bucket):
+            raise S3Error("InvalidBucketName", "the specified bucket is not valid")
+        folder = self.bucket_dir(c.bucket)
+        if c.bucket in self.buckets or self.bucket_root is None:
+            if await self.ns.exists(c.who, folder):
+                raise S3Error("BucketAlreadyOwnedByYou", "the bucket exists and is configured")
+            raise S3Error("AccessDenied", "buckets are configured, not created, here")
+        location = ""
+        body = await _read_document(c.request)
+        if body.strip():
+            location = child_text(parse(body), "LocationConstraint") or ""
+        try:
+            await self.ns.mkdir(c.who, folder)
+        except AlreadyExists:
+            owner = (await self.ns.get_tags(c.who, folder)).get(OWNER_TAG)
+            if owner is not None and owner != c.who.user:
+                raise S3Error("BucketAlreadyExists", "the bucket belongs to someone else") from None
+            # us-east-1 answers a repeated create with success, every other region not
+            if self.region != "us-east-1":
+                raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket") from None
+            return web.Response(headers={"Location": f"/{c.bucket}"})
+        await self.ns.set_tags(c.who, folder, {OWNER_TAG: c.who.user, LOCATION_TAG: location})
+        return web.Response(headers={"Location": f"/{c.bucket}"})
+
+    async def delete_bucket(self, c: Call) -> web.Response:
+        folder = await self._bucket_entry(c)
+        if c.bucket in self.buckets:
+            raise S3Error("AccessDenied", "a configured bucket cannot be deleted over S3")
+        try:
+            await self.ns.remove(c.who, folder)
+        except DirectoryNotEmpty:
+            raise S3Error("BucketNotEmpty", "the bucket you tried to delete is not empty") from None
+        return web.Response(status=204)
+
+    async def get_bucket(self, c: Call) -> web.Response:
+        if "location" in c.query:
+            tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
+            region = "" if self.region == "us-east-1" else self.region
+            return _xml(document("LocationConstraint", tags.get(LOCATION_TAG) or region))
+        if "uploads" in c.query:
+            return await self.list_uploads(c)
+        if "versions" in c.query:
+            return await self.list_versions(c)
+        return await self.list_objects(c)
+
+    # -- listing --------------------------------------------------------------------------
+
+    async def _page(
+        self, c: Call, prefix: str, delimiter: str, after: str | None, max_keys: int
+    ) -> tuple[list[Item], bool]:
+        folder = await self._bucket_entry(c)
+        items: list[Item] = []
+        if max_keys == 0:
+            return items, False
+        lister = Lister(self.ns, c.who, folder, prefix=prefix, delimiter=delimiter, after=after)
+        async for item in lister.items():
+            if len(items) == max_keys:
+                return items, True
+            items.append(item)
+        return items, False
+
+    async def _contents(
+        self, c: Call, items: list[Item], encode: bool, tag: str, with_owner: bool
+    ) -> Xml:
+        rows = []
+        for item in items:
+            if item.entry is None:
+                continue
+            tags = await self.ns.get_tags(c.who, item.entry.path)
+            extra = (el("VersionId", "null"), el("IsLatest", True)) if tag == "Version" else ()
+            rows.append(
+                el(
+                    tag,
+                    el("Key", _enc(item.key, encode)),
+                    *extra,
+                    el("LastModified", iso_time(item.entry.mtime_ns)),
+                    el("ETag", object_etag(item.entry, tags)),
+                    el("Size", item.entry.size),
+                    el("StorageClass", "STANDARD"),
+                    self._owner(c) if with_owner else None,
+                )
+            )
+        prefixes = [
+            el("CommonPrefixes", el("Prefix", _enc(i.key, encode)))
+            for i in items
+            if i.entry is None
+        ]
+        return nodes([*rows, *prefixes])
+
+    async def list_objects(self, c: Call) -> web.Response:
+        q = c.query
+        v2 = q.get("list-type") == "2"
+        prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+        encode = q.get("encoding-type") == "url"
+        if "encoding-type" in q and not encode:
+            raise S3Error("InvalidArgument", "encoding-type must be url")
+        max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
+        if v2:
+            token = q.get("continuation-token")
+            after = _decode_token(token) if token is not None else q.get("start-after") or None
+        else:
+            after = q.get("marker") or None
+        items, truncated = await self._page(c, prefix, delimiter, after, max_keys)
+        next_after = items[-1].key if truncated and items else None
+        common = (
+            el("Name", c.bucket),
+            # V1 echoes the prefix as given even with encoding-type=url (clients rely on it)
+            el("Prefix", _enc(prefix, encode and v2)),
+            el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
+            el("MaxKeys", max_keys),
+            el("EncodingType", "url") if encode else None,
+            el("IsTruncated", truncated),
+        )
+        # V1 always names the owner, V2 only when asked to
+        with_owner = not v2 or q.get("fetch-owner") == "true"
+        contents = await self._contents(c, items, encode, "Contents", with_owner)
+        if v2:
+            return _xml(
+                document(
+                    "ListBucketResult",
+                    *common,
+                    el("KeyCount", len(items)),
+                    el("ContinuationToken", q["continuation-token"])
+                    if "continuation-token" in q
+                    else None,
+                    el("NextContinuationToken", _encode_token(next_after)) if next_after else None,
+                    el("StartAfter", _enc(q["start-after"], encode))
+                    if "start-after" in q
+                    else None,
+                    contents,
+                )
+            )
+        return _xml(
+            document(
+                "ListBucketResult",
+                *common,
+                el("Marker", _enc(q.get("marker", ""), encode)),
+                el("NextMarker", _enc(next_after, encode)) if next_after else None,
+                contents,
+            )
+        )
+
+    async def list_versions(self, c: Call) -> web.Response:
+        """Unversioned buckets: every object is its only version, VersionId 'null'."""
+        q = c.query
+        prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+        encode = q.get("encoding-type") == "url"
+        max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
+        items, truncated = await self._page(
+            c, prefix, delimiter, q.get("key-marker") or None, max_keys
+        )
+        next_after = items[-1].key if truncated and items else None
+        return _xml(
+            document(
+                "ListVersionsResult",
+                el("Name", c.bucket),
+                el("Prefix", _enc(prefix, encode)),
+                el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
+                el("KeyMarker", _enc(q.get("key-marker", ""), encode)),
+                el("VersionIdMarker", q.get("version-id-marker", "")),
+                el("NextKeyMarker", _enc(next_after, encode)) if next_after else None,
+                el("NextVersionIdMarker", "null") if next_after else None,
+                el("MaxKeys", max_keys),
+                el("EncodingType", "url") if encode else None,
+                el("IsTruncated", truncated),
+                await self._contents(c, items, encode, "Version", True),
+            )
+        )
+
+    # -- objects --------------------------------------------------------------------------
+
+    async def _object(self, c: Call) -> tuple[Entry, dict[str, str]]:
+        path = self.object_path(c)
+        try:
+            entry = await self.ns.stat(c.who, path)
+        except NotFound:
+            await self._bucket_entry(c)  # NoSuchBucket before NoSuchKey
+            raise S3Error("NoSuchKey", "the specified key does not exist") from None
+        if entry.is_dir != c.key.endswith("/"):  # 'a/' names a directory, 'a' a file
+            raise S3Error("NoSuchKey", "the specified key does not exist")
+        return entry, await self.ns.get_tags(c.who, path)
+
+    async def get_object(self, c: Call) -> web.StreamResponse:
+        request = c.request
+        entry, tags = await self._object(c)
+        etag = object_etag(entry, tags)
+        status = check_preconditions(request.headers.get, etag, entry.mtime_ns)
+        if status == 304:
+            return web.Response(
+                status=304, headers={"ETag": etag, "Last-Modified": http_time(entry.mtime_ns)}
+            )
+        if status == 412:
+            raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+        headers = {
+            "ETag": etag,
+            "Last-Modified": http_time(entry.mtime_ns),
+            "Accept-Ranges": "bytes",
+            **_meta_headers(tags),
+        }
+        for name in STORED_HEADERS:
+            override = c.query.get(f"response-{name}")
+            if override is not None:
+                headers[name.title()] = override
+        if entry.is_dir:  # a folder marker ('dir/'): an empty object
+            return web.Response(headers={**headers, "Content-Length": "0"})
+        part = c.query.get("partNumber")
+        window: tuple[int, int] | None
+        if part is not None:
+            window = part_window(_int_param(part, "partNumber", 0), entry, tags)
+            if PARTS_TAG in tags:
+                headers["x-amz-mp-parts-count"] = str(len(parts_of(entry, tags)))
+        else:
+            window = parse_range(request.headers.get("Range"), entry.size)
+        offset, length = window if window is not None else (0, None)
+        async with await self.ns.read(
+            c.who, entry.path, offset, length, if_version=entry.version
+        ) as reader:
+            response = web.StreamResponse(status=206 if window else 200, headers=headers)
+            if window:
+                end = reader.offset + reader.length - 1
+                response.headers["Content-Range"] = f"bytes {reader.offset}-{end}/{entry.size}"
+            response.content_length = reader.length
+            await response.prepare(request)
+            if request.method != "HEAD" and not await send_body_or_cut(
+                request, response, reader, BYTES_OUT.inc
+            ):
+                return response
+            await response.write_eof()
+            return response
+
+    def _body(self, c: Call, limit: int) -> AsyncIterator[bytes]:
+        """The request body as the signature covers it: plain (SHA-256 checked at the end
+        when signed) or decoded from aws-chunked (every chunk's signature checked)."""
+        request = c.request
+        headers = request.headers
+        decoded = headers.get("x-amz-decoded-content-length")
+        if (
+            request.content_length is None
+            and decoded is None
+            and "chunked" not in headers.get("Transfer-Encoding", "")
+        ):
+            raise S3Error("MissingContentLength", "you must provide the Content-Length header")
+        decoded_length = int(decoded) if decoded and decoded.isdigit() else None
+        declared = decoded_length if decoded_length is not None else request.content_length
+        if declared is not None and declared > limit:
+            raise S3Error("EntityTooLarge", f"the upload exceeds {limit} bytes")
+        checker = sigv4.PayloadChecker(c.auth, decoded_length)
+        if c.auth.payload in (sigv4.STREAMING, sigv4.STREAMING_UNSIGNED_TRAILER):
+            reader = sigv4.ChunkReader(request.content.readline, request.content.read)
+            return _from_client(checker.chunked(reader))
+        return _from_client(checker.plain(request.content.iter_chunked(1 << 20)))
+
+    async def _ensure_parent(self, c: Call, path: str) -> None:
+        parent = paths.split(paths.normalize(path))[0]
+        try:
+            await self.ns.mkdir(c.who, parent, parents=True, exist_ok=True)
+        except (AlreadyExists, NotADirectory):
+            raise S3Error(
+                "InvalidRequest", "a prefix of this key is an object, so it cannot hold keys"
+            ) from None
+
+    async def _store(
+        self,
+        c: Call,
+        path: str,
+        data: AsyncIterator[bytes],
+        meta: dict[str, str],
+        *,
+        etag: str | None = None,
+        content_md5: bytes | None = None,
+        limit: int,
+    ) -> tuple[Entry, str]:
+        """Stream ``data`` into the object at ``path`` and record its S3 tags."""
+        await self._bucket_entry(c)
+        await self._ensure_parent(c, path)
+        exclusive, if_version = await self._write_conditions(c, path)
+        tally = Tally(limit)
+
+        async def checked() -> AsyncIterator[bytes]:
+            async for chunk in tally.through(data):
+                yield chunk
+            if content_md5 is not None and tally.md5.digest() != content_md5:
+                raise S3Error("BadDigest", "the Content-MD5 you specified did not match")
+
+        entry = await self.ns.write(
+            c.who, path, checked(), exclusive=exclusive, if_version=if_version
+        )
+        etag = etag or tally.etag
+        await self._set_s3_tags(c, path, {**meta, ETAG_TAG: f"{entry.version} {etag}"})
+        return entry, etag
+
+    async def _write_conditions(self, c: Call, path: str) -> tuple[bool, int | None]:
+        """(exclusive, if_version) for the write from If-Match / If-None-Match: the
+        version the ETags were checked against is passed on, so the check and the
+        write are one atomic step in the namespace."""
+        headers = c.request.headers
+        if_match, if_none = headers.get("If-Match"), headers.get("If-None-Match")
+        if if_none is not None and if_none.strip() == "*" and if_match is None:
+            return True, None
+        if if_match is None and if_none is None:
+            return False, None
+        try:
+            entry = await self.ns.stat(c.who, path)
+        except NotFound:
+            if if_match is not None:
+                raise S3Error("NoSuchKey", "the specified key does not exist") from None
+            return True, None  # If-None-Match: nothing there matches; keep it so
+        etag = object_etag(entry, await self.ns.get_tags(c.who, path))
+        if (if_match is not None and not _etag_matches(if_match, etag)) or (
+            if_none is not None and _etag_matches(if_none, etag)
+        ):
+            raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+        return False, entry.version
+
+    async def _set_s3_tags(self, c: Call, path: str, new: dict[str, str]) -> None:
+        tags = await self.ns.set_tags(c.who, path, new)
+        stale = [k for k in tags if k.startswith(TAG) and k not in new]
+        if stale:
+            await self.ns.set_tags(c.who, path, {}, stale)
+
+    async def put_object(self, c: Call) -> web.Response:
+        headers = {k.lower(): v for k, v in c.request.headers.items()}
+        content_md5 = _content_md5(headers.get("content-md5"))
+        data = self._body(c, self.max_object_size)
+        path = self.object_path(c)
+        if c.key.endswith("/"):  # a folder marker: the directory itself
+            async for chunk in data:
+                if chunk:
+                    raise S3Error("InvalidRequest", "a key ending in '/' holds no data here")
+            await self._bucket_entry(c)
+            await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
+            return web.Response(headers={"ETag": EMPTY_MD5})
+        _, etag = await self._store(
+            c,
+            path,
+            data,
+            _stored_meta(headers),
+            content_md5=content_md5,
+            limit=self.max_object_size,
+        )
+        return web.Response(headers={"ETag": etag})
+
+    def _copy_source(self, c: Call) -> tuple[str, str]:
+        raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
+        source = unquote(raw)
+        if version and version != "versionId=null":
+            raise S3Error("InvalidArgument", "only the null version of an object exists here")
+        bucket, _, key = source.lstrip("/").partition("/")
+        if not bucket or not key:
+            raise S3Error("InvalidArgument", "x-amz-copy-source must be BUCKET/KEY")
+        check_key(key)
+        return bucket, key
+
+    async def _read_source(
+        self, c: Call, window: tuple[int, int | None] = (0, None)
+    ) -> tuple[Entry, dict[str, str], AsyncGenerator[bytes, None]]:
+        """The copy source's entry, tags and bytes, after its conditions were checked."""
+        bucket, key = self._copy_source(c)
+        source_call = Call(c.request, c.who, c.auth, bucket, key, {})
+        entry, tags = await self._object(source_call)
+        status = check_preconditions(
+            c.request.headers.get, object_etag(entry, tags), entry.mtime_ns, copy=True
+        )
+        if status is not None:
+            raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+
+        async def stream() -> AsyncGenerator[bytes, None]:
+            offset, length = window
+            async with await self.ns.read(
+                c.who, entry.path, offset, length, if_version=entry.version
+            ) as reader:
+                async for chunk in reader.chunks():
+                    yield chunk
+                await reader.verify()
+
+        return entry, tags, stream()
+
+    async def copy_object(self, c: Call) -> web.Response:
+        headers = {k.lower(): v for k, v in c.request.headers.items()}
+        replace = headers.get("x-amz-metadata-directive", "COPY").upper() == "REPLACE"
+        entry, tags, data = await self._read_source(c)
+        path = self.object_path(c)
+        meta = (
+            _stored_meta(headers)
+            if replace
+            else {k: v for k, v in tags.items() if k.startswith(TAG)}
+        )
+        for own in (ETAG_TAG, PARTS_TAG):  # the copy is a new single-part object
+            meta.pop(own, None)
+        if paths.normalize(path) == entry.path:
+            await data.aclose()
+            if not replace:
+                raise S3Error(
+                    "InvalidRequest",
+                    "this copy request is illegal because it copies an object to itself "
+                    "without changing the object's metadata",
+                )
+            etag = object_etag(entry, tags)
+            await self._set_s3_tags(c, path, {**meta, ETAG_TAG: f"{entry.version} {etag}"})
+            result = entry
+        else:
+            result, etag = await self._store(c, path, data, meta, limit=self.max_object_size)
+        return _xml(
+            document(
+                "CopyObjectResult", el("LastModified", iso_time(result.mtime_ns)), el("ETag", etag)
+            )
+        )
+
+    async def _remove_key(self, c: Call, key: str) -> None:
+        """Delete one key; a key that isn't there is no error (S3), and directories that
+        only existed for it are pruned up to the bucket."""
+        folder = self.bucket_dir(c.bucket)
+        path = paths.normalize(folder + "/" + key)
+        try:
+            entry = await self.ns.stat(c.who, path)
+            if entry.is_dir and not key.endswith("/"):
+                return
+            await self.ns.remove(c.who, path)
+        except (NotFound, DirectoryNotEmpty):
+            return
+        parent = paths.split(path)[0]
+        while parent != folder and paths.is_within(parent, folder):
+            try:
+                await self.ns.remove(c.who, parent)
+            except (DirectoryNotEmpty, NotFound, InvalidPath):
+                return
+            parent = paths.split(parent)[0]
+
+    async def delete_object(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)
+        await self._remove_key(c, c.key)
+        return web.Response(status=204)
+
+    async def delete_objects(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)
+        root = parse(await _read_document(c.request))
+        if local(root.tag) != "Delete":
+            raise S3Error("MalformedXML", "the root element must be Delete")
+        quiet = (child_text(root, "Quiet") or "").lower() == "true"
+        keys = [child_text(o, "Key") for o in root if local(o.tag) == "Object"]
+        if not keys or len(keys) > 1000 or any(k is None for k in keys):
+            raise S3Error("MalformedXML", "Delete needs 1 to 1000 Object elements with a Key")
+        results = []
+        for key in keys:
+            assert key is not None
+            try:
+                check_key(key)
+                await self._remove_key(c, key)
+            except (S3Error, LoomError) as exc:
+                error = exc if isinstance(exc, S3Error) else from_loom(exc, key)
+                results.append(
+                    el(
+                        "Error",
+                        el("Key", key),
+                        el("Code", error.code),
+                        el("Message", error.message),
+                    )
+                )
+                continue
+            if not quiet:
+                results.append(el("Deleted", el("Key", key)))
+        return _xml(document("DeleteResult", nodes(results)))
+
+    # -- multipart ------------------------------------------------------------------------
+
+    async def _upload(self, c: Call) -> Upload:
+        upload = await self.staging.get(c.query["uploadId"], c.bucket, c.key)
+        if upload.owner != c.who.user:
+            raise S3Error("AccessDenied", "the upload belongs to another user")
+        return upload
+
+    async def create_upload(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)
+        headers = {k.lower(): v for k, v in c.request.headers.items()}
+        upload = await self.staging.create(c.bucket, c.key, c.who.user, _stored_meta(headers))
+        return _xml(
+            document(
+                "InitiateMultipartUploadResult",
+                el("Bucket", c.bucket),
+                el("Key", c.key),
+                el("UploadId", upload.upload_id),
+            )
+        )
+
+    async def upload_part(self, c: Call) -> web.Response:
+        upload = await self._upload(c)
+        number = _int_param(c.query.get("partNumber"), "partNumber", 0)
+        if "x-amz-copy-source" not in c.request.headers:
+            part = await self.staging.put_part(
+                upload, number, self._body(c, self.max_part_size), self.max_part_size
+            )
+            return web.Response(headers={"ETag": part.etag})
+        window: tuple[int, int | None] = (0, None)
+        source_range = c.request.headers.get("x-amz-copy-source-range")
+        if source_range:
+            bucket, key = self._copy_source(c)
+            source, _ = await self._object(Call(c.request, c.who, c.auth, bucket, key, {}))
+            window = _copy_range(source_range, source.size)
+        _, _, data = await self._read_source(c, window)
+        part = await self.staging.put_part(upload, number, data, self.max_part_size)
+        return _xml(
+            document(
+                "CopyPartResult", el("LastModified", iso_time(part.mtime_ns)), el("ETag", part.etag)
+            )
+        )
+
+    async def complete_upload(self, c: Call) -> web.Response:
+        done = await self.staging.completed(c.query["uploadId"], c.bucket, c.key)
+        if done is not None:
+            return self._completed(c, done)
+        upload = await self._upload(c)
+        root = parse(await _read_document(c.request))
+        if local(root.tag) != "CompleteMultipartUpload":
+            raise S3Error("MalformedXML", "the root element must be CompleteMultipartUpload")
+        chosen = []
+        for part in root:
+            if local(part.tag) != "Part":
+                continue
+            number, etag = child_text(part, "PartNumber"), child_text(part, "ETag")
+            if number is None or etag is None or not number.isdigit():
+                raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
+            chosen.append((int(number), etag))
+        data, etag, sizes = await self.staging.assemble(upload, chosen)
+        path = self.object_path(c)
+        meta = dict(upload.meta)
+        layout = encode_parts(sizes)
+        if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
+            meta[PARTS_TAG] = layout
+        await self._store(c, path, data, meta, etag=etag, limit=self.max_object_size)
+        await self.staging.finish(upload, etag)
+        return self._completed(c, etag)
+
+    def _completed(self, c: Call, etag: str) -> web.Response:
+        return _xml(
+            document(
+                "CompleteMultipartUploadResult",
+                el("Location", f"/{c.bucket}/{c.key}"),
+                el("Bucket", c.bucket),
+                el("Key", c.key),
+                el("ETag", etag),
+            )
+        )
+
+    async def abort_upload(self, c: Call) -> web.Response:
+        await self.staging.remove(await self._upload(c))
+        return web.Response(status=204)
+
+    async def list_parts(self, c: Call) -> web.Response:
+        upload = await self._upload(c)
+        after = _int_param(c.query.get("part-number-marker"), "part-number-marker", 0)
+        max_parts = min(_int_param(c.query.get("max-parts"), "max-parts", 1000), 1000)
+        parts = [p for p in await self.staging.parts(upload) if p.number > after]
+        shown, truncated = parts[:max_parts], len(parts) > max_parts
+        return _xml(
+            document(
+                "ListPartsResult",
+                el("Bucket", c.bucket),
+                el("Key", c.key),
+                el("UploadId", upload.upload_id),
+                el("PartNumberMarker", after),
+                el("NextPartNumberMarker", shown[-1].number) if shown else None,
+                el("MaxParts", max_parts),
+                el("IsTruncated", truncated),
+                self._owner(c),
+                el("StorageClass", "STANDARD"),
+                nodes(
+                    el(
+                        "Part",
+                        el("PartNumber", p.number),
+                        el("LastModified", iso_time(p.mtime_ns)),
+                        el("ETag", p.etag),
+                        el("Size", p.size),
+                    )
+                    for p in shown
+                ),
+            )
+        )
+
+    async def list_uploads(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)
+        prefix = c.query.get("prefix", "")
+        uploads = [u for u in await self.staging.uploads(c.bucket) if u.key.startswith(prefix)]
+        return _xml(
+            document(
+                "ListMultipartUploadsResult",
+                el("Bucket", c.bucket),
+                el("KeyMarker", ""),
+                el("UploadIdMarker", ""),
+                el("Prefix", prefix),
+                el("MaxUploads", 1000),
+                el("IsTruncated", False),
+                nodes(
+                    el(
+                        "Upload",
+                        el("Key", u.key),
+                        el("UploadId", u.upload_id),
+                        el("Initiator", el("ID", u.owner), el("DisplayName", u.owner)),
+                        el("Owner", el("ID", u.owner), el("DisplayName", u.owner)),
+                        el("StorageClass", "STANDARD"),
+                        el("Initiated", iso_time(u.initiated_ns)),
+                    )
+                    for u in uploads
+                ),
+            )
+        )
+
+
+async def _from_client(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A request body whose client may hang up: that is the client's error, and must not
+    reach a volume's write as an OSError (which it would report as a server fault)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    except (ConnectionError, ClientError) as exc:
+        raise S3Error("IncompleteBody", "the client closed the connection mid-body") from exc
+
+
+async def _expect(request: web.Request) -> None:
+    # 100-continue as usual; any other expectation is ignored, as S3 does (aiohttp's
+    # default would answer 417)
+    if request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+def _xml(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=body, content_type="application/xml")
+
+
+async def _read_document(request: web.Request) -> bytes:
+    body = await request.content.read(MAX_DOCUMENT + 1)
+    if len(body) > MAX_DOCUMENT:
+        raise S3Error("MalformedXML", "the XML document is too large")
+    return body
+
+
+def _content_md5(value: str | None) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        digest = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        digest = b""
+    if len(digest) != 16:
+        raise S3Error("InvalidDigest", "the Content-MD5 you specified is not valid")
+    return digest
+
+
+def _copy_range(header: str, size: int) -> tuple[int, int]:
+    """x-amz-copy-source-range: unlike Range, only 'bytes=first-last' inside the object."""
+    first, sep, last = header.removeprefix("bytes=").partition("-")
+    if not header.startswith("bytes=") or not sep or not first.isdigit() or not last.isdigit():
+        raise S3Error("InvalidArgument", "x-amz-copy-source-range must be bytes=first-last")
+    start, end = int(first), int(last)
+    if start > end or end >= size:
+        raise S3Error("InvalidRange", f"the range {header} is not inside the {size} byte source")
+    return start, end - start + 1
+
+
+def _encode_token(key: str) -> str:
+    return base64.urlsafe_b64encode(key.encode()).decode()
+
+
+def _decode_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise S3Error("InvalidArgument", "the continuation token provided is incorrect") from None
+
+
+def _valid_bucket_name(name: str) -> bool:
+    return (
+        3 <= len(name) <= 63
+        and name[0].isalnum()
+        and name[-1].isalnum()
+        and all(ch.islower() or ch.isdigit() or ch in "-." for ch in name)
+        and ".." not in name
+    )
