@@ -32,13 +32,15 @@ from rich.table import Table
 from .config import Config, load_config
 from .core.catalog.base import Catalog
 from .core.registry import open_catalog
+from .core.sites import SiteRegistry, parse_labels
 from .core.types import SYSTEM, Entry
 from .core.users import AccessKey, UserRegistry
 from .errors import LoomError, NotFound
+from .fabric.identity import SiteIdentity, fingerprint
 from .log import setup_logging
 from .rest.client import RestNamespace
 from .rest.wire import entry_json
-from .service import HubService
+from .service import HubService, SpokeService
 
 T = TypeVar("T")
 console = Console(stderr=True)
@@ -113,7 +115,13 @@ def hub_serve(ctx: click.Context, listen: str | None, ready_file: Path | None) -
     _serve(ctx, {"hub": {"listen": listen}} if listen else {}, ready_file)
 
 
-def _serve(ctx: click.Context, overrides: dict[str, dict[str, Any]], ready: Path | None) -> None:
+def _serve(
+    ctx: click.Context,
+    overrides: dict[str, dict[str, Any]],
+    ready: Path | None,
+    *,
+    spoke: bool = False,
+) -> None:
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     try:
         config = state.config
@@ -121,7 +129,8 @@ def _serve(ctx: click.Context, overrides: dict[str, dict[str, Any]], ready: Path
             current = getattr(config, section)
             config = config.model_copy(update={section: current.model_copy(update=values)})
         setup_logging(config.log.level, config.log.format)
-        asyncio.run(HubService(config).serve(ready))
+        service = SpokeService(config) if spoke else HubService(config)
+        asyncio.run(service.serve(ready))
     except LoomError as exc:
         console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
         sys.exit(1)
@@ -573,6 +582,167 @@ async def user_key_remove(
         await users.remove_access_key(access_key)
 
     await _with_registry(ctx, fn)
+
+
+# -- sites and spokes --------------------------------------------------------------------
+
+
+@main.group()
+def site() -> None:
+    """This site's identity, and (on a hub) the spokes it trusts."""
+
+
+@site.command("init")
+@click.option("--name", required=True, help="This site's name (it goes in the certificate).")
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE, e.g. region=us-west.")
+@click.option("--host", "hosts", multiple=True, help="A name or address this site is reached by.")
+@click.pass_context
+def site_init(
+    ctx: click.Context, name: str, labels: tuple[str, ...], hosts: tuple[str, ...]
+) -> None:
+    """Create this site's key and self-signed certificate (give the .pem to the other side)."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    try:
+        identity = SiteIdentity.create(state.config.identity_dir, name, hosts, parse_labels(labels))
+    except LoomError as exc:
+        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        sys.exit(1)
+    out.print(f"site {identity.name}: certificate {identity.cert_path}")
+    out.print(f"fingerprint {fingerprint(identity.cert_pem)}")
+
+
+async def _with_sites(
+    ctx: click.Context, fn: Callable[[SiteRegistry], Coroutine[Any, Any, T]]
+) -> T:
+    catalog, _ = registry(ctx)
+    await catalog.open()
+    try:
+        return await fn(SiteRegistry(catalog))
+    finally:
+        await catalog.close()
+
+
+@site.command("add")
+@click.argument("name")
+@click.option("--cert", type=click.Path(path_type=Path, exists=True), required=True)
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE, beside the certificate's.")
+@click.pass_context
+@run
+async def site_add(ctx: click.Context, name: str, cert: Path, labels: tuple[str, ...]) -> None:
+    """On a hub: trust site NAME, pinned to its certificate."""
+    pinned = await _with_sites(ctx, lambda r: r.add(cert.read_bytes(), parse_labels(labels), name))
+    tags = ", ".join(f"{k}={v}" for k, v in pinned.labels.items())
+    out.print(f"trusting {pinned.name} ({pinned.fingerprint[:16]}...){' ' + tags if tags else ''}")
+
+
+@site.command("list")
+@click.pass_context
+@run
+async def site_list(ctx: click.Context) -> None:
+    """Sites this hub trusts (and those it revoked)."""
+    table = Table("site", "labels", "fingerprint", "state")
+    for s in await _with_sites(ctx, lambda r: r.list()):
+        labels = ", ".join(f"{k}={v}" for k, v in s.labels.items())
+        table.add_row(s.name, labels, s.fingerprint[:16], "trusted" if s.trusted else "revoked")
+    out.print(table)
+
+
+@site.command("revoke")
+@click.argument("name")
+@click.pass_context
+@run
+async def site_revoke(ctx: click.Context, name: str) -> None:
+    """Stop trusting a site: its next request is refused."""
+    await _with_sites(ctx, lambda r: r.revoke(name))
+
+
+@main.group()
+def spoke() -> None:
+    """Run a spoke: a hub's exports, cached near the GPUs."""
+
+
+@spoke.command("serve")
+@click.option("--hub", "hub_url", help="The hub's fabric URL, https://host:port.")
+@click.option("--hub-cert", type=click.Path(path_type=Path), help="The hub's certificate.")
+@click.option("--attach", multiple=True, help="A namespace path of the hub to serve here.")
+@click.option("--cache-dir", type=click.Path(path_type=Path), help="Where cached data lives.")
+@click.option("--cache-size", help="Cache capacity, e.g. 200G.")
+@click.option("--write-back", is_flag=True, default=None, help="Acknowledge writes once journaled.")
+@click.option("--listen", help="HOST:PORT of this spoke's REST API.")
+@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.pass_context
+def spoke_serve(
+    ctx: click.Context,
+    hub_url: str | None,
+    hub_cert: Path | None,
+    attach: tuple[str, ...],
+    cache_dir: Path | None,
+    cache_size: str | None,
+    write_back: bool | None,
+    listen: str | None,
+    ready_file: Path | None,
+) -> None:
+    """Attach exports of a hub and serve them here (options override [spoke] in the config)."""
+    given = {
+        "hub": hub_url,
+        "hub_cert": hub_cert,
+        "attach": list(attach) or None,
+        "cache_dir": cache_dir,
+        "cache_size": cache_size,
+        "write_back": write_back,
+        "listen": listen,
+    }
+    _serve(
+        ctx, {"spoke": {k: v for k, v in given.items() if v is not None}}, ready_file, spoke=True
+    )
+
+
+@main.command("warm")
+@click.argument("path")
+@click.option("--site", "site_url", help="The spoke's URL (default: --hub / client.hub).")
+@click.option("--pin", is_flag=True, help="Keep it cached: never evicted.")
+@click.pass_context
+@run
+async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -> None:
+    """Fetch PATH into a spoke's cache ahead of training; resumable."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    ns = RestNamespace(site_url or state.hub)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn(f"warming {path}"),
+        TextColumn("{task.fields[files]:,} files"),
+        DownloadColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("warm", total=None, files=0)
+
+    def update(line: dict[str, Any]) -> None:
+        progress.update(task, completed=line.get("bytes", 0), files=line.get("files", 0))
+
+    try:
+        with progress:
+            stats = await ns.warm(path, pin=pin, progress=update)
+    finally:
+        await ns.close()
+    out.print(
+        f"{stats['files']:,} files, {stats['bytes']:,} bytes cached; "
+        f"{stats['fetched']:,} bytes fetched now"
+    )
+
+
+@main.command("sync")
+@click.option("--site", "site_url", help="The spoke's URL (default: --hub / client.hub).")
+@click.pass_context
+@run
+async def sync(ctx: click.Context, site_url: str | None) -> None:
+    """Wait until a spoke has committed every write it acknowledged."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    ns = RestNamespace(site_url or state.hub)
+    try:
+        await ns.sync()
+    finally:
+        await ns.close()
 
 
 if __name__ == "__main__":

@@ -68,13 +68,38 @@ class LogSection(_Section):
     format: str = "json"
 
 
+class FabricSection(_Section):
+    #: HOST:PORT where spokes reach this hub over mutual TLS; unset = no spokes
+    listen: str | None = None
+
+
+class SpokeSection(_Section):
+    #: the hub's fabric URL (https://host:port) and its pinned certificate
+    hub: str | None = None
+    hub_cert: Path | None = None
+    #: namespace paths of the hub that this spoke serves
+    attach: list[str] = []
+    cache_dir: Path | None = None  # default: <data_dir>/cache
+    cache_size: str = "10G"
+    #: return from writes once the journal is durable, upload in the background
+    write_back: bool = False
+    #: where this spoke serves the REST API (the same API as a hub's)
+    listen: str = "127.0.0.1:7071"
+
+
 class Config(_Section):
     site: SiteSection = SiteSection()
     catalog: CatalogSection = CatalogSection()
     hub: HubSection = HubSection()
     s3: S3Section = S3Section()
+    fabric: FabricSection = FabricSection()
+    spoke: SpokeSection = SpokeSection()
     client: ClientSection = ClientSection()
     log: LogSection = LogSection()
+
+    @property
+    def identity_dir(self) -> Path:
+        return self.site.data_dir / "identity"
 
     @property
     def catalog_url(self) -> str:
@@ -123,3 +148,19 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration ({path or 'defaults'}): {problems}") from None
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'200G', '512M', '1.5T' or a plain byte count."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1:] if value[-1:] in _UNITS else ""
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        raise ConfigError(f"not a size: {text!r} (say 200G, 512M or a byte count)") from None
+    if number < 0:
+        raise ConfigError(f"a size can't be negative: {text!r}")
+    return int(number * _UNITS[unit])

@@ -13,34 +13,42 @@ import contextlib
 import json
 import logging
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import paths
-from .config import Config, host_port
+from .config import Config, host_port, parse_size
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
 from .core.registry import open_catalog
+from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
 from .core.users import UserRegistry
-from .errors import LoomError
+from .errors import ConfigError, LoomError
+from .fabric.identity import SiteIdentity
+from .fabric.server import FabricServer
 from .hub.assimilate import ScanStats, path_of
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .protocols.s3 import S3Gateway
+from .rest.client import RestNamespace
 from .rest.server import RestServer
+from .spoke.cache import Cache
+from .spoke.namespace import SpokeNamespace
 
 log = logging.getLogger(__name__)
 
 SCANNED = Counter("loomfs_assimilated_entries_total", "Entries scanned by imports and rescans")
 FEED_POLL = 0.05
+TRUST_REFRESH = 2.0
 HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change")
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
 
@@ -214,37 +222,103 @@ class HubService:
 
     async def serve(self, ready_file: Path | None = None) -> None:
         """Run until SIGTERM or SIGINT, then stop cleanly; the S3 gateway too when
-        ``[s3] listen`` is set."""
+        ``[s3] listen`` is set, and the fabric link for spokes when ``[fabric] listen`` is."""
         await self.start()
-        runners: list[web.AppRunner] = []
-        urls: dict[str, str] = {}
         try:
             server = RestServer(self.namespace, self, site=self.config.site.name)
-            apps = [("url", server.app(), self.config.listen_host_port)]
+            listeners = [Listener("url", server.app(), self.config.listen_host_port)]
             if self.config.s3.listen:
                 listen = host_port(self.config.s3.listen, "s3.listen")
-                apps.append(("s3", self.s3_gateway().app(), listen))
-            for name, app, (host, port) in apps:
-                runner = web.AppRunner(app, access_log=None)
-                await runner.setup()
-                runners.append(runner)
-                site = web.TCPSite(runner, host, port)
-                await site.start()
-                bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-                urls[name] = f"http://{host}:{bound}"
-            log.info("hub listening", extra={**urls, "catalog": self.catalog.url})
-            if ready_file is not None:
-                ready_file.write_text(json.dumps(urls))
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+                listeners.append(Listener("s3", self.s3_gateway().app(), listen))
+            if self.config.fabric.listen:
+                fabric = await self._fabric_server()
+                listen = host_port(self.config.fabric.listen, "fabric.listen")
+                listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
+            await serve_until_signal(listeners, ready_file, "hub")
         finally:
-            log.info("hub stopping")
-            for runner in runners:
-                await runner.cleanup()
             await self.stop()
-            with contextlib.suppress(FileNotFoundError):
-                if ready_file is not None:
-                    ready_file.unlink()
+
+    async def _fabric_server(self) -> FabricServer:
+        identity = SiteIdentity.load(self.config.identity_dir)
+        sites = SiteRegistry(self.catalog)
+        fabric = FabricServer(self.namespace, self, identity, await sites.trusted())
+
+        async def follow_trust() -> None:
+            while True:  # pins and revocations made with `loomfs site` take effect here
+                await asyncio.sleep(TRUST_REFRESH)
+                with contextlib.suppress(LoomError):
+                    fabric.trust(await sites.trusted())
+
+        self._spawn(follow_trust())
+        return fabric
+
+
+class Listener(NamedTuple):
+    name: str
+    app: web.Application
+    address: tuple[str, int]
+    ssl: ssl.SSLContext | None = None
+
+
+async def serve_until_signal(listeners: list[Listener], ready_file: Path | None, what: str) -> None:
+    """Serve each app on its address until SIGTERM or SIGINT; ``ready_file`` gets the bound
+    URLs as JSON once all listen (port 0 picks a free port)."""
+    runners: list[web.AppRunner] = []
+    urls: dict[str, str] = {}
+    try:
+        for listener in listeners:
+            runner = web.AppRunner(listener.app, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            host, port = listener.address
+            site = web.TCPSite(runner, host, port, ssl_context=listener.ssl)
+            await site.start()
+            bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            scheme = "https" if listener.ssl is not None else "http"
+            urls[listener.name] = f"{scheme}://{host}:{bound}"
+        log.info(f"{what} listening", extra=urls)
+        if ready_file is not None:
+            ready_file.write_text(json.dumps(urls))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        log.info(f"{what} stopping")
+        for runner in runners:
+            await runner.cleanup()
+        with contextlib.suppress(FileNotFoundError):
+            if ready_file is not None:
+                ready_file.unlink()
+
+
+class SpokeService:
+    """A spoke: attaches exports of a hub over the fabric link and serves them here."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        spoke = config.spoke
+        if not spoke.hub or not spoke.hub_cert or not spoke.attach:
+            raise ConfigError("a spoke needs the hub's URL, its certificate and what to attach")
+        identity = SiteIdentity.load(config.identity_dir)
+        try:
+            hub_cert = spoke.hub_cert.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
+        client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
+        cache = Cache(
+            spoke.cache_dir or config.site.data_dir / "cache", parse_size(spoke.cache_size)
+        )
+        self.namespace = SpokeNamespace(
+            client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back
+        )
+
+    async def serve(self, ready_file: Path | None = None) -> None:
+        try:
+            await self.namespace.start()
+            server = RestServer(self.namespace, spoke=self.namespace, site=self.namespace.site)
+            listen = host_port(self.config.spoke.listen, "spoke.listen")
+            await serve_until_signal([Listener("url", server.app(), listen)], ready_file, "spoke")
+        finally:
+            await self.namespace.close()

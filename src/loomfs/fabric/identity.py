@@ -12,9 +12,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+import json
 import os
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from cryptography.x509.oid import NameOID
 
 from ..errors import AlreadyExists, ConfigError, NotFound
 
+# a private extension under the UUID arc (2.25, ITU-T X.667: no registration needed) that
+# carries the site's labels, so the hub pins them with the certificate that signs them
+LABELS_OID = x509.ObjectIdentifier("2.25.301612484716367426014213916858012405113")
 KEY_FILE = "site.key"
 CERT_FILE = "site.pem"
 VALIDITY = datetime.timedelta(days=3650)
@@ -34,6 +38,18 @@ def fingerprint(cert_pem: bytes) -> str:
     """SHA-256 of the certificate's DER form, hex: what a site is pinned by."""
     cert = x509.load_pem_x509_certificate(cert_pem)
     return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+def certificate_labels(cert_pem: bytes) -> dict[str, str]:
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        ext = cert.extensions.get_extension_for_oid(LABELS_OID)
+    except x509.ExtensionNotFound:
+        return {}
+    value = ext.value
+    assert isinstance(value, x509.UnrecognizedExtension)
+    labels = json.loads(value.value)
+    return {str(k): str(v) for k, v in labels.items()}
 
 
 def certificate_name(cert_pem: bytes) -> str:
@@ -54,8 +70,18 @@ class SiteIdentity:
     def cert_pem(self) -> bytes:
         return self.cert_path.read_bytes()
 
+    @property
+    def labels(self) -> dict[str, str]:
+        return certificate_labels(self.cert_pem)
+
     @classmethod
-    def create(cls, directory: Path, name: str, hosts: Iterable[str] = ()) -> SiteIdentity:
+    def create(
+        cls,
+        directory: Path,
+        name: str,
+        hosts: Iterable[str] = (),
+        labels: Mapping[str, str] | None = None,
+    ) -> SiteIdentity:
         """A new key and self-signed certificate in ``directory`` (refuses to overwrite)."""
         key_path, cert_path = directory / KEY_FILE, directory / CERT_FILE
         if key_path.exists() or cert_path.exists():
@@ -84,6 +110,12 @@ class SiteIdentity:
             .add_extension(x509.SubjectAlternativeName(alt), critical=False)
             # its own anchor: a pinned self-signed certificate must be allowed to sign itself
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.UnrecognizedExtension(
+                    LABELS_OID, json.dumps(dict(labels or {}), sort_keys=True).encode()
+                ),
+                critical=False,
+            )
             .sign(key, hashes.SHA256())
         )
         # the key is written readable by its owner only, before any byte of it lands

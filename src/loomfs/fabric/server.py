@@ -31,11 +31,22 @@ class FabricServer(RestServer):
         """``trusted`` maps each pinned site's name to its certificate (PEM)."""
         super().__init__(namespace, admin, site=identity.name)
         self.identity = identity
-        self.trusted = dict(trusted)
-        self._sites = {fingerprint(pem): name for name, pem in trusted.items()}
+        self._context = identity.server_context(trusted.values())
+        self._sites: dict[str, str] = {}
+        self.trust(trusted)
 
     def ssl_context(self) -> ssl.SSLContext:
-        return self.identity.server_context(self.trusted.values())
+        return self._context
+
+    def trust(self, trusted: Mapping[str, bytes]) -> None:
+        """Follow the pinned set as it changes: a new site can connect at once (its
+        certificate joins the live context); a revoked one is refused on every request
+        (a context can't unlearn a certificate, so the check is here too)."""
+        known = set(self._sites)
+        for pem in trusted.values():
+            if fingerprint(pem) not in known:
+                self._context.load_verify_locations(cadata=pem.decode())
+        self._sites = {fingerprint(pem): name for name, pem in trusted.items()}
 
     def principal(self, request: web.Request) -> Principal:
         tls = request.transport.get_extra_info("ssl_object") if request.transport else None

@@ -234,6 +234,22 @@ class RestNamespace(Namespace):
             raise LoomError("the hub ended the job without a result; see its log")
         return last
 
+    async def warm(
+        self,
+        path: str,
+        *,
+        pin: bool = False,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Ask a spoke to fetch ``path`` ahead of reads (streams progress)."""
+        response = await self._request("POST", f"{wire.API}/warm", json={"path": path, "pin": pin})
+        return await self._follow(response, progress)
+
+    async def sync(self) -> None:
+        """Wait until the spoke has committed every journaled write at its hub."""
+        response = await self._request("POST", f"{wire.API}/sync")
+        response.release()
+
     async def remove_volume(self, mount: str) -> None:
         response = await self._request("DELETE", f"{wire.API}/volumes", params={"mount": mount})
         response.release()

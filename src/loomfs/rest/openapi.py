@@ -217,6 +217,32 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/warm": {
+                "post": _op(
+                    "At a spoke: fetch a tree into the cache ahead of reads (progress lines)",
+                    {"200": _ndjson("progress lines, the last one the result or an error")},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["path"],
+                                    "properties": {
+                                        "path": {"type": "string"},
+                                        "pin": {"type": "boolean"},
+                                    },
+                                }
+                            }
+                        }
+                    },
+                ),
+            },
+            "/v1/sync": {
+                "post": _op(
+                    "At a spoke: wait until every journaled write is committed at the hub",
+                    {"204": {"description": "all committed"}},
+                ),
+            },
             "/openapi.json": {"get": _op("This document", {"200": _json_ok({"type": "object"})})},
             "/metrics": {"get": _op("Prometheus metrics", {"200": {"description": "text format"}})},
             "/healthz": {"get": _op("Liveness", {"200": _json_ok({"type": "object"})})},

@@ -65,6 +65,25 @@ class VolumeAdmin(Protocol):
     ) -> Feed: ...
 
 
+class Reportable(Protocol):
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+class SpokeAdmin(Protocol):
+    """What a spoke offers beyond the namespace: warm-up and waiting for uploads."""
+
+    async def warm(
+        self,
+        who: Principal,
+        top: str,
+        *,
+        pin: bool = False,
+        progress: Callable[[Any], None] | None = None,
+    ) -> Any: ...
+
+    async def sync(self) -> None: ...
+
+
 def _path(request: web.Request) -> str:
     return "/" + request.match_info.get("path", "")
 
@@ -114,10 +133,12 @@ class RestServer:
         namespace: Namespace,
         admin: VolumeAdmin | None = None,
         *,
+        spoke: SpokeAdmin | None = None,
         site: str = "hub",
     ) -> None:
         self.namespace = namespace
         self.admin = admin
+        self.spoke = spoke
         self.site = site
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
@@ -145,6 +166,9 @@ class RestServer:
             app.router.add_post(f"{wire.API}/volumes", self.add_volume)
             app.router.add_post(f"{wire.API}/volumes/rescan", self.rescan)
             app.router.add_delete(f"{wire.API}/volumes", self.remove_volume)
+        if self.spoke is not None:
+            app.router.add_post(f"{wire.API}/warm", self.warm)
+            app.router.add_post(f"{wire.API}/sync", self.sync)
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)
@@ -358,10 +382,25 @@ class RestServer:
         await self.admin.remove_volume(mount)
         return web.Response(status=204)
 
+    async def warm(self, request: web.Request) -> web.StreamResponse:
+        assert self.spoke is not None
+        spoke, who = self.spoke, self.principal(request)
+        body = await _body(request)
+        top = body.get("path")
+        if not isinstance(top, str):
+            raise InvalidArgument("a warm-up needs 'path'")
+        pin = bool(body.get("pin"))
+        return await self._progress(request, lambda cb: spoke.warm(who, top, pin=pin, progress=cb))
+
+    async def sync(self, request: web.Request) -> web.Response:
+        assert self.spoke is not None
+        await self.spoke.sync()
+        return web.Response(status=204)
+
     async def _progress(
         self,
         request: web.Request,
-        job: Callable[[Callable[[ScanStats], None]], Coroutine[Any, Any, ScanStats]],
+        job: Callable[[Callable[[Any], None]], Coroutine[Any, Any, Reportable]],
     ) -> web.StreamResponse:
         """Run a long job in the background (it survives the client going away) and stream
         its progress as JSON lines; the last line is the result or the error."""

@@ -65,6 +65,15 @@ class WarmStats:
     files: int = 0
     bytes: int = 0
     fetched: int = 0
+    done: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "files": self.files,
+            "bytes": self.bytes,
+            "fetched": self.fetched,
+            "done": self.done,
+        }
 
 
 LEASED_OPENS = Counter(
@@ -313,6 +322,9 @@ class SpokeNamespace(Namespace):
             stats.fetched += entry.size - had
             if progress is not None:
                 progress(stats)
+        stats.done = True
+        if progress is not None:
+            progress(stats)
         return stats
 
     async def _fetch(self, path: str, version: int, offset: int, length: int) -> bytes:

@@ -1,4 +1,5 @@
-"""A ``loomfs hub serve`` process for tests, the demo and benchmarks (testing layer)."""
+"""``loomfs hub serve`` and ``loomfs spoke serve`` processes for tests, the demo and
+benchmarks (testing layer)."""
 
 from __future__ import annotations
 
@@ -10,37 +11,50 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from .ports import stop_process
 
 
-class HubProcess:
-    """Runs a hub with its data in ``data_dir`` on a free loopback port."""
+class SiteProcess:
+    """Runs ``loomfs <command>`` with its data in ``data_dir``, listening on free loopback
+    ports; ``urls`` are what it reports once ready (``url``, and ``s3``/``fabric`` where
+    those are on)."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    command: tuple[str, ...] = ("hub", "serve")
+
+    def __init__(
+        self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.data_dir = data_dir
         self.env = {**os.environ, **(env or {}), "LOOMFS_SITE__DATA_DIR": str(data_dir)}
-        self.ready = data_dir / "hub.ready.json"
-        self.log_path = data_dir / "hub.log"
-        self.url = ""
+        self.args = args
+        self.ready = data_dir / "ready.json"
+        self.log_path = data_dir / "service.log"
+        self.urls: dict[str, str] = {}
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> HubProcess:
+    @property
+    def url(self) -> str:
+        return self.urls.get("url", "")
+
+    def start(self, timeout: float = 30.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.ready.unlink(missing_ok=True)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loomfs.cli", "hub", "serve", "--listen", "127.0.0.1:0",
-                 "--ready-file", str(self.ready)],
+                [sys.executable, "-m", "loomfs.cli", *self.command, *self.args,
+                 "--listen", "127.0.0.1:0", "--ready-file", str(self.ready)],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + timeout
         while not self.ready.exists():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"hub did not start: {self.log_path.read_text()[-3000:]}")
+                tail = self.log_path.read_text()[-3000:]
+                raise RuntimeError(f"{' '.join(self.command)} did not start: {tail}")
             time.sleep(0.05)
-        self.url = json.loads(self.ready.read_text())["url"]
+        self.urls = json.loads(self.ready.read_text())
         return self
 
     @property
@@ -60,7 +74,7 @@ class HubProcess:
             stop_process(self._proc)
             self._proc = None
 
-    def __enter__(self) -> HubProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -70,3 +84,11 @@ class HubProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class HubProcess(SiteProcess):
+    command = ("hub", "serve")
+
+
+class SpokeProcess(SiteProcess):
+    command = ("spoke", "serve")

@@ -134,6 +134,17 @@ def _migrations(d: Dialect) -> list[str]:
         CREATE INDEX access_keys_user ON access_keys (user_name);
         CREATE INDEX ssh_keys_user ON ssh_keys (user_name)
         """,
+        # the sites a hub trusts (loomfs.core.sites): pinned certificates and labels
+        f"""
+        CREATE TABLE sites (
+            name {d.text} PRIMARY KEY,
+            cert_pem TEXT NOT NULL,
+            fingerprint {d.text} NOT NULL UNIQUE,
+            labels TEXT NOT NULL,
+            added_ns BIGINT NOT NULL,
+            revoked_ns BIGINT
+        )
+        """,
     ]
 
 
