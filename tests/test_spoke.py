@@ -286,7 +286,7 @@ async def test_warm_up_fetches_ahead_and_resumes(env: Fabric) -> None:
         WHO, "/vol/train", pin=True, progress=lambda s: seen.append(s.files)
     )
     assert (stats.files, stats.bytes, stats.fetched) == (5, 1_500_000, 1_200_000)
-    assert seen == [1, 2, 3, 4, 5]
+    assert seen == [1, 2, 3, 4, 5, 5]  # each file, then the final report
     before = env.link.down.bytes
     for path, data in files.items():
         assert await env.spoke.read_bytes(WHO, path) == data
