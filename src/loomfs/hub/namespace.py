@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import stat
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import paths
-from ..core.backends.base import Backend
+from ..core.backends.base import Backend, Capability
 from ..core.catalog.base import Catalog, Delete, Put
 from ..core.registry import open_backend
 from ..core.streams import clamp_range
@@ -349,6 +350,45 @@ class HubNamespace(Namespace):
                         )
             await mounted.backend.delete(key)
             await self.catalog.apply([Delete(path, recursive=recursive, missing_ok=False)])
+
+    async def set_attrs(
+        self,
+        who: Principal,
+        path: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        path = paths.normalize(path)
+        hit = self._resolve(path)
+        async with self._lock(path):
+            entry = await self._entry(path)
+            if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
+                mounted, key = hit
+                info = await mounted.backend.set_attrs(
+                    key, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns
+                )
+                put = put_for(mounted.volume.mount, info)
+            else:
+                # the storage has no such attributes (S3), or this is a directory that
+                # exists only in the catalog (above or at a mount): the catalog keeps them
+                put = Put(
+                    path=path,
+                    kind=entry.kind,
+                    size=entry.size,
+                    mtime_ns=entry.mtime_ns if mtime_ns is None else mtime_ns,
+                    mode=entry.mode if mode is None else stat.S_IFMT(entry.mode) | mode,
+                    uid=entry.uid if uid is None else uid,
+                    gid=entry.gid if gid is None else gid,
+                    etag=entry.etag,
+                    inode=entry.inode,
+                    link_target=entry.link_target,
+                )
+            [applied] = await self.catalog.apply([put])
+        assert applied.entry is not None
+        return applied.entry
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))

@@ -107,6 +107,21 @@ class Namespace(ABC):
     ) -> None: ...
 
     @abstractmethod
+    async def set_attrs(
+        self,
+        who: Principal,
+        path: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        """Change permission bits, owner or mtime (None leaves one as it is). Where the
+        volume keeps them (posix) they change there too, else in the catalog only. A new
+        mtime is a content change (new version): tools such as rsync and make read it so."""
+
+    @abstractmethod
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...
 
     @abstractmethod
