@@ -1,0 +1,1 @@
+"""Protocol front-ends (protocol layer): each translates one wire protocol into namespace calls."""
