@@ -499,7 +499,9 @@ async def _mount(
     ready_file: Path | None,
 ) -> None:
     # imported here: pyfuse3 is an optional, compiled dependency only mounts need
-    from .protocols.fuse.mount import serve  # noqa: PLC0415
+    from .protocols.fuse.mount import check_mountpoint, serve  # noqa: PLC0415
+
+    check_mountpoint(mountpoint)  # before a hub starts in this process for nothing
 
     def ready() -> None:
         if ready_file is not None:

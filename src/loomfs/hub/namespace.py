@@ -270,19 +270,13 @@ class HubNamespace(Namespace):
                     f"{path} is at version {current.version}, not {if_version}", path=path
                 )
             info = await mounted.backend.write(key, data, mode=mode)
-            [applied] = await self.catalog.apply(
-                [
-                    put_for(
-                        mounted.volume.mount,
-                        info,
-                        force_version=True,
-                        exclusive=current is None,
-                        expect_version=current.version if current else None,
-                    )
-                ]
+            return await self._record(
+                mounted,
+                info,
+                force_version=True,
+                exclusive=current is None,
+                expect_version=current.version if current else None,
             )
-        assert applied.entry is not None
-        return applied.entry
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
@@ -300,9 +294,27 @@ class HubNamespace(Namespace):
         async with self._lock(path):
             await self._dir(parent)
             info = await mounted.backend.mkdir(key)
-            [applied] = await self.catalog.apply(
-                [put_for(mounted.volume.mount, info, exclusive=True, check_parent=True)]
-            )
+            return await self._record(mounted, info, exclusive=True, check_parent=True)
+
+    async def _record(
+        self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
+    ) -> Entry:
+        """Commit what this namespace just wrote to the volume, with the preconditions
+        checked before the write. A sweep (inotify or a rescan) may have recorded this very
+        object between the volume write and now, which fails the preconditions although
+        nothing else changed; that is told apart by the object's etag and inode."""
+        put = put_for(mounted.volume.mount, info, **preconditions)
+        try:
+            [applied] = await self.catalog.apply([put])
+        except (AlreadyExists, Conflict):
+            seen = await self.catalog.get(put.path)
+            if seen is None or (seen.kind, seen.etag, seen.inode) != (
+                put.kind,
+                put.etag,
+                put.inode,
+            ):
+                raise
+            return seen
         assert applied.entry is not None
         return applied.entry
 

@@ -45,6 +45,10 @@ def check_mountpoint(mountpoint: Path) -> None:
         )
     try:
         st = os.stat(mountpoint)
+        if stat.S_ISDIR(st.st_mode):
+            # a dead mount's root attributes may still be cached; listing asks the kernel
+            with os.scandir(mountpoint) as listing:
+                next(listing, None)
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:
             raise StaleMount(
