@@ -23,6 +23,7 @@ from loomfs.core.types import SYSTEM
 from loomfs.hub.namespace import HubNamespace
 from loomfs.service import HubService
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, write_site_config
+from loomfs.testing.hubproc import HubProcess
 
 MIB = 1 << 20
 
@@ -409,3 +410,29 @@ def test_stale_mount_is_reported_and_sigterm_unmounts(tmp_path: Path) -> None:
         assert "unmounted" in mount.log()
     finally:
         mount.stop()
+
+
+def test_mount_over_a_hub_by_rest(tmp_path: Path) -> None:
+    """``--hub``: the same front-end over RestNamespace, whose reads are streams (no local
+    file region), so seeks reopen the stream pinned to the opened version."""
+    _require_fuse()
+    config, vol, _ = _make_site(tmp_path)
+    data = os.urandom(8 * MIB + 123)
+    with HubProcess(tmp_path / "data") as hub:
+        (vol / "big.bin").write_bytes(data)  # the hub's inotify records it
+        with MountProcess(config, tmp_path / "mnt", "--hub", hub.url) as mount:
+            mnt = tmp_path / "mnt/vol"
+            _wait_for(lambda: (mnt / "big.bin").stat().st_size == len(data), "big.bin")
+            assert _sha256(mnt / "big.bin") == hashlib.sha256(data).hexdigest()
+            with (mnt / "big.bin").open("rb", buffering=0) as f:
+                for offset in (5 * MIB + 7, 17, 8 * MIB, 3 * MIB):
+                    f.seek(offset)
+                    assert f.read(100_000) == data[offset : offset + 100_000]
+            (mnt / "sub/new.txt").write_bytes(b"over rest")
+            assert (vol / "sub/new.txt").read_bytes() == b"over rest"
+            os.rename(mnt / "sub/new.txt", mnt / "renamed.txt")
+            os.chmod(mnt / "renamed.txt", 0o600)
+            os.setxattr(mnt / "renamed.txt", "user.k", b"v")
+            assert os.getxattr(mnt / "renamed.txt", "user.k") == b"v"
+            assert (vol / "renamed.txt").stat().st_mode & 0o777 == 0o600
+        assert "Traceback" not in mount.log(), mount.log()
