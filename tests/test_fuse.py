@@ -3,7 +3,6 @@ volumes, driven with ordinary file APIs and real tools (cat, ls, cp -a, rsync)."
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import hashlib
 import os
@@ -22,7 +21,7 @@ from loomfs.config import load_config
 from loomfs.core.types import SYSTEM
 from loomfs.hub.namespace import HubNamespace
 from loomfs.service import HubService
-from loomfs.testing.fuse import FUSE_MISSING, MountProcess, write_site_config
+from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess
 
 MIB = 1 << 20
@@ -52,19 +51,7 @@ def _make_site(root: Path) -> tuple[Path, Path, Path]:
     (vol / "hello.txt").write_text("hello\n")
     (vol / "sub").mkdir()
     (vol / "sub" / "inner.bin").write_bytes(os.urandom(5000))
-    config = write_site_config(root / "loomfs.toml", root / "data")
-
-    async def add() -> None:
-        service = HubService(load_config(config))
-        await service.start()
-        try:
-            await service.namespace.add_volume("/vol", f"posix://{vol}")
-            await service.namespace.add_volume("/other", f"posix://{other}")
-        finally:
-            await service.stop()
-
-    asyncio.run(add())
-    return config, vol, other
+    return prepare_site(root, {"/vol": vol, "/other": other}), vol, other
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,19 @@ is always unmounted by its mount point afterwards, even when it crashed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from ..config import load_config
+from ..service import HubService
 from .ports import stop_process
 
 FUSE_MISSING = (
@@ -107,10 +111,23 @@ def _stale(mountpoint: Path) -> bool:
     return False
 
 
-def write_site_config(path: Path, data_dir: Path) -> Path:
-    """A site configuration for a test hub: its own data directory, text logs."""
-    path.write_text(
-        f'[site]\ndata_dir = {json.dumps(str(data_dir))}\n[log]\nformat = "text"\n'
+def prepare_site(root: Path, volumes: Mapping[str, Path]) -> Path:
+    """A site in ``root`` (config and data directory) with posix ``volumes`` (namespace
+    mount -> directory) imported; returns the config path for ``loomfs --config``."""
+    config = root / "loomfs.toml"
+    config.write_text(
+        f'[site]\ndata_dir = {json.dumps(str(root / "data"))}\n[log]\nformat = "text"\n'
         "[hub]\nrescan_interval = 0\n"
     )
-    return path
+
+    async def add() -> None:
+        service = HubService(load_config(config))
+        await service.start()
+        try:
+            for mount, directory in volumes.items():
+                await service.namespace.add_volume(mount, f"posix://{directory}")
+        finally:
+            await service.stop()
+
+    asyncio.run(add())
+    return config
