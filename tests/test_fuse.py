@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -246,6 +247,18 @@ def test_unlink_while_open(work: tuple[Path, Path, str]) -> None:
     assert not (disk / "scratch").exists()  # an unlinked file's data is not resurrected
 
 
+def test_symlinks(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    (mnt / "target").write_bytes(b"pointed at")
+    os.symlink("target", mnt / "link")
+    assert os.readlink(mnt / "link") == "target" and os.readlink(disk / "link") == "target"
+    assert stat.S_ISLNK(os.lstat(mnt / "link").st_mode)
+    assert (mnt / "link").read_bytes() == b"pointed at"
+    assert _errno(lambda: os.symlink("x", mnt / "link")) == errno.EEXIST
+    os.unlink(mnt / "link")
+    assert not (disk / "link").is_symlink() and (disk / "target").exists()
+
+
 def test_mkdir_rmdir(work: tuple[Path, Path, str]) -> None:
     mnt, disk, _ = work
     os.mkdir(mnt / "d", 0o750)
@@ -366,7 +379,7 @@ def test_errors_map_to_errno(site: Site, work: tuple[Path, Path, str]) -> None:
     assert _errno(lambda: os.stat(mnt / "file/below")) == errno.ENOTDIR
     assert _errno(lambda: os.rename(mnt / "file", site.mnt / "other/file")) == errno.EXDEV
     assert _errno(lambda: os.mkdir(site.mnt / "outside-any-volume")) == errno.EACCES
-    assert _errno(lambda: os.symlink("file", mnt / "link")) == errno.ENOTSUP
+    assert _errno(lambda: os.mknod(mnt / "fifo", 0o644 | stat.S_IFIFO)) == errno.EPERM
     assert _errno(lambda: os.stat(mnt / ("n" * 256))) == errno.ENAMETOOLONG
 
 

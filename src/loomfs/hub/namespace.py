@@ -296,6 +296,18 @@ class HubNamespace(Namespace):
             info = await mounted.backend.mkdir(key)
             return await self._record(mounted, info, exclusive=True, check_parent=True)
 
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        path = paths.normalize(path)
+        if not target or "\x00" in target or len(target.encode()) > paths.MAX_PATH_BYTES:
+            raise InvalidArgument(f"invalid symlink target {target!r}", path=path)
+        mounted, key = self._below_mount(path)
+        async with self._lock(path):
+            if await self.catalog.get(path) is not None:
+                raise AlreadyExists(f"already exists: {path}", path=path)
+            await self._dir(paths.split(path)[0])
+            info = await mounted.backend.symlink(key, target)
+            return await self._record(mounted, info, exclusive=True, check_parent=True)
+
     async def _record(
         self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
     ) -> Entry:

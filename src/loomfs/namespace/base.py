@@ -97,6 +97,11 @@ class Namespace(ABC):
     ) -> Entry: ...
 
     @abstractmethod
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        """Create a symlink to ``target`` (any text, kept as given); ``NotSupported``
+        where the volume has no symlinks, ``AlreadyExists`` if ``path`` exists."""
+
+    @abstractmethod
     async def rename(
         self, who: Principal, src: str, dst: str, *, overwrite: bool = False
     ) -> Entry: ...

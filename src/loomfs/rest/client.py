@@ -174,6 +174,11 @@ class RestNamespace(Namespace):
         )
         response.release()
 
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        return wire.entry_from(
+            await self._json("POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target})
+        )
+
     async def set_attrs(
         self,
         who: Principal,

@@ -120,6 +120,24 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/symlink/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "Create a symlink (where the volume has them)",
+                    {"201": _json_ok(_ENTRY, "the new symlink")},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["target"],
+                                    "properties": {"target": {"type": "string"}},
+                                }
+                            }
+                        }
+                    },
+                ),
+            },
             "/v1/attrs/{path}": {
                 "parameters": [_PATH_PARAM],
                 "patch": _op(

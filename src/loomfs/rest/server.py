@@ -156,6 +156,7 @@ class RestServer:
         app.router.add_delete(f"{wire.API}/files{p}", self.delete)
         app.router.add_post(f"{wire.API}/mkdir{p}", self.mkdir)
         app.router.add_post(f"{wire.API}/rename", self.rename)
+        app.router.add_post(f"{wire.API}/symlink{p}", self.symlink)
         app.router.add_patch(f"{wire.API}/attrs{p}", self.set_attrs)
         app.router.add_get(f"{wire.API}/tags{p}", self.get_tags)
         app.router.add_patch(f"{wire.API}/tags{p}", self.set_tags)
@@ -310,6 +311,13 @@ class RestServer:
             self.principal(request), src, dst, overwrite=bool(body.get("overwrite"))
         )
         return _json(wire.entry_json(entry))
+
+    async def symlink(self, request: web.Request) -> web.Response:
+        target = (await _body(request)).get("target")
+        if not isinstance(target, str):
+            raise InvalidArgument("symlink needs a 'target' string")
+        entry = await self.namespace.symlink(self.principal(request), _path(request), target)
+        return _json(wire.entry_json(entry), 201)
 
     async def set_attrs(self, request: web.Request) -> web.Response:
         body = await _body(request)

@@ -29,6 +29,7 @@ from ..errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
 from ..namespace.base import Namespace
@@ -195,6 +196,24 @@ class NamespaceSuite:
         assert (await ns.set_attrs(WHO, f"{top}/md", mode=0o700)).mode & 0o7777 == 0o700
         with pytest.raises(NotFound):
             await ns.set_attrs(WHO, f"{top}/none", mode=0o600)
+
+    async def test_symlink(self, ns: Namespace, top: str) -> None:
+        await ns.write_bytes(WHO, f"{top}/target", b"pointed at")
+        try:
+            link = await ns.symlink(WHO, f"{top}/link", "target")
+        except NotSupported:
+            # a volume without symlinks (S3) refuses cleanly and leaves nothing behind
+            assert not await ns.exists(WHO, f"{top}/link")
+            return
+        assert (link.kind.value, link.link_target) == ("symlink", "target")
+        assert (await ns.stat(WHO, f"{top}/link")).link_target == "target"
+        assert f"{top}/link" in [e.path async for e in ns.list(WHO, top)]
+        with pytest.raises(AlreadyExists):
+            await ns.symlink(WHO, f"{top}/link", "elsewhere")
+        with pytest.raises(NotFound):
+            await ns.symlink(WHO, f"{top}/no/such/link", "target")
+        await ns.remove(WHO, f"{top}/link")
+        assert await ns.read_bytes(WHO, f"{top}/target") == b"pointed at"
 
     async def test_tags(self, ns: Namespace, top: str) -> None:
         await ns.write_bytes(WHO, f"{top}/t", b"x")

@@ -16,6 +16,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterable
 
+from ...errors import NotSupported
 from ..streams import ByteSource
 from ..types import ObjectInfo
 
@@ -96,6 +97,11 @@ class Backend(ABC):
         """Move a file or a directory tree to ``dst`` (which must not exist).
 
         Atomic where ``ATOMIC_RENAME`` is declared; on S3 it copies, then deletes."""
+
+    async def symlink(self, key: str, target: str) -> ObjectInfo:
+        """Create a symlink at ``key`` (stored as given, never followed here) where the
+        storage has them (``SYMLINKS``)."""
+        raise NotSupported(f"{self.url} cannot hold symlinks", path=key)
 
     async def set_attrs(
         self,

@@ -363,6 +363,19 @@ class PosixBackend(Backend):
     async def mkdir(self, key: str) -> ObjectInfo:
         return await asyncio.to_thread(self._mkdir, key)
 
+    def _symlink(self, key: str, target: str) -> ObjectInfo:
+        if not check_key(key):
+            raise AlreadyExists("the volume root exists", path=key)
+        with self._parent(key) as (parent, name):
+            try:
+                os.symlink(target, name, dir_fd=parent)
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
+        return self._stat(key)
+
+    async def symlink(self, key: str, target: str) -> ObjectInfo:
+        return await asyncio.to_thread(self._symlink, key, target)
+
     def _delete(self, key: str) -> None:
         if not check_key(key):
             raise InvalidPath("the volume root can't be deleted", path=key)

@@ -234,6 +234,17 @@ class LoomOperations(pyfuse3.Operations):
             # the kernel's pages hold exactly what was written through it
             node.cached_version = entry.version
 
+    async def _create(
+        self, who: Principal, path: str, mode: int, ctx: pyfuse3.RequestContext
+    ) -> Entry:
+        # Always exclusive: the kernel asks to create only after a lookup found nothing,
+        # so an existing file here was made by someone else meanwhile and must not be
+        # truncated behind their back.
+        entry = await self.ns.write(
+            who, path, aiter_bytes(b""), exclusive=True, mode=stat.S_IMODE(mode) & ~ctx.umask
+        )
+        return await self._owned(who, entry, ctx)
+
     def _closed(self, node: Node) -> None:
         self.inodes.closed(node)
         if node.opens == 0 and node.buffer is not None:
@@ -321,8 +332,20 @@ class LoomOperations(pyfuse3.Operations):
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        # the namespace API has no call to make symlinks yet; existing ones are served
-        raise _fail(errno.ENOTSUP)
+        who = self.who(ctx)
+        path = self._child(parent_inode, name)
+        entry = await self.ns.symlink(who, path, os.fsdecode(target))
+        return self._learned(await self._owned(who, entry, ctx))
+
+    @translated
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        if not stat.S_ISREG(mode):
+            raise _fail(errno.EPERM)  # mknod(2)'s answer for node types a file system lacks
+        who = self.who(ctx)
+        entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
+        return self._learned(entry)
 
     # -- directories -----------------------------------------------------------------------
 
@@ -477,14 +500,7 @@ class LoomOperations(pyfuse3.Operations):
         ctx: pyfuse3.RequestContext,
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         who = self.who(ctx)
-        path = self._child(parent_inode, name)
-        # Always exclusive: the kernel asks to create only after a lookup found nothing,
-        # so an existing file here was made by someone else meanwhile and must not be
-        # truncated behind their back.
-        entry = await self.ns.write(
-            who, path, aiter_bytes(b""), exclusive=True, mode=stat.S_IMODE(mode) & ~ctx.umask
-        )
-        entry = await self._owned(who, entry, ctx)
+        entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
         node = self.inodes.learn(entry)
         node.cached_version = entry.version
         await self._buffer(node, who, entry.version, empty=True)
