@@ -168,11 +168,17 @@ class LoomOperations(pyfuse3.Operations):
         out.st_size = size
         out.st_blksize = BLOCK_SIZE
         out.st_blocks = (size + 511) // 512
-        out.st_atime_ns = out.st_mtime_ns = out.st_ctime_ns = mtime_ns
+        if entry.is_dir:
+            mtime_ns = max(mtime_ns, node.changed_ns)
+        out.st_atime_ns = out.st_mtime_ns = mtime_ns
+        out.st_ctime_ns = max(mtime_ns, node.changed_ns)
         return out
 
     def _learned(self, entry: Entry) -> pyfuse3.EntryAttributes:
         return self.attrs(self.inodes.learn(entry))
+
+    def _created(self, entry: Entry) -> pyfuse3.EntryAttributes:
+        return self.attrs(self.inodes.created(entry))
 
     async def _owned(
         self, who: Principal, entry: Entry, ctx: pyfuse3.RequestContext, mode: int | None = None
@@ -233,6 +239,7 @@ class LoomOperations(pyfuse3.Operations):
             node.entry = entry
             # the kernel's pages hold exactly what was written through it
             node.cached_version = entry.version
+            self.inodes.touched(node)
 
     async def _create(
         self, who: Principal, path: str, mode: int, ctx: pyfuse3.RequestContext
@@ -318,6 +325,7 @@ class LoomOperations(pyfuse3.Operations):
             )
             if node.cached_version == before:
                 node.cached_version = node.entry.version  # a new mtime, the same bytes
+        self.inodes.touched(node)
         return self.attrs(node)
 
     @translated
@@ -335,7 +343,7 @@ class LoomOperations(pyfuse3.Operations):
         who = self.who(ctx)
         path = self._child(parent_inode, name)
         entry = await self.ns.symlink(who, path, os.fsdecode(target))
-        return self._learned(await self._owned(who, entry, ctx))
+        return self._created(await self._owned(who, entry, ctx))
 
     @translated
     async def mknod(
@@ -345,7 +353,7 @@ class LoomOperations(pyfuse3.Operations):
             raise _fail(errno.EPERM)  # mknod(2)'s answer for node types a file system lacks
         who = self.who(ctx)
         entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
-        return self._learned(entry)
+        return self._created(entry)
 
     # -- directories -----------------------------------------------------------------------
 
@@ -356,7 +364,7 @@ class LoomOperations(pyfuse3.Operations):
         who = self.who(ctx)
         entry = await self.ns.mkdir(who, self._child(parent_inode, name))
         entry = await self._owned(who, entry, ctx, stat.S_IMODE(mode) & ~ctx.umask)
-        return self._learned(entry)
+        return self._created(entry)
 
     @translated
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -501,7 +509,7 @@ class LoomOperations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         who = self.who(ctx)
         entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
-        node = self.inodes.learn(entry)
+        node = self.inodes.created(entry)
         node.cached_version = entry.version
         await self._buffer(node, who, entry.version, empty=True)
         fh = self._fh()
@@ -575,7 +583,9 @@ class LoomOperations(pyfuse3.Operations):
             key, text = name[len(XATTR_USER) :].decode(), value.decode()
         except UnicodeDecodeError:
             raise _fail(errno.EINVAL) from None  # tags are text
-        await self.ns.set_tags(self.who(ctx), self._node(inode).path, {key: text})
+        node = self._node(inode)
+        await self.ns.set_tags(self.who(ctx), node.path, {key: text})
+        self.inodes.touched(node)
 
     @translated
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
@@ -591,6 +601,7 @@ class LoomOperations(pyfuse3.Operations):
         if key not in await self.ns.get_tags(who, path):
             raise _fail(pyfuse3.ENOATTR)
         await self.ns.set_tags(who, path, {}, [key])
+        self.inodes.touched(self._node(inode))
 
     @translated
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
