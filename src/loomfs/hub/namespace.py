@@ -143,8 +143,14 @@ class HubNamespace(Namespace):
                 if await self.catalog.get(parent) is None:
                     # its directory is new as well: import the nearest new ancestor's subtree
                     await self.refresh(parent)
+            before = await self.catalog.get(path)
             [applied] = await self.catalog.apply([put_for(mounted.volume.mount, info)])
-        if info.kind is EntryKind.DIR and applied.change is not None and key:
+        # Only a directory new at this path (created, moved in, or another one swapped in)
+        # has contents the catalog lacks. A known directory whose mtime moved had its
+        # children reported one by one; sweeping it on each change made filling a large
+        # directory quadratic.
+        fresh_dir = before is None or before.kind is not EntryKind.DIR or before.inode != info.inode
+        if info.kind is EntryKind.DIR and applied.change is not None and key and fresh_dir:
             await self.sync_volume(mounted.volume.mount, prefix=key)
         return applied.entry
 

@@ -40,7 +40,8 @@ class ReadStream:
         if region is not None:
             # a blocking pread on the event loop: it is served from the page cache or a
             # local disk in microseconds, far less than a hop through a thread would cost
-            data = os.pread(region.fd, max(0, min(size, region.length - offset)), offset)
+            want = max(0, min(size, region.length - offset))
+            data = os.pread(region.fd, want, region.offset + offset)
             await self.reader.verify()  # the file was changed in place: fail, never mix
             return data
         async with self._lock:
