@@ -280,6 +280,11 @@ async def test_chmod_chown_utime(work: tuple[Path, Path, str], ns: HubNamespace)
     for st in (os.stat(mnt / "f"), os.stat(disk / "f")):
         assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o640, 1234, 5678)
         assert st.st_mtime_ns == 1_500_000_000_123_456_789
+    # a directory's mtime set on purpose after changes in it stays (rsync, cp -a, tar)
+    (mnt / "d").mkdir()
+    (mnt / "d/x").touch()
+    os.utime(mnt / "d", ns=(1_500_000_000_000_000_000, 1_500_000_000_000_000_000))
+    assert os.stat(mnt / "d").st_mtime_ns == 1_500_000_000_000_000_000
     entry = await ns.stat(SYSTEM, f"{top}/f")
     assert (entry.mode & 0o7777, entry.uid, entry.mtime_ns) == (
         0o640,

@@ -32,10 +32,12 @@ class Node:
     cached_version: int | None = None
     #: the path is gone (unlinked or replaced) but open handles still use the node
     unlinked: bool = False
-    #: when a change made through this mount last touched the node (ns): its status for
-    #: every kind, its listing for a directory. The catalog keeps no ctime, and a
-    #: directory's mtime reaches the catalog only when the hub notices the change.
+    #: when a change made through this mount last touched the node's status (ns): the
+    #: catalog keeps no ctime
     changed_ns: int = 0
+    #: when this mount last changed the directory's listing (ns): a directory's own mtime
+    #: reaches the catalog only when the hub notices the change
+    listing_changed_ns: int = 0
     #: the new content while the file is open for writing
     buffer: WriteBuffer | None = None
 
@@ -72,7 +74,8 @@ class InodeTable:
     def created(self, entry: Entry) -> Node:
         """A new entry made through this mount: learned, and its directory changed."""
         node = self.learn(entry)
-        self.touched(node, self._by_path.get(paths.split(entry.path)[0]))
+        self.touched(node)
+        self.listing_changed(paths.split(entry.path)[0])
         return node
 
     def forget(self, ino: int, count: int) -> None:
@@ -92,24 +95,30 @@ class InodeTable:
             if self._by_path.get(node.path) is node:
                 del self._by_path[node.path]
 
-    def touched(self, *nodes: Node | None) -> None:
-        now = time.time_ns()
-        for node in nodes:
-            if node is not None:
-                node.changed_ns = now
+    @staticmethod
+    def touched(node: Node | None) -> None:
+        if node is not None:
+            node.changed_ns = time.time_ns()
+
+    def listing_changed(self, directory: str) -> None:
+        node = self._by_path.get(directory)
+        if node is not None:
+            node.changed_ns = node.listing_changed_ns = time.time_ns()
 
     def unlinked(self, path: str) -> Node | None:
         """The path is gone; its node (if any) lives on for the kernel's open handles."""
         node = self._by_path.pop(path, None)
         if node is not None:
             node.unlinked = True
-        self.touched(node, self._by_path.get(paths.split(path)[0]))
+        self.touched(node)
+        self.listing_changed(paths.split(path)[0])
         return node
 
     def moved(self, src: str, dst: str) -> None:
         """A rename: the node at ``src`` and every node below it now live under ``dst``."""
         self.unlinked(dst)
-        self.touched(self._by_path.get(src), self._by_path.get(paths.split(src)[0]))
+        self.touched(self._by_path.get(src))
+        self.listing_changed(paths.split(src)[0])
         # a scan over the table: renames are rare next to lookups, and the table holds
         # only what the kernel currently knows
         for path in [p for p in self._by_path if paths.is_within(p, src)]:

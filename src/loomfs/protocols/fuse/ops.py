@@ -169,7 +169,7 @@ class LoomOperations(pyfuse3.Operations):
         out.st_blksize = BLOCK_SIZE
         out.st_blocks = (size + 511) // 512
         if entry.is_dir:
-            mtime_ns = max(mtime_ns, node.changed_ns)
+            mtime_ns = max(mtime_ns, node.listing_changed_ns)
         out.st_atime_ns = out.st_mtime_ns = mtime_ns
         out.st_ctime_ns = max(mtime_ns, node.changed_ns)
         return out
@@ -325,6 +325,8 @@ class LoomOperations(pyfuse3.Operations):
             )
             if node.cached_version == before:
                 node.cached_version = node.entry.version  # a new mtime, the same bytes
+            if fields.update_mtime:
+                node.listing_changed_ns = 0  # a directory's mtime set on purpose wins
         self.inodes.touched(node)
         return self.attrs(node)
 
