@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SYSTEM_PACKAGES := fuse3 postgresql rsync restic ca-certificates
+SYSTEM_PACKAGES := fuse3 libfuse3-dev pkg-config attr postgresql rsync restic ca-certificates
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 

@@ -38,6 +38,7 @@ from .core.users import AccessKey, UserRegistry
 from .errors import LoomError, NotFound
 from .fabric.identity import SiteIdentity, fingerprint
 from .log import setup_logging
+from .namespace.base import Namespace
 from .rest.client import RestNamespace
 from .rest.wire import entry_json
 from .service import HubService, SpokeService
@@ -743,6 +744,112 @@ async def sync(ctx: click.Context, site_url: str | None) -> None:
         await ns.sync()
     finally:
         await ns.close()
+
+
+# -- FUSE --------------------------------------------------------------------------------
+
+
+def _uid_map(pairs: tuple[str, ...]) -> dict[int, str]:
+    table: dict[int, str] = {}
+    for pair in pairs:
+        uid, sep, user = pair.partition("=")
+        if not sep or not uid.isdigit() or not user:
+            raise click.BadParameter(f"{pair!r} is not UID=USER", param_hint="--uid-map")
+        table[int(uid)] = user
+    return table
+
+
+@main.command("mount")
+@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.option("--hub", "hub_url", help="Mount this hub's namespace over its REST API.")
+@click.option("--allow-other", is_flag=True, help="Let users other than the mounter in.")
+@click.option(
+    "--uid-map",
+    multiple=True,
+    metavar="UID=USER",
+    help="The loomfs user a local uid acts as (repeatable; default: the local user name).",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(path_type=Path),
+    help="Write {'pid': ...} here once mounted (for scripts).",
+)
+@click.pass_context
+def mount(
+    ctx: click.Context,
+    *,
+    mountpoint: Path,
+    hub_url: str | None,
+    allow_other: bool,
+    uid_map: tuple[str, ...],
+    ready_file: Path | None,
+) -> None:
+    """Mount the namespace at MOUNTPOINT (in the foreground; stop with Ctrl-C or SIGTERM).
+
+    With --hub (or the global --hub) over that hub's REST API; otherwise this site's hub
+    runs in this process, from the configuration."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    uids = _uid_map(uid_map)
+    try:
+        config = state.config
+        setup_logging(config.log.level, config.log.format)
+        asyncio.run(
+            _mount(
+                config,
+                mountpoint,
+                hub_url=hub_url or state.hub_override,
+                allow_other=allow_other,
+                uid_map=uids,
+                ready_file=ready_file,
+            )
+        )
+    except LoomError as exc:
+        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        sys.exit(1)
+
+
+async def _mount(
+    config: Config,
+    mountpoint: Path,
+    *,
+    hub_url: str | None,
+    allow_other: bool,
+    uid_map: dict[int, str],
+    ready_file: Path | None,
+) -> None:
+    # imported here: pyfuse3 is an optional, compiled dependency only mounts need
+    from .protocols.fuse.mount import check_mountpoint, serve  # noqa: PLC0415
+
+    check_mountpoint(mountpoint)  # before a hub starts in this process for nothing
+
+    def ready() -> None:
+        if ready_file is not None:
+            ready_file.write_text(json.dumps({"pid": os.getpid(), "mountpoint": str(mountpoint)}))
+
+    spool = config.site.data_dir / "fuse-spool"
+    service: HubService | None = None
+    if hub_url:
+        ns: Namespace = RestNamespace(hub_url)
+    else:
+        service = HubService(config)
+        await service.start()
+        ns = service.namespace
+    try:
+        await serve(
+            ns,
+            mountpoint,
+            spool_dir=spool,
+            allow_other=allow_other,
+            uid_map=uid_map,
+            on_ready=ready,
+        )
+    finally:
+        if service is not None:
+            await service.stop()
+        else:
+            await ns.close()
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

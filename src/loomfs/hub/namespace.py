@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import stat
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import paths
-from ..core.backends.base import Backend
-from ..core.catalog.base import Applied, Catalog, Delete
+from ..core.backends.base import Backend, Capability
+from ..core.catalog.base import Applied, Catalog, Delete, Put
 from ..core.registry import open_backend
 from ..core.streams import clamp_range
 from ..core.types import Entry, EntryKind, ObjectInfo, Principal, Volume
@@ -145,8 +146,14 @@ class HubNamespace(Namespace):
                 if await self.catalog.get(parent) is None:
                     # its directory is new as well: import the nearest new ancestor's subtree
                     await self.refresh(parent)
+            before = await self.catalog.get(path)
             [applied] = await self.catalog.apply([put_for(mounted.volume.mount, info)])
-        if info.kind is EntryKind.DIR and applied.change is not None and key:
+        # Only a directory new at this path (created, moved in, or another one swapped in)
+        # has contents the catalog lacks. A known directory whose mtime moved had its
+        # children reported one by one; sweeping it on each change made filling a large
+        # directory quadratic.
+        fresh_dir = before is None or before.kind is not EntryKind.DIR or before.inode != info.inode
+        if info.kind is EntryKind.DIR and applied.change is not None and key and fresh_dir:
             await self.sync_volume(mounted.volume.mount, prefix=key)
         return applied.entry
 
@@ -272,25 +279,13 @@ class HubNamespace(Namespace):
                     f"{path} is at version {current.version}, not {if_version}", path=path
                 )
             info = await mounted.backend.write(key, data, mode=mode)
-            [applied] = await self.catalog.apply(
-                [
-                    put_for(
-                        mounted.volume.mount,
-                        info,
-                        force_version=True,
-                        exclusive=current is None,
-                        expect_version=current.version if current else None,
-                    )
-                ]
+            return await self._record(
+                mounted,
+                info,
+                force_version=True,
+                exclusive=current is None,
+                expect_version=current.version if current else None,
             )
-        return await self._settled(applied)
-
-    async def _settled(self, applied: Applied) -> Entry:
-        """Acknowledge a commit only once the spokes holding leases have applied it."""
-        if applied.change is not None:
-            await self.leases.settle(applied.change.seq)
-        assert applied.entry is not None
-        return applied.entry
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
@@ -308,10 +303,47 @@ class HubNamespace(Namespace):
         async with self._lock(path):
             await self._dir(parent)
             info = await mounted.backend.mkdir(key)
-            [applied] = await self.catalog.apply(
-                [put_for(mounted.volume.mount, info, exclusive=True, check_parent=True)]
-            )
+            return await self._record(mounted, info, exclusive=True, check_parent=True)
+
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        path = paths.normalize(path)
+        if not target or "\x00" in target or len(target.encode()) > paths.MAX_PATH_BYTES:
+            raise InvalidArgument(f"invalid symlink target {target!r}", path=path)
+        mounted, key = self._below_mount(path)
+        async with self._lock(path):
+            if await self.catalog.get(path) is not None:
+                raise AlreadyExists(f"already exists: {path}", path=path)
+            await self._dir(paths.split(path)[0])
+            info = await mounted.backend.symlink(key, target)
+            return await self._record(mounted, info, exclusive=True, check_parent=True)
+
+    async def _record(
+        self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
+    ) -> Entry:
+        """Commit what this namespace just wrote to the volume, with the preconditions
+        checked before the write. A sweep (inotify or a rescan) may have recorded this very
+        object between the volume write and now, which fails the preconditions although
+        nothing else changed; that is told apart by the object's etag and inode."""
+        put = put_for(mounted.volume.mount, info, **preconditions)
+        try:
+            [applied] = await self.catalog.apply([put])
+        except (AlreadyExists, Conflict):
+            seen = await self.catalog.get(put.path)
+            if seen is None or (seen.kind, seen.etag, seen.inode) != (
+                put.kind,
+                put.etag,
+                put.inode,
+            ):
+                raise
+            return seen
         return await self._settled(applied)
+
+    async def _settled(self, applied: Applied) -> Entry:
+        """Acknowledge a commit only once the spokes holding leases have applied it."""
+        if applied.change is not None:
+            await self.leases.settle(applied.change.seq)
+        assert applied.entry is not None
+        return applied.entry
 
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         src, dst = paths.normalize(src), paths.normalize(dst)
@@ -358,6 +390,44 @@ class HubNamespace(Namespace):
             [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
+
+    async def set_attrs(
+        self,
+        who: Principal,
+        path: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        path = paths.normalize(path)
+        hit = self._resolve(path)
+        async with self._lock(path):
+            entry = await self._entry(path)
+            if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
+                mounted, key = hit
+                info = await mounted.backend.set_attrs(
+                    key, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns
+                )
+                put = put_for(mounted.volume.mount, info)
+            else:
+                # the storage has no such attributes (S3), or this is a directory that
+                # exists only in the catalog (above or at a mount): the catalog keeps them
+                put = Put(
+                    path=path,
+                    kind=entry.kind,
+                    size=entry.size,
+                    mtime_ns=entry.mtime_ns if mtime_ns is None else mtime_ns,
+                    mode=entry.mode if mode is None else stat.S_IFMT(entry.mode) | mode,
+                    uid=entry.uid if uid is None else uid,
+                    gid=entry.gid if gid is None else gid,
+                    etag=entry.etag,
+                    inode=entry.inode,
+                    link_target=entry.link_target,
+                )
+            [applied] = await self.catalog.apply([put])
+        return await self._settled(applied)
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))

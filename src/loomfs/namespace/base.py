@@ -97,6 +97,11 @@ class Namespace(ABC):
     ) -> Entry: ...
 
     @abstractmethod
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        """Create a symlink to ``target`` (any text, kept as given); ``NotSupported``
+        where the volume has no symlinks, ``AlreadyExists`` if ``path`` exists."""
+
+    @abstractmethod
     async def rename(
         self, who: Principal, src: str, dst: str, *, overwrite: bool = False
     ) -> Entry: ...
@@ -105,6 +110,21 @@ class Namespace(ABC):
     async def remove(
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
     ) -> None: ...
+
+    @abstractmethod
+    async def set_attrs(
+        self,
+        who: Principal,
+        path: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        """Change permission bits, owner or mtime (None leaves one as it is). Where the
+        volume keeps them (posix) they change there too, else in the catalog only. A new
+        mtime is a content change (new version): tools such as rsync and make read it so."""
 
     @abstractmethod
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...

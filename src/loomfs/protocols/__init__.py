@@ -1,1 +1,1 @@
-"""Protocol front-ends (protocol layer): wire formats translated into namespace calls."""
+"""Protocol front-ends (protocol layer): each translates one wire protocol into namespace calls."""

@@ -181,6 +181,26 @@ class RestNamespace(Namespace):
         )
         response.release()
 
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        return wire.entry_from(
+            await self._json("POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target})
+        )
+
+    async def set_attrs(
+        self,
+        who: Principal,
+        path: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        body = {"mode": mode, "uid": uid, "gid": gid, "mtime_ns": mtime_ns}
+        return wire.entry_from(
+            await self._json("PATCH", f"{wire.API}/attrs{_quoted(path)}", json=body)
+        )
+
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         tags: dict[str, str] = await self._json("GET", f"{wire.API}/tags{_quoted(path)}")
         return tags

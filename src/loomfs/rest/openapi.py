@@ -120,6 +120,46 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/symlink/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "Create a symlink (where the volume has them)",
+                    {"201": _json_ok(_ENTRY, "the new symlink")},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["target"],
+                                    "properties": {"target": {"type": "string"}},
+                                }
+                            }
+                        }
+                    },
+                ),
+            },
+            "/v1/attrs/{path}": {
+                "parameters": [_PATH_PARAM],
+                "patch": _op(
+                    "Change permission bits, owner or mtime (absent fields stay as they are)",
+                    {"200": _json_ok(_ENTRY)},
+                    requestBody={
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        "mode": {"type": "integer", "minimum": 0},
+                                        "uid": {"type": "integer", "minimum": 0},
+                                        "gid": {"type": "integer", "minimum": 0},
+                                        "mtime_ns": {"type": "integer"},
+                                    },
+                                }
+                            }
+                        }
+                    },
+                ),
+            },
             "/v1/tags/{path}": {
                 "parameters": [_PATH_PARAM],
                 "get": _op(

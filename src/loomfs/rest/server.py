@@ -158,6 +158,8 @@ class RestServer:
         app.router.add_delete(f"{wire.API}/files{p}", self.delete)
         app.router.add_post(f"{wire.API}/mkdir{p}", self.mkdir)
         app.router.add_post(f"{wire.API}/rename", self.rename)
+        app.router.add_post(f"{wire.API}/symlink{p}", self.symlink)
+        app.router.add_patch(f"{wire.API}/attrs{p}", self.set_attrs)
         app.router.add_get(f"{wire.API}/tags{p}", self.get_tags)
         app.router.add_patch(f"{wire.API}/tags{p}", self.set_tags)
         if self.admin is not None:
@@ -306,6 +308,24 @@ class RestServer:
         entry = await self.namespace.rename(
             self.principal(request), src, dst, overwrite=bool(body.get("overwrite"))
         )
+        return _json(wire.entry_json(entry))
+
+    async def symlink(self, request: web.Request) -> web.Response:
+        target = (await _body(request)).get("target")
+        if not isinstance(target, str):
+            raise InvalidArgument("symlink needs a 'target' string")
+        entry = await self.namespace.symlink(self.principal(request), _path(request), target)
+        return _json(wire.entry_json(entry), 201)
+
+    async def set_attrs(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        attrs: dict[str, int | None] = {}
+        for name in ("mode", "uid", "gid", "mtime_ns"):
+            value = body.get(name)
+            if value is not None and (type(value) is not int or (value < 0 and name != "mtime_ns")):
+                raise InvalidArgument(f"'{name}' must be a non-negative integer")
+            attrs[name] = value
+        entry = await self.namespace.set_attrs(self.principal(request), _path(request), **attrs)
         return _json(wire.entry_json(entry))
 
     async def get_tags(self, request: web.Request) -> web.Response:

@@ -518,6 +518,27 @@ class SpokeNamespace(Namespace):
                 raise BackendUnavailable("the hub is unreachable; only writes are journaled")
             await self.sync()
 
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        path = self._inside(path)
+        await self._in_order()
+        return await self.hub.symlink(who, path, target)
+
+    async def set_attrs(
+        self,
+        who: Principal,
+        path: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        path = self._inside(path)
+        await self._in_order()
+        entry = await self.hub.set_attrs(who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns)
+        self._forget(path, self.seq)  # a new mtime may be a new version
+        return entry
+
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         src, dst = self._inside(src), self._inside(dst)
         await self._in_order()

@@ -29,6 +29,7 @@ from ..errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
 from ..namespace.base import Namespace
@@ -178,6 +179,41 @@ class NamespaceSuite:
         assert not await ns.exists(WHO, f"{top}/r")
         with pytest.raises(NotFound):
             await ns.remove(WHO, f"{top}/r")
+
+    async def test_set_attrs(self, ns: Namespace, top: str) -> None:
+        written = await ns.write_bytes(WHO, f"{top}/m", b"x")
+        chmodded = await ns.set_attrs(WHO, f"{top}/m", mode=0o600)
+        assert chmodded.mode & 0o7777 == 0o600 and chmodded.version == written.version
+        owned = await ns.set_attrs(WHO, f"{top}/m", uid=1234, gid=4321)
+        assert (owned.uid, owned.gid, owned.mode & 0o7777) == (1234, 4321, 0o600)
+        mtime = 1_500_000_000_123_456_789
+        touched = await ns.set_attrs(WHO, f"{top}/m", mtime_ns=mtime)
+        assert touched.mtime_ns == mtime and touched.version > written.version
+        stat = await ns.stat(WHO, f"{top}/m")
+        assert (stat.uid, stat.mode & 0o7777, stat.mtime_ns) == (1234, 0o600, mtime)
+        assert await ns.read_bytes(WHO, f"{top}/m") == b"x"
+        await ns.mkdir(WHO, f"{top}/md")
+        assert (await ns.set_attrs(WHO, f"{top}/md", mode=0o700)).mode & 0o7777 == 0o700
+        with pytest.raises(NotFound):
+            await ns.set_attrs(WHO, f"{top}/none", mode=0o600)
+
+    async def test_symlink(self, ns: Namespace, top: str) -> None:
+        await ns.write_bytes(WHO, f"{top}/target", b"pointed at")
+        try:
+            link = await ns.symlink(WHO, f"{top}/link", "target")
+        except NotSupported:
+            # a volume without symlinks (S3) refuses cleanly and leaves nothing behind
+            assert not await ns.exists(WHO, f"{top}/link")
+            return
+        assert (link.kind.value, link.link_target) == ("symlink", "target")
+        assert (await ns.stat(WHO, f"{top}/link")).link_target == "target"
+        assert f"{top}/link" in [e.path async for e in ns.list(WHO, top)]
+        with pytest.raises(AlreadyExists):
+            await ns.symlink(WHO, f"{top}/link", "elsewhere")
+        with pytest.raises(NotFound):
+            await ns.symlink(WHO, f"{top}/no/such/link", "target")
+        await ns.remove(WHO, f"{top}/link")
+        assert await ns.read_bytes(WHO, f"{top}/target") == b"pointed at"
 
     async def test_tags(self, ns: Namespace, top: str) -> None:
         await ns.write_bytes(WHO, f"{top}/t", b"x")

@@ -16,6 +16,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterable
 
+from ...errors import NotSupported
 from ..streams import ByteSource
 from ..types import ObjectInfo
 
@@ -97,10 +98,22 @@ class Backend(ABC):
 
         Atomic where ``ATOMIC_RENAME`` is declared; on S3 it copies, then deletes."""
 
+    async def symlink(self, key: str, target: str) -> ObjectInfo:
+        """Create a symlink at ``key`` (stored as given, never followed here) where the
+        storage has them (``SYMLINKS``)."""
+        raise NotSupported(f"{self.url} cannot hold symlinks", path=key)
+
     async def set_attrs(
-        self, key: str, *, mode: int | None = None, mtime_ns: int | None = None
+        self,
+        key: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
     ) -> ObjectInfo:
-        """Change mode or mtime where the storage keeps them; otherwise just report."""
+        """Change mode, owner or mtime where the storage keeps them (``POSIX_MODE``);
+        otherwise just report, and the namespace keeps them in its catalog."""
         return await self.stat(key)
 
     async def close(self) -> None:  # noqa: B027 - backends without connections hold nothing

@@ -373,6 +373,19 @@ class PosixBackend(Backend):
     async def mkdir(self, key: str) -> ObjectInfo:
         return await asyncio.to_thread(self._mkdir, key)
 
+    def _symlink(self, key: str, target: str) -> ObjectInfo:
+        if not check_key(key):
+            raise AlreadyExists("the volume root exists", path=key)
+        with self._parent(key) as (parent, name):
+            try:
+                os.symlink(target, name, dir_fd=parent)
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
+        return self._stat(key)
+
+    async def symlink(self, key: str, target: str) -> ObjectInfo:
+        return await asyncio.to_thread(self._symlink, key, target)
+
     def _delete(self, key: str) -> None:
         if not check_key(key):
             raise InvalidPath("the volume root can't be deleted", path=key)
@@ -405,12 +418,23 @@ class PosixBackend(Backend):
     async def rename(self, src: str, dst: str) -> None:
         await asyncio.to_thread(self._rename, src, dst)
 
-    def _set_attrs(self, key: str, mode: int | None, mtime_ns: int | None) -> ObjectInfo:
+    def _set_attrs(
+        self, key: str, mode: int | None, uid: int | None, gid: int | None, mtime_ns: int | None
+    ) -> ObjectInfo:
         if not check_key(key):
             raise InvalidPath("the volume root's attributes are not loomfs's to change")
         with self._parent(key) as (parent, name):
             try:
                 st = os.lstat(name, dir_fd=parent)
+                if uid is not None or gid is not None:
+                    # before the chmod: a chown clears set-id bits the chmod may set
+                    os.chown(
+                        name,
+                        -1 if uid is None else uid,
+                        -1 if gid is None else gid,
+                        dir_fd=parent,
+                        follow_symlinks=False,
+                    )
                 if mode is not None:
                     if stat.S_ISLNK(st.st_mode):
                         # Linux has no lchmod; a symlink's own mode means nothing anyway.
@@ -433,6 +457,12 @@ class PosixBackend(Backend):
         return self._stat(key)
 
     async def set_attrs(
-        self, key: str, *, mode: int | None = None, mtime_ns: int | None = None
+        self,
+        key: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
     ) -> ObjectInfo:
-        return await asyncio.to_thread(self._set_attrs, key, mode, mtime_ns)
+        return await asyncio.to_thread(self._set_attrs, key, mode, uid, gid, mtime_ns)

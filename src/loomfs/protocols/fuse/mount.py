@@ -1,0 +1,106 @@
+"""Mount and run the FUSE front-end (protocol layer): checks, options, signals, unmount.
+
+A crashed daemon leaves its mount point answering "Transport endpoint is not connected";
+that is found before mounting and reported with the command that clears it. SIGTERM and
+SIGINT end the request loop, and the mount is always taken down on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pyfuse3
+import pyfuse3.asyncio
+
+from ...errors import AlreadyExists, InvalidArgument, LoomError, NotADirectory, NotSupported
+from ...namespace.base import Namespace
+from .ops import LoomOperations
+
+log = logging.getLogger(__name__)
+
+#: requests handled concurrently; more only queue inside one Python thread
+MAX_TASKS = 64
+
+
+class StaleMount(LoomError):
+    """A previous mount at this path died without unmounting."""
+
+    code = "StaleMount"
+    errno = errno.ENOTCONN
+
+
+def check_mountpoint(mountpoint: Path) -> None:
+    """Refuse a mount point that can't be used, saying how to fix it."""
+    if not os.path.exists("/dev/fuse"):
+        raise NotSupported(
+            "/dev/fuse is missing: install FUSE 3 (apt-get install fuse3) and load the "
+            "module (modprobe fuse), or give the container the device"
+        )
+    try:
+        st = os.stat(mountpoint)
+        if stat.S_ISDIR(st.st_mode):
+            # a dead mount's root attributes may still be cached; listing asks the kernel
+            with os.scandir(mountpoint) as listing:
+                next(listing, None)
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise StaleMount(
+                f"{mountpoint} is a stale FUSE mount (its daemon died); clear it with: "
+                f"fusermount3 -u {mountpoint}",
+                path=str(mountpoint),
+            ) from exc
+        if exc.errno == errno.ENOENT:
+            raise InvalidArgument(f"mount point {mountpoint} does not exist") from exc
+        raise
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectory(f"mount point {mountpoint} is not a directory")
+    if os.path.ismount(mountpoint):
+        raise AlreadyExists(f"{mountpoint} is already a mount point; unmount it first")
+
+
+def mount_options(*, allow_other: bool) -> set[str]:
+    # No max_read: libfuse refuses one that its init handler (pyfuse3's, which sets none)
+    # does not repeat, and without it reads are as large as the kernel's max_pages allow
+    # (libfuse asks for 1 MiB).
+    options = {"fsname=loomfs", "subtype=loomfs", "default_permissions"}
+    if allow_other:
+        options.add("allow_other")
+    return options
+
+
+async def serve(
+    ns: Namespace,
+    mountpoint: Path,
+    *,
+    spool_dir: Path,
+    allow_other: bool = False,
+    uid_map: Mapping[int, str] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Mount ``ns`` at ``mountpoint`` and serve until unmounted, SIGTERM or SIGINT."""
+    check_mountpoint(mountpoint)
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    pyfuse3.asyncio.enable()
+    ops = LoomOperations(ns, str(spool_dir), uid_map)
+    pyfuse3.init(ops, str(mountpoint), mount_options(allow_other=allow_other))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, pyfuse3.terminate)
+    log.info("mounted", extra={"mountpoint": str(mountpoint)})
+    try:
+        if on_ready is not None:
+            on_ready()
+        await pyfuse3.main(max_tasks=MAX_TASKS)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await ops.aclose()
+        pyfuse3.close(unmount=True)
+        log.info("unmounted", extra={"mountpoint": str(mountpoint)})

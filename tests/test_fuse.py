@@ -1,0 +1,443 @@
+"""The FUSE front-end, through real mounts: a ``loomfs mount`` process over a hub with posix
+volumes, driven with ordinary file APIs and real tools (cat, ls, cp -a, rsync)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from loomfs.config import load_config
+from loomfs.core.types import SYSTEM
+from loomfs.hub.namespace import HubNamespace
+from loomfs.service import HubService
+from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
+from loomfs.testing.hubproc import HubProcess
+
+MIB = 1 << 20
+
+
+@dataclass
+class Site:
+    config: Path
+    vol: Path  # the posix directory behind /vol
+    other: Path  # behind /other, a second volume
+    mnt: Path
+    mount: MountProcess
+
+
+def _require_fuse() -> None:
+    if not os.path.exists("/dev/fuse"):
+        pytest.fail(FUSE_MISSING)
+    for tool in ("fusermount3", "rsync", "setfattr"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing: apt-get install -y fuse3 rsync attr")
+
+
+def _make_site(root: Path) -> tuple[Path, Path, Path]:
+    vol, other = root / "vol", root / "other"
+    vol.mkdir()
+    other.mkdir()
+    (vol / "hello.txt").write_text("hello\n")
+    (vol / "sub").mkdir()
+    (vol / "sub" / "inner.bin").write_bytes(os.urandom(5000))
+    return prepare_site(root, {"/vol": vol, "/other": other}), vol, other
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    _require_fuse()
+    root = tmp_path_factory.mktemp("fuse")
+    config, vol, other = _make_site(root)
+    mount = MountProcess(config, root / "mnt")
+    with mount:
+        yield Site(config, vol, other, root / "mnt", mount)
+    # the mount ends by SIGTERM; whatever it logged as unexpected fails the module
+    assert "Traceback" not in mount.log(), mount.log()
+
+
+@pytest.fixture
+def work(site: Site) -> tuple[Path, Path, str]:
+    """A fresh directory: (its path on the mount, on disk, in the namespace)."""
+    name = uuid.uuid4().hex[:10]
+    (site.vol / name).mkdir()
+    _wait_for((site.mnt / "vol" / name).is_dir)
+    return site.mnt / "vol" / name, site.vol / name, f"/vol/{name}"
+
+
+@pytest.fixture
+async def ns(site: Site) -> AsyncIterator[HubNamespace]:
+    """The same hub, opened in the test process, to check what the mount did."""
+    service = HubService(load_config(site.config))
+    await service.catalog.open()
+    await service.namespace.load_volumes()
+    yield service.namespace
+    await service.namespace.close()
+    await service.catalog.close()
+
+
+def _wait_for(check: Callable[[], bool], what: str = "condition") -> None:
+    """Changes behind loomfs's back arrive through inotify and the kernel's attribute
+    timeout; wait for them with a generous deadline (never a timing claim)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _errno(call: Callable[[], object]) -> int:
+    with pytest.raises(OSError) as info:
+        call()
+    return info.value.errno or 0
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(MIB):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def test_ls_stat_cat_existing_files(site: Site) -> None:
+    assert sorted(os.listdir(site.mnt)) == ["other", "vol"]
+    assert {"hello.txt", "sub"} <= set(os.listdir(site.mnt / "vol"))
+    out = subprocess.run(["cat", str(site.mnt / "vol/hello.txt")], capture_output=True, check=True)
+    assert out.stdout == b"hello\n"
+    st = os.stat(site.mnt / "vol/sub/inner.bin")
+    disk = os.stat(site.vol / "sub/inner.bin")
+    assert (st.st_size, st.st_mode, st.st_uid, st.st_mtime_ns) == (
+        disk.st_size,
+        disk.st_mode,
+        disk.st_uid,
+        disk.st_mtime_ns,
+    )
+    assert (site.mnt / "vol/sub/inner.bin").read_bytes() == (
+        site.vol / "sub/inner.bin"
+    ).read_bytes()
+    listing = subprocess.run(["ls", "-la", str(site.mnt / "vol")], capture_output=True, check=True)
+    assert b"hello.txt" in listing.stdout
+
+
+def test_large_directory_listing(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    names = sorted(f"f{i:05d}" for i in range(2500))
+    for name in names:
+        (mnt / name).touch()
+    assert sorted(os.listdir(mnt)) == names
+    assert sorted(os.listdir(disk)) == names
+    with os.scandir(mnt) as it:
+        sizes = {e.name: e.stat().st_size for e in it}
+    assert set(sizes) == set(names) and set(sizes.values()) == {0}
+
+
+def test_large_file_sequential_read_equals_source(site: Site, work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    source = disk / "big.bin"
+    with source.open("wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(MIB))
+    _wait_for(lambda: (mnt / "big.bin").stat().st_size == 64 * MIB, "the hub to notice big.bin")
+    assert _sha256(mnt / "big.bin") == _sha256(source)
+    # and the other way: 64 MiB written through the mount lands on disk intact
+    shutil.copyfile(source, mnt / "copy.bin")
+    assert _sha256(disk / "copy.bin") == _sha256(source)
+    assert _sha256(mnt / "copy.bin") == _sha256(source)
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+async def test_write_is_visible_in_namespace_and_on_disk(
+    work: tuple[Path, Path, str], ns: HubNamespace
+) -> None:
+    mnt, disk, top = work
+    (mnt / "new.txt").write_bytes(b"written on the mount")
+    assert (mnt / "new.txt").read_bytes() == b"written on the mount"
+    assert (disk / "new.txt").read_bytes() == b"written on the mount"
+    assert await ns.read_bytes(SYSTEM, f"{top}/new.txt") == b"written on the mount"
+    with (mnt / "new.txt").open("r+b") as f:
+        f.seek(8)
+        f.write(b"ON")
+        f.flush()
+        f.seek(0)
+        assert f.read() == b"written ON the mount"  # a file open for writing reads its writes
+    assert (disk / "new.txt").read_bytes() == b"written ON the mount"
+    with (mnt / "new.txt").open("ab") as f:
+        f.write(b"!")
+    assert await ns.read_bytes(SYSTEM, f"{top}/new.txt") == b"written ON the mount!"
+    assert (mnt / "new.txt").stat().st_size == len(b"written ON the mount!")
+
+
+def test_truncate(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    (mnt / "t").write_bytes(b"0123456789")
+    os.truncate(mnt / "t", 4)
+    assert (disk / "t").read_bytes() == b"0123" and (mnt / "t").read_bytes() == b"0123"
+    with (mnt / "t").open("r+b") as f:
+        f.truncate(8)
+    assert (disk / "t").read_bytes() == b"0123\0\0\0\0"
+    with (mnt / "t").open("wb") as f:  # O_TRUNC
+        f.write(b"z")
+    assert (disk / "t").read_bytes() == b"z"
+
+
+def test_rename(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    (mnt / "a").write_bytes(b"a")
+    (mnt / "b").write_bytes(b"b")
+    os.rename(mnt / "a", mnt / "b")  # replaces, as rename(2) does
+    assert (mnt / "b").read_bytes() == b"a" and not (mnt / "a").exists()
+    (mnt / "d1/d2").mkdir(parents=True)
+    (mnt / "d1/d2/f").write_bytes(b"deep")
+    (mnt / "empty").mkdir()
+    os.rename(mnt / "d1", mnt / "empty")  # onto an empty directory
+    assert (mnt / "empty/d2/f").read_bytes() == b"deep"
+    assert (disk / "empty/d2/f").read_bytes() == b"deep"
+    (mnt / "full").mkdir()
+    (mnt / "full/x").touch()
+    assert _errno(lambda: os.rename(mnt / "empty", mnt / "full")) == errno.ENOTEMPTY
+    assert _errno(lambda: os.rename(mnt / "b", mnt / "full")) == errno.EISDIR
+
+
+def test_rename_while_open_for_writing(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    with (mnt / "moving").open("wb") as f:
+        f.write(b"first ")
+        os.rename(mnt / "moving", mnt / "moved")
+        f.write(b"second")
+    assert (disk / "moved").read_bytes() == b"first second"
+    assert not (disk / "moving").exists()
+
+
+def test_unlink_while_open(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    (mnt / "gone").write_bytes(b"still readable")
+    with (mnt / "gone").open("rb") as reader:
+        os.unlink(mnt / "gone")
+        assert not (mnt / "gone").exists() and not (disk / "gone").exists()
+        assert reader.read() == b"still readable"
+        assert os.fstat(reader.fileno()).st_size == len(b"still readable")
+    with (mnt / "scratch").open("w+b") as f:
+        os.unlink(mnt / "scratch")
+        f.write(b"temp data")
+        f.flush()
+        f.seek(0)
+        assert f.read() == b"temp data"
+    assert not (disk / "scratch").exists()  # an unlinked file's data is not resurrected
+
+
+def test_symlinks(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    (mnt / "target").write_bytes(b"pointed at")
+    os.symlink("target", mnt / "link")
+    assert os.readlink(mnt / "link") == "target" and os.readlink(disk / "link") == "target"
+    assert stat.S_ISLNK(os.lstat(mnt / "link").st_mode)
+    assert (mnt / "link").read_bytes() == b"pointed at"
+    assert _errno(lambda: os.symlink("x", mnt / "link")) == errno.EEXIST
+    os.unlink(mnt / "link")
+    assert not (disk / "link").is_symlink() and (disk / "target").exists()
+
+
+def test_mkdir_rmdir(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    os.mkdir(mnt / "d", 0o750)
+    assert (disk / "d").is_dir()
+    assert (mnt / "d").stat().st_mode & 0o7777 == 0o750
+    (mnt / "d/f").touch()
+    assert _errno(lambda: os.rmdir(mnt / "d")) == errno.ENOTEMPTY
+    os.unlink(mnt / "d/f")
+    os.rmdir(mnt / "d")
+    assert not (disk / "d").exists() and not (mnt / "d").exists()
+
+
+async def test_chmod_chown_utime(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
+    mnt, disk, top = work
+    (mnt / "f").write_bytes(b"x")
+    os.chmod(mnt / "f", 0o640)
+    os.chown(mnt / "f", 1234, 5678)
+    os.utime(mnt / "f", ns=(1_600_000_000_000_000_000, 1_500_000_000_123_456_789))
+    for st in (os.stat(mnt / "f"), os.stat(disk / "f")):
+        assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o640, 1234, 5678)
+        assert st.st_mtime_ns == 1_500_000_000_123_456_789
+    # a directory's mtime set on purpose after changes in it stays (rsync, cp -a, tar)
+    (mnt / "d").mkdir()
+    (mnt / "d/x").touch()
+    os.utime(mnt / "d", ns=(1_500_000_000_000_000_000, 1_500_000_000_000_000_000))
+    assert os.stat(mnt / "d").st_mtime_ns == 1_500_000_000_000_000_000
+    entry = await ns.stat(SYSTEM, f"{top}/f")
+    assert (entry.mode & 0o7777, entry.uid, entry.mtime_ns) == (
+        0o640,
+        1234,
+        1_500_000_000_123_456_789,
+    )
+
+
+async def test_xattrs_are_tags(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
+    mnt, _, top = work
+    (mnt / "f").write_bytes(b"x")
+    os.setxattr(mnt / "f", "user.split", b"train")
+    assert await ns.get_tags(SYSTEM, f"{top}/f") == {"split": "train"}
+    await ns.set_tags(SYSTEM, f"{top}/f", {"owner": "ml"})
+    assert os.getxattr(mnt / "f", "user.owner") == b"ml"
+    assert sorted(os.listxattr(mnt / "f")) == ["user.owner", "user.split"]
+    os.removexattr(mnt / "f", "user.split")
+    assert await ns.get_tags(SYSTEM, f"{top}/f") == {"owner": "ml"}
+    assert _errno(lambda: os.getxattr(mnt / "f", "user.split")) == errno.ENODATA
+    assert _errno(lambda: os.setxattr(mnt / "f", "trusted.x", b"1")) in (
+        errno.ENOTSUP,
+        errno.EPERM,
+    )
+    out = subprocess.run(["getfattr", "-d", str(mnt / "f")], capture_output=True, check=True)
+    assert b'user.owner="ml"' in out.stdout
+
+
+def test_cp_a_and_rsync(site: Site, work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    tree = site.mnt.parent / f"tree-{uuid.uuid4().hex[:6]}"
+    (tree / "a/b").mkdir(parents=True)
+    for i in range(20):
+        (tree / "a" / f"f{i}").write_bytes(os.urandom(1000 * i))
+    (tree / "a/b/deep").write_text("deep")
+    os.chmod(tree / "a/f3", 0o600)
+    os.utime(tree / "a/f4", ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    subprocess.run(["cp", "-a", str(tree / "a"), str(mnt / "cp")], check=True)
+    subprocess.run(["rsync", "-a", f"{tree / 'a'}/", f"{mnt / 'rs'}/"], check=True)
+    for dest in ("cp", "rs"):
+        subprocess.run(["diff", "-r", str(tree / "a"), str(mnt / dest)], check=True)
+        subprocess.run(["diff", "-r", str(tree / "a"), str(disk / dest)], check=True)
+        assert (mnt / dest / "f3").stat().st_mode & 0o777 == 0o600
+        assert (mnt / dest / "f4").stat().st_mtime_ns == 1_000_000_000_000_000_000
+    # attributes were kept exactly: a second rsync finds nothing to transfer
+    again = subprocess.run(
+        ["rsync", "-a", "--itemize-changes", f"{tree / 'a'}/", f"{mnt / 'rs'}/"],
+        capture_output=True,
+        check=True,
+    )
+    assert again.stdout.strip() == b""
+
+
+# -- coherence ------------------------------------------------------------------------------
+
+
+def test_change_behind_loomfs_shows_on_the_mount(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    (mnt / "f").write_bytes(b"version one")
+    assert (mnt / "f").read_bytes() == b"version one"  # now in the kernel's page cache
+    (disk / "f").write_bytes(b"version two, longer")
+    _wait_for(lambda: (mnt / "f").read_bytes() == b"version two, longer", "the new version")
+    (disk / "new-behind").write_bytes(b"x")
+    _wait_for((mnt / "new-behind").exists, "a new file")
+    os.unlink(disk / "new-behind")
+    _wait_for(lambda: not (mnt / "new-behind").exists(), "a removed file")
+
+
+async def test_concurrent_change_fails_the_close(
+    work: tuple[Path, Path, str], ns: HubNamespace
+) -> None:
+    mnt, _, top = work
+    (mnt / "f").write_bytes(b"base")
+    fd = os.open(mnt / "f", os.O_WRONLY)
+    try:
+        os.write(fd, b"mine")
+        await ns.write_bytes(SYSTEM, f"{top}/f", b"theirs")
+    finally:
+        assert _errno(lambda: os.close(fd)) == errno.ESTALE
+    assert await ns.read_bytes(SYSTEM, f"{top}/f") == b"theirs"  # never silently overwritten
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_errors_map_to_errno(site: Site, work: tuple[Path, Path, str]) -> None:
+    mnt, _, _ = work
+    (mnt / "file").write_bytes(b"x")
+    (mnt / "dir").mkdir()
+    assert _errno(lambda: os.stat(mnt / "missing")) == errno.ENOENT
+    assert _errno(lambda: os.open(mnt / "missing", os.O_RDONLY)) == errno.ENOENT
+    assert _errno(lambda: os.mkdir(mnt / "dir")) == errno.EEXIST
+    assert _errno(lambda: os.open(mnt / "file", os.O_CREAT | os.O_EXCL | os.O_WRONLY)) == (
+        errno.EEXIST
+    )
+    assert _errno(lambda: os.open(mnt / "dir", os.O_WRONLY)) == errno.EISDIR
+    assert _errno(lambda: os.rmdir(mnt / "file")) == errno.ENOTDIR
+    assert _errno(lambda: os.stat(mnt / "file/below")) == errno.ENOTDIR
+    assert _errno(lambda: os.rename(mnt / "file", site.mnt / "other/file")) == errno.EXDEV
+    assert _errno(lambda: os.mkdir(site.mnt / "outside-any-volume")) == errno.EACCES
+    assert _errno(lambda: os.mknod(mnt / "fifo", 0o644 | stat.S_IFIFO)) == errno.EPERM
+    assert _errno(lambda: os.stat(mnt / ("n" * 256))) == errno.ENAMETOOLONG
+
+
+def test_statfs(site: Site) -> None:
+    st = os.statvfs(site.mnt)
+    assert st.f_blocks > 0 and st.f_namemax == 255
+
+
+def test_stale_mount_is_reported_and_sigterm_unmounts(tmp_path: Path) -> None:
+    _require_fuse()
+    config, _, _ = _make_site(tmp_path)
+    mount = MountProcess(config, tmp_path / "mnt").start()
+    try:
+        mount.kill()
+        assert _errno(lambda: os.listdir(tmp_path / "mnt")) == errno.ENOTCONN
+        again = subprocess.run(
+            [sys.executable, "-m", "loomfs.cli", "--config", str(config), "mount",
+             str(tmp_path / "mnt")],
+            capture_output=True, env=mount.env, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert again.returncode == 1
+        assert f"fusermount3 -u {tmp_path / 'mnt'}" in " ".join(again.stderr.split())
+        subprocess.run(["fusermount3", "-u", str(tmp_path / "mnt")], check=True)
+        mount.start()
+        assert (tmp_path / "mnt/vol/hello.txt").read_text() == "hello\n"
+        assert mount.stop() == 0
+        assert not os.path.ismount(tmp_path / "mnt")
+        assert "unmounted" in mount.log()
+    finally:
+        mount.stop()
+
+
+def test_mount_over_a_hub_by_rest(tmp_path: Path) -> None:
+    """``--hub``: the same front-end over RestNamespace, whose reads are streams (no local
+    file region), so seeks reopen the stream pinned to the opened version."""
+    _require_fuse()
+    config, vol, _ = _make_site(tmp_path)
+    data = os.urandom(8 * MIB + 123)
+    with HubProcess(tmp_path / "data") as hub:
+        (vol / "big.bin").write_bytes(data)  # the hub's inotify records it
+        with MountProcess(config, tmp_path / "mnt", "--hub", hub.url) as mount:
+            mnt = tmp_path / "mnt/vol"
+            _wait_for(lambda: (mnt / "big.bin").stat().st_size == len(data), "big.bin")
+            assert _sha256(mnt / "big.bin") == hashlib.sha256(data).hexdigest()
+            with (mnt / "big.bin").open("rb", buffering=0) as f:
+                for offset in (5 * MIB + 7, 17, 8 * MIB, 3 * MIB):
+                    f.seek(offset)
+                    assert f.read(100_000) == data[offset : offset + 100_000]
+            (mnt / "sub/new.txt").write_bytes(b"over rest")
+            assert (vol / "sub/new.txt").read_bytes() == b"over rest"
+            os.rename(mnt / "sub/new.txt", mnt / "renamed.txt")
+            os.chmod(mnt / "renamed.txt", 0o600)
+            os.setxattr(mnt / "renamed.txt", "user.k", b"v")
+            assert os.getxattr(mnt / "renamed.txt", "user.k") == b"v"
+            assert (vol / "renamed.txt").stat().st_mode & 0o777 == 0o600
+        assert "Traceback" not in mount.log(), mount.log()
