@@ -294,3 +294,16 @@ async def test_warm_up_fetches_ahead_and_resumes(env: Fabric) -> None:
     assert all(f.pinned for f in env.spoke.cache if f.path.startswith("/vol/train/"))
     again = await env.spoke.warm(WHO, "/vol/train")
     assert again.fetched == 0
+
+
+async def test_a_new_file_beside_a_cached_one_keeps_it_cached(env: Fabric) -> None:
+    version = await hub_write(env, "/vol/keep.bin", b"k" * 100_000)
+    assert await env.spoke.read_bytes(WHO, "/vol/keep.bin") == b"k" * 100_000
+    await hub_write(env, "/vol/neighbour", b"n")  # the directory's mtime moves: a MODIFY of it
+    await env.spoke.read_bytes(WHO, "/vol/neighbour")  # the feed has caught up by now
+    assert env.spoke.cache.get("/vol/keep.bin", version) is not None
+    env.link.cut()
+    try:
+        assert await env.spoke.read_bytes(WHO, "/vol/keep.bin") == b"k" * 100_000
+    finally:
+        env.link.restore()

@@ -1,13 +1,17 @@
-"""``make demo``: one namespace over a local directory and an S3 bucket, end to end.
+"""``make demo``: one namespace over a local directory and an S3 bucket, extended to a
+GPU site over an emulated WAN, end to end.
 
 Starts a real SeaweedFS S3 server and a loomfs hub on the embedded default (SQLite,
 local directories), assimilates a generated dataset directory and a bucket, lists and
 reads through the CLI and the REST API, writes through loomfs, changes files behind its
-back, shows that the hub noticed, and stops everything it started.
+back and shows that the hub noticed. Then a spoke attaches the dataset through a shaped
+link: cold and warm reads, a write at the spoke, a change at the hub, the link cut. It
+stops everything it started.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -18,11 +22,14 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from .testing.ports import stop_process
+from .testing.hubproc import HubProcess, SpokeProcess
+from .testing.loop import LoopThread
 from .testing.seaweedfs import SeaweedFS
+from .testing.wan import LinkEmulator
 
 console = Console(highlight=False, soft_wrap=True)
 WORK = Path(".demo").resolve()
@@ -32,21 +39,19 @@ def step(title: str) -> None:
     console.rule(f"[bold cyan]{title}")
 
 
-def sh(*args: str, env: dict[str, str]) -> str:
+def sh(*args: str, env: dict[str, str], stdin: bytes | None = None) -> str:
     console.print(f"[bold green]$[/] loomfs {shlex.join(args)}")
     result = subprocess.run(
         [sys.executable, "-m", "loomfs.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.stdout:
-        console.print(result.stdout.rstrip(), markup=False)
+        env=env, input=stdin, capture_output=True, check=False,
+    )  # fmt: skip
+    out, err = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
+    if out:
+        console.print(out.rstrip(), markup=False)
     if result.returncode != 0:
-        console.print(result.stderr.rstrip(), markup=False)
+        console.print(err.rstrip(), markup=False)
         raise SystemExit(f"demo step failed: loomfs {shlex.join(args)}")
-    return result.stdout
+    return out
 
 
 def make_sample(root: Path) -> None:
@@ -93,29 +98,88 @@ def main() -> None:
             "AWS_ACCESS_KEY_ID": s3.access_key,
             "AWS_SECRET_ACCESS_KEY": s3.secret_key,
             "AWS_DEFAULT_REGION": "us-east-1",
-            "LOOMFS_SITE__DATA_DIR": str(WORK / "site"),
-            "LOOMFS_LOG__FORMAT": "json",
+            "LOOMFS_SITE__DATA_DIR": str(WORK / "hub"),
         }
-        ready = WORK / "hub.json"
-        step("Starting a loomfs hub (SQLite catalog, embedded default)")
-        hub_log = (WORK / "hub.log").open("wb")
-        hub = subprocess.Popen(
-            [sys.executable, "-m", "loomfs.cli", "hub", "serve", "--listen", "127.0.0.1:0",
-             "--ready-file", str(ready)],
-            env=env, stdout=hub_log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        try:
-            if not wait_for(ready.exists, 30):
-                raise SystemExit(f"hub did not start; see {WORK / 'hub.log'}")
-            url = json.loads(ready.read_text())["url"]
-            env["LOOMFS_HUB"] = url
-            console.print(f"hub at {url}; structured log in {WORK / 'hub.log'}")
-            run_demo(env, url, sample, s3, bucket)
-        finally:
+        step("Two sites: a hub and a GPU site, each with its key; the hub pins the spoke")
+        spoke_env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(WORK / "spoke")}
+        sh("site", "init", "--name", "hub-eu", "--label", "region=eu-west", env=env)
+        sh("site", "init", "--name", "gpu-west", "--label", "region=us-west", env=spoke_env)
+        sh("site", "add", "gpu-west", "--cert", str(WORK / "spoke/identity/site.pem"), env=env)
+        step("Starting the hub (SQLite catalog, embedded default; fabric link on mutual TLS)")
+        fabric_env = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__LEASE_TTL": "5"}
+        with HubProcess(WORK / "hub", {**env, **fabric_env}) as hub:
+            env["LOOMFS_HUB"] = hub.url
+            console.print(f"hub at {hub.url}, fabric at {hub.urls['fabric']}")
+            console.print(f"structured log in {hub.log_path}")
+            run_demo(env, hub.url, sample, s3, bucket)
+            run_spoke_demo(env, spoke_env, hub, sample)
             step("Stopping everything the demo started")
-            stop_process(hub)
-            hub_log.close()
-    console.print("[bold]done.[/] (SeaweedFS and the hub are stopped; files are in .demo/)")
+    console.print("[bold]done.[/] (SeaweedFS, the hub and the spoke are stopped; files in .demo/)")
+
+
+def timed(title: str, *args: str, env: dict[str, str], link: LinkEmulator) -> None:
+    before = link.down.bytes
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "loomfs.cli", *args], env=env, capture_output=True, check=False
+    )
+    elapsed = time.perf_counter() - start
+    status = "ok" if result.returncode == 0 else result.stderr.decode().strip()
+    console.print(
+        f"[bold green]$[/] loomfs {shlex.join(args)}   [dim]# {title}[/]\n"
+        f"  {len(result.stdout):,} bytes out in {elapsed:.2f}s; "
+        f"{link.down.bytes - before:,} bytes crossed the WAN; {status}",
+        markup=True,
+    )
+
+
+def run_spoke_demo(
+    env: dict[str, str], spoke_env: dict[str, str], hub: HubProcess, sample: Path
+) -> None:
+    big = sample / "train" / "images.bin"
+    big.write_bytes(os.urandom(30_000_000))
+    sh("volume", "rescan", "/datasets/sample", env=env)
+    fabric = urlsplit(hub.urls["fabric"])
+    with LoopThread() as loop:
+        link = loop.run(
+            LinkEmulator(fabric.hostname or "", fabric.port or 0, rate=25e6, latency=0.02).start()
+        )
+        step("A spoke at the GPU site, over an emulated WAN (25 MB/s, 40 ms round trip)")
+        args = (
+            "--hub", f"https://127.0.0.1:{link.port}",
+            "--hub-cert", str(WORK / "hub/identity/site.pem"),
+            "--attach", "/datasets/sample", "--cache-size", "1G",
+        )  # fmt: skip
+        spoke = SpokeProcess(WORK / "spoke", spoke_env, args).start()
+        at = {**spoke_env, "LOOMFS_HUB": spoke.url}
+        try:
+            console.print(f"spoke REST API at {spoke.url}, cache in {WORK / 'spoke/cache'}")
+            sh("ls", "-l", "/datasets/sample/train", env=at)
+            step("Cold read fetches only what is read; a warm read crosses nothing")
+            shard = "/datasets/sample/train/images.bin"
+            timed("1 MB of a 30 MB file", "cat", shard, "--offset", "10000000",
+                  "--length", "1000000", env=at, link=link)  # fmt: skip
+            timed("cold: the rest of it", "cat", shard, env=at, link=link)
+            timed("warm", "cat", shard, env=at, link=link)
+            sh("warm", "/datasets/sample/val", env=at)
+            step("A write at the spoke appears at the hub (journal first, then committed)")
+            sh("put", "-", "/datasets/sample/from-gpu.txt", env=at, stdin=b"written at gpu-west\n")
+            console.print(f"at the hub, on disk: {(sample / 'from-gpu.txt').read_text().strip()!r}")
+            step("A change at the hub is seen at the spoke's next open (leases, change feed)")
+            sh("put", "-", "/datasets/sample/README.txt", env=env, stdin=b"edited at the hub\n")
+            sh("cat", "/datasets/sample/README.txt", env=at)
+            step("The link is cut: cached files are still served, writes are journaled")
+            loop.run(asyncio.to_thread(link.cut))
+            timed("cached file, link down", "cat", shard, env=at, link=link)
+            timed("never read here, link down", "cat", "/datasets/sample/train/shard-0001.jsonl",
+                  env=at, link=link)  # fmt: skip
+            sh("put", "-", "/datasets/sample/offline.txt", env=at, stdin=b"written offline\n")
+            link.restore()
+            sh("sync", env=at)
+            console.print(f"at the hub after reconnect: {(sample / 'offline.txt').read_text()!r}")
+        finally:
+            spoke.stop()
+            loop.run(link.stop())
 
 
 def run_demo(env: dict[str, str], url: str, sample: Path, s3: SeaweedFS, bucket: str) -> None:

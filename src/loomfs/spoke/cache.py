@@ -416,14 +416,15 @@ class Cache:
         self._data_path(file_id).unlink(missing_ok=True)
         USED.set(self.policy.used_bytes)
 
-    def invalidate(self, path: str, keep_version: int | None = None) -> int:
-        """Drop every cached version of ``path`` and below it, except ``keep_version``;
-        returns how many were dropped. Versions being read stay until their readers close."""
+    def invalidate(self, path: str, keep_version: int | None = None, *, below: bool = False) -> int:
+        """Drop every cached version of ``path`` (and, with ``below``, of everything under
+        it) except ``keep_version``; returns how many were dropped. Versions being read
+        stay until their readers close."""
         prefix = path.rstrip("/") + "/"
         doomed = [
             f.id
             for f in self._files.values()
-            if (f.path == path or f.path.startswith(prefix))
+            if (f.path == path or (below and f.path.startswith(prefix)))
             and f.version != keep_version
             and not f.readers
         ]

@@ -167,11 +167,13 @@ class SpokeNamespace(Namespace):
 
     def apply_change(self, change: Change) -> None:
         """Drop what a change at the hub made stale: cached data of superseded versions,
-        and what this spoke knew of the path (and below it, for moves and deletes)."""
-        if change.op is ChangeOp.MODIFY:
+        and what this spoke knew of the path (and below it, for moves and deletes). A
+        directory's own changes (its mtime moves with its listing) touch nothing below it."""
+        below = change.op in (ChangeOp.DELETE, ChangeOp.RENAME)
+        if below:
+            self.cache.invalidate(change.path, below=True)
+        elif change.op is ChangeOp.MODIFY:
             self.cache.invalidate(change.path, keep_version=change.version)
-        elif change.op in (ChangeOp.DELETE, ChangeOp.RENAME):
-            self.cache.invalidate(change.path)
         known = self._known.get(change.path)
         news = not (
             change.op in (ChangeOp.CREATE, ChangeOp.MODIFY)
@@ -180,16 +182,18 @@ class SpokeNamespace(Namespace):
         )  # a content change this spoke already saw (it asked after the change) is no news
         if news:
             content = change.op in (ChangeOp.CREATE, ChangeOp.MODIFY)
-            self._forget(change.path, change.seq, content=content)
+            self._forget(change.path, change.seq, content=content, below=below)
         if change.new_path:
-            self._forget(change.new_path, change.seq)
+            self._forget(change.new_path, change.seq, below=True)
         self.seq = max(self.seq, change.seq)
         FEED_SEQ.set(self.seq)
 
-    def _forget(self, path: str, seq: int, *, content: bool = False) -> None:
-        prefix = path.rstrip("/") + "/"
-        for known in [p for p in self._known if p == path or p.startswith(prefix)]:
-            del self._known[known]
+    def _forget(self, path: str, seq: int, *, content: bool = False, below: bool = False) -> None:
+        self._known.pop(path, None)
+        if below:
+            prefix = path.rstrip("/") + "/"
+            for known in [p for p in self._known if p.startswith(prefix)]:
+                del self._known[known]
         self._forgotten[path] = (seq, content)
 
     def _learn(self, entry: Entry, asked_at: int) -> None:
@@ -544,8 +548,8 @@ class SpokeNamespace(Namespace):
         await self._in_order()
         entry = await self.hub.rename(who, src, dst, overwrite=overwrite)
         for gone in (src, dst):
-            self.cache.invalidate(gone)
-            self._known.pop(gone, None)
+            self.cache.invalidate(gone, below=True)
+            self._forget(gone, self.seq, below=True)
         return entry
 
     async def remove(
@@ -554,8 +558,8 @@ class SpokeNamespace(Namespace):
         path = self._inside(path)
         await self._in_order()
         await self.hub.remove(who, path, recursive=recursive, if_version=if_version)
-        self.cache.invalidate(path)
-        self._known.pop(path, None)
+        self.cache.invalidate(path, below=True)
+        self._forget(path, self.seq, below=True)
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.hub.get_tags(who, self._inside(path))

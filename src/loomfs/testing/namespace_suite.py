@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from ..errors import (
     PermissionDenied,
 )
 from ..namespace.base import Namespace
+from .loop import LoopThread
 
 WHO = Principal(user="tester", protocol="test")
 
@@ -264,24 +264,6 @@ class NamespaceSuite:
                     suppress_health_check=list(HealthCheck),
                 ),
             )
-
-
-class LoopThread:
-    """An event loop in a thread, for Hypothesis's synchronous state machines."""
-
-    def __enter__(self) -> LoopThread:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        return self
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
 
 
 NAMES = st.sampled_from(["a", "b", "c", "d/e"])
