@@ -112,7 +112,9 @@ async def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="loomfs-spoke-bench-"))
     results: dict[str, Any] = {"link_MBps": args.rate, "rtt_ms": args.rtt, "quick": args.quick}
     try:
-        async with fabric(work / "sites", rate=rate, latency=one_way, lease_ttl=15.0) as fab:
+        async with fabric(
+            work / "sites", rate=rate, latency=one_way, lease_ttl=15.0, capacity=16 << 30
+        ) as fab:
             sizes = make_files(fab.volume, big, big_size, small)
             await fab.hub.rescan("/vol", lambda _: None)
             with SeaweedFS() as s3:

@@ -38,6 +38,7 @@ from ..prefetch.policy import EvictionPolicy, LRUPolicy
 log = logging.getLogger(__name__)
 
 BLOCK = 1 << 20
+FETCHES_IN_FLIGHT = 16  # ranged requests of up to 8 blocks: 128 MiB in flight at most
 SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke cache")
 MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
 CORRUPT = Counter("loomfs_cache_corrupt_blocks_total", "Cache blocks that failed verification")
@@ -111,6 +112,7 @@ class Cache:
         self._inflight: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # the index is written from worker threads
+        self._slots = asyncio.Semaphore(FETCHES_IN_FLIGHT)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -276,7 +278,8 @@ class Cache:
     async def _fetch_run(self, entry: CachedFile, run: list[int], fetch: Fetch) -> None:
         start = run[0] * BLOCK
         length = sum(entry.block_len(i) for i in run)
-        data = await fetch(entry.path, entry.version, start, length)
+        async with self._slots:  # enough requests in flight to fill the link, not more
+            data = await fetch(entry.path, entry.version, start, length)
         if len(data) != length:
             raise CorruptData(
                 f"fetched {len(data)} of {length} bytes of {entry.path}", path=entry.path
