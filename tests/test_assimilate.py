@@ -313,3 +313,25 @@ async def test_import_killed_midway_resumes_exactly_once(tmp_path: Path) -> None
     finally:
         await hub.close()
         await catalog.close()
+
+
+async def test_a_slow_writer_does_not_hold_up_others(hub: HubNamespace, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    await hub.add_volume("/v", f"posix://{root}")
+    release = asyncio.Event()
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield b"slow"
+        await release.wait()  # a client that stalls mid-upload
+        yield b"!"
+
+    slow = asyncio.create_task(hub.write(WHO, "/v/f", slow_body()))
+    await asyncio.sleep(0.05)
+    # the path's lock is not held while the slow body streams: this write goes through
+    fast = await asyncio.wait_for(hub.write_bytes(WHO, "/v/f", b"fast"), timeout=30)
+    assert (root / "f").read_bytes() == b"fast"
+    release.set()
+    last = await slow
+    assert last.version > fast.version
+    assert await hub.read_bytes(WHO, "/v/f") == b"slow!"

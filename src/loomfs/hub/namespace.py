@@ -18,7 +18,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import paths
-from ..core.backends.base import Backend, Capability
+from ..core.backends.base import Backend, Capability, Commit
 from ..core.catalog.base import Applied, Catalog, Delete, Put
 from ..core.registry import open_backend
 from ..core.streams import clamp_range
@@ -264,28 +264,44 @@ class HubNamespace(Namespace):
     ) -> Entry:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
-        async with self._lock(path):
-            current = await self.catalog.get(path)
-            if current is None:
-                if if_version is not None:
-                    raise NotFound(f"no such file: {path}", path=path)
-                await self._dir(paths.split(path)[0])
-            elif current.is_dir:
-                raise IsADirectory(f"is a directory: {path}", path=path)
-            elif exclusive:
-                raise AlreadyExists(f"already exists: {path}", path=path)
-            elif if_version is not None and current.version != if_version:
-                raise Conflict(
-                    f"{path} is at version {current.version}, not {if_version}", path=path
+        # checked before the body streams in (a doomed write fails fast), and again under
+        # the path's lock, where the staged bytes become visible and are recorded: the lock
+        # is never held while a client streams, however slowly
+        await self._writable(path, if_version, exclusive)
+        committed: list[Entry] = []
+
+        async def gate(commit: Commit) -> ObjectInfo:
+            async with self._lock(path):
+                current = await self._writable(path, if_version, exclusive)
+                info = await commit()
+                committed.append(
+                    await self._record(
+                        mounted,
+                        info,
+                        force_version=True,
+                        exclusive=current is None,
+                        expect_version=current.version if current else None,
+                    )
                 )
-            info = await mounted.backend.write(key, data, mode=mode)
-            return await self._record(
-                mounted,
-                info,
-                force_version=True,
-                exclusive=current is None,
-                expect_version=current.version if current else None,
-            )
+                return info
+
+        await mounted.backend.write(key, data, mode=mode, gate=gate)
+        return committed[0]
+
+    async def _writable(self, path: str, if_version: int | None, exclusive: bool) -> Entry | None:
+        """The entry a write would replace (None: a new file), or why it may not."""
+        current = await self.catalog.get(path)
+        if current is None:
+            if if_version is not None:
+                raise NotFound(f"no such file: {path}", path=path)
+            await self._dir(paths.split(path)[0])
+        elif current.is_dir:
+            raise IsADirectory(f"is a directory: {path}", path=path)
+        elif exclusive:
+            raise AlreadyExists(f"already exists: {path}", path=path)
+        elif if_version is not None and current.version != if_version:
+            raise Conflict(f"{path} is at version {current.version}, not {if_version}", path=path)
+        return current
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False

@@ -14,11 +14,20 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 
 from ...errors import NotSupported
 from ..streams import ByteSource
 from ..types import ObjectInfo
+
+#: the step that makes staged bytes visible at the key
+Commit = Callable[[], Awaitable[ObjectInfo]]
+#: what a writer wraps around that step (see ``Backend.write``)
+Gate = Callable[[Commit], Awaitable[ObjectInfo]]
+
+
+async def ungated(commit: Commit) -> ObjectInfo:
+    return await commit()
 
 
 class Capability(enum.StrEnum):
@@ -78,11 +87,20 @@ class Backend(ABC):
 
     @abstractmethod
     async def write(
-        self, key: str, data: AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        key: str,
+        data: AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        gate: Gate = ungated,
     ) -> ObjectInfo:
         """Create or replace a file atomically: readers see the old or the new bytes, never
         a mix or a partial file (posix: temp file, fsync, rename; S3: one PUT or a
-        completed multipart upload). The parent directory must exist."""
+        completed multipart upload). The parent directory must exist.
+
+        The bytes are staged first, then ``gate`` is handed the step that makes them
+        visible: it may take a lock, check preconditions and record the result around that
+        step, or raise, in which case the staged bytes are dropped and nothing changed."""
 
     @abstractmethod
     async def mkdir(self, key: str) -> ObjectInfo:

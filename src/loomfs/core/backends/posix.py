@@ -41,7 +41,7 @@ from ...errors import (
 )
 from ..streams import ByteSource, LocalFileSource, clamp_range, file_fingerprint
 from ..types import EntryKind, ObjectInfo
-from .base import Backend, Capability
+from .base import Backend, Capability, Gate, ungated
 from .common import batches_from_thread, check_key, child_key, ordered_walk
 
 #: names of loomfs's own in-flight files; hidden from scans and listings
@@ -341,13 +341,18 @@ class PosixBackend(Backend):
         return info
 
     async def write(
-        self, key: str, data: AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        key: str,
+        data: AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        gate: Gate = ungated,
     ) -> ObjectInfo:
         parent, name, temp, fd = await asyncio.to_thread(self._create_temp, key, mode)
         try:
             async for chunk in data:
                 await asyncio.to_thread(_write_all, fd, chunk)
-            return await asyncio.to_thread(self._commit, key, parent, name, temp, fd)
+            return await gate(lambda: asyncio.to_thread(self._commit, key, parent, name, temp, fd))
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=parent)

@@ -54,7 +54,7 @@ from ...errors import (
 )
 from ..streams import BUFFER_SIZE, ByteSource, BytesSource, StreamSource
 from ..types import EntryKind, ObjectInfo
-from .base import Backend
+from .base import Backend, Gate, ungated
 from .common import (
     PrefetchingLister,
     batches_from_thread,
@@ -370,7 +370,12 @@ class S3Backend(Backend):
         return StreamSource(pieces(), response["ContentLength"], close)
 
     async def write(
-        self, key: str, data: AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        key: str,
+        data: AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        gate: Gate = ungated,
     ) -> ObjectInfo:
         if not check_key(key) or await self._dir_exists(key):
             raise IsADirectory(f"is a directory: {key or '/'}", path=key)
@@ -383,10 +388,14 @@ class S3Backend(Backend):
             if len(buffer) > PART_SIZE:
                 break
         else:
-            await self._call(
-                key, self._client.put_object, Bucket=self.bucket, Key=obj, Body=bytes(buffer)
-            )
-            return await self.stat(key)
+
+            async def put(body: bytes = bytes(buffer)) -> ObjectInfo:
+                await self._call(
+                    key, self._client.put_object, Bucket=self.bucket, Key=obj, Body=body
+                )
+                return await self.stat(key)
+
+            return await gate(put)
         # Larger than one part: never more than a part and a chunk in memory.
         async with self._multipart(key, obj) as upload_id:
             parts: list[dict[str, Any]] = []
@@ -399,8 +408,12 @@ class S3Backend(Backend):
                     break
                 buffer += next_chunk
             parts.append(await self._part(key, obj, upload_id, len(parts) + 1, Body=bytes(buffer)))
-            await self._complete(key, obj, upload_id, parts)
-        return await self.stat(key)
+
+            async def complete() -> ObjectInfo:
+                await self._complete(key, obj, upload_id, parts)
+                return await self.stat(key)
+
+            return await gate(complete)
 
     @contextlib.asynccontextmanager
     async def _multipart(self, key: str, obj: str) -> AsyncIterator[str]:
