@@ -354,6 +354,20 @@ class Cache:
             with open(path, "r+b") as data:
                 data.truncate(entry.size)
 
+    async def store(self, path: str, version: int, size: int, offset: int, data: bytes) -> None:
+        """Keep bytes fetched along with something else: whole blocks from ``offset`` (a
+        block boundary) on; anything else is left to the regular fill."""
+        entry = self._ensure(path, version, size)
+        span = list(block_span(offset, len(data)))
+        whole = offset % BLOCK == 0 and len(data) == sum(entry.block_len(i) for i in span)
+        if not whole or any(i in entry.hashes for i in span):
+            return
+        MISSES.inc(len(data))
+        await self._make_room(len(data), keep=entry.id)
+        await asyncio.to_thread(self._store, entry, span, data)
+        self.policy.insert(entry.id, entry.cached_bytes)
+        USED.set(self.policy.used_bytes)
+
     def incoming(self) -> Path:
         """A fresh temp path beside the data, for a file being written through the spoke."""
         (self.directory / "incoming").mkdir(exist_ok=True)

@@ -48,7 +48,7 @@ from ..errors import (
 )
 from ..namespace.base import Namespace, Reader
 from ..rest.client import RestNamespace
-from .cache import Cache
+from .cache import BLOCK, Cache
 from .journal import Journal, Pending
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ LEASED_OPENS = Counter(
 )
 
 FEED_WAIT = 5.0
+COLD_FETCH = 8 * BLOCK  # what the first request for a file brings along with its entry
 LEASE_MARGIN = 1.0
 RETRY = 1.0
 
@@ -110,6 +111,7 @@ class SpokeNamespace(Namespace):
         self._wake = asyncio.Event()
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
         self._stuck: set[int] = set()
+        self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
         self.seq = 0
         self.online = True
 
@@ -243,14 +245,22 @@ class SpokeNamespace(Namespace):
             if self._visible(entry.path):
                 yield entry
 
-    async def _open_entry(self, who: Principal, path: str) -> Entry:
+    async def _open_entry(
+        self, who: Principal, path: str, offset: int = 0, length: int | None = None
+    ) -> Entry:
         known = self._known.get(path)
         if known is not None and self.leased:
             LEASED_OPENS.inc()
             return known
         asked_at = self.seq
         try:
-            entry = await self.hub.stat(who, path)
+            opening = self._opening.get(path)
+            if opening is not None:  # another reader's cold open brings it: one request
+                entry = await asyncio.shield(opening)
+            elif known is None and not self.cache.versions(path):
+                entry = await self._open_cold(who, path, offset, length)
+            else:
+                entry = await self.hub.stat(who, path)
         except BackendUnavailable:
             known = known or self._newest_cached(path)
             if known is None:
@@ -258,6 +268,32 @@ class SpokeNamespace(Namespace):
             STALE_READS.inc()
             return known
         self._learn(entry, asked_at)
+        return entry
+
+    async def _open_cold(self, who: Principal, path: str, offset: int, length: int | None) -> Entry:
+        """A file this spoke holds nothing of: one request brings its entry and the first
+        blocks of the read (a stat and then a fetch would be two round trips)."""
+        start = offset - offset % BLOCK
+        want = COLD_FETCH if length is None else min(COLD_FETCH, offset + length - start)
+        want += -want % BLOCK  # whole blocks
+        opening: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        self._opening[path] = opening
+        try:
+            async with await self.hub.read(who, path, start, want) as reader:
+                data = await reader.read_all()
+                entry = reader.entry
+            if data:
+                await self.cache.store(path, entry.version, entry.size, start, data)
+        except Exception as exc:
+            opening.set_exception(exc)
+            opening.exception()  # the waiters re-raise it themselves
+            raise
+        except BaseException:
+            opening.cancel()
+            raise
+        finally:
+            del self._opening[path]
+        opening.set_result(entry)
         return entry
 
     def _newest_cached(self, path: str) -> Entry | None:
@@ -282,7 +318,7 @@ class SpokeNamespace(Namespace):
         if pending is not None and if_version is None:
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
-        entry = await self._open_entry(who, path)
+        entry = await self._open_entry(who, path, offset, length)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if if_version is not None and entry.version != if_version:
