@@ -7,6 +7,7 @@ config), so they work the same from the hub's machine or from anywhere that reac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -80,6 +81,16 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
 def client(ctx: click.Context) -> RestNamespace:
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     return RestNamespace(state.hub)
+
+
+@contextlib.asynccontextmanager
+async def connected(ctx: click.Context) -> AsyncIterator[RestNamespace]:
+    """The hub (or spoke) this command talks to, closed when the command is done."""
+    ns = client(ctx)
+    try:
+        yield ns
+    finally:
+        await ns.close()
 
 
 @click.group()
@@ -199,13 +210,10 @@ def _print_stats(stats: dict[str, Any]) -> None:
 @run
 async def volume_add(ctx: click.Context, mount: str, url: str) -> None:
     """Assimilate URL (posix:///dir or s3://bucket/prefix?endpoint=...) at MOUNT."""
-    ns = client(ctx)
     progress, update = _scan_progress(f"importing {mount}")
-    try:
+    async with connected(ctx) as ns:
         with progress:
             stats = await ns.add_volume(mount, url, update)
-    finally:
-        await ns.close()
     _print_stats(stats)
 
 
@@ -215,13 +223,10 @@ async def volume_add(ctx: click.Context, mount: str, url: str) -> None:
 @run
 async def volume_rescan(ctx: click.Context, mount: str) -> None:
     """Find changes made behind loomfs's back (new versions, added and removed files)."""
-    ns = client(ctx)
     progress, update = _scan_progress(f"rescanning {mount}")
-    try:
+    async with connected(ctx) as ns:
         with progress:
             stats = await ns.rescan(mount, update)
-    finally:
-        await ns.close()
     _print_stats(stats)
 
 
@@ -230,11 +235,8 @@ async def volume_rescan(ctx: click.Context, mount: str) -> None:
 @run
 async def volume_list(ctx: click.Context) -> None:
     """Volumes of the hub."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         volumes = await ns.volumes()
-    finally:
-        await ns.close()
     table = Table("mount", "url", "state", "last scan")
     for v in volumes:
         last = v["last_scan_ns"]
@@ -248,11 +250,8 @@ async def volume_list(ctx: click.Context) -> None:
 @run
 async def volume_remove(ctx: click.Context, mount: str) -> None:
     """Forget a volume's metadata; its files stay where they are."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         await ns.remove_volume(mount)
-    finally:
-        await ns.close()
 
 
 # -- files -------------------------------------------------------------------------------
@@ -277,12 +276,9 @@ def _long(entry: Entry) -> str:
 @run
 async def ls(ctx: click.Context, path: str, long: bool) -> None:
     """List a directory (streamed: fine for millions of entries)."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         async for entry in ns.list(WHO, path):
             out.print(_long(entry) if long else entry.name + ("/" if entry.is_dir else ""))
-    finally:
-        await ns.close()
 
 
 @main.command("stat")
@@ -291,11 +287,8 @@ async def ls(ctx: click.Context, path: str, long: bool) -> None:
 @run
 async def stat(ctx: click.Context, path: str) -> None:
     """An entry's metadata as JSON (version, size, etag...)."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         entry = await ns.stat(WHO, path)
-    finally:
-        await ns.close()
     out.print_json(json.dumps(entry_json(entry)))
 
 
@@ -307,16 +300,12 @@ async def stat(ctx: click.Context, path: str) -> None:
 @run
 async def cat(ctx: click.Context, path: str, offset: int, length: int | None) -> None:
     """Write a file (or a byte range of it) to standard output."""
-    ns = client(ctx)
     sink = sys.stdout.buffer
-    try:
-        async with await ns.read(WHO, path, offset, length) as reader:
-            async for chunk in reader.chunks():
-                sink.write(chunk)
-            await reader.verify()
-        sink.flush()
-    finally:
-        await ns.close()
+    async with connected(ctx) as ns, await ns.read(WHO, path, offset, length) as reader:
+        async for chunk in reader.chunks():
+            sink.write(chunk)
+        await reader.verify()
+    sink.flush()
 
 
 async def _file_chunks(src: Path | None, progress: Progress | None) -> AsyncIterator[bytes]:
@@ -377,11 +366,8 @@ async def put(
 @run
 async def rm(ctx: click.Context, path: str, recursive: bool) -> None:
     """Remove a file or directory (from the volume too)."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         await ns.remove(WHO, path, recursive=recursive)
-    finally:
-        await ns.close()
 
 
 @main.command("mv")
@@ -392,11 +378,8 @@ async def rm(ctx: click.Context, path: str, recursive: bool) -> None:
 @run
 async def mv(ctx: click.Context, src: str, dst: str, overwrite: bool) -> None:
     """Move a file or directory within its volume."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         await ns.rename(WHO, src, dst, overwrite=overwrite)
-    finally:
-        await ns.close()
 
 
 @main.command("mkdir")
@@ -406,11 +389,8 @@ async def mv(ctx: click.Context, src: str, dst: str, overwrite: bool) -> None:
 @run
 async def mkdir(ctx: click.Context, path: str, parents: bool) -> None:
     """Create a directory."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         await ns.mkdir(WHO, path, parents=parents, exist_ok=parents)
-    finally:
-        await ns.close()
 
 
 @main.command("tag")
@@ -449,13 +429,10 @@ async def tag(
 @run
 async def changes(ctx: click.Context, since: int | None, limit: int) -> None:
     """The hub's change log (what spokes follow)."""
-    ns = client(ctx)
-    try:
+    async with connected(ctx) as ns:
         if since is None:
             since = max(0, (await ns.changes(0, 1)).head - limit)
         feed = await ns.changes(since, limit)
-    finally:
-        await ns.close()
     for c in feed.changes:
         target = f" -> {c.new_path}" if c.new_path else ""
         out.print(f"{c.seq:>8} {_time(c.time_ns)} {c.op.value:<7} v{c.version:<6} {c.path}{target}")

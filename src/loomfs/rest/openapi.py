@@ -29,6 +29,13 @@ def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]
     return {"summary": summary, "responses": {**responses, "default": _ERROR}, **extra}
 
 
+def _json_body(required: list[str], **properties: Any) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    return {"content": {"application/json": {"schema": schema}}}
+
+
 def _ndjson(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/x-ndjson": {"schema": {}}}}
 
@@ -103,21 +110,12 @@ def spec() -> dict[str, Any]:
                 "post": _op(
                     "Move a file or directory within a volume",
                     {"200": _json_ok(_ENTRY)},
-                    requestBody={
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["src", "dst"],
-                                    "properties": {
-                                        "src": {"type": "string"},
-                                        "dst": {"type": "string"},
-                                        "overwrite": {"type": "boolean"},
-                                    },
-                                }
-                            }
-                        }
-                    },
+                    requestBody=_json_body(
+                        ["src", "dst"],
+                        src={"type": "string"},
+                        dst={"type": "string"},
+                        overwrite={"type": "boolean"},
+                    ),
                 ),
             },
             "/v1/symlink/{path}": {
@@ -143,21 +141,13 @@ def spec() -> dict[str, Any]:
                 "patch": _op(
                     "Change permission bits, owner or mtime (absent fields stay as they are)",
                     {"200": _json_ok(_ENTRY)},
-                    requestBody={
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "properties": {
-                                        "mode": {"type": "integer", "minimum": 0},
-                                        "uid": {"type": "integer", "minimum": 0},
-                                        "gid": {"type": "integer", "minimum": 0},
-                                        "mtime_ns": {"type": "integer"},
-                                    },
-                                }
-                            }
-                        }
-                    },
+                    requestBody=_json_body(
+                        [],
+                        mode={"type": "integer", "minimum": 0},
+                        uid={"type": "integer", "minimum": 0},
+                        gid={"type": "integer", "minimum": 0},
+                        mtime_ns={"type": "integer"},
+                    ),
                 ),
             },
             "/v1/tags/{path}": {
@@ -168,19 +158,11 @@ def spec() -> dict[str, Any]:
                 "patch": _op(
                     "Set and remove tags",
                     {"200": _json_ok({"$ref": "#/components/schemas/Tags"})},
-                    requestBody={
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "properties": {
-                                        "set": {"$ref": "#/components/schemas/Tags"},
-                                        "remove": {"type": "array", "items": {"type": "string"}},
-                                    },
-                                }
-                            }
-                        }
-                    },
+                    requestBody=_json_body(
+                        [],
+                        set={"$ref": "#/components/schemas/Tags"},
+                        remove={"type": "array", "items": {"type": "string"}},
+                    ),
                 ),
             },
             "/v1/changes": {
@@ -212,20 +194,9 @@ def spec() -> dict[str, Any]:
                 "post": _op(
                     "Assimilate a volume (metadata only); progress streamed as JSON lines",
                     {"200": _ndjson("progress lines, the last one the result or an error")},
-                    requestBody={
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["mount", "url"],
-                                    "properties": {
-                                        "mount": {"type": "string"},
-                                        "url": {"type": "string"},
-                                    },
-                                }
-                            }
-                        }
-                    },
+                    requestBody=_json_body(
+                        ["mount", "url"], mount={"type": "string"}, url={"type": "string"}
+                    ),
                 ),
                 "delete": _op(
                     "Forget a volume's metadata (its data is untouched)",
@@ -261,20 +232,9 @@ def spec() -> dict[str, Any]:
                 "post": _op(
                     "At a spoke: fetch a tree into the cache ahead of reads (progress lines)",
                     {"200": _ndjson("progress lines, the last one the result or an error")},
-                    requestBody={
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["path"],
-                                    "properties": {
-                                        "path": {"type": "string"},
-                                        "pin": {"type": "boolean"},
-                                    },
-                                }
-                            }
-                        }
-                    },
+                    requestBody=_json_body(
+                        ["path"], path={"type": "string"}, pin={"type": "boolean"}
+                    ),
                 ),
             },
             "/v1/sync": {
