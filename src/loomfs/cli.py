@@ -634,6 +634,15 @@ async def site_revoke(ctx: click.Context, name: str) -> None:
     await _with_sites(ctx, lambda r: r.revoke(name))
 
 
+@site.command("remove")
+@click.argument("name")
+@click.pass_context
+@run
+async def site_remove(ctx: click.Context, name: str) -> None:
+    """Forget a site entirely (to pin a new certificate for it)."""
+    await _with_sites(ctx, lambda r: r.remove(name))
+
+
 @main.group()
 def spoke() -> None:
     """Run a spoke: a hub's exports, cached near the GPUs."""

@@ -57,7 +57,7 @@ class SiteRegistry:
         labels those the certificate carries, overridden by ``labels``."""
         try:
             named = certificate_name(cert_pem)
-            print_ = fingerprint(cert_pem)
+            pin = fingerprint(cert_pem)
             labels = {**certificate_labels(cert_pem), **(labels or {})}
         except ValueError as exc:
             raise InvalidArgument(f"not a PEM certificate: {exc}") from None
@@ -70,16 +70,19 @@ class SiteRegistry:
         def fn(cur: Cursor) -> None:
             q = self._cat._q
             if q(cur, "SELECT 1 FROM sites WHERE name = ?", (named,)).fetchone() is not None:
-                raise AlreadyExists(f"site {named} is already known; revoke it first to re-pin")
+                raise AlreadyExists(
+                    f"site {named} is already known; to pin a new certificate, first "
+                    f"`loomfs site remove {named}`"
+                )
             q(
                 cur,
                 "INSERT INTO sites (name, cert_pem, fingerprint, labels, added_ns) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (named, cert_pem.decode(), print_, json.dumps(labels, sort_keys=True), now),
+                (named, cert_pem.decode(), pin, json.dumps(labels, sort_keys=True), now),
             )
 
         await self._cat._run(self._cat._write, fn)
-        return Site(named, print_, labels, now, None, cert_pem)
+        return Site(named, pin, labels, now, None, cert_pem)
 
     async def revoke(self, name: str) -> None:
         """Stop trusting a site (its row stays, for the record); re-adding needs removal."""
