@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import threading
 import uuid
@@ -227,19 +226,6 @@ async def test_scan_thread_errors_reach_the_consumer() -> None:
     assert await anext(scan) == [ObjectInfo("k", EntryKind.FILE)]
     with pytest.raises(PermissionDenied, match="unreadable directory"):
         await anext(scan)
-
-
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, to run out of space for real."""
-    assert os.geteuid() == 0, "this test mounts a tmpfs and needs root"
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 async def test_posix_enospc_keeps_old_file(tiny_fs: Path) -> None:

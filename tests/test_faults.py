@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -24,35 +23,21 @@ from loomfs.testing.hubproc import HubProcess
 WHO = Principal(user="tester")
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs: a real ENOSPC, not a simulated one."""
-    if os.geteuid() != 0:
-        pytest.fail("this test mounts a tmpfs and must run as root (CI and make test do)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
-
-
 async def test_full_disk_is_a_clear_error_and_changes_nothing(
-    small_disk: Path, tmp_path: Path
+    tiny_fs: Path, tmp_path: Path
 ) -> None:
-    (small_disk / "f").write_bytes(b"old")
+    (tiny_fs / "f").write_bytes(b"old")
     catalog = open_catalog(f"sqlite://{tmp_path / 'c.db'}")
     await catalog.open()
     hub = HubNamespace(catalog)
     try:
-        await hub.add_volume("/v", f"posix://{small_disk}")
+        await hub.add_volume("/v", f"posix://{tiny_fs}")
         before = await hub.stat(WHO, "/v/f")
         head = await catalog.head_seq()
         with pytest.raises(InsufficientStorage):
             await hub.write_bytes(WHO, "/v/f", os.urandom(2 << 20))
-        assert (small_disk / "f").read_bytes() == b"old"
-        assert sorted(p.name for p in small_disk.iterdir()) == ["f"]  # no temp file left
+        assert (tiny_fs / "f").read_bytes() == b"old"
+        assert sorted(p.name for p in tiny_fs.iterdir()) == ["f"]  # no temp file left
         assert await hub.stat(WHO, "/v/f") == before
         assert await catalog.head_seq() == head
         # and once there is room again, writes work

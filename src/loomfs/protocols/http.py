@@ -76,6 +76,28 @@ async def send_body_or_cut(
     return True
 
 
+async def serve_reader(
+    request: web.Request,
+    reader: Reader,
+    headers: dict[str, str],
+    *,
+    ranged: bool,
+    sent: Callable[[int], None] = lambda n: None,
+) -> web.StreamResponse:
+    """Answer a GET or HEAD with ``reader``'s bytes: 206 with Content-Range when a range
+    was asked for, else 200; the body goes out by ``send_body_or_cut``."""
+    response = web.StreamResponse(status=206 if ranged else 200, headers=headers)
+    if ranged:
+        end = reader.offset + reader.length - 1
+        response.headers["Content-Range"] = f"bytes {reader.offset}-{end}/{reader.entry.size}"
+    response.content_length = reader.length
+    await response.prepare(request)
+    if request.method != "HEAD" and not await send_body_or_cut(request, response, reader, sent):
+        return response
+    await response.write_eof()
+    return response
+
+
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 

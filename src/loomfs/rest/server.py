@@ -24,7 +24,7 @@ from ..core.types import Feed, Principal
 from ..errors import InvalidArgument, LoomError
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
-from ..protocols.http import parse_range, send_body_or_cut
+from ..protocols.http import parse_range, serve_reader
 from . import wire
 from .openapi import spec
 
@@ -252,19 +252,9 @@ class RestServer:
         async with await self.namespace.read(
             who, path, offset, length, if_version=if_version
         ) as reader:
-            headers = _file_headers(reader)
-            if status == 206:
-                end = reader.offset + reader.length - 1
-                headers["Content-Range"] = f"bytes {reader.offset}-{end}/{reader.entry.size}"
-            response = web.StreamResponse(status=status, headers=headers)
-            response.content_length = reader.length
-            await response.prepare(request)
-            if request.method != "HEAD" and not await send_body_or_cut(
-                request, response, reader, BYTES_OUT.inc
-            ):
-                return response
-            await response.write_eof()
-            return response
+            return await serve_reader(
+                request, reader, _file_headers(reader), ranged=status == 206, sent=BYTES_OUT.inc
+            )
 
     async def put_file(self, request: web.Request) -> web.Response:
         who, path = self.principal(request), _path(request)

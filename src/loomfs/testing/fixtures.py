@@ -5,6 +5,8 @@ Servers start once per session on free ports and stop by their own process id.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -50,3 +52,17 @@ async def catalog(catalog_url: str) -> AsyncIterator[Catalog]:
     await cat.open()
     yield cat
     await cat.close()
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: a real ENOSPC, not a simulated one (mounting it needs root)."""
+    if os.geteuid() != 0:
+        pytest.fail("this test mounts a tmpfs and must run as root (CI and make test do)")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)

@@ -42,7 +42,7 @@ from ...errors import (
     NotFound,
 )
 from ...namespace.base import Namespace
-from ..http import parse_range, send_body_or_cut
+from ..http import parse_range, serve_reader
 from . import sigv4
 from .errors import S3Error, error_xml, from_loom
 from .listing import Item, Lister, check_key
@@ -708,18 +708,9 @@ class S3Gateway:
         async with await self.ns.read(
             c.who, entry.path, offset, length, if_version=entry.version
         ) as reader:
-            response = web.StreamResponse(status=206 if window else 200, headers=headers)
-            if window:
-                end = reader.offset + reader.length - 1
-                response.headers["Content-Range"] = f"bytes {reader.offset}-{end}/{entry.size}"
-            response.content_length = reader.length
-            await response.prepare(request)
-            if request.method != "HEAD" and not await send_body_or_cut(
-                request, response, reader, BYTES_OUT.inc
-            ):
-                return response
-            await response.write_eof()
-            return response
+            return await serve_reader(
+                request, reader, headers, ranged=window is not None, sent=BYTES_OUT.inc
+            )
 
     def _body(self, c: Call, limit: int) -> AsyncIterator[bytes]:
         """The request body as the signature covers it: plain (SHA-256 checked at the end
