@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 from ..config import load_config
 from ..service import HubService
-from .ports import stop_process
+from .hubproc import LoomfsProcess
 
 FUSE_MISSING = (
     "/dev/fuse is missing: install FUSE 3 (apt-get install -y fuse3 libfuse3-dev) and give "
@@ -33,74 +30,46 @@ def unmount(mountpoint: Path) -> None:
     subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False, capture_output=True)
 
 
-class MountProcess:
+class MountProcess(LoomfsProcess):
+    what = "mount"
+
     def __init__(
         self, config: Path, mountpoint: Path, *args: str, env: dict[str, str] | None = None
     ) -> None:
+        environment = {**os.environ, **(env or {})}
+        environment.pop("LOOMFS_HUB", None)
+        super().__init__(
+            environment,
+            mountpoint.parent / f".{mountpoint.name}.ready.json",
+            mountpoint.parent / f"{mountpoint.name}.mount.log",
+        )
         self.config = config
         self.mountpoint = mountpoint
         self.args = args
-        self.env = {**os.environ, **(env or {})}
-        self.env.pop("LOOMFS_HUB", None)
-        self.ready = mountpoint.parent / f".{mountpoint.name}.ready.json"
-        self.log_path = mountpoint.parent / f"{mountpoint.name}.mount.log"
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 60.0) -> MountProcess:
+    def argv(self) -> list[str]:
+        return ["--config", str(self.config), "mount", str(self.mountpoint),
+                "--ready-file", str(self.ready), *self.args]  # fmt: skip
+
+    def is_ready(self) -> bool:
+        return self.ready.exists() and os.path.ismount(self.mountpoint)
+
+    def start(self, timeout: float = 60.0) -> Self:
         if not os.path.exists("/dev/fuse"):
             raise RuntimeError(FUSE_MISSING)
         self.mountpoint.mkdir(parents=True, exist_ok=True)
-        self.ready.unlink(missing_ok=True)
-        with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loomfs.cli", "--config", str(self.config), "mount",
-                 str(self.mountpoint), "--ready-file", str(self.ready), *self.args],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while not (self.ready.exists() and os.path.ismount(self.mountpoint)):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"mount did not start: {self.log_path.read_text()[-3000:]}")
-            time.sleep(0.05)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None
-        return self._proc.pid
-
-    def kill(self) -> None:
-        """kill -9, as in a crash: the mount is left behind, stale."""
-        if self._proc is not None:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
-            self._proc = None
+        return super().start(timeout)
 
     def stop(self) -> int | None:
-        """SIGTERM (which unmounts), then make sure nothing is left mounted; the exit code."""
-        code = None
-        if self._proc is not None:
-            stop_process(self._proc, timeout=30)
-            code = self._proc.returncode
-            self._proc = None
+        """SIGTERM (which unmounts), then make sure nothing is left mounted; the exit code.
+        After ``kill`` (kill -9, as in a crash) the mount is left behind, stale, until this."""
+        code = super().stop()
         if os.path.ismount(self.mountpoint) or _stale(self.mountpoint):
             unmount(self.mountpoint)
         return code
 
     def log(self) -> str:
         return self.log_path.read_text()
-
-    def __enter__(self) -> MountProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _stale(mountpoint: Path) -> bool:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -16,45 +17,40 @@ from typing import Self
 from .ports import stop_process
 
 
-class SiteProcess:
-    """Runs ``loomfs <command>`` with its data in ``data_dir``, listening on free loopback
-    ports; ``urls`` are what it reports once ready (``url``, and ``s3``/``fabric`` where
-    those are on)."""
+class LoomfsProcess(ABC):
+    """A ``loomfs`` command in a process group of its own, started and awaited until it
+    says it is ready, stopped by its own pid. Subclasses say which command and when it is
+    ready."""
 
-    command: tuple[str, ...] = ("hub", "serve")
+    what = "loomfs"
 
-    def __init__(
-        self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
-    ) -> None:
-        self.data_dir = data_dir
-        self.env = {**os.environ, **(env or {}), "LOOMFS_SITE__DATA_DIR": str(data_dir)}
-        self.args = args
-        self.ready = data_dir / "ready.json"
-        self.log_path = data_dir / "service.log"
-        self.urls: dict[str, str] = {}
+    def __init__(self, env: dict[str, str], ready: Path, log_path: Path) -> None:
+        self.env = env
+        self.ready = ready
+        self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return self.urls.get("url", "")
+    @abstractmethod
+    def argv(self) -> list[str]:
+        """The command line after ``python -m loomfs.cli``."""
+
+    def is_ready(self) -> bool:
+        return self.ready.exists()
 
     def start(self, timeout: float = 30.0) -> Self:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.ready.unlink(missing_ok=True)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loomfs.cli", *self.command, *self.args,
-                 "--listen", "127.0.0.1:0", "--ready-file", str(self.ready)],
+                [sys.executable, "-m", "loomfs.cli", *self.argv()],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + timeout
-        while not self.ready.exists():
+        while not self.is_ready():
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 tail = self.log_path.read_text()[-3000:]
-                raise RuntimeError(f"{' '.join(self.command)} did not start: {tail}")
+                raise RuntimeError(f"{self.what} did not start: {tail}")
             time.sleep(0.05)
-        self.urls = json.loads(self.ready.read_text())
         return self
 
     @property
@@ -69,10 +65,14 @@ class SiteProcess:
             self._proc.wait()
             self._proc = None
 
-    def stop(self) -> None:
-        if self._proc is not None:
-            stop_process(self._proc)
-            self._proc = None
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL if it lingers; the exit code."""
+        if self._proc is None:
+            return None
+        stop_process(self._proc, timeout=30)
+        code = self._proc.returncode
+        self._proc = None
+        return code
 
     def __enter__(self) -> Self:
         return self.start()
@@ -84,6 +84,47 @@ class SiteProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class SiteProcess(LoomfsProcess):
+    """Runs ``loomfs <command>`` with its data in ``data_dir``, listening on free loopback
+    ports; ``urls`` are what it reports once ready (``url``, and ``s3``/``fabric`` where
+    those are on)."""
+
+    command: tuple[str, ...] = ("hub", "serve")
+
+    def __init__(
+        self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(
+            {**os.environ, **(env or {}), "LOOMFS_SITE__DATA_DIR": str(data_dir)},
+            data_dir / "ready.json",
+            data_dir / "service.log",
+        )
+        self.data_dir = data_dir
+        self.args = args
+        self.what = " ".join(self.command)
+        self.urls: dict[str, str] = {}
+
+    @property
+    def url(self) -> str:
+        return self.urls.get("url", "")
+
+    def argv(self) -> list[str]:
+        return [
+            *self.command,
+            *self.args,
+            "--listen",
+            "127.0.0.1:0",
+            "--ready-file",
+            str(self.ready),
+        ]
+
+    def start(self, timeout: float = 30.0) -> Self:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        super().start(timeout)
+        self.urls = json.loads(self.ready.read_text())
+        return self
 
 
 class HubProcess(SiteProcess):
