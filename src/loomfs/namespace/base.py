@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from types import TracebackType
 
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
-from ..core.types import Entry, Principal
+from ..core.types import Entry, Feed, Principal
 
 LIST_PAGE = 1000
 
@@ -166,3 +166,14 @@ class Namespace(ABC):
             if entry.is_dir:
                 async for child in self.walk(who, entry.path):
                     yield child
+
+
+class FeedNamespace(Namespace):
+    """A namespace whose change feed can be followed: what a spoke needs of its hub."""
+
+    @abstractmethod
+    async def changes(
+        self, since: int = 0, limit: int = 1000, *, wait: float = 0.0, ack: int = 0
+    ) -> Feed:
+        """Changes after ``since``, held up to ``wait`` seconds until there is one; ``ack``
+        says every change up to it is applied (and renews the caller's read lease)."""

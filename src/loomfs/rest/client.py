@@ -19,7 +19,7 @@ from .. import paths
 from ..core.streams import BytesSource, StreamSource
 from ..core.types import Entry, Feed, Principal
 from ..errors import BackendUnavailable, Conflict, LoomError, RangeNotSatisfiable
-from ..namespace.base import Namespace, Reader
+from ..namespace.base import FeedNamespace, Reader
 from . import wire
 
 
@@ -27,7 +27,7 @@ def _quoted(path: str) -> str:
     return quote(paths.normalize(path), safe="/")
 
 
-class RestNamespace(Namespace):
+class RestNamespace(FeedNamespace):
     def __init__(
         self, base_url: str, *, timeout: float = 300.0, ssl_context: ssl.SSLContext | None = None
     ) -> None:

@@ -46,8 +46,7 @@ from ..errors import (
     NotFound,
     PermissionDenied,
 )
-from ..namespace.base import Namespace, Reader
-from ..rest.client import RestNamespace
+from ..namespace.base import FeedNamespace, Namespace, Reader
 from .cache import BLOCK, Cache
 from .journal import Journal, Pending
 
@@ -89,7 +88,7 @@ RETRY = 1.0
 class SpokeNamespace(Namespace):
     def __init__(
         self,
-        hub: RestNamespace,
+        hub: FeedNamespace,
         cache: Cache,
         attach: Sequence[str],
         *,
