@@ -307,3 +307,25 @@ async def test_a_new_file_beside_a_cached_one_keeps_it_cached(env: Fabric) -> No
         assert await env.spoke.read_bytes(WHO, "/vol/keep.bin") == b"k" * 100_000
     finally:
         env.link.restore()
+
+
+async def test_an_upload_whose_answer_was_lost_is_not_a_conflict(tmp_path: Path) -> None:
+    """The hub may still commit an upload after its connection died (here it waits for a
+    silent spoke's lease). The retry then meets the version it made itself: that is the
+    same write, not a conflict, and no conflict copy appears."""
+    async with fabric(tmp_path, ("east", "west"), lease_ttl=LEASE) as env:
+        east, west = env.spokes["east"], env.spokes["west"]
+        await hub_write(env, "/vol/ck", b"step 0")
+        assert await west.read_bytes(WHO, "/vol/ck") == b"step 0"
+        await wait_for_lease(west)
+        env.links["west"].cut()  # a silent spoke: commits wait for its lease to run out
+        east.write_back = True
+        await east.write_bytes(WHO, "/vol/ck", b"step 1")
+        await asyncio.sleep(0.5)  # the upload reached the hub, which waits on west's lease
+        env.links["east"].cut()  # the answer is lost
+        env.links["east"].restore()
+        async with asyncio.timeout(30):
+            await east.sync()
+        env.links["west"].restore()
+        assert sorted(p.name for p in env.volume.iterdir()) == ["ck"]
+        assert (env.volume / "ck").read_bytes() == b"step 1"
