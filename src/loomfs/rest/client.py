@@ -186,6 +186,13 @@ class RestNamespace(FeedNamespace):
             await self._json("POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target})
         )
 
+    async def lease_write(self, who: Principal, path: str) -> float:
+        answer = await self._json("POST", f"{wire.API}/lease{_quoted(path)}")
+        return float(answer["term"])
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        await self._json("POST", f"{wire.API}/lease{_quoted(path)}", params={"release": "true"})
+
     async def set_attrs(
         self,
         who: Principal,

@@ -136,6 +136,20 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/lease/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "Take or renew this site's write lease of a path (writes from other"
+                    " sites are refused while it lasts), or give it up with release=true",
+                    {
+                        "200": _json_ok(
+                            {"type": "object", "properties": {"term": {"type": "number"}}},
+                            "seconds granted (0 after a release)",
+                        )
+                    },
+                    parameters=[{"name": "release", **flag}],
+                ),
+            },
             "/v1/attrs/{path}": {
                 "parameters": [_PATH_PARAM],
                 "patch": _op(

@@ -43,6 +43,7 @@ from ..errors import (
     BackendUnavailable,
     Conflict,
     IsADirectory,
+    LoomError,
     NotFound,
     PermissionDenied,
 )
@@ -83,6 +84,15 @@ FEED_WAIT = 5.0
 COLD_FETCH = 8 * BLOCK  # what the first request for a file brings along with its entry
 LEASE_MARGIN = 1.0
 RETRY = 1.0
+STUCK_RETRY = 5.0  # a write the hub refused is tried again this often
+
+
+@dataclass
+class _Held:
+    """A write lease this spoke holds, kept alive by ``renewer`` while writers use it."""
+
+    renewer: asyncio.Task[None]
+    writers: int = 0
 
 
 class SpokeNamespace(Namespace):
@@ -111,6 +121,7 @@ class SpokeNamespace(Namespace):
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
         self._stuck: set[int] = set()
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
+        self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
         self.seq = 0
         self.online = True
 
@@ -146,6 +157,10 @@ class SpokeNamespace(Namespace):
                 feed = await self.hub.changes(self.seq, 1000, wait=wait, ack=self.seq)
             except BackendUnavailable:
                 self._set_online(False)
+                await asyncio.sleep(RETRY)
+                continue
+            except LoomError as exc:  # say a hub shutting down: the lease lapses meanwhile
+                log.warning("the change feed failed: %s", exc)
                 await asyncio.sleep(RETRY)
                 continue
             self._set_online(True)
@@ -381,27 +396,66 @@ class SpokeNamespace(Namespace):
         mode: int | None = None,
     ) -> Entry:
         path = self._inside(path)
-        base = await self._base_version(who, path)
-        seq, spool = self.journal.reserve()
-        try:
-            with spool.open("wb") as out:
-                async for chunk in data:
-                    await asyncio.to_thread(out.write, chunk)
-            pending = Pending(
-                seq, path, base, if_version, exclusive, mode, time.time_ns(),
-                early=self.write_back or not self.online,
-            )  # fmt: skip
-            pending = await asyncio.to_thread(self.journal.commit, pending)
-        except BaseException:
-            self.journal.discard(seq)
-            raise
-        if pending.early:
+        async with self._write_lease(who, path):
+            base = await self._base_version(who, path)
+            seq, spool = self.journal.reserve()
+            try:
+                with spool.open("wb") as out:
+                    async for chunk in data:
+                        await asyncio.to_thread(out.write, chunk)
+                pending = Pending(
+                    seq, path, base, if_version, exclusive, mode, time.time_ns(),
+                    early=self.write_back or not self.online,
+                )  # fmt: skip
+                pending = await asyncio.to_thread(self.journal.commit, pending)
+            except BaseException:
+                self.journal.discard(seq)
+                raise
+            if pending.early:
+                self._wake.set()
+                return self._pending_entry(pending)
+            waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+            self._waiters[seq] = waiter
             self._wake.set()
-            return self._pending_entry(pending)
-        waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        self._waiters[seq] = waiter
-        self._wake.set()
-        return await waiter
+            return await waiter
+
+    @contextlib.asynccontextmanager
+    async def _write_lease(self, who: Principal, path: str) -> AsyncIterator[None]:
+        """Hold the hub's write lease of ``path`` while a write streams in and commits, so
+        a writer at another site is refused at once. Offline there is none to take: the
+        write is journaled and replayed with its version precondition instead."""
+        held = self._writing.get(path)
+        if held is None:
+            try:
+                term = await self.lease_write(who, path)
+            except BackendUnavailable:
+                yield
+                return
+            held = self._writing[path] = _Held(asyncio.create_task(self._renew(who, path, term)))
+        held.writers += 1
+        try:
+            yield
+        finally:
+            held.writers -= 1
+            if not held.writers:
+                del self._writing[path]
+                held.renewer.cancel()
+                with contextlib.suppress(LoomError):
+                    await self.release_write(who, path)
+
+    async def _renew(self, who: Principal, path: str, term: float) -> None:
+        while True:
+            await asyncio.sleep(term / 3)
+            try:
+                term = await self.lease_write(who, path)
+            except LoomError as exc:  # the commit's precondition still guards the write
+                log.warning("could not renew a write lease: %s", exc, extra={"path": path})
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        return await self.hub.lease_write(who, self._inside(path))
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        await self.hub.release_write(who, self._inside(path))
 
     async def _base_version(self, who: Principal, path: str) -> int | None:
         """The hub version a write replaces (None: a new file); offline, the last one seen."""
@@ -435,10 +489,11 @@ class SpokeNamespace(Namespace):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            blocked: set[str] = set()  # paths whose earliest write is stuck
             for seq in [p.seq for p in self.journal]:
                 pending = self.journal.get(seq)  # as of now: an earlier commit may rebase it
-                if pending is None:
-                    continue
+                if pending is None or pending.path in blocked:
+                    continue  # a later write of a path never overtakes an earlier one
                 waiter = self._waiters.get(pending.seq)
                 try:
                     entry = await self._commit(pending, waiting=waiter is not None)
@@ -452,16 +507,19 @@ class SpokeNamespace(Namespace):
                         del self._waiters[pending.seq]
                         self.journal.remove(pending)
                         waiter.set_exception(exc)
-                    elif pending.seq not in self._stuck:
-                        # acknowledged, and the hub refuses it (say its directory is gone):
-                        # it stays journaled and reported until someone makes room for it
-                        log.error("a journaled write cannot be committed: %s", exc,
-                                  extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
-                        self._stuck.add(pending.seq)
+                    else:
+                        # acknowledged, and the hub refuses it (say its directory is gone,
+                        # or it is shutting down): it stays journaled, reported and retried
+                        if pending.seq not in self._stuck:
+                            log.error("a journaled write cannot be committed: %s", exc,
+                                      extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
+                            self._stuck.add(pending.seq)
+                        blocked.add(pending.path)
+                        asyncio.get_running_loop().call_later(STUCK_RETRY, self._wake.set)
                     continue
                 self._set_online(True)
                 if entry.path == pending.path:
-                    self.journal.rebase(pending.path, pending.base_version, entry.version)
+                    self.journal.rebase(pending, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
                 try:
                     await self.cache.adopt(
@@ -470,6 +528,7 @@ class SpokeNamespace(Namespace):
                 except Exception:  # only a missed cache fill: the hub has the write
                     log.exception("could not keep a written file in the cache")
                 self.journal.remove(pending)
+                self._stuck.discard(pending.seq)
                 self._learn(entry, entry.version)
                 waiter = self._waiters.pop(pending.seq, None)
                 if waiter is not None:
