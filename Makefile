@@ -6,6 +6,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := fuse3 libfuse3-dev pkg-config attr postgresql rsync restic ca-certificates
+# OpenSSH's sftp client for the SFTP tests, its sftp-server as the peer of bench/sftp.py
+SYSTEM_PACKAGES += openssh-client openssh-sftp-server
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 

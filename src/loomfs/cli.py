@@ -168,6 +168,21 @@ def serve_s3(
     _serve(ctx, {"s3": {"listen": address}}, ready_file)
 
 
+@serve.command("sftp")
+@click.option("--listen", help="HOST:PORT of the SFTP server (default: sftp.listen).")
+@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
+@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.pass_context
+def serve_sftp(
+    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
+) -> None:
+    """Serve the hub with SFTP on; logins by the SSH keys of `loomfs user add --ssh-key`."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    address = listen or (f"127.0.0.1:{port}" if port is not None else None)
+    address = address or state.config.sftp.listen or "127.0.0.1:2222"
+    _serve(ctx, {"sftp": {"listen": address}}, ready_file)
+
+
 # -- volumes -----------------------------------------------------------------------------
 
 
