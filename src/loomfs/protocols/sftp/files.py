@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import os
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...core.streams import LocalFileSource
+from ...core.streams import BUFFER_SIZE, LocalFileSource
 from ...core.types import Entry, Principal
-from ...errors import from_oserror
+from ...errors import LoomError, from_oserror
 from ...namespace.base import Namespace
 
 WINDOW = 4 << 20
@@ -102,6 +103,13 @@ class WriteHandle:
     ``base`` is the version whose content the spool started from (kept unless truncated),
     and the commit replaces only that version, so a concurrent change through another
     protocol is a conflict rather than lost.
+
+    A spool that starts empty and is written front to back (what every client does for a
+    put) is also streamed into the namespace write while the client is still sending, so
+    that close only waits for the tail; the write becomes visible at close all the same,
+    since the namespace commits it only when the stream ends. A write behind what was
+    streamed (or a hole left at close) cancels that write, which leaves nothing behind,
+    and close commits the spool instead.
     """
 
     def __init__(
@@ -127,6 +135,11 @@ class WriteHandle:
         self.append = append
         self.mode = mode
         self.pending = Pending()
+        self._sent = 0  # spool bytes handed to the streaming write
+        self._end = 0  # end of what was written front to back
+        self._more = asyncio.Event()
+        self._eof = False
+        self._stream: asyncio.Task[Entry] | None = None
 
     @classmethod
     async def open(
@@ -161,11 +174,13 @@ class WriteHandle:
             os.close(fd)
             raise
         # a new file exists once opened and a truncation happens even if nothing is written
-        dirty = existing is None or truncate
-        return cls(
-            ns, who, path, fd, base=existing, dirty=dirty, exclusive=exclusive,
+        handle = cls(
+            ns, who, path, fd, base=existing, dirty=not keep, exclusive=exclusive,
             append=append, mode=mode,
         )  # fmt: skip
+        if not keep:
+            handle._stream = asyncio.create_task(handle._commit(handle._follow()))
+        return handle
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
@@ -174,32 +189,79 @@ class WriteHandle:
         return os.pread(self.fd, size, offset)
 
     async def write(self, offset: int, data: bytes) -> int:
-        # a page-cache write of at most a few tens of KiB: cheaper inline than a thread hop
         if self.append:
             offset = self.size()
+        # a page-cache write of at most a few hundred KiB: cheaper inline than a thread hop
         os.pwrite(self.fd, data, offset)
         self.dirty = True
+        if self._stream is not None:
+            if self._sent <= offset <= self._end:
+                self._end = max(self._end, offset + len(data))
+                if self._end - self._sent >= BUFFER_SIZE:
+                    self._more.set()
+            else:
+                await self._abandon()
         return len(data)
 
-    def truncate(self, size: int) -> None:
+    async def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
         self.dirty = True
+        if self._stream is not None and size != self._end:
+            await self._abandon()
+
+    async def _follow(self) -> AsyncIterator[bytes]:
+        """The spool front to back, as the client writes it, until close."""
+        while True:
+            ready = self._end - self._sent
+            if ready >= BUFFER_SIZE or (self._eof and ready > 0):
+                start = self._sent
+                # claimed before the read: a write into this range now abandons the stream
+                self._sent += min(ready, BUFFER_SIZE)
+                yield await asyncio.to_thread(os.pread, self.fd, self._sent - start, start)
+            elif self._eof:
+                return
+            else:
+                self._more.clear()
+                await self._more.wait()
+
+    async def _commit(self, data: AsyncIterator[bytes]) -> Entry:
+        return await self.ns.write(
+            self.who,
+            self.path,
+            data,
+            if_version=self.base.version if self.base is not None else None,
+            exclusive=self.exclusive or self.base is None,
+            mode=self.mode,
+        )
+
+    async def _abandon(self) -> None:
+        """Stop the streaming write: nothing of it is committed."""
+        task, self._stream = self._stream, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, LoomError):
+                await task
+
+    async def discard(self) -> None:
+        """Drop everything (the client went away without closing): nothing is committed."""
+        await self._abandon()
+        os.close(self.fd)
+        self.fd = -1
 
     async def close(self) -> Entry | None:
         """Commit the spool as the file's new content (if anything changed) and the
         attributes set meanwhile; the spool is released either way."""
+        if self._stream is not None and self._end != self.size():
+            await self._abandon()  # a hole, or bytes past what was written in order
         source = LocalFileSource(self.fd, 0, self.size(), self.path)
         try:
             entry = None
-            if self.dirty:
-                entry = await self.ns.write(
-                    self.who,
-                    self.path,
-                    source.chunks(),
-                    if_version=self.base.version if self.base is not None else None,
-                    exclusive=self.exclusive or self.base is None,
-                    mode=self.mode,
-                )
+            if self._stream is not None:
+                self._eof = True
+                self._more.set()
+                entry = await self._stream
+            elif self.dirty:
+                entry = await self._commit(source.chunks())
             p = self.pending
             if (p.mode, p.uid, p.gid, p.mtime_ns) != (None, None, None, None):
                 entry = await self.ns.set_attrs(

@@ -35,6 +35,7 @@ from ...errors import (
     InvalidPath,
     IsADirectory,
     LoomError,
+    NotADirectory,
     NotFound,
 )
 from ...namespace.base import Namespace
@@ -198,6 +199,9 @@ class Session(asyncssh.SFTPServer):
             return ReadHandle(self.ns, self.who, existing)
         if existing is None and not pflags & asyncssh.FXF_CREAT:
             raise NotFound(f"no such file: {target}", path=target)
+        if existing is None and not (await self.ns.stat(self.who, paths.split(target)[0])).is_dir:
+            # refused at open, as a local file system does, not only when the commit fails
+            raise NotADirectory(f"not a directory: {paths.split(target)[0]}", path=target)
         if existing is not None and pflags & asyncssh.FXF_EXCL:
             raise AlreadyExists(f"already exists: {target}", path=target)
         mode = attrs.permissions & 0o7777 if attrs.permissions is not None else None
@@ -227,6 +231,12 @@ class Session(asyncssh.SFTPServer):
     @translated
     async def close(self, file_obj: object) -> None:
         assert isinstance(file_obj, ReadHandle | WriteHandle)
+        if isinstance(file_obj, WriteHandle) and self.channel.is_closing():
+            # asyncssh closes what a vanished client left open: an upload cut short is
+            # dropped, not committed half-written
+            log.warning("sftp upload abandoned", extra={"path": file_obj.path})
+            await file_obj.discard()
+            return
         await file_obj.close()
 
     @translated
@@ -250,7 +260,7 @@ class Session(asyncssh.SFTPServer):
             return
         # applied on close, after the content they belong to is committed
         if attrs.size is not None:
-            file_obj.truncate(attrs.size)
+            await file_obj.truncate(attrs.size)
         pending = file_obj.pending
         if attrs.permissions is not None:
             pending.mode = attrs.permissions & 0o7777
@@ -294,7 +304,7 @@ class Session(asyncssh.SFTPServer):
             self.ns, self.who, path, self.spool, existing=entry, truncate=False,
             exclusive=False, append=False, mode=None,
         )  # fmt: skip
-        handle.truncate(size)
+        await handle.truncate(size)
         await handle.close()
 
     @translated
