@@ -21,11 +21,13 @@ import pytest
 from botocore.config import Config
 
 from loomfs.core.registry import open_catalog
+from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import AccessKey, UserRegistry
+from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.client import RestNamespace
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess
 from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
 if TYPE_CHECKING:
@@ -311,3 +313,66 @@ async def test_an_upload_cut_short_is_not_committed(site: Site) -> None:
     assert [p.name for p in site.vol.iterdir() if p.name.startswith(".")] == []
     async with await site.connect() as again, again.start_sftp_client() as check:
         assert not await check.exists("/cut.bin")
+
+
+async def _prepare_hub_and_spoke(hub_dir: Path, spoke_dir: Path, data: Path, key: str) -> None:
+    hub_catalog = open_catalog(f"sqlite://{hub_dir / 'catalog.db'}")
+    await hub_catalog.open()
+    try:
+        await HubNamespace(hub_catalog).add_volume("/datasets/d", f"posix://{data}")
+        spoke_cert = (spoke_dir / "identity" / "site.pem").read_bytes()
+        await SiteRegistry(hub_catalog).add(spoke_cert)
+    finally:
+        await hub_catalog.close()
+    # a spoke's logins are its own: its users live in its own site catalog
+    spoke_catalog = open_catalog(f"sqlite://{spoke_dir / 'catalog.db'}")
+    await spoke_catalog.open()
+    try:
+        users = UserRegistry(spoke_catalog)
+        await users.add_user("carol")
+        await users.add_ssh_key("carol", key)
+    finally:
+        await spoke_catalog.close()
+
+
+def test_a_spoke_serves_its_namespace_over_sftp(tmp_path: Path) -> None:
+    hub_dir, spoke_dir, data = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    data.mkdir()
+    (data / "in.txt").write_bytes(b"from the hub\n" * 1000)
+    SiteIdentity.create(hub_dir / "identity", "hub-eu")
+    SiteIdentity.create(spoke_dir / "identity", "gpu-west")
+    key = make_key(tmp_path / "carol")
+    asyncio.run(_prepare_hub_and_spoke(hub_dir, spoke_dir, data, key))
+    (tmp_path / "out.txt").write_bytes(b"written at the spoke")
+    with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
+        spoke_args = (
+            "--hub", hub.urls["fabric"], "--hub-cert", str(hub_dir / "identity" / "site.pem"),
+            "--attach", "/datasets/d",
+        )  # fmt: skip
+        env = {"LOOMFS_SFTP__LISTEN": "127.0.0.1:0"}
+        with SpokeProcess(spoke_dir, env, args=spoke_args) as spoke:
+            port = int(spoke.urls["sftp"].rpartition(":")[2])
+            commands = "get /datasets/d/in.txt in.txt\nput out.txt /datasets/d/out.txt\n"
+            done = sftp_batch(port, "carol", tmp_path / "carol", commands, cwd=tmp_path)
+            assert done.returncode == 0, done.stderr
+    assert (tmp_path / "in.txt").read_bytes() == (data / "in.txt").read_bytes()
+    # without write-back a spoke's write is the hub's before it is acknowledged
+    assert (data / "out.txt").read_bytes() == b"written at the spoke"
+
+
+class ServeSftp(SiteProcess):
+    command = ("serve", "sftp")  # its --listen is the SFTP address
+
+
+async def test_serve_sftp_command(tmp_path: Path) -> None:
+    make_key(tmp_path / "nobody")
+    env = {"LOOMFS_HUB__LISTEN": "127.0.0.1:0"}
+    with ServeSftp(tmp_path / "site", env) as served:
+        assert served.urls["sftp"].startswith("sftp://127.0.0.1:")
+        port = int(served.urls["sftp"].rpartition(":")[2])
+        with pytest.raises(asyncssh.PermissionDenied):
+            await asyncssh.connect(
+                "127.0.0.1", port, username="nobody", client_keys=[str(tmp_path / "nobody")],
+                known_hosts=None, agent_path=None,
+            )  # fmt: skip
+    assert (tmp_path / "site" / "identity" / "ssh_host_ed25519_key.pub").exists()
