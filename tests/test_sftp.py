@@ -144,13 +144,15 @@ def test_directories_rename_chmod_and_remove(site: Site) -> None:
     (site.tmp / "small.txt").write_bytes(b"hello\n")
     site.sftp(
         "mkdir work\nput small.txt work/a.txt\nrename work/a.txt work/b.txt\nchmod 640 work/b.txt\n"
+        "ln -s b.txt work/link\n"
     )
+    assert os.readlink(site.vol / "work" / "link") == "b.txt"
     assert not (site.vol / "work" / "a.txt").exists()
     assert (site.vol / "work" / "b.txt").read_bytes() == b"hello\n"
     assert stat.S_IMODE((site.vol / "work" / "b.txt").stat().st_mode) == 0o640
     listing = site.sftp("ls -l work\n")
     assert "-rw-r-----" in listing and "b.txt" in listing
-    site.sftp("rm work/b.txt\nrmdir work\n")
+    site.sftp("rm work/link\nrm work/b.txt\nrmdir work\n")
     assert not (site.vol / "work").exists()
 
 
