@@ -24,8 +24,10 @@ from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import AccessKey, UserRegistry
+from loomfs.errors import AlreadyExists, NotFound
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
+from loomfs.protocols.sftp.errors import to_sftp
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess
 from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
@@ -378,3 +380,11 @@ async def test_serve_sftp_command(tmp_path: Path) -> None:
                 known_hosts=None, agent_path=None,
             )  # fmt: skip
     assert (tmp_path / "site" / "identity" / "ssh_host_ed25519_key.pub").exists()
+
+
+def test_error_messages_name_paths_below_the_users_root() -> None:
+    exc = AlreadyExists("cannot move /data/data/x to /data: already exists; /database is not")
+    error = to_sftp(exc, "/data")
+    assert error.code == asyncssh.FX_FILE_ALREADY_EXISTS
+    assert error.reason == "cannot move /data/x to /: already exists; /database is not"
+    assert to_sftp(NotFound("gone: /home/al/x"), "/home/al").reason == "gone: /x"

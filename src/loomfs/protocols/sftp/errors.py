@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import asyncssh
+from prometheus_client import Counter
 
 from ...errors import (
     AlreadyExists,
@@ -35,6 +37,8 @@ from ...errors import (
 )
 
 log = logging.getLogger(__name__)
+
+REQUESTS = Counter("loomfs_sftp_requests_total", "SFTP requests", ["op", "status"])
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -64,13 +68,25 @@ CODES: dict[type[LoomError], int] = {
 }
 
 
+# metric labels of the codes this server answers with
+_NAMES = {
+    code: name.removeprefix("FX_").lower()
+    for name, code in vars(asyncssh).items()
+    if name.startswith("FX_") and not name.endswith("_END") and isinstance(code, int)
+}
+
+
 def to_sftp(exc: LoomError, root: str = "/") -> asyncssh.SFTPError:
     """The SFTP status for a namespace error. Its message names paths as the client sees
     them, below its ``root``: where that root lies in the namespace is not the client's."""
     code = next(CODES[cls] for cls in type(exc).__mro__ if cls in CODES)
     message = exc.message
     if root != "/":
-        message = message.replace(root + "/", "/").replace(root, "/")
+        # only where a path starts with the root: '/data/database' is '/database' for
+        # root '/data', and '/data' alone is '/'
+        start = r"(?<![\w./-])" + re.escape(root)
+        message = re.sub(start + r"(?=/)", "", message)
+        message = re.sub(start + r"(?![\w./-])", "/", message)
     return asyncssh.SFTPError(code, message)
 
 
@@ -92,18 +108,25 @@ def translated(
 
     @functools.wraps(fn)
     async def run(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        status = "ok"
         try:
             return await fn(self, *args, **kwargs)
-        except asyncssh.SFTPError:
+        except asyncssh.SFTPError as exc:
+            status = _NAMES.get(exc.code, "failure")
             raise
         except LoomError as exc:
             # a miss is routine (clients stat before they put), anything else worth a line
             level = logging.DEBUG if isinstance(exc, NotFound) else logging.INFO
             extra = {"op": fn.__name__, "code": exc.code, "reason": exc.message}
             log.log(level, "sftp request refused", extra=extra)
-            raise to_sftp(exc, self.root) from exc
+            error = to_sftp(exc, self.root)
+            status = _NAMES.get(error.code, "failure")
+            raise error from exc
         except Exception as exc:
             log.exception("unexpected error in an sftp request", extra={"op": fn.__name__})
+            status = "internal"
             raise asyncssh.SFTPFailure("internal error, see the server log") from exc
+        finally:
+            REQUESTS.labels(fn.__name__, status).inc()
 
     return run

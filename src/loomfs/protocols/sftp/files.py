@@ -49,6 +49,8 @@ class ReadHandle:
         task = self._windows.get(index)
         if task is None:
             task = self._windows[index] = asyncio.create_task(self._fetch(index))
+            # a window read ahead and dropped unread may have failed: nobody will ask
+            task.add_done_callback(_observe)
         return task
 
     async def read(self, offset: int, size: int) -> bytes:
@@ -85,6 +87,11 @@ class ReadHandle:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _observe(task: asyncio.Task[bytes]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass(slots=True)

@@ -335,7 +335,9 @@ class Session(asyncssh.SFTPServer):
         # page too, so a huge directory never sits in memory whole
         try:
             target = await self._follow(self._path(path))
-            parent = await self.ns.stat(self.who, paths.split(target.path)[0])
+            # the root's '..' is the root itself, as in a chroot: nothing above it shows
+            above = paths.split(target.path)[0]
+            parent = target if target.path == self.root else await self.ns.stat(self.who, above)
             for name, entry in ((b".", target), (b"..", parent)):
                 yield asyncssh.SFTPName(name, attrs=attrs_of(entry))
             async for child in self.ns.list(self.who, target.path, limit=None):
