@@ -89,6 +89,10 @@ class ReadHandle:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class Abandoned(Exception):
+    """Raised into a streaming write that must not commit."""
+
+
 def _observe(task: asyncio.Task[bytes]) -> None:
     if not task.cancelled():
         task.exception()
@@ -115,7 +119,7 @@ class WriteHandle:
     put) is also streamed into the namespace write while the client is still sending, so
     that close only waits for the tail; the write becomes visible at close all the same,
     since the namespace commits it only when the stream ends. A write behind what was
-    streamed (or a hole left at close) cancels that write, which leaves nothing behind,
+    streamed (or a hole left at close) fails that write, which leaves nothing behind,
     and close commits the spool instead.
     """
 
@@ -146,6 +150,7 @@ class WriteHandle:
         self._end = 0  # end of what was written front to back
         self._more = asyncio.Event()
         self._eof = False
+        self._abandoned = False
         self._stream: asyncio.Task[Entry] | None = None
 
     @classmethod
@@ -219,6 +224,8 @@ class WriteHandle:
     async def _follow(self) -> AsyncIterator[bytes]:
         """The spool front to back, as the client writes it, until close."""
         while True:
+            if self._abandoned:
+                raise Abandoned("the streaming write gave way to the spool")
             ready = self._end - self._sent
             if ready >= BUFFER_SIZE or (self._eof and ready > 0):
                 start = self._sent
@@ -242,11 +249,14 @@ class WriteHandle:
         )
 
     async def _abandon(self) -> None:
-        """Stop the streaming write: nothing of it is committed."""
+        """Stop the streaming write: nothing of it is committed. It fails from within its
+        data rather than by cancellation, so the namespace cleans up what it staged
+        whatever step it is at."""
         task, self._stream = self._stream, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, LoomError):
+            self._abandoned = True
+            self._more.set()
+            with contextlib.suppress(Abandoned, LoomError):
                 await task
 
     async def discard(self) -> None:

@@ -234,8 +234,8 @@ class Session(asyncssh.SFTPServer):
         if isinstance(file_obj, WriteHandle) and self.channel.is_closing():
             # asyncssh closes what a vanished client left open: an upload cut short is
             # dropped, not committed half-written
-            log.warning("sftp upload abandoned", extra={"path": file_obj.path})
             await file_obj.discard()
+            log.warning("sftp upload abandoned", extra={"path": file_obj.path})
             return
         await file_obj.close()
 
