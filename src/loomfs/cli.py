@@ -162,10 +162,35 @@ def serve_s3(
     ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
 ) -> None:
     """Serve the hub with its S3 gateway on; keys come from `loomfs user add`."""
+    _serve_protocol(ctx, "s3", listen, port, ready_file, "127.0.0.1:9000")
+
+
+@serve.command("sftp")
+@click.option("--listen", help="HOST:PORT of the SFTP server (default: sftp.listen).")
+@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
+@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.pass_context
+def serve_sftp(
+    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
+) -> None:
+    """Serve the hub with SFTP on; logins by the SSH keys of `loomfs user add --ssh-key`."""
+    _serve_protocol(ctx, "sftp", listen, port, ready_file, "127.0.0.1:2222")
+
+
+def _serve_protocol(
+    ctx: click.Context,
+    section: str,
+    listen: str | None,
+    port: int | None,
+    ready_file: Path | None,
+    default: str,
+) -> None:
+    """The hub with one more protocol's listener on: at --listen, at --port on loopback,
+    where the config's [section] listen says, or at ``default``."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     address = listen or (f"127.0.0.1:{port}" if port is not None else None)
-    address = address or state.config.s3.listen or "127.0.0.1:9000"
-    _serve(ctx, {"s3": {"listen": address}}, ready_file)
+    address = address or getattr(state.config, section).listen or default
+    _serve(ctx, {section: {"listen": address}}, ready_file)
 
 
 # -- volumes -----------------------------------------------------------------------------

@@ -58,6 +58,17 @@ class S3Section(_Section):
     max_part_size: int = 5 << 30
 
 
+class SftpSection(_Section):
+    #: HOST:PORT of the SFTP server; unset = no SFTP
+    listen: str | None = None
+    #: the server's private host key; default: generated on first start in
+    #: <data_dir>/identity/ssh_host_ed25519_key
+    host_key: Path | None = None
+    #: the namespace directory each user sees as '/' (users cannot leave it); '{user}'
+    #: is replaced by the user's name, for per-user homes such as /home/{user}
+    root: str = "/"
+
+
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
 
@@ -95,6 +106,7 @@ class Config(_Section):
     fabric: FabricSection = FabricSection()
     spoke: SpokeSection = SpokeSection()
     client: ClientSection = ClientSection()
+    sftp: SftpSection = SftpSection()
     log: LogSection = LogSection()
 
     @property

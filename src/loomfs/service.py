@@ -15,9 +15,9 @@ import logging
 import signal
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge
@@ -38,6 +38,7 @@ from .hub.assimilate import ScanStats, path_of
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
+from .namespace.base import Namespace
 from .protocols.s3 import S3Gateway
 from .rest.client import RestNamespace
 from .rest.server import RestServer
@@ -234,7 +235,8 @@ class HubService:
                 fabric = await self._fabric_server()
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
-            await serve_until_signal(listeners, ready_file, "hub")
+            sockets = sftp_listeners(self.config, self.namespace, self.catalog)
+            await serve_until_signal(listeners, ready_file, "hub", sockets)
         finally:
             await self.stop()
 
@@ -260,10 +262,54 @@ class Listener(NamedTuple):
     ssl: ssl.SSLContext | None = None
 
 
-async def serve_until_signal(listeners: list[Listener], ready_file: Path | None, what: str) -> None:
-    """Serve each app on its address until SIGTERM or SIGINT; ``ready_file`` gets the bound
-    URLs as JSON once all listen (port 0 picks a free port)."""
+class SocketServer(Protocol):
+    """A server that is not an aiohttp app (SFTP over SSH): bound, then closed."""
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen (port 0: a free one) and return the bound port."""
+
+    async def stop(self) -> None: ...
+
+
+class SocketListener(NamedTuple):
+    name: str
+    scheme: str
+    server: SocketServer
+    address: tuple[str, int]
+
+
+def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> list[SocketListener]:
+    """The SFTP server where ``[sftp] listen`` is set (users from ``catalog``'s registry)."""
+    sftp = config.sftp
+    if not sftp.listen:
+        return []
+    try:  # asyncssh is an extra: only a site that serves SFTP needs it
+        from .protocols.sftp import SftpServer  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            f"[sftp] listen is set but {exc.name} is missing: pip install 'loomfs[sftp]'"
+        ) from exc
+    server = SftpServer(
+        namespace,
+        UserRegistry(catalog),
+        sftp.host_key or config.identity_dir / "ssh_host_ed25519_key",
+        spool=config.site.data_dir / "sftp-spool",
+        root=sftp.root,
+        site=config.site.name,
+    )
+    return [SocketListener("sftp", "sftp", server, host_port(sftp.listen, "sftp.listen"))]
+
+
+async def serve_until_signal(
+    listeners: list[Listener],
+    ready_file: Path | None,
+    what: str,
+    sockets: Sequence[SocketListener] = (),
+) -> None:
+    """Serve each app (and each socket server) on its address until SIGTERM or SIGINT;
+    ``ready_file`` gets the bound URLs as JSON once all listen (port 0 picks a free port)."""
     runners: list[web.AppRunner] = []
+    started: list[SocketServer] = []
     urls: dict[str, str] = {}
     try:
         for listener in listeners:
@@ -276,6 +322,11 @@ async def serve_until_signal(listeners: list[Listener], ready_file: Path | None,
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             scheme = "https" if listener.ssl is not None else "http"
             urls[listener.name] = f"{scheme}://{host}:{bound}"
+        for socket in sockets:
+            host, port = socket.address
+            bound = await socket.server.start(host, port)
+            started.append(socket.server)
+            urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
         if ready_file is not None:
             ready_file.write_text(json.dumps(urls))
@@ -286,6 +337,8 @@ async def serve_until_signal(listeners: list[Listener], ready_file: Path | None,
         await stop.wait()
     finally:
         log.info(f"{what} stopping")
+        for server in started:
+            await server.stop()
         for runner in runners:
             await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
@@ -315,10 +368,19 @@ class SpokeService:
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
+        # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
+        users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
         try:
             await self.namespace.start()
             server = RestServer(self.namespace, spoke=self.namespace, site=self.namespace.site)
             listen = host_port(self.config.spoke.listen, "spoke.listen")
-            await serve_until_signal([Listener("url", server.app(), listen)], ready_file, "spoke")
+            sockets: list[SocketListener] = []
+            if users is not None:
+                await users.open()
+                sockets = sftp_listeners(self.config, self.namespace, users)
+            listeners = [Listener("url", server.app(), listen)]
+            await serve_until_signal(listeners, ready_file, "spoke", sockets)
         finally:
             await self.namespace.close()
+            if users is not None:
+                await users.close()
