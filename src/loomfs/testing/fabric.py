@@ -91,7 +91,8 @@ async def fabric(
         await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
         hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
         ids = {name: SiteIdentity.create(tmp / f"{name}-id", name) for name in spokes}
-        server = FabricServer(hub.namespace, hub, hub_id, {n: i.cert_pem for n, i in ids.items()})
+        trusted = {n: i.cert_pem for n, i in ids.items()}
+        server = FabricServer(hub.namespace, hub, hub_id, trusted, chunks=hub.chunks)
         runner = web.AppRunner(server.app())
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server.ssl_context())
