@@ -314,7 +314,9 @@ class SpokeService:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
         client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
         cache = Cache(
-            spoke.cache_dir or config.site.data_dir / "cache", parse_size(spoke.cache_size)
+            spoke.cache_dir or config.site.data_dir / "cache",
+            parse_size(spoke.cache_size),
+            link=client,
         )
         self.namespace = SpokeNamespace(
             client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back

@@ -15,6 +15,7 @@ from aiohttp import web
 from ..chunks.chunkmap import ID_SIZE, ChunkMap
 from ..chunks.metrics import Transfer
 from ..chunks.records import read_uploads
+from ..core.types import EntryKind
 from ..errors import CorruptData, InvalidArgument
 from ..hub.chunks import HubChunks, Wanted
 from . import wire
@@ -56,12 +57,13 @@ class ChunkRoutes:
         small = _int(request.query.get("small"), "small") or 0
         namespace = self.server.namespace
         entry = await namespace.stat(who, path)
-        if not entry.is_dir and entry.size <= small:
+        if entry.kind is not EntryKind.FILE or entry.size <= small:
             # small files come whole: a map would cost a round trip for one or two chunks
+            # (and what a symlink leads to is read through it, as any read does)
             async with await namespace.read(who, path, if_version=entry.version) as reader:
                 body = await reader.read_all()
             Transfer("hub", "down", path, logical=len(body), wire=len(body)).done()
-            headers = {wire.ENTRY_HEADER: wire.entry_header(entry), WHOLE_HEADER: "1"}
+            headers = {wire.ENTRY_HEADER: wire.entry_header(reader.entry), WHOLE_HEADER: "1"}
         else:
             entry, cmap = await self.chunks.chunk_map(who, path)
             body = cmap.serialize()

@@ -47,7 +47,7 @@ from ..errors import (
     PermissionDenied,
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
-from .cache import BLOCK, Cache
+from .cache import BLOCK, SMALL_FILE, Cache
 from .journal import Journal, Pending
 
 log = logging.getLogger(__name__)
@@ -278,9 +278,14 @@ class SpokeNamespace(Namespace):
         opening: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         self._opening[path] = opening
         try:
-            async with await self.hub.read(who, path, start, want) as reader:
-                data = await reader.read_all()
-                entry = reader.entry
+            if self.cache.chunks is not None:
+                # with chunks: the entry and its map (small files: their bytes) come first,
+                # then only the chunks this spoke holds nowhere
+                entry, data, start = await self._open_chunked(path), b"", 0
+            else:
+                async with await self.hub.read(who, path, start, want) as reader:
+                    data = await reader.read_all()
+                    entry = reader.entry
             if data:
                 await self.cache.store(path, entry.version, entry.size, start, data)
         except Exception as exc:
@@ -293,6 +298,16 @@ class SpokeNamespace(Namespace):
         finally:
             del self._opening[path]
         opening.set_result(entry)
+        return entry
+
+    async def _open_chunked(self, path: str) -> Entry:
+        assert self.cache.chunks is not None
+        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE)
+        entry = opened.entry
+        if opened.whole:
+            await self.cache.store(path, entry.version, entry.size, 0, opened.whole)
+        elif opened.chunk_map is not None:
+            self.cache.set_map(path, entry.version, entry.size, opened.chunk_map)
         return entry
 
     def _newest_cached(self, path: str) -> Entry | None:

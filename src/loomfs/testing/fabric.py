@@ -59,8 +59,9 @@ class Fabric:
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
-        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity)
-        self.spokes[name] = SpokeNamespace(self.client(name), cache, ["/vol"], site=name)
+        client = self.client(name)
+        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity, link=client)
+        self.spokes[name] = SpokeNamespace(client, cache, ["/vol"], site=name)
         return self.spokes[name]
 
 
