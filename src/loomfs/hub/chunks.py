@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter
+
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.codec import (
     DEFAULT_SETTINGS,
@@ -45,11 +47,23 @@ from ..chunks.records import record
 from ..core.catalog.sql import Cursor, SqlCatalog, _join
 from ..core.streams import FileRegion
 from ..core.types import SYSTEM, Entry, Principal
-from ..errors import Conflict, InvalidArgument, IsADirectory, NotFound, UnsupportedScheme
+from ..errors import (
+    Conflict,
+    CorruptData,
+    InvalidArgument,
+    IsADirectory,
+    NotFound,
+    UnsupportedScheme,
+)
 from ..namespace.base import Reader
 from .namespace import HubNamespace
 
 log = logging.getLogger(__name__)
+
+MAPS_COMPUTED = Counter("loomfs_chunk_maps_computed_total", "Chunk maps computed at the hub")
+STALE_SOURCES = Counter(
+    "loomfs_chunk_stale_sources_total", "Index entries found changed in place when read"
+)
 
 MAX_BATCH = 4096  # chunk ids per request: ~400 MiB of average chunks, 150 KiB of JSON
 _IN = 400  # ids per IN (...) lookup
@@ -173,6 +187,7 @@ class HubChunks:
             await reader.verify()  # changed in place while it was cut: refuse the map
         if cmap.size != entry.size:
             raise Conflict(f"{entry.path} changed while it was chunked", path=entry.path)
+        MAPS_COMPUTED.inc()
         return cmap
 
     async def _stored_map(self, entry: Entry) -> ChunkMap | None:
@@ -319,6 +334,7 @@ class HubChunks:
     ) -> AsyncIterator[bytes]:
         for encoded, raw_length, bad_entry in await job:
             if bad_entry >= 0:
+                STALE_SOURCES.inc()
                 log.warning("a chunk source changed in place; forgetting its map")
                 await self._forget(bad_entry)
             frame = self.frame_hook(encoded) if self.frame_hook and encoded else encoded
@@ -422,12 +438,13 @@ class HubChunks:
         """Write ``path`` assembled from ``cmap``'s chunks through the namespace. Every
         chunk must be staged or indexed (else ``Conflict`` before anything is written) and
         is verified again as it is copied, so a source changed meanwhile aborts the write,
-        which then leaves the old version in place."""
+        which then leaves the old version in place (``CorruptData``: retryable, unlike a
+        precondition's ``Conflict``)."""
         staged = {c for c in cmap.ids() if self._staged(c)}
         sources = await self.sources([c for c in cmap.ids() if c not in staged])
         lacking = cmap.ids() - staged - set(sources)
         if lacking:
-            raise Conflict(
+            raise CorruptData(
                 f"the hub lacks {len(lacking)} chunks of {path}; upload them first", path=path
             )
 
@@ -438,7 +455,7 @@ class HubChunks:
                 else:
                     data = await self._read_range(sources[piece.id]) or b""
                 if len(data) != piece.length or chunk_id(data) != piece.id:
-                    raise Conflict(f"a chunk source of {path} changed; retry", path=path)
+                    raise CorruptData(f"a chunk source of {path} changed; retry", path=path)
                 if transfer is not None and piece.id not in staged:
                     transfer.held(piece.length)
                 yield data

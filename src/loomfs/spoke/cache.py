@@ -178,6 +178,8 @@ class Cache:
         USED.set(self.policy.used_bytes)
 
     def close(self) -> None:
+        if self.chunks is not None:
+            self.chunks.close()
         if self._db is not None:
             self._db.close()
             self._db = None

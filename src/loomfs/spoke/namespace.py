@@ -42,6 +42,7 @@ from ..errors import (
     AlreadyExists,
     BackendUnavailable,
     Conflict,
+    CorruptData,
     IsADirectory,
     NotFound,
     PermissionDenied,
@@ -515,13 +516,35 @@ class SpokeNamespace(Namespace):
         else:  # acknowledged already: commit only over the version it was based on
             if_version, exclusive = pending.base_version, pending.base_version is None
         self.journal.mark_sending(pending)
-        return await self.hub.write(
-            SYSTEM,
+        return await self._send(
             pending.path,
-            _file_chunks(self.journal.data_path(pending)),
+            self.journal.data_path(pending),
             if_version=if_version,
             exclusive=exclusive,
             mode=pending.mode,
+        )
+
+    async def _send(
+        self,
+        path: str,
+        data: Path,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        """Upload one file: as chunks the hub lacks where the link moves chunks and the
+        file is not small, else (or if the hub could not assemble it) its bytes."""
+        chunks = self.cache.chunks
+        if chunks is not None and data.stat().st_size > SMALL_FILE:
+            try:
+                return await chunks.upload(
+                    path, data, if_version=if_version, exclusive=exclusive, mode=mode
+                )
+            except CorruptData as exc:
+                log.warning("chunked upload failed; sending the file whole: %s", exc)
+        return await self.hub.write(
+            SYSTEM, path, _file_chunks(data), if_version=if_version, exclusive=exclusive, mode=mode
         )
 
     async def _holds(self, path: str, pending: Pending) -> bool:
@@ -550,9 +573,7 @@ class SpokeNamespace(Namespace):
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
         try:
-            return await self.hub.write(
-                SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
-            )
+            return await self._send(name, self.journal.data_path(pending), exclusive=True)
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer
                 return await self.hub.stat(SYSTEM, name)
