@@ -6,13 +6,16 @@ counted at the link emulator, never from time.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import random
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from loomfs.chunks import DEFAULT_WINDOW, ChunkMap, chunk_map_of
 from loomfs.chunks.metrics import CORRUPT
@@ -20,6 +23,7 @@ from loomfs.core.catalog.base import Catalog
 from loomfs.core.types import Principal
 from loomfs.hub.chunks import MAPS_COMPUTED, HubChunks, Wanted
 from loomfs.hub.namespace import HubNamespace
+from loomfs.rest.server import RestServer
 from loomfs.testing.fabric import Fabric, fabric
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
@@ -168,3 +172,31 @@ async def test_chunk_maps_are_reused_and_redone_after_an_in_place_change(
     finally:
         chunks.close()
         await hub.close()
+
+
+async def test_loomfs_status_prints_the_transfer_counters(env: Fabric) -> None:
+    data = blob(4 * MiB, 7)
+    await env.hub.namespace.write_bytes(WHO, "/vol/s.bin", data)
+    assert await env.spoke.read_bytes(WHO, "/vol/s.bin") == data
+    # this process is hub and spoke at once: its /metrics holds both sides' counters
+    runner = web.AppRunner(RestServer(env.hub.namespace).app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "loomfs.cli", "--hub", f"http://127.0.0.1:{port}", "status",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+    finally:
+        await runner.cleanup()
+    text = out.decode()
+    assert proc.returncode == 0, text
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines()]
+    rows = {(c[0], c[1]): c[2:] for c in cells if len(c) > 3}
+    assert ("hub", "down") in rows, text
+    logical, wire = (int(v.replace(",", "")) for v in rows[("spoke", "down")][:2])
+    assert logical >= len(data) and wire > 0, text  # this read, at least

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from prometheus_client import Counter
+from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +81,17 @@ class Transfer:
                     "compression_saved": self.compression,
                 },
             )
+
+
+def summarize(exposition: str) -> dict[tuple[str, str], dict[str, float]]:
+    """The transfer counters in a site's /metrics text, by (role, direction)."""
+    names = {f"{counter._name}_total": label for label, counter in REPORTED.items()}
+    rows: dict[tuple[str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            label = names.get(sample.name)
+            if label is None:
+                continue
+            key = (sample.labels.get("role", "?"), sample.labels.get("direction", "?"))
+            rows.setdefault(key, dict.fromkeys(REPORTED, 0.0))[label] = sample.value
+    return rows

@@ -295,6 +295,12 @@ class RestNamespace(FeedNamespace, ChunkLink):
             [wire.change_from(c) for c in data["changes"]], int(data["head"]), data.get("lease")
         )
 
+    async def metrics(self) -> str:
+        """The site's prometheus exposition (``loomfs status`` reads its counters)."""
+        response = await self._request("GET", "/metrics")
+        async with response:
+            return await response.text()
+
     # -- chunks (the fabric link) ----------------------------------------------------------
 
     async def open_chunked(self, path: str, *, small: int = 0) -> Opened:
