@@ -307,10 +307,10 @@ def _chunk_paths(if_match: dict[str, Any]) -> dict[str, Any]:
         "/v1/chunkmap/{path}": {
             "parameters": [_PATH_PARAM],
             "get": _op(
-                "A file's current version: its chunk map (ChunkMap wire form), or its bytes "
-                "(header X-Loomfs-Whole) when it is at most `small` bytes; the entry is in "
-                "X-Loomfs-Entry",
-                {"200": _octets("the chunk map, or the whole file")},
+                "A file's current version: its chunk map (ChunkMap wire form), or when it is "
+                "at most `small` bytes the whole file as one frame, its BLAKE3 id in header "
+                "X-Loomfs-Whole; the entry is in X-Loomfs-Entry",
+                {"200": _octets("the chunk map, or the whole file's frame")},
                 parameters=[{"name": "small", "in": "query", "schema": {"type": "integer"}}],
             ),
         },
