@@ -30,6 +30,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from .chunks.metrics import REPORTED, summarize
 from .config import Config, load_config
 from .core.catalog.base import Catalog
 from .core.registry import open_catalog
@@ -861,6 +862,30 @@ async def _mount(
             await ns.close()
         if ready_file is not None:
             ready_file.unlink(missing_ok=True)
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+@main.command("status")
+@click.pass_context
+@run
+async def status(ctx: click.Context) -> None:
+    """Bytes moved as chunks by a site (the --hub URL: a hub's or a spoke's): logical,
+    on the wire, and saved by dedup and by compression, per role and direction."""
+    async with connected(ctx) as ns:
+        rows = summarize(await ns.metrics())
+    if not rows:
+        console.print("no chunk transfers yet")
+        return
+    table = Table(title="chunk transfers since the site started")
+    for column in ("role", "direction", *REPORTED, "wire/logical"):
+        table.add_column(column, justify="left" if column in ("role", "direction") else "right")
+    for (role, direction), values in sorted(rows.items()):
+        logical = values["logical"]
+        ratio = f"{values['wire'] / logical:.3f}" if logical else "-"
+        table.add_row(role, direction, *(f"{int(v):,}" for v in values.values()), ratio)
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from .errors import ConfigError, LoomError
 from .fabric.identity import SiteIdentity
 from .fabric.server import FabricServer
 from .hub.assimilate import ScanStats, path_of
+from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
@@ -64,11 +65,13 @@ class HubService:
         )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.chunks = HubChunks(self.namespace, config.site.data_dir / "chunk-staging")
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.catalog.open()
+        self.chunks.clear_staging()  # chunks of uploads a stopped hub never committed
         volumes = await self.namespace.load_volumes()
         VOLUMES.set(len(volumes))
         HEAD_SEQ.set(await self.catalog.head_seq())
@@ -90,6 +93,7 @@ class HubService:
             await watcher.stop()
         self._watchers.clear()
         await self.namespace.close()
+        self.chunks.close()
         await self.catalog.close()
 
     def _spawn(self, coro: Any) -> None:
@@ -243,7 +247,9 @@ class HubService:
     async def _fabric_server(self) -> FabricServer:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
-        fabric = FabricServer(self.namespace, self, identity, await sites.trusted())
+        fabric = FabricServer(
+            self.namespace, self, identity, await sites.trusted(), chunks=self.chunks
+        )
 
         async def follow_trust() -> None:
             while True:  # pins and revocations made with `loomfs site` take effect here
@@ -361,7 +367,9 @@ class SpokeService:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
         client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
         cache = Cache(
-            spoke.cache_dir or config.site.data_dir / "cache", parse_size(spoke.cache_size)
+            spoke.cache_dir or config.site.data_dir / "cache",
+            parse_size(spoke.cache_size),
+            link=client,
         )
         self.namespace = SpokeNamespace(
             client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back

@@ -15,7 +15,9 @@ from aiohttp import web
 
 from ..core.types import Principal
 from ..errors import AuthenticationFailed
+from ..hub.chunks import HubChunks
 from ..namespace.base import Namespace
+from ..rest.chunks import ChunkRoutes
 from ..rest.server import RestServer, VolumeAdmin
 from .identity import SiteIdentity, fingerprint
 
@@ -27,13 +29,22 @@ class FabricServer(RestServer):
         admin: VolumeAdmin | None,
         identity: SiteIdentity,
         trusted: Mapping[str, bytes],
+        chunks: HubChunks | None = None,
     ) -> None:
-        """``trusted`` maps each pinned site's name to its certificate (PEM)."""
+        """``trusted`` maps each pinned site's name to its certificate (PEM); with
+        ``chunks``, spokes can move chunks instead of byte ranges."""
         super().__init__(namespace, admin, site=identity.name)
+        self.chunks = chunks
         self.identity = identity
         self._context = identity.server_context(trusted.values())
         self._sites: dict[str, str] = {}
         self.trust(trusted)
+
+    def app(self) -> web.Application:
+        app = super().app()
+        if self.chunks is not None:
+            ChunkRoutes(self, self.chunks).register(app)
+        return app
 
     def ssl_context(self) -> ssl.SSLContext:
         return self._context

@@ -42,13 +42,14 @@ from ..errors import (
     AlreadyExists,
     BackendUnavailable,
     Conflict,
+    CorruptData,
     IsADirectory,
     LoomError,
     NotFound,
     PermissionDenied,
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
-from .cache import BLOCK, Cache
+from .cache import BLOCK, SMALL_FILE, Cache
 from .journal import Journal, Pending
 
 log = logging.getLogger(__name__)
@@ -293,9 +294,14 @@ class SpokeNamespace(Namespace):
         opening: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         self._opening[path] = opening
         try:
-            async with await self.hub.read(who, path, start, want) as reader:
-                data = await reader.read_all()
-                entry = reader.entry
+            if self.cache.chunks is not None:
+                # with chunks: the entry and its map (small files: their bytes) come first,
+                # then only the chunks this spoke holds nowhere
+                entry, data, start = await self._open_chunked(path), b"", 0
+            else:
+                async with await self.hub.read(who, path, start, want) as reader:
+                    data = await reader.read_all()
+                    entry = reader.entry
             if data:
                 await self.cache.store(path, entry.version, entry.size, start, data)
         except Exception as exc:
@@ -308,6 +314,16 @@ class SpokeNamespace(Namespace):
         finally:
             del self._opening[path]
         opening.set_result(entry)
+        return entry
+
+    async def _open_chunked(self, path: str) -> Entry:
+        assert self.cache.chunks is not None
+        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE)
+        entry = opened.entry
+        if opened.whole:
+            await self.cache.store(path, entry.version, entry.size, 0, opened.whole)
+        elif opened.chunk_map is not None:
+            self.cache.set_map(path, entry.version, entry.size, opened.chunk_map)
         return entry
 
     def _newest_cached(self, path: str) -> Entry | None:
@@ -559,13 +575,35 @@ class SpokeNamespace(Namespace):
         else:  # acknowledged already: commit only over the version it was based on
             if_version, exclusive = pending.base_version, pending.base_version is None
         self.journal.mark_sending(pending)
-        return await self.hub.write(
-            SYSTEM,
+        return await self._send(
             pending.path,
-            _file_chunks(self.journal.data_path(pending)),
+            self.journal.data_path(pending),
             if_version=if_version,
             exclusive=exclusive,
             mode=pending.mode,
+        )
+
+    async def _send(
+        self,
+        path: str,
+        data: Path,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        """Upload one file: as chunks the hub lacks where the link moves chunks and the
+        file is not small, else (or if the hub could not assemble it) its bytes."""
+        chunks = self.cache.chunks
+        if chunks is not None and data.stat().st_size > SMALL_FILE:
+            try:
+                return await chunks.upload(
+                    path, data, if_version=if_version, exclusive=exclusive, mode=mode
+                )
+            except CorruptData as exc:
+                log.warning("chunked upload failed; sending the file whole: %s", exc)
+        return await self.hub.write(
+            SYSTEM, path, _file_chunks(data), if_version=if_version, exclusive=exclusive, mode=mode
         )
 
     async def _holds(self, path: str, pending: Pending) -> bool:
@@ -594,9 +632,7 @@ class SpokeNamespace(Namespace):
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
         try:
-            return await self.hub.write(
-                SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
-            )
+            return await self._send(name, self.journal.data_path(pending), exclusive=True)
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer
                 return await self.hub.stat(SYSTEM, name)

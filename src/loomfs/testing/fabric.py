@@ -60,16 +60,17 @@ class Fabric:
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
-        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity)
-        self.spokes[name] = SpokeNamespace(self.client(name), cache, ["/vol"], site=name)
+        client = self.client(name)
+        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity, link=client)
+        self.spokes[name] = SpokeNamespace(client, cache, ["/vol"], site=name)
         return self.spokes[name]
 
     async def serve_hub(self) -> None:
         """Serve the fabric link on ``port`` (0: a free one, remembered)."""
+        trusted = {n: i.cert_pem for n, i in self.ids.items()}
         server = FabricServer(
-            self.hub.namespace, self.hub, self.hub_id,
-            {n: i.cert_pem for n, i in self.ids.items()},
-        )  # fmt: skip
+            self.hub.namespace, self.hub, self.hub_id, trusted, chunks=self.hub.chunks
+        )
         self.runner = web.AppRunner(server.app())
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
