@@ -24,6 +24,7 @@ from prometheus_client import Counter, Gauge
 
 from . import paths
 from .config import Config, host_port, parse_size
+from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
@@ -63,10 +64,20 @@ class HubService:
         )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: the site's audit log, written while the hub runs ([audit] enabled)
+        self.audit: AuditLog | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.config.audit.enabled:
+            audit = self.config.audit
+            self.audit = AuditLog(
+                self.config.audit_dir,
+                site=self.config.site.name,
+                key=load_key(audit.key_file),
+                segment_size=parse_size(audit.segment_size),
+            ).start()
         await self.catalog.open()
         volumes = await self.namespace.load_volumes()
         VOLUMES.set(len(volumes))
@@ -90,6 +101,9 @@ class HubService:
         self._watchers.clear()
         await self.namespace.close()
         await self.catalog.close()
+        if self.audit is not None:  # last: whatever stopping recorded is written too
+            await asyncio.to_thread(self.audit.close)
+            self.audit = None
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -241,7 +255,9 @@ class HubService:
     async def _fabric_server(self) -> FabricServer:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
-        fabric = FabricServer(self.namespace, self, identity, await sites.trusted())
+        fabric = FabricServer(
+            self.namespace, self, identity, await sites.trusted(), audit=self.audit
+        )
 
         async def follow_trust() -> None:
             while True:  # pins and revocations made with `loomfs site` take effect here
