@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client import REGISTRY
 
 from loomfs.config import Config
 from loomfs.core.audit import (
@@ -226,6 +227,26 @@ def test_a_torn_tail_is_a_crash_not_tampering_and_the_log_goes_on(tmp_path: Path
     assert "truncated" in kinds
 
 
+def test_any_text_is_one_line_that_verifies(tmp_path: Path) -> None:
+    odd = 'a "quoted"\nnew line, tab\t, backslash \\, ünïcödé, 🚀, \x00'
+    directory = tmp_path / "audit"
+    with AuditLog(directory, site="hub") as log:
+        log.record(Principal(odd, site=odd, protocol=odd), odd, "/" + odd, odd, detail=odd)
+        log.record(ALICE, "read", "/x" * 5000, "ok", detail="d" * 5000)  # cut, still one line
+    (segment,) = AuditReader(directory).segments()
+    assert len(lines_of(segment)) == 3
+    first, long = AuditReader(directory).records()
+    assert (first.user, first.site, first.op, first.path, first.detail) == (
+        odd, odd, odd, "/" + odd, odd,
+    )  # fmt: skip
+    assert len(long.path) == len(long.detail) == 4096
+    # the writer's fast encoding is exactly the canonical form a verifier could rebuild
+    record = json.loads(lines_of(segment)[1])
+    stored = record.pop("hash")
+    assert reseal(record, None) == lines_of(segment)[1] and stored in lines_of(segment)[1]
+    assert AuditReader(directory).verify().findings == []
+
+
 def test_query_filters(tmp_path: Path) -> None:
     directory = tmp_path / "audit"
     with AuditLog(directory, site="hub") as log:
@@ -305,8 +326,14 @@ def test_kill_9_loses_nothing_acknowledged_and_the_log_goes_on(tmp_path: Path) -
     assert [r.op for r in last_two] == [TORN_OP, "stat"]
 
 
+def _metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
 async def test_many_tasks_and_threads_record_at_once(tmp_path: Path) -> None:
     directory = tmp_path / "audit"
+    records, batches = _metric("loomfs_audit_records_total"), _metric("loomfs_audit_batches_total")
+    flushes = _metric("loomfs_audit_flush_seconds_count")
     # a small buffer bound: recorders block on the writer instead of losing records
     log = AuditLog(directory, site="hub", batch_size=16, max_buffer=64).start()
 
@@ -331,6 +358,10 @@ async def test_many_tasks_and_threads_record_at_once(tmp_path: Path) -> None:
         log.record(ALICE, "read", "/late", "ok")  # closed: refused, not dropped silently
     report = AuditReader(directory).verify()
     assert report.ok and report.findings == [] and report.records == 50 * 200 + 4 * 500
+    assert _metric("loomfs_audit_records_total") - records == report.records
+    written = _metric("loomfs_audit_batches_total") - batches
+    assert 1 < written < report.records  # batched, one fsync for many records
+    assert _metric("loomfs_audit_flush_seconds_count") - flushes == written
     per_writer: dict[str, list[int]] = {}
     for r in AuditReader(directory).records():
         per_writer.setdefault(r.user, []).append(int(r.detail))
@@ -398,6 +429,17 @@ async def test_the_hub_records_a_revoked_site_it_refuses(tmp_path: Path) -> None
     assert (denied.op, denied.protocol, denied.path) == ("connect", "fabric", "/v1/stat/")
     assert denied.site.startswith("cert:") and "not trusted" in denied.detail
     assert AuditReader(config.audit_dir).verify().ok
+
+
+def test_audit_can_be_off_and_a_started_log_must_not_be_dropped(tmp_path: Path) -> None:
+    config = Config.model_validate(
+        {"site": {"data_dir": str(tmp_path)}, "audit": {"enabled": False}}
+    )
+    assert HubService(config).audit is None
+    never_started = AuditLog(tmp_path / "audit", site="hub")
+    never_started.record(ALICE, "read", "/x", "ok")
+    with pytest.raises(BackendUnavailable, match="never started"):
+        never_started.close()
 
 
 def _cli(

@@ -64,20 +64,22 @@ class HubService:
         )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        #: the site's audit log, written while the hub runs ([audit] enabled)
+        #: the site's audit log ([audit] enabled): it buffers from now on and is written
+        #: from ``start`` on, so the namespace can be given it before the hub starts
         self.audit: AuditLog | None = None
+        if config.audit.enabled:
+            self.audit = AuditLog(
+                config.audit_dir,
+                site=config.site.name,
+                key=load_key(config.audit.key_file),
+                segment_size=parse_size(config.audit.segment_size),
+            )
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.config.audit.enabled:
-            audit = self.config.audit
-            self.audit = AuditLog(
-                self.config.audit_dir,
-                site=self.config.site.name,
-                key=load_key(audit.key_file),
-                segment_size=parse_size(audit.segment_size),
-            ).start()
+        if self.audit is not None:
+            self.audit.start()
         await self.catalog.open()
         volumes = await self.namespace.load_volumes()
         VOLUMES.set(len(volumes))
@@ -103,7 +105,6 @@ class HubService:
         await self.catalog.close()
         if self.audit is not None:  # last: whatever stopping recorded is written too
             await asyncio.to_thread(self.audit.close)
-            self.audit = None
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

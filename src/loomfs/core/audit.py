@@ -77,6 +77,8 @@ TORN_OP = "audit.torn"
 #: already (the log went on after a torn tail in a segment that held no whole record)
 _SEGMENT = re.compile(r"^audit-(\d{16})(?:-(\d+))?\.jsonl(\.gz)?$")
 _HASH_FIELD = ',"hash":"'
+_escape = json.encoder.encode_basestring_ascii  # what json.dumps uses for str (C, fast)
+_EMPTY = '""'
 #: a record's path and detail are cut to this many characters (a record stays one line
 #: that a reader can take in at once)
 MAX_FIELD = 4096
@@ -171,6 +173,35 @@ def _digest(body: bytes, key: bytes | None) -> str:
 def _seal(fields: dict[str, Any], key: bytes | None) -> str:
     """The line for ``fields``: canonical JSON with its hash appended as the last field."""
     body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return f'{body[:-1]}{_HASH_FIELD}{_digest(body.encode(), key)}"}}\n'
+
+
+# what record() buffers: time_ns, site, protocol, user, op, path, nbytes, result, detail
+_Pending = tuple[int, str, str, str, str, str, int, str, str]
+
+
+def _record_line(
+    seq: int, prev: str, item: _Pending, key: bytes | None, escaped: dict[str, str]
+) -> str:
+    """The sealed line of one record: byte for byte what ``_seal`` makes of its fields,
+    built without the generic encoder (this is the writer's hot loop). ``escaped`` caches
+    the JSON form of the few strings that repeat (sites, users, ops, results)."""
+    time_ns, site, protocol, user, op, path, nbytes, result, detail = item
+
+    def esc(text: str) -> str:
+        found = escaped.get(text)
+        if found is None:
+            found = _escape(text)
+            if len(escaped) < 10_000:
+                escaped[text] = found
+        return found
+
+    body = (
+        f'{{"detail":{_escape(detail) if detail else _EMPTY},"nbytes":{int(nbytes)},'
+        f'"op":{esc(op)},"path":{_escape(path)},"prev":"{prev}","protocol":{esc(protocol)},'
+        f'"result":{esc(result)},"seq":{seq},"site":{esc(site)},"time_ns":{time_ns},'
+        f'"user":{esc(user)}}}'
+    )
     return f'{body[:-1]}{_HASH_FIELD}{_digest(body.encode(), key)}"}}\n'
 
 
@@ -514,10 +545,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-# what record() buffers: time_ns, site, protocol, user, op, path, nbytes, result, detail
-_Pending = tuple[int, str, str, str, str, str, int, str, str]
-
-
 class AuditLog:
     """The writer of one audit directory (one process at a time: it holds a lock file).
 
@@ -547,20 +574,23 @@ class AuditLog:
         self.batch_size = batch_size
         self.interval = interval
         self.max_buffer = max_buffer
-        self._cond = threading.Condition()
+        # record() takes only the plain lock (a C call); waiting for the writer goes
+        # through the condition on the same lock, and the writer sleeps on an event
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
         self._buffer: list[_Pending] = []
         self._queued = 0  # records ever buffered
         self._durable = 0  # of those, written and fsynced
-        self._flush_wanted = 0
         self._closing = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._lock_fd: int | None = None
         self._fd: int | None = None
-        self._segment: Path | None = None
         self._size = 0
         self._seq = 0
         self._last = GENESIS
+        self._escaped: dict[str, str] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -610,9 +640,9 @@ class AuditLog:
 
     def close(self) -> None:
         """Write everything recorded so far, then stop the writer and release the lock."""
-        with self._cond:
+        with self._lock:
             self._closing = True
-            self._cond.notify_all()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -622,9 +652,10 @@ class AuditLog:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-        if self._error is not None and self._buffer:
+        if self._buffer:
+            why = self._error or "the log was never started"
             raise BackendUnavailable(
-                f"audit log: {len(self._buffer)} records could not be written: {self._error}"
+                f"audit log: {len(self._buffer)} records could not be written: {why}"
             )
 
     def __enter__(self) -> AuditLog:
@@ -649,23 +680,26 @@ class AuditLog:
             time.time_ns(), who.site, who.protocol, who.user, op,
             path[:MAX_FIELD], nbytes, result, detail[:MAX_FIELD],
         )  # fmt: skip
-        with self._cond:
-            if len(self._buffer) >= self.max_buffer:
-                self._wait_for_room()
+        with self._lock:
             if self._closing:
                 raise BackendUnavailable("audit log is closed")
             self._buffer.append(item)
             self._queued += 1
-            if len(self._buffer) == self.batch_size:
-                self._cond.notify_all()
+            depth = len(self._buffer)
+        if depth == self.batch_size:
+            self._wake.set()
+        if depth >= self.max_buffer:
+            self._wait_for_room()
 
     def _wait_for_room(self) -> None:
-        """Back-pressure (the lock is held): wait for the writer; fail loudly where it
-        cannot write at all, rather than drop the record."""
-        while len(self._buffer) >= self.max_buffer:
-            if self._error is not None or self._thread is None:
-                raise BackendUnavailable(f"audit log cannot be written: {self._error}")
-            self._cond.wait(self.interval)
+        """Back-pressure: wait for the writer to drain the buffer; fail loudly where it
+        cannot write at all, rather than drop a record."""
+        with self._cond:
+            while len(self._buffer) >= self.max_buffer:
+                if self._error is not None or self._thread is None:
+                    raise BackendUnavailable(f"audit log cannot be written: {self._error}")
+                self._wake.set()
+                self._cond.wait(self.interval)
 
     def flush(self, timeout: float | None = None) -> int:
         """Block until every record recorded before this call is fsynced; returns the
@@ -673,8 +707,7 @@ class AuditLog:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._queued
-            self._flush_wanted = max(self._flush_wanted, target)
-            self._cond.notify_all()
+            self._wake.set()
             while self._durable < target:
                 if self._error is not None:
                     raise BackendUnavailable(f"audit log cannot be written: {self._error}")
@@ -688,20 +721,17 @@ class AuditLog:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                deadline = time.monotonic() + self.interval
-                while not self._closing and len(self._buffer) < self.batch_size:
-                    left = deadline - time.monotonic()
-                    if self._flush_wanted > self._durable or left <= 0:
-                        break
-                    self._cond.wait(left)
+            # woken by a full batch, a flush, back-pressure or close; else every interval
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            with self._lock:
                 batch, self._buffer = self._buffer, []
                 closing = self._closing
-                BUFFER_DEPTH.set(len(batch))
+            BUFFER_DEPTH.set(len(batch))
             if batch:
                 self._write_batch(batch)
             if closing:
-                with self._cond:
+                with self._lock:
                     if not self._buffer or self._error is not None:
                         return
 
@@ -712,14 +742,9 @@ class AuditLog:
             if self._fd is None or self._size >= self.segment_size:
                 self._rotate()
             lines = []
-            for time_ns, site, protocol, user, op, path, nbytes, result, detail in batch:
+            for item in batch:
                 seq += 1
-                line = _seal(
-                    {"seq": seq, "time_ns": time_ns, "site": site, "protocol": protocol,
-                     "user": user, "op": op, "path": path, "nbytes": nbytes,
-                     "result": result, "detail": detail, "prev": last},
-                    self.key,
-                )  # fmt: skip
+                line = _record_line(seq, last, item, self.key, self._escaped)
                 last = line[-67:-3]  # the 64 hex digits of the hash just sealed
                 lines.append(line)
             self._append("".join(lines).encode())
@@ -741,12 +766,19 @@ class AuditLog:
             self._cond.notify_all()
 
     def _append(self, data: bytes) -> None:
+        """Append and fsync all of ``data`` or, on failure, none of it (a retried batch
+        must not leave a half batch before it)."""
         assert self._fd is not None
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        os.fsync(self._fd)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            os.fsync(self._fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
         self._size += len(data)
 
     def _rotate(self) -> None:
@@ -761,11 +793,18 @@ class AuditLog:
              "keyed": self.key is not None, "time_ns": time.time_ns()},
             self.key,
         )  # fmt: skip
-        self._open(path)
-        self._append(header.encode())
-        _fsync_dir(self.directory)
+        fd = self._open(path)
+        try:
+            self._append(header.encode())
+            _fsync_dir(self.directory)
+        except OSError:
+            # no segment without its header: the next try starts this one afresh
+            os.close(fd)
+            self._fd = None
+            path.unlink(missing_ok=True)
+            raise
 
-    def _open(self, path: Path) -> None:
+    def _open(self, path: Path) -> int:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        self._segment = path
         self._size = os.fstat(self._fd).st_size
+        return self._fd
