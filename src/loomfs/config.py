@@ -92,7 +92,7 @@ class AuditSection(_Section):
     enabled: bool = True
     dir: Path | None = None  # default: <data_dir>/audit
     #: a segment is closed and a new one started past this size
-    segment_size: str = "64M"
+    segment_size: str = "16M"
     #: a secret (at least 16 bytes) that keys the chain, so that only its holder can
     #: recompute it; keep it away from whoever can write the log
     key_file: Path | None = None

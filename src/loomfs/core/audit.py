@@ -295,7 +295,8 @@ class AuditReader:
             report.segments += 1
             expected_prev, last_seq = self._verify_header(segment, expected_prev, last_seq, report)
             by_hash: dict[str, tuple[int, int]] = {}  # hash -> (line, seq)
-            parsed: list[tuple[int, dict[str, Any], str, bool] | None] = []
+            # (seq, prev, hash, hash matches) per line: what the links need, no more
+            parsed: list[tuple[int, object, str, bool] | None] = []
             for number, raw in enumerate(segment.lines, start=segment.first_line):
                 try:
                     fields, stored, good = _unseal(raw.decode(), self.key)
@@ -311,14 +312,13 @@ class AuditReader:
                         Finding("edited", segment.name, number, seq, "hash does not match")
                     )
                 by_hash[stored] = (number, seq)
-                parsed.append((seq, fields, stored, good))
+                parsed.append((seq, fields.get("prev"), stored, good))
             before_line = segment.first_line - 1
             for number, item in enumerate(parsed, start=segment.first_line):
                 if item is None:  # unreadable: the link after it can't be checked
                     expected_prev, last_seq, before_line = None, last_seq + 1, number
                     continue
-                seq, fields, stored, good = item
-                prev = fields.get("prev")
+                seq, prev, stored, good = item
                 if not good:
                     # its fields can't be trusted; it takes the next slot, and the record
                     # after it links to the hash it still carries
@@ -560,7 +560,7 @@ class AuditLog:
         *,
         site: str,
         key: bytes | None = None,
-        segment_size: int = 64 << 20,
+        segment_size: int = 16 << 20,
         batch_size: int = 1000,
         interval: float = 0.1,
         max_buffer: int = 100_000,
