@@ -247,6 +247,29 @@ def test_any_text_is_one_line_that_verifies(tmp_path: Path) -> None:
     assert AuditReader(directory).verify().findings == []
 
 
+def test_a_crash_while_rotating_is_torn_too(tmp_path: Path) -> None:
+    directory = tmp_path / "audit"
+    write_log(directory, 20)
+    (directory / "audit-0000000000000021.jsonl").touch()  # created, header never written
+    report = AuditReader(directory).verify()
+    assert report.ok and [f.kind for f in report.findings] == ["torn"]
+    write_log(directory, 3)
+    report = AuditReader(directory).verify()
+    assert report.ok and [f.kind for f in report.findings] == ["torn"]
+    assert report.records == 24 and "recovered" in report.findings[0].message
+    newest = AuditReader(directory).segments()[-1]
+    assert newest.name == "audit-0000000000000021-1.jsonl"
+
+
+def test_wrong_types_are_recorded_not_lost(tmp_path: Path) -> None:
+    directory = tmp_path / "audit"
+    with AuditLog(directory, site="hub") as log:
+        log.record(ALICE, 7, "/p", None, nbytes="many")  # type: ignore[arg-type]
+    (record,) = AuditReader(directory).records()
+    assert (record.op, record.result, record.nbytes) == ("7", "None", -1)
+    assert AuditReader(directory).verify().findings == []
+
+
 def test_query_filters(tmp_path: Path) -> None:
     directory = tmp_path / "audit"
     with AuditLog(directory, site="hub") as log:

@@ -205,6 +205,17 @@ def _record_line(
     return f'{body[:-1]}{_HASH_FIELD}{_digest(body.encode(), key)}"}}\n'
 
 
+def _coerce(item: _Pending) -> _Pending:
+    """A record whose fields had the wrong types, made encodable rather than lost."""
+    time_ns, site, protocol, user, op, path, nbytes, result, detail = item
+    try:
+        size = int(nbytes)
+    except (TypeError, ValueError):
+        size = -1
+    return (int(time_ns), str(site), str(protocol), str(user), str(op), str(path), size,
+            str(result), str(detail))  # fmt: skip
+
+
 def _unseal(line: str, key: bytes | None) -> tuple[dict[str, Any], str, bool]:
     """(fields, stored hash, whether the hash matches the bytes); ValueError if the line
     is not a sealed JSON object at all."""
@@ -293,6 +304,9 @@ class AuditReader:
         for index, path in enumerate(paths):
             segment = _read_segment(path, self.key)
             report.segments += 1
+            if segment.header is None and not segment.lines:  # a crash while rotating
+                self._explain_torn(segment, paths[index + 1 :], report)
+                continue
             expected_prev, last_seq = self._verify_header(segment, expected_prev, last_seq, report)
             by_hash: dict[str, tuple[int, int]] = {}  # hash -> (line, seq)
             # (seq, prev, hash, hash matches) per line: what the links need, no more
@@ -627,10 +641,11 @@ class AuditLog:
             return None
         newest = _read_segment(paths[-1], self.key)
         self._seq, self._last = AuditReader(self.directory, self.key).head()
-        if paths[-1].suffix == ".jsonl" and not newest.torn:
+        unfinished = newest.torn or (newest.header is None and not newest.lines)
+        if paths[-1].suffix == ".jsonl" and not unfinished:
             self._open(paths[-1])
             return None
-        if newest.torn:
+        if unfinished:
             log.warning(
                 "audit log ends in a torn record (a crash); continuing in a new segment",
                 extra={"segment": newest.name, "torn_bytes": len(newest.torn)},
@@ -744,12 +759,15 @@ class AuditLog:
             lines = []
             for item in batch:
                 seq += 1
-                line = _record_line(seq, last, item, self.key, self._escaped)
+                try:
+                    line = _record_line(seq, last, item, self.key, self._escaped)
+                except (TypeError, ValueError):  # a caller passed a non-str or non-int
+                    line = _record_line(seq, last, _coerce(item), self.key, self._escaped)
                 last = line[-67:-3]  # the 64 hex digits of the hash just sealed
                 lines.append(line)
             self._append("".join(lines).encode())
-        except OSError as exc:
-            log.error("audit batch not written; retrying", extra={"error": str(exc)})
+        except Exception as exc:  # the writer must outlive any failure, and say so
+            log.exception("audit batch not written; retrying", extra={"error": str(exc)})
             with self._cond:
                 self._error = exc
                 self._buffer[:0] = batch  # keep the order; retried on the next round
