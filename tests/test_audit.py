@@ -297,6 +297,18 @@ def test_query_filters(tmp_path: Path) -> None:
     assert middle[0] == 2
     first = next(reader.query(user="alice"))
     assert (first.protocol, first.nbytes, first.path) == ("s3", 100, "/datasets/eu/a.bin")
+    assert _cli(tmp_path / "elsewhere", "verify").returncode == 2  # no log there: said so
+
+
+def test_query_since_skips_old_segments_and_misses_nothing(tmp_path: Path) -> None:
+    directory = tmp_path / "audit"
+    write_log(directory, 300, segment_size=2048)
+    reader = AuditReader(directory)
+    everything = list(reader.records())
+    for r in everything[::37]:
+        assert [x.seq for x in reader.query(since=r.time_ns)] == [
+            x.seq for x in everything if x.time_ns >= r.time_ns
+        ]
 
 
 def test_kill_9_loses_nothing_acknowledged_and_the_log_goes_on(tmp_path: Path) -> None:

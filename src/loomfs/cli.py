@@ -864,6 +864,8 @@ def _audit_reader(ctx: click.Context) -> AuditReader:
     """The audit directory of this site, from the config: audit commands run on the hub."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     config = state.config
+    if not config.audit_dir.is_dir():
+        raise NotFound(f"no audit log in {config.audit_dir} (is [site] data_dir right?)")
     return AuditReader(config.audit_dir, load_key(config.audit.key_file))
 
 

@@ -441,9 +441,16 @@ class AuditReader:
 
     # -- query -----------------------------------------------------------------------------
 
-    def records(self) -> Iterator[AuditRecord]:
-        """Every complete record, in log order (no verification)."""
-        for path in self.segments():
+    def records(self, since: int | None = None) -> Iterator[AuditRecord]:
+        """Every complete record, in log order (no verification). With ``since``,
+        segments that ended before it are skipped unread: every record of a segment was
+        recorded before the next segment's header was written."""
+        paths = self.segments()
+        for index, path in enumerate(paths):
+            if since is not None and index + 1 < len(paths):
+                started = _header_time(paths[index + 1])
+                if started is not None and started < since:
+                    continue
             for raw in _segment_lines(path):
                 if not raw.endswith(b"\n") or raw.startswith(_HEADER_START):
                     continue
@@ -466,7 +473,7 @@ class AuditReader:
         exclusive; ``path_prefix`` matches that path and everything below it)."""
         top = path_prefix.rstrip("/") if path_prefix else None
         below = None if top is None else top + "/"
-        for r in self.records():
+        for r in self.records(since):
             if (
                 (user is None or r.user == user)
                 and (site is None or r.site == site)
@@ -489,6 +496,16 @@ class AuditReader:
             if segment.header is not None:
                 return int(segment.header["first_seq"]) - 1, str(segment.header["prev"])
         return 0, GENESIS
+
+
+def _header_time(path: Path) -> int | None:
+    """When a segment was started, from its header (None where it has none)."""
+    first = next(_segment_lines(path), b"")
+    if not first.startswith(_HEADER_START):
+        return None
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        return int(_unseal(first.rstrip(b"\n").decode(), None)[0]["time_ns"])
+    return None
 
 
 def _torn_detail(segment: str, nbytes: int) -> str:
