@@ -473,6 +473,8 @@ def test_audit_can_be_off_and_a_started_log_must_not_be_dropped(tmp_path: Path) 
     assert HubService(config).audit is None
     never_started = AuditLog(tmp_path / "audit", site="hub")
     never_started.record(ALICE, "read", "/x", "ok")
+    with pytest.raises(BackendUnavailable, match="before start"):
+        never_started.flush()
     with pytest.raises(BackendUnavailable, match="never started"):
         never_started.close()
 

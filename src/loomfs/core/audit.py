@@ -426,7 +426,10 @@ class AuditReader:
     def _explain_torn(self, segment: _Segment, later: list[Path], report: VerifyReport) -> None:
         line = len(segment.lines) + segment.first_line
         if not later:
-            message = f"{len(segment.torn)} bytes of an unfinished record (crash; never acked)"
+            message = (
+                f"{len(segment.torn)} bytes of an unfinished record: a crash (never"
+                " acknowledged), or a write under way while this ran"
+            )
             report.findings.append(Finding("torn", segment.name, line, None, message))
             return
         recovery = _read_segment(later[0], self.key)
@@ -741,6 +744,8 @@ class AuditLog:
             target = self._queued
             self._wake.set()
             while self._durable < target:
+                if self._thread is None:
+                    raise BackendUnavailable("audit log: flush before start or after close")
                 if self._error is not None:
                     raise BackendUnavailable(f"audit log cannot be written: {self._error}")
                 left = None if deadline is None else deadline - time.monotonic()
