@@ -98,6 +98,17 @@ class SpokeSection(_Section):
     listen: str = "127.0.0.1:7071"
 
 
+class AuditSection(_Section):
+    #: record every access and policy decision in a hash-chained log
+    enabled: bool = True
+    dir: Path | None = None  # default: <data_dir>/audit
+    #: a segment is closed and a new one started past this size
+    segment_size: str = "16M"
+    #: a secret (at least 16 bytes) that keys the chain, so that only its holder can
+    #: recompute it; keep it away from whoever can write the log
+    key_file: Path | None = None
+
+
 class Config(_Section):
     site: SiteSection = SiteSection()
     catalog: CatalogSection = CatalogSection()
@@ -108,6 +119,7 @@ class Config(_Section):
     client: ClientSection = ClientSection()
     sftp: SftpSection = SftpSection()
     log: LogSection = LogSection()
+    audit: AuditSection = AuditSection()
 
     @property
     def identity_dir(self) -> Path:
@@ -116,6 +128,10 @@ class Config(_Section):
     @property
     def catalog_url(self) -> str:
         return self.catalog.url or f"sqlite://{self.site.data_dir.resolve() / 'catalog.db'}"
+
+    @property
+    def audit_dir(self) -> Path:
+        return self.audit.dir or self.site.data_dir / "audit"
 
     @property
     def listen_host_port(self) -> tuple[str, int]:

@@ -24,6 +24,7 @@ from prometheus_client import Counter, Gauge
 
 from . import paths
 from .config import Config, host_port, parse_size
+from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
@@ -66,10 +67,22 @@ class HubService:
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.chunks = HubChunks(self.namespace, config.site.data_dir / "chunk-staging")
+        #: the site's audit log ([audit] enabled): it buffers from now on and is written
+        #: from ``start`` on, so the namespace can be given it before the hub starts
+        self.audit: AuditLog | None = None
+        if config.audit.enabled:
+            self.audit = AuditLog(
+                config.audit_dir,
+                site=config.site.name,
+                key=load_key(config.audit.key_file),
+                segment_size=parse_size(config.audit.segment_size),
+            )
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.audit is not None:
+            self.audit.start()
         await self.catalog.open()
         self.chunks.clear_staging()  # chunks of uploads a stopped hub never committed
         volumes = await self.namespace.load_volumes()
@@ -95,6 +108,8 @@ class HubService:
         await self.namespace.close()
         self.chunks.close()
         await self.catalog.close()
+        if self.audit is not None:  # last: whatever stopping recorded is written too
+            await asyncio.to_thread(self.audit.close)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -248,7 +263,12 @@ class HubService:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
         fabric = FabricServer(
-            self.namespace, self, identity, await sites.trusted(), chunks=self.chunks
+            self.namespace,
+            self,
+            identity,
+            await sites.trusted(),
+            chunks=self.chunks,
+            audit=self.audit,
         )
 
         async def follow_trust() -> None:
