@@ -10,6 +10,7 @@ import asyncio
 import io
 import os
 import random
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,11 +18,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from loomfs.chunks import DEFAULT_WINDOW, ChunkMap, chunk_map_of
+from loomfs.chunks import DEFAULT_WINDOW, ChunkMap, chunk_map_of, encode_chunk
 from loomfs.chunks.metrics import CORRUPT
 from loomfs.core.catalog.base import Catalog
 from loomfs.core.types import Principal
 from loomfs.hub.chunks import MAPS_COMPUTED, HubChunks, Wanted
+from loomfs.hub.deltastore import BASES, DeltaStore
 from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.server import RestServer
 from loomfs.testing.fabric import Fabric, fabric
@@ -73,7 +75,9 @@ async def test_a_re_read_after_two_scattered_edits_moves_only_the_changed_chunks
     moved = env.link.down.bytes - before
     changed = new_bytes(old, new)
     assert 0 < changed <= 4 * DEFAULT_WINDOW.max_size  # two edits: a few chunks each
-    assert changed <= moved <= changed + map_cost(new) + OVERHEAD
+    # the changed chunks go as deltas against the version the spoke holds (the hub's
+    # delta store kept it): about the 150 edited bytes each, not the chunks' size
+    assert moved <= map_cost(new) + OVERHEAD < changed
 
 
 async def test_a_second_file_sharing_content_moves_almost_nothing(env: Fabric) -> None:
@@ -200,3 +204,108 @@ async def test_loomfs_status_prints_the_transfer_counters(env: Fabric) -> None:
     assert ("hub", "down") in rows, text
     logical, wire = (int(v.replace(",", "")) for v in rows[("spoke", "down")][:2])
     assert logical >= len(data) and wire > 0, text  # this read, at least
+
+
+def text_rows(rng: random.Random, count: int) -> list[bytes]:
+    """JSONL-like lines of pseudo-words: compresses about 3x, never repeats itself."""
+    words = ["".join(rng.choices("etaoinshrdlucmfwyp", k=rng.randint(2, 8))) for _ in range(3000)]
+    return [
+        b'{"id": %d, "text": "%s"}\n' % (i, " ".join(rng.choices(words, k=40)).encode())
+        for i in range(count)
+    ]
+
+
+def edited_rows(rng: random.Random, rows: list[bytes], share: float) -> list[bytes]:
+    """``share`` of the rows rewritten in place, scattered through the file."""
+    fresh = text_rows(rng, len(rows))
+    out = list(rows)
+    for index in rng.sample(range(len(rows)), int(len(rows) * share)):
+        out[index] = fresh[index]
+    return out
+
+
+def plain_cost(old: bytes, new: bytes) -> int:
+    """What the chunks of ``new`` missing from ``old`` cost as plain zstd frames."""
+    held = map_of(old).ids()
+    return sum(len(encode_chunk(new[p.offset : p.end])) for p in map_of(new) if p.id not in held)
+
+
+async def test_a_file_changed_in_place_moves_as_deltas_against_the_version_the_spoke_holds(
+    env: Fabric,
+) -> None:
+    rng = random.Random(8)
+    rows = text_rows(rng, 24_000)
+    old = b"".join(rows)
+    await env.hub.namespace.write_bytes(WHO, "/vol/train.jsonl", old)
+    assert await env.spoke.read_bytes(WHO, "/vol/train.jsonl") == old
+    new = b"".join(edited_rows(rng, rows, 0.02))
+    await env.hub.namespace.write_bytes(WHO, "/vol/train.jsonl", new)  # in place
+    before = env.link.down.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/train.jsonl") == new
+    moved = env.link.down.bytes - before
+    plain = plain_cost(old, new)
+    assert new_bytes(old, new) > len(new) // 2  # edits everywhere: most chunks changed
+    assert moved < plain // 4
+
+
+@pytest.mark.parametrize("lost", ["version", "chunks"])
+async def test_a_base_the_delta_store_lost_falls_back_to_plain_frames(
+    env: Fabric, tmp_path: Path, lost: str
+) -> None:
+    """The store forgot the version (a fresh store) or kept its map but evicted its chunks
+    (a store too small to hold it): the read still gets the right bytes, as plain frames."""
+    chunks = env.hub.chunks
+    assert chunks.delta_store is not None
+    chunks.delta_store.close()
+    chunks.delta_store = DeltaStore(tmp_path / "small.db", 256 * 1024)
+    rng = random.Random(9)
+    rows = text_rows(rng, 12_000)
+    old = b"".join(rows)
+    await env.hub.namespace.write_bytes(WHO, "/vol/evicted.jsonl", old)
+    assert await env.spoke.read_bytes(WHO, "/vol/evicted.jsonl") == old
+    if lost == "version":
+        chunks.delta_store.close()
+        chunks.delta_store = DeltaStore(tmp_path / "fresh.db", 1 << 30)
+    new = b"".join(edited_rows(rng, rows, 0.02))
+    await env.hub.namespace.write_bytes(WHO, "/vol/evicted.jsonl", new)
+    unknown = BASES.labels("unknown")._value.get()
+    before = env.link.down.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/evicted.jsonl") == new
+    moved = env.link.down.bytes - before
+    plain = plain_cost(old, new)
+    # at most the last chunks kept (256 KiB of frames) could serve as a base
+    assert plain - 256 * 1024 <= moved <= plain + map_cost(new) + OVERHEAD
+    assert BASES.labels("unknown")._value.get() == unknown + (lost == "version")
+
+
+def test_the_delta_store_is_bounded_survives_a_restart_and_never_returns_damaged_bytes(
+    tmp_path: Path,
+) -> None:
+    data = b"".join(text_rows(random.Random(10), 6_000))
+    cmap = map_of(data)
+    frames = {p.id: encode_chunk(data[p.offset : p.end]) for p in cmap}
+    path = tmp_path / "store.db"
+    store = DeltaStore(path, sum(len(f) for f in frames.values()))
+    store.record("/f", 1, cmap)
+    for piece in cmap:
+        store.keep(piece.id, data[piece.offset : piece.end], frames[piece.id])
+    reference = store.reference("/f", 1)
+    assert reference is not None and reference.read(0, len(data)) == data
+    assert store.reference("/f", 2) is None
+    store.close()
+
+    store = DeltaStore(path, store.capacity)  # reopened: all still there
+    assert store.size == sum(len(f) for f in frames.values())
+    # one more chunk than fits: the least recently used (the first kept) goes
+    extra = b"x" * 5000
+    store.keep(chunk_map_of(io.BytesIO(extra))[0].id, extra)
+    assert store.size <= store.capacity
+    reference = store.reference("/f", 1)
+    assert reference is not None
+    assert reference.read(0, len(data)) == b""  # the first chunk is gone: nothing exact
+    # from the second chunk on, bytes are exact up to the first damaged chunk
+    second, third = cmap[1], cmap[2]
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE chunks SET frame = ? WHERE id = ?", (frames[cmap[0].id], third.id))
+    assert reference.read(second.offset, len(data)) == data[second.offset : third.offset]
+    store.close()

@@ -43,6 +43,9 @@ class HubSection(_Section):
     watch: bool = True
     #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke
     lease_ttl: float = 15.0
+    #: bytes of the versions spokes hold that the hub keeps (zstd frames, LRU) in
+    #: <data_dir>/delta-store.db, to send files changed in place as deltas; 0 = none
+    delta_store_size: str = "2G"
 
 
 class S3Section(_Section):

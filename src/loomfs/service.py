@@ -38,6 +38,7 @@ from .fabric.server import FabricServer
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
 from .hub.coherence import Leases
+from .hub.deltastore import DeltaStore
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
@@ -66,7 +67,14 @@ class HubService:
         )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.chunks = HubChunks(self.namespace, config.site.data_dir / "chunk-staging")
+        store_size = parse_size(config.hub.delta_store_size)
+        self.chunks = HubChunks(
+            self.namespace,
+            config.site.data_dir / "chunk-staging",
+            delta_store=DeltaStore(config.site.data_dir / "delta-store.db", store_size)
+            if store_size
+            else None,
+        )
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
         #: from ``start`` on, so the namespace can be given it before the hub starts
         self.audit: AuditLog | None = None

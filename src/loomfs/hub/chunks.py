@@ -56,6 +56,7 @@ from ..errors import (
     UnsupportedScheme,
 )
 from ..namespace.base import Reader
+from .deltastore import DeltaStore
 from .namespace import HubNamespace
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,13 @@ class _SyncStream:
 
 
 class HubChunks:
-    def __init__(self, namespace: HubNamespace, staging: Path, workers: int | None = None) -> None:
+    def __init__(
+        self,
+        namespace: HubNamespace,
+        staging: Path,
+        workers: int | None = None,
+        delta_store: DeltaStore | None = None,
+    ) -> None:
         catalog = namespace.catalog
         if not isinstance(catalog, SqlCatalog):
             raise UnsupportedScheme(f"chunk maps need a SQL catalog, not {catalog.url}")
@@ -141,12 +148,16 @@ class HubChunks:
         self.pipeline = ChunkPipeline(workers)
         self._encoders = ThreadPoolExecutor(self.pipeline.workers, thread_name_prefix="loomfs-enc")
         self._mapping: dict[tuple[str, int], asyncio.Future[ChunkMap]] = {}
+        #: bytes of versions spokes hold, for deltas once the volume's file moved on
+        self.delta_store = delta_store
         #: a test hook: applied to every frame before it is sent (to corrupt one in flight)
         self.frame_hook: Callable[[bytes], bytes] | None = None
 
     def close(self) -> None:
         self.pipeline.close()
         self._encoders.shutdown(wait=True, cancel_futures=True)
+        if self.delta_store is not None:
+            self.delta_store.close()
 
     # -- chunk maps ------------------------------------------------------------------------
 
@@ -157,12 +168,17 @@ class HubChunks:
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         stored = await self._stored_map(entry)
-        if stored is not None:
-            return entry, stored
+        if stored is None:
+            stored = await self._map_once(who, entry)
+        if self.delta_store is not None:  # the asker will hold this version
+            await asyncio.to_thread(self.delta_store.record, entry.path, entry.version, stored)
+        return entry, stored
+
+    async def _map_once(self, who: Principal, entry: Entry) -> ChunkMap:
         key = (entry.path, entry.version)
         pending = self._mapping.get(key)
         if pending is not None:
-            return entry, await asyncio.shield(pending)
+            return await asyncio.shield(pending)
         future: asyncio.Future[ChunkMap] = asyncio.get_running_loop().create_future()
         self._mapping[key] = future
         try:
@@ -178,7 +194,7 @@ class HubChunks:
         finally:
             del self._mapping[key]
         future.set_result(cmap)
-        return entry, cmap
+        return cmap
 
     async def _compute(self, who: Principal, entry: Entry) -> ChunkMap:
         async with await self.namespace.read(who, entry.path, if_version=entry.version) as reader:
@@ -301,6 +317,9 @@ class HubChunks:
                 held = await self._open(*base)
                 if held is not None and held.region is not None:
                     reference = _RegionReference(held.region)
+                elif held is None and self.delta_store is not None:
+                    # changed in place since the receiver got it: the store may keep it
+                    reference = await asyncio.to_thread(self.delta_store.reference, *base)
             loop = asyncio.get_running_loop()
             pending: list[asyncio.Future[list[tuple[bytes, int, int]]]] = []
             batch: list[tuple[Wanted, Source | None, bytes | None]] = []
@@ -369,6 +388,8 @@ class HubChunks:
                     frame = encode_delta(data, reference, want.delta_from, DEFAULT_SETTINGS)
                 else:
                     frame = encode_chunk(data, DEFAULT_SETTINGS)
+                if self.delta_store is not None:  # the receiver will hold it: a future base
+                    self.delta_store.keep(want.id, data, frame)
                 out.append((frame, len(data), -1))
             return out
 

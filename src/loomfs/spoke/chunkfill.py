@@ -15,10 +15,10 @@ evicted) and fetches the rest in one batch. Frames are decoded and verified on w
 threads as they arrive (network, decoding and disk overlap, and the cache runs several
 fills at once); a corrupt or truncated frame is fetched again, a chunk the hub no longer
 holds sends the run back to the ranged fetch. Chunks sticking out of the run are written
-too, so the next run finds them held. When another cached file in the same directory
-shares the file's layout (a checkpoint series), the hub may send delta frames against it:
-it is named as the base only when complete here, and decoding failures fall back to plain
-frames.
+too, so the next run finds them held. When the spoke holds an older version of the same
+file (changed in place at the hub) or another cached file in the same directory shares the
+file's layout (a checkpoint series), the hub may send delta frames against it: it is named
+as the base only when complete here, and decoding failures fall back to plain frames.
 """
 
 from __future__ import annotations
@@ -353,22 +353,26 @@ class ChunkFiller:
             transfer.done()
 
     def _base(self, entry: CachedFile, cmap: ChunkMap) -> tuple[CachedFile, ChunkMap] | None:
-        """A complete cached version of another file in the same directory, most alike
-        (``choose_reference``), for the hub to delta-encode against; it must still be
-        at that version at the hub, which the hub checks."""
+        """A complete cached version for the hub to delta-encode against: the newest
+        older version of the same path (changed in place: the hub's delta store may still
+        keep its bytes), else the file of the same directory most alike
+        (``choose_reference``). The hub checks that it holds the version named, in its
+        volume or its delta store, and sends plain frames if not."""
         folder = PurePosixPath(entry.path).parent
         held: dict[str, tuple[CachedFile, ChunkMap]] = {}
         for file_id, other in self.maps.items():
             cached = self._files().get(file_id)
             if (
                 cached is None
-                or cached.path == entry.path
-                or cached.retired
+                or cached.id == entry.id
                 or PurePosixPath(cached.path).parent != folder
+                or (cached.retired and cached.path != entry.path)
                 or not cached.complete()
             ):
                 continue
-            held[cached.path] = (cached, other)
+            known = held.get(cached.path)
+            if known is None or known[0].version < cached.version:
+                held[cached.path] = (cached, other)
         name = choose_reference(entry.path, cmap, {p: m for p, (_, m) in held.items()})
         return held[name] if name is not None else None
 
