@@ -309,3 +309,15 @@ def test_the_delta_store_is_bounded_survives_a_restart_and_never_returns_damaged
         db.execute("UPDATE chunks SET frame = ? WHERE id = ?", (frames[cmap[0].id], third.id))
     assert reference.read(second.offset, len(data)) == data[second.offset : third.offset]
     store.close()
+
+
+async def test_a_small_file_is_warmed_whole_and_compressed(env: Fabric) -> None:
+    data = b"".join(text_rows(random.Random(11), 2_000))
+    assert len(data) <= 1 << 20  # a file the spoke fetches whole, without a chunk map
+    await env.hub.namespace.mkdir(WHO, "/vol/small")
+    await env.hub.namespace.write_bytes(WHO, "/vol/small/rows.jsonl", data)
+    before = env.link.down.bytes
+    await env.spoke.warm(WHO, "/vol/small")
+    moved = env.link.down.bytes - before
+    assert await env.spoke.read_bytes(WHO, "/vol/small/rows.jsonl") == data
+    assert moved <= len(encode_chunk(data)) + OVERHEAD < len(data)

@@ -317,6 +317,8 @@ class Cache:
             data = None
             if self.chunks is not None and entry.size > SMALL_FILE:
                 data = await self.chunks.assemble(entry, start, length)
+            elif self.chunks is not None:  # small: whole and compressed, not a raw range
+                data = await self.chunks.whole(entry, SMALL_FILE, start, length)
             if data is None:
                 data = await fetch(entry.path, entry.version, start, length)
         if len(data) != length:

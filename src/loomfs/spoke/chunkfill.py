@@ -162,6 +162,15 @@ class ChunkFiller:
         self.set_map(entry.id, opened.chunk_map)
         return opened.chunk_map
 
+    async def whole(self, entry: CachedFile, small: int, start: int, length: int) -> bytes | None:
+        """A small file's bytes as one zstd frame (the hub answers files up to ``small``
+        bytes whole, verified by their id); None if the hub is at another version now
+        (the caller fetches the range, which says so)."""
+        opened = await self.link.open_chunked(entry.path, small=small)
+        if opened.entry.version != entry.version or opened.whole is None:
+            return None
+        return opened.whole[start : start + length]
+
     async def assemble(self, entry: CachedFile, start: int, length: int) -> bytes | None:
         """The bytes [start, start+length) of ``entry``, from chunks held here and fetched;
         None when the hub holds some chunk no more (the caller fetches the range)."""
