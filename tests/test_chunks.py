@@ -245,6 +245,22 @@ def test_a_tensor_that_moved_a_little_is_sent_as_xor() -> None:
         decode_frame(frame, chunk_id(new), BytesReference(held[:-200]))
 
 
+def test_a_delta_judges_a_tensor_by_more_than_its_middle() -> None:
+    """A tensor chunk whose middle 4 KiB holds other bytes (a header, an int buffer) is
+    still found numeric by the delta's larger sample, and sent as XOR."""
+    rng = random.Random(16)
+    old_values = [rng.gauss(0, 0.02) for _ in range(24_576)]
+    new_values = [v + rng.gauss(0, 1e-5) for v in old_values]
+    middle = rng.randbytes(6_000)
+    half = len(old_values) // 2 * 4
+    old = array.array("f", old_values).tobytes()
+    new = array.array("f", new_values).tobytes()
+    old, new = old[:half] + middle + old[half:], new[:half] + middle + new[half:]
+    frame = encode_delta(new, BytesReference(old), estimate=0)
+    assert kind_of(frame) == FrameKind.XOR
+    assert decode_frame(frame, chunk_id(new), BytesReference(old)) == new
+
+
 def test_unknown_shuffle_width_raises() -> None:
     data = text(10_000)
     frame = bytearray(encode_chunk(data))
