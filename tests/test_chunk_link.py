@@ -14,6 +14,7 @@ import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -22,6 +23,7 @@ from loomfs.chunks import DEFAULT_WINDOW, ChunkMap, chunk_map_of, encode_chunk
 from loomfs.chunks.metrics import CORRUPT
 from loomfs.core.catalog.base import Catalog
 from loomfs.core.types import Principal
+from loomfs.hub import chunks as hub_chunks
 from loomfs.hub.chunks import MAPS_COMPUTED, HubChunks, Wanted
 from loomfs.hub.deltastore import BASES, DeltaStore
 from loomfs.hub.namespace import HubNamespace
@@ -75,9 +77,9 @@ async def test_a_re_read_after_two_scattered_edits_moves_only_the_changed_chunks
     moved = env.link.down.bytes - before
     changed = new_bytes(old, new)
     assert 0 < changed <= 4 * DEFAULT_WINDOW.max_size  # two edits: a few chunks each
-    # the changed chunks go as deltas against the version the spoke holds (the hub's
-    # delta store kept it): about the 150 edited bytes each, not the chunks' size
-    assert moved <= map_cost(new) + OVERHEAD < changed
+    # random bytes: the hub's delta store keeps no incompressible chunks, so the changed
+    # chunks go whole
+    assert changed <= moved <= changed + map_cost(new) + OVERHEAD
 
 
 async def test_a_second_file_sharing_content_moves_almost_nothing(env: Fabric) -> None:
@@ -296,6 +298,9 @@ def test_the_delta_store_is_bounded_survives_a_restart_and_never_returns_damaged
 
     store = DeltaStore(path, store.capacity)  # reopened: all still there
     assert store.size == sum(len(f) for f in frames.values())
+    noise = blob(5000, 16)  # incompressible chunks are not kept
+    store.keep(chunk_map_of(io.BytesIO(noise))[0].id, noise)
+    assert store.size == sum(len(f) for f in frames.values())
     # one more chunk than fits: the least recently used (the first kept) goes
     extra = b"x" * 5000
     store.keep(chunk_map_of(io.BytesIO(extra))[0].id, extra)
@@ -321,3 +326,39 @@ async def test_a_small_file_is_warmed_whole_and_compressed(env: Fabric) -> None:
     moved = env.link.down.bytes - before
     assert await env.spoke.read_bytes(WHO, "/vol/small/rows.jsonl") == data
     assert moved <= len(encode_chunk(data)) + OVERHEAD < len(data)
+
+
+async def test_a_base_that_gives_no_delta_is_dropped_after_a_few_chunks(
+    env: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random files picked as each other's base by their names: the hub stops trying
+    deltas against it after DELTA_TRIAL chunks; a related base is tried for every chunk."""
+    tried: list[bytes] = []
+    real = hub_chunks.encode_delta  # type: ignore[attr-defined]
+
+    def counted(data: bytes | memoryview, *args: Any) -> bytes:
+        tried.append(bytes(data[:8]))
+        return real(data, *args)
+
+    monkeypatch.setattr(hub_chunks, "encode_delta", counted)
+    ns, chunks = env.hub.namespace, env.hub.chunks
+    rows = text_rows(random.Random(12), 12_000)
+    for name, data in [
+        ("a.bin", blob(4 * MiB, 13)),
+        ("b.bin", blob(4 * MiB, 14)),
+        ("old.jsonl", b"".join(rows)),
+        ("new.jsonl", b"".join(edited_rows(random.Random(15), rows, 0.02))),
+    ]:
+        await ns.write_bytes(WHO, f"/vol/{name}", data)
+    for target, base in [("b.bin", "a.bin"), ("new.jsonl", "old.jsonl")]:
+        _, cmap = await chunks.chunk_map(WHO, f"/vol/{target}")
+        held, _ = await chunks.chunk_map(WHO, f"/vol/{base}")
+        wanted = [Wanted(p.id, p.offset) for p in cmap]
+        tried.clear()
+        records = [r async for r in chunks.frames(wanted, (held.path, held.version))]
+        assert len(records) == len(cmap) > hub_chunks.DELTA_TRIAL
+        if base == "a.bin":  # each encoder thread may start one more before it stops
+            assert len(tried) <= hub_chunks.DELTA_TRIAL + chunks.pipeline.workers
+            assert len(tried) < len(cmap) // 2
+        else:
+            assert len(tried) == len(cmap)

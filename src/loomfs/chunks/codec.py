@@ -285,11 +285,12 @@ def encode_delta(
             packed = pack(xored, width, settings.level)
             if len(packed) < len(raw) * settings.keep_ratio:
                 return _frame(FrameKind.XOR, width, len(raw), packed, aligned, len(raw))
-    # Numeric data with no 32-byte run in common (an unrelated file, or values that all
-    # changed): a dictionary finds nothing either, so spare its cost. Other data keeps
-    # it: shorter matches (snappy-compressed Parquet pages) still pay.
+    # Numeric or incompressible data with no 32-byte run in common (an unrelated file,
+    # values that all changed, random bytes beside random bytes): a dictionary finds
+    # nothing either, so spare its cost, which is a zstd dictionary load of ~560 KiB per
+    # chunk. Other data keeps it: shorter matches (snappy-compressed Parquet pages) pay.
     delta = None
-    if located is not None or not plain_width:
+    if located is not None or not (plain_width or plain_ratio >= settings.keep_ratio):
         start = min(max(0, at - DELTA_SLACK), len(region))
         window = region[start : max(start, at + len(raw) + DELTA_SLACK)]
         delta = _dictionary_delta(raw, window, region_start + start, settings)

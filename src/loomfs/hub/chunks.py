@@ -35,6 +35,7 @@ from prometheus_client import Counter
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.codec import (
     DEFAULT_SETTINGS,
+    FrameKind,
     Reference,
     chunk_id,
     decode_frame,
@@ -66,6 +67,7 @@ STALE_SOURCES = Counter(
     "loomfs_chunk_stale_sources_total", "Index entries found changed in place when read"
 )
 
+DELTA_TRIAL = 8  # chunks tried against a base before giving up on it (``_DeltaOdds``)
 MAX_BATCH = 4096  # chunk ids per request: ~400 MiB of average chunks, 150 KiB of JSON
 _IN = 400  # ids per IN (...) lookup
 
@@ -101,6 +103,25 @@ class _RegionReference:
         if offset >= end:
             return b""
         return os.pread(self._region.fd, end - offset, self._region.offset + offset)
+
+
+class _DeltaOdds:
+    """Whether delta frames against one request's base still look worth their cost. A
+    base that gave no delta frame for the first ``DELTA_TRIAL`` chunks (an unrelated file
+    the receiver picked by its name: random bytes beside random bytes) is not tried for
+    the rest of the request, sparing a region search and a ~560 KiB dictionary load per
+    chunk. Shared by the encoder threads: a count off by one only shifts when it stops."""
+
+    def __init__(self) -> None:
+        self.tried = self.paid = 0
+
+    def worth(self) -> bool:
+        return self.paid > 0 or self.tried < DELTA_TRIAL
+
+    def saw(self, frame: bytes) -> None:
+        self.tried += 1
+        if frame[0] & 0x0F in (FrameKind.DELTA, FrameKind.XOR):
+            self.paid += 1
 
 
 class _SyncStream:
@@ -320,6 +341,7 @@ class HubChunks:
                 elif held is None and self.delta_store is not None:
                     # changed in place since the receiver got it: the store may keep it
                     reference = await asyncio.to_thread(self.delta_store.reference, *base)
+            odds = _DeltaOdds()
             loop = asyncio.get_running_loop()
             pending: list[asyncio.Future[list[tuple[bytes, int, int]]]] = []
             batch: list[tuple[Wanted, Source | None, bytes | None]] = []
@@ -334,7 +356,7 @@ class HubChunks:
                 batch.append((want, source if reader is not None else None, data))
                 size += source.length if source else 0
                 if size >= BATCH_BYTES or index == len(wanted) - 1:
-                    job = self._encode_batch(batch, readers, reference)
+                    job = self._encode_batch(batch, readers, reference, odds)
                     pending.append(loop.run_in_executor(self._encoders, job))
                     batch, size = [], 0
                 if len(pending) >= 2:
@@ -366,6 +388,7 @@ class HubChunks:
         batch: list[tuple[Wanted, Source | None, bytes | None]],
         readers: dict[tuple[str, int], Reader | None],
         reference: Reference | None,
+        odds: _DeltaOdds,
     ) -> Callable[[], list[tuple[bytes, int, int]]]:
         """(frame or b"", raw length, entry id to forget or -1) per chunk."""
 
@@ -384,8 +407,9 @@ class HubChunks:
                 if chunk_id(data) != want.id:
                     out.append((b"", 0, source.entry_id))
                     continue
-                if reference is not None and want.delta_from is not None:
+                if reference is not None and want.delta_from is not None and odds.worth():
                     frame = encode_delta(data, reference, want.delta_from, DEFAULT_SETTINGS)
+                    odds.saw(frame)
                 else:
                     frame = encode_chunk(data, DEFAULT_SETTINGS)
                 if self.delta_store is not None:  # the receiver will hold it: a future base

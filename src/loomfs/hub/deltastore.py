@@ -153,11 +153,17 @@ class DeltaStore:
 
     def keep(self, cid: bytes, data: bytes, frame: bytes | None = None) -> None:
         """Keep chunk ``cid`` (bytes ``data``, already verified against it). ``frame`` is
-        the plain frame already made for it, if any (a delta frame is no use here)."""
+        the plain frame already made for it, if any (a delta frame is no use here).
+
+        Incompressible chunks (raw frames) are not kept: media and compressed shards are
+        rewritten whole when they change, so their old bytes would rarely serve as a
+        base, and writing them cost a plain copy's speed (bench/transfer.py, corpus 5)."""
         if self.capacity <= 0 or cid in self._chunks:
             return
         if frame is None or frame[0] & 0x0F not in (FrameKind.RAW, FrameKind.ZSTD):
             frame = encode_chunk(data)
+        if frame[0] & 0x0F == FrameKind.RAW:
+            return
         with self._lock:
             if cid in self._chunks:
                 return

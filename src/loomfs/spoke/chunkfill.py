@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # a chunk whose frame fails verification this often fails the read
 MAX_BATCH = 4096  # chunk ids per request, as the hub accepts them
+DECODE_GROUP = 1 << 20  # frame bytes decoded per thread hop
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunk_maps (
     file_id INTEGER PRIMARY KEY REFERENCES files(id) ON DELETE CASCADE,
@@ -180,7 +181,7 @@ class ChunkFiller:
         transfer = Transfer("spoke", "down", entry.path)
         got: dict[bytes, bytes] = {}
         for piece in pieces:
-            if piece.id not in got:
+            if piece.id not in got and piece.id in self._where:  # no thread hop for none
                 data = await asyncio.to_thread(self._held, piece)
                 if data is not None:
                     got[piece.id] = data
@@ -295,16 +296,29 @@ class ChunkFiller:
         bad: set[bytes] = set()
         decoding: list[asyncio.Task[None]] = []
 
-        async def decode(cid: bytes, frame: bytes) -> None:
+        def decode(cid: bytes, frame: bytes) -> bytes | None:
             try:
-                got[cid] = await asyncio.to_thread(decode_frame, frame, cid, reference)
-                transfer.sent(len(got[cid]), len(frame) + len(cid))
+                return decode_frame(frame, cid, reference)
             except CorruptData:
+                return None
+
+        async def decode_all(frames: list[tuple[bytes, bytes]]) -> None:
+            datas = await asyncio.to_thread(lambda: [decode(c, f) for c, f in frames])
+            for (cid, frame), data in zip(frames, datas, strict=True):
+                if data is not None:
+                    got[cid] = data
+                    transfer.sent(len(data), len(frame) + len(cid))
+                    continue
                 CORRUPT.labels("spoke", "down").inc()
                 log.warning("a chunk frame failed verification; fetching it again",
                             extra={"path": entry.path, "chunk": cid.hex()[:16]})  # fmt: skip
                 bad.add(cid)
 
+        # Frames are decoded a group at a time on a worker thread as they arrive: one
+        # thread hop per frame cost the event loop as much as a plain copy's whole work
+        # on incompressible data (bench/transfer.py, corpus 5).
+        group: list[tuple[bytes, bytes]] = []
+        size = 0
         try:
             hub_base = (base[0].path, base[0].version) if base is not None else None
             frames = self.link.fetch_chunks(ids, base=hub_base, at=at)
@@ -312,10 +326,16 @@ class ChunkFiller:
             try:
                 async for frame in frames:
                     if frame is not None:
-                        decoding.append(asyncio.create_task(decode(ids[index], frame)))
+                        group.append((ids[index], frame))
+                        size += len(frame)
                     index += 1
+                    if size >= DECODE_GROUP or (group and index == len(ids)):
+                        decoding.append(asyncio.create_task(decode_all(group)))
+                        group, size = [], 0
             except CorruptData:  # the batch broke off: what did not arrive is retried
                 bad.update(ids[index:])
+            if group:
+                decoding.append(asyncio.create_task(decode_all(group)))
             await asyncio.gather(*decoding)
         finally:
             for task in decoding:
