@@ -362,3 +362,38 @@ async def test_a_base_that_gives_no_delta_is_dropped_after_a_few_chunks(
             assert len(tried) < len(cmap) // 2
         else:
             assert len(tried) == len(cmap)
+
+
+async def test_a_warm_up_asks_each_file_map_once_and_ahead_of_its_fill(
+    env: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files of several runs each: their runs miss together, yet ask for the map once;
+    the map of the next file is asked while the one before is still being fetched."""
+    chunks, fill = env.hub.chunks, env.spoke.cache.chunks
+    assert fill is not None
+    events: list[str] = []
+    chunk_map, assemble = chunks.chunk_map, fill.assemble
+
+    async def mapped(who: Principal, path: str) -> tuple[Any, ChunkMap]:
+        events.append(f"map {path}")
+        return await chunk_map(who, path)
+
+    async def filled(entry: Any, start: int, length: int) -> bytes | None:
+        try:
+            return await assemble(entry, start, length)
+        finally:
+            events.append(f"filled {entry.path}")
+
+    monkeypatch.setattr(chunks, "chunk_map", mapped)
+    monkeypatch.setattr(fill, "assemble", filled)
+    await env.hub.namespace.mkdir(WHO, "/vol/warm")
+    files = {f"/vol/warm/{i}.bin": blob(12 * MiB, 20 + i) for i in range(3)}
+    for path, data in files.items():
+        await env.hub.namespace.write_bytes(WHO, path, data)
+    await env.spoke.warm(WHO, "/vol/warm")
+    asked = [e.removeprefix("map ") for e in events if e.startswith("map ")]
+    assert sorted(asked) == sorted(files)  # once each, though each file is two runs
+    last_fill_of_first = max(i for i, e in enumerate(events) if e == "filled /vol/warm/0.bin")
+    assert events.index("map /vol/warm/1.bin") < last_fill_of_first
+    for path, data in files.items():
+        assert await env.spoke.read_bytes(WHO, path) == data

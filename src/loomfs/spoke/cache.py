@@ -508,6 +508,14 @@ class Cache:
             entry.pinned = False
             self.policy.unpin(file_id)
 
+    async def prefetch_map(self, path: str, version: int, size: int) -> None:
+        """Ask for a version's chunk map ahead of its fill (a warm-up does, for the file
+        after the one it is fetching), so the link does not idle while the hub maps it.
+        Failures are left to the fill, which asks again and reports them."""
+        if self.chunks is not None and size > SMALL_FILE:
+            with contextlib.suppress(Exception):
+                await self.chunks.chunk_map(self._ensure(path, version, size))
+
     def set_map(self, path: str, version: int, size: int, chunk_map: ChunkMap) -> None:
         """Keep the chunk map of a version (read from the hub with its entry)."""
         if self.chunks is not None:

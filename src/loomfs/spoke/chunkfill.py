@@ -91,6 +91,7 @@ class ChunkFiller:
         self.maps: dict[int, ChunkMap] = {}
         self._where: dict[bytes, list[Location]] = {}
         self._inflight: dict[bytes, asyncio.Future[bytes]] = {}
+        self._asking: dict[int, asyncio.Future[ChunkMap]] = {}
         self._pipeline: ChunkPipeline | None = None
 
     def close(self) -> None:
@@ -151,9 +152,17 @@ class ChunkFiller:
     # -- filling ---------------------------------------------------------------------------
 
     async def chunk_map(self, entry: CachedFile) -> ChunkMap:
+        """The version's map, asked of the hub once however many runs of it miss at once."""
         cmap = self.maps.get(entry.id)
         if cmap is not None:
             return cmap
+        pending = self._asking.get(entry.id)
+        if pending is None:
+            pending = self._asking[entry.id] = asyncio.ensure_future(self._ask_map(entry))
+            pending.add_done_callback(lambda _: self._asking.pop(entry.id, None))
+        return await asyncio.shield(pending)
+
+    async def _ask_map(self, entry: CachedFile) -> ChunkMap:
         opened = await self.link.open_chunked(entry.path)
         if opened.entry.version != entry.version or opened.chunk_map is None:
             raise Conflict(

@@ -375,9 +375,7 @@ class SpokeNamespace(Namespace):
         cached are skipped, so an interrupted warm-up resumes where it stopped."""
         stats = WarmStats()
         top = self._inside(top)
-        async for entry in self.walk(who, top):
-            if entry.kind is not EntryKind.FILE:
-                continue
+        async for entry in self._map_ahead(self.walk(who, top)):
             before = self.cache.get(entry.path, entry.version)
             had = before.cached_bytes if before is not None else 0
             source = await self.cache.read(
@@ -396,6 +394,31 @@ class SpokeNamespace(Namespace):
         if progress is not None:
             progress(stats)
         return stats
+
+    async def _map_ahead(self, entries: AsyncIterator[Entry]) -> AsyncIterator[Entry]:
+        """The files of ``entries``, each handed on once the next one's chunk map is being
+        asked for: files are still fetched one after another (a file may be the delta
+        base of the next one only once complete), but the map round trip and the hub's
+        mapping of the next file overlap this one's transfer."""
+        held: Entry | None = None
+        asking: set[asyncio.Task[None]] = set()
+        try:
+            async for entry in entries:
+                if entry.kind is not EntryKind.FILE:
+                    continue
+                ahead = asyncio.create_task(
+                    self.cache.prefetch_map(entry.path, entry.version, entry.size)
+                )
+                asking.add(ahead)
+                ahead.add_done_callback(asking.discard)
+                if held is not None:
+                    yield held
+                held = entry
+            if held is not None:
+                yield held
+        finally:
+            for task in asking:
+                task.cancel()
 
     async def _fetch(self, path: str, version: int, offset: int, length: int) -> bytes:
         async with await self.hub.read(SYSTEM, path, offset, length, if_version=version) as r:
