@@ -364,11 +364,12 @@ async def test_a_base_that_gives_no_delta_is_dropped_after_a_few_chunks(
             assert len(tried) == len(cmap)
 
 
-async def test_a_warm_up_asks_each_file_map_once_and_ahead_of_its_fill(
+async def test_a_warm_up_asks_each_map_once_and_overlaps_consecutive_files(
     env: Fabric, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Files of several runs each: their runs miss together, yet ask for the map once;
-    the map of the next file is asked while the one before is still being fetched."""
+    the next file's map is asked, and its fetch started, while the one before is still
+    being fetched."""
     chunks, fill = env.hub.chunks, env.spoke.cache.chunks
     assert fill is not None
     events: list[str] = []
@@ -379,6 +380,7 @@ async def test_a_warm_up_asks_each_file_map_once_and_ahead_of_its_fill(
         return await chunk_map(who, path)
 
     async def filled(entry: Any, start: int, length: int) -> bytes | None:
+        events.append(f"fill {entry.path}")
         try:
             return await assemble(entry, start, length)
         finally:
@@ -395,5 +397,7 @@ async def test_a_warm_up_asks_each_file_map_once_and_ahead_of_its_fill(
     assert sorted(asked) == sorted(files)  # once each, though each file is two runs
     last_fill_of_first = max(i for i, e in enumerate(events) if e == "filled /vol/warm/0.bin")
     assert events.index("map /vol/warm/1.bin") < last_fill_of_first
+    # two files at a time: the second one's fills start before the first one's end
+    assert events.index("fill /vol/warm/1.bin") < last_fill_of_first
     for path, data in files.items():
         assert await env.spoke.read_bytes(WHO, path) == data
