@@ -13,7 +13,8 @@ and must come to hold snapshot k; every tool is run side by side on the same sna
   repository's size.
 - plain copy: the bytes of files that are new or changed at their path.
 
-Run: ``PYTHONPATH=src python bench/transfer.py [--quick] [--json PATH] [--rate MB/s]``.
+Run: ``PYTHONPATH=src python bench/transfer.py [--quick] [--json PATH] [--rate MB/s]
+[--corpora 1,5]``.
 """
 
 from __future__ import annotations
@@ -317,6 +318,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="where corpora go (default: a temp dir)")
     parser.add_argument("--rate", type=float, help="link rate for loomfs, MB/s (default: unshaped)")
     parser.add_argument("--rtt", type=float, default=2.0, help="link round trip, ms")
+    parser.add_argument(
+        "--corpora", default="1,2,3,4,5", help="which corpora to run, by number (all are built)"
+    )
     args = parser.parse_args()
     link = (args.rate * 1e6 if args.rate else None, args.rtt / 1000)
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-", dir=args.workdir) as tmp:
@@ -331,7 +335,8 @@ def main() -> None:
         # and corpora share no content (distinct seeds and shapes), so growth stays per step.
         restic = ResticRepo(work / "restic")
         with rsync_daemon(root, work) as url:
-            for corpus in corpora:
+            picked = {int(n) for n in args.corpora.split(",")}
+            for corpus in [c for c in corpora if c.number in picked]:
                 results = run_corpus(corpus, root, url, restic, work, link)
                 rows.extend(rows_of(corpus, results))
                 report.append({"corpus": corpus.name, "steps": [asdict(r) for r in results]})
