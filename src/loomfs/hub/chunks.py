@@ -338,8 +338,9 @@ class HubChunks:
                 held = await self._open(*base)
                 if held is not None and held.region is not None:
                     reference = _RegionReference(held.region)
-                elif held is None and self.delta_store is not None:
-                    # changed in place since the receiver got it: the store may keep it
+                elif self.delta_store is not None:
+                    # changed in place since the receiver got it (or in an object store,
+                    # not read in place): the delta store may keep it
                     reference = await asyncio.to_thread(self.delta_store.reference, *base)
             odds = _DeltaOdds()
             loop = asyncio.get_running_loop()

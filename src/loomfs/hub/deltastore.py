@@ -45,7 +45,7 @@ STORE_BYTES = Gauge("loomfs_delta_store_bytes", "Bytes of chunk frames in the hu
 STORE_EVICTED = Counter("loomfs_delta_store_evicted_total", "Chunks evicted from the delta store")
 BASES = Counter(
     "loomfs_delta_store_bases_total",
-    "Delta bases asked for a version the volume no longer holds, by outcome",
+    "Delta bases the hub looked up in its delta store, by outcome",
     ["outcome"],
 )
 
