@@ -508,14 +508,18 @@ class SpokeNamespace(Namespace):
             blocked: set[str] = set()  # paths whose earliest write is stuck
             for seq in [p.seq for p in self.journal]:
                 pending = self.journal.get(seq)  # as of now: an earlier commit may rebase it
-                if pending is None or pending.path in blocked:
-                    continue  # a later write of a path never overtakes an earlier one
+                if pending is None:
+                    continue
+                if pending.path in blocked:  # never overtakes an earlier write of its path
+                    self._release_early(pending)
+                    continue
                 waiter = self._waiters.get(pending.seq)
                 try:
                     entry = await self._commit(pending, waiting=waiter is not None)
                 except BackendUnavailable:
                     self._set_online(False)
-                    self._release_early(pending)
+                    for waiting in list(self.journal):  # none of them can commit for now
+                        self._release_early(waiting)
                     asyncio.get_running_loop().call_later(RETRY, self._wake.set)
                     break
                 except Exception as exc:
@@ -561,8 +565,9 @@ class SpokeNamespace(Namespace):
             return await self._keep_both(pending, exc)
 
     def _release_early(self, pending: Pending) -> None:
-        """The link went down under a waiting writer: its write is durable, so it is
-        acknowledged now and replayed like any early write."""
+        """A waiting writer whose write can't commit now (the link is down, or an earlier
+        write of its path is stuck): it is durable, so it is acknowledged now and replayed
+        like any early write."""
         waiter = self._waiters.pop(pending.seq, None)
         if waiter is not None:
             waiter.set_result(self._pending_entry(pending))
