@@ -13,6 +13,7 @@ import hmac
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -819,3 +820,110 @@ async def test_listing_matches_a_model_of_s3(tmp_path: Path) -> None:
     finally:
         await ns.close()
         await catalog.close()
+
+
+def test_get_object_attributes(gw: Gateway, s3: S3Client) -> None:
+    wanted: Any = ["ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"]
+    put = s3.put_object(Bucket="data", Key="one", Body=b"foo")
+    got = s3.get_object_attributes(Bucket="data", Key="one", ObjectAttributes=wanted)
+    assert got["ETag"] == put["ETag"].strip('"')  # GetObjectAttributes' ETag has no quotes
+    assert got["ObjectSize"] == 3 and got["StorageClass"] == "STANDARD"
+    # a single part and no additional checksum: neither is answered
+    assert got.get("ObjectParts") is None and got.get("Checksum") is None
+    parts = [os.urandom(5 << 20)] * 3 + [b"end"]
+    uid = s3.create_multipart_upload(Bucket="data", Key="mp")["UploadId"]
+    etags = [
+        s3.upload_part(Bucket="data", Key="mp", UploadId=uid, PartNumber=n, Body=p)["ETag"]
+        for n, p in enumerate(parts, 1)
+    ]
+    done = s3.complete_multipart_upload(
+        Bucket="data",
+        Key="mp",
+        UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]},
+    )
+    page = s3.get_object_attributes(
+        Bucket="data", Key="mp", ObjectAttributes=wanted, MaxParts=2, PartNumberMarker=1
+    )
+    assert page["ETag"] == done["ETag"].strip('"')
+    listed = page["ObjectParts"]
+    assert listed["TotalPartsCount"] == 4 and listed["IsTruncated"] is True
+    assert listed["NextPartNumberMarker"] == 3 and listed["MaxParts"] == 2
+    assert [(p["PartNumber"], p["Size"]) for p in listed["Parts"]] == [(2, 5 << 20), (3, 5 << 20)]
+    rest = s3.get_object_attributes(
+        Bucket="data", Key="mp", ObjectAttributes=["ObjectParts"], PartNumberMarker=3
+    )
+    assert [p["Size"] for p in rest["ObjectParts"]["Parts"]] == [3]
+    assert rest["ObjectParts"]["IsTruncated"] is False and rest.get("ETag") is None
+    bad = _signed("GET", f"{gw.endpoint}/data/one?attributes", gw, b"")  # names nothing
+    assert bad.status == 400 and b"InvalidArgument" in bad.data
+    with pytest.raises(ClientError) as err:
+        s3.get_object_attributes(Bucket="data", Key="missing", ObjectAttributes=wanted)
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_acls_show_the_owner_and_refuse_grants_they_would_not_enforce(
+    gw: Gateway, s3: S3Client
+) -> None:
+    gw.call(gw.ns.mkdir(SYSTEM, "/data/buckets"))
+    s3.create_bucket(Bucket="owned")
+    s3.put_object(Bucket="owned", Key="k", Body=b"v")
+    for got in (s3.get_bucket_acl(Bucket="owned"), s3.get_object_acl(Bucket="owned", Key="k")):
+        assert got["Owner"] == {"ID": "alice", "DisplayName": "alice"}
+        assert [(g["Grantee"]["ID"], g["Permission"]) for g in got["Grants"]] == [
+            ("alice", "FULL_CONTROL")
+        ]
+    listed = s3.list_objects(Bucket="owned")["Contents"]
+    assert listed[0]["Owner"]["ID"] == "alice"  # the same owner the ACL names
+    # restating the default is accepted: canned private, or the owner's own policy
+    s3.put_object_acl(Bucket="owned", Key="k", ACL="private")
+    s3.put_bucket_acl(Bucket="owned", ACL="private")
+    policy = s3.get_object_acl(Bucket="owned", Key="k")
+    s3.put_object_acl(
+        Bucket="owned",
+        Key="k",
+        AccessControlPolicy={"Grants": policy["Grants"], "Owner": policy["Owner"]},
+    )
+    # a grant to anyone else would not be enforced by S3 ACLs here: refused, not ignored
+    with pytest.raises(ClientError) as err:
+        s3.put_bucket_acl(Bucket="owned", ACL="public-read")
+    assert code_of(err) == "NotImplemented"
+    with pytest.raises(ClientError) as err:
+        s3.put_object_acl(Bucket="owned", Key="k", GrantRead="id=bob")
+    assert code_of(err) == "NotImplemented"
+    bad = _signed_with("PUT", f"{gw.endpoint}/owned?acl", gw, {"x-amz-acl": "public-ready"})
+    assert bad.status == 400 and b"InvalidArgument" in bad.data
+    with pytest.raises(ClientError) as err:
+        s3.get_object_acl(Bucket="owned", Key="missing")
+    assert code_of(err) == "NoSuchKey"
+    assert s3.get_object(Bucket="owned", Key="k")["Body"].read() == b"v"
+
+
+def _signed_with(
+    method: str, url: str, gw: Gateway, headers: dict[str, str]
+) -> urllib3.BaseHTTPResponse:
+    creds = botocore.credentials.Credentials(gw.key.access_key, gw.key.secret)
+    req = botocore.awsrequest.AWSRequest(method=method, url=url, data=b"", headers=headers)
+    botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
+    return http(method, url, b"", dict(req.headers.items()))
+
+
+def test_expect_100_continue_only_after_the_signature_is_good(gw: Gateway) -> None:
+    address = gw.endpoint.removeprefix("http://")
+    host, port = address.split(":")
+
+    def first_line(headers: dict[str, str]) -> str:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"PUT /data/held HTTP/1.1\r\nHost: {address}\r\n{head}\r\n".encode())
+            return sock.recv(1024).decode().split("\r\n")[0]
+
+    expect = {"Content-Length": "4", "Expect": "100-continue"}
+    assert first_line(expect) == "HTTP/1.1 403 Forbidden"  # unsigned: refused at once
+    creds = botocore.credentials.Credentials(gw.key.access_key, gw.key.secret)
+    req = botocore.awsrequest.AWSRequest(
+        method="PUT", url=f"{gw.endpoint}/data/held", data=b"body", headers=expect
+    )
+    botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
+    assert first_line(dict(req.headers.items())) == "HTTP/1.1 100 Continue"
+    assert not (gw.root / "held").exists()
