@@ -14,21 +14,17 @@ the reason of every failure.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from loomfs.core.registry import open_catalog
-from loomfs.core.users import UserRegistry
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.s3gateway import S3GatewayHub
 
 MARKERS = (
     "not (bucket_logging or bucket_logging_cleanup or lifecycle or lifecycle_expiration or "
@@ -160,18 +156,6 @@ def write_suite_config(path: Path, host: str, port: int) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-async def register_users(catalog_url: str) -> None:
-    catalog = open_catalog(catalog_url)
-    await catalog.open()
-    try:
-        users = UserRegistry(catalog)
-        for _, user_id, _, key, secret in USERS:
-            await users.add_user(user_id)
-            await users.add_access_key(user_id, (key, secret))
-    finally:
-        await catalog.close()
-
-
 def parse_junit(path: Path) -> list[Result]:
     results = []
     for case in ET.parse(path).getroot().iter("testcase"):
@@ -196,26 +180,13 @@ def _reason(message: str) -> str:
 
 
 def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
-    data = scratch / "hub"
-    volume = scratch / "volume"
-    volume.mkdir(parents=True)
-    config = scratch / "loomfs.toml"
-    config.write_text(
-        '[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "/s3"\n'
-        # inotify off: the hub's subtree rescan of a directory that changed races writes
-        # in flight into it (see docs/COMPATIBILITY.md); here the gateway is the only writer
-        '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
-    )
-    data.mkdir()
-    asyncio.run(register_users(f"sqlite://{data / 'catalog.db'}"))
     results: list[Result] = []
-    with HubProcess(data, {"LOOMFS_CONFIG": str(config)}) as hub:
-        subprocess.run(
-            [sys.executable, "-m", "loomfs.cli", "--hub", hub.url, "volume", "add", "/s3",
-             f"posix://{volume}"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        endpoint = json.loads(hub.ready.read_text())["s3"]
+    users = [(user_id, key, secret) for _, user_id, _, key, secret in USERS]
+    # inotify off: the hub's subtree rescan of a directory that changed races writes in
+    # flight into it (see docs/COMPATIBILITY.md); here the gateway is the only writer
+    hub_config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
+    with S3GatewayHub(scratch, users, hub_config) as gateway:
+        endpoint = gateway.endpoint
         host, port = endpoint.removeprefix("http://").rsplit(":", 1)
         conf = scratch / "s3tests.conf"
         write_suite_config(conf, host, int(port))

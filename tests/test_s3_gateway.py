@@ -927,3 +927,25 @@ def test_expect_100_continue_only_after_the_signature_is_good(gw: Gateway) -> No
     botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
     assert first_line(dict(req.headers.items())) == "HTTP/1.1 100 Continue"
     assert not (gw.root / "held").exists()
+
+
+def test_complete_with_a_part_listed_twice_uses_the_last_entry(s3: S3Client) -> None:
+    uid = s3.create_multipart_upload(Bucket="data", Key="twice")["UploadId"]
+
+    def send(body: bytes) -> str:
+        part = s3.upload_part(Bucket="data", Key="twice", UploadId=uid, PartNumber=1, Body=body)
+        return part["ETag"]
+
+    first, second = send(b"first send"), send(b"second send")  # the second replaces it
+
+    def complete(*etags: str) -> Any:
+        parts: Any = [{"PartNumber": 1, "ETag": e} for e in etags]
+        return s3.complete_multipart_upload(
+            Bucket="data", Key="twice", UploadId=uid, MultipartUpload={"Parts": parts}
+        )
+
+    with pytest.raises(ClientError) as err:  # the last entry names the replaced send
+        complete(second, first)
+    assert code_of(err) == "InvalidPart"
+    complete(first, second)
+    assert s3.get_object(Bucket="data", Key="twice")["Body"].read() == b"second send"
