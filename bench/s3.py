@@ -86,6 +86,19 @@ async def measured(
     )
 
 
+def signer(endpoint: str, key: str, secret: str) -> S3Client:
+    """A boto3 client for setup and for presigning with SigV4 (its default for presigned
+    URLs to a custom endpoint is the old V2 query signature)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
 class Target:
     """One S3 server: a boto3 client to sign URLs and set up, and its pid for CPU."""
 
@@ -216,18 +229,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-s3-") as scratch:
         config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
         with S3GatewayHub(Path(scratch), [USER], config) as hub:
-            client = boto3.client(
-                "s3",
-                endpoint_url=hub.endpoint,
-                region_name="us-east-1",
-                aws_access_key_id=USER[1],
-                aws_secret_access_key=USER[2],
-                config=Config(s3={"addressing_style": "path"}),
-            )
+            client = signer(hub.endpoint, USER[1], USER[2])
             figures += asyncio.run(run_target(Target("loomfs", client, hub.pid), args))
         with SeaweedFS() as weed:
-            target = Target("seaweedfs", weed.client(), weed.pid)
-            figures += asyncio.run(run_target(target, args))
+            client = signer(weed.endpoint, weed.access_key, weed.secret_key)
+            figures += asyncio.run(run_target(Target("seaweedfs", client, weed.pid), args))
     print_table(figures)
     if args.json:
         args.json.write_text(json.dumps([asdict(f) for f in figures], indent=1))

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -949,3 +949,20 @@ def test_complete_with_a_part_listed_twice_uses_the_last_entry(s3: S3Client) -> 
     assert code_of(err) == "InvalidPart"
     complete(first, second)
     assert s3.get_object(Bucket="data", Key="twice")["Body"].read() == b"second send"
+
+
+def test_concurrent_puts_into_a_new_prefix(gw: Gateway, s3: S3Client) -> None:
+    # each PUT makes the directories its key needs; racing makes of one directory are
+    # all fine (exist_ok), not "a prefix of this key is an object"
+    async def mkdirs() -> list[Any]:
+        return await asyncio.gather(
+            *(gw.ns.mkdir(SYSTEM, "/data/raced/d", parents=True, exist_ok=True) for _ in range(8))
+        )
+
+    assert {e.path for e in gw.call(mkdirs())} == {"/data/raced/d"}
+    keys = [f"fresh/prefix/{i}" for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: s3.put_object(Bucket="data", Key=k, Body=k.encode()), keys))
+    assert sorted(p.name for p in (gw.root / "fresh" / "prefix").iterdir()) == sorted(
+        k.rsplit("/", 1)[1] for k in keys
+    )
