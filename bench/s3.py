@@ -6,10 +6,13 @@ process with presigned URLs (boto3 would be the bottleneck for small objects), s
 client's cost is the same for both and is reported beside each figure, with the
 server's CPU (from /proc/<pid>/stat) in cores used over the phase.
 
-1. large objects: PUT then GET of ``--large`` objects of ``--large-mb`` MB each, a few
+1. large objects: PUT then GET of ``--large`` objects of ``--large-mb`` MB each, two
    at once, MB/s;
 2. small objects: 4 KiB GETs of ``--small`` objects with ``--concurrency`` requests in
    flight for ``--seconds`` s, ops/s.
+
+Both servers run at once and each round measures one after the other, ``--rounds``
+times; the median round is reported (the machine is shared and its load drifts).
 
     PYTHONPATH=src python bench/s3.py [--quick] [--json out.json]
 """
@@ -167,47 +170,80 @@ async def get_loop(
     return done
 
 
-async def run_target(target: Target, args: argparse.Namespace) -> list[Figure]:
-    large = os.urandom(16 << 20) * max(1, args.large_mb * MB // (16 << 20))
-    large = large[: args.large_mb * MB]
-    small = os.urandom(SMALL)
-    big_keys = [f"large/{i}" for i in range(args.large)]
-    small_keys = [f"small/{i:05d}" for i in range(args.small)]
-    connector = aiohttp.TCPConnector(limit=max(args.concurrency, 4))
-    timeout = aiohttp.ClientTimeout(total=600)
-    figures = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        puts = [target.url("PUT", k) for k in big_keys]
-        gets = [target.url("GET", k) for k in big_keys]
+class Load:
+    """One server's objects and presigned URLs, made once; ``phases`` measures them."""
+
+    def __init__(self, target: Target, args: argparse.Namespace) -> None:
+        self.target = target
+        self.args = args
+        self.big_keys = [f"large/{i}" for i in range(args.large)]
+        self.small_keys = [f"small/{i:05d}" for i in range(args.small)]
+        self.puts = [target.url("PUT", k) for k in self.big_keys]
+        self.gets = [target.url("GET", k) for k in self.big_keys]
+        self.small_gets = [target.url("GET", k) for k in self.small_keys]
+
+    async def setup(self, session: aiohttp.ClientSession) -> None:
+        urls = [self.target.url("PUT", k) for k in self.small_keys]
+        await put_all(session, urls, os.urandom(SMALL), 16)
+
+    async def phases(self, session: aiohttp.ClientSession, large: bytes) -> list[Figure]:
+        t, args = self.target, self.args
 
         async def put_large() -> float:
-            await put_all(session, puts, large, 2)
-            return len(puts) * len(large) / MB
+            await put_all(session, self.puts, large, 2)
+            return len(self.puts) * len(large) / MB
 
         async def get_large() -> float:
-            return await get_all(session, gets, 2) / MB
-
-        figures.append(await measured(target.name, "large PUT", "MB/s", target.pid, put_large))
-        figures.append(await measured(target.name, "large GET", "MB/s", target.pid, get_large))
-        await put_all(session, [target.url("PUT", k) for k in small_keys], small, 16)
-        small_gets = [target.url("GET", k) for k in small_keys]
-        await get_loop(session, small_gets, args.concurrency, 1.0)  # warm connections
+            return await get_all(session, self.gets, 2) / MB
 
         async def get_small() -> float:
-            return await get_loop(session, small_gets, args.concurrency, args.seconds)
+            return await get_loop(session, self.small_gets, args.concurrency, args.seconds)
 
-        figures.append(await measured(target.name, "4 KiB GET", "ops/s", target.pid, get_small))
+        await get_loop(session, self.small_gets, args.concurrency, 0.5)  # warm connections
+        return [
+            await measured(t.name, "large PUT", "MB/s", t.pid, put_large),
+            await measured(t.name, "large GET", "MB/s", t.pid, get_large),
+            await measured(t.name, "4 KiB GET", "ops/s", t.pid, get_small),
+        ]
+
+
+async def run(targets: list[Target], args: argparse.Namespace) -> list[Figure]:
+    """``args.rounds`` rounds, each measuring every server in turn, so that a shared
+    machine's changing load falls on both alike."""
+    block = os.urandom(16 << 20)
+    large = (block * (args.large_mb * MB // len(block) + 1))[: args.large_mb * MB]
+    loads = [Load(t, args) for t in targets]
+    connector = aiohttp.TCPConnector(limit=max(args.concurrency, 4))
+    timeout = aiohttp.ClientTimeout(total=600)
+    figures: list[Figure] = []
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for load in loads:
+            await load.setup(session)
+        for _ in range(args.rounds):
+            for load in loads:
+                figures += await load.phases(session, large)
     return figures
 
 
-def print_table(figures: list[Figure]) -> None:
-    print(f"{'phase':<10} {'server':<10} {'rate':>10} {'server cores':>13} {'client cores':>13}")
+def medians(figures: list[Figure]) -> dict[tuple[str, str], Figure]:
+    """Per (server, phase), the round with the median rate."""
+    groups: dict[tuple[str, str], list[Figure]] = {}
     for f in figures:
+        groups.setdefault((f.server, f.phase), []).append(f)
+    return {k: sorted(v, key=lambda f: f.rate)[len(v) // 2] for k, v in groups.items()}
+
+
+def print_table(figures: list[Figure]) -> None:
+    by = medians(figures)
+    head = ("phase", "server", "median rate", "server cores", "client cores")
+    print("{:<10} {:<10} {:>16} {:>13} {:>13}".format(*head))
+    for (server, phase), f in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rounds = [g.rate for g in figures if (g.server, g.phase) == (server, phase)]
         print(
-            f"{f.phase:<10} {f.server:<10} {f.rate:>8.1f} {f.unit:<5} "
-            f"{f.server_cores:>8.2f} {f.client_cores:>13.2f}"
+            f"{phase:<10} {server:<10} {f.rate:>10.1f} {f.unit:<5} "
+            f"{f.server_cores:>13.2f} {f.client_cores:>13.2f}   rounds: "
+            + ", ".join(f"{r:.0f}" for r in rounds)
         )
-    by = {(f.server, f.phase): f for f in figures}
     for phase in ("large PUT", "large GET", "4 KiB GET"):
         ratio = by["loomfs", phase].rate / by["seaweedfs", phase].rate
         print(f"{phase}: loomfs / seaweedfs = {ratio:.2f}x")
@@ -219,21 +255,24 @@ def main() -> None:
     parser.add_argument("--large-mb", type=int, default=256, help="MB per large object")
     parser.add_argument("--small", type=int, default=1000, help="4 KiB objects")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=15.0, help="of small GETs")
-    parser.add_argument("--quick", action="store_true", help="2 x 64 MB, 200 small, 5 s")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--seconds", type=float, default=10.0, help="of small GETs")
+    parser.add_argument("--rounds", type=int, default=3, help="medians are reported")
+    parser.add_argument("--quick", action="store_true", help="2 x 64 MB, 200 small, 5 s, 1 round")
+    parser.add_argument("--json", type=Path, help="write every round's figures here")
     args = parser.parse_args()
     if args.quick:
-        args.large, args.large_mb, args.small, args.seconds = 2, 64, 200, 5.0
-    figures: list[Figure] = []
-    with tempfile.TemporaryDirectory(prefix="loomfs-bench-s3-") as scratch:
-        config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
-        with S3GatewayHub(Path(scratch), [USER], config) as hub:
-            client = signer(hub.endpoint, USER[1], USER[2])
-            figures += asyncio.run(run_target(Target("loomfs", client, hub.pid), args))
-        with SeaweedFS() as weed:
-            client = signer(weed.endpoint, weed.access_key, weed.secret_key)
-            figures += asyncio.run(run_target(Target("seaweedfs", client, weed.pid), args))
+        args.large, args.large_mb, args.small, args.seconds, args.rounds = 2, 64, 200, 5.0, 1
+    config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
+    with (
+        tempfile.TemporaryDirectory(prefix="loomfs-bench-s3-") as scratch,
+        S3GatewayHub(Path(scratch), [USER], config) as hub,
+        SeaweedFS() as weed,
+    ):
+        targets = [
+            Target("loomfs", signer(hub.endpoint, USER[1], USER[2]), hub.pid),
+            Target("seaweedfs", signer(weed.endpoint, weed.access_key, weed.secret_key), weed.pid),
+        ]
+        figures = asyncio.run(run(targets, args))
     print_table(figures)
     if args.json:
         args.json.write_text(json.dumps([asdict(f) for f in figures], indent=1))
