@@ -966,3 +966,38 @@ def test_concurrent_puts_into_a_new_prefix(gw: Gateway, s3: S3Client) -> None:
     assert sorted(p.name for p in (gw.root / "fresh" / "prefix").iterdir()) == sorted(
         k.rsplit("/", 1)[1] for k in keys
     )
+
+
+def test_signature_v2_headers_and_presigned_urls(gw: Gateway) -> None:
+    v2 = gw.client(signature_version="s3")
+    v2.put_object(Bucket="data", Key="v2/obj", Body=b"signed with V2", ContentType="text/plain")
+    assert gw.read("/data/v2/obj") == b"signed with V2"
+    got = v2.get_object(Bucket="data", Key="v2/obj", ResponseContentType="x/y")
+    assert got["Body"].read() == b"signed with V2" and got["ContentType"] == "x/y"
+    assert [o["Key"] for o in v2.list_objects_v2(Bucket="data", Prefix="v2/")["Contents"]] == [
+        "v2/obj"
+    ]
+    # boto3's default presigned URL for a custom endpoint is V2
+    url = v2.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "v2/obj"})
+    assert "AWSAccessKeyId=" in url and http("GET", url).data == b"signed with V2"
+    put = v2.generate_presigned_url("put_object", Params={"Bucket": "data", "Key": "v2/up"})
+    assert http("PUT", put, b"presigned").status == 200 and gw.read("/data/v2/up") == b"presigned"
+    # refused: a wrong secret, a tampered URL, an expired one, a stale date
+    with pytest.raises(ClientError) as err:
+        gw.client(secret="y" * 40, signature_version="s3").get_object(Bucket="data", Key="v2/obj")
+    assert code_of(err) == "SignatureDoesNotMatch"
+    assert http("GET", url.replace("v2/obj", "v2/up")).status == 403
+    expired = v2.generate_presigned_url(
+        "get_object", Params={"Bucket": "data", "Key": "v2/obj"}, ExpiresIn=-10
+    )
+    assert b"expired" in http("GET", expired).data
+    gw.gateway.verifier.clock = lambda: time.time() + 3600
+    try:
+        with pytest.raises(ClientError) as err:
+            v2.put_object(Bucket="data", Key="v2/obj", Body=b"late")
+        assert code_of(err) == "RequestTimeTooSkewed"
+    finally:
+        gw.gateway.verifier.clock = time.time
+    malformed = http("GET", f"{gw.endpoint}/data/v2/obj", headers={"Authorization": "AWS junk"})
+    assert malformed.status == 400 and b"InvalidArgument" in malformed.data
+    assert gw.read("/data/v2/obj") == b"signed with V2"

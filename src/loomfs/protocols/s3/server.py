@@ -43,7 +43,7 @@ from ...errors import (
 )
 from ...namespace.base import Namespace
 from ..http import parse_range, serve_reader
-from . import acl, sigv4
+from . import acl, sigv2, sigv4
 from .errors import S3Error, error_xml, from_loom
 from .listing import Item, Lister, check_key
 from .multipart import Staging, Upload
@@ -338,7 +338,7 @@ class S3Gateway:
                 raise S3Error("InvalidRequest", "CORS is not enabled for this bucket")
             query = _split_query(raw_query)
             headers = {k.lower(): v for k, v in request.headers.items()}
-            auth, who = await self._authenticate(request.method, path, query, headers)
+            auth, who = await self._authenticate(request, query, headers)
             call = Call(request, who, auth, bucket, key, dict(query))
             response = await self._dispatch(call)
             op = call.op
@@ -366,9 +366,7 @@ class S3Gateway:
         raw_path, _, raw_query = request.raw_path.partition("?")
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
-            await self._authenticate(
-                request.method, unquote(raw_path), _split_query(raw_query), headers
-            )
+            await self._authenticate(request, _split_query(raw_query), headers)
         except S3Error as exc:
             request_id = _request_id()
             response = self._error(request, exc, unquote(raw_path), request_id)
@@ -404,7 +402,7 @@ class S3Gateway:
         return web.Response(status=exc.status, body=body, content_type="application/xml")
 
     async def _authenticate(
-        self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str]
+        self, request: web.Request, query: list[tuple[str, str]], headers: dict[str, str]
     ) -> tuple[sigv4.Verified, Principal]:
         found: dict[str, Principal] = {}
 
@@ -416,7 +414,15 @@ class S3Gateway:
             found["who"] = user.principal("s3", self.site)
             return secret
 
-        auth = await self.verifier.verify(method, path, query, headers, lookup)
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        if sigv2.is_v2(headers, dict(query)):
+            auth = await sigv2.verify(
+                request.method, raw_path, raw_query, headers, lookup, self.verifier.clock()
+            )
+        else:
+            auth = await self.verifier.verify(
+                request.method, unquote(raw_path), query, headers, lookup
+            )
         return auth, found["who"]
 
     async def _dispatch(self, c: Call) -> web.StreamResponse:
