@@ -36,7 +36,7 @@ import aiohttp
 import boto3
 from botocore.config import Config
 
-from loomfs.testing.s3gateway import S3GatewayHub
+from loomfs.testing.s3gateway import s3_gateway_hub
 from loomfs.testing.seaweedfs import SeaweedFS
 
 if TYPE_CHECKING:
@@ -265,11 +265,11 @@ def main() -> None:
     config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
     with (
         tempfile.TemporaryDirectory(prefix="loomfs-bench-s3-") as scratch,
-        S3GatewayHub(Path(scratch), [USER], config) as hub,
+        s3_gateway_hub(Path(scratch), [USER], config) as hub,
         SeaweedFS() as weed,
     ):
         targets = [
-            Target("loomfs", signer(hub.endpoint, USER[1], USER[2]), hub.pid),
+            Target("loomfs", signer(hub.urls["s3"], USER[1], USER[2]), hub.pid),
             Target("seaweedfs", signer(weed.endpoint, weed.access_key, weed.secret_key), weed.pid),
         ]
         figures = asyncio.run(run(targets, args))

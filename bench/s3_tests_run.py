@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from loomfs.testing.s3gateway import S3GatewayHub
+from loomfs.testing.s3gateway import s3_gateway_hub
 
 MARKERS = (
     "not (bucket_logging or bucket_logging_cleanup or lifecycle or lifecycle_expiration or "
@@ -185,8 +185,8 @@ def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
     # inotify off: the hub's subtree rescan of a directory that changed races writes in
     # flight into it (see docs/COMPATIBILITY.md); here the gateway is the only writer
     hub_config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
-    with S3GatewayHub(scratch, users, hub_config) as gateway:
-        endpoint = gateway.endpoint
+    with s3_gateway_hub(scratch, users, hub_config) as hub:
+        endpoint = hub.urls["s3"]
         host, port = endpoint.removeprefix("http://").rsplit(":", 1)
         conf = scratch / "s3tests.conf"
         write_suite_config(conf, host, int(port))

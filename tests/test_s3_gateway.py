@@ -8,6 +8,7 @@ port, so that the synchronous clients can talk to it while the test reaches the 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -595,10 +597,7 @@ def test_bad_requests_are_refused_and_change_nothing(gw: Gateway, s3: S3Client) 
 
 
 def _signed(method: str, url: str, gw: Gateway, body: bytes) -> urllib3.BaseHTTPResponse:
-    creds = botocore.credentials.Credentials(gw.key.access_key, gw.key.secret)
-    req = botocore.awsrequest.AWSRequest(method=method, url=url, data=body)
-    botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
-    return http(method, url, body, dict(req.headers.items()))
+    return _signed_with_body(method, url, gw, body, {})
 
 
 def test_aws_cli_cp_ls_sync(gw: Gateway, tmp_path: Path) -> None:
@@ -902,10 +901,7 @@ def test_acls_show_the_owner_and_refuse_grants_they_would_not_enforce(
 def _signed_with(
     method: str, url: str, gw: Gateway, headers: dict[str, str]
 ) -> urllib3.BaseHTTPResponse:
-    creds = botocore.credentials.Credentials(gw.key.access_key, gw.key.secret)
-    req = botocore.awsrequest.AWSRequest(method=method, url=url, data=b"", headers=headers)
-    botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
-    return http(method, url, b"", dict(req.headers.items()))
+    return _signed_with_body(method, url, gw, b"", headers)
 
 
 def test_expect_100_continue_only_after_the_signature_is_good(gw: Gateway) -> None:
@@ -998,6 +994,60 @@ def test_signature_v2_headers_and_presigned_urls(gw: Gateway) -> None:
         assert code_of(err) == "RequestTimeTooSkewed"
     finally:
         gw.gateway.verifier.clock = time.time
+    for amz_date in ("", "Bad Date", "Tue, 07 Jul 1950 21:53:04 GMT"):
+        creds = botocore.credentials.Credentials(gw.key.access_key, gw.key.secret)
+        url = f"{gw.endpoint}/data/v2/obj"
+        req = botocore.awsrequest.AWSRequest(
+            "PUT", url, data=b"x", headers={"x-amz-date": amz_date}
+        )
+        botocore.auth.HmacV1Auth(creds).add_auth(req)
+        refused = http("PUT", url, b"x", dict(req.headers.items()))
+        assert refused.status == 403 and b"AccessDenied" in refused.data, amz_date
     malformed = http("GET", f"{gw.endpoint}/data/v2/obj", headers={"Authorization": "AWS junk"})
     assert malformed.status == 400 and b"InvalidArgument" in malformed.data
     assert gw.read("/data/v2/obj") == b"signed with V2"
+
+
+def test_additional_checksums_are_checked(gw: Gateway, s3: S3Client) -> None:
+    for algorithm in ("CRC32", "SHA1", "SHA256"):
+        s3.put_object(
+            Bucket="data", Key=f"sum/{algorithm}", Body=b"abc", ChecksumAlgorithm=algorithm
+        )
+        assert gw.read(f"/data/sum/{algorithm}") == b"abc"
+    uid = s3.create_multipart_upload(Bucket="data", Key="sum/mp")["UploadId"]
+    s3.upload_part(
+        Bucket="data",
+        Key="sum/mp",
+        UploadId=uid,
+        PartNumber=1,
+        Body=b"p",
+        ChecksumAlgorithm="SHA256",
+    )
+    wrong = base64.b64encode(zlib.crc32(b"other").to_bytes(4, "big")).decode()
+    bad = _signed_with_body(
+        "PUT", f"{gw.endpoint}/data/sum/bad", gw, b"abc", {"x-amz-checksum-crc32": wrong}
+    )
+    assert bad.status == 400 and b"BadDigest" in bad.data
+    junk = _signed_with_body(
+        "PUT", f"{gw.endpoint}/data/sum/bad", gw, b"abc", {"x-amz-checksum-sha256": "AAAA"}
+    )
+    assert junk.status == 400 and b"InvalidRequest" in junk.data
+    # what the SDK sends when a Content-Length says less than the body it hashed
+    v2 = gw.client(signature_version="s3")
+    v2.meta.events.register(
+        "before-call.s3.PutObject",
+        lambda **kw: kw["params"]["headers"].update({"Content-Length": "2"}),
+    )
+    with pytest.raises(ClientError) as err:
+        v2.put_object(Bucket="data", Key="sum/short", Body=b"bar", ChecksumAlgorithm="CRC32")
+    assert code_of(err) == "BadDigest"
+    assert not (gw.root / "sum" / "bad").exists() and not (gw.root / "sum" / "short").exists()
+
+
+def _signed_with_body(
+    method: str, url: str, gw: Gateway, body: bytes, headers: dict[str, str]
+) -> urllib3.BaseHTTPResponse:
+    creds = botocore.credentials.Credentials(gw.key.access_key, gw.key.secret)
+    req = botocore.awsrequest.AWSRequest(method=method, url=url, data=body, headers=headers)
+    botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
+    return http(method, url, body, dict(req.headers.items()))

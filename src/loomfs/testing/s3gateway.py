@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from ..core.registry import open_catalog
 from ..core.users import UserRegistry
@@ -36,58 +35,28 @@ async def register_users(catalog_url: str, users: Iterable[tuple[str, str, str]]
         await catalog.close()
 
 
-class S3GatewayHub:
-    """A context manager: ``endpoint`` is the gateway's URL, ``pid`` the hub's process.
+@contextmanager
+def s3_gateway_hub(
+    scratch: Path, users: Iterable[tuple[str, str, str]], extra_config: str = ""
+) -> Iterator[HubProcess]:
+    """The running hub: ``hub.urls["s3"]`` is the gateway's URL, ``hub.pid`` its process.
 
     ``extra_config`` is appended to the hub's TOML config (a ``[hub]`` or ``[log]``
     section, say).
     """
-
-    def __init__(
-        self, scratch: Path, users: Iterable[tuple[str, str, str]], extra_config: str = ""
-    ) -> None:
-        self.scratch = scratch
-        self.users = list(users)
-        self.extra_config = extra_config
-        self.hub: HubProcess | None = None
-        self.endpoint = ""
-
-    def start(self) -> Self:
-        data = self.scratch / "hub"
-        volume = self.scratch / "volume"
-        volume.mkdir(parents=True)
-        data.mkdir()
-        config = self.scratch / "loomfs.toml"
-        config.write_text(
-            f'[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "{BUCKET_ROOT}"\n{self.extra_config}'
-        )
-        asyncio.run(register_users(f"sqlite://{data / 'catalog.db'}", self.users))
-        self.hub = HubProcess(data, {"LOOMFS_CONFIG": str(config)}).start()
+    data = scratch / "hub"
+    volume = scratch / "volume"
+    volume.mkdir(parents=True)
+    data.mkdir()
+    config = scratch / "loomfs.toml"
+    config.write_text(
+        f'[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "{BUCKET_ROOT}"\n{extra_config}'
+    )
+    asyncio.run(register_users(f"sqlite://{data / 'catalog.db'}", users))
+    with HubProcess(data, {"LOOMFS_CONFIG": str(config)}) as hub:
         subprocess.run(
-            [sys.executable, "-m", "loomfs.cli", "--hub", self.hub.url, "volume", "add",
+            [sys.executable, "-m", "loomfs.cli", "--hub", hub.url, "volume", "add",
              BUCKET_ROOT, f"posix://{volume}"],
             check=True, capture_output=True,
         )  # fmt: skip
-        self.endpoint = self.hub.urls["s3"]
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.hub is not None
-        return self.hub.pid
-
-    def stop(self) -> None:
-        if self.hub is not None:
-            self.hub.stop()
-            self.hub = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        yield hub

@@ -43,7 +43,7 @@ from ...errors import (
 )
 from ...namespace.base import Namespace
 from ..http import parse_range, serve_reader
-from . import acl, sigv2, sigv4
+from . import acl, checksums, sigv2, sigv4
 from .errors import S3Error, error_xml, from_loom
 from .listing import Item, Lister, check_key
 from .multipart import Staging, Upload
@@ -814,7 +814,8 @@ class S3Gateway:
 
     def _body(self, c: Call, limit: int) -> AsyncIterator[bytes]:
         """The request body as the signature covers it: plain (SHA-256 checked at the end
-        when signed) or decoded from aws-chunked (every chunk's signature checked)."""
+        when signed) or decoded from aws-chunked (every chunk's signature checked), and
+        with the additional checksum its headers declare checked at the end."""
         request = c.request
         headers = request.headers
         decoded = headers.get("x-amz-decoded-content-length")
@@ -829,10 +830,15 @@ class S3Gateway:
         if declared is not None and declared > limit:
             raise S3Error("EntityTooLarge", f"the upload exceeds {limit} bytes")
         checker = sigv4.PayloadChecker(c.auth, decoded_length)
+        declared_sum = checksums.expected({k.lower(): v for k, v in headers.items()})
         if c.auth.payload in (sigv4.STREAMING, sigv4.STREAMING_UNSIGNED_TRAILER):
             reader = sigv4.ChunkReader(request.content.readline, request.content.read)
-            return _from_client(checker.chunked(reader))
-        return _from_client(checker.plain(request.content.iter_chunked(1 << 20)))
+            body = checker.chunked(reader)
+        else:
+            body = checker.plain(request.content.iter_chunked(1 << 20))
+        if declared_sum is not None:
+            body = checksums.checked(body, *declared_sum)
+        return _from_client(body)
 
     async def _ensure_parent(self, c: Call, path: str) -> None:
         parent = paths.split(paths.normalize(path))[0]

@@ -73,7 +73,8 @@ def _amz_headers(headers: Mapping[str, str], extra: Mapping[str, str]) -> dict[s
 
 
 def _signed_time(headers: Mapping[str, str]) -> float:
-    value = headers.get("x-amz-date") or headers.get("date")
+    # x-amz-date, when given at all, is the request's time, even empty (then refused)
+    value = headers["x-amz-date"] if "x-amz-date" in headers else headers.get("date")
     try:
         when = parsedate_to_datetime(value or "")
     except (TypeError, ValueError):
