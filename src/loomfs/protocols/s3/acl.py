@@ -7,7 +7,10 @@ anything. GetBucketAcl and GetObjectAcl answer that; PutBucketAcl and PutObjectA
 accept what restates it (the canned ACL ``private``, or a policy whose only grant is the
 owner's FULL_CONTROL) and answer NotImplemented for any other grant, rather than
 accepting a grant they would not enforce. A canned ACL name that S3 does not know is
-InvalidArgument, as in S3.
+InvalidArgument, as in S3. A known canned ACL given with PutObject, CopyObject, CreateBucket
+or CreateMultipartUpload is not applied (the object is created as the owner's alone) rather
+than failing the upload; that is the one place where a grant is dropped, and it errs on
+the side of less access.
 """
 
 from __future__ import annotations

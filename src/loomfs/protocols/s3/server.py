@@ -464,6 +464,9 @@ class S3Gateway:
         c.op = handler.__name__
         if c.key:
             check_key(c.key)
+        # a canned ACL S3 does not know is an error on every request that may carry one;
+        # one it knows, on a create, is not applied (see acl.py) but does not fail it
+        acl.check_canned(c.request.headers.get("x-amz-acl"))
         return await handler(c)
 
     # -- buckets --------------------------------------------------------------------------
