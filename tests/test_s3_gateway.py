@@ -1053,3 +1053,30 @@ def _signed_with_body(
     req = botocore.awsrequest.AWSRequest(method=method, url=url, data=body, headers=headers)
     botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
     return http(method, url, body, dict(req.headers.items()))
+
+
+def _trailer_put(gw: Gateway, key: str, body: bytes, crc_of: bytes) -> urllib3.BaseHTTPResponse:
+    """A PUT as SDKs send it over HTTPS: aws-chunked, unsigned, CRC32 in a trailer."""
+    crc = base64.b64encode(zlib.crc32(crc_of).to_bytes(4, "big")).decode()
+    framed = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n"
+    framed += f"x-amz-checksum-crc32:{crc}\r\n\r\n".encode()
+    url = f"{gw.endpoint}/data/{key}"
+    headers = {
+        "Content-Encoding": "aws-chunked",
+        "x-amz-decoded-content-length": str(len(body)),
+        "x-amz-trailer": "x-amz-checksum-crc32",
+    }
+    creds = botocore.credentials.Credentials(gw.key.access_key, gw.key.secret)
+    req = botocore.awsrequest.AWSRequest("PUT", url, data=framed, headers=headers)
+    req.context["checksum"] = {"request_algorithm": {"in": "trailer", "algorithm": "crc32"}}
+    botocore.auth.S3SigV4Auth(creds, "s3", REGION).add_auth(req)
+    assert req.headers["X-Amz-Content-SHA256"] == sigv4.STREAMING_UNSIGNED_TRAILER
+    return http("PUT", url, framed, dict(req.headers.items()))
+
+
+def test_checksum_in_an_aws_chunked_trailer(gw: Gateway) -> None:
+    good = _trailer_put(gw, "trail/good", b"trailing data", b"trailing data")
+    assert good.status == 200 and gw.read("/data/trail/good") == b"trailing data"
+    bad = _trailer_put(gw, "trail/bad", b"trailing data", b"something else")
+    assert bad.status == 400 and b"BadDigest" in bad.data
+    assert not (gw.root / "trail" / "bad").exists()

@@ -2,10 +2,11 @@
 
 SDKs send one by default with every upload (botocore since 1.36: x-amz-checksum-crc32), and
 S3 refuses the upload with BadDigest when the body it received does not match: a body cut
-short behind a Content-Length that says less, a proxy that changed bytes. The gateway
-checks CRC32, SHA-1 and SHA-256, which the standard library computes at memory speed;
-CRC32C and CRC64NVME have no such implementation here and are accepted unchecked (a pure
-Python CRC would cost more than the transfer).
+short behind a Content-Length that says less, a proxy that changed bytes. The checksum
+comes in a header, or for an aws-chunked body in the trailer that x-amz-trailer names (what
+SDKs send over HTTPS). The gateway checks CRC32, SHA-1 and SHA-256, which the standard
+library computes at memory speed; CRC32C and CRC64NVME have no such implementation here
+and are accepted unchecked (a pure Python CRC would cost more than the transfer).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import base64
 import binascii
 import hashlib
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 from .errors import S3Error
@@ -48,30 +49,51 @@ def _hash(algorithm: str) -> _Hash | None:
     return None
 
 
-def expected(headers: Mapping[str, str]) -> tuple[str, bytes] | None:
-    """The checksum an upload's headers (lower-case names) declare: (algorithm, digest),
-    or None when there is none this gateway can check. A malformed value is refused."""
-    for name, value in headers.items():
-        if not name.startswith(PREFIX) or name[len(PREFIX) :] in NOT_DIGESTS:
-            continue
-        algorithm = name[len(PREFIX) :]
-        if algorithm in UNCHECKED:
+def _algorithm(name: str) -> str | None:
+    """The algorithm an x-amz-checksum-* name carries, None if not checked here."""
+    algorithm = name[len(PREFIX) :]
+    if algorithm in UNCHECKED:
+        return None
+    if _hash(algorithm) is None:
+        raise S3Error("InvalidRequest", f"{name} is not a checksum S3 knows")
+    return algorithm
+
+
+def decode(algorithm: str, value: str | None) -> bytes:
+    """A base64 checksum value, refused unless it has the algorithm's length."""
+    probe = _hash(algorithm)
+    assert probe is not None
+    try:
+        digest = base64.b64decode(value or "", validate=True)
+    except (binascii.Error, ValueError):
+        digest = b""
+    if len(digest) != len(probe.digest()):
+        raise S3Error("InvalidRequest", f"the value of {PREFIX}{algorithm} is not valid")
+    return digest
+
+
+def declared(
+    headers: Mapping[str, str], trailers: Mapping[str, str]
+) -> tuple[str, Callable[[], bytes]] | None:
+    """The checksum an upload declares (names lower-case) in a header or, named by
+    x-amz-trailer, in the ``trailers`` after an aws-chunked body: (algorithm, the expected
+    digest, to be asked once the body has ended). None when there is none checked here."""
+    trailer = headers.get("x-amz-trailer", "").strip().lower()
+    if trailer:
+        if not trailer.startswith(PREFIX) or (algorithm := _algorithm(trailer)) is None:
             return None
-        probe = _hash(algorithm)
-        if probe is None:
-            raise S3Error("InvalidRequest", f"{name} is not a checksum S3 knows")
-        try:
-            digest = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            digest = b""
-        if len(digest) != len(probe.digest()):
-            raise S3Error("InvalidRequest", f"the value of {name} is not valid")
-        return algorithm, digest
-    return None
+        return algorithm, lambda: decode(algorithm, trailers.get(trailer))
+    name = next(
+        (n for n in headers if n.startswith(PREFIX) and n[len(PREFIX) :] not in NOT_DIGESTS), None
+    )
+    if name is None or (algorithm := _algorithm(name)) is None:
+        return None
+    digest = decode(algorithm, headers[name])
+    return algorithm, lambda: digest
 
 
 async def checked(
-    body: AsyncIterator[bytes], algorithm: str, digest: bytes
+    body: AsyncIterator[bytes], algorithm: str, expected: Callable[[], bytes]
 ) -> AsyncIterator[bytes]:
     """``body`` as it is, raising BadDigest at its end (before a write can commit it) when
     it does not have the declared checksum."""
@@ -80,7 +102,7 @@ async def checked(
     async for chunk in body:
         running.update(chunk)
         yield chunk
-    if running.digest() != digest:
+    if running.digest() != expected():
         raise S3Error(
             "BadDigest", f"the {algorithm.upper()} you specified did not match the calculated one"
         )

@@ -833,14 +833,15 @@ class S3Gateway:
         if declared is not None and declared > limit:
             raise S3Error("EntityTooLarge", f"the upload exceeds {limit} bytes")
         checker = sigv4.PayloadChecker(c.auth, decoded_length)
-        declared_sum = checksums.expected({k.lower(): v for k, v in headers.items()})
         if c.auth.payload in (sigv4.STREAMING, sigv4.STREAMING_UNSIGNED_TRAILER):
             reader = sigv4.ChunkReader(request.content.readline, request.content.read)
             body = checker.chunked(reader)
         else:
             body = checker.plain(request.content.iter_chunked(1 << 20))
-        if declared_sum is not None:
-            body = checksums.checked(body, *declared_sum)
+        lowered = {k.lower(): v for k, v in headers.items()}
+        checksum = checksums.declared(lowered, checker.trailers)
+        if checksum is not None:
+            body = checksums.checked(body, *checksum)
         return _from_client(body)
 
     async def _ensure_parent(self, c: Call, path: str) -> None:

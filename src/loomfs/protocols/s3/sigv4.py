@@ -254,6 +254,7 @@ class PayloadChecker:
     def __init__(self, verified: Verified, expected_length: int | None) -> None:
         self.verified = verified
         self.expected_length = expected_length
+        self.trailers: dict[str, str] = {}  # of an aws-chunked body, once it has ended
 
     async def plain(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         digest = hashlib.sha256() if _HEX64.match(self.verified.payload) else None
@@ -316,8 +317,10 @@ class PayloadChecker:
             total += size
         # trailers (checksums of the unsigned-trailer mode) end with an empty line
         while (line := await body.readline()) not in (b"\r\n", b""):
-            if len(line) > MAX_CHUNK_HEADER:
+            name, sep, value = line.decode("latin-1").partition(":")
+            if len(line) > MAX_CHUNK_HEADER or not sep:
                 raise S3Error("IncompleteBody", "malformed trailer")
+            self.trailers[name.strip().lower()] = value.strip()
         if self.expected_length is not None and total != self.expected_length:
             raise S3Error(
                 "IncompleteBody",
