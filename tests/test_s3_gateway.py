@@ -897,6 +897,20 @@ def test_acls_show_the_owner_and_refuse_grants_they_would_not_enforce(
     with pytest.raises(ClientError) as err:
         s3.get_object_acl(Bucket="owned", Key="missing")
     assert code_of(err) == "NoSuchKey"
+    # the expected-owner guards
+    s3.put_object(Bucket="owned", Key="k", Body=b"v", ExpectedBucketOwner="alice")
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket="owned", Key="k", Body=b"other", ExpectedBucketOwner="bob")
+    assert code_of(err) == "AccessDenied"
+    with pytest.raises(ClientError) as err:
+        s3.copy_object(
+            Bucket="owned",
+            Key="copy",
+            CopySource={"Bucket": "owned", "Key": "k"},
+            ExpectedSourceBucketOwner="bob",
+        )
+    assert code_of(err) == "AccessDenied"
+    assert sorted(p.name for p in (gw.root / "buckets" / "owned").iterdir()) == ["k"]
     assert s3.get_object(Bucket="owned", Key="k")["Body"].read() == b"v"
 
 

@@ -467,7 +467,16 @@ class S3Gateway:
         # a canned ACL S3 does not know is an error on every request that may carry one;
         # one it knows, on a create, is not applied (see acl.py) but does not fail it
         acl.check_canned(c.request.headers.get("x-amz-acl"))
+        if handler != self.create_bucket:
+            await self._check_owner(c, "x-amz-expected-bucket-owner")
         return await handler(c)
+
+    async def _check_owner(self, c: Call, header: str) -> None:
+        """AccessDenied unless the bucket's owner is the one a request's header expects
+        (a guard clients set against writing into a bucket someone else re-created)."""
+        expected = c.request.headers.get(header)
+        if expected is not None and c.bucket and expected != await self._bucket_owner(c):
+            raise S3Error("AccessDenied", f"the bucket is not owned by the {header}")
 
     # -- buckets --------------------------------------------------------------------------
 
@@ -951,6 +960,7 @@ class S3Gateway:
         """The copy source's entry, tags and bytes, after its conditions were checked."""
         bucket, key = self._copy_source(c)
         source_call = Call(c.request, c.who, c.auth, bucket, key, {})
+        await self._check_owner(source_call, "x-amz-source-expected-bucket-owner")
         entry, tags = await self._object(source_call)
         status = check_preconditions(
             c.request.headers.get, object_etag(entry, tags), entry.mtime_ns, copy=True
