@@ -323,6 +323,9 @@ class HubNamespace(Namespace):
         if parents and await self.catalog.get(parent) is None:
             await self.mkdir(who, parent, parents=True, exist_ok=True)
         async with self._lock(path):
+            made = await self.catalog.get(path)
+            if exist_ok and made is not None and made.is_dir:
+                return made  # by a concurrent mkdir while this one waited for the lock
             await self._dir(parent)
             info = await mounted.backend.mkdir(key)
             return await self._record(mounted, info, exclusive=True, check_parent=True)
