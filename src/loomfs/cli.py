@@ -715,6 +715,7 @@ async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -
     out.print(
         f"{stats['files']:,} files, {stats['bytes']:,} bytes cached; "
         f"{stats['fetched']:,} bytes fetched now"
+        + (f"; {stats['refused']:,} files refused by placement" if stats.get("refused") else "")
     )
 
 

@@ -27,6 +27,7 @@ from .config import Config, host_port, parse_size
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
+from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
@@ -37,6 +38,7 @@ from .fabric.server import FabricServer
 from .hub.assimilate import ScanStats, path_of
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
+from .hub.placement import PlacedNamespace
 from .hub.watch import PosixWatcher
 from .protocols.s3 import S3Gateway
 from .rest.client import RestNamespace
@@ -57,9 +59,13 @@ class HubService:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.catalog: Catalog = open_catalog(config.catalog_url)
+        self.placement = PlacementAuthorizer(
+            self.catalog, SiteRegistry(self.catalog), config.site.name
+        )
         self.namespace = HubNamespace(
             self.catalog,
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
+            self.placement,
         )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -204,6 +210,12 @@ class HubService:
             # that sees them all, and it is a single indexed read
             await asyncio.sleep(FEED_POLL)
 
+    async def settle(self, seq: int) -> None:
+        """Return once every leased spoke applied change ``seq`` (say a policy's evictions,
+        logged by another process), with this hub already deciding by that policy."""
+        await self.placement.reload(force=True)
+        await self.namespace.leases.settle(seq)
+
     # -- serving ---------------------------------------------------------------------------
 
     def s3_gateway(self) -> S3Gateway:
@@ -241,7 +253,8 @@ class HubService:
     async def _fabric_server(self) -> FabricServer:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
-        fabric = FabricServer(self.namespace, self, identity, await sites.trusted())
+        placed = PlacedNamespace(self.namespace, self.placement)
+        fabric = FabricServer(placed, self, identity, await sites.trusted())
 
         async def follow_trust() -> None:
             while True:  # pins and revocations made with `loomfs site` take effect here

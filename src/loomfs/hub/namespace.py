@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import stat
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 
 from .. import paths
 from ..core.backends.base import Backend, Capability, Commit
+from ..core.backends.posix import PosixBackend
 from ..core.catalog.base import Applied, Catalog, Delete, Put
+from ..core.placement import PlacementAuthorizer
 from ..core.registry import open_backend
 from ..core.streams import clamp_range
 from ..core.types import Entry, EntryKind, ObjectInfo, Principal, Volume
@@ -67,8 +70,15 @@ def _check_tag(key: str, value: str | None = None) -> None:
 
 
 class HubNamespace(Namespace):
-    def __init__(self, catalog: Catalog, leases: Leases | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        leases: Leases | None = None,
+        placement: PlacementAuthorizer | None = None,
+    ) -> None:
         self.catalog = catalog
+        #: residency policies: a re-tag that restricts a file evicts it from spokes
+        self.placement = placement
         #: spokes' read leases: a commit is acknowledged once they have applied it
         self.leases = leases or Leases(0)
         self.assimilator = Assimilator(catalog)
@@ -459,9 +469,35 @@ class HubNamespace(Namespace):
             _check_tag(key, value)
         for key in remove:
             _check_tag(key)
-        tags = await self.catalog.set_tags(paths.normalize(path), set_, remove)
+        path = paths.normalize(path)
+        before = await self.catalog.get_tags(path) if self.placement is not None else {}
+        tags = await self.catalog.set_tags(path, set_, remove)
+        if self.placement is not None and await self.placement.tightened(path, before, tags):
+            # re-tagged into a policy: spokes drop what they hold of it before this returns
+            await self.placement.store.evict([path])
         await self.leases.settle(await self.catalog.head_seq())
         return tags
+
+    async def resolve(self, path: str) -> str:
+        """The namespace path whose bytes a read of ``path`` returns: a symlink's final
+        target (relative, absolute or through linked directories), as the volume's
+        backend resolves it; ``path`` itself for anything else."""
+        path = paths.normalize(path)
+        entry = await self.catalog.get(path)
+        hit = self._resolve(path)
+        if entry is None or entry.kind is not EntryKind.SYMLINK or hit is None:
+            return path
+        mounted, key = hit
+        if not isinstance(mounted.backend, PosixBackend):
+            return path  # only posix volumes hold symlinks
+        root = mounted.backend.root
+        real = await asyncio.to_thread(os.path.realpath, os.path.join(root, key))
+        rel = os.path.relpath(real, root)
+        if rel == os.curdir:
+            return mounted.volume.mount
+        if rel.startswith(os.pardir):
+            return path  # out of the volume: the backend refuses to read it
+        return paths.join(mounted.volume.mount, rel)
 
     async def close(self) -> None:
         for mounted in self._mounts.values():

@@ -218,6 +218,8 @@ class Cache:
             fd = os.open(self._data_path(entry.id), os.O_RDONLY | os.O_CLOEXEC)
         except BaseException:
             entry.readers -= 1
+            if not entry.hashes and not entry.readers:
+                self._drop(entry.id)  # refused or failed before any byte: leave no trace
             raise
         if entry.id in self.policy:
             self.policy.access(entry.id)
@@ -287,7 +289,11 @@ class Cache:
         MISSES.inc(length)
         await self._make_room(length, keep=entry.id)
         await asyncio.to_thread(self._store, entry, run, data)
-        self.policy.insert(entry.id, entry.cached_bytes)
+        self._account(entry)
+
+    def _account(self, entry: CachedFile) -> None:
+        if entry.id in self._files:  # not evicted while its blocks were on their way
+            self.policy.insert(entry.id, entry.cached_bytes)
         USED.set(self.policy.used_bytes)
 
     def _store(self, entry: CachedFile, run: list[int], data: bytes) -> None:
@@ -365,8 +371,7 @@ class Cache:
         MISSES.inc(len(data))
         await self._make_room(len(data), keep=entry.id)
         await asyncio.to_thread(self._store, entry, span, data)
-        self.policy.insert(entry.id, entry.cached_bytes)
-        USED.set(self.policy.used_bytes)
+        self._account(entry)
 
     def incoming(self) -> Path:
         """A fresh temp path beside the data, for a file being written through the spoke."""
@@ -433,17 +438,25 @@ class Cache:
         self._data_path(file_id).unlink(missing_ok=True)
         USED.set(self.policy.used_bytes)
 
-    def invalidate(self, path: str, keep_version: int | None = None, *, below: bool = False) -> int:
+    def invalidate(
+        self,
+        path: str,
+        keep_version: int | None = None,
+        *,
+        below: bool = False,
+        busy: bool = False,
+    ) -> int:
         """Drop every cached version of ``path`` (and, with ``below``, of everything under
         it) except ``keep_version``; returns how many were dropped. Versions being read
-        stay until their readers close."""
+        stay until their readers close, unless ``busy`` (an eviction the data's owner
+        demands: the readers' open descriptors still finish)."""
         prefix = path.rstrip("/") + "/"
         doomed = [
             f.id
             for f in self._files.values()
             if (f.path == path or (below and f.path.startswith(prefix)))
             and f.version != keep_version
-            and not f.readers
+            and (busy or not f.readers)
         ]
         for file_id in doomed:
             self._drop(file_id)

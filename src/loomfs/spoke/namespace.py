@@ -43,6 +43,7 @@ from ..errors import (
     BackendUnavailable,
     Conflict,
     IsADirectory,
+    LoomError,
     NotFound,
     PermissionDenied,
 )
@@ -64,6 +65,7 @@ class WarmStats:
     files: int = 0
     bytes: int = 0
     fetched: int = 0
+    refused: int = 0  # files a placement policy keeps from this site
     done: bool = False
 
     def as_dict(self) -> dict[str, object]:
@@ -71,6 +73,7 @@ class WarmStats:
             "files": self.files,
             "bytes": self.bytes,
             "fetched": self.fetched,
+            "refused": self.refused,
             "done": self.done,
         }
 
@@ -109,7 +112,7 @@ class SpokeNamespace(Namespace):
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
-        self._stuck: set[int] = set()
+        self._stuck: dict[int, Exception] = {}  # journaled writes the hub refuses, and why
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
         self.seq = 0
         self.online = True
@@ -170,8 +173,13 @@ class SpokeNamespace(Namespace):
         """Drop what a change at the hub made stale: cached data of superseded versions,
         and what this spoke knew of the path (and below it, for moves and deletes). A
         directory's own changes (its mtime moves with its listing) touch nothing below it."""
-        below = change.op in (ChangeOp.DELETE, ChangeOp.RENAME)
-        if below:
+        below = change.op in (ChangeOp.DELETE, ChangeOp.RENAME, ChangeOp.EVICT)
+        if change.op is ChangeOp.EVICT:
+            # a placement policy may no longer let this site hold it: gone now, even the
+            # versions being read (their open descriptors finish; nothing stays on disk)
+            dropped = self.cache.invalidate(change.path, below=True, busy=True)
+            log.info("evicted by placement policy", extra={"path": change.path, "files": dropped})
+        elif below:
             self.cache.invalidate(change.path, below=True)
         elif change.op is ChangeOp.MODIFY:
             self.cache.invalidate(change.path, keep_version=change.version)
@@ -349,9 +357,13 @@ class SpokeNamespace(Namespace):
                 continue
             before = self.cache.get(entry.path, entry.version)
             had = before.cached_bytes if before is not None else 0
-            source = await self.cache.read(
-                entry.path, entry.version, entry.size, 0, entry.size, self._fetch
-            )
+            try:
+                source = await self.cache.read(
+                    entry.path, entry.version, entry.size, 0, entry.size, self._fetch
+                )
+            except PermissionDenied:
+                stats.refused += 1  # the rest of the tree may still come here
+                continue
             await source.aclose()
             self._known.setdefault(entry.path, entry)
             if pin:
@@ -424,8 +436,22 @@ class SpokeNamespace(Namespace):
 
     async def sync(self) -> None:
         """Wait until every journaled write is committed at the hub (bound it with
-        ``asyncio.timeout`` where the link may stay down)."""
-        while len(self.journal):
+        ``asyncio.timeout`` where the link may stay down); raise the hub's refusal of the
+        first write it will not take (the write stays journaled)."""
+        await self._drain()
+        for pending in self.journal:
+            stuck = self._stuck.get(pending.seq)
+            if isinstance(stuck, LoomError):
+                raise type(stuck)(
+                    f"a journaled write of {pending.path} is kept, but the hub refuses it: {stuck}",
+                    path=pending.path,
+                ) from stuck
+            if stuck is not None:
+                raise stuck
+
+    async def _drain(self) -> None:
+        """Wait until every journaled write is committed or refused."""
+        while any(p.seq not in self._stuck for p in self.journal):
             self._wake.set()
             await asyncio.sleep(0.05)
 
@@ -453,11 +479,12 @@ class SpokeNamespace(Namespace):
                         self.journal.remove(pending)
                         waiter.set_exception(exc)
                     elif pending.seq not in self._stuck:
-                        # acknowledged, and the hub refuses it (say its directory is gone):
-                        # it stays journaled and reported until someone makes room for it
+                        # acknowledged, and the hub refuses it (say its directory is gone,
+                        # or a placement policy keeps this site out): it stays journaled,
+                        # and reported by the log and by sync(), until someone resolves it
                         log.error("a journaled write cannot be committed: %s", exc,
                                   extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
-                        self._stuck.add(pending.seq)
+                        self._stuck[pending.seq] = exc
                     continue
                 self._set_online(True)
                 if entry.path == pending.path:
@@ -470,6 +497,7 @@ class SpokeNamespace(Namespace):
                 except Exception:  # only a missed cache fill: the hub has the write
                     log.exception("could not keep a written file in the cache")
                 self.journal.remove(pending)
+                self._stuck.pop(pending.seq, None)
                 self._learn(entry, entry.version)
                 waiter = self._waiters.pop(pending.seq, None)
                 if waiter is not None:
@@ -555,7 +583,7 @@ class SpokeNamespace(Namespace):
         if len(self.journal):
             if not self.online:
                 raise BackendUnavailable("the hub is unreachable; only writes are journaled")
-            await self.sync()
+            await self._drain()  # a refused write will not commit: nothing to order after
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
         path = self._inside(path)

@@ -8,15 +8,17 @@ or cut one spoke's link and count the bytes that crossed it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from ..config import Config
+from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
 from ..fabric.server import FabricServer
+from ..hub.placement import PlacedNamespace
 from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
@@ -73,7 +75,10 @@ async def fabric(
     lease_ttl: float = 3.0,
     rate: float | None = None,
     latency: float = 0.001,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> AsyncIterator[Fabric]:
+    """``labels`` gives spokes labels in their certificates; those spokes are pinned in the
+    hub's site registry too, which placement policies read."""
     volume = tmp / "volume"
     volume.mkdir(parents=True)
     hub = HubService(
@@ -90,8 +95,19 @@ async def fabric(
     try:
         await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
         hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
-        ids = {name: SiteIdentity.create(tmp / f"{name}-id", name) for name in spokes}
-        server = FabricServer(hub.namespace, hub, hub_id, {n: i.cert_pem for n, i in ids.items()})
+        labels = labels or {}
+        ids = {
+            name: SiteIdentity.create(tmp / f"{name}-id", name, labels=labels.get(name))
+            for name in spokes
+        }
+        for name in labels:
+            await SiteRegistry(hub.catalog).add(ids[name].cert_pem)
+        server = FabricServer(
+            PlacedNamespace(hub.namespace, hub.placement),
+            hub,
+            hub_id,
+            {n: i.cert_pem for n, i in ids.items()},
+        )
         runner = web.AppRunner(server.app())
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server.ssl_context())

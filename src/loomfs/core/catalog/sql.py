@@ -145,6 +145,17 @@ def _migrations(d: Dialect) -> list[str]:
             revoked_ns BIGINT
         )
         """,
+        # migration 5 (4 is the authorization rules'): residency and placement policies
+        # (loomfs.core.placement); the 'placement' counter is their generation, which every
+        # hub process polls to reload them
+        f"""
+        CREATE TABLE placement_policies (
+            name {d.text} PRIMARY KEY,
+            spec TEXT NOT NULL,
+            updated_ns BIGINT NOT NULL
+        );
+        INSERT INTO counters (name, value) VALUES ('placement', 0)
+        """,
     ]
 
 

@@ -1,0 +1,286 @@
+"""Residency and placement policies over the fabric: a hub and two spokes, one labelled
+region=eu and one region=us, each behind its own emulated WAN link.
+
+Restricted files carry a random marker in every block; after each escape attempt by the
+us spoke, its cache directory (index, data files, journal) is scanned for that marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import boto3
+import pytest
+from aiohttp import web
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from loomfs.core.placement import Policy, PolicyStore, Visibility, glob_prefix
+from loomfs.core.registry import open_catalog
+from loomfs.core.types import Principal
+from loomfs.core.users import UserRegistry
+from loomfs.errors import InvalidArgument, NotFound, PermissionDenied
+from loomfs.hub.placement import PlacedNamespace
+from loomfs.protocols.s3 import S3Gateway
+from loomfs.spoke.namespace import SpokeNamespace
+from loomfs.testing.fabric import Fabric, fabric
+
+EU, US = "gpu-eu", "gpu-us"
+WHO = Principal(user="tester", protocol="test")  # a user where the namespace runs
+MiB = 1 << 20
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Fabric]:
+    labels = {EU: {"region": "eu"}, US: {"region": "us"}}
+    async with fabric(tmp_path, (EU, US), lease_ttl=3.0, labels=labels) as created:
+        await created.hub.namespace.mkdir(WHO, "/vol/eu")
+        await created.hub.namespace.mkdir(WHO, "/vol/pub")
+        yield created
+
+
+def marked(size: int = 3 * MiB) -> tuple[bytes, bytes]:
+    """A fresh marker, and data with the marker in every block."""
+    marker = os.urandom(16).hex().encode()
+    return marker, (marker + os.urandom(4096)) * (size // (len(marker) + 4096) + 1)
+
+
+def holding(directory: Path, marker: bytes) -> list[Path]:
+    """Files under ``directory`` (the whole cache: data, index, journal) with ``marker``."""
+    return [p for p in directory.rglob("*") if p.is_file() and marker in p.read_bytes()]
+
+
+async def tighten(env: Fabric, policy: Policy) -> None:
+    """As `loomfs policy add`: store, then wait until the hub saw every spoke evict."""
+    await env.hub.settle(await env.hub.placement.store.put(policy))
+
+
+EU_ONLY = Policy.build("residency-eu", ["/vol/eu/**"], ["region=eu"], "residency=eu")
+
+
+def cache_dir(env: Fabric, name: str) -> Path:
+    return env.spokes[name].cache.directory
+
+
+async def test_policy_spec_is_validated_and_round_trips(env: Fabric) -> None:
+    bad = [
+        ("bad name!", ["/vol/**"], ["region=eu"], None, "visible"),
+        ("p", [], ["region=eu"], None, "visible"),
+        ("p", ["vol/**"], ["region=eu"], None, "visible"),
+        ("p", ["/vol/**"], [], None, "visible"),
+        ("p", ["/vol/**"], ["region"], None, "visible"),
+        ("p", ["/vol/**"], ["region=eu"], "notatag", "visible"),
+        ("p", ["/vol/**"], ["region=eu"], None, "secret"),
+    ]
+    store = PolicyStore(env.hub.catalog)
+    for args in bad:
+        with pytest.raises(InvalidArgument):
+            Policy.build(*args)
+    hidden = Policy.build(
+        "h", ["/vol/a/**", "/vol/b/*.bin"], ["region=eu", "cloud=x"], None, "hidden"
+    )
+    await store.put(hidden)
+    assert await store.list() == [hidden]
+    assert hidden.metadata is Visibility.HIDDEN and hidden.allows({"cloud": "x"})
+    await store.remove("h")
+    assert await store.list() == []
+    with pytest.raises(NotFound):
+        await store.remove("h")
+    assert glob_prefix("/vol/b/*.bin") == "/vol/b"
+
+
+async def test_a_compliant_site_reads_a_noncompliant_one_sees_names_only(env: Fabric) -> None:
+    marker, data = marked()
+    await env.hub.namespace.write_bytes(WHO, "/vol/eu/a.bin", data)
+    await tighten(env, EU_ONLY)
+    eu, us = env.spokes[EU], env.spokes[US]
+    assert await eu.read_bytes(WHO, "/vol/eu/a.bin") == data
+    assert holding(cache_dir(env, EU), marker)  # the scan does find cached bytes
+    assert (await us.stat(WHO, "/vol/eu/a.bin")).size == len(data)  # metadata: visible
+    assert [e.name async for e in us.list(WHO, "/vol/eu")] == ["a.bin"]
+    for offset, length in ((0, None), (MiB + 5, 100), (len(data) - 10, 10)):
+        with pytest.raises(PermissionDenied):
+            await us.read_bytes(WHO, "/vol/eu/a.bin", offset, length)
+    # users at the hub itself are not restricted by residency
+    assert await env.hub.namespace.read_bytes(WHO, "/vol/eu/a.bin", 0, 10) == data[:10]
+    assert not holding(cache_dir(env, US), marker)
+
+
+async def test_hidden_metadata_looks_absent(env: Fabric) -> None:
+    marker, data = marked(MiB)
+    await env.hub.namespace.write_bytes(WHO, "/vol/eu/h.bin", data)
+    await env.hub.namespace.write_bytes(WHO, "/vol/pub/ok.txt", b"public")
+    hidden = Policy.build("eu-hidden", ["/vol/eu/**"], ["region=eu"], None, "hidden")
+    await tighten(env, hidden)
+    us = env.spokes[US]
+    for attempt in (
+        us.stat(WHO, "/vol/eu/h.bin"),
+        us.read_bytes(WHO, "/vol/eu/h.bin"),
+        us.get_tags(WHO, "/vol/eu/h.bin"),
+    ):
+        with pytest.raises(NotFound):
+            await attempt
+    assert [e.name async for e in us.list(WHO, "/vol/eu")] == []
+    assert await us.read_bytes(WHO, "/vol/pub/ok.txt") == b"public"
+    assert [e.name async for e in env.spokes[EU].list(WHO, "/vol/eu")] == ["h.bin"]
+    assert not holding(cache_dir(env, US), marker)
+
+
+async def _copy_as_spoke_user(env: Fabric, src: str, dst: str) -> str:
+    """S3 CopyObject at the hub by a user of the us site: the error code S3 answers."""
+    users = UserRegistry(env.hub.catalog)
+    await users.add_user("bob")
+    key = await users.add_access_key("bob")
+    gateway = S3Gateway(
+        PlacedNamespace(env.hub.namespace, env.hub.placement),
+        users,
+        {"vol": "/vol"},
+        staging=env.tmp / "s3-staging",
+        site=US,
+    )
+    runner = web.AppRunner(gateway.app())
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        client = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id=key.access_key,
+            aws_secret_access_key=key.secret,
+            config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+        )
+
+        def copy() -> str:
+            try:
+                client.copy_object(Bucket="vol", Key=dst, CopySource={"Bucket": "vol", "Key": src})
+            except ClientError as exc:
+                return str(exc.response["Error"]["Code"])
+            return "copied"
+
+        return await asyncio.to_thread(copy)
+    finally:
+        await runner.cleanup()
+
+
+async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> None:
+    marker, data = marked()
+    hub = env.hub.namespace
+    await hub.write_bytes(WHO, "/vol/eu/s.bin", data)
+    await hub.write_bytes(WHO, "/vol/pub/tagged.bin", data)
+    await hub.set_tags(WHO, "/vol/pub/tagged.bin", {"residency": "eu"})
+    await hub.symlink(WHO, "/vol/pub/rel-link", "../eu/s.bin")
+    await hub.symlink(WHO, "/vol/pub/abs-link", str(env.volume / "eu" / "s.bin"))
+    await hub.write_bytes(WHO, "/vol/pub/free.bin", b"free data")
+    await tighten(env, EU_ONLY)
+    us = env.spokes[US]
+
+    # direct and ranged reads, of the path and of a file restricted by its tag
+    for path in ("/vol/eu/s.bin", "/vol/pub/tagged.bin"):
+        with pytest.raises(PermissionDenied):
+            await us.read_bytes(WHO, path)
+        with pytest.raises(PermissionDenied):
+            await us.read_bytes(WHO, path, 2 * MiB, 4096)
+    # what a prefetcher does: fill the cache for a known version
+    entry = await us.stat(WHO, "/vol/eu/s.bin")
+    with pytest.raises(PermissionDenied):
+        await us.cache.read(entry.path, entry.version, entry.size, 0, entry.size, us._fetch)
+    # warm-up: the restricted files are refused, the rest of the tree still comes
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/pub/rel-link")
+    stats = await us.warm(WHO, "/vol")
+    assert stats.refused == 2 and stats.files == 1  # s.bin, tagged.bin; free.bin comes
+    assert (await us.warm(WHO, "/vol/eu")).refused == 1
+    # symlinks are checked on what they resolve to, whoever made them
+    for link in ("/vol/pub/rel-link", "/vol/pub/abs-link"):
+        with pytest.raises(PermissionDenied):
+            await us.read_bytes(WHO, link)
+    await us.symlink(WHO, "/vol/pub/my-link", "../eu/s.bin")
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/pub/my-link")
+    # renames out of (an escape) and into (a write of its data) a restricted path
+    with pytest.raises(PermissionDenied):
+        await us.rename(WHO, "/vol/eu/s.bin", "/vol/pub/leak.bin")
+    with pytest.raises(PermissionDenied):
+        await us.rename(WHO, "/vol/pub/free.bin", "/vol/eu/free.bin")
+    # untagging a file out of its policy
+    with pytest.raises(PermissionDenied):
+        await us.set_tags(WHO, "/vol/pub/tagged.bin", {}, ["residency"])
+    # a write at the us site into the restricted path: the waiting writer hears it
+    with pytest.raises(PermissionDenied):
+        await us.write_bytes(WHO, "/vol/eu/new.bin", b"from the us")
+    # ...and a write-back one stays journaled, its refusal reported by sync
+    us.write_back = True
+    await us.write_bytes(WHO, "/vol/eu/late.bin", b"written back")
+    with pytest.raises(PermissionDenied, match="kept"):
+        await asyncio.wait_for(us.sync(), 30)
+    assert [p.path for p in us.journal] == ["/vol/eu/late.bin"]
+    assert not await hub.exists(WHO, "/vol/eu/late.bin")
+    # S3 CopyObject by a user of the us site, out of the restricted path
+    assert await _copy_as_spoke_user(env, "eu/s.bin", "pub/copy.bin") == "AccessDenied"
+    assert not await hub.exists(WHO, "/vol/pub/copy.bin")
+    assert not await hub.exists(WHO, "/vol/pub/leak.bin")
+
+    assert not holding(cache_dir(env, US), marker)
+    assert await env.spokes[EU].read_bytes(WHO, "/vol/pub/tagged.bin") == data
+
+
+async def test_tightening_evicts_before_the_change_completes(env: Fabric) -> None:
+    hub, us = env.hub.namespace, env.spokes[US]
+    marks: dict[str, bytes] = {}
+    datas: dict[str, bytes] = {}
+    for name in ("data/x.bin", "pub/tag.bin", "pub/moved.bin"):
+        marks[name], data = marked(2 * MiB)
+        datas[name] = data
+        if name.startswith("data/"):
+            await hub.mkdir(WHO, "/vol/data", exist_ok=True)
+        await hub.write_bytes(WHO, f"/vol/{name}", data)
+        assert await us.read_bytes(WHO, f"/vol/{name}") == data
+        assert holding(cache_dir(env, US), marks[name])
+    await tighten(env, EU_ONLY)  # restricts none of them yet
+    assert holding(cache_dir(env, US), marks["pub/tag.bin"])
+
+    # a new policy over a path: evicted before tighten() returns
+    await tighten(env, Policy.build("data-eu", ["/vol/data/**"], ["region=eu"]))
+    assert not holding(cache_dir(env, US), marks["data/x.bin"])
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/data/x.bin")
+    # a re-tag at the hub into a policy: evicted before set_tags returns
+    await hub.set_tags(WHO, "/vol/pub/tag.bin", {"residency": "eu"})
+    assert not holding(cache_dir(env, US), marks["pub/tag.bin"])
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/pub/tag.bin")
+    # a move at the hub into a restricted path: evicted before rename returns
+    await hub.rename(WHO, "/vol/pub/moved.bin", "/vol/eu/moved.bin")
+    assert not holding(cache_dir(env, US), marks["pub/moved.bin"])
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/eu/moved.bin")
+    # the compliant spoke still reads all of them
+    eu = env.spokes[EU]
+    for path, name in (("/vol/data/x.bin", "data/x.bin"), ("/vol/pub/tag.bin", "pub/tag.bin"),
+                       ("/vol/eu/moved.bin", "pub/moved.bin")):  # fmt: skip
+        assert await eu.read_bytes(WHO, path) == datas[name]
+
+
+async def test_a_policy_edited_by_another_process_is_followed(env: Fabric, tmp_path: Path) -> None:
+    _, data = marked(MiB)
+    await env.hub.namespace.write_bytes(WHO, "/vol/pub/p.bin", data)
+    us: SpokeNamespace = env.spokes[US]
+    assert await us.read_bytes(WHO, "/vol/pub/p.bin", 0, 10) == data[:10]
+    other = open_catalog(env.hub.config.catalog_url)  # as the `loomfs policy` CLI does
+    await other.open()
+    try:
+        seq = await PolicyStore(other).put(Policy.build("pub", ["/vol/pub/**"], ["region=eu"]))
+    finally:
+        await other.close()
+    await env.hub.settle(seq)
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/pub/p.bin", 0, 10)
+    await PolicyStore(env.hub.catalog).remove("pub")
+    await env.hub.placement.reload(force=True)
+    assert await us.read_bytes(WHO, "/vol/pub/p.bin", 0, 10) == data[:10]
