@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from loomfs.hub.placement import PlacedNamespace
 from loomfs.protocols.s3 import S3Gateway
 from loomfs.spoke.namespace import SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
+from loomfs.testing.hubproc import HubProcess, SpokeProcess
 
 EU, US = "gpu-eu", "gpu-us"
 WHO = Principal(user="tester", protocol="test")  # a user where the namespace runs
@@ -284,3 +287,66 @@ async def test_a_policy_edited_by_another_process_is_followed(env: Fabric, tmp_p
     await PolicyStore(env.hub.catalog).remove("pub")
     await env.hub.placement.reload(force=True)
     assert await us.read_bytes(WHO, "/vol/pub/p.bin", 0, 10) == data[:10]
+
+
+def loomfs(data_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(data_dir)}
+    return subprocess.run(
+        [sys.executable, "-m", "loomfs.cli", *args],
+        capture_output=True, check=False, timeout=120, env=env,
+    )  # fmt: skip
+
+
+async def aok(data_dir: Path, *args: str) -> str:
+    result = await asyncio.to_thread(loomfs, data_dir, *args)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+async def test_policy_cli_returns_once_the_spoke_evicted(tmp_path: Path) -> None:
+    hub_dir, spoke_dir, data = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    marker, secret = marked(2 * MiB)
+    (data / "eu").mkdir(parents=True)
+    (data / "eu" / "x.bin").write_bytes(secret)
+    await aok(hub_dir, "site", "init", "--name", "hub-eu", "--label", "region=eu")
+    await aok(spoke_dir, "site", "init", "--name", "gpu-us", "--label", "region=us")
+    await aok(hub_dir, "site", "add", "gpu-us", "--cert", str(spoke_dir / "identity/site.pem"))
+    env = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__LEASE_TTL": "3"}
+    with HubProcess(hub_dir, env) as hub:
+        at_hub = ("--hub", hub.url)
+        await aok(hub_dir, *at_hub, "volume", "add", "/datasets/s", f"posix://{data}")
+        spoke_args = (
+            "--hub", hub.urls["fabric"], "--hub-cert", str(hub_dir / "identity/site.pem"),
+            "--attach", "/datasets/s", "--cache-size", "1G",
+        )  # fmt: skip
+        spoke = await asyncio.to_thread(SpokeProcess(spoke_dir, args=spoke_args).start)
+        try:
+            at_spoke = ("--hub", spoke.url)
+            cat = await asyncio.to_thread(
+                loomfs, spoke_dir, *at_spoke, "cat", "/datasets/s/eu/x.bin"
+            )
+            assert cat.returncode == 0 and cat.stdout == secret
+            assert holding(spoke_dir / "cache", marker)
+
+            bad = await asyncio.to_thread(
+                loomfs, hub_dir, *at_hub, "policy", "add", "p", "--paths", "eu/**",
+                "--allow-sites", "region=eu",
+            )  # fmt: skip
+            assert bad.returncode == 1 and b"absolute" in bad.stderr
+            added = await aok(
+                hub_dir, *at_hub, "policy", "add", "residency-eu",
+                "--paths", "/datasets/s/eu/**", "--allow-sites", "region=eu",
+            )  # fmt: skip
+            assert "in force" in added
+            assert not holding(spoke_dir / "cache", marker)  # evicted before the CLI returned
+            refused = await asyncio.to_thread(
+                loomfs, spoke_dir, *at_spoke, "cat", "/datasets/s/eu/x.bin"
+            )
+            assert refused.returncode == 1 and b"PermissionDenied" in refused.stderr
+            listed = await aok(hub_dir, "policy", "list")
+            assert "residency-eu" in listed and "region=eu" in listed and " p " not in listed
+            await aok(hub_dir, "policy", "remove", "residency-eu")
+            gone = await asyncio.to_thread(loomfs, hub_dir, "policy", "remove", "residency-eu")
+            assert gone.returncode == 1 and b"NotFound" in gone.stderr
+        finally:
+            await asyncio.to_thread(spoke.stop)

@@ -32,11 +32,12 @@ from rich.table import Table
 
 from .config import Config, load_config
 from .core.catalog.base import Catalog
+from .core.placement import Policy, PolicyStore
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry, parse_labels
 from .core.types import SYSTEM, Entry
 from .core.users import AccessKey, UserRegistry
-from .errors import LoomError, NotFound
+from .errors import BackendUnavailable, LoomError, NotFound
 from .fabric.identity import SiteIdentity, fingerprint
 from .log import setup_logging
 from .namespace.base import Namespace
@@ -837,6 +838,91 @@ async def _mount(
             await ns.close()
         if ready_file is not None:
             ready_file.unlink(missing_ok=True)
+
+
+# -- placement policies ------------------------------------------------------------------
+
+
+@main.group()
+def policy() -> None:
+    """Residency: which sites (by label) may hold or receive the data of which paths."""
+
+
+async def _with_policies(
+    ctx: click.Context, fn: Callable[[PolicyStore], Coroutine[Any, Any, T]]
+) -> T:
+    catalog, _ = registry(ctx)
+    await catalog.open()
+    try:
+        return await fn(PolicyStore(catalog))
+    finally:
+        await catalog.close()
+
+
+@policy.command("add")
+@click.argument("name")
+@click.option("--paths", "globs", multiple=True, required=True, help="A path glob, /a/b/**.")
+@click.option("--tag", help="KEY=VALUE: files with this tag are covered too, wherever they are.")
+@click.option(
+    "--allow-sites", "allow", multiple=True, required=True, help="A site label KEY=VALUE (any)."
+)
+@click.option(
+    "--metadata",
+    type=click.Choice(["visible", "hidden"]),
+    default="visible",
+    help="Whether refused sites see names and sizes (visible) or nothing (hidden).",
+)
+@click.pass_context
+@run
+async def policy_add(
+    ctx: click.Context,
+    name: str,
+    globs: tuple[str, ...],
+    tag: str | None,
+    allow: tuple[str, ...],
+    metadata: str,
+) -> None:
+    """Add (or replace) policy NAME; returns once every spoke that may no longer hold its
+    data has evicted it (the hub at --hub confirms)."""
+    rule = Policy.build(name, globs, allow, tag, metadata)
+    seq = await _with_policies(ctx, lambda store: store.put(rule))
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    hub = RestNamespace(state.hub)
+    try:
+        await hub.settle(seq)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(
+            f"policy {name} is stored, but no spoke's eviction is confirmed: {exc}"
+        ) from None
+    finally:
+        await hub.close()
+    out.print(f"policy {name} in force; spokes it refuses hold none of its data")
+
+
+@policy.command("list")
+@click.pass_context
+@run
+async def policy_list(ctx: click.Context) -> None:
+    """The placement policies of this hub."""
+    table = Table("policy", "paths", "tag", "allowed sites", "metadata")
+    for p in await _with_policies(ctx, lambda store: store.list()):
+        table.add_row(
+            p.name,
+            " ".join(p.paths),
+            "" if p.tag is None else "=".join(p.tag),
+            " ".join(f"{k}={v}" for k, v in p.allow),
+            p.metadata.value,
+        )
+    out.print(table)
+
+
+@policy.command("remove")
+@click.argument("name")
+@click.pass_context
+@run
+async def policy_remove(ctx: click.Context, name: str) -> None:
+    """Remove policy NAME (a loosening: nothing to evict)."""
+    await _with_policies(ctx, lambda store: store.remove(name))
 
 
 if __name__ == "__main__":
