@@ -44,6 +44,7 @@ from .namespace.base import Namespace
 from .rest.client import RestNamespace
 from .rest.wire import entry_json
 from .service import HubService, SpokeService
+from .spoke.sealed import load_key
 
 T = TypeVar("T")
 console = Console(stderr=True)
@@ -575,19 +576,31 @@ def site() -> None:
 @click.option("--name", required=True, help="This site's name (it goes in the certificate).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, e.g. region=us-west.")
 @click.option("--host", "hosts", multiple=True, help="A name or address this site is reached by.")
+@click.option("--cache-key", is_flag=True, help="Also a key sealing this spoke's cache at rest.")
 @click.pass_context
 def site_init(
-    ctx: click.Context, name: str, labels: tuple[str, ...], hosts: tuple[str, ...]
+    ctx: click.Context,
+    name: str,
+    labels: tuple[str, ...],
+    hosts: tuple[str, ...],
+    cache_key: bool,
 ) -> None:
     """Create this site's key and self-signed certificate (give the .pem to the other side)."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     try:
         identity = SiteIdentity.create(state.config.identity_dir, name, hosts, parse_labels(labels))
+        key_file = state.config.spoke.cache_key_file or state.config.identity_dir / "cache.key"
+        if cache_key:
+            load_key(key_file, create=True)
     except LoomError as exc:
         console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
         sys.exit(1)
     out.print(f"site {identity.name}: certificate {identity.cert_path}")
     out.print(f"fingerprint {fingerprint(identity.cert_pem)}")
+    if cache_key:
+        out.print(f"cache key {key_file} (mode 0600)")
+        if state.config.spoke.cache_key_file is None:
+            out.print(f'seal the cache with it: [spoke] cache_key_file = "{key_file}"')
 
 
 async def _with_sites(
@@ -658,6 +671,9 @@ def spoke() -> None:
 @click.option("--write-back", is_flag=True, default=None, help="Acknowledge writes once journaled.")
 @click.option("--listen", help="HOST:PORT of this spoke's REST API.")
 @click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.option(
+    "--cache-key-file", type=click.Path(path_type=Path), help="Seal the cache with this key."
+)
 @click.pass_context
 def spoke_serve(
     ctx: click.Context,
@@ -669,6 +685,7 @@ def spoke_serve(
     write_back: bool | None,
     listen: str | None,
     ready_file: Path | None,
+    cache_key_file: Path | None,
 ) -> None:
     """Attach exports of a hub and serve them here (options override [spoke] in the config)."""
     given = {
@@ -679,6 +696,7 @@ def spoke_serve(
         "cache_size": cache_size,
         "write_back": write_back,
         "listen": listen,
+        "cache_key_file": cache_key_file,
     }
     _serve(
         ctx, {"spoke": {k: v for k, v in given.items() if v is not None}}, ready_file, spoke=True

@@ -45,6 +45,7 @@ from .rest.client import RestNamespace
 from .rest.server import RestServer
 from .spoke.cache import Cache
 from .spoke.namespace import SpokeNamespace
+from .spoke.sealed import BlockCipher, load_key
 
 log = logging.getLogger(__name__)
 
@@ -320,8 +321,13 @@ class SpokeService:
         except OSError as exc:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
         client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
+        cipher = None
+        if spoke.cache_key_file is not None:
+            cipher = BlockCipher(load_key(spoke.cache_key_file, create=True))
         cache = Cache(
-            spoke.cache_dir or config.site.data_dir / "cache", parse_size(spoke.cache_size)
+            spoke.cache_dir or config.site.data_dir / "cache",
+            parse_size(spoke.cache_size),
+            cipher=cipher,
         )
         self.namespace = SpokeNamespace(
             client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back

@@ -8,6 +8,11 @@ the spoke starts and whenever the data file was touched by anything but the cach
 refetched, never served. Reads hand back a ``FileRegion`` of the cache file, so servers
 can sendfile and the kernel's page cache serves warm reads.
 
+With a ``BlockCipher`` (cache encryption at rest) each block is sealed with AES-GCM in a
+slot of its own (the block, its nonce and tag); reads decrypt block by block into memory,
+which costs the sendfile shortcut, and the authentication is the verification. A cache
+directory sealed with another key (or none) is emptied when opened.
+
 Misses are single-flight: readers needing the same block wait for one fetch. The cache is
 bounded: when a fill would pass the capacity, the eviction policy (LRU by default; the
 prefetcher supplies a smarter one) picks whole file versions to drop; versions being read,
@@ -23,7 +28,7 @@ import os
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +36,10 @@ from typing import Any
 import blake3
 from prometheus_client import Counter, Gauge
 
-from ..core.streams import LocalFileSource
+from ..core.streams import ByteSource, LocalFileSource
 from ..errors import CorruptData, InsufficientStorage
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
+from .sealed import OVERHEAD, BlockCipher
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,7 @@ CREATE TABLE IF NOT EXISTS blocks (
     hash BLOB NOT NULL,
     PRIMARY KEY (file_id, idx)
 );
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -102,11 +109,18 @@ class CachedFile:
 
 class Cache:
     def __init__(
-        self, directory: Path, capacity: int, policy: EvictionPolicy | None = None
+        self,
+        directory: Path,
+        capacity: int,
+        policy: EvictionPolicy | None = None,
+        *,
+        cipher: BlockCipher | None = None,
     ) -> None:
         self.directory = directory
         self.capacity = capacity
         self.policy = policy or LRUPolicy()
+        self.cipher = cipher
+        self._slot = BLOCK + (OVERHEAD if cipher is not None else 0)  # bytes per block on disk
         self._files: dict[int, CachedFile] = {}
         self._by_key: dict[tuple[str, int], int] = {}
         self._inflight: dict[tuple[int, int], asyncio.Future[None]] = {}
@@ -124,6 +138,7 @@ class Cache:
             self.directory / "index.db", isolation_level=None, check_same_thread=False
         )
         self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA)
+        self._check_sealing()
         rows = self._db.execute(
             "SELECT id, path, version, size, pinned, data_mtime_ns FROM files"
         ).fetchall()
@@ -136,7 +151,7 @@ class Cache:
                 on_disk = data.stat().st_size
             except FileNotFoundError:
                 on_disk = -1
-            if on_disk != size:
+            if on_disk != self._disk_size(entry):
                 log.warning("dropping a torn cache file", extra={"path": path, "version": version})
                 self._delete_row(file_id)
                 data.unlink(missing_ok=True)
@@ -152,6 +167,35 @@ class Cache:
                 if entry.pinned:
                     self.policy.pin(entry.id)
         USED.set(self.policy.used_bytes)
+
+    def _check_sealing(self) -> None:
+        """Empty a cache written with another key, or none: its blocks can't be opened."""
+        assert self._db is not None
+        want = self.cipher.key_id if self.cipher is not None else "none"
+        row = self._db.execute("SELECT value FROM settings WHERE name = 'sealing'").fetchone()
+        if row is not None and row[0] == want:
+            return
+        ids = [r[0] for r in self._db.execute("SELECT id FROM files").fetchall()]
+        if ids:
+            log.warning("cache sealed otherwise; emptying it", extra={"files": len(ids)})
+        self._db.execute("DELETE FROM files")
+        for file_id in ids:
+            self._data_path(file_id).unlink(missing_ok=True)
+        self._db.execute(
+            "INSERT OR REPLACE INTO settings (name, value) VALUES ('sealing', ?)", (want,)
+        )
+
+    def _pos(self, idx: int) -> int:
+        return idx * self._slot
+
+    def _slot_len(self, entry: CachedFile, idx: int) -> int:
+        return entry.block_len(idx) + self._slot - BLOCK
+
+    def _disk_size(self, entry: CachedFile) -> int:
+        if self.cipher is None or not entry.size:
+            return entry.size
+        last = entry.blocks - 1
+        return self._pos(last) + self._slot_len(entry, last)
 
     def close(self) -> None:
         if self._db is not None:
@@ -194,7 +238,7 @@ class Cache:
         )
         entry = CachedFile(row[0], path, version, size)
         with open(self._data_path(entry.id), "wb") as data:
-            data.truncate(size)  # sparse: blocks take room only once filled
+            data.truncate(self._disk_size(entry))  # sparse: blocks take room only once filled
         self._files[entry.id] = entry
         self._by_key[(path, version)] = entry.id
         return entry
@@ -203,7 +247,7 @@ class Cache:
 
     async def read(
         self, path: str, version: int, size: int, offset: int, length: int, fetch: Fetch
-    ) -> LocalFileSource:
+    ) -> ByteSource:
         """The bytes [offset, offset+length) of a file version, fetched where missing."""
         entry = self._ensure(path, version, size)
         span = block_span(offset, length)
@@ -224,6 +268,8 @@ class Cache:
         if entry.id in self.policy:
             self.policy.access(entry.id)
         SERVED.inc(length)
+        if self.cipher is not None:
+            return _SealedSource(self, entry, fd, offset, length)
         return _CacheSource(fd, offset, length, path, lambda: self._release(entry))
 
     def _ready(self, entry: CachedFile, span: range) -> bool:
@@ -304,8 +350,9 @@ class Cache:
             pos = 0
             for idx in run:
                 piece = view[pos : pos + entry.block_len(idx)]
+                stored = piece if self.cipher is None else self._seal(entry, idx, piece)
                 try:
-                    os.pwrite(fd, piece, idx * BLOCK)
+                    os.pwrite(fd, stored, self._pos(idx))
                 except OSError as exc:
                     raise InsufficientStorage(f"spoke cache: {exc.strerror}") from exc
                 digests.append((entry.id, idx, blake3.blake3(piece).digest()))
@@ -333,19 +380,34 @@ class Cache:
             entry.verified.add(idx)
         entry.data_mtime_ns = mtime
 
+    def _seal(self, entry: CachedFile, idx: int, plain: bytes | memoryview) -> bytes:
+        assert self.cipher is not None
+        return self.cipher.seal(entry.id, entry.version, idx, plain)
+
+    def _block(self, entry: CachedFile, fd: int, idx: int) -> bytes:
+        """Block ``idx`` of a cache file as the reader gets it (opened, where sealed)."""
+        stored = os.pread(fd, self._slot_len(entry, idx), self._pos(idx))
+        if self.cipher is None:
+            return stored
+        return self.cipher.open(entry.id, entry.version, idx, stored)
+
     def _verify(self, entry: CachedFile, span: range) -> None:
         """Check present blocks of ``span`` against their hashes where not yet checked;
         a block that fails is forgotten (and so fetched again)."""
         path = self._data_path(entry.id)
         st = path.stat()
-        if st.st_mtime_ns != entry.data_mtime_ns or st.st_size != entry.size:
+        disk_size = self._disk_size(entry)
+        if st.st_mtime_ns != entry.data_mtime_ns or st.st_size != disk_size:
             entry.verified.clear()  # touched by something other than the cache
         todo = [i for i in span if i in entry.hashes and i not in entry.verified]
         if not todo:
             return
         with open(path, "rb") as data:
             for idx in todo:
-                block = os.pread(data.fileno(), entry.block_len(idx), idx * BLOCK)
+                try:
+                    block = self._block(entry, data.fileno(), idx)
+                except CorruptData:
+                    block = b""  # fails the hash below
                 if blake3.blake3(block).digest() == entry.hashes[idx]:
                     entry.verified.add(idx)
                     continue
@@ -356,9 +418,9 @@ class Cache:
                 )
                 del entry.hashes[idx]
                 self._sql("DELETE FROM blocks WHERE file_id = ? AND idx = ?", (entry.id, idx))
-        if st.st_size != entry.size:
+        if st.st_size != disk_size:
             with open(path, "r+b") as data:
-                data.truncate(entry.size)
+                data.truncate(disk_size)
 
     async def store(self, path: str, version: int, size: int, offset: int, data: bytes) -> None:
         """Keep bytes fetched along with something else: whole blocks from ``offset`` (a
@@ -393,6 +455,9 @@ class Cache:
 
     def _adopt(self, entry: CachedFile, source: Path) -> None:
         data = self._data_path(entry.id)
+        if self.cipher is not None:
+            self._adopt_sealed(entry, source)
+            return
         os.replace(source, data)
         with open(data, "rb") as f:
             digests = [
@@ -405,6 +470,16 @@ class Cache:
             ]
             mtime = os.fstat(f.fileno()).st_mtime_ns
         self._record(entry, digests, mtime)
+
+    def _adopt_sealed(self, entry: CachedFile, source: Path) -> None:
+        """Seal a written file block by block into the cache; the plaintext goes."""
+        try:
+            with open(source, "rb") as f:
+                for idx in range(entry.blocks):
+                    block = os.pread(f.fileno(), entry.block_len(idx), idx * BLOCK)
+                    self._store(entry, [idx], block)
+        finally:
+            source.unlink(missing_ok=True)
 
     # -- room, pins, invalidation ----------------------------------------------------------
 
@@ -472,6 +547,30 @@ class Cache:
 
     def __iter__(self) -> Iterator[CachedFile]:
         return iter(list(self._files.values()))
+
+
+class _SealedSource(ByteSource):
+    """A range of a sealed cache file, opened a block at a time as it is read."""
+
+    def __init__(self, cache: Cache, entry: CachedFile, fd: int, offset: int, length: int):
+        self._cache = cache
+        self._entry = entry
+        self._fd = fd
+        self._offset = offset
+        self.length = length
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        start, end = self._offset, self._offset + self.length
+        for idx in block_span(start, self.length):
+            block = await asyncio.to_thread(self._cache._block, self._entry, self._fd, idx)
+            base = idx * BLOCK
+            yield block[max(start - base, 0) : min(end - base, len(block))]
+
+    async def aclose(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._cache._release(self._entry)
 
 
 class _CacheSource(LocalFileSource):

@@ -8,6 +8,7 @@ or cut one spoke's link and count the bytes that crossed it.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
 from ..spoke.namespace import SpokeNamespace
+from ..spoke.sealed import KEY_BYTES, BlockCipher
 from .wan import LinkEmulator
 
 
@@ -37,6 +39,7 @@ class Fabric:
     ids: dict[str, SiteIdentity] = field(default_factory=dict)
     links: dict[str, LinkEmulator] = field(default_factory=dict)
     spokes: dict[str, SpokeNamespace] = field(default_factory=dict)
+    ciphers: dict[str, BlockCipher] = field(default_factory=dict)  # spokes sealing their cache
 
     @property
     def first(self) -> str:
@@ -61,7 +64,9 @@ class Fabric:
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
-        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity)
+        cache = Cache(
+            self.tmp / f"{name}-cache", capacity or self.capacity, cipher=self.ciphers.get(name)
+        )
         self.spokes[name] = SpokeNamespace(self.client(name), cache, ["/vol"], site=name)
         return self.spokes[name]
 
@@ -76,9 +81,11 @@ async def fabric(
     rate: float | None = None,
     latency: float = 0.001,
     labels: Mapping[str, Mapping[str, str]] | None = None,
+    sealed: bool = False,
 ) -> AsyncIterator[Fabric]:
     """``labels`` gives spokes labels in their certificates; those spokes are pinned in the
-    hub's site registry too, which placement policies read."""
+    hub's site registry too, which placement policies read. ``sealed``: every spoke's cache
+    is encrypted at rest, with a key of its own."""
     volume = tmp / "volume"
     volume.mkdir(parents=True)
     hub = HubService(
@@ -114,6 +121,8 @@ async def fabric(
         await site.start()
         port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         made = Fabric(hub, hub_id, port, volume, tmp, capacity, ids)
+        if sealed:
+            made.ciphers = {n: BlockCipher(os.urandom(KEY_BYTES)) for n in spokes}
         for name in spokes:
             made.links[name] = await LinkEmulator(
                 "127.0.0.1", port, rate=rate, latency=latency
