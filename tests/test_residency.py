@@ -130,6 +130,19 @@ async def test_hidden_metadata_looks_absent(env: Fabric) -> None:
     assert await us.read_bytes(WHO, "/vol/pub/ok.txt") == b"public"
     assert [e.name async for e in env.spokes[EU].list(WHO, "/vol/eu")] == ["h.bin"]
     assert not holding(cache_dir(env, US), marker)
+    # nor does the change feed tell the us site of new hidden files
+    head = await env.hub.catalog.head_seq()
+    await env.hub.namespace.write_bytes(WHO, "/vol/eu/h2.bin", b"new")
+    us_feed, eu_feed = env.client(US), env.client(EU)
+    try:
+        seen_us = (await us_feed.changes(head)).changes
+        seen_eu = (await eu_feed.changes(head)).changes
+    finally:
+        await us_feed.close()
+        await eu_feed.close()
+    assert [c.seq for c in seen_us] == [c.seq for c in seen_eu]  # no gap
+    assert any(c.path == "/vol/eu/h2.bin" for c in seen_eu)
+    assert not any("h2" in c.path or "h2" in (c.new_path or "") for c in seen_us)
 
 
 async def _copy_as_spoke_user(env: Fabric, src: str, dst: str) -> str:

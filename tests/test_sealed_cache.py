@@ -25,7 +25,7 @@ MiB = 1 << 20
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Fabric]:
-    async with fabric(tmp_path, lease_ttl=3.0, sealed=True) as created:
+    async with fabric(tmp_path, lease_ttl=3.0, sealed=("gpu-west",)) as created:
         yield created
 
 

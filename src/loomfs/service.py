@@ -205,6 +205,8 @@ class HubService:
         deadline = time.monotonic() + wait
         while True:
             changes = await self.catalog.changes(since, limit)
+            if site is not None:  # what a placement policy hides from it, it doesn't learn
+                changes = await self.placement.redact(site, changes)
             if changes or time.monotonic() >= deadline or gone():
                 return Feed(changes, await self.catalog.head_seq(), lease)
             # the catalog may be written by other processes: polling it is the one signal

@@ -28,14 +28,14 @@ import logging
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import paths
 from ..errors import InvalidArgument, NotFound, PermissionDenied
 from .catalog.base import Catalog
 from .catalog.sql import Cursor, SqlCatalog, _join, _Sequencer
 from .sites import SiteRegistry, parse_labels
-from .types import ChangeOp, Entry, EntryKind, Principal
+from .types import Change, ChangeOp, Entry, EntryKind, Principal
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +318,35 @@ class PlacementAuthorizer:
     async def hidden(self, who: Principal, path: str) -> bool:
         refusing = await self._refusing(who, paths.normalize(path))
         return any(p.metadata is Visibility.HIDDEN for p in refusing)
+
+    async def redact(self, site: str, changes: list[Change]) -> list[Change]:
+        """The change feed as ``site`` may see it: a change to a path hidden from it
+        becomes a metadata change of its nearest visible directory (sequence numbers stay
+        gap-free, so acknowledgements still settle). Evictions go out as they are: the
+        site needs them, and they name what it could see before."""
+        who = Principal(user=f"site:{site}", site=site, protocol="fabric")
+        if self.is_local(who):
+            return changes
+        out: list[Change] = []
+        for change in changes:
+            if change.op is ChangeOp.EVICT or not await self.hidden(who, change.path):
+                out.append(change)
+                continue
+            parent = paths.split(change.path)[0]
+            while parent != paths.ROOT and await self.hidden(who, parent):
+                parent = paths.split(parent)[0]
+            out.append(
+                replace(
+                    change,
+                    op=ChangeOp.META,
+                    path=parent,
+                    kind=EntryKind.DIR,
+                    version=0,
+                    new_path=None,
+                    size=0,
+                )
+            )
+        return out
 
     async def tightened(
         self, path: str, before: Mapping[str, str], after: Mapping[str, str]

@@ -81,11 +81,11 @@ async def fabric(
     rate: float | None = None,
     latency: float = 0.001,
     labels: Mapping[str, Mapping[str, str]] | None = None,
-    sealed: bool = False,
+    sealed: Sequence[str] = (),
 ) -> AsyncIterator[Fabric]:
     """``labels`` gives spokes labels in their certificates; those spokes are pinned in the
-    hub's site registry too, which placement policies read. ``sealed``: every spoke's cache
-    is encrypted at rest, with a key of its own."""
+    hub's site registry too, which placement policies read. ``sealed`` names the spokes whose
+    cache is encrypted at rest, each with a key of its own."""
     volume = tmp / "volume"
     volume.mkdir(parents=True)
     hub = HubService(
@@ -121,8 +121,7 @@ async def fabric(
         await site.start()
         port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         made = Fabric(hub, hub_id, port, volume, tmp, capacity, ids)
-        if sealed:
-            made.ciphers = {n: BlockCipher(os.urandom(KEY_BYTES)) for n in spokes}
+        made.ciphers = {n: BlockCipher(os.urandom(KEY_BYTES)) for n in sealed}
         for name in spokes:
             made.links[name] = await LinkEmulator(
                 "127.0.0.1", port, rate=rate, latency=latency
