@@ -32,6 +32,7 @@ from loomfs.rest.server import RestServer
 from loomfs.rest.wire import API
 from loomfs.spoke.namespace import SpokeNamespace
 from loomfs.testing.fabric import fabric
+from spoke_read import local_read
 
 WHO = Principal(user="bench")
 MB = 1_000_000
@@ -64,15 +65,6 @@ async def http_read(spoke: SpokeNamespace, paths: list[str]) -> float:
             return time.perf_counter() - start
     finally:
         await runner.cleanup()
-
-
-def local_read(paths: list[Path]) -> float:
-    start = time.perf_counter()
-    for path in paths:
-        with path.open("rb") as f:
-            while f.read(1 << 20):
-                pass
-    return time.perf_counter() - start
 
 
 async def main() -> None:

@@ -47,6 +47,7 @@ from .service import HubService, SpokeService
 from .spoke.sealed import load_key
 
 T = TypeVar("T")
+R = TypeVar("R")
 console = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
 WHO = SYSTEM  # the REST server decides who the caller is; the client sends no identity yet
@@ -603,15 +604,22 @@ def site_init(
             out.print(f'seal the cache with it: [spoke] cache_key_file = "{key_file}"')
 
 
-async def _with_sites(
-    ctx: click.Context, fn: Callable[[SiteRegistry], Coroutine[Any, Any, T]]
+async def _with_catalog(
+    ctx: click.Context, over: Callable[[Catalog], R], fn: Callable[[R], Coroutine[Any, Any, T]]
 ) -> T:
+    """Run ``fn`` over a registry (sites, policies) of the site catalog, opened for it."""
     catalog, _ = registry(ctx)
     await catalog.open()
     try:
-        return await fn(SiteRegistry(catalog))
+        return await fn(over(catalog))
     finally:
         await catalog.close()
+
+
+async def _with_sites(
+    ctx: click.Context, fn: Callable[[SiteRegistry], Coroutine[Any, Any, T]]
+) -> T:
+    return await _with_catalog(ctx, SiteRegistry, fn)
 
 
 @site.command("add")
@@ -869,12 +877,7 @@ def policy() -> None:
 async def _with_policies(
     ctx: click.Context, fn: Callable[[PolicyStore], Coroutine[Any, Any, T]]
 ) -> T:
-    catalog, _ = registry(ctx)
-    await catalog.open()
-    try:
-        return await fn(PolicyStore(catalog))
-    finally:
-        await catalog.close()
+    return await _with_catalog(ctx, PolicyStore, fn)
 
 
 @policy.command("add")
