@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -24,8 +25,9 @@ from loomfs.core.placement import Policy, PolicyStore, Visibility, glob_prefix
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import Principal
 from loomfs.core.users import UserRegistry
-from loomfs.errors import InvalidArgument, NotFound, PermissionDenied
+from loomfs.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
 from loomfs.hub.placement import PlacedNamespace
+from loomfs.namespace.base import Reader
 from loomfs.protocols.s3 import S3Gateway
 from loomfs.spoke.namespace import SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
@@ -363,3 +365,50 @@ async def test_policy_cli_returns_once_the_spoke_evicted(tmp_path: Path) -> None
             assert gone.returncode == 1 and b"NotFound" in gone.stderr
         finally:
             await asyncio.to_thread(spoke.stop)
+
+
+async def test_bytes_in_flight_when_an_eviction_lands_are_not_cached(env: Fabric) -> None:
+    """Reads the hub answered under the old policy, whose eviction the spoke applied before
+    the answer arrived: the cache keeps none of those bytes (the feed is simulated arriving
+    at that moment; the policy and the hub are real)."""
+    marker, data = marked(2 * MiB)
+    await env.hub.namespace.write_bytes(WHO, "/vol/pub/race.bin", data)
+    us = env.spokes[US]
+    hub_read = us.hub.read
+    evicted = False
+
+    async def evict_now() -> None:
+        nonlocal evicted
+        if not evicted:
+            evicted = True
+            await env.hub.placement.store.put(Policy.build("race", ["/vol/pub/**"], ["region=eu"]))
+            await env.hub.placement.reload(force=True)
+            [change] = [c for c in await env.hub.catalog.changes(us.seq) if c.path == "/vol/pub"]
+            us.apply_change(change)
+
+    async def read_then_evicted(*args: Any, **kwargs: Any) -> Reader:
+        reader = await hub_read(*args, **kwargs)
+        await evict_now()
+        return reader
+
+    us.hub.read = read_then_evicted  # type: ignore[method-assign]
+    try:  # a cold open: its first blocks came with the answer
+        with pytest.raises(PermissionDenied):  # the rest is asked for under the new policy
+            await us.read_bytes(WHO, "/vol/pub/race.bin", 0, 4096)
+    finally:
+        us.hub.read = hub_read  # type: ignore[method-assign]
+    assert not holding(cache_dir(env, US), marker)
+
+    await PolicyStore(env.hub.catalog).remove("race")
+    await env.hub.placement.reload(force=True)
+    evicted = False
+    entry = await us.stat(WHO, "/vol/pub/race.bin")
+
+    async def fetch_then_evicted(path: str, version: int, offset: int, length: int) -> bytes:
+        got = await us._fetch(path, version, offset, length)
+        await evict_now()
+        return got
+
+    with pytest.raises(Conflict, match="evicted"):  # a cache fill
+        await us.cache.read(entry.path, entry.version, entry.size, 0, MiB, fetch_then_evicted)
+    assert not holding(cache_dir(env, US), marker)

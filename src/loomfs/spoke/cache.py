@@ -37,7 +37,7 @@ import blake3
 from prometheus_client import Counter, Gauge
 
 from ..core.streams import ByteSource, LocalFileSource
-from ..errors import CorruptData, InsufficientStorage
+from ..errors import Conflict, CorruptData, InsufficientStorage
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
 from .sealed import OVERHEAD, BlockCipher
 
@@ -255,6 +255,7 @@ class Cache:
         try:
             if not self._ready(entry, span):
                 await self._fill(entry, span, fetch)
+                self._still_held(entry)
                 await asyncio.to_thread(self._verify, entry, span)
                 missing = [i for i in span if i not in entry.hashes]
                 if missing:  # a block failed verification: fetch it once more
@@ -271,6 +272,13 @@ class Cache:
         if self.cipher is not None:
             return _SealedSource(self, entry, fd, offset, length)
         return _CacheSource(fd, offset, length, path, lambda: self._release(entry))
+
+    def _still_held(self, entry: CachedFile) -> None:
+        if entry.id not in self._files:
+            raise Conflict(
+                f"{entry.path} was evicted from this cache while it was read; read it again",
+                path=entry.path,
+            )
 
     def _ready(self, entry: CachedFile, span: range) -> bool:
         """Every block present and verified, and the data file as the cache left it: the
@@ -345,7 +353,12 @@ class Cache:
     def _store(self, entry: CachedFile, run: list[int], data: bytes) -> None:
         view = memoryview(data)
         digests: list[tuple[int, int, bytes]] = []
-        fd = os.open(self._data_path(entry.id), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(self._data_path(entry.id), os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if entry.id not in self._files:
+                return  # evicted while its blocks were on their way: they are not kept
+            raise
         try:
             pos = 0
             for idx in run:

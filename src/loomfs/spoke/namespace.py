@@ -114,6 +114,7 @@ class SpokeNamespace(Namespace):
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
         self._stuck: dict[int, Exception] = {}  # journaled writes the hub refuses, and why
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
+        self._evicted: dict[str, int] = {}  # path -> seq of the last eviction at or below it
         self.seq = 0
         self.online = True
 
@@ -178,6 +179,7 @@ class SpokeNamespace(Namespace):
             # a placement policy may no longer let this site hold it: gone now, even the
             # versions being read (their open descriptors finish; nothing stays on disk)
             dropped = self.cache.invalidate(change.path, below=True, busy=True)
+            self._evicted[change.path] = change.seq
             log.info("evicted by placement policy", extra={"path": change.path, "files": dropped})
         elif below:
             self.cache.invalidate(change.path, below=True)
@@ -285,11 +287,12 @@ class SpokeNamespace(Namespace):
         want += -want % BLOCK  # whole blocks
         opening: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         self._opening[path] = opening
+        asked_at = self.seq
         try:
             async with await self.hub.read(who, path, start, want) as reader:
                 data = await reader.read_all()
                 entry = reader.entry
-            if data:
+            if data and not self._evicted_since(path, asked_at):
                 await self.cache.store(path, entry.version, entry.size, start, data)
         except Exception as exc:
             opening.set_exception(exc)
@@ -302,6 +305,11 @@ class SpokeNamespace(Namespace):
             del self._opening[path]
         opening.set_result(entry)
         return entry
+
+    def _evicted_since(self, path: str, seq: int) -> bool:
+        """Whether a placement eviction covering ``path`` arrived after ``seq``: bytes
+        the hub sent before it are for the reader that asked, not for the cache."""
+        return any(at > seq and paths.is_within(path, top) for top, at in self._evicted.items())
 
     def _newest_cached(self, path: str) -> Entry | None:
         """After a restart with the link down, the cache itself says what it holds."""
