@@ -100,10 +100,14 @@ async def test_policy_spec_is_validated_and_round_trips(env: Fabric) -> None:
 async def test_a_compliant_site_reads_a_noncompliant_one_sees_names_only(env: Fabric) -> None:
     marker, data = marked()
     await env.hub.namespace.write_bytes(WHO, "/vol/eu/a.bin", data)
-    await tighten(env, EU_ONLY)
     eu, us = env.spokes[EU], env.spokes[US]
     assert await eu.read_bytes(WHO, "/vol/eu/a.bin") == data
     assert holding(cache_dir(env, EU), marker)  # the scan does find cached bytes
+    await tighten(env, EU_ONLY)
+    assert holding(cache_dir(env, EU), marker)  # a site the policy allows keeps its cache
+    before = env.links[EU].down.bytes
+    assert await eu.read_bytes(WHO, "/vol/eu/a.bin") == data
+    assert env.links[EU].down.bytes - before < 64 * 1024  # served from it
     assert (await us.stat(WHO, "/vol/eu/a.bin")).size == len(data)  # metadata: visible
     assert [e.name async for e in us.list(WHO, "/vol/eu")] == ["a.bin"]
     for offset, length in ((0, None), (MiB + 5, 100), (len(data) - 10, 10)):

@@ -322,14 +322,21 @@ class PlacementAuthorizer:
     async def redact(self, site: str, changes: list[Change]) -> list[Change]:
         """The change feed as ``site`` may see it: a change to a path hidden from it
         becomes a metadata change of its nearest visible directory (sequence numbers stay
-        gap-free, so acknowledgements still settle). Evictions go out as they are: the
-        site needs them, and they name what it could see before."""
+        gap-free, so acknowledgements still settle). Evictions go out as they are to the
+        sites they concern (they name what the site could see before); a site every policy
+        there allows gets a metadata change instead, and keeps its cache."""
         who = Principal(user=f"site:{site}", site=site, protocol="fabric")
         if self.is_local(who):
             return changes
         out: list[Change] = []
         for change in changes:
-            if change.op is ChangeOp.EVICT or not await self.hidden(who, change.path):
+            if change.op is ChangeOp.EVICT:
+                if await self._refused_around(who, change.path):
+                    out.append(change)
+                else:
+                    out.append(replace(change, op=ChangeOp.META))
+                continue
+            if not await self.hidden(who, change.path):
                 out.append(change)
                 continue
             parent = paths.split(change.path)[0]
@@ -347,6 +354,20 @@ class PlacementAuthorizer:
                 )
             )
         return out
+
+    async def _refused_around(self, who: Principal, top: str) -> bool:
+        """Whether some policy covering anything at or below ``top`` refuses ``who``."""
+        if await self._refusing(who, top):
+            return True
+        labels = self._labels.get(who.site, {})
+        return any(
+            not c.policy.allows(labels)
+            and any(
+                paths.is_within(glob_prefix(g), top) or paths.is_within(top, glob_prefix(g))
+                for g in c.policy.paths
+            )
+            for c in self._policies
+        )
 
     async def tightened(
         self, path: str, before: Mapping[str, str], after: Mapping[str, str]
