@@ -199,6 +199,8 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     await hub.symlink(WHO, "/vol/pub/rel-link", "../eu/s.bin")
     await hub.symlink(WHO, "/vol/pub/abs-link", str(env.volume / "eu" / "s.bin"))
     await hub.write_bytes(WHO, "/vol/pub/free.bin", b"free data")
+    os.link(env.volume / "eu" / "s.bin", env.volume / "pub" / "hard.bin")  # behind our back
+    await env.hub.rescan("/vol", lambda _: None)
     await tighten(env, EU_ONLY)
     us = env.spokes[US]
 
@@ -216,8 +218,11 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     with pytest.raises(PermissionDenied):
         await us.read_bytes(WHO, "/vol/pub/rel-link")
     stats = await us.warm(WHO, "/vol")
-    assert stats.refused == 2 and stats.files == 1  # s.bin, tagged.bin; free.bin comes
+    assert stats.refused == 3 and stats.files == 1  # s.bin, tagged.bin, hard.bin; free.bin
     assert (await us.warm(WHO, "/vol/eu")).refused == 1
+    # a hard link is the same bytes under another name
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/pub/hard.bin")
     # symlinks are checked on what they resolve to, whoever made them
     for link in ("/vol/pub/rel-link", "/vol/pub/abs-link"):
         with pytest.raises(PermissionDenied):

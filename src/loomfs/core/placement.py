@@ -22,6 +22,7 @@ This module holds every residency decision; protocols and the fabric only call
 
 from __future__ import annotations
 
+import builtins
 import enum
 import json
 import logging
@@ -33,7 +34,7 @@ from dataclasses import dataclass, replace
 from .. import paths
 from ..errors import InvalidArgument, NotFound, PermissionDenied
 from .catalog.base import Catalog
-from .catalog.sql import Cursor, SqlCatalog, _join, _Sequencer
+from .catalog.sql import Cursor, SqlCatalog, _join, _Sequencer, _split
 from .sites import SiteRegistry, parse_labels
 from .types import Change, ChangeOp, Entry, EntryKind, Principal
 
@@ -227,6 +228,31 @@ class PolicyStore:
         )
         return [Policy.from_json(r[0], r[1]) for r in rows]
 
+    async def other_names(self, path: str) -> builtins.list[str]:
+        """The other paths of the same volume whose entry has ``path``'s inode: hard
+        links, made behind loomfs's back and found by a scan."""
+        parent, name = _split(path)
+
+        def fn(cur: Cursor) -> builtins.list[str]:
+            rows = self._cat._q(
+                cur,
+                "SELECT o.parent, o.name FROM entries e JOIN entries o ON o.inode = e.inode "
+                "WHERE e.parent = ? AND e.name = ? AND e.kind = 'file' AND o.kind = 'file' "
+                "AND o.id <> e.id",
+                (parent, name),
+            ).fetchall()
+            return [_join(r[0], r[1]) for r in rows]
+
+        found = await self._cat._run(self._cat._read, fn)
+        if not found:
+            return []
+        mount = max(
+            (v.mount for v in await self._cat.volumes() if paths.is_within(path, v.mount)),
+            key=len,
+            default=None,
+        )  # inode numbers are per file system: only the same volume's count
+        return [p for p in found if mount is not None and paths.is_within(p, mount)]
+
     async def generation(self) -> int:
         row = await self._cat._run(
             self._cat._read,
@@ -299,7 +325,12 @@ class PlacementAuthorizer:
         ]
 
     async def check(self, who: Principal, action: str, path: str) -> None:
-        refusing = await self._refusing(who, paths.normalize(path))
+        path = paths.normalize(path)
+        refusing = await self._refusing(who, path)
+        if not refusing and self._policies and not self.is_local(who):
+            # the same bytes under another name (a hard link) carry that name's policies
+            for other in await self.store.other_names(path):
+                refusing += await self._refusing(who, other)
         if not refusing:
             return
         if any(p.metadata is Visibility.HIDDEN for p in refusing):

@@ -154,7 +154,8 @@ def _migrations(d: Dialect) -> list[str]:
             spec TEXT NOT NULL,
             updated_ns BIGINT NOT NULL
         );
-        INSERT INTO counters (name, value) VALUES ('placement', 0)
+        INSERT INTO counters (name, value) VALUES ('placement', 0);
+        CREATE INDEX entries_inode ON entries (inode)
         """,
     ]
 
