@@ -21,7 +21,7 @@ from aiohttp import web
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from loomfs.core.placement import Policy, PolicyStore, Visibility, glob_prefix
+from loomfs.core.placement import REFUSED, Policy, PolicyStore, Visibility, glob_prefix
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import Principal
 from loomfs.core.users import UserRegistry
@@ -29,7 +29,7 @@ from loomfs.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
 from loomfs.hub.placement import PlacedNamespace
 from loomfs.namespace.base import Reader
 from loomfs.protocols.s3 import S3Gateway
-from loomfs.spoke.namespace import SpokeNamespace
+from loomfs.spoke.namespace import EVICTED, SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.hubproc import HubProcess, SpokeProcess
 
@@ -203,6 +203,7 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     await env.hub.rescan("/vol", lambda _: None)
     await tighten(env, EU_ONLY)
     us = env.spokes[US]
+    refused_reads = REFUSED.labels("read")._value.get()
 
     # direct and ranged reads, of the path and of a file restricted by its tag
     for path in ("/vol/eu/s.bin", "/vol/pub/tagged.bin"):
@@ -254,6 +255,7 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     assert not await hub.exists(WHO, "/vol/pub/leak.bin")
 
     assert not holding(cache_dir(env, US), marker)
+    assert REFUSED.labels("read")._value.get() >= refused_reads + 10  # counted, each
     assert await env.spokes[EU].read_bytes(WHO, "/vol/pub/tagged.bin") == data
 
 
@@ -261,11 +263,12 @@ async def test_tightening_evicts_before_the_change_completes(env: Fabric) -> Non
     hub, us = env.hub.namespace, env.spokes[US]
     marks: dict[str, bytes] = {}
     datas: dict[str, bytes] = {}
-    for name in ("data/x.bin", "pub/tag.bin", "pub/moved.bin"):
+    for name in ("data/x.bin", "pub/tag.bin", "pub/moved.bin", "dir/below.bin"):
         marks[name], data = marked(2 * MiB)
         datas[name] = data
-        if name.startswith("data/"):
-            await hub.mkdir(WHO, "/vol/data", exist_ok=True)
+        for top in ("data", "dir"):
+            if name.startswith(top + "/"):
+                await hub.mkdir(WHO, f"/vol/{top}", exist_ok=True)
         await hub.write_bytes(WHO, f"/vol/{name}", data)
         assert await us.read_bytes(WHO, f"/vol/{name}") == data
         assert holding(cache_dir(env, US), marks[name])
@@ -273,7 +276,9 @@ async def test_tightening_evicts_before_the_change_completes(env: Fabric) -> Non
     assert holding(cache_dir(env, US), marks["pub/tag.bin"])
 
     # a new policy over a path: evicted before tighten() returns
+    evicted = EVICTED._value.get()
     await tighten(env, Policy.build("data-eu", ["/vol/data/**"], ["region=eu"]))
+    assert EVICTED._value.get() == evicted + 1
     assert not holding(cache_dir(env, US), marks["data/x.bin"])
     with pytest.raises(PermissionDenied):
         await us.read_bytes(WHO, "/vol/data/x.bin")
@@ -287,10 +292,16 @@ async def test_tightening_evicts_before_the_change_completes(env: Fabric) -> Non
     assert not holding(cache_dir(env, US), marks["pub/moved.bin"])
     with pytest.raises(PermissionDenied):
         await us.read_bytes(WHO, "/vol/eu/moved.bin")
+    # a directory tagged into a policy covers what is below it
+    await hub.set_tags(WHO, "/vol/dir", {"residency": "eu"})
+    assert not holding(cache_dir(env, US), marks["dir/below.bin"])
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/dir/below.bin")
     # the compliant spoke still reads all of them
     eu = env.spokes[EU]
     for path, name in (("/vol/data/x.bin", "data/x.bin"), ("/vol/pub/tag.bin", "pub/tag.bin"),
-                       ("/vol/eu/moved.bin", "pub/moved.bin")):  # fmt: skip
+                       ("/vol/eu/moved.bin", "pub/moved.bin"),
+                       ("/vol/dir/below.bin", "dir/below.bin")):  # fmt: skip
         assert await eu.read_bytes(WHO, path) == datas[name]
 
 

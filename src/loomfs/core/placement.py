@@ -28,8 +28,10 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+
+from prometheus_client import Counter
 
 from .. import paths
 from ..errors import InvalidArgument, NotFound, PermissionDenied
@@ -39,6 +41,10 @@ from .sites import SiteRegistry, parse_labels
 from .types import Change, ChangeOp, Entry, EntryKind, Principal
 
 log = logging.getLogger(__name__)
+
+REFUSED = Counter(
+    "loomfs_placement_refusals_total", "Requests refused by a placement policy", ["action"]
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 REFRESH = 1.0  # seconds between generation checks: how stale another process's edit may be
@@ -145,9 +151,9 @@ class _Compiled:
     policy: Policy
     globs: tuple[re.Pattern[str], ...]
 
-    def applies(self, path: str, tags: Mapping[str, str]) -> bool:
-        tag = self.policy.tag
-        if tag is not None and tags.get(tag[0]) == tag[1]:
+    def applies(self, path: str, tags: Collection[tuple[str, str]]) -> bool:
+        """``tags``: the (key, value) pairs on the path or any directory above it."""
+        if self.policy.tag is not None and self.policy.tag in tags:
             return True
         return any(g.match(path) for g in self.globs)
 
@@ -227,6 +233,23 @@ class PolicyStore:
             ).fetchall(),
         )
         return [Policy.from_json(r[0], r[1]) for r in rows]
+
+    async def tags_along(self, path: str) -> set[tuple[str, str]]:
+        """The tags of ``path`` and of every directory above it: tagging a directory
+        covers what is below it."""
+        along = [*paths.ancestors(path), path]
+
+        def fn(cur: Cursor) -> set[tuple[str, str]]:
+            where = " OR ".join(["(e.parent = ? AND e.name = ?)"] * len(along))
+            rows = self._cat._q(
+                cur,
+                f"SELECT t.key, t.value FROM entries e JOIN tags t ON t.entry_id = e.id "
+                f"WHERE {where}",
+                [part for p in along for part in _split(p)],
+            ).fetchall()
+            return {(r[0], r[1]) for r in rows}
+
+        return await self._cat._run(self._cat._read, fn)
 
     async def other_names(self, path: str) -> builtins.list[str]:
         """The other paths of the same volume whose entry has ``path``'s inode: hard
@@ -311,12 +334,9 @@ class PlacementAuthorizer:
         await self.reload()
         if not self._policies:
             return []
-        tags: Mapping[str, str] = {}
+        tags: set[tuple[str, str]] = set()
         if any(c.policy.tag is not None for c in self._policies):
-            try:
-                tags = await self.catalog.get_tags(path)
-            except NotFound:
-                tags = {}
+            tags = await self.store.tags_along(path)
         labels = self._labels.get(who.site, {})
         return [
             c.policy
@@ -333,6 +353,7 @@ class PlacementAuthorizer:
                 refusing += await self._refusing(who, other)
         if not refusing:
             return
+        REFUSED.labels(action).inc()
         if any(p.metadata is Visibility.HIDDEN for p in refusing):
             raise NotFound(f"no such file or directory: {path}", path=path)
         raise PermissionDenied(
@@ -405,4 +426,7 @@ class PlacementAuthorizer:
     ) -> bool:
         """Whether a re-tag brought ``path`` under a policy it was not under."""
         await self.reload()
-        return any(c.applies(path, after) and not c.applies(path, before) for c in self._policies)
+        return any(
+            c.applies(path, set(after.items())) and not c.applies(path, set(before.items()))
+            for c in self._policies
+        )

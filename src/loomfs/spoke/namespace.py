@@ -58,6 +58,9 @@ STALE_READS = Counter(
 )
 LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub")
 FEED_SEQ = Gauge("loomfs_spoke_feed_seq", "The last change-feed sequence number applied")
+EVICTED = Counter(
+    "loomfs_spoke_placement_evicted_total", "Cached file versions dropped by placement policies"
+)
 
 
 @dataclass(slots=True)
@@ -179,6 +182,7 @@ class SpokeNamespace(Namespace):
             # a placement policy may no longer let this site hold it: gone now, even the
             # versions being read (their open descriptors finish; nothing stays on disk)
             dropped = self.cache.invalidate(change.path, below=True, busy=True)
+            EVICTED.inc(dropped)
             self._evicted[change.path] = change.seq
             log.info("evicted by placement policy", extra={"path": change.path, "files": dropped})
         elif below:
