@@ -21,9 +21,10 @@ from aiohttp import web
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from loomfs.core.catalog.base import Catalog, Put
 from loomfs.core.placement import REFUSED, Policy, PolicyStore, Visibility, glob_prefix
 from loomfs.core.registry import open_catalog
-from loomfs.core.types import Principal
+from loomfs.core.types import ChangeOp, EntryKind, Principal
 from loomfs.core.users import UserRegistry
 from loomfs.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
 from loomfs.hub.placement import PlacedNamespace
@@ -432,3 +433,37 @@ async def test_bytes_in_flight_when_an_eviction_lands_are_not_cached(env: Fabric
     with pytest.raises(Conflict, match="evicted"):  # a cache fill
         await us.cache.read(entry.path, entry.version, entry.size, 0, MiB, fetch_then_evicted)
     assert not holding(cache_dir(env, US), marker)
+
+
+async def test_policy_store_on_both_catalog_engines(catalog: Catalog) -> None:
+    """The SQL of policies, evictions, inherited tags and hard-link lookups, on SQLite and
+    PostgreSQL alike."""
+    await catalog.add_volume("/v", "posix:///nowhere")
+    await catalog.apply(
+        [
+            Put("/v/d", EntryKind.DIR),
+            Put("/v/d/a.bin", EntryKind.FILE, inode=7),
+            Put("/v/b.bin", EntryKind.FILE, inode=7),
+            Put("/v/c.bin", EntryKind.FILE, inode=8),
+        ]
+    )
+    await catalog.set_tags("/v/d", {"residency": "eu"})
+    await catalog.set_tags("/v/c.bin", {"residency": "eu"})
+    store = PolicyStore(catalog)
+    generation, head = await store.generation(), await catalog.head_seq()
+    policy = Policy.build("p", ["/v/x/**", "/v/x/y/*.bin"], ["region=eu"], "residency=eu")
+    seq = await store.put(policy)
+    evictions = await catalog.changes(head)
+    assert seq == head + 3 == evictions[-1].seq
+    # the nested glob is swept by its parent's eviction
+    assert {(c.op, c.path) for c in evictions} == {
+        (ChangeOp.EVICT, p) for p in ("/v/x", "/v/d", "/v/c.bin")
+    }
+    assert await store.generation() == generation + 1
+    assert await store.list() == [policy]
+    assert await store.tags_along("/v/d/a.bin") == {("residency", "eu")}
+    assert await store.tags_along("/v/b.bin") == set()
+    assert await store.other_names("/v/d/a.bin") == ["/v/b.bin"]
+    assert await store.other_names("/v/c.bin") == []
+    await store.remove("p")
+    assert await store.list() == [] and await store.generation() == generation + 2
