@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 
 from ..core.placement import PlacementAuthorizer
-from ..core.types import Entry, Principal
+from ..core.types import Entry, EntryKind, Principal
 from ..namespace.base import Namespace, Reader
 from .namespace import HubNamespace
 
@@ -51,10 +51,14 @@ class PlacedNamespace(Namespace):
         if_version: int | None = None,
     ) -> Reader:
         await self.placement.check(who, READ, path)
-        target = await self.hub.resolve(path)
-        if target != path:  # a symlink: the bytes are the target's
-            await self.placement.check(who, READ, target)
-        return await self.hub.read(who, path, offset, length, if_version=if_version)
+        reader = await self.hub.read(who, path, offset, length, if_version=if_version)
+        if reader.entry.kind is EntryKind.SYMLINK:  # the bytes are the target's
+            try:
+                await self.placement.check(who, READ, await self.hub.resolve(path))
+            except BaseException:
+                await reader.aclose()  # opened, not a byte sent
+                raise
+        return reader
 
     async def write(
         self,
