@@ -368,6 +368,11 @@ class PlacementAuthorizer:
             raise NotFound(f"no such file or directory: {path}", path=path)
 
     async def hidden(self, who: Principal, path: str) -> bool:
+        if self.is_local(who):
+            return False
+        await self.reload()
+        if not any(c.policy.metadata is Visibility.HIDDEN for c in self._policies):
+            return False  # the common case, asked per listed entry and per feed change
         refusing = await self._refusing(who, paths.normalize(path))
         return any(p.metadata is Visibility.HIDDEN for p in refusing)
 
