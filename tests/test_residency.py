@@ -116,6 +116,11 @@ async def test_a_compliant_site_reads_a_noncompliant_one_sees_names_only(env: Fa
             await us.read_bytes(WHO, "/vol/eu/a.bin", offset, length)
     # users at the hub itself are not restricted by residency
     assert await env.hub.namespace.read_bytes(WHO, "/vol/eu/a.bin", 0, 10) == data[:10]
+    # a site over the fabric is remote even if it is named like the hub or "local"
+    for name in ("local", env.hub.config.site.name):
+        remote = Principal(user=f"site:{name}", site=name, protocol="fabric")
+        with pytest.raises(PermissionDenied):
+            await env.hub.placement.check(remote, "read", "/vol/eu/a.bin")
     assert not holding(cache_dir(env, US), marker)
 
 

@@ -307,8 +307,9 @@ class PlacementAuthorizer:
         self._checked = float("-inf")
 
     def is_local(self, who: Principal) -> bool:
-        # "local" is a principal made inside this process (the CLI, tests, SYSTEM)
-        return who.site in (self.hub_site, "local")
+        # "local" is a principal made inside this process (the CLI, tests, SYSTEM); whoever
+        # comes over the fabric link is remote, whatever its site is called
+        return who.protocol != "fabric" and who.site in (self.hub_site, "local")
 
     async def reload(self, *, force: bool = False) -> None:
         """Follow edits made by other processes; at most one catalog read per ``refresh``
