@@ -7,6 +7,7 @@ another key is emptied on open.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -126,3 +127,27 @@ def test_the_key_file(tmp_path: Path) -> None:
         load_key(short)
     with pytest.raises(ConfigError, match="cannot read"):
         load_key(tmp_path / "missing.key")
+
+
+async def test_journaled_writes_are_sealed_too(env: Fabric) -> None:
+    spoke = env.spoke
+    spoke.write_back = True
+    env.link.cut()  # the write waits in the journal
+    marker, data = marked(2 * MiB + 5)
+    await spoke.write_bytes(WHO, "/vol/j.bin", data)
+    assert [p.sealed for p in spoke.journal] == [True]
+    assert not holding(spoke.cache.directory, marker)
+    assert (await spoke.stat(WHO, "/vol/j.bin")).size == len(data)
+    assert await spoke.read_bytes(WHO, "/vol/j.bin", MiB - 3, 100) == data[MiB - 3 : MiB + 97]
+    assert await spoke.read_bytes(WHO, "/vol/j.bin") == data
+    await spoke.close()  # a restart replays the sealed journal with the same key
+    spoke = env.new_spoke()
+    await spoke.start()
+    assert await spoke.read_bytes(WHO, "/vol/j.bin") == data
+    env.link.restore()
+    await asyncio.wait_for(spoke.sync(), 60)
+    assert (env.volume / "j.bin").read_bytes() == data
+    before = env.link.down.bytes
+    assert await spoke.read_bytes(WHO, "/vol/j.bin") == data  # adopted into the cache
+    assert env.link.down.bytes - before < 64 * 1024
+    assert not holding(spoke.cache.directory, marker)

@@ -28,7 +28,7 @@ import os
 import sqlite3
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,11 +39,11 @@ from prometheus_client import Counter, Gauge
 from ..core.streams import ByteSource, LocalFileSource
 from ..errors import Conflict, CorruptData, InsufficientStorage
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
-from .sealed import OVERHEAD, BlockCipher
+from .sealed import FRAME, OVERHEAD, BlockCipher, SealedSource, cache_context
 
 log = logging.getLogger(__name__)
 
-BLOCK = 1 << 20
+BLOCK = FRAME  # 1 MiB: a sealed block is one sealed frame
 FETCHES_IN_FLIGHT = 16  # ranged requests of up to 8 blocks: 128 MiB in flight at most
 SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke cache")
 MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
@@ -270,7 +270,10 @@ class Cache:
             self.policy.access(entry.id)
         SERVED.inc(length)
         if self.cipher is not None:
-            return _SealedSource(self, entry, fd, offset, length)
+            return SealedSource(
+                fd, offset, length, lambda idx: self._block(entry, fd, idx),
+                lambda: self._release(entry),
+            )  # fmt: skip
         return _CacheSource(fd, offset, length, path, lambda: self._release(entry))
 
     def _still_held(self, entry: CachedFile) -> None:
@@ -395,14 +398,14 @@ class Cache:
 
     def _seal(self, entry: CachedFile, idx: int, plain: bytes | memoryview) -> bytes:
         assert self.cipher is not None
-        return self.cipher.seal(entry.id, entry.version, idx, plain)
+        return self.cipher.seal(cache_context(entry.id, entry.version, idx), plain)
 
     def _block(self, entry: CachedFile, fd: int, idx: int) -> bytes:
         """Block ``idx`` of a cache file as the reader gets it (opened, where sealed)."""
         stored = os.pread(fd, self._slot_len(entry, idx), self._pos(idx))
         if self.cipher is None:
             return stored
-        return self.cipher.open(entry.id, entry.version, idx, stored)
+        return self.cipher.open(cache_context(entry.id, entry.version, idx), stored)
 
     def _verify(self, entry: CachedFile, span: range) -> None:
         """Check present blocks of ``span`` against their hashes where not yet checked;
@@ -458,6 +461,14 @@ class Cache:
     async def adopt(self, path: str, version: int, source: Path) -> None:
         """Take a complete local file (just written through this spoke) as the cached copy
         of that version, so reading back what was written costs no fetch."""
+        if self.cipher is not None:  # sealed: the plaintext file is read, then goes
+            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                size = os.fstat(fd).st_size
+                await self.adopt_stream(path, version, size, LocalFileSource(fd, 0, size, path))
+            finally:
+                source.unlink(missing_ok=True)
+            return
         size = source.stat().st_size
         await self._make_room(size, keep=-1)
         entry = self._ensure(path, version, size)
@@ -466,11 +477,24 @@ class Cache:
             self.policy.insert(entry.id, entry.cached_bytes)
         USED.set(self.policy.used_bytes)
 
+    async def adopt_stream(self, path: str, version: int, size: int, data: ByteSource) -> None:
+        """Take the bytes of a version as they stream (in ``BLOCK`` pieces, the last one
+        shorter), stored block by block; the source is closed."""
+        try:
+            await self._make_room(size, keep=-1)
+            entry = self._ensure(path, version, size)
+            idx = 0
+            async for block in data.chunks():
+                if idx >= entry.blocks or len(block) != entry.block_len(idx):
+                    raise CorruptData(f"{path}: a piece of a written file is not a block")
+                await asyncio.to_thread(self._store, entry, [idx], block)
+                idx += 1
+        finally:
+            await data.aclose()
+        self._account(entry)
+
     def _adopt(self, entry: CachedFile, source: Path) -> None:
         data = self._data_path(entry.id)
-        if self.cipher is not None:
-            self._adopt_sealed(entry, source)
-            return
         os.replace(source, data)
         with open(data, "rb") as f:
             digests = [
@@ -483,16 +507,6 @@ class Cache:
             ]
             mtime = os.fstat(f.fileno()).st_mtime_ns
         self._record(entry, digests, mtime)
-
-    def _adopt_sealed(self, entry: CachedFile, source: Path) -> None:
-        """Seal a written file block by block into the cache; the plaintext goes."""
-        try:
-            with open(source, "rb") as f:
-                for idx in range(entry.blocks):
-                    block = os.pread(f.fileno(), entry.block_len(idx), idx * BLOCK)
-                    self._store(entry, [idx], block)
-        finally:
-            source.unlink(missing_ok=True)
 
     # -- room, pins, invalidation ----------------------------------------------------------
 
@@ -560,30 +574,6 @@ class Cache:
 
     def __iter__(self) -> Iterator[CachedFile]:
         return iter(list(self._files.values()))
-
-
-class _SealedSource(ByteSource):
-    """A range of a sealed cache file, opened a block at a time as it is read."""
-
-    def __init__(self, cache: Cache, entry: CachedFile, fd: int, offset: int, length: int):
-        self._cache = cache
-        self._entry = entry
-        self._fd = fd
-        self._offset = offset
-        self.length = length
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        start, end = self._offset, self._offset + self.length
-        for idx in block_span(start, self.length):
-            block = await asyncio.to_thread(self._cache._block, self._entry, self._fd, idx)
-            base = idx * BLOCK
-            yield block[max(start - base, 0) : min(end - base, len(block))]
-
-    async def aclose(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            self._cache._release(self._entry)
 
 
 class _CacheSource(LocalFileSource):

@@ -27,16 +27,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+import blake3
 from prometheus_client import Counter, Gauge
 
 from .. import paths
-from ..core.streams import BUFFER_SIZE, LocalFileSource, clamp_range
+from ..core.streams import clamp_range
 from ..core.types import SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
 from ..errors import (
     AlreadyExists,
@@ -103,7 +102,7 @@ class SpokeNamespace(Namespace):
     ) -> None:
         self.hub = hub
         self.cache = cache
-        self.journal = Journal(cache.directory / "journal")
+        self.journal = Journal(cache.directory / "journal", cache.cipher)
         self.attached = [paths.normalize(p) for p in attach]
         self.site = site
         self.write_back = write_back
@@ -349,8 +348,7 @@ class SpokeNamespace(Namespace):
     def _read_pending(self, pending: Pending, offset: int, length: int | None) -> Reader:
         entry = self._pending_entry(pending)
         start, count = clamp_range(entry.size, offset, length)
-        fd = os.open(self.journal.data_path(pending), os.O_RDONLY | os.O_CLOEXEC)
-        return Reader(entry, start, LocalFileSource(fd, start, count, pending.path))
+        return Reader(entry, start, self.journal.source(pending, start, count))
 
     async def warm(
         self,
@@ -408,12 +406,14 @@ class SpokeNamespace(Namespace):
         base = await self._base_version(who, path)
         seq, spool = self.journal.reserve()
         try:
-            with spool.open("wb") as out:
+            try:
                 async for chunk in data:
-                    await asyncio.to_thread(out.write, chunk)
+                    await asyncio.to_thread(spool.write, chunk)
+            finally:
+                await asyncio.to_thread(spool.close)
             pending = Pending(
                 seq, path, base, if_version, exclusive, mode, time.time_ns(),
-                early=self.write_back or not self.online,
+                early=self.write_back or not self.online, sealed=self.journal.sealed,
             )  # fmt: skip
             pending = await asyncio.to_thread(self.journal.commit, pending)
         except BaseException:
@@ -442,7 +442,7 @@ class SpokeNamespace(Namespace):
 
     def _pending_entry(self, pending: Pending) -> Entry:
         """What stat says of a write not yet committed at the hub (version 0)."""
-        size = self.journal.data_path(pending).stat().st_size
+        size = self.journal.size(pending)
         return Entry(pending.path, EntryKind.FILE, size, pending.time_ns,
                      pending.mode or 0o100644, 0, 0, 0)  # fmt: skip
 
@@ -503,9 +503,15 @@ class SpokeNamespace(Namespace):
                     self.journal.rebase(pending.path, pending.base_version, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
                 try:
-                    await self.cache.adopt(
-                        entry.path, entry.version, self.journal.data_path(pending)
-                    )
+                    if pending.sealed:  # opened frame by frame, sealed again as blocks
+                        await self.cache.adopt_stream(
+                            entry.path, entry.version, self.journal.size(pending),
+                            self.journal.source(pending),
+                        )  # fmt: skip
+                    else:
+                        await self.cache.adopt(
+                            entry.path, entry.version, self.journal.data_path(pending)
+                        )
                 except Exception:  # only a missed cache fill: the hub has the write
                     log.exception("could not keep a written file in the cache")
                 self.journal.remove(pending)
@@ -543,7 +549,7 @@ class SpokeNamespace(Namespace):
         return await self.hub.write(
             SYSTEM,
             pending.path,
-            _file_chunks(self.journal.data_path(pending)),
+            self._journaled(pending),
             if_version=if_version,
             exclusive=exclusive,
             mode=pending.mode,
@@ -557,15 +563,21 @@ class SpokeNamespace(Namespace):
             entry = await self.hub.stat(SYSTEM, path)
         except NotFound:
             return False
-        data = self.journal.data_path(pending)
-        if entry.is_dir or entry.size != data.stat().st_size:
+        if entry.is_dir or entry.size != self.journal.size(pending):
             return False
-        with data.open("rb") as local:
-            async with await self.hub.read(SYSTEM, path) as remote:
-                async for chunk in remote.chunks():
-                    if await asyncio.to_thread(local.read, len(chunk)) != chunk:
-                        return False
-        return True
+        local, remote = blake3.blake3(), blake3.blake3()
+        async for chunk in self._journaled(pending):
+            local.update(chunk)
+        async with await self.hub.read(SYSTEM, path) as reader:
+            async for chunk in reader.chunks():
+                remote.update(chunk)
+        return local.digest() == remote.digest()
+
+    async def _journaled(self, pending: Pending) -> AsyncIterator[bytes]:
+        """The bytes of a journaled write, opened where sealed."""
+        async with self.journal.source(pending) as source:
+            async for chunk in source.chunks():
+                yield chunk
 
     async def _keep_both(self, pending: Pending, exc: Exception) -> Entry:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(pending.time_ns / 1e9))
@@ -575,9 +587,7 @@ class SpokeNamespace(Namespace):
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
         try:
-            return await self.hub.write(
-                SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
-            )
+            return await self.hub.write(SYSTEM, name, self._journaled(pending), exclusive=True)
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer
                 return await self.hub.stat(SYSTEM, name)
@@ -647,9 +657,3 @@ class SpokeNamespace(Namespace):
         remove: Sequence[str] = (),
     ) -> dict[str, str]:
         return await self.hub.set_tags(who, self._inside(path), set_, remove)
-
-
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    with path.open("rb") as f:
-        while chunk := await asyncio.to_thread(f.read, BUFFER_SIZE):
-            yield chunk
