@@ -265,6 +265,13 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     assert await env.spokes[EU].read_bytes(WHO, "/vol/pub/tagged.bin") == data
 
 
+async def evicted_and_refused(env: Fabric, marker: bytes, path: str) -> None:
+    """The us spoke holds no byte of it, and asking again is refused."""
+    assert not holding(cache_dir(env, US), marker)
+    with pytest.raises(PermissionDenied):
+        await env.spokes[US].read_bytes(WHO, path)
+
+
 async def test_tightening_evicts_before_the_change_completes(env: Fabric) -> None:
     hub, us = env.hub.namespace, env.spokes[US]
     marks: dict[str, bytes] = {}
@@ -285,24 +292,16 @@ async def test_tightening_evicts_before_the_change_completes(env: Fabric) -> Non
     evicted = EVICTED._value.get()
     await tighten(env, Policy.build("data-eu", ["/vol/data/**"], ["region=eu"]))
     assert EVICTED._value.get() == evicted + 1
-    assert not holding(cache_dir(env, US), marks["data/x.bin"])
-    with pytest.raises(PermissionDenied):
-        await us.read_bytes(WHO, "/vol/data/x.bin")
+    await evicted_and_refused(env, marks["data/x.bin"], "/vol/data/x.bin")
     # a re-tag at the hub into a policy: evicted before set_tags returns
     await hub.set_tags(WHO, "/vol/pub/tag.bin", {"residency": "eu"})
-    assert not holding(cache_dir(env, US), marks["pub/tag.bin"])
-    with pytest.raises(PermissionDenied):
-        await us.read_bytes(WHO, "/vol/pub/tag.bin")
+    await evicted_and_refused(env, marks["pub/tag.bin"], "/vol/pub/tag.bin")
     # a move at the hub into a restricted path: evicted before rename returns
     await hub.rename(WHO, "/vol/pub/moved.bin", "/vol/eu/moved.bin")
-    assert not holding(cache_dir(env, US), marks["pub/moved.bin"])
-    with pytest.raises(PermissionDenied):
-        await us.read_bytes(WHO, "/vol/eu/moved.bin")
+    await evicted_and_refused(env, marks["pub/moved.bin"], "/vol/eu/moved.bin")
     # a directory tagged into a policy covers what is below it
     await hub.set_tags(WHO, "/vol/dir", {"residency": "eu"})
-    assert not holding(cache_dir(env, US), marks["dir/below.bin"])
-    with pytest.raises(PermissionDenied):
-        await us.read_bytes(WHO, "/vol/dir/below.bin")
+    await evicted_and_refused(env, marks["dir/below.bin"], "/vol/dir/below.bin")
     # the compliant spoke still reads all of them
     eu = env.spokes[EU]
     for path, name in (("/vol/data/x.bin", "data/x.bin"), ("/vol/pub/tag.bin", "pub/tag.bin"),
