@@ -26,9 +26,10 @@ from loomfs.core.placement import REFUSED, Policy, PolicyStore, Visibility, glob
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import ChangeOp, EntryKind, Principal
 from loomfs.core.users import UserRegistry
-from loomfs.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from loomfs.errors import Conflict, CorruptData, InvalidArgument, NotFound, PermissionDenied
 from loomfs.hub.placement import PlacedNamespace
 from loomfs.namespace.base import Reader
+from loomfs.namespace.chunklink import Opened
 from loomfs.protocols.s3 import S3Gateway
 from loomfs.spoke.namespace import EVICTED, SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
@@ -248,9 +249,15 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     # a write at the us site into the restricted path: the waiting writer hears it
     with pytest.raises(PermissionDenied):
         await us.write_bytes(WHO, "/vol/eu/new.bin", b"from the us")
-    # ...and a write-back one stays journaled, its refusal reported by sync
+    # ...a write-back one too: its write lease is asked of the hub first
     us.write_back = True
+    with pytest.raises(PermissionDenied):
+        await us.write_bytes(WHO, "/vol/eu/early.bin", b"written back")
+    assert not list(us.journal)
+    # ...and one made while the link is down stays journaled, its refusal reported by sync
+    env.links[US].cut()
     await us.write_bytes(WHO, "/vol/eu/late.bin", b"written back")
+    env.links[US].restore()
     with pytest.raises(PermissionDenied, match="kept"):
         await asyncio.wait_for(us.sync(), 30)
     assert [p.path for p in us.journal] == ["/vol/eu/late.bin"]
@@ -416,12 +423,23 @@ async def test_bytes_in_flight_when_an_eviction_lands_are_not_cached(env: Fabric
         await evict_now()
         return reader
 
+    assert us.cache.chunks is not None
+    link = us.cache.chunks.link  # the spoke's fabric client, as a chunk link
+    hub_open = link.open_chunked
+
+    async def open_then_evicted(*args: Any, **kwargs: Any) -> Opened:
+        opened = await hub_open(*args, **kwargs)
+        await evict_now()
+        return opened
+
     us.hub.read = read_then_evicted  # type: ignore[method-assign]
-    try:  # a cold open: its first blocks came with the answer
+    link.open_chunked = open_then_evicted  # type: ignore[method-assign]
+    try:  # a cold open: its first blocks (or its chunk map) came with the answer
         with pytest.raises(PermissionDenied):  # the rest is asked for under the new policy
             await us.read_bytes(WHO, "/vol/pub/race.bin", 0, 4096)
     finally:
         us.hub.read = hub_read  # type: ignore[method-assign]
+        link.open_chunked = hub_open  # type: ignore[method-assign]
     assert not holding(cache_dir(env, US), marker)
 
     await PolicyStore(env.hub.catalog).remove("race")
@@ -434,8 +452,27 @@ async def test_bytes_in_flight_when_an_eviction_lands_are_not_cached(env: Fabric
         await evict_now()
         return got
 
-    with pytest.raises(Conflict, match="evicted"):  # a cache fill
-        await us.cache.read(entry.path, entry.version, entry.size, 0, MiB, fetch_then_evicted)
+    chunks, us.cache.chunks = us.cache.chunks, None  # a fill by ranged reads
+    try:
+        with pytest.raises(Conflict, match="evicted"):
+            await us.cache.read(entry.path, entry.version, entry.size, 0, MiB, fetch_then_evicted)
+    finally:
+        us.cache.chunks = chunks
+    assert not holding(cache_dir(env, US), marker)
+
+    # a fill by chunks: the map came under the old policy, the chunks are asked for under
+    # the new one, which refuses them (they sit in no file this site may read), and so
+    # does the ranged read the fill falls back to
+    await PolicyStore(env.hub.catalog).remove("race")
+    await env.hub.placement.reload(force=True)
+    evicted = False
+    entry = await us.stat(WHO, "/vol/pub/race.bin")
+    link.open_chunked = open_then_evicted  # type: ignore[method-assign]
+    try:
+        with pytest.raises((Conflict, PermissionDenied)):
+            await us.cache.read(entry.path, entry.version, entry.size, 0, MiB, us._fetch)
+    finally:
+        link.open_chunked = hub_open  # type: ignore[method-assign]
     assert not holding(cache_dir(env, US), marker)
 
 
@@ -471,3 +508,45 @@ async def test_policy_store_on_both_catalog_engines(catalog: Catalog) -> None:
     assert await store.other_names("/v/c.bin") == []
     await store.remove("p")
     assert await store.list() == [] and await store.generation() == generation + 2
+
+
+async def test_a_refused_site_gets_no_chunks_of_a_restricted_file(env: Fabric) -> None:
+    """The chunk routes decide as reads and writes do: no chunk map of a restricted file,
+    no frame of a chunk that sits only in files the site may not read (by whatever id it
+    learned), no commit from such chunks, no write lease; a chunk also held in a file the
+    site may read still comes, out of that file."""
+    marker, data = marked(3 * MiB)
+    hub, eu = env.hub.namespace, env.spokes[EU]
+    await hub.write_bytes(WHO, "/vol/eu/c.bin", data)
+    assert await eu.read_bytes(WHO, "/vol/eu/c.bin") == data  # the hub maps and indexes it
+    await tighten(env, EU_ONLY)
+    entry, cmap = await env.hub.chunks.chunk_map(WHO, "/vol/eu/c.bin")
+    ids = sorted(cmap.ids())
+    link = env.client(US)  # a fabric client as the us site: what a spoke can ask for
+    with pytest.raises(PermissionDenied):
+        await link.open_chunked("/vol/eu/c.bin")
+    with pytest.raises(PermissionDenied):
+        await link.open_chunked("/vol/eu/c.bin", small=8 * MiB)  # whole, as a small file
+    assert [f async for f in link.fetch_chunks(ids)] == [None] * len(ids)
+    based = link.fetch_chunks(ids, base=("/vol/eu/c.bin", entry.version), at=[0] * len(ids))
+    assert [f async for f in based] == [None] * len(ids)
+    assert sorted(await link.missing_chunks(ids)) == ids  # no probing what the hub holds
+    with pytest.raises(CorruptData):  # nor assembling a copy from the index
+        await link.commit_chunks("/vol/pub/leak.bin", cmap)
+    assert not await hub.exists(WHO, "/vol/pub/leak.bin")
+    with pytest.raises(PermissionDenied):
+        await link.lease_write(WHO, "/vol/eu/c.bin")
+    # the eu site is allowed all of it
+    eu_link = env.client(EU)
+    try:
+        assert None not in [f async for f in eu_link.fetch_chunks(ids)]
+        assert (await eu_link.open_chunked("/vol/eu/c.bin")).chunk_map == cmap
+    finally:
+        await eu_link.close()
+    # the same bytes in a public file: those chunks come, out of that file
+    await hub.write_bytes(WHO, "/vol/pub/same.bin", data)
+    await env.hub.chunks.chunk_map(WHO, "/vol/pub/same.bin")
+    frames = [f async for f in link.fetch_chunks(ids)]
+    assert None not in frames
+    await link.close()
+    assert not holding(cache_dir(env, US), marker)

@@ -345,6 +345,14 @@ class PlacementAuthorizer:
             if c.applies(path, tags) and not c.policy.allows(labels)
         ]
 
+    async def guards(self, who: Principal) -> bool:
+        """Whether any policy could refuse ``who`` something (a remote site, and some
+        policy exists): callers skip per-file checks otherwise."""
+        if self.is_local(who):
+            return False
+        await self.reload()
+        return bool(self._policies)
+
     async def check(self, who: Principal, action: str, path: str) -> None:
         path = paths.normalize(path)
         refusing = await self._refusing(who, path)
@@ -426,6 +434,16 @@ class PlacementAuthorizer:
             )
             for c in self._policies
         )
+
+    async def covering(self, path: str) -> set[str]:
+        """The names of the policies that apply to ``path`` (its glob or a tag along it)."""
+        await self.reload()
+        if not self._policies:
+            return set()
+        tags: set[tuple[str, str]] = set()
+        if any(c.policy.tag is not None for c in self._policies):
+            tags = await self.store.tags_along(paths.normalize(path))
+        return {c.policy.name for c in self._policies if c.applies(path, tags)}
 
     async def tightened(
         self, path: str, before: Mapping[str, str], after: Mapping[str, str]

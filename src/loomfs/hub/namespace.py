@@ -39,7 +39,7 @@ from ..errors import (
 )
 from ..namespace.base import LIST_PAGE, Namespace, Reader
 from .assimilate import Assimilator, Progress, ScanStats, put_for
-from .coherence import Leases
+from .coherence import Leases, WriteLeases
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,15 @@ class HubNamespace(Namespace):
         catalog: Catalog,
         leases: Leases | None = None,
         placement: PlacementAuthorizer | None = None,
+        write_lease: float = 60.0,
     ) -> None:
         self.catalog = catalog
         #: residency policies: a re-tag that restricts a file evicts it from spokes
         self.placement = placement
         #: spokes' read leases: a commit is acknowledged once they have applied it
         self.leases = leases or Leases(0)
+        #: paths a site is writing: other sites' changes to them are refused meanwhile
+        self.write_leases = WriteLeases(write_lease)
         self.assimilator = Assimilator(catalog)
         self._mounts: dict[str, Mounted] = {}
         # one writer per path in this process: the precondition check, the volume write and
@@ -277,11 +280,13 @@ class HubNamespace(Namespace):
         # checked before the body streams in (a doomed write fails fast), and again under
         # the path's lock, where the staged bytes become visible and are recorded: the lock
         # is never held while a client streams, however slowly
+        self.write_leases.check(path, who.site)
         await self._writable(path, if_version, exclusive)
         committed: list[Entry] = []
 
         async def gate(commit: Commit) -> ObjectInfo:
             async with self._lock(path):
+                self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 info = await commit()
                 committed.append(
@@ -382,7 +387,12 @@ class HubNamespace(Namespace):
         if src_mounted is not dst_mounted:
             raise CrossesVolume(f"{src} and {dst} are on different volumes", path=dst)
         first, second = sorted((src, dst))
+        # residency: a move under a policy the source was not under evicts it from the
+        # spokes that policy refuses (they may keep the old name's data as chunk sources)
+        before = await self.placement.covering(src) if self.placement is not None else set()
         async with self._lock(first), self._lock(second):
+            self.write_leases.check(src, who.site)
+            self.write_leases.check(dst, who.site)
             entry = await self._entry(src)
             target = await self.catalog.get(dst)
             if target is not None:
@@ -393,6 +403,8 @@ class HubNamespace(Namespace):
             await self._dir(paths.split(dst)[0])
             await src_mounted.backend.rename(src_key, dst_key)
             applied = await self.catalog.rename(src, dst)
+        if self.placement is not None and await self.placement.covering(dst) - before:
+            await self.leases.settle(await self.placement.store.evict([dst]))
         return await self._settled(applied)
 
     async def remove(
@@ -401,6 +413,7 @@ class HubNamespace(Namespace):
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
         async with self._lock(path):
+            self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if if_version is not None and entry.version != if_version:
                 raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
@@ -430,6 +443,7 @@ class HubNamespace(Namespace):
         path = paths.normalize(path)
         hit = self._resolve(path)
         async with self._lock(path):
+            self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
                 mounted, key = hit
@@ -477,6 +491,14 @@ class HubNamespace(Namespace):
             await self.placement.store.evict([path])
         await self.leases.settle(await self.catalog.head_seq())
         return tags
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        path = paths.normalize(path)
+        self._below_mount(path)  # only paths of a volume can be written
+        return self.write_leases.acquire(path, who.site)
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        self.write_leases.release(paths.normalize(path), who.site)
 
     async def resolve(self, path: str) -> str:
         """The namespace path whose bytes a read of ``path`` returns: a symlink's final

@@ -2,7 +2,11 @@
 
 Wraps the hub's namespace for the fabric link, so every way a spoke can ask for data
 (reads and ranged fetches, warm-up and prefetch, which are reads, uploads, renames,
-re-tags, reads through symlinks) passes ``PlacementAuthorizer`` first. The decisions
+re-tags, reads through symlinks, write leases) passes ``PlacementAuthorizer`` first. It is
+also the ``ChunkGate`` of the hub's chunk service (``loomfs.hub.chunks``), so the chunk
+routes decide alike: a chunk map is a read of its file, a commit from chunks a write of
+it, and a chunk fetched by id comes only out of a file the site may read (a chunk found
+only in files refused to it counts as not held). The decisions
 themselves live in ``loomfs.core.placement``; when the hub's authorizer chain wraps every
 protocol, the authorizer joins that chain and this wrapper has no more to do.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 
+from .. import paths
 from ..core.placement import PlacementAuthorizer
 from ..core.types import Entry, EntryKind, Principal
 from ..namespace.base import Namespace, Reader
@@ -28,6 +33,24 @@ class PlacedNamespace(Namespace):
     async def _write(self, who: Principal, *where: str) -> None:
         for path in where:
             await self.placement.check(who, WRITE, path)
+
+    # -- the chunk service's gate ----------------------------------------------------------
+
+    async def guarded(self, who: Principal) -> bool:
+        return await self.placement.guards(who)
+
+    async def check_read(self, who: Principal, path: str) -> None:
+        """Refuse ``who`` the bytes of ``path``, as a read of it would (through a symlink,
+        the bytes are its target's)."""
+        await self.placement.check(who, READ, path)
+        target = await self.hub.resolve(path)
+        if target != paths.normalize(path):
+            await self.placement.check(who, READ, target)
+
+    async def check_write(self, who: Principal, path: str) -> None:
+        await self._write(who, path)
+
+    # -- the namespace ---------------------------------------------------------------------
 
     async def stat(self, who: Principal, path: str) -> Entry:
         await self.placement.check_metadata(who, path)
@@ -120,3 +143,11 @@ class PlacedNamespace(Namespace):
         # a site the data may not reach may not untag it out of its policy either
         await self._write(who, path)
         return await self.hub.set_tags(who, path, set_, remove)
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        # a site that may not write the path may not hold others off it either
+        await self._write(who, path)
+        return await self.hub.lease_write(who, path)
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        await self.hub.release_write(who, path)  # giving a lease up moves no data

@@ -28,7 +28,8 @@ import os
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,19 +37,27 @@ from typing import Any
 import blake3
 from prometheus_client import Counter, Gauge
 
+from ..chunks.chunkmap import ChunkMap
 from ..core.streams import ByteSource, LocalFileSource
 from ..errors import Conflict, CorruptData, InsufficientStorage
+from ..namespace.chunklink import ChunkLink
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
+from .chunkfill import SCHEMA as CHUNK_SCHEMA
+from .chunkfill import ChunkFiller
 from .sealed import FRAME, OVERHEAD, BlockCipher, SealedSource, cache_context
 
 log = logging.getLogger(__name__)
 
 BLOCK = FRAME  # 1 MiB: a sealed block is one sealed frame
+PLAIN_BLOCKS = 8  # opened blocks kept for the chunk index (one block holds many chunks)
 FETCHES_IN_FLIGHT = 16  # ranged requests of up to 8 blocks: 128 MiB in flight at most
 SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke cache")
 MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
 CORRUPT = Counter("loomfs_cache_corrupt_blocks_total", "Cache blocks that failed verification")
 USED = Gauge("loomfs_cache_used_bytes", "Bytes held by the spoke cache")
+# Files up to this size are fetched whole, without a chunk map: below it a map saves too
+# little to pay for its round trip (see docs/BENCHMARKS.md, "Chunks over the link").
+SMALL_FILE = 1 << 20
 
 #: fetch(path, version, offset, length) -> the bytes of that range of that version
 Fetch = Callable[[str, int, int, int], Awaitable[bytes]]
@@ -91,6 +100,8 @@ class CachedFile:
     data_mtime_ns: int = 0
     pinned: bool = False
     readers: int = 0
+    # replaced at the hub: never served again, kept only as a source of chunks until evicted
+    retired: bool = False
 
     @property
     def blocks(self) -> int:
@@ -114,8 +125,12 @@ class Cache:
         capacity: int,
         policy: EvictionPolicy | None = None,
         *,
+        link: ChunkLink | None = None,
         cipher: BlockCipher | None = None,
     ) -> None:
+        """With ``link``, misses of files above ``SMALL_FILE`` move chunks (``chunkfill``);
+        with ``cipher``, blocks are sealed at rest (chunk fills too: they are stored as
+        blocks, and the chunk index reads chunks back through ``_read_plain``)."""
         self.directory = directory
         self.capacity = capacity
         self.policy = policy or LRUPolicy()
@@ -127,6 +142,20 @@ class Cache:
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # the index is written from worker threads
         self._slots = asyncio.Semaphore(FETCHES_IN_FLIGHT)
+        self._plain: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # opened blocks
+        self._plain_lock = threading.Lock()
+        self.chunks = (
+            ChunkFiller(
+                link,
+                self._connection,
+                self._db_lock,
+                self._read_plain,
+                self._write_plain,
+                lambda: self._files,
+            )
+            if link is not None
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -137,8 +166,10 @@ class Cache:
         self._db = sqlite3.connect(
             self.directory / "index.db", isolation_level=None, check_same_thread=False
         )
-        self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA)
-        self._check_sealing()
+        self._db.executescript(
+            "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA + CHUNK_SCHEMA
+        )
+        self._check_sealing()  # after the chunk maps' table: emptying cascades to it
         rows = self._db.execute(
             "SELECT id, path, version, size, pinned, data_mtime_ns FROM files"
         ).fetchall()
@@ -166,6 +197,8 @@ class Cache:
                 self.policy.insert(entry.id, entry.cached_bytes)
                 if entry.pinned:
                     self.policy.pin(entry.id)
+        if self.chunks is not None:
+            self.chunks.load()
         USED.set(self.policy.used_bytes)
 
     def _check_sealing(self) -> None:
@@ -198,6 +231,8 @@ class Cache:
         return self._pos(last) + self._slot_len(entry, last)
 
     def close(self) -> None:
+        if self.chunks is not None:
+            self.chunks.close()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -205,6 +240,10 @@ class Cache:
     @property
     def used_bytes(self) -> int:
         return self.policy.used_bytes
+
+    def _connection(self) -> sqlite3.Connection:
+        assert self._db is not None, "open() first"
+        return self._db
 
     def _data_path(self, file_id: int) -> Path:
         return self.directory / "data" / f"{file_id}.bin"
@@ -226,12 +265,17 @@ class Cache:
         return None if file_id is None else self._files[file_id]
 
     def versions(self, path: str) -> list[CachedFile]:
-        return [f for f in self._files.values() if f.path == path]
+        return [f for f in self._files.values() if f.path == path and not f.retired]
 
     def _ensure(self, path: str, version: int, size: int) -> CachedFile:
         found = self.get(path, version)
         if found is not None:
             return found
+        for old in self._files.values():
+            if old.retired and (old.path, old.version) == (path, version):
+                old.retired = False  # that very version again (say, renamed back)
+                self._by_key[(path, version)] = old.id
+                return old
         [row] = self._sql(
             "INSERT INTO files (path, version, size) VALUES (?, ?, ?) RETURNING id",
             (path, version, size),
@@ -338,7 +382,11 @@ class Cache:
         start = run[0] * BLOCK
         length = sum(entry.block_len(i) for i in run)
         async with self._slots:  # enough requests in flight to fill the link, not more
-            data = await fetch(entry.path, entry.version, start, length)
+            data = None
+            if self.chunks is not None and entry.size > SMALL_FILE:
+                data = await self.chunks.assemble(entry, start, length)
+            if data is None:
+                data = await fetch(entry.path, entry.version, start, length)
         if len(data) != length:
             raise CorruptData(
                 f"fetched {len(data)} of {length} bytes of {entry.path}", path=entry.path
@@ -406,6 +454,64 @@ class Cache:
         if self.cipher is None:
             return stored
         return self.cipher.open(cache_context(entry.id, entry.version, idx), stored)
+
+    def _read_plain(self, file_id: int, offset: int, length: int) -> bytes | None:
+        """Bytes [offset, offset+length) of a cached file as written, for the chunk index
+        (which verifies them by hash); None when they can't be read: the file is gone or,
+        sealed, a block is absent or fails authentication. Worker threads call this."""
+        if self.cipher is None:  # holes read as zeros, which fail the caller's hash
+            try:
+                fd = os.open(self._data_path(file_id), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        entry = self._files.get(file_id)
+        if entry is None or length <= 0:
+            return None if entry is None else b""
+        first, last = offset // BLOCK, (offset + length - 1) // BLOCK
+        if last >= entry.blocks or any(i not in entry.hashes for i in range(first, last + 1)):
+            return None
+        parts: list[bytes] = []
+        fd = -1
+        try:
+            for idx in range(first, last + 1):
+                with self._plain_lock:
+                    block = self._plain.get((file_id, idx))
+                    if block is not None:
+                        self._plain.move_to_end((file_id, idx))
+                if block is None:
+                    if fd < 0:
+                        fd = os.open(self._data_path(file_id), os.O_RDONLY | os.O_CLOEXEC)
+                    block = self._block(entry, fd, idx)
+                    with self._plain_lock:
+                        self._plain[(file_id, idx)] = block
+                        while len(self._plain) > PLAIN_BLOCKS:
+                            self._plain.popitem(last=False)
+                parts.append(block)
+        except (FileNotFoundError, CorruptData):
+            return None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        start = offset - first * BLOCK
+        return b"".join(parts)[start : start + length]
+
+    def _write_plain(self, file_id: int, pieces: Sequence[tuple[int, bytes]]) -> None:
+        """Keep chunk bytes outside the blocks being filled (the chunk index finds them,
+        verified by hash, for the next fill). Sealed, there is no such place: a block is
+        sealed whole, so those chunks are fetched again by the fill that needs them."""
+        if self.cipher is not None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self._data_path(file_id), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                for offset, data in pieces:
+                    os.pwrite(fd, data, offset)
+            finally:
+                os.close(fd)
 
     def _verify(self, entry: CachedFile, span: range) -> None:
         """Check present blocks of ``span`` against their hashes where not yet checked;
@@ -534,7 +640,14 @@ class Cache:
         entry = self._files.pop(file_id, None)
         if entry is None:
             return
-        self._by_key.pop((entry.path, entry.version), None)
+        if self._by_key.get((entry.path, entry.version)) == file_id:
+            del self._by_key[(entry.path, entry.version)]
+        if self.chunks is not None:
+            self.chunks.forget(file_id)
+        if self._plain:
+            with self._plain_lock:
+                for key in [k for k in self._plain if k[0] == file_id]:
+                    del self._plain[key]
         self.policy.remove(file_id)
         self._delete_row(file_id)
         self._data_path(file_id).unlink(missing_ok=True)
@@ -546,23 +659,52 @@ class Cache:
         keep_version: int | None = None,
         *,
         below: bool = False,
-        busy: bool = False,
+        evict: bool = False,
     ) -> int:
         """Drop every cached version of ``path`` (and, with ``below``, of everything under
         it) except ``keep_version``; returns how many were dropped. Versions being read
-        stay until their readers close, unless ``busy`` (an eviction the data's owner
-        demands: the readers' open descriptors still finish)."""
+        stay until their readers close, and versions with a chunk map are retired (kept
+        as chunk sources), unless ``evict``: an eviction the data's owner demands drops
+        them all, and every retired version too, and their chunks leave the chunk index
+        (the readers' open descriptors still finish)."""
         prefix = path.rstrip("/") + "/"
         doomed = [
             f.id
             for f in self._files.values()
             if (f.path == path or (below and f.path.startswith(prefix)))
             and f.version != keep_version
-            and (busy or not f.readers)
+            and (evict or (not f.retired and not f.readers))
         ]
+        if evict:
+            # retired versions are chunk sources of no current path, and which of them
+            # hold the evicted data (one renamed into the restricted path since) can't be
+            # told here: an eviction drops them all, at the cost of dedup against them
+            doomed += [f.id for f in self._files.values() if f.retired and f.id not in doomed]
         for file_id in doomed:
-            self._drop(file_id)
+            if evict:  # gone, with its chunk maps and its place in the chunk index
+                self._drop(file_id)
+            else:
+                self._retire_or_drop(file_id)
         return len(doomed)
+
+    def _retire_or_drop(self, file_id: int) -> None:
+        """A version with a chunk map stays as a source of chunks (the next version shares
+        most of them), out of every lookup; eviction drops it like any other."""
+        entry = self._files[file_id]
+        if self.chunks is None or file_id not in self.chunks.maps or not entry.hashes:
+            self._drop(file_id)
+            return
+        entry.retired = True
+        self._by_key.pop((entry.path, entry.version), None)
+        self._sql("UPDATE files SET pinned = 0 WHERE id = ?", (file_id,))
+        if entry.pinned:
+            entry.pinned = False
+            self.policy.unpin(file_id)
+
+    def set_map(self, path: str, version: int, size: int, chunk_map: ChunkMap) -> None:
+        """Keep the chunk map of a version (read from the hub with its entry)."""
+        if self.chunks is not None:
+            self.chunks.set_map(self._ensure(path, version, size).id, chunk_map)
 
     def set_pinned(self, path: str, version: int, pinned: bool) -> None:
         entry = self.get(path, version)

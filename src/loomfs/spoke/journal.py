@@ -27,6 +27,7 @@ from ..core.streams import ByteSource, LocalFileSource
 from ..errors import CorruptData
 from .sealed import (
     BlockCipher,
+    SealedFile,
     SealedSource,
     SealedWriter,
     journal_context,
@@ -64,6 +65,33 @@ class Spool(Protocol):
     def write(self, data: bytes, /) -> object: ...
 
     def close(self) -> None: ...
+
+
+class PlainFile(Protocol):
+    """A journaled write's bytes as written (opened frame by frame where sealed), for
+    uploading it; synchronous, for worker threads."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+    def pread(self, length: int, offset: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class _LocalPlain:
+    """A plain data file as a ``PlainFile``."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("rb", buffering=0)
+
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        return self._file.readinto(buffer)
+
+    def pread(self, length: int, offset: int, /) -> bytes:
+        return os.pread(self._file.fileno(), length, offset)
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class Journal:
@@ -143,6 +171,20 @@ class Journal:
             lambda idx: read_frame(fd, cipher, journal_context(pending.seq, idx), idx),
         )  # fmt: skip
 
+    def open_plain(self, pending: Pending) -> PlainFile:
+        """The written bytes for an upload: opened frame by frame where sealed, so the
+        hub gets the plaintext and no plaintext copy lands on disk."""
+        path = self.data_path(pending)
+        if not pending.sealed:
+            return _LocalPlain(path)
+        if self.cipher is None:
+            raise CorruptData(
+                f"the journaled write of {pending.path} is sealed, and no cache key is "
+                "configured to open it",
+                path=pending.path,
+            )
+        return SealedFile(path, self.cipher, partial(journal_context, pending.seq))
+
     def commit(self, pending: Pending) -> Pending:
         """Make a spooled write durable; after this returns it may be acknowledged."""
         fd = os.open(self.data_path(pending), os.O_RDONLY)
@@ -169,14 +211,16 @@ class Journal:
         os.replace(temp, record)
         self._fsync_dir()
 
-    def rebase(self, path: str, old_base: int | None, new_base: int) -> None:
-        """Later writes of ``path`` made on top of an earlier one that is now committed as
-        ``new_base`` are based on that version (else they would conflict with it). This
+    def rebase(self, committed: Pending, new_base: int) -> None:
+        """Later writes of the path made on top of ``committed``, now committed as
+        ``new_base``, are based on that version (else they would conflict with it). This
         holds for writes still being spooled, too: ``commit`` follows the same step."""
+        path, old_base = committed.path, committed.base_version
         with self._lock:
             self._rebased[(path, old_base)] = new_base
             for pending in list(self):
-                if pending.path == path and pending.base_version == old_base:
+                later = pending.seq > committed.seq
+                if later and pending.path == path and pending.base_version == old_base:
                     moved = replace(pending, base_version=new_base)
                     self._write_record(moved)
                     self._records[pending.seq] = moved

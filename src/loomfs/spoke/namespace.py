@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import blake3
 from prometheus_client import Counter, Gauge
@@ -41,13 +42,17 @@ from ..errors import (
     AlreadyExists,
     BackendUnavailable,
     Conflict,
+    CorruptData,
+    InvalidArgument,
+    InvalidPath,
     IsADirectory,
     LoomError,
+    NotADirectory,
     NotFound,
     PermissionDenied,
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
-from .cache import BLOCK, Cache
+from .cache import BLOCK, SMALL_FILE, Cache
 from .journal import Journal, Pending
 
 log = logging.getLogger(__name__)
@@ -88,6 +93,17 @@ FEED_WAIT = 5.0
 COLD_FETCH = 8 * BLOCK  # what the first request for a file brings along with its entry
 LEASE_MARGIN = 1.0
 RETRY = 1.0
+STUCK_RETRY = 5.0  # a write the hub refused is tried again this often
+#: refusals that stand until someone acts (a policy, a path): sync() reports them
+_FINAL = (PermissionDenied, NotFound, NotADirectory, IsADirectory, InvalidPath, InvalidArgument)
+
+
+@dataclass
+class _Held:
+    """A write lease this spoke holds, kept alive by ``renewer`` while writers use it."""
+
+    renewer: asyncio.Task[None]
+    writers: int = 0
 
 
 class SpokeNamespace(Namespace):
@@ -117,6 +133,7 @@ class SpokeNamespace(Namespace):
         self._stuck: dict[int, Exception] = {}  # journaled writes the hub refuses, and why
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
         self._evicted: dict[str, int] = {}  # path -> seq of the last eviction at or below it
+        self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
         self.seq = 0
         self.online = True
 
@@ -154,6 +171,10 @@ class SpokeNamespace(Namespace):
                 self._set_online(False)
                 await asyncio.sleep(RETRY)
                 continue
+            except LoomError as exc:  # say a hub shutting down: the lease lapses meanwhile
+                log.warning("the change feed failed: %s", exc)
+                await asyncio.sleep(RETRY)
+                continue
             self._set_online(True)
             for change in feed.changes:
                 self.apply_change(change)
@@ -180,7 +201,7 @@ class SpokeNamespace(Namespace):
         if change.op is ChangeOp.EVICT:
             # a placement policy may no longer let this site hold it: gone now, even the
             # versions being read (their open descriptors finish; nothing stays on disk)
-            dropped = self.cache.invalidate(change.path, below=True, busy=True)
+            dropped = self.cache.invalidate(change.path, below=True, evict=True)
             EVICTED.inc(dropped)
             self._evicted[change.path] = change.seq
             log.info("evicted by placement policy", extra={"path": change.path, "files": dropped})
@@ -292,9 +313,14 @@ class SpokeNamespace(Namespace):
         self._opening[path] = opening
         asked_at = self.seq
         try:
-            async with await self.hub.read(who, path, start, want) as reader:
-                data = await reader.read_all()
-                entry = reader.entry
+            if self.cache.chunks is not None:
+                # with chunks: the entry and its map (small files: their bytes) come first,
+                # then only the chunks this spoke holds nowhere
+                entry, data, start = await self._open_chunked(path, asked_at), b"", 0
+            else:
+                async with await self.hub.read(who, path, start, want) as reader:
+                    data = await reader.read_all()
+                    entry = reader.entry
             if data and not self._evicted_since(path, asked_at):
                 await self.cache.store(path, entry.version, entry.size, start, data)
         except Exception as exc:
@@ -313,6 +339,18 @@ class SpokeNamespace(Namespace):
         """Whether a placement eviction covering ``path`` arrived after ``seq``: bytes
         the hub sent before it are for the reader that asked, not for the cache."""
         return any(at > seq and paths.is_within(path, top) for top, at in self._evicted.items())
+
+    async def _open_chunked(self, path: str, asked_at: int) -> Entry:
+        assert self.cache.chunks is not None
+        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE)
+        entry = opened.entry
+        if self._evicted_since(path, asked_at):
+            return entry  # the answer serves this open; the cache keeps nothing of it
+        if opened.whole:
+            await self.cache.store(path, entry.version, entry.size, 0, opened.whole)
+        elif opened.chunk_map is not None:
+            self.cache.set_map(path, entry.version, entry.size, opened.chunk_map)
+        return entry
 
     def _newest_cached(self, path: str) -> Entry | None:
         """After a restart with the link down, the cache itself says what it holds."""
@@ -403,29 +441,68 @@ class SpokeNamespace(Namespace):
         mode: int | None = None,
     ) -> Entry:
         path = self._inside(path)
-        base = await self._base_version(who, path)
-        seq, spool = self.journal.reserve()
-        try:
+        async with self._write_lease(who, path):
+            base = await self._base_version(who, path)
+            seq, spool = self.journal.reserve()
             try:
-                async for chunk in data:
-                    await asyncio.to_thread(spool.write, chunk)
-            finally:
-                await asyncio.to_thread(spool.close)
-            pending = Pending(
-                seq, path, base, if_version, exclusive, mode, time.time_ns(),
-                early=self.write_back or not self.online, sealed=self.journal.sealed,
-            )  # fmt: skip
-            pending = await asyncio.to_thread(self.journal.commit, pending)
-        except BaseException:
-            self.journal.discard(seq)
-            raise
-        if pending.early:
+                try:
+                    async for chunk in data:
+                        await asyncio.to_thread(spool.write, chunk)
+                finally:
+                    await asyncio.to_thread(spool.close)
+                pending = Pending(
+                    seq, path, base, if_version, exclusive, mode, time.time_ns(),
+                    early=self.write_back or not self.online, sealed=self.journal.sealed,
+                )  # fmt: skip
+                pending = await asyncio.to_thread(self.journal.commit, pending)
+            except BaseException:
+                self.journal.discard(seq)
+                raise
+            if pending.early:
+                self._wake.set()
+                return self._pending_entry(pending)
+            waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+            self._waiters[seq] = waiter
             self._wake.set()
-            return self._pending_entry(pending)
-        waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        self._waiters[seq] = waiter
-        self._wake.set()
-        return await waiter
+            return await waiter
+
+    @contextlib.asynccontextmanager
+    async def _write_lease(self, who: Principal, path: str) -> AsyncIterator[None]:
+        """Hold the hub's write lease of ``path`` while a write streams in and commits, so
+        a writer at another site is refused at once. Offline there is none to take: the
+        write is journaled and replayed with its version precondition instead."""
+        held = self._writing.get(path)
+        if held is None:
+            try:
+                term = await self.lease_write(who, path)
+            except BackendUnavailable:
+                yield
+                return
+            held = self._writing[path] = _Held(asyncio.create_task(self._renew(who, path, term)))
+        held.writers += 1
+        try:
+            yield
+        finally:
+            held.writers -= 1
+            if not held.writers:
+                del self._writing[path]
+                held.renewer.cancel()
+                with contextlib.suppress(LoomError):
+                    await self.release_write(who, path)
+
+    async def _renew(self, who: Principal, path: str, term: float) -> None:
+        while True:
+            await asyncio.sleep(term / 3)
+            try:
+                term = await self.lease_write(who, path)
+            except LoomError as exc:  # the commit's precondition still guards the write
+                log.warning("could not renew a write lease: %s", exc, extra={"path": path})
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        return await self.hub.lease_write(who, self._inside(path))
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        await self.hub.release_write(who, self._inside(path))
 
     async def _base_version(self, who: Principal, path: str) -> int | None:
         """The hub version a write replaces (None: a new file); offline, the last one seen."""
@@ -449,21 +526,28 @@ class SpokeNamespace(Namespace):
     async def sync(self) -> None:
         """Wait until every journaled write is committed at the hub (bound it with
         ``asyncio.timeout`` where the link may stay down); raise the hub's refusal of the
-        first write it will not take (the write stays journaled)."""
+        first write it will not take as things stand (``_FINAL``: a placement policy, a
+        directory gone); the write stays journaled and retried. Other refusals (a hub
+        shutting down) are waited through."""
         await self._drain()
         for pending in self.journal:
             stuck = self._stuck.get(pending.seq)
-            if isinstance(stuck, LoomError):
+            if isinstance(stuck, _FINAL):
                 raise type(stuck)(
                     f"a journaled write of {pending.path} is kept, but the hub refuses it: {stuck}",
                     path=pending.path,
                 ) from stuck
-            if stuck is not None:
-                raise stuck
 
     async def _drain(self) -> None:
-        """Wait until every journaled write is committed or refused."""
-        while any(p.seq not in self._stuck for p in self.journal):
+        """Wait until every journaled write is committed, finally refused, or waits behind
+        an earlier finally refused write of its path (it never overtakes that)."""
+        while True:
+            first_final: dict[str, int] = {}
+            for p in self.journal:
+                if isinstance(self._stuck.get(p.seq), _FINAL):
+                    first_final.setdefault(p.path, p.seq)
+            if all(first_final.get(p.path, p.seq + 1) <= p.seq for p in self.journal):
+                return
             self._wake.set()
             await asyncio.sleep(0.05)
 
@@ -473,16 +557,21 @@ class SpokeNamespace(Namespace):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            blocked: set[str] = set()  # paths whose earliest write is stuck
             for seq in [p.seq for p in self.journal]:
                 pending = self.journal.get(seq)  # as of now: an earlier commit may rebase it
                 if pending is None:
+                    continue
+                if pending.path in blocked:  # never overtakes an earlier write of its path
+                    self._release_early(pending)
                     continue
                 waiter = self._waiters.get(pending.seq)
                 try:
                     entry = await self._commit(pending, waiting=waiter is not None)
                 except BackendUnavailable:
                     self._set_online(False)
-                    self._release_early(pending)
+                    for waiting in list(self.journal):  # none of them can commit for now
+                        self._release_early(waiting)
                     asyncio.get_running_loop().call_later(RETRY, self._wake.set)
                     break
                 except Exception as exc:
@@ -490,17 +579,20 @@ class SpokeNamespace(Namespace):
                         del self._waiters[pending.seq]
                         self.journal.remove(pending)
                         waiter.set_exception(exc)
-                    elif pending.seq not in self._stuck:
+                    else:
                         # acknowledged, and the hub refuses it (say its directory is gone,
-                        # or a placement policy keeps this site out): it stays journaled,
-                        # and reported by the log and by sync(), until someone resolves it
-                        log.error("a journaled write cannot be committed: %s", exc,
-                                  extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
+                        # it is shutting down, or a placement policy keeps this site out):
+                        # it stays journaled, reported (the log, sync()) and retried
+                        if pending.seq not in self._stuck:
+                            log.error("a journaled write cannot be committed: %s", exc,
+                                      extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
                         self._stuck[pending.seq] = exc
+                        blocked.add(pending.path)
+                        asyncio.get_running_loop().call_later(STUCK_RETRY, self._wake.set)
                     continue
                 self._set_online(True)
                 if entry.path == pending.path:
-                    self.journal.rebase(pending.path, pending.base_version, entry.version)
+                    self.journal.rebase(pending, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
                 try:
                     if pending.sealed:  # opened frame by frame, sealed again as blocks
@@ -532,8 +624,9 @@ class SpokeNamespace(Namespace):
             return await self._keep_both(pending, exc)
 
     def _release_early(self, pending: Pending) -> None:
-        """The link went down under a waiting writer: its write is durable, so it is
-        acknowledged now and replayed like any early write."""
+        """A waiting writer whose write can't commit now (the link is down, or an earlier
+        write of its path is stuck): it is durable, so it is acknowledged now and replayed
+        like any early write."""
         waiter = self._waiters.pop(pending.seq, None)
         if waiter is not None:
             waiter.set_result(self._pending_entry(pending))
@@ -546,13 +639,45 @@ class SpokeNamespace(Namespace):
         else:  # acknowledged already: commit only over the version it was based on
             if_version, exclusive = pending.base_version, pending.base_version is None
         self.journal.mark_sending(pending)
-        return await self.hub.write(
-            SYSTEM,
+        return await self._send(
             pending.path,
-            self._journaled(pending),
+            pending,
             if_version=if_version,
             exclusive=exclusive,
             mode=pending.mode,
+        )
+
+    async def _send(
+        self,
+        path: str,
+        pending: Pending,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        """Upload one journaled write to ``path``: as chunks the hub lacks where the link
+        moves chunks and the file is not small, else (or if the hub could not assemble it)
+        its bytes. Either way the hub gets the plaintext (opened here where sealed)."""
+        chunks = self.cache.chunks
+        if chunks is not None and self.journal.size(pending) > SMALL_FILE:
+            try:
+                return await chunks.upload(
+                    path,
+                    partial(self.journal.open_plain, pending),
+                    if_version=if_version,
+                    exclusive=exclusive,
+                    mode=mode,
+                )
+            except CorruptData as exc:
+                log.warning("chunked upload failed; sending the file whole: %s", exc)
+        return await self.hub.write(
+            SYSTEM,
+            path,
+            self._journaled(pending),
+            if_version=if_version,
+            exclusive=exclusive,
+            mode=mode,
         )
 
     async def _holds(self, path: str, pending: Pending) -> bool:
@@ -587,7 +712,7 @@ class SpokeNamespace(Namespace):
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
         try:
-            return await self.hub.write(SYSTEM, name, self._journaled(pending), exclusive=True)
+            return await self._send(name, pending, exclusive=True)
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer
                 return await self.hub.stat(SYSTEM, name)

@@ -126,6 +126,48 @@ def read_frame(fd: int, cipher: BlockCipher, context: bytes, idx: int) -> bytes:
     return cipher.open(context, os.pread(fd, SLOT, idx * SLOT))
 
 
+class SealedFile:
+    """A file of sealed frames read as its plaintext, sequentially (``readinto``) or at
+    any offset (``pread``); one opened frame is kept. Synchronous, for a worker thread."""
+
+    def __init__(self, path: Path, cipher: BlockCipher, context: Callable[[int], bytes]) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._cipher = cipher
+        self._context = context
+        self.size = sealed_size(os.fstat(self._fd).st_size)
+        self._pos = 0
+        self._frame: tuple[int, bytes] = (-1, b"")
+
+    def _open(self, idx: int) -> bytes:
+        if self._frame[0] != idx:
+            self._frame = (idx, read_frame(self._fd, self._cipher, self._context(idx), idx))
+        return self._frame[1]
+
+    def pread(self, length: int, offset: int, /) -> bytes:
+        end = min(offset + length, self.size)
+        parts: list[bytes] = []
+        at = offset
+        while at < end:
+            idx, skip = divmod(at, FRAME)
+            piece = self._open(idx)[skip : skip + end - at]
+            if not piece:
+                raise CorruptData("a sealed file ended early")
+            parts.append(piece)
+            at += len(piece)
+        return b"".join(parts)
+
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        data = self.pread(len(buffer), self._pos)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class SealedSource(ByteSource):
     """A range of a sealed file, opened a frame at a time as it is read: no ``region``,
     so no sendfile. ``frame(idx)`` returns the plaintext of frame ``idx``."""

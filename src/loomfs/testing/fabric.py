@@ -19,7 +19,6 @@ from ..config import Config
 from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
 from ..fabric.server import FabricServer
-from ..hub.placement import PlacedNamespace
 from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
@@ -40,6 +39,7 @@ class Fabric:
     links: dict[str, LinkEmulator] = field(default_factory=dict)
     spokes: dict[str, SpokeNamespace] = field(default_factory=dict)
     ciphers: dict[str, BlockCipher] = field(default_factory=dict)  # spokes sealing their cache
+    runner: web.AppRunner | None = None
 
     @property
     def first(self) -> str:
@@ -64,11 +64,53 @@ class Fabric:
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
+        client = self.client(name)
         cache = Cache(
-            self.tmp / f"{name}-cache", capacity or self.capacity, cipher=self.ciphers.get(name)
+            self.tmp / f"{name}-cache",
+            capacity or self.capacity,
+            link=client,
+            cipher=self.ciphers.get(name),  # the same key across restarts
         )
-        self.spokes[name] = SpokeNamespace(self.client(name), cache, ["/vol"], site=name)
+        self.spokes[name] = SpokeNamespace(client, cache, ["/vol"], site=name)
         return self.spokes[name]
+
+    async def serve_hub(self) -> None:
+        """Serve the fabric link on ``port`` (0: a free one, remembered), through the
+        hub's placement wrapper as the hub service serves it."""
+        trusted = {n: i.cert_pem for n, i in self.ids.items()}
+        server = FabricServer(
+            self.hub.placed, self.hub, self.hub_id, trusted, chunks=self.hub.chunks
+        )
+        self.runner = web.AppRunner(server.app())
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
+        await site.start()
+        self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+    async def stop_hub(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        await self.hub.stop()
+
+    async def restart_hub(self) -> None:
+        """Stop the hub and start a new one over the same catalog, volume and port; the
+        spokes' connections drop, as when a hub process dies."""
+        await self.stop_hub()
+        self.hub = HubService(self.hub.config)
+        await self.hub.start()
+        await self.serve_hub()
+
+    async def restart_spoke(self, name: str) -> SpokeNamespace:
+        """A spoke that dies without an orderly shutdown and starts again over its cache
+        and journal."""
+        old = self.spokes[name]
+        for task in old._tasks:
+            task.cancel()
+        await old.hub.close()
+        spoke = self.new_spoke(name)
+        await spoke.start()
+        return spoke
 
 
 @contextlib.asynccontextmanager
@@ -97,7 +139,6 @@ async def fabric(
         )
     )
     await hub.start()
-    runner: web.AppRunner | None = None
     made: Fabric | None = None
     try:
         await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
@@ -107,24 +148,14 @@ async def fabric(
             name: SiteIdentity.create(tmp / f"{name}-id", name, labels=labels.get(name))
             for name in spokes
         }
-        for name in labels:
+        for name in labels:  # pinned in the catalog: a restarted hub still knows them
             await SiteRegistry(hub.catalog).add(ids[name].cert_pem)
-        server = FabricServer(
-            PlacedNamespace(hub.namespace, hub.placement),
-            hub,
-            hub_id,
-            {n: i.cert_pem for n, i in ids.items()},
-        )
-        runner = web.AppRunner(server.app())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server.ssl_context())
-        await site.start()
-        port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        made = Fabric(hub, hub_id, port, volume, tmp, capacity, ids)
+        made = Fabric(hub, hub_id, 0, volume, tmp, capacity, ids)
         made.ciphers = {n: BlockCipher(os.urandom(KEY_BYTES)) for n in sealed}
+        await made.serve_hub()
         for name in spokes:
             made.links[name] = await LinkEmulator(
-                "127.0.0.1", port, rate=rate, latency=latency
+                "127.0.0.1", made.port, rate=rate, latency=latency
             ).start()
             await made.new_spoke(name).start()
         yield made
@@ -134,6 +165,6 @@ async def fabric(
                 await spoke.close()
             for link in made.links.values():
                 await link.stop()
-        if runner is not None:
-            await runner.cleanup()
-        await hub.stop()
+            await made.stop_hub()
+        else:
+            await hub.stop()
