@@ -35,19 +35,22 @@ from .chunks.metrics import REPORTED, summarize
 from .config import Config, load_config
 from .core.audit import AuditReader, archive, load_key, parse_anchor
 from .core.catalog.base import Catalog
+from .core.placement import Policy, PolicyStore
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry, parse_labels
 from .core.types import SYSTEM, Entry
 from .core.users import AccessKey, UserRegistry
-from .errors import LoomError, NotFound
+from .errors import BackendUnavailable, LoomError, NotFound
 from .fabric.identity import SiteIdentity, fingerprint
 from .log import setup_logging
 from .namespace.base import Namespace
 from .rest.client import RestNamespace
 from .rest.wire import entry_json
 from .service import HubService, SpokeService
+from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
+R = TypeVar("R")
 console = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
 WHO = SYSTEM  # the REST server decides who the caller is; the client sends no identity yet
@@ -602,30 +605,49 @@ def site() -> None:
 @click.option("--name", required=True, help="This site's name (it goes in the certificate).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, e.g. region=us-west.")
 @click.option("--host", "hosts", multiple=True, help="A name or address this site is reached by.")
+@click.option("--cache-key", is_flag=True, help="Also a key sealing this spoke's cache at rest.")
 @click.pass_context
 def site_init(
-    ctx: click.Context, name: str, labels: tuple[str, ...], hosts: tuple[str, ...]
+    ctx: click.Context,
+    name: str,
+    labels: tuple[str, ...],
+    hosts: tuple[str, ...],
+    cache_key: bool,
 ) -> None:
     """Create this site's key and self-signed certificate (give the .pem to the other side)."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     try:
         identity = SiteIdentity.create(state.config.identity_dir, name, hosts, parse_labels(labels))
+        key_file = state.config.spoke.cache_key_file or state.config.identity_dir / "cache.key"
+        if cache_key:
+            load_cache_key(key_file, create=True)
     except LoomError as exc:
         console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
         sys.exit(1)
     out.print(f"site {identity.name}: certificate {identity.cert_path}")
     out.print(f"fingerprint {fingerprint(identity.cert_pem)}")
+    if cache_key:
+        out.print(f"cache key {key_file} (mode 0600)")
+        if state.config.spoke.cache_key_file is None:
+            out.print(f'seal the cache with it: [spoke] cache_key_file = "{key_file}"')
+
+
+async def _with_catalog(
+    ctx: click.Context, over: Callable[[Catalog], R], fn: Callable[[R], Coroutine[Any, Any, T]]
+) -> T:
+    """Run ``fn`` over a registry (sites, policies) of the site catalog, opened for it."""
+    catalog, _ = registry(ctx)
+    await catalog.open()
+    try:
+        return await fn(over(catalog))
+    finally:
+        await catalog.close()
 
 
 async def _with_sites(
     ctx: click.Context, fn: Callable[[SiteRegistry], Coroutine[Any, Any, T]]
 ) -> T:
-    catalog, _ = registry(ctx)
-    await catalog.open()
-    try:
-        return await fn(SiteRegistry(catalog))
-    finally:
-        await catalog.close()
+    return await _with_catalog(ctx, SiteRegistry, fn)
 
 
 @site.command("add")
@@ -685,6 +707,9 @@ def spoke() -> None:
 @click.option("--write-back", is_flag=True, default=None, help="Acknowledge writes once journaled.")
 @click.option("--listen", help="HOST:PORT of this spoke's REST API.")
 @click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.option(
+    "--cache-key-file", type=click.Path(path_type=Path), help="Seal the cache with this key."
+)
 @click.pass_context
 def spoke_serve(
     ctx: click.Context,
@@ -696,6 +721,7 @@ def spoke_serve(
     write_back: bool | None,
     listen: str | None,
     ready_file: Path | None,
+    cache_key_file: Path | None,
 ) -> None:
     """Attach exports of a hub and serve them here (options override [spoke] in the config)."""
     given = {
@@ -706,6 +732,7 @@ def spoke_serve(
         "cache_size": cache_size,
         "write_back": write_back,
         "listen": listen,
+        "cache_key_file": cache_key_file,
     }
     _serve(
         ctx, {"spoke": {k: v for k, v in given.items() if v is not None}}, ready_file, spoke=True
@@ -743,6 +770,7 @@ async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -
     out.print(
         f"{stats['files']:,} files, {stats['bytes']:,} bytes cached; "
         f"{stats['fetched']:,} bytes fetched now"
+        + (f"; {stats['refused']:,} files refused by placement" if stats.get("refused") else "")
     )
 
 
@@ -864,6 +892,86 @@ async def _mount(
             await ns.close()
         if ready_file is not None:
             ready_file.unlink(missing_ok=True)
+
+
+# -- placement policies ------------------------------------------------------------------
+
+
+@main.group()
+def policy() -> None:
+    """Residency: which sites (by label) may hold or receive the data of which paths."""
+
+
+async def _with_policies(
+    ctx: click.Context, fn: Callable[[PolicyStore], Coroutine[Any, Any, T]]
+) -> T:
+    return await _with_catalog(ctx, PolicyStore, fn)
+
+
+@policy.command("add")
+@click.argument("name")
+@click.option("--paths", "globs", multiple=True, required=True, help="A path glob, /a/b/**.")
+@click.option("--tag", help="KEY=VALUE: files with this tag are covered too, wherever they are.")
+@click.option(
+    "--allow-sites", "allow", multiple=True, required=True, help="A site label KEY=VALUE (any)."
+)
+@click.option(
+    "--metadata",
+    type=click.Choice(["visible", "hidden"]),
+    default="visible",
+    help="Whether refused sites see names and sizes (visible) or nothing (hidden).",
+)
+@click.pass_context
+@run
+async def policy_add(
+    ctx: click.Context,
+    name: str,
+    globs: tuple[str, ...],
+    tag: str | None,
+    allow: tuple[str, ...],
+    metadata: str,
+) -> None:
+    """Add (or replace) policy NAME; returns once every spoke that may no longer hold its
+    data has evicted it (the hub at --hub confirms)."""
+    rule = Policy.build(name, globs, allow, tag, metadata)
+    seq = await _with_policies(ctx, lambda store: store.put(rule))
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    hub = RestNamespace(state.hub)
+    try:
+        await hub.settle(seq)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(
+            f"policy {name} is stored, but no spoke's eviction is confirmed: {exc}"
+        ) from None
+    finally:
+        await hub.close()
+    out.print(f"policy {name} in force; spokes it refuses hold none of its data")
+
+
+@policy.command("list")
+@click.pass_context
+@run
+async def policy_list(ctx: click.Context) -> None:
+    """The placement policies of this hub."""
+    table = Table("policy", "paths", "tag", "allowed sites", "metadata")
+    for p in await _with_policies(ctx, lambda store: store.list()):
+        table.add_row(
+            p.name,
+            " ".join(p.paths),
+            "" if p.tag is None else "=".join(p.tag),
+            " ".join(f"{k}={v}" for k, v in p.allow),
+            p.metadata.value,
+        )
+    out.print(table)
+
+
+@policy.command("remove")
+@click.argument("name")
+@click.pass_context
+@run
+async def policy_remove(ctx: click.Context, name: str) -> None:
+    """Remove policy NAME (a loosening: nothing to evict)."""
+    await _with_policies(ctx, lambda store: store.remove(name))
 
 
 # -- status ------------------------------------------------------------------------------

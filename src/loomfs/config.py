@@ -96,6 +96,8 @@ class SpokeSection(_Section):
     write_back: bool = False
     #: where this spoke serves the REST API (the same API as a hub's)
     listen: str = "127.0.0.1:7071"
+    #: 32-byte key sealing the cache at rest (AES-GCM); created on first start if missing
+    cache_key_file: Path | None = None
 
 
 class AuditSection(_Section):

@@ -28,6 +28,7 @@ from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
+from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
@@ -39,6 +40,7 @@ from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
+from .hub.placement import PlacedNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .protocols.s3 import S3Gateway
@@ -46,6 +48,8 @@ from .rest.client import RestNamespace
 from .rest.server import RestServer
 from .spoke.cache import Cache
 from .spoke.namespace import SpokeNamespace
+from .spoke.sealed import BlockCipher
+from .spoke.sealed import load_key as load_cache_key
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +64,21 @@ class HubService:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.catalog: Catalog = open_catalog(config.catalog_url)
+        self.placement = PlacementAuthorizer(
+            self.catalog, SiteRegistry(self.catalog), config.site.name
+        )
         self.namespace = HubNamespace(
             self.catalog,
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
+            self.placement,
         )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.chunks = HubChunks(self.namespace, config.site.data_dir / "chunk-staging")
+        #: the namespace as spokes reach it: placement policies decide first
+        self.placed = PlacedNamespace(self.namespace, self.placement)
+        self.chunks = HubChunks(
+            self.namespace, config.site.data_dir / "chunk-staging", gate=self.placed
+        )
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
         #: from ``start`` on, so the namespace can be given it before the hub starts
         self.audit: AuditLog | None = None
@@ -218,11 +230,19 @@ class HubService:
         deadline = time.monotonic() + wait
         while True:
             changes = await self.catalog.changes(since, limit)
+            if site is not None:  # what a placement policy hides from it, it doesn't learn
+                changes = await self.placement.redact(site, changes)
             if changes or time.monotonic() >= deadline or gone():
                 return Feed(changes, await self.catalog.head_seq(), lease)
             # the catalog may be written by other processes: polling it is the one signal
             # that sees them all, and it is a single indexed read
             await asyncio.sleep(FEED_POLL)
+
+    async def settle(self, seq: int) -> None:
+        """Return once every leased spoke applied change ``seq`` (say a policy's evictions,
+        logged by another process), with this hub already deciding by that policy."""
+        await self.placement.reload(force=True)
+        await self.namespace.leases.settle(seq)
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -263,7 +283,7 @@ class HubService:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
         fabric = FabricServer(
-            self.namespace,
+            self.placed,  # residency: every spoke request passes the placement policies
             self,
             identity,
             await sites.trusted(),
@@ -386,10 +406,14 @@ class SpokeService:
         except OSError as exc:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
         client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
+        cipher = None
+        if spoke.cache_key_file is not None:
+            cipher = BlockCipher(load_cache_key(spoke.cache_key_file, create=True))
         cache = Cache(
             spoke.cache_dir or config.site.data_dir / "cache",
             parse_size(spoke.cache_size),
             link=client,
+            cipher=cipher,
         )
         self.namespace = SpokeNamespace(
             client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back

@@ -66,6 +66,7 @@ class ChangeOp(enum.StrEnum):
     META = "meta"  # mode, owner, mtime or tags changed; content version unchanged
     DELETE = "delete"  # the path and everything below it is gone
     RENAME = "rename"  # path moved to new_path, with everything below it
+    EVICT = "evict"  # a placement policy tightened: sites drop cached data at and below path
 
 
 @dataclass(frozen=True, slots=True)

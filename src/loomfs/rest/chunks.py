@@ -80,7 +80,7 @@ class ChunkRoutes:
         return web.Response(body=body, headers=headers, content_type="application/octet-stream")
 
     async def frames(self, request: web.Request) -> web.StreamResponse:
-        self.server.principal(request)  # authenticates the caller
+        who = self.server.principal(request)  # authenticates the caller
         body = await _body(request)
         ids = _ids(body.get("ids"))
         at = body.get("at") or [None] * len(ids)
@@ -98,7 +98,7 @@ class ChunkRoutes:
             held = (base["path"], base["version"])
         wanted = [Wanted(i, a) for i, a in zip(ids, at, strict=True)]
         transfer = Transfer("hub", "down", "(batch)")
-        records = self.chunks.frames(wanted, held, transfer)
+        records = self.chunks.frames(wanted, held, transfer, who=who)
         first = await anext(records, None)  # errors before the status goes out stay clean
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         await response.prepare(request)
@@ -115,9 +115,9 @@ class ChunkRoutes:
         return response
 
     async def missing(self, request: web.Request) -> web.Response:
-        self.server.principal(request)
+        who = self.server.principal(request)
         ids = _ids((await _body(request)).get("ids"))
-        lacking = await self.chunks.missing(ids)
+        lacking = await self.chunks.missing(ids, who)
         return web.json_response({"missing": [i.hex() for i in lacking]})
 
     async def upload(self, request: web.Request) -> web.Response:

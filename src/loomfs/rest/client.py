@@ -288,6 +288,10 @@ class RestNamespace(FeedNamespace, ChunkLink):
         response = await self._request("POST", f"{wire.API}/sync")
         response.release()
 
+    async def settle(self, seq: int) -> None:
+        """Wait until every spoke leased by the hub applied change ``seq``."""
+        await self._json("POST", f"{wire.API}/settle", json={"seq": seq})
+
     async def remove_volume(self, mount: str) -> None:
         response = await self._request("DELETE", f"{wire.API}/volumes", params={"mount": mount})
         response.release()

@@ -242,6 +242,13 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/settle": {
+                "post": _op(
+                    "At a hub: wait until every leased spoke applied a change (say an eviction)",
+                    {"200": _json_ok({"type": "object"})},
+                    requestBody=_json_body(["seq"], seq={"type": "integer"}),
+                ),
+            },
             "/v1/warm": {
                 "post": _op(
                     "At a spoke: fetch a tree into the cache ahead of reads (progress lines)",

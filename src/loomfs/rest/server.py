@@ -64,6 +64,8 @@ class VolumeAdmin(Protocol):
         gone: Callable[[], bool] = ...,
     ) -> Feed: ...
 
+    async def settle(self, seq: int) -> None: ...
+
 
 class Reportable(Protocol):
     def as_dict(self) -> dict[str, Any]: ...
@@ -169,6 +171,7 @@ class RestServer:
             app.router.add_post(f"{wire.API}/volumes", self.add_volume)
             app.router.add_post(f"{wire.API}/volumes/rescan", self.rescan)
             app.router.add_delete(f"{wire.API}/volumes", self.remove_volume)
+            app.router.add_post(f"{wire.API}/settle", self.settle)
         if self.spoke is not None:
             app.router.add_post(f"{wire.API}/warm", self.warm)
             app.router.add_post(f"{wire.API}/sync", self.sync)
@@ -399,6 +402,15 @@ class RestServer:
             raise InvalidArgument("removing a volume needs ?mount=")
         await self.admin.remove_volume(mount)
         return web.Response(status=204)
+
+    async def settle(self, request: web.Request) -> web.Response:
+        """Wait until leased spokes applied a change (``loomfs policy`` waits here)."""
+        assert self.admin is not None
+        seq = (await _body(request)).get("seq")
+        if type(seq) is not int or seq < 0:
+            raise InvalidArgument("settling needs 'seq', a change-log sequence number")
+        await self.admin.settle(seq)
+        return _json({"settled": seq})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
         assert self.spoke is not None

@@ -8,19 +8,22 @@ or cut one spoke's link and count the bytes that crossed it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from ..config import Config
+from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
 from ..fabric.server import FabricServer
 from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
 from ..spoke.namespace import SpokeNamespace
+from ..spoke.sealed import KEY_BYTES, BlockCipher
 from .wan import LinkEmulator
 
 
@@ -35,6 +38,7 @@ class Fabric:
     ids: dict[str, SiteIdentity] = field(default_factory=dict)
     links: dict[str, LinkEmulator] = field(default_factory=dict)
     spokes: dict[str, SpokeNamespace] = field(default_factory=dict)
+    ciphers: dict[str, BlockCipher] = field(default_factory=dict)  # spokes sealing their cache
     runner: web.AppRunner | None = None
 
     @property
@@ -61,15 +65,21 @@ class Fabric:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
         client = self.client(name)
-        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity, link=client)
+        cache = Cache(
+            self.tmp / f"{name}-cache",
+            capacity or self.capacity,
+            link=client,
+            cipher=self.ciphers.get(name),  # the same key across restarts
+        )
         self.spokes[name] = SpokeNamespace(client, cache, ["/vol"], site=name)
         return self.spokes[name]
 
     async def serve_hub(self) -> None:
-        """Serve the fabric link on ``port`` (0: a free one, remembered)."""
+        """Serve the fabric link on ``port`` (0: a free one, remembered), through the
+        hub's placement wrapper as the hub service serves it."""
         trusted = {n: i.cert_pem for n, i in self.ids.items()}
         server = FabricServer(
-            self.hub.namespace, self.hub, self.hub_id, trusted, chunks=self.hub.chunks
+            self.hub.placed, self.hub, self.hub_id, trusted, chunks=self.hub.chunks
         )
         self.runner = web.AppRunner(server.app())
         await self.runner.setup()
@@ -112,7 +122,12 @@ async def fabric(
     lease_ttl: float = 3.0,
     rate: float | None = None,
     latency: float = 0.001,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+    sealed: Sequence[str] = (),
 ) -> AsyncIterator[Fabric]:
+    """``labels`` gives spokes labels in their certificates; those spokes are pinned in the
+    hub's site registry too, which placement policies read. ``sealed`` names the spokes whose
+    cache is encrypted at rest, each with a key of its own."""
     volume = tmp / "volume"
     volume.mkdir(parents=True)
     hub = HubService(
@@ -128,8 +143,15 @@ async def fabric(
     try:
         await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
         hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
-        ids = {name: SiteIdentity.create(tmp / f"{name}-id", name) for name in spokes}
+        labels = labels or {}
+        ids = {
+            name: SiteIdentity.create(tmp / f"{name}-id", name, labels=labels.get(name))
+            for name in spokes
+        }
+        for name in labels:  # pinned in the catalog: a restarted hub still knows them
+            await SiteRegistry(hub.catalog).add(ids[name].cert_pem)
         made = Fabric(hub, hub_id, 0, volume, tmp, capacity, ids)
+        made.ciphers = {n: BlockCipher(os.urandom(KEY_BYTES)) for n in sealed}
         await made.serve_hub()
         for name in spokes:
             made.links[name] = await LinkEmulator(

@@ -165,6 +165,18 @@ def _migrations(d: Dialect) -> list[str]:
         );
         CREATE INDEX chunk_index_entry ON chunk_index (entry_id)
         """,
+        # migration 5 (4 is the chunk tables): residency and placement policies
+        # (loomfs.core.placement); the 'placement' counter is their generation, which every
+        # hub process polls to reload them
+        f"""
+        CREATE TABLE placement_policies (
+            name {d.text} PRIMARY KEY,
+            spec TEXT NOT NULL,
+            updated_ns BIGINT NOT NULL
+        );
+        INSERT INTO counters (name, value) VALUES ('placement', 0);
+        CREATE INDEX entries_inode ON entries (inode)
+        """,
     ]
 
 
