@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from .errors import ConfigError
 
@@ -43,6 +43,9 @@ class HubSection(_Section):
     watch: bool = True
     #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke
     lease_ttl: float = 15.0
+    #: REST callers without credentials act as user "anonymous" (only open paths allow
+    #: them anything); false: every REST request needs HTTP Basic credentials
+    anonymous: bool = True
 
 
 class S3Section(_Section):
@@ -60,6 +63,10 @@ class S3Section(_Section):
 
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
+    #: credentials the CLI sends (HTTP Basic); env LOOMFS_ACCESS_KEY / LOOMFS_SECRET_KEY
+    #: win. Unset: the CLI is the anonymous caller.
+    access_key: str | None = None
+    secret_key: SecretStr | None = None
 
 
 class LogSection(_Section):
@@ -85,6 +92,8 @@ class SpokeSection(_Section):
     write_back: bool = False
     #: where this spoke serves the REST API (the same API as a hub's)
     listen: str = "127.0.0.1:7071"
+    #: as [hub] anonymous, for this spoke's REST API (credentials are checked by the hub)
+    anonymous: bool = True
 
 
 class Config(_Section):

@@ -24,6 +24,7 @@ from prometheus_client import Counter, Gauge
 
 from . import paths
 from .config import Config, host_port, parse_size
+from .core.acl import AclAuthorizer
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
@@ -38,7 +39,9 @@ from .hub.assimilate import ScanStats, path_of
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
+from .namespace.governed import GovernedNamespace
 from .protocols.s3 import S3Gateway
+from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
 from .rest.server import RestServer
 from .spoke.cache import Cache
@@ -61,6 +64,10 @@ class HubService:
             self.catalog,
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
         )
+        # what every protocol gets: the namespace behind authorization and audit (volume
+        # administration and the hub's own machinery use the inner one)
+        self.authorizer = AclAuthorizer(self.catalog)
+        self.governed = GovernedNamespace(self.namespace, [self.authorizer], audit=None)
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -209,7 +216,7 @@ class HubService:
     def s3_gateway(self) -> S3Gateway:
         s3 = self.config.s3
         return S3Gateway(
-            self.namespace,
+            self.governed,
             UserRegistry(self.catalog),
             s3.buckets,
             staging=self.config.site.data_dir / "s3-uploads",
@@ -220,12 +227,21 @@ class HubService:
             max_part_size=s3.max_part_size,
         )
 
+    def authenticator(self) -> RegistryAuthenticator:
+        return RegistryAuthenticator(
+            UserRegistry(self.catalog),
+            site=self.config.site.name,
+            anonymous=self.config.hub.anonymous,
+        )
+
     async def serve(self, ready_file: Path | None = None) -> None:
         """Run until SIGTERM or SIGINT, then stop cleanly; the S3 gateway too when
         ``[s3] listen`` is set, and the fabric link for spokes when ``[fabric] listen`` is."""
         await self.start()
         try:
-            server = RestServer(self.namespace, self, site=self.config.site.name)
+            server = RestServer(
+                self.governed, self, site=self.config.site.name, authenticate=self.authenticator()
+            )
             listeners = [Listener("url", server.app(), self.config.listen_host_port)]
             if self.config.s3.listen:
                 listen = host_port(self.config.s3.listen, "s3.listen")
@@ -241,7 +257,10 @@ class HubService:
     async def _fabric_server(self) -> FabricServer:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
-        fabric = FabricServer(self.namespace, self, identity, await sites.trusted())
+        fabric = FabricServer(
+            self.governed, self, identity, await sites.trusted(),
+            users=UserRegistry(self.catalog), groups_of=self.authorizer.groups_of,
+        )  # fmt: skip
 
         async def follow_trust() -> None:
             while True:  # pins and revocations made with `loomfs site` take effect here
@@ -306,7 +325,10 @@ class SpokeService:
             hub_cert = spoke.hub_cert.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
-        client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
+        client = RestNamespace(
+            spoke.hub, ssl_context=identity.client_context(hub_cert), forward=True
+        )
+        self.authenticate = HubAuthenticator(client, site=identity.name, anonymous=spoke.anonymous)
         cache = Cache(
             spoke.cache_dir or config.site.data_dir / "cache", parse_size(spoke.cache_size)
         )
@@ -317,7 +339,12 @@ class SpokeService:
     async def serve(self, ready_file: Path | None = None) -> None:
         try:
             await self.namespace.start()
-            server = RestServer(self.namespace, spoke=self.namespace, site=self.namespace.site)
+            server = RestServer(
+                self.namespace,
+                spoke=self.namespace,
+                site=self.namespace.site,
+                authenticate=self.authenticate,
+            )
             listen = host_port(self.config.spoke.listen, "spoke.listen")
             await serve_until_signal([Listener("url", server.app(), listen)], ready_file, "spoke")
         finally:

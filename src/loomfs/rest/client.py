@@ -29,19 +29,30 @@ def _quoted(path: str) -> str:
 
 class RestNamespace(FeedNamespace):
     def __init__(
-        self, base_url: str, *, timeout: float = 300.0, ssl_context: ssl.SSLContext | None = None
+        self,
+        base_url: str,
+        *,
+        timeout: float = 300.0,
+        ssl_context: ssl.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
+        forward: bool = False,
     ) -> None:
+        """``credentials``: the (access key id, secret) to authenticate with (HTTP Basic);
+        none: the anonymous caller. ``forward``: send each call's user and protocol along,
+        as a spoke does over its mutual-TLS link (the hub trusts a site's word on them)."""
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
         self._ssl = ssl_context
+        self._auth = aiohttp.BasicAuth(*credentials) if credentials else None
+        self._forward = forward
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, auto_decompress=False, connector=connector
+                timeout=self._timeout, auto_decompress=False, connector=connector, auth=self._auth
             )
         return self._session
 
@@ -50,7 +61,16 @@ class RestNamespace(FeedNamespace):
             await self._session.close()
             self._session = None
 
-    async def _request(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+    async def _request(
+        self, method: str, url: str, *, who: Principal | None = None, **kwargs: Any
+    ) -> aiohttp.ClientResponse:
+        if self._forward and who is not None and who.protocol != "internal":
+            # a spoke's own calls (cache fills, its feed) go as the site itself
+            kwargs["headers"] = {
+                **kwargs.get("headers", {}),
+                wire.USER_HEADER: who.user,
+                wire.PROTOCOL_HEADER: who.protocol,
+            }
         try:
             response = await self.session.request(method, self.base_url + url, **kwargs)
         except aiohttp.ClientConnectionError as exc:
@@ -65,8 +85,10 @@ class RestNamespace(FeedNamespace):
             raise wire.error_from(response.status, body)
         return response
 
-    async def _json(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = await self._request(method, url, **kwargs)
+    async def _json(
+        self, method: str, url: str, *, who: Principal | None = None, **kwargs: Any
+    ) -> Any:
+        response = await self._request(method, url, who=who, **kwargs)
         async with response:
             return await response.json()
 
@@ -79,7 +101,7 @@ class RestNamespace(FeedNamespace):
     # -- the namespace API -----------------------------------------------------------------
 
     async def stat(self, who: Principal, path: str) -> Entry:
-        return wire.entry_from(await self._json("GET", f"{wire.API}/stat{_quoted(path)}"))
+        return wire.entry_from(await self._json("GET", f"{wire.API}/stat{_quoted(path)}", who=who))
 
     async def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
@@ -89,7 +111,9 @@ class RestNamespace(FeedNamespace):
             params["start_after"] = start_after
         if limit is not None:
             params["limit"] = str(limit)
-        response = await self._request("GET", f"{wire.API}/list{_quoted(path)}", params=params)
+        response = await self._request(
+            "GET", f"{wire.API}/list{_quoted(path)}", params=params, who=who
+        )
         async for line in self._lines(response):
             yield wire.entry_from(line)
 
@@ -114,7 +138,7 @@ class RestNamespace(FeedNamespace):
             headers["If-Match"] = f'"{if_version}"'
         try:
             response = await self._request(
-                "GET", f"{wire.API}/files{_quoted(path)}", headers=headers
+                "GET", f"{wire.API}/files{_quoted(path)}", headers=headers, who=who
             )
         except RangeNotSatisfiable:
             entry = await self.stat(who, path)  # reading past the end is empty, as locally
@@ -154,7 +178,9 @@ class RestNamespace(FeedNamespace):
         if mode is not None:
             headers["X-Loomfs-Mode"] = str(mode)
         return wire.entry_from(
-            await self._json("PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers)
+            await self._json(
+                "PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers, who=who
+            )
         )
 
     async def mkdir(
@@ -162,12 +188,12 @@ class RestNamespace(FeedNamespace):
     ) -> Entry:
         params = {"parents": str(parents).lower(), "exist_ok": str(exist_ok).lower()}
         return wire.entry_from(
-            await self._json("POST", f"{wire.API}/mkdir{_quoted(path)}", params=params)
+            await self._json("POST", f"{wire.API}/mkdir{_quoted(path)}", params=params, who=who)
         )
 
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         body = {"src": src, "dst": dst, "overwrite": overwrite}
-        return wire.entry_from(await self._json("POST", f"{wire.API}/rename", json=body))
+        return wire.entry_from(await self._json("POST", f"{wire.API}/rename", json=body, who=who))
 
     async def remove(
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
@@ -178,12 +204,15 @@ class RestNamespace(FeedNamespace):
             f"{wire.API}/files{_quoted(path)}",
             params={"recursive": str(recursive).lower()},
             headers=headers,
+            who=who,
         )
         response.release()
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
         return wire.entry_from(
-            await self._json("POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target})
+            await self._json(
+                "POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target}, who=who
+            )
         )
 
     async def set_attrs(
@@ -198,11 +227,11 @@ class RestNamespace(FeedNamespace):
     ) -> Entry:
         body = {"mode": mode, "uid": uid, "gid": gid, "mtime_ns": mtime_ns}
         return wire.entry_from(
-            await self._json("PATCH", f"{wire.API}/attrs{_quoted(path)}", json=body)
+            await self._json("PATCH", f"{wire.API}/attrs{_quoted(path)}", json=body, who=who)
         )
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
-        tags: dict[str, str] = await self._json("GET", f"{wire.API}/tags{_quoted(path)}")
+        tags: dict[str, str] = await self._json("GET", f"{wire.API}/tags{_quoted(path)}", who=who)
         return tags
 
     async def set_tags(
@@ -214,7 +243,7 @@ class RestNamespace(FeedNamespace):
     ) -> dict[str, str]:
         body = {"set": dict(set_), "remove": list(remove)}
         tags: dict[str, str] = await self._json(
-            "PATCH", f"{wire.API}/tags{_quoted(path)}", json=body
+            "PATCH", f"{wire.API}/tags{_quoted(path)}", json=body, who=who
         )
         return tags
 
@@ -285,3 +314,12 @@ class RestNamespace(FeedNamespace):
         return Feed(
             [wire.change_from(c) for c in data["changes"]], int(data["head"]), data.get("lease")
         )
+
+    async def whoami(self, credentials: tuple[str, str] | None = None) -> dict[str, Any]:
+        """Who the server takes this client for; with ``credentials``, for that pair (a
+        spoke checks its users' credentials with its hub this way)."""
+        kwargs: dict[str, Any] = {}
+        if credentials is not None:
+            kwargs["headers"] = {"Authorization": aiohttp.BasicAuth(*credentials).encode()}
+        found: dict[str, Any] = await self._json("GET", f"{wire.API}/whoami", **kwargs)
+        return found

@@ -20,12 +20,14 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
+from ..core.acl import ANONYMOUS
 from ..core.types import Feed, Principal
 from ..errors import InvalidArgument, LoomError
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
 from ..protocols.http import parse_range, serve_reader
 from . import wire
+from .auth import CHALLENGE
 from .openapi import spec
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ BYTES_IN = Counter("loomfs_write_bytes_total", "File bytes received by the REST 
 NDJSON = "application/x-ndjson"
 MAX_WAIT = 30.0  # longest a change-feed long poll is held
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+WHO = web.RequestKey("who", Principal)  # the authenticated caller of a request
 
 
 class VolumeAdmin(Protocol):
@@ -135,18 +138,27 @@ class RestServer:
         *,
         spoke: SpokeAdmin | None = None,
         site: str = "hub",
+        authenticate: Callable[[web.Request], Awaitable[Principal]] | None = None,
     ) -> None:
+        """``authenticate`` says who a request comes from (``rest.auth``); without it
+        every caller is anonymous."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
         self.site = site
+        self._authenticate = authenticate
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
+    async def authenticate(self, request: web.Request) -> Principal:
+        if self._authenticate is None:
+            return Principal(user=ANONYMOUS, site=self.site, protocol="rest")
+        return await self._authenticate(request)
+
     def principal(self, request: web.Request) -> Principal:
-        # authentication arrives with governance; until then every caller is anonymous and
-        # the server listens on loopback unless configured otherwise
-        return Principal(user="anonymous", site=self.site, protocol="rest")
+        """The caller, authenticated by the middleware; what it may do is the namespace's
+        decision (``namespace.governed``), not this module's."""
+        return request[WHO]
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=1 << 20)
@@ -161,6 +173,7 @@ class RestServer:
         app.router.add_post(f"{wire.API}/symlink{p}", self.symlink)
         app.router.add_patch(f"{wire.API}/attrs{p}", self.set_attrs)
         app.router.add_get(f"{wire.API}/tags{p}", self.get_tags)
+        app.router.add_get(f"{wire.API}/whoami", self.whoami)
         app.router.add_patch(f"{wire.API}/tags{p}", self.set_tags)
         if self.admin is not None:
             app.router.add_get(f"{wire.API}/changes", self.changes)
@@ -187,6 +200,8 @@ class RestServer:
         start = time.perf_counter()
         status = 500
         try:
+            if request.path.startswith(wire.API + "/"):  # health and metrics stay open
+                request[WHO] = await self.authenticate(request)
             response = await handler(request)
             status = response.status
             return response
@@ -194,7 +209,10 @@ class RestServer:
             status = wire.status_of(exc)
             if status >= 500:
                 log.error("request failed", extra={"path": request.path, "error": repr(exc)})
-            return _json(wire.error_body(exc), status)
+            failed = _json(wire.error_body(exc), status)
+            if status == 401:
+                failed.headers["WWW-Authenticate"] = CHALLENGE
+            return failed
         except web.HTTPException as exc:
             status = exc.status
             raise
@@ -330,6 +348,13 @@ class RestServer:
             raise InvalidArgument("'remove' must be a list of tag names")
         tags = await self.namespace.set_tags(self.principal(request), _path(request), set_, remove)
         return _json(tags)
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        who = self.principal(request)
+        return _json(
+            {"user": who.user, "groups": sorted(who.groups), "site": who.site,
+             "protocol": who.protocol}
+        )  # fmt: skip
 
     # -- hub administration ----------------------------------------------------------------
 

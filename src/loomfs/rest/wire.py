@@ -33,6 +33,9 @@ from ..errors import (
 )
 
 API = "/v1"
+# a spoke forwards the end user it serves to its hub with these (see fabric.server)
+USER_HEADER = "X-Loomfs-User"
+PROTOCOL_HEADER = "X-Loomfs-Protocol"
 
 # The one table from error class to HTTP status; subclasses not listed use their base's.
 STATUS: dict[type[LoomError], int] = {

@@ -34,6 +34,9 @@ class Pending:
     #: acknowledged before the hub committed it (async mode, or the link was down): a
     #: conflict then keeps both versions instead of failing a writer who has moved on
     early: bool
+    #: who wrote it (None: the spoke itself; journals written before users were kept)
+    user: str | None = None
+    protocol: str = "internal"
 
     def data_name(self) -> str:
         return f"{self.seq:012d}.data"

@@ -111,6 +111,10 @@ class SpokeNamespace(Namespace):
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
         self._stuck: set[int] = set()
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
+        # (user, path) -> until when (monotonic) the hub's "yes, this user may read it"
+        # holds here: the lease current at that answer, never extended by later renewals,
+        # so a revoked right stops serving cached data within one lease term
+        self._admitted: dict[tuple[str, str], float] = {}
         self.seq = 0
         self.online = True
 
@@ -227,10 +231,12 @@ class SpokeNamespace(Namespace):
             raise PermissionDenied(f"{path} is not attached at this spoke", path=path)
         pending = self.journal.pending(path)
         if pending is not None:
+            await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
                 return self._pending_entry(pending)
         asked_at = self.seq
         entry = await self.hub.stat(who, path)
+        self._admit(who, path)
         self._learn(entry, asked_at)
         return entry
 
@@ -248,7 +254,7 @@ class SpokeNamespace(Namespace):
         self, who: Principal, path: str, offset: int = 0, length: int | None = None
     ) -> Entry:
         known = self._known.get(path)
-        if known is not None and self.leased:
+        if known is not None and self.leased and self._is_admitted(who, path):
             LEASED_OPENS.inc()
             return known
         asked_at = self.seq
@@ -256,10 +262,13 @@ class SpokeNamespace(Namespace):
             opening = self._opening.get(path)
             if opening is not None:  # another reader's cold open brings it: one request
                 entry = await asyncio.shield(opening)
+                if not self._is_admitted(who, path):  # that reader's right is not this one's
+                    await self.hub.stat(who, path)
             elif known is None and not self.cache.versions(path):
                 entry = await self._open_cold(who, path, offset, length)
-            else:
+            else:  # what the cache holds may be served to this user only if the hub agrees
                 entry = await self.hub.stat(who, path)
+            self._admit(who, path)
         except BackendUnavailable:
             known = known or self._newest_cached(path)
             if known is None:
@@ -295,6 +304,27 @@ class SpokeNamespace(Namespace):
         opening.set_result(entry)
         return entry
 
+    def _is_admitted(self, who: Principal, path: str) -> bool:
+        return self._admitted.get((who.user, path), 0.0) > time.monotonic()
+
+    def _admit(self, who: Principal, path: str) -> None:
+        """The hub just let ``who`` see ``path``: remember it for the current lease."""
+        if self.leased:
+            if len(self._admitted) > 100_000:  # answers whose lease is over
+                now = time.monotonic()
+                self._admitted = {k: t for k, t in self._admitted.items() if t > now}
+            self._admitted[(who.user, path)] = self.lease_until - LEASE_MARGIN
+
+    async def _may_see_pending(self, who: Principal, pending: Pending) -> None:
+        """A journaled write not yet at the hub is served to its writer, and to others
+        the hub lets read its path (absent there still means allowed: a governed hub
+        refuses before it looks). With the link down, only to its writer."""
+        if pending.user in (None, who.user) or self._is_admitted(who, pending.path):
+            return
+        with contextlib.suppress(NotFound):
+            await self.hub.stat(who, pending.path)
+        self._admit(who, pending.path)
+
     def _newest_cached(self, path: str) -> Entry | None:
         """After a restart with the link down, the cache itself says what it holds."""
         versions = sorted(self.cache.versions(path), key=lambda f: f.version)
@@ -315,6 +345,7 @@ class SpokeNamespace(Namespace):
         path = self._inside(path)
         pending = self.journal.pending(path)
         if pending is not None and if_version is None:
+            await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
         entry = await self._open_entry(who, path, offset, length)
@@ -390,6 +421,7 @@ class SpokeNamespace(Namespace):
             pending = Pending(
                 seq, path, base, if_version, exclusive, mode, time.time_ns(),
                 early=self.write_back or not self.online,
+                user=None if who.protocol == "internal" else who.user, protocol=who.protocol,
             )  # fmt: skip
             pending = await asyncio.to_thread(self.journal.commit, pending)
         except BaseException:
@@ -501,13 +533,21 @@ class SpokeNamespace(Namespace):
             if_version, exclusive = pending.base_version, pending.base_version is None
         self.journal.mark_sending(pending)
         return await self.hub.write(
-            SYSTEM,
+            self._writer(pending),
             pending.path,
             _file_chunks(self.journal.data_path(pending)),
             if_version=if_version,
             exclusive=exclusive,
             mode=pending.mode,
         )
+
+    def _writer(self, pending: Pending) -> Principal:
+        """Who a journaled write is committed as: its writer, so the hub's rules decide
+        for them (a write the hub refuses fails its waiting writer, or stays journaled
+        and reported when it was acknowledged early)."""
+        if pending.user is None:
+            return SYSTEM
+        return Principal(pending.user, site=self.site, protocol=pending.protocol)
 
     async def _holds(self, path: str, pending: Pending) -> bool:
         """Whether the hub's ``path`` already holds the journaled bytes: an upload that was
@@ -536,7 +576,10 @@ class SpokeNamespace(Namespace):
         )
         try:
             return await self.hub.write(
-                SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
+                self._writer(pending),
+                name,
+                _file_chunks(self.journal.data_path(pending)),
+                exclusive=True,
             )
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer

@@ -15,6 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ..config import Config
+from ..core.users import UserRegistry
 from ..fabric.identity import SiteIdentity
 from ..fabric.server import FabricServer
 from ..rest.client import RestNamespace
@@ -49,18 +50,21 @@ class Fabric:
     def link(self) -> LinkEmulator:
         return self.links[self.first]
 
-    def client(self, name: str) -> RestNamespace:
-        """A fabric client as spoke ``name``, through its emulated link."""
+    def client(self, name: str, *, forward: bool = False) -> RestNamespace:
+        """A fabric client as spoke ``name``, through its emulated link; ``forward``:
+        sending each call's user along, as a spoke does."""
         return RestNamespace(
             f"https://127.0.0.1:{self.links[name].port}",
             ssl_context=self.ids[name].client_context(self.hub_id.cert_pem),
+            forward=forward,
         )
 
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
         cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity)
-        self.spokes[name] = SpokeNamespace(self.client(name), cache, ["/vol"], site=name)
+        hub = self.client(name, forward=True)
+        self.spokes[name] = SpokeNamespace(hub, cache, ["/vol"], site=name)
         return self.spokes[name]
 
 
@@ -91,7 +95,10 @@ async def fabric(
         await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
         hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
         ids = {name: SiteIdentity.create(tmp / f"{name}-id", name) for name in spokes}
-        server = FabricServer(hub.namespace, hub, hub_id, {n: i.cert_pem for n, i in ids.items()})
+        server = FabricServer(
+            hub.governed, hub, hub_id, {n: i.cert_pem for n, i in ids.items()},
+            users=UserRegistry(hub.catalog), groups_of=hub.authorizer.groups_of,
+        )  # fmt: skip
         runner = web.AppRunner(server.app())
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server.ssl_context())

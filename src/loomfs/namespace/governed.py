@@ -1,0 +1,276 @@
+"""Governance in one place (namespace layer): every namespace call of every protocol is
+authorized here and then recorded for audit.
+
+``GovernedNamespace`` wraps the hub's namespace. Each call first asks a chain of
+authorizers (ACL rules, residency and placement policies) and then records one audit
+event with the outcome; a denial is recorded as ``denied`` and raised unchanged. The REST
+API, the S3 gateway, the fabric link to spokes, in-process FUSE mounts and SFTP get the
+wrapped namespace, so no protocol module makes an authorization decision of its own;
+volume administration and the hub's own machinery keep the inner one.
+
+Which action a call needs: stat, list, read and get_tags need read; write, mkdir,
+symlink, remove, set_attrs (mode, mtime) and set_tags need write; a rename needs write on
+both paths; changing a file's owner (uid, gid) needs admin. A read is recorded when its
+reader is closed, with the bytes it delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+from ..core.types import Action, Entry, Feed, Principal
+from ..errors import LoomError, NotFound, NotSupported, PermissionDenied
+from .base import FeedNamespace, Namespace, Reader
+
+T = TypeVar("T")
+
+
+class Authorizer(Protocol):
+    async def check(self, who: Principal, action: Action, path: str) -> None:
+        """Return if allowed; raise ``PermissionDenied``, or ``NotFound`` where the path
+        must look absent to this caller."""
+
+
+@runtime_checkable
+class SubtreeAuthorizer(Protocol):
+    """An optional ability: a cheap, synchronous answer to "is everything below this path
+    allowed?", so that listing an open directory costs no check per child."""
+
+    def subtree_open(self, who: Principal, action: Action, path: str) -> bool: ...
+
+
+class AuditSink(Protocol):
+    def record(
+        self,
+        who: Principal,
+        op: str,
+        path: str,
+        result: str,
+        *,
+        nbytes: int = 0,
+        detail: str = "",
+    ) -> None:
+        """Take one event without blocking; ``result`` is "ok", "denied" or an error code."""
+
+
+class _AuditedReader(Reader):
+    """A reader that records its read when closed, with the bytes it handed out: those
+    streamed, or its whole range when the consumer took the local file region instead."""
+
+    def __init__(self, reader: Reader, done: Callable[[int], None]) -> None:
+        super().__init__(reader.entry, reader.offset, reader)
+        self._done: Callable[[int], None] | None = done
+        self._sent = 0
+        self._streamed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        self._streamed = True
+        async for chunk in self.source.chunks():
+            self._sent += len(chunk)
+            yield chunk
+
+    async def aclose(self) -> None:
+        done, self._done = self._done, None
+        try:
+            await self.source.aclose()
+        finally:
+            if done is not None:
+                streamed = self._streamed or self.region is None
+                done(self._sent if streamed else self.length)
+
+
+class GovernedNamespace(FeedNamespace):
+    def __init__(
+        self,
+        inner: Namespace,
+        authorizers: Sequence[Authorizer],
+        *,
+        audit: AuditSink | None = None,
+    ) -> None:
+        self.inner = inner
+        self.authorizers = list(authorizers)
+        self.audit = audit
+
+    # -- the two steps of every call -------------------------------------------------------
+
+    def _record(
+        self, who: Principal, op: str, path: str, result: str, *, nbytes: int = 0, detail: str = ""
+    ) -> None:
+        if self.audit is not None:
+            self.audit.record(who, op, path, result, nbytes=nbytes, detail=detail)
+
+    async def _authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None:
+        for path in targets:
+            try:
+                for authorizer in self.authorizers:
+                    await authorizer.check(who, action, path)
+            except (PermissionDenied, NotFound) as exc:
+                self._record(who, op, path, "denied", detail=str(exc))
+                raise
+
+    async def _visible(self, who: Principal, path: str) -> bool:
+        try:
+            for authorizer in self.authorizers:
+                await authorizer.check(who, Action.READ, path)
+        except (PermissionDenied, NotFound):
+            return False
+        return True
+
+    async def _governed(
+        self,
+        who: Principal,
+        op: str,
+        action: Action,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        also: str | None = None,
+        detail: str = "",
+        nbytes: Callable[[T], int] | None = None,
+    ) -> T:
+        """Authorize ``op`` on ``path`` (and ``also``), run it, record the outcome."""
+        await self._authorize(who, op, action, path, *([also] if also else []))
+        try:
+            result = await call()
+        except LoomError as exc:
+            self._record(who, op, path, exc.code, detail=str(exc))
+            raise
+        self._record(who, op, path, "ok", nbytes=nbytes(result) if nbytes else 0, detail=detail)
+        return result
+
+    # -- the namespace API -----------------------------------------------------------------
+
+    async def stat(self, who: Principal, path: str) -> Entry:
+        return await self._governed(
+            who, "stat", Action.READ, path, lambda: self.inner.stat(who, path)
+        )
+
+    async def list(
+        self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> AsyncIterator[Entry]:
+        await self._authorize(who, "list", Action.READ, path)
+        # children need a check each only where some authorizer can't vouch for the subtree
+        each = not all(
+            isinstance(a, SubtreeAuthorizer) and a.subtree_open(who, Action.READ, path)
+            for a in self.authorizers
+        )
+        try:
+            async for entry in self.inner.list(who, path, start_after=start_after, limit=limit):
+                if not each or await self._visible(who, entry.path):
+                    yield entry
+        except LoomError as exc:
+            self._record(who, "list", path, exc.code, detail=str(exc))
+            raise
+        self._record(who, "list", path, "ok")
+
+    async def read(
+        self,
+        who: Principal,
+        path: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        if_version: int | None = None,
+    ) -> Reader:
+        await self._authorize(who, "read", Action.READ, path)
+        try:
+            reader = await self.inner.read(who, path, offset, length, if_version=if_version)
+        except LoomError as exc:
+            self._record(who, "read", path, exc.code, detail=str(exc))
+            raise
+        if self.audit is None:
+            return reader
+        return _AuditedReader(reader, lambda n: self._record(who, "read", path, "ok", nbytes=n))
+
+    async def write(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        return await self._governed(
+            who, "write", Action.WRITE, path,
+            lambda: self.inner.write(
+                who, path, data, if_version=if_version, exclusive=exclusive, mode=mode
+            ),
+            nbytes=lambda entry: entry.size,
+        )  # fmt: skip
+
+    async def mkdir(
+        self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
+    ) -> Entry:
+        return await self._governed(
+            who, "mkdir", Action.WRITE, path,
+            lambda: self.inner.mkdir(who, path, parents=parents, exist_ok=exist_ok),
+        )  # fmt: skip
+
+    async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        return await self._governed(
+            who, "symlink", Action.WRITE, path,
+            lambda: self.inner.symlink(who, path, target), detail=f"-> {target}",
+        )  # fmt: skip
+
+    async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
+        return await self._governed(
+            who, "rename", Action.WRITE, src,
+            lambda: self.inner.rename(who, src, dst, overwrite=overwrite),
+            also=dst, detail=f"-> {dst}",
+        )  # fmt: skip
+
+    async def remove(
+        self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
+    ) -> None:
+        await self._governed(
+            who, "remove", Action.WRITE, path,
+            lambda: self.inner.remove(who, path, recursive=recursive, if_version=if_version),
+        )  # fmt: skip
+
+    async def set_attrs(
+        self,
+        who: Principal,
+        path: str,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
+        chown = uid is not None or gid is not None
+        return await self._governed(
+            who, "set_attrs", Action.ADMIN if chown else Action.WRITE, path,
+            lambda: self.inner.set_attrs(who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns),
+        )  # fmt: skip
+
+    async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
+        return await self._governed(
+            who, "get_tags", Action.READ, path, lambda: self.inner.get_tags(who, path)
+        )
+
+    async def set_tags(
+        self,
+        who: Principal,
+        path: str,
+        set_: Mapping[str, str],
+        remove: Sequence[str] = (),
+    ) -> dict[str, str]:
+        return await self._governed(
+            who, "set_tags", Action.WRITE, path,
+            lambda: self.inner.set_tags(who, path, set_, remove),
+        )  # fmt: skip
+
+    async def changes(
+        self, since: int = 0, limit: int = 1000, *, wait: float = 0.0, ack: int = 0
+    ) -> Feed:
+        # the feed belongs to the fabric link (spokes are authenticated sites), not to a
+        # user's call; a hub serves it from its catalog, not through the namespace
+        if not isinstance(self.inner, FeedNamespace):
+            raise NotSupported("this namespace has no change feed; spokes follow the hub's")
+        return await self.inner.changes(since, limit, wait=wait, ack=ack)
+
+    async def close(self) -> None:
+        await self.inner.close()
