@@ -68,6 +68,22 @@ class ClientSection(_Section):
     access_key: str | None = None
     secret_key: SecretStr | None = None
 
+    def credentials(self, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+        """(access key id, secret) the CLI authenticates with; None: anonymous."""
+        env = os.environ if env is None else env
+        key = env.get("LOOMFS_ACCESS_KEY") or self.access_key
+        secret = env.get("LOOMFS_SECRET_KEY") or (
+            self.secret_key.get_secret_value() if self.secret_key else None
+        )
+        if not key and not secret:
+            return None
+        if not key or not secret:
+            raise ConfigError(
+                "credentials need both an access key id and its secret ([client] access_key "
+                "and secret_key, or LOOMFS_ACCESS_KEY and LOOMFS_SECRET_KEY)"
+            )
+        return key, secret
+
 
 class LogSection(_Section):
     level: str = "INFO"

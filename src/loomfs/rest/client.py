@@ -44,7 +44,9 @@ class RestNamespace(FeedNamespace):
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
         self._ssl = ssl_context
-        self._auth = aiohttp.BasicAuth(*credentials) if credentials else None
+        self._headers = (
+            {"Authorization": wire.basic_authorization(*credentials)} if credentials else {}
+        )
         self._forward = forward
 
     @property
@@ -52,7 +54,10 @@ class RestNamespace(FeedNamespace):
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, auto_decompress=False, connector=connector, auth=self._auth
+                timeout=self._timeout,
+                auto_decompress=False,
+                connector=connector,
+                headers=self._headers,
             )
         return self._session
 
@@ -320,6 +325,6 @@ class RestNamespace(FeedNamespace):
         spoke checks its users' credentials with its hub this way)."""
         kwargs: dict[str, Any] = {}
         if credentials is not None:
-            kwargs["headers"] = {"Authorization": aiohttp.BasicAuth(*credentials).encode()}
+            kwargs["headers"] = {"Authorization": wire.basic_authorization(*credentials)}
         found: dict[str, Any] = await self._json("GET", f"{wire.API}/whoami", **kwargs)
         return found

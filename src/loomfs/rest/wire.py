@@ -58,6 +58,11 @@ STATUS: dict[type[LoomError], int] = {
 }
 
 
+def basic_authorization(access_key: str, secret: str) -> str:
+    """The ``Authorization`` header value of HTTP Basic credentials."""
+    return "Basic " + base64.b64encode(f"{access_key}:{secret}".encode()).decode()
+
+
 def status_of(exc: LoomError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS:
