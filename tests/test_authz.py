@@ -13,6 +13,10 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,7 @@ from loomfs.rest.server import RestServer
 from loomfs.service import HubService
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
+from loomfs.testing.hubproc import HubProcess
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -552,3 +557,68 @@ async def test_a_spoke_may_not_assert_system(governed: Governed) -> None:
             await link.stat(Principal("system", protocol="rest"), f"{PROJ}/data.bin")
     finally:
         await link.close()
+
+
+# -- the commands, against a hub process ---------------------------------------------------------
+
+
+def cli(
+    hub: HubProcess, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(hub.data_dir), **(env or {})}
+    for name in ("LOOMFS_ACCESS_KEY", "LOOMFS_SECRET_KEY"):
+        if env is None or name not in env:
+            environment.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-m", "loomfs.cli", "--hub", hub.url, *args],
+        env=environment, input=stdin.decode() if stdin else None,
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
+def eventually(check: Callable[[], bool]) -> None:
+    """Until a running hub has followed a change made by another process (it looks every
+    couple of seconds); the deadline only stops a broken run."""
+    deadline = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < deadline, "the hub never followed the change"
+        time.sleep(0.2)
+
+
+def test_commands_govern_a_running_hub(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "proj").mkdir(parents=True)
+    (data / "proj" / "a.txt").write_text("a")
+    with HubProcess(tmp_path / "site") as hub:
+        assert cli(hub, "volume", "add", "/d", f"posix://{data}").returncode == 0
+        assert cli(hub, "group", "add", "research").returncode == 0
+        made = cli(hub, "user", "add", "alice", "--group", "research")
+        assert made.returncode == 0, made.stderr
+        key = re.search(r"access key id:\s+(\S+)", made.stdout)
+        secret = re.search(r"secret access key:\s+(\S+)", made.stdout)
+        assert key and secret
+        alice = {"LOOMFS_ACCESS_KEY": key[1], "LOOMFS_SECRET_KEY": secret[1]}
+        assert "research" in cli(hub, "group", "list").stdout
+        assert cli(hub, "acl", "private", "/d").returncode == 0
+        granted = cli(hub, "acl", "grant", "research", "write", "/d/proj")
+        assert "group:research may write /d/proj" in granted.stdout
+        listed = cli(hub, "acl", "list").stdout
+        assert "group:research" in listed and "(private export)" in listed
+
+        eventually(lambda: cli(hub, "ls", "/d").returncode == 1)
+        assert "PermissionDenied" in cli(hub, "cat", "/d/proj/a.txt").stderr
+        # a volume under a private export is administered by admins only
+        assert "PermissionDenied" in cli(hub, "volume", "remove", "/d").stderr
+        assert "alice (groups research)" in cli(hub, "whoami", env=alice).stdout
+        assert cli(hub, "cat", "/d/proj/a.txt", env=alice).stdout == "a"
+        put = cli(hub, "put", "-", "/d/proj/b.txt", env=alice, stdin=b"b")
+        assert put.returncode == 0, put.stderr
+        wrong = {**alice, "LOOMFS_SECRET_KEY": "x" * 40}
+        refused = cli(hub, "put", "-", "/d/proj/c.txt", env=wrong, stdin=b"c")
+        assert refused.returncode == 1 and "AuthenticationFailed" in refused.stderr
+        assert not (data / "proj" / "c.txt").exists()
+
+        assert cli(hub, "acl", "revoke", "research", "write", "/d/proj").returncode == 0
+        eventually(lambda: cli(hub, "cat", "/d/proj/a.txt", env=alice).returncode == 1)
+        assert cli(hub, "group", "remove", "research").returncode == 0
+        assert "research" not in cli(hub, "group", "list").stdout

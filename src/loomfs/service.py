@@ -240,7 +240,11 @@ class HubService:
         await self.start()
         try:
             server = RestServer(
-                self.governed, self, site=self.config.site.name, authenticate=self.authenticator()
+                self.governed,
+                self,
+                site=self.config.site.name,
+                authenticate=self.authenticator(),
+                governance=self.governed,
             )
             listeners = [Listener("url", server.app(), self.config.listen_host_port)]
             if self.config.s3.listen:

@@ -100,7 +100,9 @@ class GovernedNamespace(FeedNamespace):
         if self.audit is not None:
             self.audit.record(who, op, path, result, nbytes=nbytes, detail=detail)
 
-    async def _authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None:
+    async def authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None:
+        """Ask the authorizers about ``op`` on each target (recording a denial): for what
+        is not a namespace call, such as volume administration over REST."""
         for path in targets:
             try:
                 for authorizer in self.authorizers:
@@ -109,7 +111,8 @@ class GovernedNamespace(FeedNamespace):
                 self._record(who, op, path, "denied", detail=str(exc))
                 raise
 
-    async def _visible(self, who: Principal, path: str) -> bool:
+    async def visible(self, who: Principal, path: str) -> bool:
+        """Whether ``who`` may see ``path`` (listings and feeds leave the rest out)."""
         try:
             for authorizer in self.authorizers:
                 await authorizer.check(who, Action.READ, path)
@@ -130,7 +133,7 @@ class GovernedNamespace(FeedNamespace):
         nbytes: Callable[[T], int] | None = None,
     ) -> T:
         """Authorize ``op`` on ``path`` (and ``also``), run it, record the outcome."""
-        await self._authorize(who, op, action, path, *([also] if also else []))
+        await self.authorize(who, op, action, path, *([also] if also else []))
         try:
             result = await call()
         except LoomError as exc:
@@ -149,7 +152,7 @@ class GovernedNamespace(FeedNamespace):
     async def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
     ) -> AsyncIterator[Entry]:
-        await self._authorize(who, "list", Action.READ, path)
+        await self.authorize(who, "list", Action.READ, path)
         # children need a check each only where some authorizer can't vouch for the subtree
         each = not all(
             isinstance(a, SubtreeAuthorizer) and a.subtree_open(who, Action.READ, path)
@@ -157,7 +160,7 @@ class GovernedNamespace(FeedNamespace):
         )
         try:
             async for entry in self.inner.list(who, path, start_after=start_after, limit=limit):
-                if not each or await self._visible(who, entry.path):
+                if not each or await self.visible(who, entry.path):
                     yield entry
         except LoomError as exc:
             self._record(who, "list", path, exc.code, detail=str(exc))
@@ -173,7 +176,7 @@ class GovernedNamespace(FeedNamespace):
         *,
         if_version: int | None = None,
     ) -> Reader:
-        await self._authorize(who, "read", Action.READ, path)
+        await self.authorize(who, "read", Action.READ, path)
         try:
             reader = await self.inner.read(who, path, offset, length, if_version=if_version)
         except LoomError as exc:

@@ -21,10 +21,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from ..core.acl import ANONYMOUS
-from ..core.types import Feed, Principal
+from ..core.types import Action, Feed, Principal
 from ..errors import InvalidArgument, LoomError
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
+from ..namespace.governed import GovernedNamespace
 from ..protocols.http import parse_range, serve_reader
 from . import wire
 from .auth import CHALLENGE
@@ -139,14 +140,17 @@ class RestServer:
         spoke: SpokeAdmin | None = None,
         site: str = "hub",
         authenticate: Callable[[web.Request], Awaitable[Principal]] | None = None,
+        governance: GovernedNamespace | None = None,
     ) -> None:
         """``authenticate`` says who a request comes from (``rest.auth``); without it
-        every caller is anonymous."""
+        every caller is anonymous. ``governance`` decides the administration routes
+        (admin on the volume's mount) and what of the change feed a caller sees."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
         self.site = site
         self._authenticate = authenticate
+        self.governance = governance
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
@@ -349,6 +353,10 @@ class RestServer:
         tags = await self.namespace.set_tags(self.principal(request), _path(request), set_, remove)
         return _json(tags)
 
+    async def _admit(self, request: web.Request, op: str, path: str) -> None:
+        if self.governance is not None:
+            await self.governance.authorize(self.principal(request), op, Action.ADMIN, path)
+
     async def whoami(self, request: web.Request) -> web.Response:
         who = self.principal(request)
         return _json(
@@ -376,9 +384,12 @@ class RestServer:
             wait=wait,
             gone=lambda: self._gone(request),
         )
+        changes = feed.changes
+        if self.governance is not None:  # a user sees the changes of what they may see
+            changes = [c for c in changes if await self.governance.visible(who, c.path)]
         return _json(
             {
-                "changes": [wire.change_json(c) for c in feed.changes],
+                "changes": [wire.change_json(c) for c in changes],
                 "head": feed.head,
                 "lease": feed.lease,
             }
@@ -390,6 +401,7 @@ class RestServer:
 
     async def volumes(self, request: web.Request) -> web.Response:
         assert self.admin is not None
+        await self._admit(request, "list_volumes", "/")
         return _json(await self.admin.list_volumes())
 
     async def add_volume(self, request: web.Request) -> web.StreamResponse:
@@ -399,6 +411,7 @@ class RestServer:
         mount, url = body.get("mount"), body.get("url")
         if not isinstance(mount, str) or not isinstance(url, str):
             raise InvalidArgument("adding a volume needs 'mount' and 'url'")
+        await self._admit(request, "add_volume", mount)
         return await self._progress(request, lambda cb: admin.add_volume(mount, url, cb))
 
     async def rescan(self, request: web.Request) -> web.StreamResponse:
@@ -407,6 +420,7 @@ class RestServer:
         mount = (await _body(request)).get("mount")
         if not isinstance(mount, str):
             raise InvalidArgument("a rescan needs 'mount'")
+        await self._admit(request, "rescan", mount)
         return await self._progress(request, lambda cb: admin.rescan(mount, cb))
 
     async def remove_volume(self, request: web.Request) -> web.Response:
@@ -414,6 +428,7 @@ class RestServer:
         mount = request.query.get("mount")
         if not mount:
             raise InvalidArgument("removing a volume needs ?mount=")
+        await self._admit(request, "remove_volume", mount)
         await self.admin.remove_volume(mount)
         return web.Response(status=204)
 
