@@ -145,17 +145,24 @@ def direct_actor(ns: Namespace, users: dict[str, Principal]) -> Actor:
     return Actor(do, forbidden)
 
 
-def rest_actor(url: str, keys: dict[str, AccessKey], clients: list[RestNamespace]) -> Actor:
-    by_user = {
-        user: RestNamespace(url, credentials=(k.access_key, k.secret)) for user, k in keys.items()
-    }
-    by_user[ANONYMOUS] = RestNamespace(url)
-    clients.extend(by_user.values())
+@contextlib.asynccontextmanager
+async def rest_actor(app: web.Application, keys: dict[str, AccessKey]) -> AsyncIterator[Actor]:
+    """``app`` served, and a client per user with that user's credentials."""
+    async with serving(app) as url:
+        by_user = {
+            user: RestNamespace(url, credentials=(k.access_key, k.secret))
+            for user, k in keys.items()
+        }
+        by_user[ANONYMOUS] = RestNamespace(url)
 
-    async def do(op: str, user: str) -> None:
-        await namespace_op(by_user[user], SYSTEM, op, user)  # the server decides who
+        async def do(op: str, user: str) -> None:
+            await namespace_op(by_user[user], SYSTEM, op, user)  # the server decides who
 
-    return Actor(do, forbidden)
+        try:
+            yield Actor(do, forbidden)
+        finally:
+            for client in by_user.values():
+                await client.close()
 
 
 def s3_actor(endpoint: str, keys: dict[str, AccessKey]) -> Actor:
@@ -303,13 +310,8 @@ async def api_protocol(g: Governed, tmp: Path) -> AsyncIterator[Actor]:
 async def rest_protocol(g: Governed, tmp: Path) -> AsyncIterator[Actor]:
     hub = g.env.hub
     server = RestServer(hub.governed, hub, authenticate=hub.authenticator())
-    clients: list[RestNamespace] = []
-    async with serving(server.app()) as url:
-        try:
-            yield rest_actor(url, g.keys, clients)
-        finally:
-            for c in clients:
-                await c.close()
+    async with rest_actor(server.app(), g.keys) as actor:
+        yield actor
 
 
 @contextlib.asynccontextmanager
@@ -328,14 +330,11 @@ async def spoke_protocol(g: Governed, tmp: Path) -> AsyncIterator[Actor]:
     env = g.env
     check = HubAuthenticator(env.client(env.first), site=env.first, anonymous=True)
     server = RestServer(env.spoke, spoke=env.spoke, site=env.first, authenticate=check)
-    clients: list[RestNamespace] = []
-    async with serving(server.app()) as url:
-        try:
-            yield rest_actor(url, g.keys, clients)
-        finally:
-            for c in clients:
-                await c.close()
-            await check.hub.close()
+    try:
+        async with rest_actor(server.app(), g.keys) as actor:
+            yield actor
+    finally:
+        await check.hub.close()
 
 
 PROTOCOLS = {

@@ -38,6 +38,7 @@ ANONYMOUS = "anonymous"  # the user of a caller that presented no credentials
 SITE_PREFIX = "site:"  # a spoke acting for itself; user names can't contain ':'
 _RANK = {Action.READ: 1, Action.WRITE: 2, Action.ADMIN: 3}
 REFRESH = 2.0
+DECISIONS = 1 << 16  # remembered answers per generation of the rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,7 @@ class AclPolicy:
             on_path[rule.subject] = max(on_path.get(rule.subject, 0), _RANK[rule.permission])
             self._granted.setdefault(rule.subject, set()).add(rule.path)
         self._governing = frozenset(self._rules) | self.private
+        self._decided: dict[tuple[str, frozenset[str], str, Action, str], bool] = {}
 
     def _subjects(self, who: Principal) -> tuple[frozenset[str], list[str]]:
         groups = who.groups
@@ -118,6 +120,17 @@ class AclPolicy:
     def allows(self, who: Principal, action: Action, path: str) -> bool:
         if not self._governing:
             return True  # no rule and no private export anywhere: everything is open
+        # the same caller asks about the same paths again and again (stat, open, read):
+        # the answer is remembered for as long as this generation of the rules lives
+        slot = (who.user, who.groups, who.protocol, action, path)
+        known = self._decided.get(slot)
+        if known is None:
+            if len(self._decided) >= DECISIONS:
+                self._decided.clear()
+            known = self._decided[slot] = self._decide(who, action, path)
+        return known
+
+    def _decide(self, who: Principal, action: Action, path: str) -> bool:
         groups, subjects = self._subjects(who)
         if ADMIN_GROUP in groups or is_site(who):
             return True
@@ -358,7 +371,9 @@ class AclAuthorizer:
         return self.policy
 
     async def check(self, who: Principal, action: Action, path: str) -> None:
-        policy = await self._current()
+        policy = self.policy
+        if policy.generation < 0 or time.monotonic() - self._checked >= self.refresh:
+            policy = await self._current()  # only then: the common call awaits nothing
         if not policy.allows(who, action, path):
             raise PermissionDenied(f"{who.user} may not {action.value} {path}", path=path)
 
