@@ -11,7 +11,8 @@ volume administration and the hub's own machinery keep the inner one.
 Which action a call needs: stat, list, read and get_tags need read; write, mkdir,
 symlink, remove, set_attrs (mode, mtime) and set_tags need write; a rename needs write on
 both paths; changing a file's owner (uid, gid) needs admin. A read is recorded when its
-reader is closed, with the bytes it delivered.
+reader is closed, with the bytes it delivered; a listing when its first entry, its end or
+its error arrives (a failure later in a long listing is not recorded).
 """
 
 from __future__ import annotations
@@ -78,6 +79,52 @@ class _AuditedReader(Reader):
             if done is not None:
                 streamed = self._streamed or self.region is None
                 done(self._sent if streamed else self.length)
+
+
+class _Listing:
+    """The entries of a governed listing. The first is awaited here: authorization, and
+    the outcome recorded once (a missing directory fails there). The rest pass straight
+    from the inner listing, with no frame of ours per entry, unless some authorizer can't
+    vouch for the whole directory and every child is checked."""
+
+    def __init__(
+        self,
+        gov: GovernedNamespace,
+        who: Principal,
+        path: str,
+        start_after: str | None,
+        limit: int | None,
+    ) -> None:
+        self._gov, self._who, self._path = gov, who, path
+        self._start_after, self._limit = start_after, limit
+        self._next: Callable[[], Awaitable[Entry]] = self._first
+
+    def __aiter__(self) -> _Listing:
+        return self
+
+    def __anext__(self) -> Awaitable[Entry]:
+        return self._next()
+
+    async def _first(self) -> Entry:
+        gov, who, path = self._gov, self._who, self._path
+        await gov.authorize(who, "list", Action.READ, path)
+        entries = gov.inner.list(who, path, start_after=self._start_after, limit=self._limit)
+        if not all(
+            isinstance(a, SubtreeAuthorizer) and a.subtree_open(who, Action.READ, path)
+            for a in gov.authorizers
+        ):
+            entries = gov._filtered(who, entries)
+        self._next = entries.__anext__
+        try:
+            entry = await entries.__anext__()
+        except LoomError as exc:
+            gov._record(who, "list", path, exc.code, detail=str(exc))
+            raise
+        except StopAsyncIteration:
+            gov._record(who, "list", path, "ok")
+            raise
+        gov._record(who, "list", path, "ok")
+        return entry
 
 
 class GovernedNamespace(FeedNamespace):
@@ -149,23 +196,17 @@ class GovernedNamespace(FeedNamespace):
             who, "stat", Action.READ, path, lambda: self.inner.stat(who, path)
         )
 
-    async def list(
+    def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
     ) -> AsyncIterator[Entry]:
-        await self.authorize(who, "list", Action.READ, path)
-        # children need a check each only where some authorizer can't vouch for the subtree
-        each = not all(
-            isinstance(a, SubtreeAuthorizer) and a.subtree_open(who, Action.READ, path)
-            for a in self.authorizers
-        )
-        try:
-            async for entry in self.inner.list(who, path, start_after=start_after, limit=limit):
-                if not each or await self.visible(who, entry.path):
-                    yield entry
-        except LoomError as exc:
-            self._record(who, "list", path, exc.code, detail=str(exc))
-            raise
-        self._record(who, "list", path, "ok")
+        return _Listing(self, who, path, start_after, limit)
+
+    async def _filtered(
+        self, who: Principal, entries: AsyncIterator[Entry]
+    ) -> AsyncIterator[Entry]:
+        async for entry in entries:
+            if await self.visible(who, entry.path):
+                yield entry
 
     async def read(
         self,
