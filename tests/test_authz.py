@@ -34,7 +34,13 @@ from loomfs.core.acl import ANONYMOUS, AclPolicy, AclStore, Rule
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import SYSTEM, Action, Principal
 from loomfs.core.users import AccessKey, UserRegistry
-from loomfs.errors import AuthenticationFailed, NotFound, PermissionDenied
+from loomfs.errors import (
+    AuthenticationFailed,
+    InvalidArgument,
+    InvalidPath,
+    NotFound,
+    PermissionDenied,
+)
 from loomfs.namespace.base import Namespace
 from loomfs.protocols.s3 import S3Gateway
 from loomfs.rest.auth import HubAuthenticator
@@ -599,6 +605,8 @@ def test_commands_govern_a_running_hub(tmp_path: Path) -> None:
         alice = {"LOOMFS_ACCESS_KEY": key[1], "LOOMFS_SECRET_KEY": secret[1]}
         assert "research" in cli(hub, "group", "list").stdout
         assert cli(hub, "acl", "private", "/d").returncode == 0
+        typo = cli(hub, "acl", "grant", "reserch", "write", "/d/proj")
+        assert typo.returncode == 1 and "no group or user named 'reserch'" in typo.stderr
         granted = cli(hub, "acl", "grant", "research", "write", "/d/proj")
         assert "group:research may write /d/proj" in granted.stdout
         listed = cli(hub, "acl", "list").stdout
@@ -621,3 +629,28 @@ def test_commands_govern_a_running_hub(tmp_path: Path) -> None:
         eventually(lambda: cli(hub, "cat", "/d/proj/a.txt", env=alice).returncode == 1)
         assert cli(hub, "group", "remove", "research").returncode == 0
         assert "research" not in cli(hub, "group", "list").stdout
+
+
+async def test_bad_rules_are_refused_and_change_nothing(tmp_path: Path) -> None:
+    catalog = open_catalog(f"sqlite://{tmp_path / 'catalog.db'}")
+    await catalog.open()
+    try:
+        store = AclStore(catalog)
+        before = await store.generation()
+        with pytest.raises(InvalidArgument, match="user:NAME or group:NAME"):
+            await store.grant("role:x", "read", "/d")
+        with pytest.raises(InvalidArgument, match="read, write or admin"):
+            await store.grant("user:bob", "own", "/d")
+        with pytest.raises(InvalidPath):
+            await store.grant("user:bob", "read", "/d/../etc")
+        with pytest.raises(NotFound):
+            await store.revoke("user:bob", "read", "/d")
+        await store.add_group("research")
+        await store.grant("group:research", "read", "/d")
+        with pytest.raises(InvalidArgument, match="acl revoke"):
+            await store.remove_group("research")  # a rule still names it
+        rules, private, policy = await store.snapshot()
+        assert [(r.subject, r.permission) for r in rules] == [("group:research", Action.READ)]
+        assert private == [] and policy.generation == before + 2
+    finally:
+        await catalog.close()

@@ -902,16 +902,6 @@ def acl() -> None:
     to everyone; once a rule governs it, only what rules grant is allowed."""
 
 
-async def _subject(store: AclStore, subject: str) -> str:
-    """user:NAME and group:NAME as given; a bare NAME is the group of that name, or else
-    the user (as in `loomfs acl grant research read /datasets`)."""
-    if ":" in subject:
-        return subject
-    if any(g.name == subject for g in await store.list_groups()):
-        return f"group:{subject}"
-    return f"user:{subject}"
-
-
 @acl.command("grant")
 @click.argument("subject")
 @click.argument("permission", type=click.Choice(["read", "write", "admin"]))
@@ -922,7 +912,7 @@ async def acl_grant(ctx: click.Context, subject: str, permission: str, path: str
     """Give SUBJECT (user:NAME, group:NAME or a group's name) PERMISSION on PATH and below."""
 
     async def fn(store: AclStore) -> None:
-        rule = await store.grant(await _subject(store, subject), permission, path)
+        rule = await store.grant(await store.resolve(subject), permission, path)
         out.print(f"{rule.subject} may {rule.permission.value} {rule.path}")
 
     await _with_acl(ctx, fn)
@@ -938,7 +928,7 @@ async def acl_revoke(ctx: click.Context, subject: str, permission: str, path: st
     """Take back a rule made with `acl grant`."""
 
     async def fn(store: AclStore) -> None:
-        await store.revoke(await _subject(store, subject), permission, path)
+        await store.revoke(await store.resolve(subject), permission, path)
 
     await _with_acl(ctx, fn)
 

@@ -254,6 +254,31 @@ class AclStore:
 
     # -- rules -----------------------------------------------------------------------------
 
+    async def resolve(self, subject: str) -> str:
+        """user:NAME and group:NAME as given; a bare NAME is the group of that name, or
+        else the user, and an error when neither exists (a typo must not become a rule)."""
+        if ":" in subject:
+            return parse_subject(subject)
+
+        def fn(cur: Cursor) -> str:
+            q = self._cat._q
+            group = q(
+                cur,
+                "SELECT 1 FROM acl_groups WHERE name = ? UNION "
+                "SELECT 1 FROM user_groups WHERE group_name = ?",
+                (subject, subject),
+            ).fetchone()
+            if group is not None:
+                return f"group:{subject}"
+            if q(cur, "SELECT 1 FROM users WHERE name = ?", (subject,)).fetchone() is not None:
+                return f"user:{subject}"
+            raise NotFound(
+                f"no group or user named {subject!r}; say user:NAME or group:NAME to name "
+                "one that does not exist yet"
+            )
+
+        return await self._cat._run(self._cat._read, fn)
+
     async def grant(self, subject: str, permission: str, path: str) -> Rule:
         subject, action, path = (
             parse_subject(subject),
