@@ -29,7 +29,7 @@ from ..core.users import RESERVED_USERS, UserRegistry, _check_name
 from ..errors import AuthenticationFailed, InvalidArgument
 from ..namespace.base import Namespace
 from ..rest import wire
-from ..rest.auth import RegistryAuthenticator, parse_basic
+from ..rest.auth import RegistryAuthenticator
 from ..rest.server import RestServer, VolumeAdmin
 from .identity import SiteIdentity, fingerprint
 
@@ -88,7 +88,7 @@ class FabricServer(RestServer):
         if header is not None:  # a spoke checking its user's credentials
             if self._credentials is None:
                 raise AuthenticationFailed("this hub has no user registry to check credentials")
-            found = await self._credentials.identify(*parse_basic(header))
+            found = await self._credentials.identify(header)
             return Principal(found.user, found.groups, site=site, protocol=protocol)
         user = request.headers.get(wire.USER_HEADER)
         if user is None:
