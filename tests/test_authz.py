@@ -42,6 +42,7 @@ from loomfs.errors import (
     PermissionDenied,
 )
 from loomfs.namespace.base import Namespace
+from loomfs.namespace.governed import GovernedNamespace
 from loomfs.protocols.s3 import S3Gateway
 from loomfs.rest.auth import HubAuthenticator
 from loomfs.rest.client import RestNamespace
@@ -654,3 +655,41 @@ async def test_bad_rules_are_refused_and_change_nothing(tmp_path: Path) -> None:
         assert private == [] and policy.generation == before + 2
     finally:
         await catalog.close()
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, str, int]] = []
+
+    def record(
+        self, who: Principal, op: str, path: str, result: str, *, nbytes: int = 0, detail: str = ""
+    ) -> None:
+        self.events.append((who.user, op, path, result, nbytes))
+
+
+async def test_every_call_is_recorded_once_with_its_outcome(governed: Governed) -> None:
+    hub, who = governed.env.hub, governed.principals
+    sink = Sink()
+    ns = GovernedNamespace(hub.namespace, [hub.authorizer], audit=sink)
+    data = f"{PROJ}/data.bin"
+    assert await ns.read_bytes(who["bob"], data, 10, 20) == DATA[10:30]
+    async with await ns.read(who["bob"], data) as reader:  # opened, closed unread
+        assert reader.length == len(DATA)
+    with pytest.raises(PermissionDenied):
+        await ns.stat(who["dave"], data)
+    with pytest.raises(NotFound):
+        await ns.stat(who["alice"], f"{PROJ}/missing")
+    with pytest.raises(PermissionDenied):  # both paths of a rename are checked
+        await ns.rename(who["bob"], data, f"{PROJ}/moved")
+    assert [e async for e in ns.list(who["bob"], PROJ)]
+    # a posix volume's reader offers its local file region (for sendfile), which a consumer
+    # reads without us: a reader that was not streamed counts its whole range
+    unread = len(DATA)
+    assert sink.events == [
+        ("bob", "read", data, "ok", 20),
+        ("bob", "read", data, "ok", unread),
+        ("dave", "stat", data, "denied", 0),
+        ("alice", "stat", f"{PROJ}/missing", "NotFound", 0),
+        ("bob", "rename", data, "denied", 0),
+        ("bob", "list", PROJ, "ok", 0),
+    ]
