@@ -3,7 +3,9 @@
 Every key can be set as ``LOOMFS_<SECTION>__<KEY>`` (``LOOMFS_HUB__LISTEN=0.0.0.0:7070``);
 the file is found through ``--config``, ``LOOMFS_CONFIG`` or ``./loomfs.toml``. Secrets do
 not belong here: S3 credentials come from the AWS credential chain, database passwords
-from ``~/.pgpass``, so this file can be shown and logged.
+from ``~/.pgpass``, so this file can be shown and logged. The one exception, a CLI user's
+own ``[client] secret_key``, is a ``SecretStr`` (never shown); ``LOOMFS_SECRET_KEY`` is
+the better place for it.
 """
 
 from __future__ import annotations
