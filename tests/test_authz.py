@@ -693,3 +693,25 @@ async def test_every_call_is_recorded_once_with_its_outcome(governed: Governed) 
         ("bob", "rename", data, "denied", 0),
         ("bob", "list", PROJ, "ok", 0),
     ]
+
+
+async def test_a_spoke_checks_credentials_with_its_hub(governed: Governed) -> None:
+    env, alice = governed.env, governed.keys["alice"]
+    check = HubAuthenticator(env.client(env.first), site=env.first, anonymous=True)
+    server = RestServer(env.spoke, spoke=env.spoke, site=env.first, authenticate=check)
+    try:
+        async with serving(server.app()) as url:
+            right = RestNamespace(url, credentials=(alice.access_key, alice.secret))
+            wrong = RestNamespace(url, credentials=(alice.access_key, "y" * 40))
+            try:
+                found = await right.whoami()
+                assert (found["user"], found["groups"]) == ("alice", ["research"])
+                assert found["site"] == env.first
+                with pytest.raises(AuthenticationFailed):
+                    await wrong.write_bytes(SYSTEM, f"{PROJ}/intruder", b"x")
+            finally:
+                await right.close()
+                await wrong.close()
+    finally:
+        await check.hub.close()
+    assert not await env.hub.namespace.exists(SYSTEM, f"{PROJ}/intruder")
