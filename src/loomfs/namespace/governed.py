@@ -17,7 +17,15 @@ its error arrives (a failure later in a long listing is not recorded).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from typing import Protocol, TypeVar, runtime_checkable
 
 from ..core.types import Action, Entry, Feed, Principal
@@ -98,6 +106,7 @@ class _Listing:
         self._gov, self._who, self._path = gov, who, path
         self._start_after, self._limit = start_after, limit
         self._next: Callable[[], Awaitable[Entry]] = self._first
+        self._entries: AsyncIterator[Entry] | None = None
 
     def __aiter__(self) -> _Listing:
         return self
@@ -112,7 +121,7 @@ class _Listing:
         vouching = gov.vouching
         if vouching is None or not all(a.subtree_open(who, Action.READ, path) for a in vouching):
             entries = gov._filtered(who, entries)
-        self._next = entries.__anext__
+        self._entries, self._next = entries, entries.__anext__
         try:
             entry = await entries.__anext__()
         except LoomError as exc:
@@ -123,6 +132,11 @@ class _Listing:
             raise
         gov._record(who, "list", path, "ok")
         return entry
+
+    async def aclose(self) -> None:
+        """As an async generator's: a consumer that stops early releases the listing."""
+        if isinstance(self._entries, AsyncGenerator):
+            await self._entries.aclose()
 
 
 class GovernedNamespace(FeedNamespace):
