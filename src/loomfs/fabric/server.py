@@ -24,12 +24,15 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from ..core.acl import ANONYMOUS, SITE_PREFIX
+from ..core.audit import AuditSink
 from ..core.types import Principal
 from ..core.users import RESERVED_USERS, UserRegistry, _check_name
 from ..errors import AuthenticationFailed, InvalidArgument
+from ..hub.chunks import HubChunks
 from ..namespace.base import Namespace
 from ..rest import wire
 from ..rest.auth import RegistryAuthenticator
+from ..rest.chunks import ChunkRoutes
 from ..rest.server import RestServer, VolumeAdmin
 from .identity import SiteIdentity, fingerprint
 
@@ -42,13 +45,19 @@ class FabricServer(RestServer):
         identity: SiteIdentity,
         trusted: Mapping[str, bytes],
         *,
+        chunks: HubChunks | None = None,
+        audit: AuditSink | None = None,
         users: UserRegistry | None = None,
         groups_of: Callable[[str], frozenset[str]] = lambda _: frozenset(),
     ) -> None:
-        """``trusted`` maps each pinned site's name to its certificate (PEM); ``users``
-        checks the credentials spokes pass through, ``groups_of`` names a user's groups."""
+        """``trusted`` maps each pinned site's name to its certificate (PEM); with
+        ``chunks``, spokes can move chunks instead of byte ranges; refusals are policy
+        decisions and go to ``audit``; ``users`` checks the credentials spokes pass
+        through, ``groups_of`` names a user's groups."""
         super().__init__(namespace, admin, site=identity.name)
+        self.chunks = chunks
         self.identity = identity
+        self.audit = audit
         self._credentials = (
             RegistryAuthenticator(users, site=identity.name, anonymous=False) if users else None
         )
@@ -56,6 +65,12 @@ class FabricServer(RestServer):
         self._context = identity.server_context(trusted.values())
         self._sites: dict[str, str] = {}
         self.trust(trusted)
+
+    def app(self) -> web.Application:
+        app = super().app()
+        if self.chunks is not None:
+            ChunkRoutes(self, self.chunks, audit=self.audit).register(app)
+        return app
 
     def ssl_context(self) -> ssl.SSLContext:
         return self._context
@@ -73,8 +88,19 @@ class FabricServer(RestServer):
     def _site(self, request: web.Request) -> str:
         tls = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = tls.getpeercert(binary_form=True) if tls is not None else None
-        site = self._sites.get(hashlib.sha256(der).hexdigest()) if der else None
+        peer = hashlib.sha256(der).hexdigest() if der else None
+        site = self._sites.get(peer) if peer else None
         if site is None:
+            if self.audit is not None:
+                # the site is named by the certificate it presented, as far as known
+                who = Principal("unknown", site=f"cert:{(peer or 'none')[:16]}", protocol="fabric")
+                self.audit.record(
+                    who,
+                    "connect",
+                    request.path,
+                    "denied",
+                    detail=f"{request.method}: site certificate not trusted (revoked or unknown)",
+                )
             # the handshake already pins certificates; this catches a site revoked since
             raise AuthenticationFailed("this site's certificate is not trusted by the hub")
         return site

@@ -9,8 +9,10 @@ wrapped namespace, so no protocol module makes an authorization decision of its 
 volume administration and the hub's own machinery keep the inner one.
 
 Which action a call needs: stat, list, read and get_tags need read; write, mkdir,
-symlink, remove, set_attrs (mode, mtime) and set_tags need write; a rename needs write on
-both paths; changing a file's owner (uid, gid) needs admin. A read is recorded when its
+symlink, remove, set_attrs (mode, mtime), set_tags and taking or giving up a write lease
+need write; a rename needs write on both paths; changing a file's owner (uid, gid) needs
+admin. What is not a namespace call but hands out a path's content (the fabric link's
+chunk maps) goes through ``audited`` with the action it needs. A read is recorded when its
 reader is closed, with the bytes it delivered; a listing when its first entry, its end or
 its error arrives (a failure later in a long listing is not recorded).
 """
@@ -28,6 +30,7 @@ from collections.abc import (
 )
 from typing import Protocol, TypeVar, runtime_checkable
 
+from ..core.audit import AuditSink
 from ..core.types import Action, Entry, Feed, Principal
 from ..errors import LoomError, NotFound, NotSupported, PermissionDenied
 from .base import FeedNamespace, Namespace, Reader
@@ -47,20 +50,6 @@ class SubtreeAuthorizer(Protocol):
     allowed?", so that listing an open directory costs no check per child."""
 
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool: ...
-
-
-class AuditSink(Protocol):
-    def record(
-        self,
-        who: Principal,
-        op: str,
-        path: str,
-        result: str,
-        *,
-        nbytes: int = 0,
-        detail: str = "",
-    ) -> None:
-        """Take one event without blocking; ``result`` is "ok", "denied" or an error code."""
 
 
 class _AuditedReader(Reader):
@@ -182,6 +171,22 @@ class GovernedNamespace(FeedNamespace):
         except (PermissionDenied, NotFound):
             return False
         return True
+
+    async def audited(
+        self,
+        who: Principal,
+        op: str,
+        action: Action,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        detail: str = "",
+        nbytes: Callable[[T], int] | None = None,
+    ) -> T:
+        """Govern a call that is not part of the namespace API (the fabric link's chunk
+        maps and chunked commits) as the namespace's own calls are: authorized, run, its
+        outcome recorded."""
+        return await self._governed(who, op, action, path, call, detail=detail, nbytes=nbytes)
 
     async def _governed(
         self,
@@ -322,6 +327,16 @@ class GovernedNamespace(FeedNamespace):
             who, "set_tags", Action.WRITE, path,
             lambda: self.inner.set_tags(who, path, set_, remove),
         )  # fmt: skip
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        return await self._governed(
+            who, "lease_write", Action.WRITE, path, lambda: self.inner.lease_write(who, path)
+        )
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        await self._governed(
+            who, "release_write", Action.WRITE, path, lambda: self.inner.release_write(who, path)
+        )
 
     async def changes(
         self, since: int = 0, limit: int = 1000, *, wait: float = 0.0, ack: int = 0

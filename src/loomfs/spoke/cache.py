@@ -31,9 +31,13 @@ from typing import Any
 import blake3
 from prometheus_client import Counter, Gauge
 
+from ..chunks.chunkmap import ChunkMap
 from ..core.streams import LocalFileSource
 from ..errors import CorruptData, InsufficientStorage
+from ..namespace.chunklink import ChunkLink
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
+from .chunkfill import SCHEMA as CHUNK_SCHEMA
+from .chunkfill import ChunkFiller
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,9 @@ SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke
 MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
 CORRUPT = Counter("loomfs_cache_corrupt_blocks_total", "Cache blocks that failed verification")
 USED = Gauge("loomfs_cache_used_bytes", "Bytes held by the spoke cache")
+# Files up to this size are fetched whole, without a chunk map: below it a map saves too
+# little to pay for its round trip (see docs/BENCHMARKS.md, "Chunks over the link").
+SMALL_FILE = 1 << 20
 
 #: fetch(path, version, offset, length) -> the bytes of that range of that version
 Fetch = Callable[[str, int, int, int], Awaitable[bytes]]
@@ -84,6 +91,8 @@ class CachedFile:
     data_mtime_ns: int = 0
     pinned: bool = False
     readers: int = 0
+    # replaced at the hub: never served again, kept only as a source of chunks until evicted
+    retired: bool = False
 
     @property
     def blocks(self) -> int:
@@ -102,8 +111,14 @@ class CachedFile:
 
 class Cache:
     def __init__(
-        self, directory: Path, capacity: int, policy: EvictionPolicy | None = None
+        self,
+        directory: Path,
+        capacity: int,
+        policy: EvictionPolicy | None = None,
+        *,
+        link: ChunkLink | None = None,
     ) -> None:
+        """With ``link``, misses of files above ``SMALL_FILE`` move chunks (``chunkfill``)."""
         self.directory = directory
         self.capacity = capacity
         self.policy = policy or LRUPolicy()
@@ -113,6 +128,11 @@ class Cache:
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # the index is written from worker threads
         self._slots = asyncio.Semaphore(FETCHES_IN_FLIGHT)
+        self.chunks = (
+            ChunkFiller(link, self._connection, self._db_lock, self._data_path, lambda: self._files)
+            if link is not None
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -123,7 +143,9 @@ class Cache:
         self._db = sqlite3.connect(
             self.directory / "index.db", isolation_level=None, check_same_thread=False
         )
-        self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA)
+        self._db.executescript(
+            "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA + CHUNK_SCHEMA
+        )
         rows = self._db.execute(
             "SELECT id, path, version, size, pinned, data_mtime_ns FROM files"
         ).fetchall()
@@ -151,9 +173,13 @@ class Cache:
                 self.policy.insert(entry.id, entry.cached_bytes)
                 if entry.pinned:
                     self.policy.pin(entry.id)
+        if self.chunks is not None:
+            self.chunks.load()
         USED.set(self.policy.used_bytes)
 
     def close(self) -> None:
+        if self.chunks is not None:
+            self.chunks.close()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -161,6 +187,10 @@ class Cache:
     @property
     def used_bytes(self) -> int:
         return self.policy.used_bytes
+
+    def _connection(self) -> sqlite3.Connection:
+        assert self._db is not None, "open() first"
+        return self._db
 
     def _data_path(self, file_id: int) -> Path:
         return self.directory / "data" / f"{file_id}.bin"
@@ -182,12 +212,17 @@ class Cache:
         return None if file_id is None else self._files[file_id]
 
     def versions(self, path: str) -> list[CachedFile]:
-        return [f for f in self._files.values() if f.path == path]
+        return [f for f in self._files.values() if f.path == path and not f.retired]
 
     def _ensure(self, path: str, version: int, size: int) -> CachedFile:
         found = self.get(path, version)
         if found is not None:
             return found
+        for old in self._files.values():
+            if old.retired and (old.path, old.version) == (path, version):
+                old.retired = False  # that very version again (say, renamed back)
+                self._by_key[(path, version)] = old.id
+                return old
         [row] = self._sql(
             "INSERT INTO files (path, version, size) VALUES (?, ?, ?) RETURNING id",
             (path, version, size),
@@ -279,7 +314,11 @@ class Cache:
         start = run[0] * BLOCK
         length = sum(entry.block_len(i) for i in run)
         async with self._slots:  # enough requests in flight to fill the link, not more
-            data = await fetch(entry.path, entry.version, start, length)
+            data = None
+            if self.chunks is not None and entry.size > SMALL_FILE:
+                data = await self.chunks.assemble(entry, start, length)
+            if data is None:
+                data = await fetch(entry.path, entry.version, start, length)
         if len(data) != length:
             raise CorruptData(
                 f"fetched {len(data)} of {length} bytes of {entry.path}", path=entry.path
@@ -427,7 +466,10 @@ class Cache:
         entry = self._files.pop(file_id, None)
         if entry is None:
             return
-        self._by_key.pop((entry.path, entry.version), None)
+        if self._by_key.get((entry.path, entry.version)) == file_id:
+            del self._by_key[(entry.path, entry.version)]
+        if self.chunks is not None:
+            self.chunks.forget(file_id)
         self.policy.remove(file_id)
         self._delete_row(file_id)
         self._data_path(file_id).unlink(missing_ok=True)
@@ -443,11 +485,31 @@ class Cache:
             for f in self._files.values()
             if (f.path == path or (below and f.path.startswith(prefix)))
             and f.version != keep_version
+            and not f.retired
             and not f.readers
         ]
         for file_id in doomed:
-            self._drop(file_id)
+            self._retire_or_drop(file_id)
         return len(doomed)
+
+    def _retire_or_drop(self, file_id: int) -> None:
+        """A version with a chunk map stays as a source of chunks (the next version shares
+        most of them), out of every lookup; eviction drops it like any other."""
+        entry = self._files[file_id]
+        if self.chunks is None or file_id not in self.chunks.maps or not entry.hashes:
+            self._drop(file_id)
+            return
+        entry.retired = True
+        self._by_key.pop((entry.path, entry.version), None)
+        self._sql("UPDATE files SET pinned = 0 WHERE id = ?", (file_id,))
+        if entry.pinned:
+            entry.pinned = False
+            self.policy.unpin(file_id)
+
+    def set_map(self, path: str, version: int, size: int, chunk_map: ChunkMap) -> None:
+        """Keep the chunk map of a version (read from the hub with its entry)."""
+        if self.chunks is not None:
+            self.chunks.set_map(self._ensure(path, version, size).id, chunk_map)
 
     def set_pinned(self, path: str, version: int, pinned: bool) -> None:
         entry = self.get(path, version)
