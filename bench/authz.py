@@ -5,10 +5,13 @@ One hub (SQLite catalog, a posix volume of 4 KiB files) is measured four ways:
 
 * namespace API, governance off: the bare ``HubNamespace``;
 * namespace API, governance on: ``GovernedNamespace`` with the ACL authorizer (rules on
-  the tree, the caller allowed through a group grant under a private export) and an
-  in-memory batching audit sink (a stand-in until the audit module lands);
+  the tree, the caller allowed through a group grant under a private export) and the
+  real audit log (``core.audit.AuditLog``: hash-chained, batched, fsynced by its writer
+  thread) in the run's temporary directory;
 * REST, off: the REST API over the bare namespace, no authentication;
-* REST, on: HTTP Basic credentials checked, the governed namespace, the same sink.
+* REST, on: HTTP Basic credentials checked, the governed namespace, the same log.
+
+At the end the log is flushed and verified (its record count printed).
 
 Each way runs stat (a file), list (a directory of ``--files`` entries) and a 4 KiB read,
 one call at a time, off and on alternating call by call; printed per operation: the mean
@@ -35,6 +38,7 @@ from aiohttp import web
 
 from loomfs.config import Config
 from loomfs.core.acl import AclAuthorizer, AclStore
+from loomfs.core.audit import AuditLog, AuditReader
 from loomfs.core.types import SYSTEM, Principal
 from loomfs.core.users import UserRegistry
 from loomfs.namespace.base import Namespace
@@ -44,34 +48,6 @@ from loomfs.rest.server import RestServer
 from loomfs.service import HubService
 
 TOP = "/vol/private/proj"
-
-
-class BatchingSink:
-    """An audit sink that keeps events in memory and hands them on in batches: what the
-    audit module's sink costs the caller, minus the disk it writes in the background."""
-
-    def __init__(self, batch: int = 1000) -> None:
-        self.batch = batch
-        self.pending: list[tuple[Any, ...]] = []
-        self.batches = 0
-        self.events = 0
-
-    def record(
-        self,
-        who: Principal,
-        op: str,
-        path: str,
-        result: str,
-        *,
-        nbytes: int = 0,
-        detail: str = "",
-    ) -> None:
-        self.pending.append((time.time_ns(), who.site, who.protocol, who.user, op, path,
-                             nbytes, result, detail))  # fmt: skip
-        if len(self.pending) >= self.batch:
-            self.events += len(self.pending)
-            self.batches += 1
-            self.pending = []
 
 
 Op = Callable[[Namespace, Principal, int], Awaitable[None]]
@@ -109,10 +85,15 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         (volume / "private" / "proj" / f"f{i:04d}").write_bytes(os.urandom(4096))
     hub = HubService(
         Config.model_validate(
-            {"site": {"data_dir": str(tmp / "hub")}, "hub": {"rescan_interval": 0, "watch": False}}
+            {
+                "site": {"data_dir": str(tmp / "hub")},
+                "hub": {"rescan_interval": 0, "watch": False},
+                "audit": {"enabled": False},  # the "on" ways get a log of their own
+            }
         )
     )
     await hub.start()
+    audit = AuditLog(tmp / "audit", site="bench").start()
     runners: list[web.AppRunner] = []
     clients: list[RestNamespace] = []
     try:
@@ -124,9 +105,8 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         await acl.grant("group:research", "read", TOP)
         for i in range(args.rules - 1):  # rules elsewhere in the tree, as a site has them
             await acl.grant(f"user:u{i}", "write", f"/vol/other/d{i}")
-        sink = BatchingSink()
         authorizer = AclAuthorizer(hub.catalog)
-        governed = GovernedNamespace(hub.namespace, [authorizer], audit=sink)
+        governed = GovernedNamespace(hub.namespace, [authorizer], audit=audit)
         alice = (await users.get_user("alice")).principal("api")
         await governed.stat(alice, TOP)  # loads the rules
 
@@ -167,8 +147,14 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         spent[way, op_name] += seconds
                     ratios[on, op_name].append(took[on] / took[off])
         calls = args.rounds * args.ops
-        results: dict[str, Any] = {"calls": calls, "audit_events": sink.events + len(sink.pending)}
-        print(f"{calls} calls per cell; {args.rules} ACL rules; {args.files} files of 4 KiB\n")
+        head = await asyncio.to_thread(audit.flush, 120)
+        report = await asyncio.to_thread(AuditReader(audit.directory).verify)
+        results: dict[str, Any] = {
+            "calls": calls, "audit_records": report.records, "audit_head": head,
+            "audit_ok": report.ok,
+        }  # fmt: skip
+        print(f"{calls} calls per cell; {args.rules} ACL rules; {args.files} files of 4 KiB")
+        print(f"audit log: {report.records:,} records, chain ok: {report.ok}\n")
         print(
             f"{'':6} {'operation':9} {'off us/op':>10} {'on us/op':>10} {'on/off':>8} {'median':>8}"
         )
@@ -191,6 +177,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for runner in runners:
             await runner.cleanup()
         await hub.stop()
+        await asyncio.to_thread(audit.close)
 
 
 def main() -> None:

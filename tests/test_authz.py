@@ -3,8 +3,8 @@
 Users (an owner through a group, a user with a read grant, a user with nothing, the
 anonymous caller, an admin) x operations x protocols; every cell is asserted allow or
 deny, a denial with the protocol's own error (PermissionDenied/403, AccessDenied,
-EACCES). Each protocol is a row of ``PROTOCOLS``; SFTP's row is empty until the SFTP
-server exists, and is then filled with its actor (denial: SSH_FX_PERMISSION_DENIED).
+EACCES, SSH_FX_PERMISSION_DENIED). Each in-process protocol is a row of ``PROTOCOLS``;
+FUSE and SFTP run against a hub process (a mount per user; an SSH login per user).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import asyncssh
 import boto3
 import botocore.exceptions
 import pytest
@@ -31,6 +33,7 @@ from botocore.config import Config as BotoConfig
 
 from loomfs.config import load_config
 from loomfs.core.acl import ANONYMOUS, AclPolicy, AclStore, Rule
+from loomfs.core.audit import AuditReader
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import SYSTEM, Action, Principal
 from loomfs.core.users import AccessKey, UserRegistry
@@ -50,7 +53,8 @@ from loomfs.rest.server import RestServer
 from loomfs.service import HubService
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.hubproc import HubProcess, cli_ok
+from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -71,21 +75,22 @@ USERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 # -- the tree and the rules, the same at every site -----------------------------------------
 
 
-async def populate(ns: Namespace, catalog: Any) -> dict[str, AccessKey]:
-    """The files (written as SYSTEM through the inner namespace), the users, the rules."""
+async def populate(ns: Namespace, catalog: Any, *, users: bool = True) -> dict[str, AccessKey]:
+    """The files (written as SYSTEM through the inner namespace), the users (unless the
+    caller makes them, as ``loomfs user add`` does for SFTP), the rules."""
     await ns.mkdir(SYSTEM, f"{PROJ}/sub", parents=True)
     await ns.write_bytes(SYSTEM, f"{PROJ}/data.bin", DATA)
     await ns.write_bytes(SYSTEM, "/vol/open.txt", b"open")
     for user in USERS:
         await ns.write_bytes(SYSTEM, f"{PROJ}/ren-{user}", b"r")
         await ns.write_bytes(SYSTEM, f"{PROJ}/rm-{user}", b"r")
-    users, acl = UserRegistry(catalog), AclStore(catalog)
+    registry, acl = UserRegistry(catalog), AclStore(catalog)
     await acl.add_group("research")
     keys = {}
     for user, (groups, _) in USERS.items():
-        if user != ANONYMOUS:
-            await users.add_user(user, groups)
-            keys[user] = await users.add_access_key(user)
+        if user != ANONYMOUS and users:
+            await registry.add_user(user, groups)
+            keys[user] = await registry.add_access_key(user)
     await acl.set_private("/vol/private", True)
     await acl.grant("group:research", "write", PROJ)
     await acl.grant("user:bob", "read", PROJ)
@@ -252,6 +257,50 @@ def fuse_actor(mountpoint: Path) -> Actor:
     return Actor(do, denied)
 
 
+@contextlib.asynccontextmanager
+async def sftp_actor(port: int, keys: Path) -> AsyncIterator[Actor]:
+    """An SSH login per user (its key from ``keys``), asyncssh's SFTP client on it. SFTP
+    has no tags (nor an anonymous login: that row is not run)."""
+    sessions: dict[str, asyncssh.SFTPClient] = {}
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def client(user: str) -> asyncssh.SFTPClient:
+            if user not in sessions:
+                login = asyncssh.connect(
+                    "127.0.0.1", port, username=user, client_keys=[str(keys / user)],
+                    known_hosts=None, agent_path=None, password=None,
+                )  # fmt: skip
+                conn = await stack.enter_async_context(await login)
+                sessions[user] = await stack.enter_async_context(conn.start_sftp_client())
+            return sessions[user]
+
+        async def do(op: str, user: str) -> None:
+            sftp = await client(user)
+            match op:
+                case "stat":
+                    await sftp.stat(f"{PROJ}/data.bin")
+                case "list":
+                    assert "data.bin" in await sftp.listdir(PROJ)
+                case "read":
+                    async with sftp.open(f"{PROJ}/data.bin", "rb") as f:
+                        got: object = await f.read()  # bytes ("b"), typed as str
+                        assert got == DATA
+                case "write":
+                    async with sftp.open(f"{PROJ}/new-{user}", "wb") as f:
+                        await f.write(b"new")
+                case "mkdir":
+                    await sftp.mkdir(f"{PROJ}/dir-{user}")
+                case "rename":
+                    await sftp.rename(f"{PROJ}/ren-{user}", f"{PROJ}/renamed-{user}")
+                case "remove":
+                    await sftp.remove(f"{PROJ}/rm-{user}")
+
+        def denied(exc: BaseException) -> bool:
+            return isinstance(exc, asyncssh.SFTPError) and exc.code == asyncssh.FX_PERMISSION_DENIED
+
+        yield Actor(do, denied, unsupported=frozenset({"set_tags"}))
+
+
 async def run_matrix(actor: Actor, users: list[str] | None = None) -> list[str]:
     """Every cell; the cells whose outcome differs from the expectation."""
     wrong = []
@@ -349,8 +398,8 @@ PROTOCOLS = {
     "rest": rest_protocol,
     "s3": s3_protocol,
     "spoke": spoke_protocol,
-    # "fuse" runs in test_matrix_fuse (a mount process per user, see there);
-    # "sftp": the SFTP server is being built; its actor goes here (denial: FX_PERMISSION_DENIED)
+    # "fuse" runs in test_matrix_fuse (a mount process per user, see there), "sftp" in
+    # test_matrix_sftp (a hub process serving SFTP, users made by `loomfs user add`)
 }
 
 
@@ -400,6 +449,81 @@ def test_matrix_fuse(tmp_path: Path) -> None:
 
     assert not wrong, "\n".join(wrong)
     asyncio.run(check())
+
+
+def test_matrix_sftp(tmp_path: Path) -> None:
+    """A ``loomfs hub serve`` process serving SFTP over the whole namespace: its sessions
+    go through the hub's governed namespace (the same rules as every protocol), and every
+    decision lands in the hub's audit log. Users and their SSH keys come from `loomfs
+    user add --ssh-key`; OpenSSH's own client sees the same denials."""
+    openssh_sftp()  # fails with how to install it
+    volume, keys, data_dir = tmp_path / "volume", tmp_path / "keys", tmp_path / "site"
+    for d in (volume, keys, data_dir):
+        d.mkdir()
+    config = tmp_path / "loomfs.toml"
+    config.write_text(
+        f"[site]\ndata_dir = {json.dumps(str(data_dir))}\n[hub]\nrescan_interval = 0\n"
+        '[sftp]\nlisten = "127.0.0.1:0"\nroot = "/"\n'
+    )
+
+    async def setup() -> None:
+        service = HubService(load_config(config))
+        await service.start()
+        try:
+            await service.namespace.add_volume("/vol", f"posix://{volume}")
+            await populate(service.namespace, service.catalog, users=False)
+        finally:
+            await service.stop()
+
+    asyncio.run(setup())
+    users = [u for u in USERS if u != ANONYMOUS]
+    for user in users:
+        make_key(keys / user)
+        groups = [a for g in sorted(USERS[user][0]) for a in ("--group", g)]
+        cli_ok(data_dir, "user", "add", user, *groups, "--ssh-key", str(keys / f"{user}.pub"))
+
+    async def matrix(port: int) -> list[str]:
+        async with sftp_actor(port, keys) as actor:
+            return await run_matrix(actor, users)
+
+    with HubProcess(data_dir, env={"LOOMFS_CONFIG": str(config)}) as hub:
+        port = int(hub.urls["sftp"].rpartition(":")[2])
+        wrong = asyncio.run(matrix(port))
+        # OpenSSH's client: bob reads, dave is refused reading and writing
+        (tmp_path / "up.txt").write_bytes(b"up")
+        get = f"get {PROJ}/data.bin got.bin\n"
+        assert sftp_batch(port, "bob", keys / "bob", get, cwd=tmp_path).returncode == 0
+        assert (tmp_path / "got.bin").read_bytes() == DATA
+        (tmp_path / "got.bin").unlink()
+        done = sftp_batch(port, "dave", keys / "dave", get, cwd=tmp_path)
+        # the client globs the name first and calls a refused stat "not found"
+        assert done.returncode != 0 and "not found" in done.stderr, done.stderr
+        assert not (tmp_path / "got.bin").exists()
+        put = f"put up.txt {PROJ}/by-dave\n"
+        done = sftp_batch(port, "dave", keys / "dave", put, cwd=tmp_path)
+        assert done.returncode != 0 and "Permission denied" in done.stderr, done.stderr
+    assert not wrong, "\n".join(wrong)
+
+    async def check() -> None:
+        service = HubService(load_config(config))
+        await service.start()
+        try:
+            await assert_nothing_changed_by_the_denied(service.namespace)
+            assert not await service.namespace.exists(SYSTEM, f"{PROJ}/by-dave")
+        finally:
+            await service.stop()
+
+    asyncio.run(check())
+    records = [
+        json.loads(line)
+        for line in cli_ok(data_dir, "audit", "query", "--user", "dave", "--json").splitlines()
+    ]
+    refused = {(r["op"], r["path"]) for r in records if r["result"] == "denied"}
+    assert {r["protocol"] for r in records} == {"sftp"}
+    assert ("read", f"{PROJ}/data.bin") in refused or ("stat", f"{PROJ}/data.bin") in refused
+    assert ("mkdir", f"{PROJ}/dir-dave") in refused
+    assert ("rename", f"{PROJ}/ren-dave") in refused
+    assert ("stat", f"{PROJ}/rm-dave") in refused  # SFTP's remove looks first
 
 
 # -- semantics ---------------------------------------------------------------------------------
@@ -715,3 +839,84 @@ async def test_a_spoke_checks_credentials_with_its_hub(governed: Governed) -> No
     finally:
         await check.hub.close()
     assert not await env.hub.namespace.exists(SYSTEM, f"{PROJ}/intruder")
+
+
+# -- the chunk link, write leases and the hub's audit log -------------------------------------
+
+
+async def test_chunk_link_serves_maps_only_to_readers(governed: Governed) -> None:
+    """A file's chunk map (a small file whole) is a read by the user the spoke opens it
+    for; chunks by id are the site's own, never a user's; a chunked commit is a write as
+    its writer. The spoke's cold open of a large file asks for the map as its user."""
+    env, hub = governed.env, governed.env.hub
+    big, small = f"{PROJ}/big.bin", f"{PROJ}/data.bin"
+    content = os.urandom(3 << 20)  # above the spoke's whole-file size: a chunk map
+    await hub.namespace.write_bytes(SYSTEM, big, content)
+    bob, dave, alice = (
+        Principal(u, site=env.first, protocol="rest") for u in ("bob", "dave", "alice")
+    )
+    link = env.client(env.first, forward=True)
+    try:
+        for path in (big, small):
+            with pytest.raises(PermissionDenied):
+                await link.open_chunked(path, small=1 << 20, who=dave)
+        opened = await link.open_chunked(big, small=1 << 20, who=bob)
+        assert opened.chunk_map is not None and opened.chunk_map.size == len(content)
+        assert (await link.open_chunked(small, small=1 << 20, who=bob)).whole == DATA
+        cmap = (await link.open_chunked(big, small=1 << 20)).chunk_map  # the site itself
+        assert cmap is not None
+        ids = [p.id.hex() for p in cmap][:4]
+        for route in ("chunks", "chunks/missing"):
+            with pytest.raises(PermissionDenied, match="sites only"):
+                await link._json("POST", f"/v1/{route}", json={"ids": ids}, who=bob)
+        assert await link.missing_chunks([p.id for p in cmap]) == []  # as the site: fine
+        with pytest.raises(PermissionDenied):
+            await link.commit_chunks(f"{PROJ}/copy-by-bob", cmap, who=bob)
+        copied = await link.commit_chunks(f"{PROJ}/copy-by-alice", cmap, who=alice)
+        assert copied.size == len(content)
+    finally:
+        await link.close()
+    assert not await hub.namespace.exists(SYSTEM, f"{PROJ}/copy-by-bob")
+    assert await hub.namespace.read_bytes(SYSTEM, f"{PROJ}/copy-by-alice") == content
+    # at the spoke: a cold open brings the map for its user, and the cache holds nothing
+    # for dave to take afterwards
+    with pytest.raises(PermissionDenied):
+        await env.spoke.read_bytes(dave, big)
+    assert await env.spoke.read_bytes(alice, big) == content
+    with pytest.raises(PermissionDenied):
+        await env.spoke.read_bytes(dave, big)
+
+
+async def test_write_leases_are_governed(governed: Governed) -> None:
+    env, hub, who = governed.env, governed.env.hub, governed.principals
+    with pytest.raises(PermissionDenied):
+        await hub.governed.lease_write(who["bob"], f"{PROJ}/data.bin")  # read only
+    assert await hub.governed.lease_write(who["alice"], f"{PROJ}/data.bin") > 0
+    with pytest.raises(PermissionDenied):
+        await hub.governed.release_write(who["dave"], f"{PROJ}/data.bin")
+    await hub.governed.release_write(who["alice"], f"{PROJ}/data.bin")
+    # through a spoke, the lease is taken as the writer, before any byte is journaled
+    dave = Principal("dave", site=env.first, protocol="rest")
+    with pytest.raises(PermissionDenied):
+        await env.spoke.lease_write(dave, f"{PROJ}/data.bin")
+    alice = Principal("alice", site=env.first, protocol="rest")
+    assert await env.spoke.lease_write(alice, f"{PROJ}/data.bin") > 0
+    await env.spoke.release_write(alice, f"{PROJ}/data.bin")
+
+
+async def test_governed_calls_land_in_the_hubs_audit_log(governed: Governed) -> None:
+    """The hub's own AuditLog (hash-chained, on disk) gets every governed call, also
+    those a spoke forwards for its users."""
+    env, hub = governed.env, governed.env.hub
+    assert hub.audit is not None and hub.governed.audit is hub.audit
+    dave = Principal("dave", site=env.first, protocol="rest")
+    bob = Principal("bob", site=env.first, protocol="rest")
+    with pytest.raises(PermissionDenied):
+        await env.spoke.stat(dave, f"{PROJ}/data.bin")
+    assert await env.spoke.read_bytes(bob, f"{PROJ}/data.bin") == DATA
+    await asyncio.to_thread(hub.audit.flush, 30)
+    reader = AuditReader(hub.config.audit_dir)
+    assert reader.verify().ok
+    seen = {(r.user, r.site, r.protocol, r.op, r.path, r.result) for r in reader.query()}
+    assert ("dave", env.first, "rest", "stat", f"{PROJ}/data.bin", "denied") in seen
+    assert any(u == "bob" and s == env.first and res == "ok" for u, s, _, _, _, res in seen)
