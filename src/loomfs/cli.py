@@ -33,6 +33,7 @@ from rich.table import Table
 
 from .chunks.metrics import REPORTED, summarize
 from .config import Config, load_config
+from .core.acl import AclStore
 from .core.audit import AuditReader, archive, load_key, parse_anchor
 from .core.catalog.base import Catalog
 from .core.placement import Policy, PolicyStore
@@ -50,10 +51,9 @@ from .service import HubService, SpokeService
 from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
-R = TypeVar("R")
 console = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
-WHO = SYSTEM  # the REST server decides who the caller is; the client sends no identity yet
+WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 
 
 class State:
@@ -68,6 +68,10 @@ class State:
     @property
     def hub(self) -> str:
         return self.hub_override or self.config.client.hub
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        return self.config.client.credentials()
 
 
 def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
@@ -86,7 +90,7 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
 
 def client(ctx: click.Context) -> RestNamespace:
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    return RestNamespace(state.hub)
+    return RestNamespace(state.hub, credentials=state.credentials)
 
 
 @contextlib.asynccontextmanager
@@ -480,15 +484,19 @@ def registry(ctx: click.Context) -> tuple[Catalog, UserRegistry]:
     return catalog, UserRegistry(catalog)
 
 
+async def _with_catalog(ctx: click.Context, fn: Callable[[Catalog], Coroutine[Any, Any, T]]) -> T:
+    catalog, _ = registry(ctx)
+    await catalog.open()
+    try:
+        return await fn(catalog)
+    finally:
+        await catalog.close()
+
+
 async def _with_registry(
     ctx: click.Context, fn: Callable[[UserRegistry], Coroutine[Any, Any, T]]
 ) -> T:
-    catalog, users = registry(ctx)
-    await catalog.open()
-    try:
-        return await fn(users)
-    finally:
-        await catalog.close()
+    return await _with_catalog(ctx, lambda catalog: fn(UserRegistry(catalog)))
 
 
 def _print_secret(key: AccessKey) -> None:
@@ -632,22 +640,10 @@ def site_init(
             out.print(f'seal the cache with it: [spoke] cache_key_file = "{key_file}"')
 
 
-async def _with_catalog(
-    ctx: click.Context, over: Callable[[Catalog], R], fn: Callable[[R], Coroutine[Any, Any, T]]
-) -> T:
-    """Run ``fn`` over a registry (sites, policies) of the site catalog, opened for it."""
-    catalog, _ = registry(ctx)
-    await catalog.open()
-    try:
-        return await fn(over(catalog))
-    finally:
-        await catalog.close()
-
-
 async def _with_sites(
     ctx: click.Context, fn: Callable[[SiteRegistry], Coroutine[Any, Any, T]]
 ) -> T:
-    return await _with_catalog(ctx, SiteRegistry, fn)
+    return await _with_catalog(ctx, lambda catalog: fn(SiteRegistry(catalog)))
 
 
 @site.command("add")
@@ -748,7 +744,7 @@ def spoke_serve(
 async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -> None:
     """Fetch PATH into a spoke's cache ahead of training; resumable."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub)
+    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
     progress = Progress(
         SpinnerColumn(),
         TextColumn(f"warming {path}"),
@@ -781,7 +777,7 @@ async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -
 async def sync(ctx: click.Context, site_url: str | None) -> None:
     """Wait until a spoke has committed every write it acknowledged."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub)
+    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
     try:
         await ns.sync()
     finally:
@@ -875,7 +871,7 @@ async def _mount(
     else:
         service = HubService(config)
         await service.start()
-        ns = service.namespace
+        ns = service.governed  # the mapped users are decided for like any other caller
     try:
         await serve(
             ns,
@@ -905,7 +901,7 @@ def policy() -> None:
 async def _with_policies(
     ctx: click.Context, fn: Callable[[PolicyStore], Coroutine[Any, Any, T]]
 ) -> T:
-    return await _with_catalog(ctx, PolicyStore, fn)
+    return await _with_catalog(ctx, lambda catalog: fn(PolicyStore(catalog)))
 
 
 @policy.command("add")
@@ -972,6 +968,132 @@ async def policy_list(ctx: click.Context) -> None:
 async def policy_remove(ctx: click.Context, name: str) -> None:
     """Remove policy NAME (a loosening: nothing to evict)."""
     await _with_policies(ctx, lambda store: store.remove(name))
+
+
+# -- access control ----------------------------------------------------------------------
+
+
+async def _with_acl(ctx: click.Context, fn: Callable[[AclStore], Coroutine[Any, Any, T]]) -> T:
+    return await _with_catalog(ctx, lambda catalog: fn(AclStore(catalog)))
+
+
+@main.group()
+def group() -> None:
+    """Groups of users, for ACL rules (on the hub)."""
+
+
+@group.command("add")
+@click.argument("name")
+@click.pass_context
+@run
+async def group_add(ctx: click.Context, name: str) -> None:
+    """Create a group (add users with `loomfs user add --group` or `group member`)."""
+    await _with_acl(ctx, lambda acl: acl.add_group(name))
+
+
+@group.command("list")
+@click.pass_context
+@run
+async def group_list(ctx: click.Context) -> None:
+    """Groups and their members."""
+    table = Table("group", "members")
+    for g in await _with_acl(ctx, lambda acl: acl.list_groups()):
+        table.add_row(g.name, ",".join(g.members))
+    out.print(table)
+
+
+@group.command("remove")
+@click.argument("name")
+@click.pass_context
+@run
+async def group_remove(ctx: click.Context, name: str) -> None:
+    """Remove a group and its memberships (refused while an ACL rule names it)."""
+    await _with_acl(ctx, lambda acl: acl.remove_group(name))
+
+
+@group.command("member")
+@click.argument("name")
+@click.argument("user_name", metavar="USER")
+@click.option("--remove", is_flag=True, help="Take USER out of the group instead.")
+@click.pass_context
+@run
+async def group_member(ctx: click.Context, name: str, user_name: str, remove: bool) -> None:
+    """Put USER in group NAME (or take them out)."""
+    await _with_acl(ctx, lambda acl: acl.set_member(name, user_name, member=not remove))
+
+
+@main.group()
+def acl() -> None:
+    """Path-prefix access rules (on the hub): who may read, write or administer what.
+
+    A path no rule governs (on it or an ancestor) and not under a private export is open
+    to everyone; once a rule governs it, only what rules grant is allowed."""
+
+
+@acl.command("grant")
+@click.argument("subject")
+@click.argument("permission", type=click.Choice(["read", "write", "admin"]))
+@click.argument("path")
+@click.pass_context
+@run
+async def acl_grant(ctx: click.Context, subject: str, permission: str, path: str) -> None:
+    """Give SUBJECT (user:NAME, group:NAME or a group's name) PERMISSION on PATH and below."""
+
+    async def fn(store: AclStore) -> None:
+        rule = await store.grant(await store.resolve(subject), permission, path)
+        out.print(f"{rule.subject} may {rule.permission.value} {rule.path}")
+
+    await _with_acl(ctx, fn)
+
+
+@acl.command("revoke")
+@click.argument("subject")
+@click.argument("permission", type=click.Choice(["read", "write", "admin"]))
+@click.argument("path")
+@click.pass_context
+@run
+async def acl_revoke(ctx: click.Context, subject: str, permission: str, path: str) -> None:
+    """Take back a rule made with `acl grant`."""
+
+    async def fn(store: AclStore) -> None:
+        await store.revoke(await store.resolve(subject), permission, path)
+
+    await _with_acl(ctx, fn)
+
+
+@acl.command("list")
+@click.pass_context
+@run
+async def acl_list(ctx: click.Context) -> None:
+    """Every rule and every private export."""
+    rules, private, _ = await _with_acl(ctx, lambda store: store.snapshot())
+    table = Table("path", "subject", "permission")
+    for rule in rules:
+        table.add_row(rule.path, rule.subject, rule.permission.value)
+    for path in private:
+        table.add_row(path, "(private export)", "")
+    out.print(table)
+
+
+@acl.command("private")
+@click.argument("path")
+@click.option("--off", is_flag=True, help="Make PATH open again (where no rule governs it).")
+@click.pass_context
+@run
+async def acl_private(ctx: click.Context, path: str, off: bool) -> None:
+    """Mark an export private: below PATH only what rules grant is allowed."""
+    await _with_acl(ctx, lambda store: store.set_private(path, not off))
+
+
+@main.command("whoami")
+@click.pass_context
+@run
+async def whoami(ctx: click.Context) -> None:
+    """Who the hub (or spoke) takes this client for."""
+    async with connected(ctx) as ns:
+        found = await ns.whoami()
+    groups = ",".join(found["groups"]) or "-"
+    out.print(f"{found['user']} (groups {groups}) at {found['site']} over {found['protocol']}")
 
 
 # -- status ------------------------------------------------------------------------------

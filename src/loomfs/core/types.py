@@ -139,3 +139,12 @@ class Volume:
     checkpoint: str | None
     created_ns: int
     last_scan_ns: int | None
+
+
+class Action(enum.StrEnum):
+    """What a namespace call needs of a path; each implies the ones before it (an ACL
+    grant of write includes read, admin includes both)."""
+
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"

@@ -179,6 +179,12 @@ def spec() -> dict[str, Any]:
                     ),
                 ),
             },
+            "/v1/whoami": {
+                "get": _op(
+                    "Who this server takes the caller for (user, groups, site, protocol)",
+                    {"200": _json_ok({"type": "object"})},
+                ),
+            },
             "/v1/changes": {
                 "get": _op(
                     "The change log after a sequence number",
@@ -269,7 +275,16 @@ def spec() -> dict[str, Any]:
             "/metrics": {"get": _op("Prometheus metrics", {"200": {"description": "text format"}})},
             "/healthz": {"get": _op("Liveness", {"200": _json_ok({"type": "object"})})},
         },
+        "security": [{"basic": []}, {}],
         "components": {
+            "securitySchemes": {
+                "basic": {
+                    "type": "http",
+                    "scheme": "basic",
+                    "description": "an access key id and its secret (`loomfs user add`); "
+                    "without credentials the caller is anonymous where the site allows it",
+                }
+            },
             "schemas": {
                 "Entry": {
                     "type": "object",

@@ -54,6 +54,9 @@ class Pending:
     early: bool
     #: the data file holds sealed frames (the spoke's cache key), not the plain bytes
     sealed: bool = False
+    #: who wrote it (None: the spoke itself; journals written before users were kept)
+    user: str | None = None
+    protocol: str = "internal"
 
     def data_name(self) -> str:
         return f"{self.seq:012d}.data"

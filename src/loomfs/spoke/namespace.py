@@ -133,6 +133,10 @@ class SpokeNamespace(Namespace):
         self._stuck: dict[int, Exception] = {}  # journaled writes the hub refuses, and why
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
         self._evicted: dict[str, int] = {}  # path -> seq of the last eviction at or below it
+        # (user, path) -> until when (monotonic) the hub's "yes, this user may read it"
+        # holds here: the lease current at that answer, never extended by later renewals,
+        # so a revoked right stops serving cached data within one lease term
+        self._admitted: dict[tuple[str, str], float] = {}
         self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
         self.seq = 0
         self.online = True
@@ -261,10 +265,12 @@ class SpokeNamespace(Namespace):
             raise PermissionDenied(f"{path} is not attached at this spoke", path=path)
         pending = self.journal.pending(path)
         if pending is not None:
+            await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
                 return self._pending_entry(pending)
         asked_at = self.seq
         entry = await self.hub.stat(who, path)
+        self._admit(who, path)
         self._learn(entry, asked_at)
         return entry
 
@@ -282,7 +288,7 @@ class SpokeNamespace(Namespace):
         self, who: Principal, path: str, offset: int = 0, length: int | None = None
     ) -> Entry:
         known = self._known.get(path)
-        if known is not None and self.leased:
+        if known is not None and self.leased and self._is_admitted(who, path):
             LEASED_OPENS.inc()
             return known
         asked_at = self.seq
@@ -290,10 +296,13 @@ class SpokeNamespace(Namespace):
             opening = self._opening.get(path)
             if opening is not None:  # another reader's cold open brings it: one request
                 entry = await asyncio.shield(opening)
+                if not self._is_admitted(who, path):  # that reader's right is not this one's
+                    await self.hub.stat(who, path)
             elif known is None and not self.cache.versions(path):
                 entry = await self._open_cold(who, path, offset, length)
-            else:
+            else:  # what the cache holds may be served to this user only if the hub agrees
                 entry = await self.hub.stat(who, path)
+            self._admit(who, path)
         except BackendUnavailable:
             known = known or self._newest_cached(path)
             if known is None:
@@ -316,7 +325,7 @@ class SpokeNamespace(Namespace):
             if self.cache.chunks is not None:
                 # with chunks: the entry and its map (small files: their bytes) come first,
                 # then only the chunks this spoke holds nowhere
-                entry, data, start = await self._open_chunked(path, asked_at), b"", 0
+                entry, data, start = await self._open_chunked(who, path, asked_at), b"", 0
             else:
                 async with await self.hub.read(who, path, start, want) as reader:
                     data = await reader.read_all()
@@ -340,9 +349,31 @@ class SpokeNamespace(Namespace):
         the hub sent before it are for the reader that asked, not for the cache."""
         return any(at > seq and paths.is_within(path, top) for top, at in self._evicted.items())
 
-    async def _open_chunked(self, path: str, asked_at: int) -> Entry:
+    def _is_admitted(self, who: Principal, path: str) -> bool:
+        return self._admitted.get((who.user, path), 0.0) > time.monotonic()
+
+    def _admit(self, who: Principal, path: str) -> None:
+        """The hub just let ``who`` see ``path``: remember it for the current lease."""
+        if self.leased:
+            if len(self._admitted) > 100_000:  # answers whose lease is over
+                now = time.monotonic()
+                self._admitted = {k: t for k, t in self._admitted.items() if t > now}
+            self._admitted[(who.user, path)] = self.lease_until - LEASE_MARGIN
+
+    async def _may_see_pending(self, who: Principal, pending: Pending) -> None:
+        """A journaled write not yet at the hub is served to its writer, and to others
+        the hub lets read its path (absent there still means allowed: a governed hub
+        refuses before it looks). With the link down, only to its writer."""
+        if pending.user in (None, who.user) or self._is_admitted(who, pending.path):
+            return
+        with contextlib.suppress(NotFound):
+            await self.hub.stat(who, pending.path)
+        self._admit(who, pending.path)
+
+    async def _open_chunked(self, who: Principal, path: str, asked_at: int) -> Entry:
         assert self.cache.chunks is not None
-        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE)
+        # opened for ``who``: the hub decides whether this user may read it
+        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE, who=who)
         entry = opened.entry
         if self._evicted_since(path, asked_at):
             return entry  # the answer serves this open; the cache keeps nothing of it
@@ -372,6 +403,7 @@ class SpokeNamespace(Namespace):
         path = self._inside(path)
         pending = self.journal.pending(path)
         if pending is not None and if_version is None:
+            await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
         entry = await self._open_entry(who, path, offset, length)
@@ -453,6 +485,8 @@ class SpokeNamespace(Namespace):
                 pending = Pending(
                     seq, path, base, if_version, exclusive, mode, time.time_ns(),
                     early=self.write_back or not self.online, sealed=self.journal.sealed,
+                    user=None if who.protocol == "internal" else who.user,
+                    protocol=who.protocol,
                 )  # fmt: skip
                 pending = await asyncio.to_thread(self.journal.commit, pending)
             except BaseException:
@@ -640,6 +674,7 @@ class SpokeNamespace(Namespace):
             if_version, exclusive = pending.base_version, pending.base_version is None
         self.journal.mark_sending(pending)
         return await self._send(
+            self._writer(pending),
             pending.path,
             pending,
             if_version=if_version,
@@ -647,8 +682,17 @@ class SpokeNamespace(Namespace):
             mode=pending.mode,
         )
 
+    def _writer(self, pending: Pending) -> Principal:
+        """Who a journaled write is committed as: its writer, so the hub's rules decide
+        for them (a write the hub refuses fails its waiting writer, or stays journaled
+        and reported when it was acknowledged early)."""
+        if pending.user is None:
+            return SYSTEM
+        return Principal(pending.user, site=self.site, protocol=pending.protocol)
+
     async def _send(
         self,
+        who: Principal,
         path: str,
         pending: Pending,
         *,
@@ -656,9 +700,10 @@ class SpokeNamespace(Namespace):
         exclusive: bool = False,
         mode: int | None = None,
     ) -> Entry:
-        """Upload one journaled write to ``path``: as chunks the hub lacks where the link
-        moves chunks and the file is not small, else (or if the hub could not assemble it)
-        its bytes. Either way the hub gets the plaintext (opened here where sealed)."""
+        """Upload one journaled write to ``path`` as ``who``: as chunks the hub lacks where
+        the link moves chunks and the file is not small, else (or if the hub could not
+        assemble it) its bytes. Either way the hub gets the plaintext (opened here where
+        sealed)."""
         chunks = self.cache.chunks
         if chunks is not None and self.journal.size(pending) > SMALL_FILE:
             try:
@@ -668,11 +713,12 @@ class SpokeNamespace(Namespace):
                     if_version=if_version,
                     exclusive=exclusive,
                     mode=mode,
+                    who=who,
                 )
             except CorruptData as exc:
                 log.warning("chunked upload failed; sending the file whole: %s", exc)
         return await self.hub.write(
-            SYSTEM,
+            who,
             path,
             self._journaled(pending),
             if_version=if_version,
@@ -712,7 +758,7 @@ class SpokeNamespace(Namespace):
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
         try:
-            return await self._send(name, pending, exclusive=True)
+            return await self._send(self._writer(pending), name, pending, exclusive=True)
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer
                 return await self.hub.stat(SYSTEM, name)

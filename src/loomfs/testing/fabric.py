@@ -18,7 +18,6 @@ from aiohttp import web
 from ..config import Config
 from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
-from ..fabric.server import FabricServer
 from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
@@ -54,17 +53,19 @@ class Fabric:
     def link(self) -> LinkEmulator:
         return self.links[self.first]
 
-    def client(self, name: str) -> RestNamespace:
-        """A fabric client as spoke ``name``, through its emulated link."""
+    def client(self, name: str, *, forward: bool = False) -> RestNamespace:
+        """A fabric client as spoke ``name``, through its emulated link; ``forward``:
+        sending each call's user along, as a spoke does."""
         return RestNamespace(
             f"https://127.0.0.1:{self.links[name].port}",
             ssl_context=self.ids[name].client_context(self.hub_id.cert_pem),
+            forward=forward,
         )
 
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
-        client = self.client(name)
+        client = self.client(name, forward=True)
         cache = Cache(
             self.tmp / f"{name}-cache",
             capacity or self.capacity,
@@ -75,12 +76,10 @@ class Fabric:
         return self.spokes[name]
 
     async def serve_hub(self) -> None:
-        """Serve the fabric link on ``port`` (0: a free one, remembered), through the
-        hub's placement wrapper as the hub service serves it."""
+        """Serve the fabric link on ``port`` (0: a free one, remembered), as a hub
+        process serves it (placement policies, ACL rules, audit when the hub has a log)."""
         trusted = {n: i.cert_pem for n, i in self.ids.items()}
-        server = FabricServer(
-            self.hub.placed, self.hub, self.hub_id, trusted, chunks=self.hub.chunks
-        )
+        server = self.hub.fabric_server(self.hub_id, trusted)
         self.runner = web.AppRunner(server.app())
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
