@@ -60,6 +60,8 @@ class S3Section(_Section):
 
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
+    #: site name -> REST URL, for ``loomfs://SITE/path`` URLs (the Python SDK)
+    sites: dict[str, str] = {}
 
 
 class LogSection(_Section):

@@ -40,9 +40,11 @@ from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .protocols.s3 import S3Gateway
 from .rest.client import RestNamespace
+from .rest.plans import routes as plan_routes
 from .rest.server import RestServer
 from .spoke.cache import Cache
 from .spoke.namespace import SpokeNamespace
+from .spoke.prefetcher import Prefetcher
 
 log = logging.getLogger(__name__)
 
@@ -315,10 +317,18 @@ class SpokeService:
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
+        prefetcher = Prefetcher(self.namespace)
         try:
             await self.namespace.start()
-            server = RestServer(self.namespace, spoke=self.namespace, site=self.namespace.site)
+            prefetcher.start()
+            server = RestServer(
+                self.namespace,
+                spoke=self.namespace,
+                site=self.namespace.site,
+                routes=plan_routes(prefetcher),
+            )
             listen = host_port(self.config.spoke.listen, "spoke.listen")
             await serve_until_signal([Listener("url", server.app(), listen)], ready_file, "spoke")
         finally:
+            await prefetcher.close()
             await self.namespace.close()

@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from email.utils import formatdate
 from typing import Any, Protocol
 
@@ -135,11 +135,13 @@ class RestServer:
         *,
         spoke: SpokeAdmin | None = None,
         site: str = "hub",
+        routes: Sequence[web.RouteDef] = (),
     ) -> None:
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
         self.site = site
+        self.routes = routes  # more routes behind the same middleware (a spoke's prefetcher)
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
@@ -171,6 +173,7 @@ class RestServer:
         if self.spoke is not None:
             app.router.add_post(f"{wire.API}/warm", self.warm)
             app.router.add_post(f"{wire.API}/sync", self.sync)
+        app.router.add_routes(self.routes)
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)

@@ -23,10 +23,12 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 from prometheus_client import Counter, Gauge
@@ -46,6 +48,18 @@ USED = Gauge("loomfs_cache_used_bytes", "Bytes held by the spoke cache")
 
 #: fetch(path, version, offset, length) -> the bytes of that range of that version
 Fetch = Callable[[str, int, int, int], Awaitable[bytes]]
+
+#: set by the prefetcher around its reads: they fill the cache but are no demand reads
+PREFETCHING: ContextVar[bool] = ContextVar("loomfs_prefetching", default=False)
+
+
+class CacheObserver(Protocol):
+    """Told of every demand read and every drop (the prefetcher's hook and metrics)."""
+
+    def on_read(self, entry: CachedFile, hit: bool, stall_s: float) -> None: ...
+
+    def on_drop(self, entry: CachedFile) -> None: ...
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -113,6 +127,7 @@ class Cache:
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # the index is written from worker threads
         self._slots = asyncio.Semaphore(FETCHES_IN_FLIGHT)
+        self.observer: CacheObserver | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -177,6 +192,9 @@ class Cache:
 
     # -- lookups ---------------------------------------------------------------------------
 
+    def by_id(self, file_id: int) -> CachedFile | None:
+        return self._files.get(file_id)
+
     def get(self, path: str, version: int) -> CachedFile | None:
         file_id = self._by_key.get((path, version))
         return None if file_id is None else self._files[file_id]
@@ -208,8 +226,10 @@ class Cache:
         entry = self._ensure(path, version, size)
         span = block_span(offset, length)
         entry.readers += 1
+        began = time.monotonic()
+        hit = self._ready(entry, span)
         try:
-            if not self._ready(entry, span):
+            if not hit:
                 await self._fill(entry, span, fetch)
                 await asyncio.to_thread(self._verify, entry, span)
                 missing = [i for i in span if i not in entry.hashes]
@@ -219,9 +239,12 @@ class Cache:
         except BaseException:
             entry.readers -= 1
             raise
-        if entry.id in self.policy:
-            self.policy.access(entry.id)
-        SERVED.inc(length)
+        if not PREFETCHING.get():
+            if entry.id in self.policy:
+                self.policy.access(entry.id)
+            SERVED.inc(length)
+            if self.observer is not None:
+                self.observer.on_read(entry, hit, 0.0 if hit else time.monotonic() - began)
         return _CacheSource(fd, offset, length, path, lambda: self._release(entry))
 
     def _ready(self, entry: CachedFile, span: range) -> bool:
@@ -287,7 +310,7 @@ class Cache:
         MISSES.inc(length)
         await self._make_room(length, keep=entry.id)
         await asyncio.to_thread(self._store, entry, run, data)
-        self.policy.insert(entry.id, entry.cached_bytes)
+        self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
         USED.set(self.policy.used_bytes)
 
     def _store(self, entry: CachedFile, run: list[int], data: bytes) -> None:
@@ -365,7 +388,7 @@ class Cache:
         MISSES.inc(len(data))
         await self._make_room(len(data), keep=entry.id)
         await asyncio.to_thread(self._store, entry, span, data)
-        self.policy.insert(entry.id, entry.cached_bytes)
+        self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
         USED.set(self.policy.used_bytes)
 
     def incoming(self) -> Path:
@@ -428,6 +451,8 @@ class Cache:
         if entry is None:
             return
         self._by_key.pop((entry.path, entry.version), None)
+        if self.observer is not None:
+            self.observer.on_drop(entry)
         self.policy.remove(file_id)
         self._delete_row(file_id)
         self._data_path(file_id).unlink(missing_ok=True)
