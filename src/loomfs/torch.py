@@ -71,9 +71,8 @@ class FileDataset(Dataset[T], Generic[T]):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.url = url
-        self.fs, root = _loomfs(url)
-        if storage_options:
-            self.fs = LoomFileSystem(**storage_options)
+        fs, root = _loomfs(url)
+        self._options = storage_options or dict(fs.storage_options)
         found: dict[str, dict[str, Any]] = self.fs.find(root, detail=True)
         files = sorted((name, info["size"]) for name, info in found.items())
         if not files:
@@ -81,6 +80,12 @@ class FileDataset(Dataset[T], Generic[T]):
         self.files = [name for name, _ in files]
         self.sizes = [size for _, size in files]
         self.decode = decode
+
+    @property
+    def fs(self) -> LoomFileSystem:
+        """This process's filesystem: fsspec hands a DataLoader worker (a forked process) a
+        new instance, as the parent's I/O loop thread did not survive the fork."""
+        return LoomFileSystem(**self._options)
 
     def __len__(self) -> int:
         return len(self.files)

@@ -233,7 +233,9 @@ class LoomFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
         self._exclusive = mode == "xb"
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        data: bytes = self.fs.cat_file(self.path, start, end, version=self.details["version"])
+        # version 0 is a write a spoke journaled and the hub has yet to commit: nothing to pin
+        version = self.details["version"] or None
+        data: bytes = self.fs.cat_file(self.path, start, end, version=version)
         return data
 
     def _initiate_upload(self) -> None:

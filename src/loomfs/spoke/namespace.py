@@ -314,7 +314,7 @@ class SpokeNamespace(Namespace):
     ) -> Reader:
         path = self._inside(path)
         pending = self.journal.pending(path)
-        if pending is not None and if_version is None:
+        if pending is not None and not if_version:  # version 0: what stat said of it
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
         entry = await self._open_entry(who, path, offset, length)
