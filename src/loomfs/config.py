@@ -87,6 +87,8 @@ class SpokeSection(_Section):
     write_back: bool = False
     #: where this spoke serves the REST API (the same API as a hub's)
     listen: str = "127.0.0.1:7071"
+    #: follow the plans data loaders publish (prefetch, evict by next use); off = LRU only
+    prefetch: bool = True
 
 
 class Config(_Section):

@@ -279,8 +279,10 @@ async def serve_until_signal(listeners: list[Listener], ready_file: Path | None,
             scheme = "https" if listener.ssl is not None else "http"
             urls[listener.name] = f"{scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
-        if ready_file is not None:
-            ready_file.write_text(json.dumps(urls))
+        if ready_file is not None:  # whole or not at all: a watcher may read it at once
+            partial = ready_file.with_name(ready_file.name + ".tmp")
+            partial.write_text(json.dumps(urls))
+            partial.replace(ready_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -317,18 +319,20 @@ class SpokeService:
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
-        prefetcher = Prefetcher(self.namespace)
+        prefetcher = Prefetcher(self.namespace) if self.config.spoke.prefetch else None
         try:
             await self.namespace.start()
-            prefetcher.start()
+            if prefetcher is not None:
+                prefetcher.start()
             server = RestServer(
                 self.namespace,
                 spoke=self.namespace,
                 site=self.namespace.site,
-                routes=plan_routes(prefetcher),
+                routes=plan_routes(prefetcher) if prefetcher is not None else (),
             )
             listen = host_port(self.config.spoke.listen, "spoke.listen")
             await serve_until_signal([Listener("url", server.app(), listen)], ready_file, "spoke")
         finally:
-            await prefetcher.close()
+            if prefetcher is not None:
+                await prefetcher.close()
             await self.namespace.close()

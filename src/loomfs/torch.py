@@ -113,7 +113,7 @@ class PlanSampler(Sampler[int]):
 
     def __init__(
         self,
-        sampler: Sampler[int],
+        sampler: Sampler[Any],  # torch types DistributedSampler by the dataset's items
         *,
         dataset: FileDataset[Any],
         job: str | None = None,
@@ -132,6 +132,7 @@ class PlanSampler(Sampler[int]):
         self.job = f"{job or os.environ.get('LOOMFS_JOB') or uuid.uuid4().hex[:12]}/{rank}"
         self.heartbeat_s = heartbeat_s
         self.position = 0
+        self.epoch: int | None = None
         self._paths = dataset.paths()
         self._pending: concurrent.futures.Future[Any] | None = None
         self._last_beat = 0.0
@@ -146,10 +147,24 @@ class PlanSampler(Sampler[int]):
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if set_epoch is not None:
             set_epoch(epoch)
+            self.epoch = epoch
+
+    def _order(self) -> list[int]:
+        return [int(i) for i in self.sampler]
 
     def __iter__(self) -> Iterator[int]:
-        order = [int(i) for i in self.sampler]
-        plan = Plan(self.job, self.position, tuple(order))
+        order = self._order()
+        ahead: list[int] = []
+        if self.epoch is not None:
+            # A sampler ordered by epoch (set_epoch) can say what the next epoch reads: the
+            # plan then spans the boundary, so the end of this epoch keeps what the next
+            # one starts with. The next epoch publishes its own plan anyway.
+            self.sampler.set_epoch(self.epoch + 1)  # type: ignore[attr-defined]
+            try:
+                ahead = self._order()
+            finally:
+                self.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        plan = Plan(self.job, self.position, tuple(order + ahead))
         site = self.dataset.site()
         self._send(site.publish_plan(plan.encode(), self._paths, self.dataset.sizes), "publish")
         for index in order:

@@ -427,24 +427,24 @@ class Cache:
     # -- room, pins, invalidation ----------------------------------------------------------
 
     async def _make_room(self, incoming: int, keep: int) -> None:
-        over = self.policy.used_bytes + incoming - self.capacity
-        if over <= 0:
-            return
-        busy = [f.id for f in self._files.values() if f.readers and f.id in self.policy]
-        for file_id in busy:
-            self.policy.pin(file_id)
-        try:
-            victims = self.policy.evict(over)
-        finally:
+        # Dropping awaits a thread, and meanwhile another fill may take the room freed: so
+        # evict until this fill fits, and give up only when nothing evictable is left.
+        while (over := self.policy.used_bytes + incoming - self.capacity) > 0:
+            busy = [f.id for f in self._files.values() if f.readers and f.id in self.policy]
             for file_id in busy:
-                if not self._files[file_id].pinned:
-                    self.policy.unpin(file_id)
-        for victim in victims:
-            await asyncio.to_thread(self._drop, victim)
-        if self.policy.used_bytes + incoming > self.capacity:
-            raise InsufficientStorage(
-                f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
-            )
+                self.policy.pin(file_id)
+            try:
+                victims = self.policy.evict(over)
+            finally:
+                for file_id in busy:
+                    if not self._files[file_id].pinned:
+                        self.policy.unpin(file_id)
+            if not victims:
+                raise InsufficientStorage(
+                    f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
+                )
+            for victim in victims:
+                await asyncio.to_thread(self._drop, victim)
 
     def _drop(self, file_id: int) -> None:
         entry = self._files.pop(file_id, None)

@@ -90,6 +90,7 @@ class _JobState:
     published_at: float
     start: int
     read_to: int = 0  # first position of the plan not yet read (seen at the cache)
+    issued: int = 0  # what the sampler reported handing out
 
 
 @dataclass(slots=True)
@@ -206,6 +207,7 @@ class Prefetcher:
         self.paths: list[str] = []
         self.key_of: dict[str, Key] = {}
         self.sizes: dict[Key, int] = {}
+        self.versions: dict[Key, int] = {}  # the file version last read or fetched
         self.jobs: dict[str, _JobState] = {}
         self.read_at: dict[Key, float] = {}  # last demand read of each key
         self.bandwidth = Bandwidth()
@@ -271,7 +273,7 @@ class Prefetcher:
         translated = Plan(plan.job_id, plan.start, tuple(keys[k] for k in plan.keys))
         now = self.clock()
         self.schedule.publish(translated, now)
-        self.jobs[plan.job_id] = _JobState(keys, now, plan.start, plan.start)
+        self.jobs[plan.job_id] = _JobState(keys, now, plan.start, plan.start, plan.start)
         JOBS.set(len(self.jobs))
         log.info(
             "plan published",
@@ -281,7 +283,16 @@ class Prefetcher:
         return translated
 
     def heartbeat(self, job_id: str, position: int) -> None:
-        self.schedule.heartbeat(job_id, position, self.clock())
+        """A sampler's count of samples handed out. It runs ahead of the reads by all that
+        the DataLoader holds in flight (workers x prefetch factor x batch), so the schedule's
+        position follows the reads this spoke serves; a heartbeat only takes its place for a
+        job whose reads this spoke does not see."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.issued = position
+        if job.read_to == job.start:
+            self.schedule.heartbeat(job_id, position, self.clock())
         self._wake.set()
 
     def end(self, job_id: str) -> None:
@@ -306,7 +317,12 @@ class Prefetcher:
         self._unread.pop(entry.id, None)
         key = self.key_of.get(entry.path)
         if key is not None:
-            self.read_at[key] = self.clock()
+            self.versions[key] = entry.version
+            now = self.read_at[key] = self.clock()
+            for job_id, job in self.jobs.items():
+                before = job.read_to
+                if self._advance(job_id, job) != before:
+                    self.schedule.heartbeat(job_id, job.read_to, now)
             self._wake.set()
 
     def on_drop(self, entry: CachedFile) -> None:
@@ -329,13 +345,17 @@ class Prefetcher:
         return job.read_to
 
     def _cached(self, key: Key) -> bool:
-        return any(v.complete() for v in self.cache.versions(self.paths[key]))
+        """Whether the version last seen of the key's file is whole in the cache (a new
+        version at the hub drops the old one, and the key reads as uncached again)."""
+        version = self.versions.get(key)
+        entry = None if version is None else self.cache.get(self.paths[key], version)
+        return entry is not None and entry.complete()
 
     def _choose(self) -> list[Key]:
         """Files to fetch now: uncached ones in deadline order from where the jobs' reads
         are, while the look-ahead fits in the cache and the bytes in flight in the link."""
         now = self.clock()
-        start = {job_id: self._advance(job_id, job) for job_id, job in self.jobs.items()}
+        start = {job_id: job.read_to for job_id, job in self.jobs.items()}
         in_flight = max(MIN_IN_FLIGHT, int(self.bandwidth.estimate() * LEAD_S))
         budget = in_flight - sum(booked for _, booked in self._in_flight.values())
         window = int(self.cache.capacity * WINDOW)
@@ -391,6 +411,7 @@ class Prefetcher:
                 if fetched > 0:
                     self._unread[cached.id] = self._unread.get(cached.id, 0) + fetched
             self.sizes[key] = size
+            self.versions[key] = reader.entry.version
             self.stats.fetched_bytes += fetched
             self.stats.prefetched_files += 1
             PREFETCHED.inc(fetched)

@@ -65,6 +65,7 @@ def spoke_site(
     latency: float = 0.001,
     cache_size: str = "1G",
     write_back: bool = False,
+    prefetch: bool = True,
     name: str = "gpu-west",
 ) -> Iterator[SpokeSite]:
     """A hub with ``data`` assimilated at ``mount``, and a spoke attaching it through a link
@@ -90,7 +91,8 @@ def spoke_site(
                 ]  # fmt: skip
                 if write_back:
                     args.append("--write-back")
-                with SpokeProcess(spoke_dir, args=tuple(args)) as spoke:
+                spoke_env = {"LOOMFS_SPOKE__PREFETCH": str(prefetch).lower()}
+                with SpokeProcess(spoke_dir, spoke_env, tuple(args)) as spoke:
                     yield SpokeSite(hub, spoke, link, loop)
             finally:
                 loop.run(link.stop())
