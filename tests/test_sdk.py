@@ -19,6 +19,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
+from fsspec.tests.abstract import (
+    AbstractCopyTests,
+    AbstractFixtures,
+    AbstractGetTests,
+    AbstractOpenTests,
+    AbstractPipeTests,
+    AbstractPutTests,
+)
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -241,3 +249,26 @@ def test_a_site_without_a_prefetcher_does_not_stop_training(site: SpokeSite) -> 
     ds: lt.FileDataset[bytes] = lt.FileDataset(f"loomfs://{hub}/data/train")
     sampler = lt.PlanSampler(SequentialSampler(ds), dataset=ds, job="nowhere", heartbeat_s=0)
     assert [ds[i] for i in sampler] == [sample(i) for i in range(FILES)]
+
+
+@pytest.mark.slow
+class TestFsspecAbstractSuite(  # fsspec's own suite is untyped
+    AbstractFixtures,  # type: ignore[misc]
+    AbstractCopyTests,  # type: ignore[misc]
+    AbstractGetTests,  # type: ignore[misc]
+    AbstractPutTests,  # type: ignore[misc]
+    AbstractOpenTests,  # type: ignore[misc]
+    AbstractPipeTests,  # type: ignore[misc]
+):
+    """fsspec's shared tests (as s3fs runs them against a real server), over the REST API."""
+
+    @pytest.fixture
+    def fs(self, site: SpokeSite) -> LoomFileSystem:
+        return fs()
+
+    @pytest.fixture
+    def fs_path(self, site: SpokeSite) -> Iterator[str]:
+        root = f"{site.hub.url.removeprefix('http://')}/data/abstract"
+        fs().makedirs(root, exist_ok=True)
+        yield root
+        fs().rm(root, recursive=True)

@@ -18,21 +18,25 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.spec import AbstractBufferedFile
 
+from .. import paths
 from ..config import load_config
+from ..core.streams import BUFFER_SIZE
 from ..core.types import SYSTEM, Entry, EntryKind
-from ..errors import InvalidPath
+from ..errors import AlreadyExists, InvalidPath, IsADirectory, NotFound
 from ..rest.client import RestNamespace
 
 PROTOCOL = "loomfs"
 WHO = SYSTEM  # the REST server decides who the caller is; the client sends no identity yet
+MKDIR_TRIES = 5
 WRITE_QUEUE = 4  # written blocks queued for the upload: bounds a writer's memory
 
 
@@ -57,6 +61,7 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         configured = load_config().client.sites if sites is None else {}
         self.sites = {**configured, **(sites or {})}
         self._clients: dict[str, RestNamespace] = {}
+        self._dirs: set[tuple[str, str]] = set()  # (site, directory) known to exist
         # Sessions belong to the I/O loop: close them there when this instance goes away.
         weakref.finalize(self, _close_clients, self.loop, self._clients)
 
@@ -135,12 +140,32 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     async def _pipe_file(
         self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any
     ) -> None:
-        _, name, client = self.split(path)
-
         async def body() -> AsyncIterator[bytes]:
             yield bytes(value)
 
-        await client.write(WHO, name, body(), exclusive=mode == "create")
+        await self._write(path, body(), exclusive=mode == "create")
+
+    async def _write(
+        self, path: str, body: AsyncIterable[bytes], *, exclusive: bool = False
+    ) -> Entry:
+        """Write a file, creating its missing parents first (as object stores let fsspec
+        users expect). A parent seen to exist is remembered by this instance."""
+        await self._ensure_parent(path)
+        _, name, client = self.split(path)
+        return await client.write(WHO, name, body, exclusive=exclusive)
+
+    async def _ensure_parent(self, path: str) -> None:
+        site, name, client = self.split(path)
+        parent = paths.split(paths.normalize(name))[0]
+        if (site, parent) in self._dirs:
+            return
+        try:
+            exists = (await client.stat(WHO, parent)).is_dir
+        except NotFound:
+            exists = False
+        if not exists:
+            await self._makedirs(f"{site}{parent}", exist_ok=True)
+        self._dirs.add((site, parent))
 
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
         _, name, client = self.split(path)
@@ -159,8 +184,9 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             else:
                 expanded.append(target)
         for target in expanded:
-            _, name, client = self.split(target)
+            site, name, client = self.split(target)
             await client.remove(WHO, name, recursive=recursive)
+            self._dirs = {d for d in self._dirs if not paths.is_within(d[1], name) or d[0] != site}
 
     async def _mv(self, path1: str, path2: str, **kwargs: Any) -> None:
         site1, src, client = self.split(path1)
@@ -179,9 +205,47 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     async def _cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         _, src, source = self.split(path1)
-        _, dst, target = self.split(path2)
-        async with await source.read(WHO, src) as reader:
-            await target.write(WHO, dst, reader.chunks())
+        try:
+            reader = await source.read(WHO, src)
+        except IsADirectory:  # a recursive copy lists directories too
+            await self._makedirs(path2, exist_ok=True)
+            return
+        async with reader:
+            await self._write(path2, reader.chunks())
+
+    async def _put_file(
+        self, lpath: str, rpath: str, mode: str = "overwrite", **kwargs: Any
+    ) -> None:
+        """Upload a local file, streamed; a local directory becomes a directory."""
+        if os.path.isdir(lpath):
+            await self._makedirs(rpath, exist_ok=True)
+            return
+
+        async def body() -> AsyncIterator[bytes]:
+            source = await asyncio.to_thread(open, lpath, "rb")
+            try:
+                while block := await asyncio.to_thread(source.read, BUFFER_SIZE):
+                    yield block
+            finally:
+                source.close()
+
+        await self._write(rpath, body(), exclusive=mode == "create")
+
+    async def _get_file(self, rpath: str, lpath: str, **kwargs: Any) -> None:
+        """Download a file, streamed (a directory becomes a local directory)."""
+        _, name, client = self.split(rpath)
+        try:
+            reader = await client.read(WHO, name)
+        except IsADirectory:
+            await asyncio.to_thread(os.makedirs, lpath, exist_ok=True)
+            return
+        async with reader:
+            target = await asyncio.to_thread(open, lpath, "wb")
+            try:
+                async for block in reader.chunks():
+                    await asyncio.to_thread(target.write, block)
+            finally:
+                target.close()
 
     async def _mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         _, name, client = self.split(path)
@@ -189,7 +253,18 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
         _, name, client = self.split(path)
-        await client.mkdir(WHO, name, parents=True, exist_ok=exist_ok)
+        for attempt in range(MKDIR_TRIES):
+            try:
+                await client.mkdir(WHO, name, parents=True, exist_ok=exist_ok)
+                return
+            except AlreadyExists:
+                # Concurrent makedirs of one tree (fsspec's put does them at once) race for
+                # the shared parents at the hub: whoever lost goes again. A file is an error.
+                if not exist_ok or attempt == MKDIR_TRIES - 1:
+                    raise
+                with contextlib.suppress(NotFound):
+                    if (await client.stat(WHO, name)).is_dir:
+                        return
 
     def _open(
         self,
@@ -202,6 +277,8 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     ) -> LoomFile:
         if mode not in ("rb", "wb", "xb"):
             raise NotImplementedError(f"loomfs files open as rb, wb or xb, not {mode!r}")
+        if mode == "xb" and self.exists(path):  # early; the commit checks again, atomically
+            raise AlreadyExists(f"file exists: {path}", path=path)
         return LoomFile(
             self, path, mode, block_size or "default", autocommit,
             cache_options=cache_options, **kwargs,
@@ -239,8 +316,7 @@ class LoomFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
         return data
 
     def _initiate_upload(self) -> None:
-        _, name, client = self.fs.split(self.path)
-        exclusive = self._exclusive
+        fs, path, exclusive = self.fs, self.path, self._exclusive
 
         async def start() -> asyncio.Future[Any]:
             queue: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE)
@@ -250,7 +326,7 @@ class LoomFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
                 while (block := await queue.get()) is not None:
                     yield block
 
-            return asyncio.ensure_future(client.write(WHO, name, body(), exclusive=exclusive))
+            return asyncio.ensure_future(fs._write(path, body(), exclusive=exclusive))
 
         self._upload = sync(self.fs.loop, start)
 
