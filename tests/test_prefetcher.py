@@ -1,0 +1,115 @@
+"""The spoke's prefetcher in-process over a real hub and fabric link: eviction follows the
+plans while any is active, prefetched files dropped unread count as waste, bad plans change
+nothing, and the link model counts overlapping fetches once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import zlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from loomfs.core.types import Principal
+from loomfs.errors import InvalidArgument
+from loomfs.prefetch.adaptive import AdaptivePolicy
+from loomfs.prefetch.plan import Plan
+from loomfs.prefetch.planned import PlanPolicy
+from loomfs.spoke.prefetcher import Bandwidth, Prefetcher
+from loomfs.testing.fabric import Fabric, fabric
+
+WHO = Principal(user="tester", site="spoke", protocol="test")
+KiB = 1 << 10
+SIZE = 64 * KiB
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
+    async with fabric(tmp_path, capacity=6 * SIZE) as made:
+        prefetcher = Prefetcher(made.spoke)
+        prefetcher.start()
+        try:
+            yield made, prefetcher
+        finally:
+            await prefetcher.close()
+
+
+def files(names: list[str]) -> bytes:
+    return zlib.compress("\n".join(names).encode())
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(1500):  # the prefetcher works in the background: look again until done
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the prefetcher never got there")
+
+
+async def test_eviction_follows_plans_while_one_is_active(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    names = [f"/vol/f{i}.bin" for i in range(4)]
+    for name in names:
+        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    await made.spoke.read_bytes(WHO, names[0])
+    assert isinstance(prefetcher.policy.inner, AdaptivePolicy)
+    cached = len(prefetcher.policy)
+    made.spoke.cache.set_pinned(names[0], (await made.spoke.stat(WHO, names[0])).version, True)
+
+    prefetcher.publish(Plan("job/0", 0, (1, 2, 3)).encode(), files(names), [SIZE] * 4)
+    await made.spoke.read_bytes(WHO, names[1])
+    assert isinstance(prefetcher.policy.inner, PlanPolicy)
+    assert len(prefetcher.policy.inner) == len(prefetcher.policy) >= cached + 1  # replayed
+
+    prefetcher.end("job/0")
+    await made.spoke.read_bytes(WHO, names[2])
+    assert isinstance(prefetcher.policy.inner, AdaptivePolicy)
+    assert prefetcher.report()["jobs"] == 0
+    # the pin survived both switches: it is never offered as a victim
+    pinned = next(f.id for f in made.spoke.cache if f.path == names[0])
+    victims = prefetcher.policy.evict(10 * SIZE)
+    assert victims and pinned not in victims and pinned in prefetcher.policy
+
+
+async def test_prefetched_files_dropped_unread_are_waste(env: tuple[Fabric, Prefetcher]) -> None:
+    made, prefetcher = env
+    names = [f"/vol/w{i}.bin" for i in range(3)]
+    for name in names:
+        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    prefetcher.publish(Plan("waste/0", 0, (0, 1, 2)).encode(), files(names), [SIZE] * 3)
+    await until(lambda: prefetcher.stats.prefetched_files == 3)
+    assert prefetcher.stats.fetched_bytes == 3 * SIZE
+    assert await made.spoke.read_bytes(WHO, names[0])  # read: not waste
+    # a new version at the hub drops the cached one, which was never read
+    await made.hub.namespace.write_bytes(WHO, names[1], b"changed")
+    await until(lambda: prefetcher.stats.wasted_bytes > 0)
+    assert prefetcher.stats.wasted_bytes == SIZE
+    got = prefetcher.report()
+    assert got["hits"] == got["demand_reads"] == 1 and got["hit_ratio"] == 1.0
+
+
+async def test_bad_plans_change_nothing(env: tuple[Fabric, Prefetcher]) -> None:
+    _, prefetcher = env
+    with pytest.raises(InvalidArgument, match="2 sizes for 1 files"):
+        prefetcher.publish(Plan("j", 0, (0,)).encode(), files(["/vol/a"]), [1, 2])
+    with pytest.raises(InvalidArgument, match="zlib"):
+        prefetcher.publish(Plan("j", 0, (0,)).encode(), b"not zlib")
+    with pytest.raises(InvalidArgument, match="plan is not zlib"):
+        prefetcher.publish(b"junk", files(["/vol/a"]))
+    assert prefetcher.report()["job_ids"] == [] and prefetcher.paths == []
+    prefetcher.heartbeat("unknown", 5)  # a heartbeat overtaking its plan is ignored
+    assert prefetcher.report()["jobs"] == 0
+
+
+def test_the_link_model_counts_overlapping_fetches_once() -> None:
+    link = Bandwidth(default=1.0)
+    assert link.estimate() == 1.0
+    link.record(0.0, 1.0, 100)
+    link.record(0.5, 1.5, 100)  # overlaps: 200 bytes in 1.5 s of a busy link
+    assert link.estimate() == pytest.approx(200 / 1.5)
+    link.record(10.0, 11.0, 300)  # the first two fall out of the window
+    assert link.estimate() == pytest.approx(300.0)
