@@ -113,3 +113,23 @@ def test_the_link_model_counts_overlapping_fetches_once() -> None:
     assert link.estimate() == pytest.approx(200 / 1.5)
     link.record(10.0, 11.0, 300)  # the first two fall out of the window
     assert link.estimate() == pytest.approx(300.0)
+
+
+async def test_the_read_pointer_follows_reads_out_of_order(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    names = [f"/vol/o{i}.bin" for i in range(4)]
+    for name in names:
+        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    # two epochs' worth: each file twice
+    prefetcher.publish(Plan("order/0", 10, (0, 1, 2, 3, 2, 0, 3, 1)).encode(), files(names))
+    job = prefetcher.jobs["order/0"]
+    await made.spoke.read_bytes(WHO, names[2])  # a worker ran ahead
+    assert job.read_to == 10
+    await made.spoke.read_bytes(WHO, names[0])
+    await made.spoke.read_bytes(WHO, names[1])
+    assert job.read_to == 13  # past 0, 1 and the 2 read early; the second 2 is still ahead
+    await made.spoke.read_bytes(WHO, names[3])
+    await made.spoke.read_bytes(WHO, names[2])
+    assert job.read_to == 15

@@ -21,13 +21,14 @@ unread (wasted), time demand reads stalled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -86,11 +87,15 @@ class Bandwidth:
 
 @dataclass(slots=True)
 class _JobState:
-    files: list[Key]  # the dataset's sample ids -> interned keys
-    published_at: float
     start: int
-    read_to: int = 0  # first position of the plan not yet read (seen at the cache)
+    keys: frozenset[Key]  # what the plan reads
+    read_to: int  # first position of the plan not yet read (seen at the cache)
     issued: int = 0  # what the sampler reported handing out
+    # Reads of each key since the plan came, and how many of its positions the pointer
+    # passed: a key read more often than passed was read ahead of the pointer (workers
+    # read out of order), so fetching it again waits until the pointer passes that read.
+    reads: collections.Counter[Key] = field(default_factory=collections.Counter)
+    passed: collections.Counter[Key] = field(default_factory=collections.Counter)
 
 
 @dataclass(slots=True)
@@ -209,7 +214,6 @@ class Prefetcher:
         self.sizes: dict[Key, int] = {}
         self.versions: dict[Key, int] = {}  # the file version last read or fetched
         self.jobs: dict[str, _JobState] = {}
-        self.read_at: dict[Key, float] = {}  # last demand read of each key
         self.bandwidth = Bandwidth()
         self.stats = Stats()
         self._unread: dict[int, int] = {}  # cache file id -> bytes prefetched, not yet read
@@ -271,9 +275,8 @@ class Prefetcher:
         for key, size in zip(keys, sizes or (), strict=False):
             self.sizes[key] = size
         translated = Plan(plan.job_id, plan.start, tuple(keys[k] for k in plan.keys))
-        now = self.clock()
-        self.schedule.publish(translated, now)
-        self.jobs[plan.job_id] = _JobState(keys, now, plan.start, plan.start, plan.start)
+        self.schedule.publish(translated, self.clock())
+        self.jobs[plan.job_id] = _JobState(plan.start, frozenset(translated.keys), plan.start)
         JOBS.set(len(self.jobs))
         log.info(
             "plan published",
@@ -318,8 +321,11 @@ class Prefetcher:
         key = self.key_of.get(entry.path)
         if key is not None:
             self.versions[key] = entry.version
-            now = self.read_at[key] = self.clock()
+            now = self.clock()
             for job_id, job in self.jobs.items():
+                if key not in job.keys:
+                    continue
+                job.reads[key] += 1
                 before = job.read_to
                 if self._advance(job_id, job) != before:
                     self.schedule.heartbeat(job_id, job.read_to, now)
@@ -334,13 +340,14 @@ class Prefetcher:
     # -- the loop --------------------------------------------------------------------------
 
     def _advance(self, job_id: str, job: _JobState) -> int:
-        """Move a job's read pointer past the reads that happened since its plan came."""
+        """Move a job's read pointer past the positions whose reads happened."""
         plan = self.schedule.plan(job_id)
         assert plan is not None
-        keys = plan.keys
-        while job.read_to - plan.start < len(keys):
-            if self.read_at.get(keys[job.read_to - plan.start], -1.0) < job.published_at:
+        while job.read_to - plan.start < len(plan.keys):
+            key = plan.keys[job.read_to - plan.start]
+            if job.reads[key] <= job.passed[key]:
                 break
+            job.passed[key] += 1
             job.read_to += 1
         return job.read_to
 
@@ -359,8 +366,6 @@ class Prefetcher:
         in_flight = max(MIN_IN_FLIGHT, int(self.bandwidth.estimate() * LEAD_S))
         budget = in_flight - sum(booked for _, booked in self._in_flight.values())
         window = int(self.cache.capacity * WINDOW)
-        # A read since the newest plan came is one that plan no longer needs fetched.
-        newest = max(job.published_at for job in self.jobs.values())
         chosen: list[Key] = []
         seen: set[Key] = set()
         for _, key in self.schedule.upcoming(now, start):
@@ -371,7 +376,7 @@ class Prefetcher:
             window -= size
             if window < 0:
                 break
-            done = self.read_at.get(key, -1.0) >= newest
+            done = any(job.reads[key] > job.passed[key] for job in self.jobs.values())
             if key in self._in_flight or done or self._cached(key):
                 continue
             if size > budget and (chosen or self._in_flight):
