@@ -33,8 +33,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import loomfs.torch as lt
-from loomfs.rest.client import RestNamespace
-from loomfs.testing.sites import SpokeSite, spoke_site
+from loomfs.testing.sites import spoke_site
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -79,17 +78,6 @@ def epochs(
         times.append(time.perf_counter() - began)
         print(f"    epoch {epoch + 1}: {times[-1]:.2f} s, {waited:.2f} s waiting for data")
     return times
-
-
-def spoke_report(site: SpokeSite) -> dict[str, Any]:
-    async def get() -> dict[str, Any]:
-        client = RestNamespace(site.spoke.url)
-        try:
-            return await client.prefetch_report()
-        finally:
-            await client.close()
-
-    return site.loop.run(get())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                     times = epochs(ds, planned if mode == "plan" else shuffled, **loop)
                     if mode != "lru":
-                        report = spoke_report(site)
+                        report = site.prefetch_report()
             results["modes"][mode if mode not in results["modes"] else f"{mode}-{run}"] = {
                 "epochs_s": times,
                 "spoke": report,

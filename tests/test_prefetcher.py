@@ -40,6 +40,13 @@ def files(names: list[str]) -> bytes:
     return zlib.compress("\n".join(names).encode())
 
 
+async def hub_files(made: Fabric, prefix: str, count: int) -> list[str]:
+    names = [f"/vol/{prefix}{i}.bin" for i in range(count)]
+    for name in names:
+        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    return names
+
+
 async def until(condition: Callable[[], bool]) -> None:
     for _ in range(1500):  # the prefetcher works in the background: look again until done
         if condition():
@@ -52,9 +59,7 @@ async def test_eviction_follows_plans_while_one_is_active(
     env: tuple[Fabric, Prefetcher],
 ) -> None:
     made, prefetcher = env
-    names = [f"/vol/f{i}.bin" for i in range(4)]
-    for name in names:
-        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    names = await hub_files(made, "f", 4)
     await made.spoke.read_bytes(WHO, names[0])
     assert isinstance(prefetcher.policy.inner, AdaptivePolicy)
     cached = len(prefetcher.policy)
@@ -77,9 +82,7 @@ async def test_eviction_follows_plans_while_one_is_active(
 
 async def test_prefetched_files_dropped_unread_are_waste(env: tuple[Fabric, Prefetcher]) -> None:
     made, prefetcher = env
-    names = [f"/vol/w{i}.bin" for i in range(3)]
-    for name in names:
-        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    names = await hub_files(made, "w", 3)
     prefetcher.publish(Plan("waste/0", 0, (0, 1, 2)).encode(), files(names), [SIZE] * 3)
     await until(lambda: prefetcher.stats.prefetched_files == 3)
     assert prefetcher.stats.fetched_bytes == 3 * SIZE
@@ -119,9 +122,7 @@ async def test_the_read_pointer_follows_reads_out_of_order(
     env: tuple[Fabric, Prefetcher],
 ) -> None:
     made, prefetcher = env
-    names = [f"/vol/o{i}.bin" for i in range(4)]
-    for name in names:
-        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    names = await hub_files(made, "o", 4)
     # two epochs' worth: each file twice
     prefetcher.publish(Plan("order/0", 10, (0, 1, 2, 3, 2, 0, 3, 1)).encode(), files(names))
     job = prefetcher.jobs["order/0"]

@@ -35,7 +35,6 @@ from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 import loomfs.torch as lt
 from loomfs.errors import InvalidArgument, InvalidPath
 from loomfs.prefetch.plan import Plan
-from loomfs.rest.client import RestNamespace
 from loomfs.sdk.fsspec import LoomFileSystem
 from loomfs.testing.sites import SpokeSite, spoke_site
 
@@ -63,17 +62,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SpokeSite]:
 
 def fs() -> LoomFileSystem:
     return LoomFileSystem(sites={})
-
-
-def report(site: SpokeSite) -> dict[str, object]:
-    async def get() -> dict[str, object]:
-        client = RestNamespace(site.spoke.url)
-        try:
-            return await client.prefetch_report()
-        finally:
-            await client.close()
-
-    return site.loop.run(get())
 
 
 def test_the_entry_point_is_declared_and_the_scheme_resolves() -> None:
@@ -163,12 +151,12 @@ def test_dataloader_with_workers_reads_the_right_bytes_and_the_plan_guides_the_s
     seen = [item for batch in loader for item in batch]
     assert seen == [sample(i) for i in order]  # every sample, its bytes, in the plan's order
     assert sampler.position == FILES
-    got = report(site)
-    assert "train-a/0" in got["job_ids"]  # type: ignore[operator]
-    assert got["policy"] == "plan" and got["demand_reads"] >= FILES  # type: ignore[operator]
+    got = site.prefetch_report()
+    assert "train-a/0" in got["job_ids"]
+    assert got["policy"] == "plan" and got["demand_reads"] >= FILES
     sampler.end()
     deadline = time.monotonic() + 30
-    while "train-a/0" in report(site)["job_ids"]:  # type: ignore[operator]
+    while "train-a/0" in site.prefetch_report()["job_ids"]:
         assert time.monotonic() < deadline, "the end of the plan never reached the spoke"
         time.sleep(0.05)
 
@@ -184,15 +172,15 @@ def test_the_prefetcher_fetches_what_the_plan_reads_next(tmp_path: Path) -> None
         it = iter(sampler)
         first = next(it)  # publishes the plan; nothing has been read yet
         deadline = time.monotonic() + 60
-        while report(ahead)["prefetched_files"] < len(ds):  # type: ignore[operator]
-            assert time.monotonic() < deadline, report(ahead)
+        while ahead.prefetch_report()["prefetched_files"] < len(ds):
+            assert time.monotonic() < deadline, ahead.prefetch_report()
             time.sleep(0.05)
         before = ahead.link.down.bytes
         for index in [first, *it]:
             assert ds[index] == (data / f"f{index:02d}.bin").read_bytes()
         # every file was cached before it was read: the reads crossed the link with no data
         assert ahead.link.down.bytes - before < 12 * 64 * KiB
-        got = report(ahead)
+        got = ahead.prefetch_report()
         assert got["hits"] == got["demand_reads"] == len(ds)
         assert got["prefetched_bytes"] == 12 * 256 * KiB and got["wasted_bytes"] == 0
 
@@ -228,19 +216,15 @@ def test_distributed_checkpoint_through_fsspec(site: SpokeSite, tmp_path: Path) 
 
 
 def test_bad_plans_are_refused_and_change_nothing(site: SpokeSite) -> None:
-    async def publish(blob: bytes, files: list[str]) -> dict[str, object]:
-        client = RestNamespace(site.spoke.url)
-        try:
-            return await client.publish_plan(blob, files)
-        finally:
-            await client.close()
+    def publish(blob: bytes, files: list[str]) -> dict[str, object]:
+        return site.call(site.spoke.url, lambda client: client.publish_plan(blob, files))
 
-    jobs = report(site)["job_ids"]
+    jobs = site.prefetch_report()["job_ids"]
     with pytest.raises(InvalidArgument, match="not zlib"):
-        site.loop.run(publish(b"garbage", ["/data/train/s000.bin"]))
+        publish(b"garbage", ["/data/train/s000.bin"])
     with pytest.raises(InvalidArgument, match="beyond its 1 files"):
-        site.loop.run(publish(Plan("bad", 0, (0, 5)).encode(), ["/data/train/s000.bin"]))
-    assert report(site)["job_ids"] == jobs
+        publish(Plan("bad", 0, (0, 5)).encode(), ["/data/train/s000.bin"])
+    assert site.prefetch_report()["job_ids"] == jobs
 
 
 def test_a_site_without_a_prefetcher_does_not_stop_training(site: SpokeSite) -> None:

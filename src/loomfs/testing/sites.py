@@ -8,9 +8,10 @@ a benchmark's training loop). The link emulator runs on a loop thread of its own
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..core.registry import open_catalog
@@ -20,6 +21,8 @@ from ..rest.client import RestNamespace
 from .hubproc import HubProcess, SpokeProcess
 from .loop import LoopThread
 from .wan import LinkEmulator
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -34,8 +37,12 @@ class SpokeSite:
         """The spoke as a ``loomfs://`` site: ``host:port``."""
         return self.spoke.url.removeprefix("http://")
 
-    def reshape(self, rate: float | None, latency: float) -> None:
-        self.link.shape(rate, latency)
+    def call(self, url: str, call: Callable[[RestNamespace], Awaitable[T]]) -> T:
+        """Run ``call`` with a REST client of ``url`` (the hub's or the spoke's)."""
+        return self.loop.run(with_client(url, call))
+
+    def prefetch_report(self) -> dict[str, Any]:
+        return self.call(self.spoke.url, lambda client: client.prefetch_report())
 
 
 async def _pin(hub_dir: Path, spoke: SiteIdentity) -> None:
@@ -47,10 +54,10 @@ async def _pin(hub_dir: Path, spoke: SiteIdentity) -> None:
         await catalog.close()
 
 
-async def _add_volume(url: str, mount: str, data: Path) -> None:
+async def with_client(url: str, call: Callable[[RestNamespace], Awaitable[T]]) -> T:
     client = RestNamespace(url)
     try:
-        await client.add_volume(mount, f"posix://{data}")
+        return await call(client)
     finally:
         await client.close()
 
@@ -77,7 +84,7 @@ def spoke_site(
         loop.run(_pin(hub_dir, spoke_id))
         env = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__WATCH": "false"}
         with HubProcess(hub_dir, env) as hub:
-            loop.run(_add_volume(hub.url, mount, data))
+            loop.run(with_client(hub.url, lambda c: c.add_volume(mount, f"posix://{data}")))
             fabric = urlsplit(hub.urls["fabric"])
             link = loop.run(
                 LinkEmulator(fabric.hostname or "", fabric.port or 0, rate=rate, latency=latency)
