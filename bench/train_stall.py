@@ -59,7 +59,7 @@ def epochs(
     sampler = sampler_of(ds)
     loader = DataLoader(
         ds, sampler=sampler, batch_size=batch, num_workers=workers,
-        collate_fn=lambda items: items, persistent_workers=True, prefetch_factor=4,
+        collate_fn=lambda items: items, persistent_workers=True,
     )  # fmt: skip
     times: list[float] = []
     for epoch in range(epochs):

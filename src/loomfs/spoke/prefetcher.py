@@ -406,13 +406,15 @@ class Prefetcher:
         began = self.clock()
         token = PREFETCHING.set(True)
         try:
-            before = {v.id: v.cached_bytes for v in self.cache.versions(path)}
+            known = self.versions.get(key)
+            prior = None if known is None else self.cache.get(path, known)
+            before = (prior.id, prior.cached_bytes) if prior is not None else (-1, 0)
             async with await self.spoke.read(SYSTEM, path) as reader:
                 size = reader.length
                 cached = self.cache.get(path, reader.entry.version)
             fetched = 0
             if cached is not None:
-                fetched = cached.cached_bytes - before.get(cached.id, 0)
+                fetched = cached.cached_bytes - (before[1] if before[0] == cached.id else 0)
                 if fetched > 0:
                     self._unread[cached.id] = self._unread.get(cached.id, 0) + fetched
             self.sizes[key] = size
