@@ -11,11 +11,24 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
+from contextlib import nullcontext
 from pathlib import Path
+from typing import BinaryIO
 
 from corpora import build
-from loomfs.chunks import ChunkPipeline, ChunkWindow
-from transfer import LoomfsReceiver, StepResult, changed_files
+from loomfs.chunks import (
+    ChunkMap,
+    ChunkPipeline,
+    ChunkToSend,
+    ChunkWindow,
+    FileReference,
+    choose_reference,
+    decode_frame,
+    plan_transfer,
+)
+from loomfs.chunks.chunkmap import ID_SIZE
+from transfer import StepResult, changed_files
 
 KIB = 1 << 10
 WINDOWS = [
@@ -25,6 +38,66 @@ WINDOWS = [
     ChunkWindow(32 * KIB, 64 * KIB, 512 * KIB),
     ChunkWindow(64 * KIB, 128 * KIB, 1024 * KIB),
 ]
+
+# Per file, a request also names the path and the version: count the path and 16 bytes of
+# version and size, the chunk map, and one id per requested chunk.
+FILE_HEADER = 16
+
+
+class LoomfsReceiver:
+    """What the receiver holds (chunk ids and file versions) and what reaching each next
+    snapshot costs on the wire, counted with the chunk library alone (no link): enough to
+    compare windows, and fast."""
+
+    def __init__(self, pipeline: ChunkPipeline) -> None:
+        self.pipeline = pipeline
+        self.held_ids: set[bytes] = set()
+        self.held_files: dict[str, tuple[ChunkMap, Path]] = {}
+
+    def step(self, snapshot: Path, changed: list[Path], result: StepResult) -> None:
+        """Bring the receiver to ``snapshot``; only ``changed`` files (new, or a new version
+        at their path) cost anything: the hub keeps maps per version and the spoke knows
+        which versions it holds."""
+        versions = {name: held for name, (held, _) in self.held_files.items()}
+        arrived: dict[str, tuple[ChunkMap, Path]] = {}
+        for path in changed:
+            name = path.relative_to(snapshot).as_posix()
+            started = time.perf_counter()
+            new = self.pipeline.map_file(path)
+            mapped = time.perf_counter()
+            base = choose_reference(name, new, versions)
+            ref_map, ref_path = self.held_files[base] if base is not None else (None, None)
+            plan = plan_transfer(new, self.held_ids, ref_map)
+            with tempfile.TemporaryFile() as spool:
+                # Frames are spooled to disk, not collected: a file's frames can be as large
+                # as the file. The receiver's decoding runs after the clock stops.
+                sizes = [
+                    spool.write(frame) for frame in self.pipeline.encode_file(path, plan, ref_path)
+                ]
+                encoded = time.perf_counter()
+                spool.seek(0)
+                self._receive(spool, plan, sizes, ref_path, result)
+            result.seconds["loomfs_map"] = result.seconds.get("loomfs_map", 0) + mapped - started
+            result.seconds["loomfs"] = result.seconds.get("loomfs", 0) + encoded - started
+            map_bytes = len(new.serialize()) + len(name.encode()) + FILE_HEADER
+            result.loomfs += map_bytes + ID_SIZE * len(plan) + sum(sizes)
+            self.held_ids.update(send.entry.id for send in plan)
+            arrived[name] = (new, path)
+        self.held_files.update(arrived)
+
+    @staticmethod
+    def _receive(
+        spool: BinaryIO,
+        plan: list[ChunkToSend],
+        sizes: list[int],
+        reference: Path | None,
+        result: StepResult,
+    ) -> None:
+        """Decode and verify every frame as the receiver would."""
+        with FileReference(reference) if reference else nullcontext() as ref:
+            for send, size in zip(plan, sizes, strict=True):
+                frame = spool.read(size)
+                decode_frame(frame, send.entry.id, ref)
 
 
 def updates(steps: list[Path], window: ChunkWindow) -> tuple[int, int, float]:

@@ -3,22 +3,23 @@
 Bench layer, issue 6. For each corpus of ``corpora.py`` the receiver holds snapshot k-1
 and must come to hold snapshot k; every tool is run side by side on the same snapshots:
 
-- loomfs: chunk maps, the chunk ids the receiver asks for, and the frames of the chunks
-  it lacks (zstd or delta against the version it holds), computed with the chunk library.
-  The fabric link is not built yet, so these bytes are counted, not sent; every frame is
-  decoded and verified against its id, as a receiver would.
+- loomfs: a hub and a spoke over the emulated fabric link (``LinkEmulator``, mutual TLS);
+  the spoke fetches each snapshot's new file versions (chunk maps, then only the chunks it
+  holds in no cached file, zstd or delta-encoded, verified on receipt); the bytes are
+  counted at the link emulator, both directions, TLS and HTTP included.
 - rsync: ``rsync -az --stats --delete-after`` (plus ``--fuzzy`` where files are renamed)
   pulling from a real rsync daemon on a free loopback port; bytes sent + received.
 - restic: ``restic backup`` of each snapshot into one local repository; growth of the
   repository's size.
 - plain copy: the bytes of files that are new or changed at their path.
 
-Run: ``PYTHONPATH=src python bench/transfer.py [--quick] [--json PATH]``.
+Run: ``PYTHONPATH=src python bench/transfer.py [--quick] [--json PATH] [--rate MB/s]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import filecmp
 import json
 import os
@@ -27,30 +28,18 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from corpora import Corpus, build, files_of
-from loomfs.chunks import (
-    ChunkMap,
-    ChunkPipeline,
-    ChunkToSend,
-    FileReference,
-    FrameKind,
-    choose_reference,
-    decode_frame,
-    plan_transfer,
-)
-from loomfs.chunks.chunkmap import ID_SIZE
+from loomfs.chunks import ChunkPipeline
+from loomfs.core.types import SYSTEM, Principal
+from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.ports import free_port, stop_process, wait_for_port
 
-# Per file, a real request also names the path and the version: count the path and 16
-# bytes of version and size, the chunk map, and one id per requested chunk.
-FILE_HEADER = 16
-DELTA_KINDS = (FrameKind.DELTA, FrameKind.XOR)
+WHO = Principal(user="bench")
 
 
 @dataclass
@@ -61,69 +50,81 @@ class StepResult:
     rsync: int = 0
     restic: int = 0
     loomfs: int = 0
-    loomfs_maps: int = 0
-    loomfs_delta_chunks: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
 
 # --- loomfs --------------------------------------------------------------------------------
 
 
-class LoomfsReceiver:
-    """What the receiver holds (chunk ids and file versions) and what reaching each next
-    snapshot costs on the wire, computed with the chunk library."""
+class LoomfsLink:
+    """A loomfs hub and spoke (in-process, mutual TLS) over the emulated link. Each
+    snapshot is written into the hub's volume through its namespace (not counted), then
+    the spoke warms the corpus's directory: it fetches every file version it lacks, as
+    chunk maps and the chunks it holds nowhere. The bytes loomfs moved are those that
+    crossed the link emulator, both ways; then a plain ranged HTTP read of the changed
+    files through the same link gives the time of a plain copy over it."""
 
-    def __init__(self, pipeline: ChunkPipeline) -> None:
-        self.pipeline = pipeline
-        self.held_ids: set[bytes] = set()
-        self.held_files: dict[str, tuple[ChunkMap, Path]] = {}
+    def __init__(self, env: Fabric, corpus: str) -> None:
+        self.env = env
+        self.top = f"/vol/{corpus}"
+        self.names: set[str] = set()
 
-    def step(self, snapshot: Path, changed: list[Path], result: StepResult) -> None:
-        """Bring the receiver to ``snapshot``; only ``changed`` files (new, or a new version
-        at their path) cost anything: the hub keeps maps per version and the spoke knows
-        which versions it holds."""
-        versions = {name: held for name, (held, _) in self.held_files.items()}
-        arrived: dict[str, tuple[ChunkMap, Path]] = {}
+    async def step(self, snapshot: Path, changed: list[Path], result: StepResult) -> None:
+        hub = self.env.hub.namespace
+        now = {path.relative_to(snapshot).as_posix() for path in files_of(snapshot)}
+        for name in sorted(self.names - now):
+            await hub.remove(SYSTEM, f"{self.top}/{name}")
         for path in changed:
-            name = path.relative_to(snapshot).as_posix()
-            started = time.perf_counter()
-            new = self.pipeline.map_file(path)
-            mapped = time.perf_counter()
-            base = choose_reference(name, new, versions)
-            ref_map, ref_path = self.held_files[base] if base is not None else (None, None)
-            plan = plan_transfer(new, self.held_ids, ref_map)
-            with tempfile.TemporaryFile() as spool:
-                # Frames are spooled to disk, not collected: a file's frames can be as large
-                # as the file. The receiver's decoding runs after the clock stops.
-                sizes = [
-                    spool.write(frame) for frame in self.pipeline.encode_file(path, plan, ref_path)
-                ]
-                encoded = time.perf_counter()
-                spool.seek(0)
-                self._receive(spool, plan, sizes, ref_path, result)
-            result.seconds["loomfs_map"] = result.seconds.get("loomfs_map", 0) + mapped - started
-            result.seconds["loomfs"] = result.seconds.get("loomfs", 0) + encoded - started
-            map_bytes = len(new.serialize()) + len(name.encode()) + FILE_HEADER
-            result.loomfs_maps += map_bytes
-            result.loomfs += map_bytes + ID_SIZE * len(plan) + sum(sizes)
-            self.held_ids.update(send.entry.id for send in plan)
-            arrived[name] = (new, path)
-        self.held_files.update(arrived)
+            target = f"{self.top}/{path.relative_to(snapshot).as_posix()}"
+            await hub.mkdir(SYSTEM, target.rsplit("/", 1)[0], parents=True, exist_ok=True)
+            await hub.write(SYSTEM, target, _stream(path))
+        self.names = now
+        link = self.env.link
+        before = link.down.bytes + link.up.bytes
+        started = time.perf_counter()
+        await self.env.spoke.warm(WHO, self.top)
+        result.seconds["loomfs"] = time.perf_counter() - started
+        result.loomfs = link.down.bytes + link.up.bytes - before
+        started = time.perf_counter()
+        plain = self.env.client(self.env.first)
+        try:
+            for path in changed:
+                name = f"{self.top}/{path.relative_to(snapshot).as_posix()}"
+                async with await plain.read(SYSTEM, name) as reader:
+                    async for _ in reader.chunks():
+                        pass
+        finally:
+            await plain.close()
+        result.seconds["link copy"] = time.perf_counter() - started
 
-    @staticmethod
-    def _receive(
-        spool: BinaryIO,
-        plan: list[ChunkToSend],
-        sizes: list[int],
-        reference: Path | None,
-        result: StepResult,
-    ) -> None:
-        """Decode and verify every frame as the receiver would."""
-        with FileReference(reference) if reference else nullcontext() as ref:
-            for send, size in zip(plan, sizes, strict=True):
-                frame = spool.read(size)
-                result.loomfs_delta_chunks += frame[0] & 0x0F in DELTA_KINDS
-                decode_frame(frame, send.entry.id, ref)
+
+async def _stream(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as source:
+        while data := await asyncio.to_thread(source.read, 1 << 20):
+            yield data
+
+
+async def loomfs_corpus(
+    corpus: Corpus, results: list[StepResult], work: Path, rate: float | None, rtt: float
+) -> None:
+    where = work / f"loomfs-{corpus.name}"
+    where.mkdir()
+    async with fabric(where, capacity=8 << 30, rate=rate, latency=rtt / 2) as env:
+        await env.hub.namespace.mkdir(SYSTEM, f"/vol/{corpus.name}")
+        link = LoomfsLink(env, corpus.name)
+        for snapshot, result in zip(corpus.steps, results, strict=True):
+            changed = changed_files(
+                snapshot, corpus.steps[result.step - 1] if result.step else None
+            )
+            await link.step(snapshot, changed, result)
+
+
+def map_rate(pipeline: ChunkPipeline, files: list[Path], result: StepResult) -> None:
+    """The chunking pipeline alone (cut + BLAKE3 on 2 threads), as the hub runs it."""
+    started = time.perf_counter()
+    for path in files:
+        pipeline.map_file(path)
+    result.seconds["loomfs_map"] = time.perf_counter() - started
 
 
 # --- rsync ---------------------------------------------------------------------------------
@@ -234,13 +235,17 @@ def timed(result: StepResult, tool: str) -> Iterator[None]:
 
 
 def run_corpus(
-    corpus: Corpus, root: Path, url: str, restic: ResticRepo, work: Path
+    corpus: Corpus,
+    root: Path,
+    url: str,
+    restic: ResticRepo,
+    work: Path,
+    link: tuple[float | None, float],
 ) -> list[StepResult]:
     dest = work / f"rsync-{corpus.name}"
     dest.mkdir()
     results = []
     with ChunkPipeline(workers=2) as pipeline:
-        receiver = LoomfsReceiver(pipeline)
         previous: Path | None = None
         for step, snapshot in enumerate(corpus.steps):
             result = StepResult(step, snapshot_size=tree_size(snapshot))
@@ -251,9 +256,10 @@ def run_corpus(
                 result.rsync = rsync_step(url, snapshot, root, dest, corpus.renamed)
             with timed(result, "restic"):
                 result.restic = restic.backup(snapshot)
-            receiver.step(snapshot, changed, result)
+            map_rate(pipeline, changed, result)
             results.append(result)
             previous = snapshot
+    asyncio.run(loomfs_corpus(corpus, results, work, *link))
     return results
 
 
@@ -284,21 +290,22 @@ def mb(value: float) -> str:
 def table(rows: list[Row]) -> str:
     head = (
         "| corpus | phase | copy MB | rsync MB | restic MB | loomfs MB "
-        "| loomfs/rsync | loomfs/best(rsync,restic) | loomfs/copy | loomfs encode MB/s "
-        "| wall s: copy / rsync / restic / loomfs |"
+        "| loomfs/rsync | loomfs/best(rsync,restic) | loomfs/copy | loomfs map MB/s "
+        "| wall s: copy / rsync / restic / loomfs / link copy |"
     )
     lines = [head, "|" + "---|" * 11]
     for row in rows:
         loom, rsync, restic = row.total("loomfs"), row.total("rsync"), row.total("restic")
         best = min(rsync, restic)
-        encode_s = row.seconds("loomfs")
-        walls = " / ".join(f"{row.seconds(t):.2f}" for t in ("copy", "rsync", "restic", "loomfs"))
+        map_s = row.seconds("loomfs_map")
+        tools = ("copy", "rsync", "restic", "loomfs", "link copy")
+        walls = " / ".join(f"{row.seconds(t):.2f}" for t in tools)
         lines.append(
             f"| {row.corpus.number}. {row.corpus.title} | {row.phase} "
             f"| {mb(row.total('copy'))} | {mb(rsync)} | {mb(restic)} | {mb(loom)} "
             f"| {loom / max(rsync, 1):.2f} | {loom / max(best, 1):.2f} "
             f"| {loom / max(row.total('copy'), 1):.2f} "
-            f"| {row.total('copy') / max(encode_s, 1e-9) / 1e6:,.0f} | {walls} |"
+            f"| {row.total('copy') / max(map_s, 1e-9) / 1e6:,.0f} | {walls} |"
         )
     return "\n".join(lines)
 
@@ -308,7 +315,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small corpora, seconds not minutes")
     parser.add_argument("--json", type=Path, help="write every step's numbers here")
     parser.add_argument("--workdir", type=Path, help="where corpora go (default: a temp dir)")
+    parser.add_argument("--rate", type=float, help="link rate for loomfs, MB/s (default: unshaped)")
+    parser.add_argument("--rtt", type=float, default=2.0, help="link round trip, ms")
     args = parser.parse_args()
+    link = (args.rate * 1e6 if args.rate else None, args.rtt / 1000)
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-", dir=args.workdir) as tmp:
         work = Path(tmp)
         root = work / "corpora"
@@ -322,20 +332,22 @@ def main() -> None:
         restic = ResticRepo(work / "restic")
         with rsync_daemon(root, work) as url:
             for corpus in corpora:
-                results = run_corpus(corpus, root, url, restic, work)
+                results = run_corpus(corpus, root, url, restic, work, link)
                 rows.extend(rows_of(corpus, results))
                 report.append({"corpus": corpus.name, "steps": [asdict(r) for r in results]})
     print(
-        "loomfs bytes are computed with the chunk library (maps + requested ids + frames, each"
-        " frame decoded and verified); the fabric link is not built yet, so nothing was sent."
+        "loomfs bytes crossed the emulated link (hub -> spoke and back, TLS included); link copy"
+        " is a plain ranged read of the changed files over the same link"
     )
-    print(f"run: {'quick' if args.quick else 'full'} corpora, {os.cpu_count()} cores\n")
+    rate = f"{args.rate} MB/s" if args.rate else "unshaped"
+    print(f"run: {'quick' if args.quick else 'full'} corpora, {os.cpu_count()} cores, {rate}\n")
     print(table(rows))
     steps = [step for row in rows for step in row.steps]
     moved = sum(step.copy for step in steps)
-    for label, key in (("cut + BLAKE3", "loomfs_map"), ("cut + hash + plan + encode", "loomfs")):
-        seconds = sum(step.seconds.get(key, 0.0) for step in steps)
-        print(f"\nloomfs {label}, 2 threads: {moved / seconds / 1e6:,.0f} MB/s over {mb(moved)} MB")
+    seconds = sum(step.seconds.get("loomfs_map", 0.0) for step in steps)
+    print(
+        f"\nloomfs cut + BLAKE3, 2 threads: {moved / seconds / 1e6:,.0f} MB/s over {mb(moved)} MB"
+    )
     if args.json:
         args.json.write_text(json.dumps({"quick": args.quick, "corpora": report}, indent=2))
 

@@ -4,6 +4,7 @@ to each: containment and durability on posix, credentials and plain objects on S
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import threading
@@ -165,6 +166,23 @@ async def test_posix_temp_files_are_invisible(volume: Path, posix: PosixBackend)
     assert [i.key for i in await scan_all(posix)] == ["f"]
     assert await get(posix, "f") == b"first half second half"
     assert names(volume) == [f"{TEMP_PREFIX}left-over", "f"]
+
+
+async def test_posix_write_cancelled_at_any_point_leaves_no_temp_file(
+    volume: Path, posix: PosixBackend
+) -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b"data"
+
+    for delay in range(30):  # cancels land before, during and after the temp's creation
+        writer = asyncio.create_task(posix.write(f"f{delay}", body()))
+        for _ in range(delay):
+            await asyncio.sleep(0)
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+    await asyncio.sleep(0.2)  # creations still running in their threads finish
+    assert not [n for n in names(volume) if n.startswith(TEMP_PREFIX)]
 
 
 def endless_batches() -> Iterator[list[ObjectInfo]]:

@@ -5,37 +5,18 @@ killed with kill -9 while its write-back journal holds acknowledged writes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from loomfs.testing.hubproc import HubProcess, SpokeProcess
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, run_cli
 from loomfs.testing.wan import LinkEmulator
-
-
-def loomfs(
-    data_dir: Path, *args: str, stdin: bytes | None = None
-) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(data_dir)}
-    return subprocess.run(
-        [sys.executable, "-m", "loomfs.cli", *args],
-        input=stdin, capture_output=True, check=False, timeout=120, env=env,
-    )  # fmt: skip
-
-
-def ok(data_dir: Path, *args: str, stdin: bytes | None = None) -> str:
-    result = loomfs(data_dir, *args, stdin=stdin)
-    assert result.returncode == 0, result.stderr.decode()
-    return result.stdout.decode()
 
 
 async def aok(data_dir: Path, *args: str, stdin: bytes | None = None) -> str:
     """``ok`` off the event loop, which runs the emulated link meanwhile."""
-    return await asyncio.to_thread(ok, data_dir, *args, stdin=stdin)
+    return await asyncio.to_thread(cli_ok, data_dir, *args, stdin=stdin)
 
 
 async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
@@ -43,17 +24,19 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
     (data / "train").mkdir(parents=True)
     for i in range(3):
         (data / "train" / f"shard-{i}.jsonl").write_text(f'{{"shard": {i}}}\n' * 1000)
-    ok(hub_dir, "site", "init", "--name", "hub-eu", "--label", "region=eu")
-    ok(spoke_dir, "site", "init", "--name", "gpu-west", "--label", "region=us-west")
-    pinned = ok(hub_dir, "site", "add", "gpu-west", "--cert", str(spoke_dir / "identity/site.pem"))
+    cli_ok(hub_dir, "site", "init", "--name", "hub-eu", "--label", "region=eu")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-west", "--label", "region=us-west")
+    pinned = cli_ok(
+        hub_dir, "site", "add", "gpu-west", "--cert", str(spoke_dir / "identity/site.pem")
+    )
     assert "region=us-west" in pinned  # the labels travel in the certificate
-    wrong = loomfs(hub_dir, "site", "add", "other", "--cert", str(spoke_dir / "identity/site.pem"))
+    wrong = run_cli(hub_dir, "site", "add", "other", "--cert", str(spoke_dir / "identity/site.pem"))
     assert wrong.returncode == 1 and b"names site 'gpu-west'" in wrong.stderr
 
     with HubProcess(
         hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__LEASE_TTL": "3"}
     ) as hub:
-        ok(hub_dir, "--hub", hub.url, "volume", "add", "/datasets/sample", f"posix://{data}")
+        cli_ok(hub_dir, "--hub", hub.url, "volume", "add", "/datasets/sample", f"posix://{data}")
         fabric = urlsplit(hub.urls["fabric"])
         async with LinkEmulator(fabric.hostname or "", fabric.port or 0, latency=0.002) as link:
             spoke_args = (
@@ -100,8 +83,8 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
                 await asyncio.to_thread(spoke.stop)
 
         # a revoked spoke is refused (its next request, without a restart of the hub)
-        ok(hub_dir, "site", "revoke", "gpu-west")
-        listed = ok(hub_dir, "site", "list")
+        cli_ok(hub_dir, "site", "revoke", "gpu-west")
+        listed = cli_ok(hub_dir, "site", "list")
         assert "revoked" in listed
         await asyncio.sleep(2.5)  # the hub re-reads the pinned set every 2 s
         direct = ("--hub", hub.urls["fabric"], *spoke_args[2:])

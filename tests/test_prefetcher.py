@@ -17,6 +17,7 @@ from loomfs.errors import InvalidArgument
 from loomfs.prefetch.adaptive import AdaptivePolicy
 from loomfs.prefetch.plan import Plan
 from loomfs.prefetch.planned import PlanPolicy
+from loomfs.spoke.cache import PREFETCHING
 from loomfs.spoke.prefetcher import Bandwidth, Prefetcher
 from loomfs.testing.fabric import Fabric, fabric
 
@@ -134,3 +135,101 @@ async def test_the_read_pointer_follows_reads_out_of_order(
     await made.spoke.read_bytes(WHO, names[3])
     await made.spoke.read_bytes(WHO, names[2])
     assert job.read_to == 15
+
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+async def roomy(tmp_path: Path) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
+    async with fabric(tmp_path) as made:
+        prefetcher = Prefetcher(made.spoke)
+        prefetcher.start()
+        try:
+            yield made, prefetcher
+        finally:
+            await prefetcher.close()
+
+
+async def test_prefetch_fills_move_chunks_the_spoke_lacks_only(
+    roomy: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = roomy
+    shared = os.urandom(6 * MiB)  # above SMALL_FILE: filled by chunk map, not by range
+    copy = shared + os.urandom(64 * KiB)
+    await made.hub.namespace.write_bytes(WHO, "/vol/one.bin", shared)
+    await made.hub.namespace.write_bytes(WHO, "/vol/two.bin", copy)
+    assert await made.spoke.read_bytes(WHO, "/vol/one.bin") == shared
+    before = made.link.down.bytes
+    prefetcher.publish(Plan("dedup/0", 0, (0,)).encode(), files(["/vol/two.bin"]), [len(copy)])
+    await until(lambda: prefetcher.stats.prefetched_files == 1)
+    moved = made.link.down.bytes - before
+    assert moved < len(copy) // 10  # the shared chunks came out of one.bin's cache file
+    assert prefetcher.stats.fetched_bytes == len(copy)  # the file is whole in the cache
+    assert await made.spoke.read_bytes(WHO, "/vol/two.bin") == copy
+    assert made.link.down.bytes - before == moved  # and the read was a hit
+    got = prefetcher.report()  # one.bin's cold read was a miss, two.bin's read a hit
+    assert got["demand_reads"] == 2 and got["hits"] == 1
+
+
+async def test_a_read_waiting_for_the_prefetchers_open_counts_as_a_stall(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    [name] = await hub_files(made, "s", 1)
+    opened = asyncio.Event()
+
+    async def prefetch() -> bytes:
+        token = PREFETCHING.set(True)  # as Prefetcher._fetch reads
+        try:
+            reading = asyncio.create_task(made.spoke.read_bytes(WHO, name))
+            for _ in range(1000):  # until its cold open is in flight
+                if name in made.spoke._opening:
+                    break
+                await asyncio.sleep(0)
+            assert name in made.spoke._opening
+            opened.set()
+            return await reading
+        finally:
+            PREFETCHING.reset(token)
+
+    ahead = asyncio.create_task(prefetch())
+    await opened.wait()
+    # the cold open of a small file brings it whole: the cache would find every block
+    # present, yet this read waited for that open (single flight in SpokeNamespace)
+    assert await made.spoke.read_bytes(WHO, name) == await ahead
+    got = prefetcher.report()
+    assert got["demand_reads"] == 1 and got["hits"] == 0 and got["stall_s"] > 0
+    await made.spoke.read_bytes(WHO, name)  # now it is there
+    got = prefetcher.report()
+    assert got["demand_reads"] == 2 and got["hits"] == 1
+
+
+async def test_concurrent_fills_share_a_full_cache_with_retired_versions(
+    tmp_path: Path,
+) -> None:
+    size = MiB + 512 * KiB  # chunk-map fills of two blocks each
+    async with fabric(tmp_path, capacity=4 * MiB + 1) as made:
+        cache = made.spoke.cache
+        names = [f"/vol/r{i}.bin" for i in range(8)]
+        contents = {name: os.urandom(size) for name in names}
+        for name, data in contents.items():
+            await made.hub.namespace.write_bytes(WHO, name, data)
+        for first, second in zip(names[::2], names[1::2], strict=True):
+            # two fills at once, each evicting while the other takes room: both fit
+            got = await asyncio.gather(
+                made.spoke.read_bytes(WHO, first), made.spoke.read_bytes(WHO, second)
+            )
+            assert list(got) == [contents[first], contents[second]]
+            assert cache.used_bytes <= cache.capacity
+            # a new version at the hub retires the cached one (a chunk source, evictable)
+            contents[first] = os.urandom(size)
+            await made.hub.namespace.write_bytes(WHO, first, contents[first])
+        await until(lambda: any(f.retired for f in cache))
+        for name in names:
+            assert await made.spoke.read_bytes(WHO, name) == contents[name]
+            assert cache.used_bytes <= cache.capacity
+        assert cache.chunks is not None
+        # the chunk index forgot every dropped file
+        assert set(cache.chunks.maps) <= {f.id for f in cache}
+        assert sum(f.cached_bytes for f in cache if f.hashes) == cache.used_bytes

@@ -13,6 +13,7 @@ from openapi_spec_validator import validate
 
 from loomfs.core.registry import open_catalog
 from loomfs.hub.namespace import HubNamespace
+from loomfs.rest.chunks import ChunkRoutes
 from loomfs.rest.openapi import spec
 from loomfs.rest.plans import routes as plan_routes
 from loomfs.rest.server import RestServer
@@ -46,6 +47,7 @@ def test_openapi_is_valid_and_covers_every_route() -> None:
         spoke=object(),  # type: ignore[arg-type]
         routes=plan_routes(None),  # type: ignore[arg-type]
     ).app()
+    ChunkRoutes(RestServer(namespace=None), chunks=None).register(app)  # type: ignore[arg-type]
     routes = {
         r.resource.canonical.replace("/{path}", "/{path}")
         for r in app.router.routes()

@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +31,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from .chunks.metrics import REPORTED, summarize
 from .config import Config, load_config
+from .core.audit import AuditReader, archive, load_key, parse_anchor
 from .core.catalog.base import Catalog
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry, parse_labels
@@ -162,10 +165,35 @@ def serve_s3(
     ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
 ) -> None:
     """Serve the hub with its S3 gateway on; keys come from `loomfs user add`."""
+    _serve_protocol(ctx, "s3", listen, port, ready_file, "127.0.0.1:9000")
+
+
+@serve.command("sftp")
+@click.option("--listen", help="HOST:PORT of the SFTP server (default: sftp.listen).")
+@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
+@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.pass_context
+def serve_sftp(
+    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
+) -> None:
+    """Serve the hub with SFTP on; logins by the SSH keys of `loomfs user add --ssh-key`."""
+    _serve_protocol(ctx, "sftp", listen, port, ready_file, "127.0.0.1:2222")
+
+
+def _serve_protocol(
+    ctx: click.Context,
+    section: str,
+    listen: str | None,
+    port: int | None,
+    ready_file: Path | None,
+    default: str,
+) -> None:
+    """The hub with one more protocol's listener on: at --listen, at --port on loopback,
+    where the config's [section] listen says, or at ``default``."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     address = listen or (f"127.0.0.1:{port}" if port is not None else None)
-    address = address or state.config.s3.listen or "127.0.0.1:9000"
-    _serve(ctx, {"s3": {"listen": address}}, ready_file)
+    address = address or getattr(state.config, section).listen or default
+    _serve(ctx, {section: {"listen": address}}, ready_file)
 
 
 # -- volumes -----------------------------------------------------------------------------
@@ -836,6 +864,159 @@ async def _mount(
             await ns.close()
         if ready_file is not None:
             ready_file.unlink(missing_ok=True)
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+@main.command("status")
+@click.pass_context
+@run
+async def status(ctx: click.Context) -> None:
+    """Bytes moved as chunks by a site (the --hub URL: a hub's or a spoke's): logical,
+    on the wire, and saved by dedup and by compression, per role and direction."""
+    async with connected(ctx) as ns:
+        rows = summarize(await ns.metrics())
+    if not rows:
+        console.print("no chunk transfers yet")
+        return
+    table = Table(title="chunk transfers since the site started")
+    for column in ("role", "direction", *REPORTED, "wire/logical"):
+        table.add_column(column, justify="left" if column in ("role", "direction") else "right")
+    for (role, direction), values in sorted(rows.items()):
+        logical = values["logical"]
+        ratio = f"{values['wire'] / logical:.3f}" if logical else "-"
+        table.add_row(role, direction, *(f"{int(v):,}" for v in values.values()), ratio)
+    console.print(table)
+
+
+# -- audit -------------------------------------------------------------------------------
+
+_AGO = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _instant(text: str | None) -> int | None:
+    """'1h', '30m', '2d' ago, or an ISO time ('2026-11-30T12:00', UTC unless it says);
+    nanoseconds since the epoch."""
+    if text is None:
+        return None
+    number, unit = text[:-1], text[-1:]
+    if unit in _AGO and number.replace(".", "", 1).isdigit():
+        return time.time_ns() - int(float(number) * _AGO[unit] * 1e9)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither 1h/30m/2d/... nor an ISO time") from None
+    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1e9)
+
+
+def _audit_reader(ctx: click.Context) -> AuditReader:
+    """The audit directory of this site, from the config: audit commands run on the hub."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    config = state.config
+    if not config.audit_dir.is_dir():
+        raise NotFound(f"no audit log in {config.audit_dir} (is [site] data_dir right?)")
+    return AuditReader(config.audit_dir, load_key(config.audit.key_file))
+
+
+def _audit_command(fn: Callable[..., None]) -> Callable[..., None]:
+    """loomfs errors (a bad config, a key missing) become one clear line and status 2,
+    apart from the status 1 that a broken chain gives."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except LoomError as exc:
+            console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+            sys.exit(2)
+
+    return wrapper
+
+
+@main.group()
+def audit() -> None:
+    """The tamper-evident record of every access and policy decision (on the hub)."""
+
+
+@audit.command("query")
+@click.option("--user", help="Only this user.")
+@click.option("--site", "site_name", help="Only requests from this site.")
+@click.option("--op", help="Only this operation (read, write, stat, list, connect...).")
+@click.option("--path", "path_prefix", help="Only this path and everything below it.")
+@click.option("--since", help="From this time on: 1h, 30m, 2d ago or an ISO time.")
+@click.option("--until", help="Before this time (same forms).")
+@click.option("--result", help="Only this result: ok, denied or an error code.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (everything, hashes too).")
+@click.pass_context
+@_audit_command
+def audit_query(
+    ctx: click.Context,
+    *,
+    user: str | None,
+    site_name: str | None,
+    op: str | None,
+    path_prefix: str | None,
+    since: str | None,
+    until: str | None,
+    result: str | None,
+    as_json: bool,
+) -> None:
+    """Records that match every filter given, oldest first (streamed)."""
+    records = _audit_reader(ctx).query(
+        user=user, site=site_name, op=op, path_prefix=path_prefix,
+        since=_instant(since), until=_instant(until), result=result,
+    )  # fmt: skip
+    if as_json:
+        for r in records:
+            sys.stdout.write(json.dumps(r.as_dict()) + "\n")
+        return
+    table = Table("seq", "time", "site", "protocol", "user", "op", "path", "bytes", "result")
+    for r in records:
+        table.add_row(
+            str(r.seq), _time(r.time_ns), r.site, r.protocol, r.user, r.op, r.path,
+            f"{r.nbytes:,}", r.result,
+        )  # fmt: skip
+    out.print(table)
+
+
+@audit.command("verify")
+@click.option("--anchor", help="SEQ:HASH from an earlier `loomfs audit head`, kept elsewhere.")
+@click.pass_context
+@_audit_command
+def audit_verify(ctx: click.Context, anchor: str | None) -> None:
+    """Check the whole chain; exit 1 naming each place it breaks (edited, removed,
+    reordered, truncated); a torn tail from a crash is reported but is no break."""
+    report = _audit_reader(ctx).verify(parse_anchor(anchor) if anchor else None)
+    for finding in report.findings:
+        color = "red" if finding.tampering else "yellow"
+        out.print(f"[{color}]{finding}[/{color}]", highlight=False)
+    summary = (
+        f"{report.records:,} records in {report.segments} segments; "
+        f"head {report.head_seq}:{report.head_hash}"
+    )
+    if not report.ok:
+        out.print(f"[red]BROKEN[/red] {summary}", highlight=False)
+        sys.exit(1)
+    out.print(f"ok {summary}", highlight=False)
+
+
+@audit.command("head")
+@click.pass_context
+@_audit_command
+def audit_head(ctx: click.Context) -> None:
+    """SEQ:HASH of the newest record: keep it elsewhere, give it to `verify --anchor`."""
+    seq, digest = _audit_reader(ctx).head()
+    out.print(f"{seq}:{digest}", highlight=False)
+
+
+@audit.command("archive")
+@click.pass_context
+@_audit_command
+def audit_archive(ctx: click.Context) -> None:
+    """Compress closed segments (gzip); they still verify and query."""
+    for path in archive(_audit_reader(ctx).directory):
+        out.print(str(path), highlight=False)
 
 
 if __name__ == "__main__":

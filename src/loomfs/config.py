@@ -58,6 +58,17 @@ class S3Section(_Section):
     max_part_size: int = 5 << 30
 
 
+class SftpSection(_Section):
+    #: HOST:PORT of the SFTP server; unset = no SFTP
+    listen: str | None = None
+    #: the server's private host key; default: generated on first start in
+    #: <data_dir>/identity/ssh_host_ed25519_key
+    host_key: Path | None = None
+    #: the namespace directory each user sees as '/' (users cannot leave it); '{user}'
+    #: is replaced by the user's name, for per-user homes such as /home/{user}
+    root: str = "/"
+
+
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
     #: site name -> REST URL, for ``loomfs://SITE/path`` URLs (the Python SDK)
@@ -91,6 +102,17 @@ class SpokeSection(_Section):
     prefetch: bool = True
 
 
+class AuditSection(_Section):
+    #: record every access and policy decision in a hash-chained log
+    enabled: bool = True
+    dir: Path | None = None  # default: <data_dir>/audit
+    #: a segment is closed and a new one started past this size
+    segment_size: str = "16M"
+    #: a secret (at least 16 bytes) that keys the chain, so that only its holder can
+    #: recompute it; keep it away from whoever can write the log
+    key_file: Path | None = None
+
+
 class Config(_Section):
     site: SiteSection = SiteSection()
     catalog: CatalogSection = CatalogSection()
@@ -99,7 +121,9 @@ class Config(_Section):
     fabric: FabricSection = FabricSection()
     spoke: SpokeSection = SpokeSection()
     client: ClientSection = ClientSection()
+    sftp: SftpSection = SftpSection()
     log: LogSection = LogSection()
+    audit: AuditSection = AuditSection()
 
     @property
     def identity_dir(self) -> Path:
@@ -108,6 +132,10 @@ class Config(_Section):
     @property
     def catalog_url(self) -> str:
         return self.catalog.url or f"sqlite://{self.site.data_dir.resolve() / 'catalog.db'}"
+
+    @property
+    def audit_dir(self) -> Path:
+        return self.audit.dir or self.site.data_dir / "audit"
 
     @property
     def listen_host_port(self) -> tuple[str, int]:

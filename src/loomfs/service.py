@@ -15,15 +15,16 @@ import logging
 import signal
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import paths
 from .config import Config, host_port, parse_size
+from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
@@ -35,9 +36,11 @@ from .errors import ConfigError, LoomError
 from .fabric.identity import SiteIdentity
 from .fabric.server import FabricServer
 from .hub.assimilate import ScanStats, path_of
+from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
+from .namespace.base import Namespace
 from .protocols.s3 import S3Gateway
 from .rest.client import RestNamespace
 from .rest.plans import routes as plan_routes
@@ -65,11 +68,25 @@ class HubService:
         )
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.chunks = HubChunks(self.namespace, config.site.data_dir / "chunk-staging")
+        #: the site's audit log ([audit] enabled): it buffers from now on and is written
+        #: from ``start`` on, so the namespace can be given it before the hub starts
+        self.audit: AuditLog | None = None
+        if config.audit.enabled:
+            self.audit = AuditLog(
+                config.audit_dir,
+                site=config.site.name,
+                key=load_key(config.audit.key_file),
+                segment_size=parse_size(config.audit.segment_size),
+            )
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.audit is not None:
+            self.audit.start()
         await self.catalog.open()
+        self.chunks.clear_staging()  # chunks of uploads a stopped hub never committed
         volumes = await self.namespace.load_volumes()
         VOLUMES.set(len(volumes))
         HEAD_SEQ.set(await self.catalog.head_seq())
@@ -91,7 +108,10 @@ class HubService:
             await watcher.stop()
         self._watchers.clear()
         await self.namespace.close()
+        self.chunks.close()
         await self.catalog.close()
+        if self.audit is not None:  # last: whatever stopping recorded is written too
+            await asyncio.to_thread(self.audit.close)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -236,14 +256,22 @@ class HubService:
                 fabric = await self._fabric_server()
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
-            await serve_until_signal(listeners, ready_file, "hub")
+            sockets = sftp_listeners(self.config, self.namespace, self.catalog)
+            await serve_until_signal(listeners, ready_file, "hub", sockets)
         finally:
             await self.stop()
 
     async def _fabric_server(self) -> FabricServer:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
-        fabric = FabricServer(self.namespace, self, identity, await sites.trusted())
+        fabric = FabricServer(
+            self.namespace,
+            self,
+            identity,
+            await sites.trusted(),
+            chunks=self.chunks,
+            audit=self.audit,
+        )
 
         async def follow_trust() -> None:
             while True:  # pins and revocations made with `loomfs site` take effect here
@@ -262,10 +290,54 @@ class Listener(NamedTuple):
     ssl: ssl.SSLContext | None = None
 
 
-async def serve_until_signal(listeners: list[Listener], ready_file: Path | None, what: str) -> None:
-    """Serve each app on its address until SIGTERM or SIGINT; ``ready_file`` gets the bound
-    URLs as JSON once all listen (port 0 picks a free port)."""
+class SocketServer(Protocol):
+    """A server that is not an aiohttp app (SFTP over SSH): bound, then closed."""
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen (port 0: a free one) and return the bound port."""
+
+    async def stop(self) -> None: ...
+
+
+class SocketListener(NamedTuple):
+    name: str
+    scheme: str
+    server: SocketServer
+    address: tuple[str, int]
+
+
+def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> list[SocketListener]:
+    """The SFTP server where ``[sftp] listen`` is set (users from ``catalog``'s registry)."""
+    sftp = config.sftp
+    if not sftp.listen:
+        return []
+    try:  # asyncssh is an extra: only a site that serves SFTP needs it
+        from .protocols.sftp import SftpServer  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            f"[sftp] listen is set but {exc.name} is missing: pip install 'loomfs[sftp]'"
+        ) from exc
+    server = SftpServer(
+        namespace,
+        UserRegistry(catalog),
+        sftp.host_key or config.identity_dir / "ssh_host_ed25519_key",
+        spool=config.site.data_dir / "sftp-spool",
+        root=sftp.root,
+        site=config.site.name,
+    )
+    return [SocketListener("sftp", "sftp", server, host_port(sftp.listen, "sftp.listen"))]
+
+
+async def serve_until_signal(
+    listeners: list[Listener],
+    ready_file: Path | None,
+    what: str,
+    sockets: Sequence[SocketListener] = (),
+) -> None:
+    """Serve each app (and each socket server) on its address until SIGTERM or SIGINT;
+    ``ready_file`` gets the bound URLs as JSON once all listen (port 0 picks a free port)."""
     runners: list[web.AppRunner] = []
+    started: list[SocketServer] = []
     urls: dict[str, str] = {}
     try:
         for listener in listeners:
@@ -278,6 +350,11 @@ async def serve_until_signal(listeners: list[Listener], ready_file: Path | None,
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             scheme = "https" if listener.ssl is not None else "http"
             urls[listener.name] = f"{scheme}://{host}:{bound}"
+        for socket in sockets:
+            host, port = socket.address
+            bound = await socket.server.start(host, port)
+            started.append(socket.server)
+            urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
         if ready_file is not None:  # whole or not at all: a watcher may read it at once
             partial = ready_file.with_name(ready_file.name + ".tmp")
@@ -290,6 +367,8 @@ async def serve_until_signal(listeners: list[Listener], ready_file: Path | None,
         await stop.wait()
     finally:
         log.info(f"{what} stopping")
+        for server in started:
+            await server.stop()
         for runner in runners:
             await runner.cleanup()
         with contextlib.suppress(FileNotFoundError):
@@ -312,7 +391,9 @@ class SpokeService:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
         client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
         cache = Cache(
-            spoke.cache_dir or config.site.data_dir / "cache", parse_size(spoke.cache_size)
+            spoke.cache_dir or config.site.data_dir / "cache",
+            parse_size(spoke.cache_size),
+            link=client,
         )
         self.namespace = SpokeNamespace(
             client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back
@@ -320,6 +401,8 @@ class SpokeService:
 
     async def serve(self, ready_file: Path | None = None) -> None:
         prefetcher = Prefetcher(self.namespace) if self.config.spoke.prefetch else None
+        # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
+        users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
         try:
             await self.namespace.start()
             if prefetcher is not None:
@@ -331,8 +414,15 @@ class SpokeService:
                 routes=plan_routes(prefetcher) if prefetcher is not None else (),
             )
             listen = host_port(self.config.spoke.listen, "spoke.listen")
-            await serve_until_signal([Listener("url", server.app(), listen)], ready_file, "spoke")
+            sockets: list[SocketListener] = []
+            if users is not None:
+                await users.open()
+                sockets = sftp_listeners(self.config, self.namespace, users)
+            listeners = [Listener("url", server.app(), listen)]
+            await serve_until_signal(listeners, ready_file, "spoke", sockets)
         finally:
             if prefetcher is not None:
                 await prefetcher.close()
             await self.namespace.close()
+            if users is not None:
+                await users.close()

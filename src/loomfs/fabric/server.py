@@ -13,9 +13,12 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from ..core.audit import AuditSink
 from ..core.types import Principal
 from ..errors import AuthenticationFailed
+from ..hub.chunks import HubChunks
 from ..namespace.base import Namespace
+from ..rest.chunks import ChunkRoutes
 from ..rest.server import RestServer, VolumeAdmin
 from .identity import SiteIdentity, fingerprint
 
@@ -27,13 +30,25 @@ class FabricServer(RestServer):
         admin: VolumeAdmin | None,
         identity: SiteIdentity,
         trusted: Mapping[str, bytes],
+        chunks: HubChunks | None = None,
+        audit: AuditSink | None = None,
     ) -> None:
-        """``trusted`` maps each pinned site's name to its certificate (PEM)."""
+        """``trusted`` maps each pinned site's name to its certificate (PEM); with
+        ``chunks``, spokes can move chunks instead of byte ranges; refusals are policy
+        decisions and go to ``audit``."""
         super().__init__(namespace, admin, site=identity.name)
+        self.chunks = chunks
         self.identity = identity
+        self.audit = audit
         self._context = identity.server_context(trusted.values())
         self._sites: dict[str, str] = {}
         self.trust(trusted)
+
+    def app(self) -> web.Application:
+        app = super().app()
+        if self.chunks is not None:
+            ChunkRoutes(self, self.chunks).register(app)
+        return app
 
     def ssl_context(self) -> ssl.SSLContext:
         return self._context
@@ -51,8 +66,19 @@ class FabricServer(RestServer):
     def principal(self, request: web.Request) -> Principal:
         tls = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = tls.getpeercert(binary_form=True) if tls is not None else None
-        site = self._sites.get(hashlib.sha256(der).hexdigest()) if der else None
+        peer = hashlib.sha256(der).hexdigest() if der else None
+        site = self._sites.get(peer) if peer else None
         if site is None:
+            if self.audit is not None:
+                # the site is named by the certificate it presented, as far as known
+                who = Principal("unknown", site=f"cert:{(peer or 'none')[:16]}", protocol="fabric")
+                self.audit.record(
+                    who,
+                    "connect",
+                    request.path,
+                    "denied",
+                    detail=f"{request.method}: site certificate not trusted (revoked or unknown)",
+                )
             # the handshake already pins certificates; this catches a site revoked since
             raise AuthenticationFailed("this site's certificate is not trusted by the hub")
         return Principal(user=f"site:{site}", site=site, protocol="fabric")

@@ -20,7 +20,10 @@ from pathlib import Path
 
 from prometheus_client import Gauge, Histogram
 
+from ..errors import Conflict
+
 LEASES = Gauge("loomfs_hub_read_leases", "Spokes holding a live read lease")
+WRITE_LEASES = Gauge("loomfs_hub_write_leases", "Paths a site holds a write lease on")
 SETTLE = Histogram("loomfs_hub_settle_seconds", "Time commits waited for spoke acknowledgements")
 
 
@@ -84,3 +87,41 @@ class Leases:
             event = self._event
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), min(deadlines) - now)
+
+
+class WriteLeases:
+    """Which site is writing which path. A spoke takes the lease when a write begins and
+    gives it up once the write is committed, so a writer elsewhere (another spoke, or a
+    client of the hub itself) hears at once that the file is being written, instead of
+    finding out by a failed precondition after its upload. Leases live in memory: after
+    a hub restart they are gone, and version preconditions still guard every commit."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._held: dict[str, tuple[str, float]] = {}  # path -> (site, expiry)
+
+    def acquire(self, path: str, site: str) -> float:
+        self.check(path, site)
+        self._held[path] = (site, time.monotonic() + self.ttl)
+        WRITE_LEASES.set(len(self._held))
+        return self.ttl
+
+    def release(self, path: str, site: str) -> None:
+        if self._held.get(path, ("", 0.0))[0] == site:
+            del self._held[path]
+        WRITE_LEASES.set(len(self._held))
+
+    def check(self, path: str, site: str) -> None:
+        """``Conflict`` if another site holds a live write lease of ``path``."""
+        holder = self._held.get(path)
+        if holder is None or holder[0] == site:
+            return
+        left = holder[1] - time.monotonic()
+        if left <= 0:
+            del self._held[path]
+            WRITE_LEASES.set(len(self._held))
+            return
+        raise Conflict(
+            f"{path} is being written at site {holder[0]!r} (write lease, {left:.0f} s left)",
+            path=path,
+        )

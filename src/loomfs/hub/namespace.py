@@ -36,7 +36,7 @@ from ..errors import (
 )
 from ..namespace.base import LIST_PAGE, Namespace, Reader
 from .assimilate import Assimilator, Progress, ScanStats, put_for
-from .coherence import Leases
+from .coherence import Leases, WriteLeases
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +67,14 @@ def _check_tag(key: str, value: str | None = None) -> None:
 
 
 class HubNamespace(Namespace):
-    def __init__(self, catalog: Catalog, leases: Leases | None = None) -> None:
+    def __init__(
+        self, catalog: Catalog, leases: Leases | None = None, write_lease: float = 60.0
+    ) -> None:
         self.catalog = catalog
         #: spokes' read leases: a commit is acknowledged once they have applied it
         self.leases = leases or Leases(0)
+        #: paths a site is writing: other sites' changes to them are refused meanwhile
+        self.write_leases = WriteLeases(write_lease)
         self.assimilator = Assimilator(catalog)
         self._mounts: dict[str, Mounted] = {}
         # one writer per path in this process: the precondition check, the volume write and
@@ -267,11 +271,13 @@ class HubNamespace(Namespace):
         # checked before the body streams in (a doomed write fails fast), and again under
         # the path's lock, where the staged bytes become visible and are recorded: the lock
         # is never held while a client streams, however slowly
+        self.write_leases.check(path, who.site)
         await self._writable(path, if_version, exclusive)
         committed: list[Entry] = []
 
         async def gate(commit: Commit) -> ObjectInfo:
             async with self._lock(path):
+                self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 info = await commit()
                 committed.append(
@@ -317,6 +323,9 @@ class HubNamespace(Namespace):
         if parents and await self.catalog.get(parent) is None:
             await self.mkdir(who, parent, parents=True, exist_ok=True)
         async with self._lock(path):
+            made = await self.catalog.get(path)
+            if exist_ok and made is not None and made.is_dir:
+                return made  # by a concurrent mkdir while this one waited for the lock
             await self._dir(parent)
             info = await mounted.backend.mkdir(key)
             return await self._record(mounted, info, exclusive=True, check_parent=True)
@@ -373,6 +382,8 @@ class HubNamespace(Namespace):
             raise CrossesVolume(f"{src} and {dst} are on different volumes", path=dst)
         first, second = sorted((src, dst))
         async with self._lock(first), self._lock(second):
+            self.write_leases.check(src, who.site)
+            self.write_leases.check(dst, who.site)
             entry = await self._entry(src)
             target = await self.catalog.get(dst)
             if target is not None:
@@ -391,6 +402,7 @@ class HubNamespace(Namespace):
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
         async with self._lock(path):
+            self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if if_version is not None and entry.version != if_version:
                 raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
@@ -420,6 +432,7 @@ class HubNamespace(Namespace):
         path = paths.normalize(path)
         hit = self._resolve(path)
         async with self._lock(path):
+            self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
                 mounted, key = hit
@@ -462,6 +475,14 @@ class HubNamespace(Namespace):
         tags = await self.catalog.set_tags(paths.normalize(path), set_, remove)
         await self.leases.settle(await self.catalog.head_seq())
         return tags
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        path = paths.normalize(path)
+        self._below_mount(path)  # only paths of a volume can be written
+        return self.write_leases.acquire(path, who.site)
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        self.write_leases.release(paths.normalize(path), who.site)
 
     async def close(self) -> None:
         for mounted in self._mounts.values():

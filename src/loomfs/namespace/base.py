@@ -138,6 +138,16 @@ class Namespace(ABC):
         remove: Sequence[str] = (),
     ) -> dict[str, str]: ...
 
+    @abstractmethod
+    async def lease_write(self, who: Principal, path: str) -> float:
+        """Take (or renew) the write lease of ``path`` for the caller's site: while it
+        lasts, writes, renames and removals of the path from any other site fail with
+        ``Conflict``. Returns the seconds granted; renew well before they run out."""
+
+    @abstractmethod
+    async def release_write(self, who: Principal, path: str) -> None:
+        """Give up the caller's site's write lease of ``path`` (none held: nothing)."""
+
     async def close(self) -> None:  # noqa: B027 - stateless implementations hold nothing
         """Release what the namespace holds (connections, watchers)."""
 

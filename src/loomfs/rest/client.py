@@ -6,6 +6,7 @@ conformance suite runs through HTTP exactly as it runs against the hub in-proces
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import builtins
 import json
@@ -18,10 +19,14 @@ from urllib.parse import quote
 import aiohttp
 
 from .. import paths
+from ..chunks.chunkmap import ChunkMap
+from ..chunks.codec import decode_frame
+from ..chunks.records import read_answers
 from ..core.streams import BytesSource, StreamSource
 from ..core.types import Entry, Feed, Principal
-from ..errors import BackendUnavailable, Conflict, LoomError, RangeNotSatisfiable
+from ..errors import BackendUnavailable, Conflict, CorruptData, LoomError, RangeNotSatisfiable
 from ..namespace.base import FeedNamespace, Reader
+from ..namespace.chunklink import ChunkLink, Opened
 from . import wire
 
 
@@ -29,7 +34,7 @@ def _quoted(path: str) -> str:
     return quote(paths.normalize(path), safe="/")
 
 
-class RestNamespace(FeedNamespace):
+class RestNamespace(FeedNamespace, ChunkLink):
     def __init__(
         self, base_url: str, *, timeout: float = 300.0, ssl_context: ssl.SSLContext | None = None
     ) -> None:
@@ -148,6 +153,14 @@ class RestNamespace(FeedNamespace):
         exclusive: bool = False,
         mode: int | None = None,
     ) -> Entry:
+        headers = self._write_headers(if_version, exclusive, mode)
+        return wire.entry_from(
+            await self._json("PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers)
+        )
+
+    @staticmethod
+    def _write_headers(if_version: int | None, exclusive: bool, mode: int | None) -> dict[str, str]:
+        """A write's preconditions, the same for a streamed body and a chunked commit."""
         headers = {"Content-Type": "application/octet-stream"}
         if if_version is not None:
             headers["If-Match"] = f'"{if_version}"'
@@ -155,9 +168,7 @@ class RestNamespace(FeedNamespace):
             headers["If-None-Match"] = "*"
         if mode is not None:
             headers["X-Loomfs-Mode"] = str(mode)
-        return wire.entry_from(
-            await self._json("PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers)
-        )
+        return headers
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
@@ -187,6 +198,13 @@ class RestNamespace(FeedNamespace):
         return wire.entry_from(
             await self._json("POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target})
         )
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        answer = await self._json("POST", f"{wire.API}/lease{_quoted(path)}")
+        return float(answer["term"])
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        await self._json("POST", f"{wire.API}/lease{_quoted(path)}", params={"release": "true"})
 
     async def set_attrs(
         self,
@@ -313,4 +331,89 @@ class RestNamespace(FeedNamespace):
         data = await self._json("GET", f"{wire.API}/changes", params=params)
         return Feed(
             [wire.change_from(c) for c in data["changes"]], int(data["head"]), data.get("lease")
+        )
+
+    async def metrics(self) -> str:
+        """The site's prometheus exposition (``loomfs status`` reads its counters)."""
+        response = await self._request("GET", "/metrics")
+        async with response:
+            return await response.text()
+
+    # -- chunks (the fabric link) ----------------------------------------------------------
+
+    async def open_chunked(self, path: str, *, small: int = 0) -> Opened:
+        response = await self._request(
+            "GET", f"{wire.API}/chunkmap{_quoted(path)}", params={"small": str(small)}
+        )
+        async with response:
+            entry = wire.entry_header_from(response.headers[wire.ENTRY_HEADER])
+            body = await self._body(response)
+        whole_id = response.headers.get("X-Loomfs-Whole")
+        if whole_id is not None:  # one frame, verified like any chunk
+            try:
+                digest = bytes.fromhex(whole_id)
+            except ValueError:
+                raise CorruptData("the hub named a malformed chunk id") from None
+            return Opened(entry, whole=await asyncio.to_thread(decode_frame, body, digest))
+        return Opened(entry, chunk_map=ChunkMap.deserialize(body))
+
+    async def _body(self, response: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await response.read()
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"the link to {self.base_url} broke: {exc}") from exc
+
+    async def fetch_chunks(
+        self,
+        ids: Sequence[bytes],
+        *,
+        base: tuple[str, int] | None = None,
+        at: Sequence[int | None] = (),
+    ) -> AsyncIterator[bytes | None]:
+        body: dict[str, Any] = {"ids": [i.hex() for i in ids]}
+        if base is not None:
+            body["base"] = {"path": base[0], "version": base[1]}
+            body["at"] = list(at)
+        response = await self._request("POST", f"{wire.API}/chunks", json=body)
+        async with response:
+            try:
+                async for frame in read_answers(response.content.readexactly, len(ids)):
+                    yield frame
+            except (EOFError, aiohttp.ClientPayloadError) as exc:
+                raise CorruptData("the chunk batch ended early") from exc
+            except aiohttp.ClientConnectionError as exc:
+                raise BackendUnavailable(f"the link to {self.base_url} broke: {exc}") from exc
+
+    async def missing_chunks(self, ids: Sequence[bytes]) -> builtins.list[bytes]:
+        data = await self._json(
+            "POST", f"{wire.API}/chunks/missing", json={"ids": [i.hex() for i in ids]}
+        )
+        return [bytes.fromhex(i) for i in data["missing"]]
+
+    async def upload_chunks(self, records: AsyncIterable[bytes]) -> int:
+        data = await self._json(
+            "POST",
+            f"{wire.API}/chunks/upload",
+            data=records,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return int(data["stored"])
+
+    async def commit_chunks(
+        self,
+        path: str,
+        chunk_map: ChunkMap,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        headers = self._write_headers(if_version, exclusive, mode)
+        return wire.entry_from(
+            await self._json(
+                "POST",
+                f"{wire.API}/chunks/commit{_quoted(path)}",
+                data=chunk_map.serialize(),
+                headers=headers,
+            )
         )

@@ -136,6 +136,20 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/lease/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "Take or renew this site's write lease of a path (writes from other"
+                    " sites are refused while it lasts), or give it up with release=true",
+                    {
+                        "200": _json_ok(
+                            {"type": "object", "properties": {"term": {"type": "number"}}},
+                            "seconds granted (0 after a release)",
+                        )
+                    },
+                    parameters=[{"name": "release", **flag}],
+                ),
+            },
             "/v1/attrs/{path}": {
                 "parameters": [_PATH_PARAM],
                 "patch": _op(
@@ -243,6 +257,7 @@ def spec() -> dict[str, Any]:
                     {"204": {"description": "all committed"}},
                 ),
             },
+            **_chunk_paths(if_match),
             "/v1/plans": {
                 "post": _op(
                     "At a spoke: publish a data loader's plan (its files and read order)",
@@ -320,5 +335,79 @@ def spec() -> dict[str, Any]:
                     },
                 }
             },
+        },
+    }
+
+
+def _octets(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+
+
+def _chunk_paths(if_match: dict[str, Any]) -> dict[str, Any]:
+    """The fabric link's chunk routes (served to spokes by the hub's fabric listener)."""
+    ids = {"type": "array", "items": {"type": "string", "description": "BLAKE3, hex"}}
+    return {
+        "/v1/chunkmap/{path}": {
+            "parameters": [_PATH_PARAM],
+            "get": _op(
+                "A file's current version: its chunk map (ChunkMap wire form), or when it is "
+                "at most `small` bytes the whole file as one frame, its BLAKE3 id in header "
+                "X-Loomfs-Whole; the entry is in X-Loomfs-Entry",
+                {"200": _octets("the chunk map, or the whole file's frame")},
+                parameters=[{"name": "small", "in": "query", "schema": {"type": "integer"}}],
+            ),
+        },
+        "/v1/chunks": {
+            "post": _op(
+                "Frames of chunks by id, in order: one record (varint length, frame) each, "
+                "length 0 where the hub holds no verified copy; with `base` (a file version "
+                "the caller holds) and `at` (where each chunk likely sits in it), delta frames",
+                {"200": _octets("the records")},
+                requestBody=_json_body(
+                    ["ids"],
+                    ids=ids,
+                    base={
+                        "type": "object",
+                        "properties": {"path": {"type": "string"}, "version": {"type": "integer"}},
+                    },
+                    at={"type": "array", "items": {"type": ["integer", "null"]}},
+                ),
+            ),
+        },
+        "/v1/chunks/missing": {
+            "post": _op(
+                "Which of these chunks the hub holds in no file",
+                {"200": _json_ok({"type": "object", "properties": {"missing": ids}})},
+                requestBody=_json_body(["ids"], ids=ids),
+            ),
+        },
+        "/v1/chunks/upload": {
+            "post": _op(
+                "Upload frames (records: 32-byte id, varint length, frame); each is verified "
+                "and staged for a commit",
+                {
+                    "200": _json_ok(
+                        {"type": "object", "properties": {"stored": {"type": "integer"}}}
+                    )
+                },
+                requestBody={"content": {"application/octet-stream": {"schema": {}}}},
+            ),
+        },
+        "/v1/chunks/commit/{path}": {
+            "parameters": [_PATH_PARAM],
+            "post": _op(
+                "Write a file assembled from chunks the hub holds or was sent, given its "
+                "chunk map; preconditions as for PUT /v1/files",
+                {"201": _json_ok(_ENTRY, "committed")},
+                parameters=[
+                    if_match,
+                    {"name": "If-None-Match", "in": "header", "schema": {"type": "string"}},
+                    {"name": "X-Loomfs-Mode", "in": "header", "schema": {"type": "integer"}},
+                ],
+                requestBody={"content": {"application/octet-stream": {"schema": {}}}},
+            ),
         },
     }

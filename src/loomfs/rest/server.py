@@ -161,6 +161,7 @@ class RestServer:
         app.router.add_post(f"{wire.API}/mkdir{p}", self.mkdir)
         app.router.add_post(f"{wire.API}/rename", self.rename)
         app.router.add_post(f"{wire.API}/symlink{p}", self.symlink)
+        app.router.add_post(f"{wire.API}/lease{p}", self.lease)
         app.router.add_patch(f"{wire.API}/attrs{p}", self.set_attrs)
         app.router.add_get(f"{wire.API}/tags{p}", self.get_tags)
         app.router.add_patch(f"{wire.API}/tags{p}", self.set_tags)
@@ -309,6 +310,13 @@ class RestServer:
             raise InvalidArgument("symlink needs a 'target' string")
         entry = await self.namespace.symlink(self.principal(request), _path(request), target)
         return _json(wire.entry_json(entry), 201)
+
+    async def lease(self, request: web.Request) -> web.Response:
+        who, path = self.principal(request), _path(request)
+        if _flag(request, "release"):
+            await self.namespace.release_write(who, path)
+            return _json({"term": 0.0})
+        return _json({"term": await self.namespace.lease_write(who, path)})
 
     async def set_attrs(self, request: web.Request) -> web.Response:
         body = await _body(request)

@@ -24,7 +24,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +33,13 @@ from typing import Any, Protocol
 import blake3
 from prometheus_client import Counter, Gauge
 
+from ..chunks.chunkmap import ChunkMap
 from ..core.streams import LocalFileSource
 from ..errors import CorruptData, InsufficientStorage
+from ..namespace.chunklink import ChunkLink
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
+from .chunkfill import SCHEMA as CHUNK_SCHEMA
+from .chunkfill import ChunkFiller
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,9 @@ SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke
 MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
 CORRUPT = Counter("loomfs_cache_corrupt_blocks_total", "Cache blocks that failed verification")
 USED = Gauge("loomfs_cache_used_bytes", "Bytes held by the spoke cache")
+# Files up to this size are fetched whole, without a chunk map: below it a map saves too
+# little to pay for its round trip (see docs/BENCHMARKS.md, "Chunks over the link").
+SMALL_FILE = 1 << 20
 
 #: fetch(path, version, offset, length) -> the bytes of that range of that version
 Fetch = Callable[[str, int, int, int], Awaitable[bytes]]
@@ -98,6 +105,8 @@ class CachedFile:
     data_mtime_ns: int = 0
     pinned: bool = False
     readers: int = 0
+    # replaced at the hub: never served again, kept only as a source of chunks until evicted
+    retired: bool = False
 
     @property
     def blocks(self) -> int:
@@ -116,8 +125,14 @@ class CachedFile:
 
 class Cache:
     def __init__(
-        self, directory: Path, capacity: int, policy: EvictionPolicy | None = None
+        self,
+        directory: Path,
+        capacity: int,
+        policy: EvictionPolicy | None = None,
+        *,
+        link: ChunkLink | None = None,
     ) -> None:
+        """With ``link``, misses of files above ``SMALL_FILE`` move chunks (``chunkfill``)."""
         self.directory = directory
         self.capacity = capacity
         self.policy = policy or LRUPolicy()
@@ -128,6 +143,13 @@ class Cache:
         self._db_lock = threading.Lock()  # the index is written from worker threads
         self._slots = asyncio.Semaphore(FETCHES_IN_FLIGHT)
         self.observer: CacheObserver | None = None
+        self._reserved = 0  # room made for fills whose blocks are being written
+        self._room_freed = asyncio.Event()
+        self.chunks = (
+            ChunkFiller(link, self._connection, self._db_lock, self._data_path, lambda: self._files)
+            if link is not None
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -138,7 +160,9 @@ class Cache:
         self._db = sqlite3.connect(
             self.directory / "index.db", isolation_level=None, check_same_thread=False
         )
-        self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA)
+        self._db.executescript(
+            "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA + CHUNK_SCHEMA
+        )
         rows = self._db.execute(
             "SELECT id, path, version, size, pinned, data_mtime_ns FROM files"
         ).fetchall()
@@ -166,9 +190,13 @@ class Cache:
                 self.policy.insert(entry.id, entry.cached_bytes)
                 if entry.pinned:
                     self.policy.pin(entry.id)
+        if self.chunks is not None:
+            self.chunks.load()
         USED.set(self.policy.used_bytes)
 
     def close(self) -> None:
+        if self.chunks is not None:
+            self.chunks.close()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -176,6 +204,10 @@ class Cache:
     @property
     def used_bytes(self) -> int:
         return self.policy.used_bytes
+
+    def _connection(self) -> sqlite3.Connection:
+        assert self._db is not None, "open() first"
+        return self._db
 
     def _data_path(self, file_id: int) -> Path:
         return self.directory / "data" / f"{file_id}.bin"
@@ -200,12 +232,17 @@ class Cache:
         return None if file_id is None else self._files[file_id]
 
     def versions(self, path: str) -> list[CachedFile]:
-        return [f for f in self._files.values() if f.path == path]
+        return [f for f in self._files.values() if f.path == path and not f.retired]
 
     def _ensure(self, path: str, version: int, size: int) -> CachedFile:
         found = self.get(path, version)
         if found is not None:
             return found
+        for old in self._files.values():
+            if old.retired and (old.path, old.version) == (path, version):
+                old.retired = False  # that very version again (say, renamed back)
+                self._by_key[(path, version)] = old.id
+                return old
         [row] = self._sql(
             "INSERT INTO files (path, version, size) VALUES (?, ?, ?) RETURNING id",
             (path, version, size),
@@ -220,16 +257,30 @@ class Cache:
     # -- reading ---------------------------------------------------------------------------
 
     async def read(
-        self, path: str, version: int, size: int, offset: int, length: int, fetch: Fetch
+        self,
+        path: str,
+        version: int,
+        size: int,
+        offset: int,
+        length: int,
+        fetch: Fetch,
+        *,
+        opened_s: float = 0.0,
     ) -> LocalFileSource:
-        """The bytes [offset, offset+length) of a file version, fetched where missing."""
+        """The bytes [offset, offset+length) of a file version, fetched where missing.
+
+        ``opened_s``: how long the caller already waited for an open that brought this
+        file's first bytes or its map (its own cold open, or another request's it waited
+        for). Such a read found its blocks here only because it waited: for the observer
+        it is a miss, and the wait part of its stall."""
         entry = self._ensure(path, version, size)
         span = block_span(offset, length)
         entry.readers += 1
-        began = time.monotonic()
-        hit = self._ready(entry, span)
+        began = time.monotonic() - opened_s
+        ready = self._ready(entry, span)
+        hit = ready and opened_s <= 0
         try:
-            if not hit:
+            if not ready:
                 await self._fill(entry, span, fetch)
                 await asyncio.to_thread(self._verify, entry, span)
                 missing = [i for i in span if i not in entry.hashes]
@@ -302,15 +353,20 @@ class Cache:
         start = run[0] * BLOCK
         length = sum(entry.block_len(i) for i in run)
         async with self._slots:  # enough requests in flight to fill the link, not more
-            data = await fetch(entry.path, entry.version, start, length)
+            data = None
+            if self.chunks is not None and entry.size > SMALL_FILE:
+                data = await self.chunks.assemble(entry, start, length)
+            if data is None:
+                data = await fetch(entry.path, entry.version, start, length)
         if len(data) != length:
             raise CorruptData(
                 f"fetched {len(data)} of {length} bytes of {entry.path}", path=entry.path
             )
         MISSES.inc(length)
-        await self._make_room(length, keep=entry.id)
-        await asyncio.to_thread(self._store, entry, run, data)
-        self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
+        async with self._room(length, keep=entry.id):
+            await asyncio.to_thread(self._store, entry, run, data)
+            if entry.id in self._files:  # not dropped while its blocks were written
+                self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
         USED.set(self.policy.used_bytes)
 
     def _store(self, entry: CachedFile, run: list[int], data: bytes) -> None:
@@ -386,9 +442,10 @@ class Cache:
         if not whole or any(i in entry.hashes for i in span):
             return
         MISSES.inc(len(data))
-        await self._make_room(len(data), keep=entry.id)
-        await asyncio.to_thread(self._store, entry, span, data)
-        self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
+        async with self._room(len(data), keep=entry.id):
+            await asyncio.to_thread(self._store, entry, span, data)
+            if entry.id in self._files:  # not dropped while its blocks were written
+                self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
         USED.set(self.policy.used_bytes)
 
     def incoming(self) -> Path:
@@ -402,11 +459,11 @@ class Cache:
         """Take a complete local file (just written through this spoke) as the cached copy
         of that version, so reading back what was written costs no fetch."""
         size = source.stat().st_size
-        await self._make_room(size, keep=-1)
-        entry = self._ensure(path, version, size)
-        await asyncio.to_thread(self._adopt, entry, source)
-        if entry.hashes:
-            self.policy.insert(entry.id, entry.cached_bytes)
+        async with self._room(size, keep=-1):
+            entry = self._ensure(path, version, size)
+            await asyncio.to_thread(self._adopt, entry, source)
+            if entry.hashes:
+                self.policy.insert(entry.id, entry.cached_bytes)
         USED.set(self.policy.used_bytes)
 
     def _adopt(self, entry: CachedFile, source: Path) -> None:
@@ -426,11 +483,28 @@ class Cache:
 
     # -- room, pins, invalidation ----------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _room(self, incoming: int, keep: int) -> AsyncIterator[None]:
+        """Room for ``incoming`` bytes, held for this fill until its blocks are in the
+        policy: fills run concurrently, and each writes its blocks on a thread between
+        making room and counting them, so room made but not yet used is reserved."""
+        await self._make_room(incoming, keep)
+        self._reserved += incoming
+        try:
+            yield
+        finally:
+            self._reserved -= incoming
+            self._room_freed.set()
+
     async def _make_room(self, incoming: int, keep: int) -> None:
         # Dropping awaits a thread, and meanwhile another fill may take the room freed: so
         # evict until this fill fits, and give up only when nothing evictable is left.
-        while (over := self.policy.used_bytes + incoming - self.capacity) > 0:
-            busy = [f.id for f in self._files.values() if f.readers and f.id in self.policy]
+        while (over := self.policy.used_bytes + self._reserved + incoming - self.capacity) > 0:
+            busy = [
+                f.id
+                for f in self._files.values()
+                if (f.readers or f.id == keep) and f.id in self.policy
+            ]
             for file_id in busy:
                 self.policy.pin(file_id)
             try:
@@ -439,24 +513,44 @@ class Cache:
                 for file_id in busy:
                     if not self._files[file_id].pinned:
                         self.policy.unpin(file_id)
+            if not victims and self._reserved:  # room held by fills under way: once they
+                self._room_freed.clear()  # are counted, their files may be evictable
+                await self._room_freed.wait()
+                continue
             if not victims:
                 raise InsufficientStorage(
                     f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
                 )
-            for victim in victims:
-                await asyncio.to_thread(self._drop, victim)
+            dropped = [v for v in victims if self._forget(v)]
+            for victim in dropped:  # gone from every lookup already: only the disk is left
+                await asyncio.to_thread(self._erase, victim)
 
     def _drop(self, file_id: int) -> None:
+        if self._forget(file_id):
+            self._erase(file_id)
+
+    def _forget(self, file_id: int) -> bool:
+        """Take a version out of memory: lookups, the chunk index, the policy. On the
+        event loop, always: these structures are read there without locks (a fill's
+        ``_make_room`` iterating the files, the chunk index choosing delta bases)."""
         entry = self._files.pop(file_id, None)
         if entry is None:
-            return
-        self._by_key.pop((entry.path, entry.version), None)
+            return False
+        if self._by_key.get((entry.path, entry.version)) == file_id:
+            del self._by_key[(entry.path, entry.version)]
+        if self.chunks is not None:
+            self.chunks.forget(file_id)
         if self.observer is not None:
             self.observer.on_drop(entry)
         self.policy.remove(file_id)
+        USED.set(self.policy.used_bytes)
+        return True
+
+    def _erase(self, file_id: int) -> None:
+        """Remove a forgotten version's row (blocks and chunk map go with it) and data.
+        A fill of it still writing finds it gone from ``_files`` and records nothing."""
         self._delete_row(file_id)
         self._data_path(file_id).unlink(missing_ok=True)
-        USED.set(self.policy.used_bytes)
 
     def invalidate(self, path: str, keep_version: int | None = None, *, below: bool = False) -> int:
         """Drop every cached version of ``path`` (and, with ``below``, of everything under
@@ -468,11 +562,31 @@ class Cache:
             for f in self._files.values()
             if (f.path == path or (below and f.path.startswith(prefix)))
             and f.version != keep_version
+            and not f.retired
             and not f.readers
         ]
         for file_id in doomed:
-            self._drop(file_id)
+            self._retire_or_drop(file_id)
         return len(doomed)
+
+    def _retire_or_drop(self, file_id: int) -> None:
+        """A version with a chunk map stays as a source of chunks (the next version shares
+        most of them), out of every lookup; eviction drops it like any other."""
+        entry = self._files[file_id]
+        if self.chunks is None or file_id not in self.chunks.maps or not entry.hashes:
+            self._drop(file_id)
+            return
+        entry.retired = True
+        self._by_key.pop((entry.path, entry.version), None)
+        self._sql("UPDATE files SET pinned = 0 WHERE id = ?", (file_id,))
+        if entry.pinned:
+            entry.pinned = False
+            self.policy.unpin(file_id)
+
+    def set_map(self, path: str, version: int, size: int, chunk_map: ChunkMap) -> None:
+        """Keep the chunk map of a version (read from the hub with its entry)."""
+        if self.chunks is not None:
+            self.chunks.set_map(self._ensure(path, version, size).id, chunk_map)
 
     def set_pinned(self, path: str, version: int, pinned: bool) -> None:
         entry = self.get(path, version)

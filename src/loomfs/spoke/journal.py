@@ -109,14 +109,16 @@ class Journal:
         os.replace(temp, record)
         self._fsync_dir()
 
-    def rebase(self, path: str, old_base: int | None, new_base: int) -> None:
-        """Later writes of ``path`` made on top of an earlier one that is now committed as
-        ``new_base`` are based on that version (else they would conflict with it). This
+    def rebase(self, committed: Pending, new_base: int) -> None:
+        """Later writes of the path made on top of ``committed``, now committed as
+        ``new_base``, are based on that version (else they would conflict with it). This
         holds for writes still being spooled, too: ``commit`` follows the same step."""
+        path, old_base = committed.path, committed.base_version
         with self._lock:
             self._rebased[(path, old_base)] = new_base
             for pending in list(self):
-                if pending.path == path and pending.base_version == old_base:
+                later = pending.seq > committed.seq
+                if later and pending.path == path and pending.base_version == old_base:
                     moved = replace(pending, base_version=new_base)
                     self._write_record(moved)
                     self._records[pending.seq] = moved

@@ -42,12 +42,14 @@ from ..errors import (
     AlreadyExists,
     BackendUnavailable,
     Conflict,
+    CorruptData,
     IsADirectory,
+    LoomError,
     NotFound,
     PermissionDenied,
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
-from .cache import BLOCK, Cache
+from .cache import BLOCK, SMALL_FILE, Cache
 from .journal import Journal, Pending
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,15 @@ FEED_WAIT = 5.0
 COLD_FETCH = 8 * BLOCK  # what the first request for a file brings along with its entry
 LEASE_MARGIN = 1.0
 RETRY = 1.0
+STUCK_RETRY = 5.0  # a write the hub refused is tried again this often
+
+
+@dataclass
+class _Held:
+    """A write lease this spoke holds, kept alive by ``renewer`` while writers use it."""
+
+    renewer: asyncio.Task[None]
+    writers: int = 0
 
 
 class SpokeNamespace(Namespace):
@@ -111,6 +122,7 @@ class SpokeNamespace(Namespace):
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
         self._stuck: set[int] = set()
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
+        self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
         self.seq = 0
         self.online = True
 
@@ -146,6 +158,10 @@ class SpokeNamespace(Namespace):
                 feed = await self.hub.changes(self.seq, 1000, wait=wait, ack=self.seq)
             except BackendUnavailable:
                 self._set_online(False)
+                await asyncio.sleep(RETRY)
+                continue
+            except LoomError as exc:  # say a hub shutting down: the lease lapses meanwhile
+                log.warning("the change feed failed: %s", exc)
                 await asyncio.sleep(RETRY)
                 continue
             self._set_online(True)
@@ -246,12 +262,16 @@ class SpokeNamespace(Namespace):
 
     async def _open_entry(
         self, who: Principal, path: str, offset: int = 0, length: int | None = None
-    ) -> Entry:
+    ) -> tuple[Entry, float]:
+        """The entry to read, and the seconds spent on a cold open that brought the file's
+        first bytes or map: this read's own, or another request's it waited for (single
+        flight). The cache counts such a read as a miss, though it finds its blocks there."""
         known = self._known.get(path)
         if known is not None and self.leased:
             LEASED_OPENS.inc()
-            return known
+            return known, 0.0
         asked_at = self.seq
+        began, cold = time.monotonic(), True
         try:
             opening = self._opening.get(path)
             if opening is not None:  # another reader's cold open brings it: one request
@@ -259,15 +279,16 @@ class SpokeNamespace(Namespace):
             elif known is None and not self.cache.versions(path):
                 entry = await self._open_cold(who, path, offset, length)
             else:
+                cold = False
                 entry = await self.hub.stat(who, path)
         except BackendUnavailable:
             known = known or self._newest_cached(path)
             if known is None:
                 raise
             STALE_READS.inc()
-            return known
+            return known, 0.0
         self._learn(entry, asked_at)
-        return entry
+        return entry, (time.monotonic() - began if cold else 0.0)
 
     async def _open_cold(self, who: Principal, path: str, offset: int, length: int | None) -> Entry:
         """A file this spoke holds nothing of: one request brings its entry and the first
@@ -278,9 +299,14 @@ class SpokeNamespace(Namespace):
         opening: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         self._opening[path] = opening
         try:
-            async with await self.hub.read(who, path, start, want) as reader:
-                data = await reader.read_all()
-                entry = reader.entry
+            if self.cache.chunks is not None:
+                # with chunks: the entry and its map (small files: their bytes) come first,
+                # then only the chunks this spoke holds nowhere
+                entry, data, start = await self._open_chunked(path), b"", 0
+            else:
+                async with await self.hub.read(who, path, start, want) as reader:
+                    data = await reader.read_all()
+                    entry = reader.entry
             if data:
                 await self.cache.store(path, entry.version, entry.size, start, data)
         except Exception as exc:
@@ -293,6 +319,16 @@ class SpokeNamespace(Namespace):
         finally:
             del self._opening[path]
         opening.set_result(entry)
+        return entry
+
+    async def _open_chunked(self, path: str) -> Entry:
+        assert self.cache.chunks is not None
+        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE)
+        entry = opened.entry
+        if opened.whole:
+            await self.cache.store(path, entry.version, entry.size, 0, opened.whole)
+        elif opened.chunk_map is not None:
+            self.cache.set_map(path, entry.version, entry.size, opened.chunk_map)
         return entry
 
     def _newest_cached(self, path: str) -> Entry | None:
@@ -317,13 +353,15 @@ class SpokeNamespace(Namespace):
         if pending is not None and not if_version:  # version 0: what stat said of it
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
-        entry = await self._open_entry(who, path, offset, length)
+        entry, opened_s = await self._open_entry(who, path, offset, length)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
         start, count = clamp_range(entry.size, offset, length)
-        source = await self.cache.read(path, entry.version, entry.size, start, count, self._fetch)
+        source = await self.cache.read(
+            path, entry.version, entry.size, start, count, self._fetch, opened_s=opened_s
+        )
         return Reader(entry, start, source)
 
     def _read_pending(self, pending: Pending, offset: int, length: int | None) -> Reader:
@@ -381,27 +419,66 @@ class SpokeNamespace(Namespace):
         mode: int | None = None,
     ) -> Entry:
         path = self._inside(path)
-        base = await self._base_version(who, path)
-        seq, spool = self.journal.reserve()
-        try:
-            with spool.open("wb") as out:
-                async for chunk in data:
-                    await asyncio.to_thread(out.write, chunk)
-            pending = Pending(
-                seq, path, base, if_version, exclusive, mode, time.time_ns(),
-                early=self.write_back or not self.online,
-            )  # fmt: skip
-            pending = await asyncio.to_thread(self.journal.commit, pending)
-        except BaseException:
-            self.journal.discard(seq)
-            raise
-        if pending.early:
+        async with self._write_lease(who, path):
+            base = await self._base_version(who, path)
+            seq, spool = self.journal.reserve()
+            try:
+                with spool.open("wb") as out:
+                    async for chunk in data:
+                        await asyncio.to_thread(out.write, chunk)
+                pending = Pending(
+                    seq, path, base, if_version, exclusive, mode, time.time_ns(),
+                    early=self.write_back or not self.online,
+                )  # fmt: skip
+                pending = await asyncio.to_thread(self.journal.commit, pending)
+            except BaseException:
+                self.journal.discard(seq)
+                raise
+            if pending.early:
+                self._wake.set()
+                return self._pending_entry(pending)
+            waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+            self._waiters[seq] = waiter
             self._wake.set()
-            return self._pending_entry(pending)
-        waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        self._waiters[seq] = waiter
-        self._wake.set()
-        return await waiter
+            return await waiter
+
+    @contextlib.asynccontextmanager
+    async def _write_lease(self, who: Principal, path: str) -> AsyncIterator[None]:
+        """Hold the hub's write lease of ``path`` while a write streams in and commits, so
+        a writer at another site is refused at once. Offline there is none to take: the
+        write is journaled and replayed with its version precondition instead."""
+        held = self._writing.get(path)
+        if held is None:
+            try:
+                term = await self.lease_write(who, path)
+            except BackendUnavailable:
+                yield
+                return
+            held = self._writing[path] = _Held(asyncio.create_task(self._renew(who, path, term)))
+        held.writers += 1
+        try:
+            yield
+        finally:
+            held.writers -= 1
+            if not held.writers:
+                del self._writing[path]
+                held.renewer.cancel()
+                with contextlib.suppress(LoomError):
+                    await self.release_write(who, path)
+
+    async def _renew(self, who: Principal, path: str, term: float) -> None:
+        while True:
+            await asyncio.sleep(term / 3)
+            try:
+                term = await self.lease_write(who, path)
+            except LoomError as exc:  # the commit's precondition still guards the write
+                log.warning("could not renew a write lease: %s", exc, extra={"path": path})
+
+    async def lease_write(self, who: Principal, path: str) -> float:
+        return await self.hub.lease_write(who, self._inside(path))
+
+    async def release_write(self, who: Principal, path: str) -> None:
+        await self.hub.release_write(who, self._inside(path))
 
     async def _base_version(self, who: Principal, path: str) -> int | None:
         """The hub version a write replaces (None: a new file); offline, the last one seen."""
@@ -435,16 +512,21 @@ class SpokeNamespace(Namespace):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            blocked: set[str] = set()  # paths whose earliest write is stuck
             for seq in [p.seq for p in self.journal]:
                 pending = self.journal.get(seq)  # as of now: an earlier commit may rebase it
                 if pending is None:
+                    continue
+                if pending.path in blocked:  # never overtakes an earlier write of its path
+                    self._release_early(pending)
                     continue
                 waiter = self._waiters.get(pending.seq)
                 try:
                     entry = await self._commit(pending, waiting=waiter is not None)
                 except BackendUnavailable:
                     self._set_online(False)
-                    self._release_early(pending)
+                    for waiting in list(self.journal):  # none of them can commit for now
+                        self._release_early(waiting)
                     asyncio.get_running_loop().call_later(RETRY, self._wake.set)
                     break
                 except Exception as exc:
@@ -452,16 +534,19 @@ class SpokeNamespace(Namespace):
                         del self._waiters[pending.seq]
                         self.journal.remove(pending)
                         waiter.set_exception(exc)
-                    elif pending.seq not in self._stuck:
-                        # acknowledged, and the hub refuses it (say its directory is gone):
-                        # it stays journaled and reported until someone makes room for it
-                        log.error("a journaled write cannot be committed: %s", exc,
-                                  extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
-                        self._stuck.add(pending.seq)
+                    else:
+                        # acknowledged, and the hub refuses it (say its directory is gone,
+                        # or it is shutting down): it stays journaled, reported and retried
+                        if pending.seq not in self._stuck:
+                            log.error("a journaled write cannot be committed: %s", exc,
+                                      extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
+                            self._stuck.add(pending.seq)
+                        blocked.add(pending.path)
+                        asyncio.get_running_loop().call_later(STUCK_RETRY, self._wake.set)
                     continue
                 self._set_online(True)
                 if entry.path == pending.path:
-                    self.journal.rebase(pending.path, pending.base_version, entry.version)
+                    self.journal.rebase(pending, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
                 try:
                     await self.cache.adopt(
@@ -470,6 +555,7 @@ class SpokeNamespace(Namespace):
                 except Exception:  # only a missed cache fill: the hub has the write
                     log.exception("could not keep a written file in the cache")
                 self.journal.remove(pending)
+                self._stuck.discard(pending.seq)
                 self._learn(entry, entry.version)
                 waiter = self._waiters.pop(pending.seq, None)
                 if waiter is not None:
@@ -486,8 +572,9 @@ class SpokeNamespace(Namespace):
             return await self._keep_both(pending, exc)
 
     def _release_early(self, pending: Pending) -> None:
-        """The link went down under a waiting writer: its write is durable, so it is
-        acknowledged now and replayed like any early write."""
+        """A waiting writer whose write can't commit now (the link is down, or an earlier
+        write of its path is stuck): it is durable, so it is acknowledged now and replayed
+        like any early write."""
         waiter = self._waiters.pop(pending.seq, None)
         if waiter is not None:
             waiter.set_result(self._pending_entry(pending))
@@ -500,13 +587,35 @@ class SpokeNamespace(Namespace):
         else:  # acknowledged already: commit only over the version it was based on
             if_version, exclusive = pending.base_version, pending.base_version is None
         self.journal.mark_sending(pending)
-        return await self.hub.write(
-            SYSTEM,
+        return await self._send(
             pending.path,
-            _file_chunks(self.journal.data_path(pending)),
+            self.journal.data_path(pending),
             if_version=if_version,
             exclusive=exclusive,
             mode=pending.mode,
+        )
+
+    async def _send(
+        self,
+        path: str,
+        data: Path,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        """Upload one file: as chunks the hub lacks where the link moves chunks and the
+        file is not small, else (or if the hub could not assemble it) its bytes."""
+        chunks = self.cache.chunks
+        if chunks is not None and data.stat().st_size > SMALL_FILE:
+            try:
+                return await chunks.upload(
+                    path, data, if_version=if_version, exclusive=exclusive, mode=mode
+                )
+            except CorruptData as exc:
+                log.warning("chunked upload failed; sending the file whole: %s", exc)
+        return await self.hub.write(
+            SYSTEM, path, _file_chunks(data), if_version=if_version, exclusive=exclusive, mode=mode
         )
 
     async def _holds(self, path: str, pending: Pending) -> bool:
@@ -535,9 +644,7 @@ class SpokeNamespace(Namespace):
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
         try:
-            return await self.hub.write(
-                SYSTEM, name, _file_chunks(self.journal.data_path(pending)), exclusive=True
-            )
+            return await self._send(name, self.journal.data_path(pending), exclusive=True)
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer
                 return await self.hub.stat(SYSTEM, name)

@@ -35,6 +35,7 @@ class Fabric:
     ids: dict[str, SiteIdentity] = field(default_factory=dict)
     links: dict[str, LinkEmulator] = field(default_factory=dict)
     spokes: dict[str, SpokeNamespace] = field(default_factory=dict)
+    runner: web.AppRunner | None = None
 
     @property
     def first(self) -> str:
@@ -59,9 +60,47 @@ class Fabric:
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
-        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity)
-        self.spokes[name] = SpokeNamespace(self.client(name), cache, ["/vol"], site=name)
+        client = self.client(name)
+        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity, link=client)
+        self.spokes[name] = SpokeNamespace(client, cache, ["/vol"], site=name)
         return self.spokes[name]
+
+    async def serve_hub(self) -> None:
+        """Serve the fabric link on ``port`` (0: a free one, remembered)."""
+        trusted = {n: i.cert_pem for n, i in self.ids.items()}
+        server = FabricServer(
+            self.hub.namespace, self.hub, self.hub_id, trusted, chunks=self.hub.chunks
+        )
+        self.runner = web.AppRunner(server.app())
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
+        await site.start()
+        self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+    async def stop_hub(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        await self.hub.stop()
+
+    async def restart_hub(self) -> None:
+        """Stop the hub and start a new one over the same catalog, volume and port; the
+        spokes' connections drop, as when a hub process dies."""
+        await self.stop_hub()
+        self.hub = HubService(self.hub.config)
+        await self.hub.start()
+        await self.serve_hub()
+
+    async def restart_spoke(self, name: str) -> SpokeNamespace:
+        """A spoke that dies without an orderly shutdown and starts again over its cache
+        and journal."""
+        old = self.spokes[name]
+        for task in old._tasks:
+            task.cancel()
+        await old.hub.close()
+        spoke = self.new_spoke(name)
+        await spoke.start()
+        return spoke
 
 
 @contextlib.asynccontextmanager
@@ -85,22 +124,16 @@ async def fabric(
         )
     )
     await hub.start()
-    runner: web.AppRunner | None = None
     made: Fabric | None = None
     try:
         await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
         hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
         ids = {name: SiteIdentity.create(tmp / f"{name}-id", name) for name in spokes}
-        server = FabricServer(hub.namespace, hub, hub_id, {n: i.cert_pem for n, i in ids.items()})
-        runner = web.AppRunner(server.app())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server.ssl_context())
-        await site.start()
-        port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        made = Fabric(hub, hub_id, port, volume, tmp, capacity, ids)
+        made = Fabric(hub, hub_id, 0, volume, tmp, capacity, ids)
+        await made.serve_hub()
         for name in spokes:
             made.links[name] = await LinkEmulator(
-                "127.0.0.1", port, rate=rate, latency=latency
+                "127.0.0.1", made.port, rate=rate, latency=latency
             ).start()
             await made.new_spoke(name).start()
         yield made
@@ -110,6 +143,6 @@ async def fabric(
                 await spoke.close()
             for link in made.links.values():
                 await link.stop()
-        if runner is not None:
-            await runner.cleanup()
-        await hub.stop()
+            await made.stop_hub()
+        else:
+            await hub.stop()

@@ -17,6 +17,24 @@ from typing import Self
 from .ports import stop_process
 
 
+def run_cli(
+    data_dir: Path, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """``loomfs ARGS`` as a site with its data in ``data_dir``, as a user would type it."""
+    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(data_dir)}
+    return subprocess.run(
+        [sys.executable, "-m", "loomfs.cli", *args],
+        input=stdin, capture_output=True, check=False, timeout=120, env=env,
+    )  # fmt: skip
+
+
+def cli_ok(data_dir: Path, *args: str, stdin: bytes | None = None) -> str:
+    """``run_cli`` that must succeed; its standard output."""
+    result = run_cli(data_dir, *args, stdin=stdin)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
 class LoomfsProcess(ABC):
     """A ``loomfs`` command in a process group of its own, started and awaited until it
     says it is ready, stopped by its own pid. Subclasses say which command and when it is

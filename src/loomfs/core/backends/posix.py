@@ -348,7 +348,13 @@ class PosixBackend(Backend):
         mode: int | None = None,
         gate: Gate = ungated,
     ) -> ObjectInfo:
-        parent, name, temp, fd = await asyncio.to_thread(self._create_temp, key, mode)
+        # a cancel must not lose a temp file the thread goes on to create
+        creating = asyncio.ensure_future(asyncio.to_thread(self._create_temp, key, mode))
+        try:
+            parent, name, temp, fd = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            creating.add_done_callback(_discard_temp)
+            raise
         try:
             async for chunk in data:
                 await asyncio.to_thread(_write_all, fd, chunk)
@@ -471,3 +477,14 @@ class PosixBackend(Backend):
         mtime_ns: int | None = None,
     ) -> ObjectInfo:
         return await asyncio.to_thread(self._set_attrs, key, mode, uid, gid, mtime_ns)
+
+
+def _discard_temp(creating: asyncio.Future[tuple[int, str, str, int]]) -> None:
+    """Remove a temp file whose write was cancelled while it was being created."""
+    if creating.cancelled() or creating.exception() is not None:
+        return
+    parent, _, temp, fd = creating.result()
+    with contextlib.suppress(OSError):
+        os.unlink(temp, dir_fd=parent)
+    os.close(fd)
+    os.close(parent)

@@ -145,6 +145,26 @@ def _migrations(d: Dialect) -> list[str]:
             revoked_ns BIGINT
         )
         """,
+        # chunk maps per file version and the hub's chunk index (loomfs.hub.chunks): where
+        # each chunk's bytes sit in the files as they are; ids and maps as hex text, which
+        # both engines index and compare alike
+        f"""
+        CREATE TABLE chunk_maps (
+            entry_id BIGINT NOT NULL REFERENCES entries(id) ON DELETE CASCADE,
+            version BIGINT NOT NULL,
+            chunk_map TEXT NOT NULL,
+            PRIMARY KEY (entry_id, version)
+        );
+        CREATE TABLE chunk_index (
+            chunk_id {d.text} NOT NULL,
+            entry_id BIGINT NOT NULL REFERENCES entries(id) ON DELETE CASCADE,
+            version BIGINT NOT NULL,
+            pos BIGINT NOT NULL,
+            length BIGINT NOT NULL,
+            PRIMARY KEY (chunk_id, entry_id)
+        );
+        CREATE INDEX chunk_index_entry ON chunk_index (entry_id)
+        """,
     ]
 
 

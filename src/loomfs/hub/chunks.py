@@ -1,0 +1,480 @@
+"""The hub's chunks (hub layer): chunk maps per file version and the chunk index.
+
+Files stay in their original form in the volumes; chunks are only the unit of transfer
+and dedup. The first time a spoke asks for a file version's chunk map the hub computes it
+(FastCDC + BLAKE3 on the pipeline's threads) and keeps it in the catalog, with one index
+row per chunk: chunk id -> (entry, version, offset, length), pointing into the file as it
+is. Index rows of a version the entry no longer has are ignored (and dropped when the
+entry's next map is stored), and every chunk read through the index is verified by its
+hash: a file changed in place without a new version (same size and mtime) fails there,
+its rows are dropped, and the chunk is answered as unavailable, never with wrong bytes.
+
+Uploads: a spoke asks which of a file's chunks the hub lacks, sends only those (verified
+on receipt, staged on local disk), then commits the file assembled from the staged chunks
+and chunks the index finds in any file, through the namespace's write: atomically in
+place, with the writer's version precondition, leases and the change feed as for any
+write. The map of the committed version is known then and stored at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter
+
+from ..chunks.chunkmap import ChunkMap
+from ..chunks.codec import (
+    DEFAULT_SETTINGS,
+    Reference,
+    chunk_id,
+    decode_frame,
+    encode_chunk,
+    encode_delta,
+)
+from ..chunks.metrics import Transfer
+from ..chunks.pipeline import BATCH_BYTES, ChunkPipeline
+from ..chunks.records import record
+from ..core.catalog.sql import Cursor, SqlCatalog, _join
+from ..core.streams import FileRegion
+from ..core.types import SYSTEM, Entry, Principal
+from ..errors import (
+    Conflict,
+    CorruptData,
+    InvalidArgument,
+    IsADirectory,
+    NotFound,
+    UnsupportedScheme,
+)
+from ..namespace.base import Reader
+from .namespace import HubNamespace
+
+log = logging.getLogger(__name__)
+
+MAPS_COMPUTED = Counter("loomfs_chunk_maps_computed_total", "Chunk maps computed at the hub")
+STALE_SOURCES = Counter(
+    "loomfs_chunk_stale_sources_total", "Index entries found changed in place when read"
+)
+
+MAX_BATCH = 4096  # chunk ids per request: ~400 MiB of average chunks, 150 KiB of JSON
+_IN = 400  # ids per IN (...) lookup
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where the index says a chunk's bytes sit."""
+
+    entry_id: int
+    path: str
+    version: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """One chunk a receiver asks for, and where its bytes likely sit in the base file it
+    holds (a delta estimate), if any."""
+
+    id: bytes
+    delta_from: int | None = None
+
+
+class _RegionReference:
+    """A file version read in place through an open region (posix volumes)."""
+
+    def __init__(self, region: FileRegion) -> None:
+        self._region = region
+
+    def read(self, offset: int, length: int) -> bytes:
+        end = min(offset + length, self._region.length)
+        if offset >= end:
+            return b""
+        return os.pread(self._region.fd, end - offset, self._region.offset + offset)
+
+
+class _SyncStream:
+    """A blocking ``readinto`` over a Reader, for the pipeline's cutting thread: preads
+    where the bytes sit in a local file, else the async stream through the event loop."""
+
+    def __init__(self, reader: Reader, loop: asyncio.AbstractEventLoop) -> None:
+        self._region = reader.region
+        self._chunks = reader.chunks()
+        self._loop = loop
+        self._pos = 0
+        self._left = memoryview(b"")
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        if self._region is not None:
+            want = min(len(buffer), self._region.length - self._pos)
+            if want <= 0:
+                return 0
+            got = os.preadv(self._region.fd, [buffer[:want]], self._region.offset + self._pos)
+            self._pos += got
+            return got
+        if not self._left:
+            future = asyncio.run_coroutine_threadsafe(anext(self._chunks, b""), self._loop)
+            self._left = memoryview(future.result())
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
+
+
+class HubChunks:
+    def __init__(self, namespace: HubNamespace, staging: Path, workers: int | None = None) -> None:
+        catalog = namespace.catalog
+        if not isinstance(catalog, SqlCatalog):
+            raise UnsupportedScheme(f"chunk maps need a SQL catalog, not {catalog.url}")
+        self._cat = catalog
+        self.namespace = namespace
+        self.staging = staging
+        self.pipeline = ChunkPipeline(workers)
+        self._encoders = ThreadPoolExecutor(self.pipeline.workers, thread_name_prefix="loomfs-enc")
+        self._mapping: dict[tuple[str, int], asyncio.Future[ChunkMap]] = {}
+        #: a test hook: applied to every frame before it is sent (to corrupt one in flight)
+        self.frame_hook: Callable[[bytes], bytes] | None = None
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self._encoders.shutdown(wait=True, cancel_futures=True)
+
+    # -- chunk maps ------------------------------------------------------------------------
+
+    async def chunk_map(self, who: Principal, path: str) -> tuple[Entry, ChunkMap]:
+        """The entry of ``path`` and its current version's chunk map: stored, or computed
+        now (one computation per version however many spokes ask at once)."""
+        entry = await self.namespace.stat(who, path)
+        if entry.is_dir:
+            raise IsADirectory(f"is a directory: {path}", path=path)
+        stored = await self._stored_map(entry)
+        if stored is not None:
+            return entry, stored
+        key = (entry.path, entry.version)
+        pending = self._mapping.get(key)
+        if pending is not None:
+            return entry, await asyncio.shield(pending)
+        future: asyncio.Future[ChunkMap] = asyncio.get_running_loop().create_future()
+        self._mapping[key] = future
+        try:
+            cmap = await self._compute(who, entry)
+            await self.remember(entry, cmap)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                future.set_exception(exc)
+                future.exception()  # the waiters re-raise it themselves
+            else:
+                future.cancel()
+            raise
+        finally:
+            del self._mapping[key]
+        future.set_result(cmap)
+        return entry, cmap
+
+    async def _compute(self, who: Principal, entry: Entry) -> ChunkMap:
+        async with await self.namespace.read(who, entry.path, if_version=entry.version) as reader:
+            stream = _SyncStream(reader, asyncio.get_running_loop())
+            cmap = await asyncio.to_thread(self.pipeline.map_stream, stream)
+            await reader.verify()  # changed in place while it was cut: refuse the map
+        if cmap.size != entry.size:
+            raise Conflict(f"{entry.path} changed while it was chunked", path=entry.path)
+        MAPS_COMPUTED.inc()
+        return cmap
+
+    async def _stored_map(self, entry: Entry) -> ChunkMap | None:
+        def fn(cur: Cursor) -> str | None:
+            hit = self._cat._get(cur, entry.path)
+            if hit is None:
+                return None
+            row = self._cat._q(
+                cur,
+                "SELECT chunk_map FROM chunk_maps WHERE entry_id = ? AND version = ?",
+                (hit[0], entry.version),
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        text = await self._cat._run(self._cat._read, fn)
+        return None if text is None else ChunkMap.deserialize(bytes.fromhex(text))
+
+    async def remember(self, entry: Entry, cmap: ChunkMap) -> None:
+        """Store the map of ``entry``'s version and index its chunks, replacing what the
+        entry had; nothing is stored if the entry has moved on to another version."""
+        first: dict[bytes, tuple[int, int]] = {}
+        for piece in cmap:
+            first.setdefault(piece.id, (piece.offset, piece.length))
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            hit = self._cat._get(cur, entry.path)
+            if hit is None or hit[1].version != entry.version:
+                return
+            entry_id = hit[0]
+            q(cur, "DELETE FROM chunk_maps WHERE entry_id = ?", (entry_id,))
+            q(cur, "DELETE FROM chunk_index WHERE entry_id = ?", (entry_id,))
+            q(
+                cur,
+                "INSERT INTO chunk_maps (entry_id, version, chunk_map) VALUES (?, ?, ?)",
+                (entry_id, entry.version, cmap.serialize().hex()),
+            )
+            cur.executemany(
+                self._cat._sql(
+                    "INSERT INTO chunk_index (chunk_id, entry_id, version, pos, length) "
+                    "VALUES (?, ?, ?, ?, ?)"
+                ),
+                [(cid.hex(), entry_id, entry.version, o, n) for cid, (o, n) in first.items()],
+            )
+
+        await self._cat._run(self._cat._write, fn)
+
+    async def _forget(self, entry_id: int) -> None:
+        def fn(cur: Cursor) -> None:
+            self._cat._q(cur, "DELETE FROM chunk_maps WHERE entry_id = ?", (entry_id,))
+            self._cat._q(cur, "DELETE FROM chunk_index WHERE entry_id = ?", (entry_id,))
+
+        await self._cat._run(self._cat._write, fn)
+
+    # -- the chunk index -------------------------------------------------------------------
+
+    async def sources(self, ids: Sequence[bytes]) -> dict[bytes, Source]:
+        """One place each of ``ids`` sits in a file at the version the index recorded."""
+
+        def fn(cur: Cursor) -> dict[bytes, Source]:
+            found: dict[bytes, Source] = {}
+            wanted = sorted({cid.hex() for cid in ids})
+            for i in range(0, len(wanted), _IN):
+                part = wanted[i : i + _IN]
+                rows = self._cat._q(
+                    cur,
+                    "SELECT ci.chunk_id, ci.entry_id, e.parent, e.name, ci.version, ci.pos, "
+                    "ci.length FROM chunk_index ci JOIN entries e "
+                    "ON e.id = ci.entry_id AND e.version = ci.version "
+                    f"WHERE ci.chunk_id IN ({','.join('?' * len(part))})",
+                    part,
+                ).fetchall()
+                for cid, entry_id, parent, name, version, pos, length in rows:
+                    found.setdefault(
+                        bytes.fromhex(cid),
+                        Source(entry_id, _join(parent, name), version, pos, length),
+                    )
+            return found
+
+        return await self._cat._run(self._cat._read, fn)
+
+    async def missing(self, ids: Sequence[bytes]) -> list[bytes]:
+        """Which of ``ids`` the hub holds in no file (nor staged from an earlier upload)."""
+        _check_batch(ids)
+        held = await self.sources(ids)
+        return [cid for cid in dict.fromkeys(ids) if cid not in held and not self._staged(cid)]
+
+    # -- download --------------------------------------------------------------------------
+
+    async def frames(
+        self,
+        wanted: Sequence[Wanted],
+        base: tuple[str, int] | None = None,
+        transfer: Transfer | None = None,
+    ) -> AsyncGenerator[bytes, None]:
+        """One record per wanted chunk, in order: its frame (encoded on the worker
+        threads, two batches ahead), or empty where no verified copy exists. With
+        ``base`` (a file version the receiver holds, still at that version here), chunks
+        with a delta estimate are encoded against it."""
+        _check_batch([w.id for w in wanted])
+        sources = await self.sources([w.id for w in wanted])
+        readers: dict[tuple[str, int], Reader | None] = {}
+        held: Reader | None = None
+        try:
+            for found in sources.values():
+                key = (found.path, found.version)
+                if key not in readers:
+                    readers[key] = await self._open(found.path, found.version)
+            reference: Reference | None = None
+            if base is not None:
+                held = await self._open(*base)
+                if held is not None and held.region is not None:
+                    reference = _RegionReference(held.region)
+            loop = asyncio.get_running_loop()
+            pending: list[asyncio.Future[list[tuple[bytes, int, int]]]] = []
+            batch: list[tuple[Wanted, Source | None, bytes | None]] = []
+            size = 0
+            for index, want in enumerate(wanted):
+                source = sources.get(want.id)
+                reader = readers.get((source.path, source.version)) if source else None
+                data = None
+                if source is not None and reader is not None and reader.region is None:
+                    data = await self._read_range(source)  # no local file: read it now
+                    reader = reader if data is not None else None
+                batch.append((want, source if reader is not None else None, data))
+                size += source.length if source else 0
+                if size >= BATCH_BYTES or index == len(wanted) - 1:
+                    job = self._encode_batch(batch, readers, reference)
+                    pending.append(loop.run_in_executor(self._encoders, job))
+                    batch, size = [], 0
+                if len(pending) >= 2:
+                    async for out in self._emit(pending.pop(0), transfer):
+                        yield out
+            while pending:
+                async for out in self._emit(pending.pop(0), transfer):
+                    yield out
+        finally:
+            for reader in [*readers.values(), held]:
+                if reader is not None:
+                    await reader.aclose()
+
+    async def _emit(
+        self, job: Awaitable[list[tuple[bytes, int, int]]], transfer: Transfer | None
+    ) -> AsyncIterator[bytes]:
+        for encoded, raw_length, bad_entry in await job:
+            if bad_entry >= 0:
+                STALE_SOURCES.inc()
+                log.warning("a chunk source changed in place; forgetting its map")
+                await self._forget(bad_entry)
+            frame = self.frame_hook(encoded) if self.frame_hook and encoded else encoded
+            if transfer is not None and frame:
+                transfer.sent(raw_length, len(frame))
+            yield record(frame or None)
+
+    def _encode_batch(
+        self,
+        batch: list[tuple[Wanted, Source | None, bytes | None]],
+        readers: dict[tuple[str, int], Reader | None],
+        reference: Reference | None,
+    ) -> Callable[[], list[tuple[bytes, int, int]]]:
+        """(frame or b"", raw length, entry id to forget or -1) per chunk."""
+
+        def run() -> list[tuple[bytes, int, int]]:
+            out: list[tuple[bytes, int, int]] = []
+            for want, source, fetched in batch:
+                if source is None:
+                    out.append((b"", 0, -1))
+                    continue
+                data = fetched
+                if data is None:
+                    reader = readers[(source.path, source.version)]
+                    assert reader is not None and reader.region is not None
+                    region = reader.region
+                    data = os.pread(region.fd, source.length, region.offset + source.offset)
+                if chunk_id(data) != want.id:
+                    out.append((b"", 0, source.entry_id))
+                    continue
+                if reference is not None and want.delta_from is not None:
+                    frame = encode_delta(data, reference, want.delta_from, DEFAULT_SETTINGS)
+                else:
+                    frame = encode_chunk(data, DEFAULT_SETTINGS)
+                out.append((frame, len(data), -1))
+            return out
+
+        return run
+
+    async def _open(self, path: str, version: int) -> Reader | None:
+        """The whole file at ``version`` (None: it is no longer at that version)."""
+        try:
+            return await self.namespace.read(SYSTEM, path, if_version=version)
+        except (Conflict, NotFound, IsADirectory):
+            return None
+
+    async def _read_range(self, source: Source) -> bytes | None:
+        try:
+            async with await self.namespace.read(
+                SYSTEM, source.path, source.offset, source.length, if_version=source.version
+            ) as reader:
+                return await reader.read_all()
+        except (Conflict, NotFound):
+            return None
+
+    # -- upload ----------------------------------------------------------------------------
+
+    def _staged_path(self, cid: bytes) -> Path:
+        return self.staging / cid.hex()
+
+    def _staged(self, cid: bytes) -> bool:
+        return self._staged_path(cid).exists()
+
+    async def receive(
+        self, records: AsyncIterator[tuple[bytes, bytes]], transfer: Transfer | None = None
+    ) -> int:
+        """Decode, verify and stage uploaded chunks; a bad frame fails the whole request
+        (its good chunks stay staged) and nothing unverified is ever kept."""
+        self.staging.mkdir(parents=True, exist_ok=True)
+        count = 0
+        async for cid, frame in records:
+            data = await asyncio.to_thread(decode_frame, frame, cid)
+            await asyncio.to_thread(self._stage, cid, data)
+            if transfer is not None:
+                transfer.sent(len(data), len(frame) + len(cid))
+            count += 1
+        return count
+
+    def _stage(self, cid: bytes, data: bytes) -> None:
+        fd, temp = tempfile.mkstemp(dir=self.staging, prefix=".in-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(temp, self._staged_path(cid))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+
+    async def commit(
+        self,
+        who: Principal,
+        path: str,
+        cmap: ChunkMap,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+        transfer: Transfer | None = None,
+    ) -> Entry:
+        """Write ``path`` assembled from ``cmap``'s chunks through the namespace. Every
+        chunk must be staged or indexed (else ``Conflict`` before anything is written) and
+        is verified again as it is copied, so a source changed meanwhile aborts the write,
+        which then leaves the old version in place (``CorruptData``: retryable, unlike a
+        precondition's ``Conflict``)."""
+        staged = {c for c in cmap.ids() if self._staged(c)}
+        sources = await self.sources([c for c in cmap.ids() if c not in staged])
+        lacking = cmap.ids() - staged - set(sources)
+        if lacking:
+            raise CorruptData(
+                f"the hub lacks {len(lacking)} chunks of {path}; upload them first", path=path
+            )
+
+        async def body() -> AsyncIterator[bytes]:
+            for piece in cmap:
+                if piece.id in staged:
+                    data = await asyncio.to_thread(self._staged_path(piece.id).read_bytes)
+                else:
+                    data = await self._read_range(sources[piece.id]) or b""
+                if len(data) != piece.length or chunk_id(data) != piece.id:
+                    raise CorruptData(f"a chunk source of {path} changed; retry", path=path)
+                if transfer is not None and piece.id not in staged:
+                    transfer.held(piece.length)
+                yield data
+
+        entry = await self.namespace.write(
+            who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode
+        )
+        with contextlib.suppress(Conflict, NotFound):
+            await self.remember(entry, cmap)
+        for cid in staged:
+            with contextlib.suppress(FileNotFoundError):
+                self._staged_path(cid).unlink()
+        return entry
+
+    def clear_staging(self) -> None:
+        """Drop staged chunks of uploads that never committed (at start)."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _check_batch(ids: Sequence[Any]) -> None:
+    if len(ids) > MAX_BATCH:
+        raise InvalidArgument(f"at most {MAX_BATCH} chunk ids per request, not {len(ids)}")

@@ -1,0 +1,64 @@
+"""What a spoke needs of its hub to move chunks instead of byte ranges (namespace layer).
+
+The fabric client implements it over HTTP; the spoke's cache (downloads) and journal
+uploader (uploads) call it. Frames are verified by the receiver, never trusted.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from ..chunks.chunkmap import ChunkMap
+from ..core.types import Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A file as the hub answers a first request for it: its entry, and either its whole
+    bytes (files up to the size the caller named small) or its chunk map."""
+
+    entry: Entry
+    whole: bytes | None = None
+    chunk_map: ChunkMap | None = None
+
+
+class ChunkLink(ABC):
+    @abstractmethod
+    async def open_chunked(self, path: str, *, small: int = 0) -> Opened:
+        """The current version of ``path``: whole if it is at most ``small`` bytes, else
+        its chunk map."""
+
+    @abstractmethod
+    def fetch_chunks(
+        self,
+        ids: Sequence[bytes],
+        *,
+        base: tuple[str, int] | None = None,
+        at: Sequence[int | None] = (),
+    ) -> AsyncIterator[bytes | None]:
+        """The frame of each chunk in ``ids``, in order as they arrive (None: the hub holds
+        no verified copy). ``base``: a file version this side holds, and ``at`` where each
+        chunk likely sits in it, for delta frames."""
+
+    @abstractmethod
+    async def missing_chunks(self, ids: Sequence[bytes]) -> list[bytes]:
+        """Which of ``ids`` the hub holds in no file."""
+
+    @abstractmethod
+    async def upload_chunks(self, records: AsyncIterable[bytes]) -> int:
+        """Send upload records (``chunks.records.record(frame, id)``); how many were kept."""
+
+    @abstractmethod
+    async def commit_chunks(
+        self,
+        path: str,
+        chunk_map: ChunkMap,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+    ) -> Entry:
+        """Write ``path`` at the hub from chunks it holds or was sent, with the same
+        preconditions as a namespace write."""

@@ -1,0 +1,158 @@
+"""The fabric link's chunk routes (protocol layer): chunk maps, batched frames, upload dedup.
+
+Registered on the hub's REST and fabric apps when the hub has a chunk service. The wire
+forms are ``ChunkMap.serialize()`` for maps and ``chunks.records`` for batches of frames;
+ids travel as hex in JSON. Errors go through the REST server's middleware like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from aiohttp import web
+
+from ..chunks.chunkmap import ID_SIZE, ChunkMap
+from ..chunks.codec import chunk_id, encode_chunk
+from ..chunks.metrics import Transfer
+from ..chunks.records import read_uploads
+from ..core.types import EntryKind
+from ..errors import CorruptData, InvalidArgument
+from ..hub.chunks import HubChunks, Wanted
+from . import wire
+from .server import RestServer, _body, _int
+
+WHOLE_HEADER = "X-Loomfs-Whole"
+MAX_MAP = 256 << 20  # a serialized map of a ~700 GB file
+
+
+def _ids(value: Any) -> list[bytes]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidArgument("'ids' must be a list of hex chunk ids")
+    try:
+        ids = [bytes.fromhex(v) for v in value]
+    except ValueError:
+        raise InvalidArgument("a chunk id is not hex") from None
+    if any(len(i) != ID_SIZE for i in ids):
+        raise InvalidArgument(f"chunk ids are {ID_SIZE} bytes")
+    return ids
+
+
+class ChunkRoutes:
+    """Added to a server's app by the server that has chunks to offer (the fabric's)."""
+
+    def __init__(self, server: RestServer, chunks: HubChunks) -> None:
+        self.server = server
+        self.chunks = chunks
+
+    def register(self, app: web.Application) -> None:
+        api = wire.API
+        app.router.add_get(f"{api}/chunkmap/{{path:.*}}", self.chunk_map)
+        app.router.add_post(f"{api}/chunks", self.frames)
+        app.router.add_post(f"{api}/chunks/missing", self.missing)
+        app.router.add_post(f"{api}/chunks/upload", self.upload)
+        app.router.add_post(f"{api}/chunks/commit/{{path:.*}}", self.commit)
+
+    async def chunk_map(self, request: web.Request) -> web.Response:
+        who, path = self.server.principal(request), "/" + request.match_info["path"]
+        small = _int(request.query.get("small"), "small") or 0
+        namespace = self.server.namespace
+        entry = await namespace.stat(who, path)
+        if entry.kind is not EntryKind.FILE or entry.size <= small:
+            # small files come whole: a map would cost a round trip for one or two chunks
+            # (and what a symlink leads to is read through it, as any read does)
+            # as one frame (zstd where it pays) named by its BLAKE3 id, which the spoke checks
+            async with await namespace.read(who, path, if_version=entry.version) as reader:
+                data = await reader.read_all()
+            digest = chunk_id(data)
+            body = await asyncio.to_thread(encode_chunk, data)
+            Transfer("hub", "down", path, logical=len(data), wire=len(body)).done()
+            headers = {
+                wire.ENTRY_HEADER: wire.entry_header(reader.entry),
+                WHOLE_HEADER: digest.hex(),
+            }
+        else:
+            entry, cmap = await self.chunks.chunk_map(who, path)
+            body = cmap.serialize()
+            Transfer("hub", "down", path, wire=len(body)).done()
+            headers = {wire.ENTRY_HEADER: wire.entry_header(entry)}
+        return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+
+    async def frames(self, request: web.Request) -> web.StreamResponse:
+        self.server.principal(request)  # authenticates the caller
+        body = await _body(request)
+        ids = _ids(body.get("ids"))
+        at = body.get("at") or [None] * len(ids)
+        if not isinstance(at, list) or len(at) != len(ids):
+            raise InvalidArgument("'at' must give one estimate (or null) per id")
+        if any(a is not None and (type(a) is not int or a < 0) for a in at):
+            raise InvalidArgument("'at' estimates are non-negative integers or null")
+        base = body.get("base")
+        held: tuple[str, int] | None = None
+        if base is not None:
+            if not isinstance(base, dict) or not isinstance(base.get("path"), str):
+                raise InvalidArgument("'base' is {path, version}")
+            if type(base.get("version")) is not int:
+                raise InvalidArgument("'base.version' must be an integer")
+            held = (base["path"], base["version"])
+        wanted = [Wanted(i, a) for i, a in zip(ids, at, strict=True)]
+        transfer = Transfer("hub", "down", "(batch)")
+        records = self.chunks.frames(wanted, held, transfer)
+        first = await anext(records, None)  # errors before the status goes out stay clean
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        try:
+            if first is not None:
+                await response.write(first)
+            async for out in records:
+                await response.write(out)
+            await response.write_eof()
+        finally:
+            with contextlib.suppress(Exception):
+                await records.aclose()
+            transfer.done()
+        return response
+
+    async def missing(self, request: web.Request) -> web.Response:
+        self.server.principal(request)
+        ids = _ids((await _body(request)).get("ids"))
+        lacking = await self.chunks.missing(ids)
+        return web.json_response({"missing": [i.hex() for i in lacking]})
+
+    async def upload(self, request: web.Request) -> web.Response:
+        self.server.principal(request)
+        content = request.content
+        transfer = Transfer("hub", "up", "(upload)")
+        try:
+            stored = await self.chunks.receive(
+                read_uploads(content.readexactly, content.at_eof), transfer
+            )
+        except EOFError as exc:  # asyncio.IncompleteReadError: the body ended mid-record
+            raise CorruptData("upload body truncated") from exc
+        finally:
+            transfer.done()
+        return web.json_response({"stored": stored})
+
+    async def commit(self, request: web.Request) -> web.Response:
+        who, path = self.server.principal(request), "/" + request.match_info["path"]
+        length = request.content_length
+        if length is None or length > MAX_MAP:
+            raise InvalidArgument(f"a commit carries a chunk map of at most {MAX_MAP} bytes")
+        if_version = _int(request.headers.get("If-Match"), "If-Match")
+        mode = _int(request.headers.get("X-Loomfs-Mode"), "X-Loomfs-Mode")
+        cmap = ChunkMap.deserialize(await request.content.readexactly(length))
+        transfer = Transfer("hub", "up", path, wire=length)
+        try:
+            entry = await self.chunks.commit(
+                who,
+                path,
+                cmap,
+                if_version=if_version,
+                exclusive=request.headers.get("If-None-Match", "").strip() == "*",
+                mode=mode,
+                transfer=transfer,
+            )
+        finally:
+            transfer.done()
+        return web.json_response(wire.entry_json(entry), status=201)

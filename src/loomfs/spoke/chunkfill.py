@@ -1,0 +1,380 @@
+"""Filling the spoke cache with chunks instead of byte ranges (spoke layer).
+
+How chunks map onto the block cache: the cache keeps storing each file version as one
+sparse data file of 1 MiB blocks (presence, hashes, eviction and restart checks as
+before); chunks are not stored apart. What is added is the chunk map of each cached
+version (persisted beside the block index) and, built from those maps, an in-memory chunk
+index: chunk id -> every (cached file, offset, length) where a map puts it. A chunk counts
+as held where its bytes, read back from that data file, hash to its id: holes of a sparse
+file, torn writes and bit rot all fail that check, so nothing unverified is ever reused.
+
+A miss on a run of blocks then asks for the version's map (once), lists the chunks that
+cover the run, copies those held anywhere (any file, any version, including versions the
+hub has since replaced: those are retired, never served, kept as chunk sources until
+evicted) and fetches the rest in one batch. Frames are decoded and verified on worker
+threads as they arrive (network, decoding and disk overlap, and the cache runs several
+fills at once); a corrupt or truncated frame is fetched again, a chunk the hub no longer
+holds sends the run back to the ranged fetch. Chunks sticking out of the run are written
+too, so the next run finds them held. When another cached file in the same directory
+shares the file's layout (a checkpoint series), the hub may send delta frames against it:
+it is named as the base only when complete here, and decoding failures fall back to plain
+frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from ..chunks.chunkmap import ChunkEntry, ChunkMap
+from ..chunks.codec import chunk_id, decode_frame, encode_chunk
+from ..chunks.metrics import CORRUPT, Transfer
+from ..chunks.pipeline import ChunkPipeline
+from ..chunks.plan import choose_reference, plan_transfer
+from ..chunks.records import record
+from ..core.types import Entry
+from ..errors import Conflict, CorruptData
+from ..namespace.chunklink import ChunkLink
+
+if TYPE_CHECKING:
+    from .cache import CachedFile
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 3  # a chunk whose frame fails verification this often fails the read
+MAX_BATCH = 4096  # chunk ids per request, as the hub accepts them
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS chunk_maps (
+    file_id INTEGER PRIMARY KEY REFERENCES files(id) ON DELETE CASCADE,
+    map BLOB NOT NULL
+);
+"""
+
+Location = tuple[int, int, int]  # (cached file id, offset, length)
+
+
+class _FileReference:
+    """A cached file version as the base of delta frames."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class ChunkFiller:
+    def __init__(
+        self,
+        link: ChunkLink,
+        db: Callable[[], sqlite3.Connection],
+        lock: threading.Lock,
+        data_path: Callable[[int], Path],
+        files: Callable[[], dict[int, CachedFile]],
+    ) -> None:
+        self.link = link
+        self._db = db
+        self._lock = lock
+        self._data_path = data_path
+        self._files = files
+        self.maps: dict[int, ChunkMap] = {}
+        self._where: dict[bytes, list[Location]] = {}
+        self._inflight: dict[bytes, asyncio.Future[bytes]] = {}
+        self._pipeline: ChunkPipeline | None = None
+
+    def close(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
+
+    # -- maps and the index ----------------------------------------------------------------
+
+    def load(self) -> None:
+        """Rebuild the chunk index from the maps of the versions the cache kept."""
+        with self._lock:
+            rows = self._db().execute("SELECT file_id, map FROM chunk_maps").fetchall()
+        for file_id, blob in rows:
+            if file_id in self._files():
+                self._index(file_id, ChunkMap.deserialize(bytes(blob)))
+
+    def _index(self, file_id: int, cmap: ChunkMap) -> None:
+        self.maps[file_id] = cmap
+        for piece in cmap:
+            self._where.setdefault(piece.id, []).append((file_id, piece.offset, piece.length))
+
+    def set_map(self, file_id: int, cmap: ChunkMap) -> None:
+        if file_id in self.maps:
+            return
+        with self._lock:
+            self._db().execute(
+                "INSERT OR REPLACE INTO chunk_maps (file_id, map) VALUES (?, ?)",
+                (file_id, cmap.serialize()),
+            )
+        self._index(file_id, cmap)
+
+    def forget(self, file_id: int) -> None:
+        """The file was dropped (its row, and so its map row, went with it)."""
+        cmap = self.maps.pop(file_id, None)
+        if cmap is None:
+            return
+        for cid in cmap.ids():
+            places = [p for p in self._where.get(cid, ()) if p[0] != file_id]
+            if places:
+                self._where[cid] = places
+            else:
+                self._where.pop(cid, None)
+
+    def _held(self, piece: ChunkEntry) -> bytes | None:
+        """The chunk's bytes from any cached file that verifiably holds them."""
+        for file_id, offset, length in self._where.get(piece.id, ()):
+            with contextlib.suppress(FileNotFoundError):
+                fd = os.open(self._data_path(file_id), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    data = os.pread(fd, length, offset)
+                finally:
+                    os.close(fd)
+                if chunk_id(data) == piece.id:
+                    return data
+        return None
+
+    # -- filling ---------------------------------------------------------------------------
+
+    async def chunk_map(self, entry: CachedFile) -> ChunkMap:
+        cmap = self.maps.get(entry.id)
+        if cmap is not None:
+            return cmap
+        opened = await self.link.open_chunked(entry.path)
+        if opened.entry.version != entry.version or opened.chunk_map is None:
+            raise Conflict(
+                f"{entry.path} is at version {opened.entry.version}, not {entry.version}",
+                path=entry.path,
+            )
+        self.set_map(entry.id, opened.chunk_map)
+        return opened.chunk_map
+
+    async def assemble(self, entry: CachedFile, start: int, length: int) -> bytes | None:
+        """The bytes [start, start+length) of ``entry``, from chunks held here and fetched;
+        None when the hub holds some chunk no more (the caller fetches the range)."""
+        cmap = await self.chunk_map(entry)
+        end = start + length
+        pieces = [p for p in cmap if p.end > start and p.offset < end]
+        transfer = Transfer("spoke", "down", entry.path)
+        got: dict[bytes, bytes] = {}
+        for piece in pieces:
+            if piece.id not in got:
+                data = await asyncio.to_thread(self._held, piece)
+                if data is not None:
+                    got[piece.id] = data
+                    transfer.held(piece.length)
+        lacking = list(dict.fromkeys(p.id for p in pieces if p.id not in got))
+        try:
+            fetched = await self._fetch(entry, cmap, lacking, transfer)
+        finally:
+            transfer.done()
+        if fetched is None:
+            return None
+        got.update(fetched)
+        out = bytearray(length)
+        outside: list[tuple[int, bytes]] = []
+        for piece in pieces:
+            data = got[piece.id]
+            lo, hi = max(piece.offset, start), min(piece.end, end)
+            out[lo - start : hi - start] = data[lo - piece.offset : hi - piece.offset]
+            if piece.offset < start or piece.end > end:
+                outside.append((piece.offset, data))
+        if outside:  # the next run will find these chunks held
+            await asyncio.to_thread(self._write, entry.id, outside)
+        return bytes(out)
+
+    def _write(self, file_id: int, pieces: Sequence[tuple[int, bytes]]) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self._data_path(file_id), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                for offset, data in pieces:
+                    os.pwrite(fd, data, offset)
+            finally:
+                os.close(fd)
+
+    async def _fetch(
+        self, entry: CachedFile, cmap: ChunkMap, ids: list[bytes], transfer: Transfer
+    ) -> dict[bytes, bytes] | None:
+        """Fetch ``ids`` (single-flight per chunk id across fills); None if the hub lacks
+        one of them."""
+        waits = {cid: self._inflight[cid] for cid in ids if cid in self._inflight}
+        mine = [cid for cid in ids if cid not in waits]
+        loop = asyncio.get_running_loop()
+        futures = {cid: loop.create_future() for cid in mine}
+        self._inflight.update(futures)
+        try:
+            got = await self._fetch_batch(entry, cmap, mine, transfer)
+        except BaseException as exc:
+            for future in futures.values():
+                if not future.done():
+                    # waiters fall back to a ranged fetch of their own
+                    future.set_exception(CorruptData(f"the fetch failed: {exc!r}"))
+                    future.exception()
+            raise
+        finally:
+            for cid in mine:
+                self._inflight.pop(cid, None)
+        for cid, future in futures.items():
+            if cid in got:
+                future.set_result(got[cid])
+            else:
+                future.set_exception(CorruptData("the hub lacks this chunk"))
+                future.exception()
+        if len(got) < len(mine):
+            return None
+        for cid, future in waits.items():
+            try:
+                got[cid] = await asyncio.shield(future)
+            except CorruptData:
+                return None
+        return got
+
+    async def _fetch_batch(
+        self, entry: CachedFile, cmap: ChunkMap, ids: list[bytes], transfer: Transfer
+    ) -> dict[bytes, bytes]:
+        got: dict[bytes, bytes] = {}
+        if not ids:
+            return got
+        base = self._base(entry, cmap)
+        todo = ids
+        for attempt in range(ATTEMPTS):
+            if not todo:
+                break
+            use_base = base if attempt == 0 else None  # a retry asks for plain frames
+            bad = await self._one_batch(entry, cmap, todo, use_base, got, transfer)
+            todo = [cid for cid in todo if cid in bad]
+        if todo:
+            raise CorruptData(
+                f"{len(todo)} chunks of {entry.path} failed verification {ATTEMPTS} times",
+                path=entry.path,
+            )
+        return got
+
+    async def _one_batch(
+        self,
+        entry: CachedFile,
+        cmap: ChunkMap,
+        ids: list[bytes],
+        base: tuple[CachedFile, ChunkMap] | None,
+        got: dict[bytes, bytes],
+        transfer: Transfer,
+    ) -> set[bytes]:
+        """One request; returns the ids whose frames failed verification. Ids the hub
+        does not hold are left out of ``got``."""
+        at: list[int | None] = []
+        reference = None
+        if base is not None:
+            estimates = {
+                s.entry.id: s.delta_from
+                for s in plan_transfer(cmap, cmap.ids() - set(ids), base[1])
+            }
+            at = [estimates.get(cid) for cid in ids]
+            reference = _FileReference(self._data_path(base[0].id))
+        bad: set[bytes] = set()
+        decoding: list[asyncio.Task[None]] = []
+
+        async def decode(cid: bytes, frame: bytes) -> None:
+            try:
+                got[cid] = await asyncio.to_thread(decode_frame, frame, cid, reference)
+                transfer.sent(len(got[cid]), len(frame) + len(cid))
+            except CorruptData:
+                CORRUPT.labels("spoke", "down").inc()
+                log.warning("a chunk frame failed verification; fetching it again",
+                            extra={"path": entry.path, "chunk": cid.hex()[:16]})  # fmt: skip
+                bad.add(cid)
+
+        try:
+            hub_base = (base[0].path, base[0].version) if base is not None else None
+            frames = self.link.fetch_chunks(ids, base=hub_base, at=at)
+            index = 0
+            try:
+                async for frame in frames:
+                    if frame is not None:
+                        decoding.append(asyncio.create_task(decode(ids[index], frame)))
+                    index += 1
+            except CorruptData:  # the batch broke off: what did not arrive is retried
+                bad.update(ids[index:])
+            await asyncio.gather(*decoding)
+        finally:
+            for task in decoding:
+                task.cancel()
+            if reference is not None:
+                reference.close()
+        return bad
+
+    # -- upload --------------------------------------------------------------------------
+
+    async def upload(self, path: str, data: Path, **preconditions: Any) -> Entry:
+        """Write ``data`` to ``path`` at the hub sending only the chunks it holds in no
+        file: the map first, then the missing chunks' frames, then a commit of the map
+        with the write's preconditions. ``CorruptData`` if the hub could not assemble it
+        (a source changed meanwhile): the caller may send the bytes whole instead."""
+        if self._pipeline is None:
+            self._pipeline = ChunkPipeline()
+        cmap = await asyncio.to_thread(self._pipeline.map_file, data)
+        ids = list(dict.fromkeys(p.id for p in cmap))
+        lacking: set[bytes] = set()
+        for i in range(0, len(ids), MAX_BATCH):
+            lacking.update(await self.link.missing_chunks(ids[i : i + MAX_BATCH]))
+        transfer = Transfer("spoke", "up", path, wire=32 * len(ids))
+        sent: set[bytes] = set()
+
+        async def records() -> AsyncIterator[bytes]:
+            with data.open("rb", buffering=0) as source:
+                for piece in cmap:
+                    if piece.id not in lacking or piece.id in sent:
+                        if piece.id not in sent:
+                            transfer.held(piece.length)
+                        continue
+                    sent.add(piece.id)
+                    frame = await asyncio.to_thread(_read_encode, source.fileno(), piece)
+                    transfer.sent(piece.length, len(frame) + len(piece.id))
+                    yield record(frame, piece.id)
+
+        try:
+            if lacking:
+                await self.link.upload_chunks(records())
+            transfer.wire += len(cmap.serialize())
+            return await self.link.commit_chunks(path, cmap, **preconditions)
+        finally:
+            transfer.done()
+
+    def _base(self, entry: CachedFile, cmap: ChunkMap) -> tuple[CachedFile, ChunkMap] | None:
+        """A complete cached version of another file in the same directory, most alike
+        (``choose_reference``), for the hub to delta-encode against; it must still be
+        at that version at the hub, which the hub checks."""
+        folder = PurePosixPath(entry.path).parent
+        held: dict[str, tuple[CachedFile, ChunkMap]] = {}
+        for file_id, other in self.maps.items():
+            cached = self._files().get(file_id)
+            if (
+                cached is None
+                or cached.path == entry.path
+                or cached.retired
+                or PurePosixPath(cached.path).parent != folder
+                or not cached.complete()
+            ):
+                continue
+            held[cached.path] = (cached, other)
+        name = choose_reference(entry.path, cmap, {p: m for p, (_, m) in held.items()})
+        return held[name] if name is not None else None
+
+
+def _read_encode(fd: int, piece: ChunkEntry) -> bytes:
+    data = os.pread(fd, piece.length, piece.offset)
+    if len(data) != piece.length or chunk_id(data) != piece.id:
+        raise CorruptData("a journaled file changed while it was uploaded")
+    return encode_chunk(data)
