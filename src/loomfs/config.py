@@ -97,6 +97,9 @@ class ClientSection(_Section):
             )
         return key, secret
 
+    #: site name -> REST URL, for ``loomfs://SITE/path`` URLs (the Python SDK)
+    sites: dict[str, str] = {}
+
 
 class LogSection(_Section):
     level: str = "INFO"
@@ -125,6 +128,8 @@ class SpokeSection(_Section):
     cache_key_file: Path | None = None
     #: as [hub] anonymous, for this spoke's REST API (credentials are checked by the hub)
     anonymous: bool = True
+    #: follow the plans data loaders publish (prefetch, evict by next use); off = LRU only
+    prefetch: bool = True
 
 
 class AuditSection(_Section):

@@ -48,9 +48,11 @@ from .namespace.governed import GovernedNamespace
 from .protocols.s3 import S3Gateway
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
+from .rest.plans import routes as plan_routes
 from .rest.server import RestServer
 from .spoke.cache import Cache
 from .spoke.namespace import SpokeNamespace
+from .spoke.prefetcher import Prefetcher
 from .spoke.sealed import BlockCipher
 from .spoke.sealed import load_key as load_cache_key
 
@@ -399,8 +401,10 @@ async def serve_until_signal(
             started.append(socket.server)
             urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
-        if ready_file is not None:
-            ready_file.write_text(json.dumps(urls))
+        if ready_file is not None:  # whole or not at all: a watcher may read it at once
+            partial = ready_file.with_name(ready_file.name + ".tmp")
+            partial.write_text(json.dumps(urls))
+            partial.replace(ready_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -448,15 +452,19 @@ class SpokeService:
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
+        prefetcher = Prefetcher(self.namespace) if self.config.spoke.prefetch else None
         # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
         users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
         try:
             await self.namespace.start()
+            if prefetcher is not None:
+                prefetcher.start()
             server = RestServer(
                 self.namespace,
                 spoke=self.namespace,
                 site=self.namespace.site,
                 authenticate=self.authenticate,
+                routes=plan_routes(prefetcher) if prefetcher is not None else (),
             )
             listen = host_port(self.config.spoke.listen, "spoke.listen")
             sockets: list[SocketListener] = []
@@ -466,6 +474,8 @@ class SpokeService:
             listeners = [Listener("url", server.app(), listen)]
             await serve_until_signal(listeners, ready_file, "spoke", sockets)
         finally:
+            if prefetcher is not None:
+                await prefetcher.close()
             await self.namespace.close()
             if users is not None:
                 await users.close()

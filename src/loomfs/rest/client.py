@@ -7,9 +7,11 @@ conformance suite runs through HTTP exactly as it runs against the hub in-proces
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import json
 import ssl
+import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -327,6 +329,33 @@ class RestNamespace(FeedNamespace, ChunkLink):
     async def settle(self, seq: int) -> None:
         """Wait until every spoke leased by the hub applied change ``seq``."""
         await self._json("POST", f"{wire.API}/settle", json={"seq": seq})
+
+    async def publish_plan(
+        self, plan: bytes, files: Sequence[str], sizes: Sequence[int] | None = None
+    ) -> dict[str, Any]:
+        """Tell a spoke what a data loader reads next (``prefetch.plan.Plan.encode()`` over
+        indexes into ``files``)."""
+        body: dict[str, Any] = {
+            "plan": base64.b64encode(plan).decode(),
+            "files": base64.b64encode(zlib.compress("\n".join(files).encode(), 6)).decode(),
+        }
+        if sizes is not None:
+            body["sizes"] = list(sizes)
+        result: dict[str, Any] = await self._json("POST", f"{wire.API}/plans", json=body)
+        return result
+
+    async def heartbeat(self, job: str, position: int) -> None:
+        """Tell a spoke that ``job`` has read ``position`` samples of its stream."""
+        body = {"job": job, "position": position}
+        (await self._request("POST", f"{wire.API}/plans/heartbeat", json=body)).release()
+
+    async def end_plan(self, job: str) -> None:
+        (await self._request("POST", f"{wire.API}/plans/end", json={"job": job})).release()
+
+    async def prefetch_report(self) -> dict[str, Any]:
+        """The spoke prefetcher's metrics and active jobs."""
+        report: dict[str, Any] = await self._json("GET", f"{wire.API}/plans")
+        return report
 
     async def remove_volume(self, mount: str) -> None:
         response = await self._request("DELETE", f"{wire.API}/volumes", params={"mount": mount})

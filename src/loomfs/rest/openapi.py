@@ -271,6 +271,38 @@ def spec() -> dict[str, Any]:
                 ),
             },
             **_chunk_paths(if_match),
+            "/v1/plans": {
+                "post": _op(
+                    "At a spoke: publish a data loader's plan (its files and read order)",
+                    {"201": _json_ok({"type": "object"}, "the job, its start and its reads")},
+                    requestBody=_json_body(
+                        ["plan", "files"],
+                        plan={"type": "string", "description": "base64 of Plan.encode()"},
+                        files={"type": "string", "description": "base64 zlib of path lines"},
+                        sizes={"type": "array", "items": {"type": "integer"}},
+                    ),
+                ),
+                "get": _op(
+                    "At a spoke: prefetch metrics (hit ratio, bytes, waste, stall time)",
+                    {"200": _json_ok({"type": "object"})},
+                ),
+            },
+            "/v1/plans/heartbeat": {
+                "post": _op(
+                    "At a spoke: how many samples a job has read (its stream position)",
+                    {"204": {"description": "recorded"}},
+                    requestBody=_json_body(
+                        ["job", "position"], job={"type": "string"}, position={"type": "integer"}
+                    ),
+                ),
+            },
+            "/v1/plans/end": {
+                "post": _op(
+                    "At a spoke: a job is done; its plan no longer guides the cache",
+                    {"204": {"description": "ended"}},
+                    requestBody=_json_body(["job"], job={"type": "string"}),
+                ),
+            },
             "/openapi.json": {"get": _op("This document", {"200": _json_ok({"type": "object"})})},
             "/metrics": {"get": _op("Prometheus metrics", {"200": {"description": "text format"}})},
             "/healthz": {"get": _op("Liveness", {"200": _json_ok({"type": "object"})})},

@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from email.utils import formatdate
 from typing import Any, Protocol
 
@@ -143,6 +143,7 @@ class RestServer:
         site: str = "hub",
         authenticate: Callable[[web.Request], Awaitable[Principal]] | None = None,
         governance: GovernedNamespace | None = None,
+        routes: Sequence[web.RouteDef] = (),
     ) -> None:
         """``authenticate`` says who a request comes from (``rest.auth``); without it
         every caller is anonymous. ``governance`` decides the administration routes
@@ -153,6 +154,7 @@ class RestServer:
         self.site = site
         self._authenticate = authenticate
         self.governance = governance
+        self.routes = routes  # more routes behind the same middleware (a spoke's prefetcher)
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
@@ -192,6 +194,7 @@ class RestServer:
         if self.spoke is not None:
             app.router.add_post(f"{wire.API}/warm", self.warm)
             app.router.add_post(f"{wire.API}/sync", self.sync)
+        app.router.add_routes(self.routes)
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)

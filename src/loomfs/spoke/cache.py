@@ -28,11 +28,13 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 from prometheus_client import Counter, Gauge
@@ -61,6 +63,18 @@ SMALL_FILE = 1 << 20
 
 #: fetch(path, version, offset, length) -> the bytes of that range of that version
 Fetch = Callable[[str, int, int, int], Awaitable[bytes]]
+
+#: set by the prefetcher around its reads: they fill the cache but are no demand reads
+PREFETCHING: ContextVar[bool] = ContextVar("loomfs_prefetching", default=False)
+
+
+class CacheObserver(Protocol):
+    """Told of every demand read and every drop (the prefetcher's hook and metrics)."""
+
+    def on_read(self, entry: CachedFile, hit: bool, stall_s: float) -> None: ...
+
+    def on_drop(self, entry: CachedFile) -> None: ...
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -144,6 +158,9 @@ class Cache:
         self._slots = asyncio.Semaphore(FETCHES_IN_FLIGHT)
         self._plain: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # opened blocks
         self._plain_lock = threading.Lock()
+        self.observer: CacheObserver | None = None
+        self._reserved = 0  # room made for fills whose blocks are being written
+        self._room_freed = asyncio.Event()
         self.chunks = (
             ChunkFiller(
                 link,
@@ -260,6 +277,9 @@ class Cache:
 
     # -- lookups ---------------------------------------------------------------------------
 
+    def by_id(self, file_id: int) -> CachedFile | None:
+        return self._files.get(file_id)
+
     def get(self, path: str, version: int) -> CachedFile | None:
         file_id = self._by_key.get((path, version))
         return None if file_id is None else self._files[file_id]
@@ -290,14 +310,30 @@ class Cache:
     # -- reading ---------------------------------------------------------------------------
 
     async def read(
-        self, path: str, version: int, size: int, offset: int, length: int, fetch: Fetch
+        self,
+        path: str,
+        version: int,
+        size: int,
+        offset: int,
+        length: int,
+        fetch: Fetch,
+        *,
+        opened_s: float = 0.0,
     ) -> ByteSource:
-        """The bytes [offset, offset+length) of a file version, fetched where missing."""
+        """The bytes [offset, offset+length) of a file version, fetched where missing.
+
+        ``opened_s``: how long the caller already waited for an open that brought this
+        file's first bytes or its map (its own cold open, or another request's it waited
+        for). Such a read found its blocks here only because it waited: for the observer
+        it is a miss, and the wait part of its stall."""
         entry = self._ensure(path, version, size)
         span = block_span(offset, length)
         entry.readers += 1
+        began = time.monotonic() - opened_s
+        ready = self._ready(entry, span)
+        hit = ready and opened_s <= 0
         try:
-            if not self._ready(entry, span):
+            if not ready:
                 await self._fill(entry, span, fetch)
                 self._still_held(entry)
                 await asyncio.to_thread(self._verify, entry, span)
@@ -310,9 +346,12 @@ class Cache:
             if not entry.hashes and not entry.readers:
                 self._drop(entry.id)  # refused or failed before any byte: leave no trace
             raise
-        if entry.id in self.policy:
-            self.policy.access(entry.id)
-        SERVED.inc(length)
+        if not PREFETCHING.get():
+            if entry.id in self.policy:
+                self.policy.access(entry.id)
+            SERVED.inc(length)
+            if self.observer is not None:
+                self.observer.on_read(entry, hit, 0.0 if hit else time.monotonic() - began)
         if self.cipher is not None:
             return SealedSource(
                 fd, offset, length, lambda idx: self._block(entry, fd, idx),
@@ -392,13 +431,13 @@ class Cache:
                 f"fetched {len(data)} of {length} bytes of {entry.path}", path=entry.path
             )
         MISSES.inc(length)
-        await self._make_room(length, keep=entry.id)
-        await asyncio.to_thread(self._store, entry, run, data)
-        self._account(entry)
+        async with self._room(length, keep=entry.id):
+            await asyncio.to_thread(self._store, entry, run, data)
+            self._account(entry)
 
     def _account(self, entry: CachedFile) -> None:
-        if entry.id in self._files:  # not evicted while its blocks were on their way
-            self.policy.insert(entry.id, entry.cached_bytes)
+        if entry.id in self._files:  # not dropped while its blocks were written
+            self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
         USED.set(self.policy.used_bytes)
 
     def _store(self, entry: CachedFile, run: list[int], data: bytes) -> None:
@@ -553,9 +592,10 @@ class Cache:
         if not whole or any(i in entry.hashes for i in span):
             return
         MISSES.inc(len(data))
-        await self._make_room(len(data), keep=entry.id)
-        await asyncio.to_thread(self._store, entry, span, data)
-        self._account(entry)
+        async with self._room(len(data), keep=entry.id):
+            await asyncio.to_thread(self._store, entry, span, data)
+            self._account(entry)
+        USED.set(self.policy.used_bytes)
 
     def incoming(self) -> Path:
         """A fresh temp path beside the data, for a file being written through the spoke."""
@@ -576,28 +616,28 @@ class Cache:
                 source.unlink(missing_ok=True)
             return
         size = source.stat().st_size
-        await self._make_room(size, keep=-1)
-        entry = self._ensure(path, version, size)
-        await asyncio.to_thread(self._adopt, entry, source)
-        if entry.hashes:
-            self.policy.insert(entry.id, entry.cached_bytes)
+        async with self._room(size, keep=-1):
+            entry = self._ensure(path, version, size)
+            await asyncio.to_thread(self._adopt, entry, source)
+            if entry.hashes:
+                self.policy.insert(entry.id, entry.cached_bytes)
         USED.set(self.policy.used_bytes)
 
     async def adopt_stream(self, path: str, version: int, size: int, data: ByteSource) -> None:
         """Take the bytes of a version as they stream (in ``BLOCK`` pieces, the last one
         shorter), stored block by block; the source is closed."""
         try:
-            await self._make_room(size, keep=-1)
-            entry = self._ensure(path, version, size)
-            idx = 0
-            async for block in data.chunks():
-                if idx >= entry.blocks or len(block) != entry.block_len(idx):
-                    raise CorruptData(f"{path}: a piece of a written file is not a block")
-                await asyncio.to_thread(self._store, entry, [idx], block)
-                idx += 1
+            async with self._room(size, keep=-1):
+                entry = self._ensure(path, version, size)
+                idx = 0
+                async for block in data.chunks():
+                    if idx >= entry.blocks or len(block) != entry.block_len(idx):
+                        raise CorruptData(f"{path}: a piece of a written file is not a block")
+                    await asyncio.to_thread(self._store, entry, [idx], block)
+                    idx += 1
+                self._account(entry)
         finally:
             await data.aclose()
-        self._account(entry)
 
     def _adopt(self, entry: CachedFile, source: Path) -> None:
         data = self._data_path(entry.id)
@@ -616,30 +656,59 @@ class Cache:
 
     # -- room, pins, invalidation ----------------------------------------------------------
 
-    async def _make_room(self, incoming: int, keep: int) -> None:
-        over = self.policy.used_bytes + incoming - self.capacity
-        if over <= 0:
-            return
-        busy = [f.id for f in self._files.values() if f.readers and f.id in self.policy]
-        for file_id in busy:
-            self.policy.pin(file_id)
+    @contextlib.asynccontextmanager
+    async def _room(self, incoming: int, keep: int) -> AsyncIterator[None]:
+        """Room for ``incoming`` bytes, held for this fill until its blocks are in the
+        policy: fills run concurrently, and each writes its blocks on a thread between
+        making room and counting them, so room made but not yet used is reserved."""
+        await self._make_room(incoming, keep)
+        self._reserved += incoming
         try:
-            victims = self.policy.evict(over)
+            yield
         finally:
+            self._reserved -= incoming
+            self._room_freed.set()
+
+    async def _make_room(self, incoming: int, keep: int) -> None:
+        # Dropping awaits a thread, and meanwhile another fill may take the room freed: so
+        # evict until this fill fits, and give up only when nothing evictable is left.
+        while (over := self.policy.used_bytes + self._reserved + incoming - self.capacity) > 0:
+            busy = [
+                f.id
+                for f in self._files.values()
+                if (f.readers or f.id == keep) and f.id in self.policy
+            ]
             for file_id in busy:
-                if not self._files[file_id].pinned:
-                    self.policy.unpin(file_id)
-        for victim in victims:
-            await asyncio.to_thread(self._drop, victim)
-        if self.policy.used_bytes + incoming > self.capacity:
-            raise InsufficientStorage(
-                f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
-            )
+                self.policy.pin(file_id)
+            try:
+                victims = self.policy.evict(over)
+            finally:
+                for file_id in busy:
+                    if not self._files[file_id].pinned:
+                        self.policy.unpin(file_id)
+            if not victims and self._reserved:  # room held by fills under way: once they
+                self._room_freed.clear()  # are counted, their files may be evictable
+                await self._room_freed.wait()
+                continue
+            if not victims:
+                raise InsufficientStorage(
+                    f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
+                )
+            dropped = [v for v in victims if self._forget(v)]
+            for victim in dropped:  # gone from every lookup already: only the disk is left
+                await asyncio.to_thread(self._erase, victim)
 
     def _drop(self, file_id: int) -> None:
+        if self._forget(file_id):
+            self._erase(file_id)
+
+    def _forget(self, file_id: int) -> bool:
+        """Take a version out of memory: lookups, the chunk index, the policy. On the
+        event loop, always: these structures are read there without locks (a fill's
+        ``_make_room`` iterating the files, the chunk index choosing delta bases)."""
         entry = self._files.pop(file_id, None)
         if entry is None:
-            return
+            return False
         if self._by_key.get((entry.path, entry.version)) == file_id:
             del self._by_key[(entry.path, entry.version)]
         if self.chunks is not None:
@@ -648,10 +717,17 @@ class Cache:
             with self._plain_lock:
                 for key in [k for k in self._plain if k[0] == file_id]:
                     del self._plain[key]
+        if self.observer is not None:
+            self.observer.on_drop(entry)
         self.policy.remove(file_id)
+        USED.set(self.policy.used_bytes)
+        return True
+
+    def _erase(self, file_id: int) -> None:
+        """Remove a forgotten version's row (blocks and chunk map go with it) and data.
+        A fill of it still writing finds it gone from ``_files`` and records nothing."""
         self._delete_row(file_id)
         self._data_path(file_id).unlink(missing_ok=True)
-        USED.set(self.policy.used_bytes)
 
     def invalidate(
         self,

@@ -286,12 +286,16 @@ class SpokeNamespace(Namespace):
 
     async def _open_entry(
         self, who: Principal, path: str, offset: int = 0, length: int | None = None
-    ) -> Entry:
+    ) -> tuple[Entry, float]:
+        """The entry to read, and the seconds spent on a cold open that brought the file's
+        first bytes or map: this read's own, or another request's it waited for (single
+        flight). The cache counts such a read as a miss, though it finds its blocks there."""
         known = self._known.get(path)
         if known is not None and self.leased and self._is_admitted(who, path):
             LEASED_OPENS.inc()
-            return known
+            return known, 0.0
         asked_at = self.seq
+        began, cold = time.monotonic(), True
         try:
             opening = self._opening.get(path)
             if opening is not None:  # another reader's cold open brings it: one request
@@ -301,6 +305,7 @@ class SpokeNamespace(Namespace):
             elif known is None and not self.cache.versions(path):
                 entry = await self._open_cold(who, path, offset, length)
             else:  # what the cache holds may be served to this user only if the hub agrees
+                cold = False
                 entry = await self.hub.stat(who, path)
             self._admit(who, path)
         except BackendUnavailable:
@@ -308,9 +313,9 @@ class SpokeNamespace(Namespace):
             if known is None:
                 raise
             STALE_READS.inc()
-            return known
+            return known, 0.0
         self._learn(entry, asked_at)
-        return entry
+        return entry, (time.monotonic() - began if cold else 0.0)
 
     async def _open_cold(self, who: Principal, path: str, offset: int, length: int | None) -> Entry:
         """A file this spoke holds nothing of: one request brings its entry and the first
@@ -402,17 +407,19 @@ class SpokeNamespace(Namespace):
     ) -> Reader:
         path = self._inside(path)
         pending = self.journal.pending(path)
-        if pending is not None and if_version is None:
+        if pending is not None and not if_version:  # version 0: what stat said of it
             await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
-        entry = await self._open_entry(who, path, offset, length)
+        entry, opened_s = await self._open_entry(who, path, offset, length)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
         start, count = clamp_range(entry.size, offset, length)
-        source = await self.cache.read(path, entry.version, entry.size, start, count, self._fetch)
+        source = await self.cache.read(
+            path, entry.version, entry.size, start, count, self._fetch, opened_s=opened_s
+        )
         return Reader(entry, start, source)
 
     def _read_pending(self, pending: Pending, offset: int, length: int | None) -> Reader:
