@@ -165,6 +165,38 @@ def _migrations(d: Dialect) -> list[str]:
         );
         CREATE INDEX chunk_index_entry ON chunk_index (entry_id)
         """,
+        # migration 5 (4 is the chunk tables): residency and placement policies
+        # (loomfs.core.placement); the 'placement' counter is their generation, which every
+        # hub process polls to reload them
+        f"""
+        CREATE TABLE placement_policies (
+            name {d.text} PRIMARY KEY,
+            spec TEXT NOT NULL,
+            updated_ns BIGINT NOT NULL
+        );
+        INSERT INTO counters (name, value) VALUES ('placement', 0);
+        CREATE INDEX entries_inode ON entries (inode)
+        """,
+        # migration 6: authorization (loomfs.core.acl): groups, path-prefix rules, private
+        # exports; the 'acl' counter grows with every change so running hubs reload them
+        f"""
+        CREATE TABLE acl_groups (
+            name {d.text} PRIMARY KEY,
+            created_ns BIGINT NOT NULL
+        );
+        CREATE TABLE acl_rules (
+            path {d.text} NOT NULL,
+            subject {d.text} NOT NULL,
+            permission {d.text} NOT NULL,
+            created_ns BIGINT NOT NULL,
+            PRIMARY KEY (path, subject, permission)
+        );
+        CREATE TABLE acl_private (
+            path {d.text} PRIMARY KEY,
+            created_ns BIGINT NOT NULL
+        );
+        INSERT INTO counters (name, value) VALUES ('acl', 0)
+        """,
     ]
 
 
