@@ -169,7 +169,8 @@ def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
     # inotify off: the hub's subtree rescan of a directory that changed races writes in
     # flight into it (see docs/COMPATIBILITY.md); here the gateway is the only writer
     hub_config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
-    with s3_gateway_hub(scratch, users, hub_config) as hub:
+    # unsigned requests are the anonymous caller: the suite reads public-read objects so
+    with s3_gateway_hub(scratch, users, hub_config, "anonymous = true\n") as hub:
         endpoint = hub.urls["s3"]
         host, port = endpoint.removeprefix("http://").rsplit(":", 1)
         conf = scratch / "s3tests.conf"

@@ -1,17 +1,17 @@
 """Access control (core layer): groups, path-prefix ACL rules and private exports, kept in
 the site catalog and decided in memory for every namespace call.
 
-A rule ``(path, subject, permission)`` gives ``user:NAME`` or ``group:NAME`` list,
-read, put, write or admin on ``path`` and everything below it (see ``Action``: read
-includes list, write includes read and put, admin includes all), and rights along a path
-add up (a rule deeper down never takes away what an ancestor's rule gave). Two groups
-are built in: ``everyone`` holds every caller, the anonymous one too, and
-``authenticated`` every caller but the anonymous one. A path is *open* (anyone, also the anonymous caller, may do anything) while
-no rule sits on it or on an ancestor and it is not under a private export: the embedded
-default works with no setup. Once a rule governs a path, or it is under a private export,
-only what a rule grants is allowed. Group ``admin`` (and so ``SYSTEM``) may do everything,
-and so may a spoke acting for itself (``site:NAME`` over the fabric link): a site that
-may assert any user (see ``fabric.server``) gains nothing more from that.
+A rule ``(path, subject, permission)`` gives ``user:NAME`` or ``group:NAME`` list, read,
+put, write or admin on ``path`` and everything below it (see ``Action``: read includes
+list, write includes read and put, admin includes all), and rights along a path add up (a
+rule deeper down never takes away what an ancestor's rule gave). Two groups are built in:
+``everyone`` holds every caller, the anonymous one too, and ``authenticated`` every caller
+but the anonymous one. A path is *open* (anyone, also the anonymous caller, may do
+anything) while no rule sits on it or on an ancestor and it is not under a private export:
+the embedded default works with no setup. Once a rule governs a path, or it is under a
+private export, only what a rule grants is allowed. Group ``admin`` (and so ``SYSTEM``) may
+do everything, and so may a spoke acting for itself (``site:NAME`` over the fabric link): a
+site that may assert any user (see ``fabric.server``) gains nothing more from that.
 
 Directories on the way to a path a caller was granted can be stat'ed and listed, showing
 only the children that lead there, so a user can walk down to a grant in a private tree.
@@ -185,7 +185,6 @@ class AclPolicy:
         if governed:
             return bool(best & _NEEDS[action])
         return not any(paths.is_within(g, path) for g in self._governing)
-
 
     def rules_within(self, path: str) -> bool:
         """Whether a rule or private mark sits at or below ``path``."""

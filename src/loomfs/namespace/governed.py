@@ -357,9 +357,7 @@ class GovernedNamespace(FeedNamespace):
             raise NotSupported("this namespace keeps no access rules")
         return self.rules
 
-    async def access(
-        self, who: Principal, path: str
-    ) -> tuple[frozenset[tuple[str, Action]], bool]:
+    async def access(self, who: Principal, path: str) -> tuple[frozenset[tuple[str, Action]], bool]:
         """The rules on ``path`` itself, as (subject, permission), and whether it is private."""
         rules = self._rules()
         return await self._governed(
