@@ -52,6 +52,7 @@ from loomfs.testing.seaweedfs import SeaweedFS
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import AccessControlPolicyTypeDef
 
 T = TypeVar("T")
 REGION = "us-east-1"
@@ -1216,7 +1217,7 @@ def test_acl_get_bucket_acl_round_trip_and_public_read_write(acl_gw: Gateway) ->
     alice.create_bucket(Bucket="round-trip")
     alice.put_object(Bucket="round-trip", Key="k", Body=b"v")
     all_users = "http://acs.amazonaws.com/groups/global/AllUsers"
-    policy = {
+    policy: AccessControlPolicyTypeDef = {
         "Owner": {"ID": "alice"},
         "Grants": [
             {"Grantee": {"Type": "CanonicalUser", "ID": "alice"}, "Permission": "FULL_CONTROL"},
