@@ -1151,6 +1151,11 @@ def test_acl_a_new_bucket_is_private_to_its_creator(acl_gw: Gateway) -> None:
     assert _refused(bob.create_multipart_upload, Bucket="mine", Key="mp") == "AccessDenied"
     assert _refused(bob.get_bucket_acl, Bucket="mine") == "AccessDenied"
     assert _refused(bob.put_bucket_acl, Bucket="mine", ACL="public-read") == "AccessDenied"
+    # bucket names are shared by all: taken is taken; ListBuckets shows one's own
+    assert _refused(bob.create_bucket, Bucket="mine") == "BucketAlreadyExists"
+    alice.put_bucket_acl(Bucket="mine", ACL="public-read")
+    assert "mine" not in [b["Name"] for b in bob.list_buckets()["Buckets"]]
+    alice.put_bucket_acl(Bucket="mine", ACL="private")
     # a copy out of someone else's bucket is a read of it
     bob.create_bucket(Bucket="his")
     source = {"Bucket": "mine", "Key": "a/k"}

@@ -386,8 +386,13 @@ class GovernedNamespace(FeedNamespace):
 
     async def mkdir_owned(self, who: Principal, path: str) -> Entry:
         """Make the directory ``path`` (write needed, as for mkdir) private to its maker,
-        who gets admin on it; the anonymous caller can own nothing."""
+        who gets admin on it; the anonymous caller can own nothing. That the path is
+        taken is told to anyone (AlreadyExists): owned directories are names everyone
+        competes for, as S3's buckets are."""
         rules = self._rules()
+        if await self.inner.exists(who, path):
+            self._record(who, "mkdir_owned", path, AlreadyExists.code)
+            raise AlreadyExists(f"{path} exists", path=path)
 
         async def make() -> Entry:
             if who.user == ANONYMOUS:

@@ -43,6 +43,7 @@ from ...errors import (
     LoomError,
     NotADirectory,
     NotFound,
+    PermissionDenied,
 )
 from ...namespace.base import Namespace
 from ...namespace.governed import GovernedNamespace
@@ -521,10 +522,13 @@ class S3Gateway:
             except NotFound:
                 continue  # configured, but not (yet) there
         if self.bucket_root is not None:
+            # as S3: the buckets the caller owns, not those others let them see
             try:
                 async for entry in self.ns.list(c.who, self.bucket_root):
                     if entry.is_dir and _valid_bucket_name(entry.name):
-                        found.setdefault(entry.name, entry.mtime_ns)
+                        owner = (await self.ns.get_tags(c.who, entry.path)).get(OWNER_TAG)
+                        if owner in (None, c.who.user):
+                            found.setdefault(entry.name, entry.mtime_ns)
             except NotFound:
                 pass
         after = c.query.get("continuation-token", "")
@@ -621,7 +625,10 @@ class S3Gateway:
             else:
                 await self.ns.mkdir(c.who, folder)
         except AlreadyExists:
-            owner = (await self.ns.get_tags(c.who, folder)).get(OWNER_TAG)
+            try:
+                owner = (await self.ns.get_tags(c.who, folder)).get(OWNER_TAG)
+            except PermissionDenied:
+                owner = ""  # not the caller's to see: someone else's
             if owner is not None and owner != c.who.user:
                 raise S3Error("BucketAlreadyExists", "the bucket belongs to someone else") from None
             # us-east-1 answers a repeated create with success, every other region not
@@ -1094,11 +1101,15 @@ class S3Gateway:
         if local(root.tag) != "Delete":
             raise S3Error("MalformedXML", "the root element must be Delete")
         quiet = (child_text(root, "Quiet") or "").lower() == "true"
-        keys = [child_text(o, "Key") for o in root if local(o.tag) == "Object"]
-        if not keys or len(keys) > 1000 or any(k is None for k in keys):
+        objects = [
+            (child_text(o, "Key"), child_text(o, "VersionId"))
+            for o in root
+            if local(o.tag) == "Object"
+        ]
+        if not objects or len(objects) > 1000 or any(k is None for k, _ in objects):
             raise S3Error("MalformedXML", "Delete needs 1 to 1000 Object elements with a Key")
         results = []
-        for key in keys:
+        for key, version in objects:
             assert key is not None
             try:
                 check_key(key)
@@ -1109,6 +1120,7 @@ class S3Gateway:
                     el(
                         "Error",
                         el("Key", key),
+                        el("VersionId", version) if version is not None else None,
                         el("Code", error.code),
                         el("Message", error.message),
                     )
