@@ -55,23 +55,28 @@ USERS = (
 
 
 # Why whole groups of tests fail: (pattern in the test name or failure, cause)
-ACLS = (
-    "ACL grants to anyone but the owner (canned ACLs other than private, grants to other "
-    "users, public access) are refused with NotImplemented: who may reach a path is the "
-    "namespace's access rules, which S3 ACLs are to be mapped onto, not stored by the S3 edge"
+WALK = (
+    "a grant on an object lets its grantee list the bucket, showing that key only: the "
+    "namespace shows the way down to a grant in a private tree, where S3 refuses "
+    "ListObjects without READ on the bucket"
 )
 HOOKED = (
     "the suite sets or removes a header in a hook that runs before botocore signs, and "
     "signing replaces or adds it: the request arrives validly signed"
 )
 CAUSES = (
-    ("acl", ACLS),
-    ("test_access_bucket", ACLS),
-    ("raw_get", ACLS),
-    ("bucket_gone", ACLS),
-    ("not_owned", ACLS),
-    ("100_continue", ACLS),
-    ("publicAccessBlock", ACLS),
+    ("test_access_bucket_private_object", WALK),
+    (
+        "100_continue",
+        "Expect: 100-continue is answered once the signature checks: an anonymous PUT "
+        "into a private bucket gets 100 and then AccessDenied, when the write reaches the "
+        "namespace",
+    ),
+    ("publicAccessBlock", "public access blocks (a part of bucket policies) are not implemented"),
+    (
+        "M. Tester",
+        "the registry keeps no display names: an Owner's DisplayName is the user name",
+    ),
     (
         "prefix of this key is an object",
         "a key cannot be both an object and a prefix ('a' "
