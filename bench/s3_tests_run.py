@@ -218,6 +218,8 @@ def write_report(out: Path, results: list[Result], checkout: Path) -> None:
         "The hub runs with `[hub] watch = false`: with inotify on, the hub re-imports a",
         "directory whose listing changed without the writer's per-path lock, and a PUT that is",
         "committing a new file into it then fails with AlreadyExists (a hub-layer race).",
+        "The gateway runs with `[s3] anonymous = true`: the suite's unsigned requests are the",
+        "anonymous caller, allowed what public-read and public-read-write ACLs give everyone.",
         "",
         "Selection (issue 7): `s3tests/functional/test_s3.py` with",
         f"`-m '{MARKERS}'`",

@@ -398,6 +398,8 @@ class GovernedNamespace(FeedNamespace):
             if who.user == ANONYMOUS:
                 raise PermissionDenied("the anonymous caller can own nothing", path=path)
             entry = await self.inner.mkdir(who, path)
+            if await rules.rules_within(path):  # left by an earlier one of that name
+                await rules.store.forget(path)
             await rules.store.replace(path, [(f"user:{who.user}", Action.ADMIN)], private=True)
             await rules.reload()
             return entry
