@@ -55,23 +55,28 @@ USERS = (
 
 
 # Why whole groups of tests fail: (pattern in the test name or failure, cause)
-ACLS = (
-    "ACL grants to anyone but the owner (canned ACLs other than private, grants to other "
-    "users, public access) are refused with NotImplemented: who may reach a path is the "
-    "namespace's access rules, which S3 ACLs are to be mapped onto, not stored by the S3 edge"
+WALK = (
+    "a grant on an object lets its grantee list the bucket, showing that key only: the "
+    "namespace shows the way down to a grant in a private tree, where S3 refuses "
+    "ListObjects without READ on the bucket"
 )
 HOOKED = (
     "the suite sets or removes a header in a hook that runs before botocore signs, and "
     "signing replaces or adds it: the request arrives validly signed"
 )
 CAUSES = (
-    ("acl", ACLS),
-    ("test_access_bucket", ACLS),
-    ("raw_get", ACLS),
-    ("bucket_gone", ACLS),
-    ("not_owned", ACLS),
-    ("100_continue", ACLS),
-    ("publicAccessBlock", ACLS),
+    ("test_access_bucket_private_object", WALK),
+    (
+        "100_continue",
+        "Expect: 100-continue is answered once the signature checks: an anonymous PUT "
+        "into a private bucket gets 100 and then AccessDenied, when the write reaches the "
+        "namespace",
+    ),
+    ("publicAccessBlock", "public access blocks (a part of bucket policies) are not implemented"),
+    (
+        "M. Tester",
+        "the registry keeps no display names: an Owner's DisplayName is the user name",
+    ),
     (
         "prefix of this key is an object",
         "a key cannot be both an object and a prefix ('a' "
@@ -169,7 +174,8 @@ def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
     # inotify off: the hub's subtree rescan of a directory that changed races writes in
     # flight into it (see docs/COMPATIBILITY.md); here the gateway is the only writer
     hub_config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
-    with s3_gateway_hub(scratch, users, hub_config) as hub:
+    # unsigned requests are the anonymous caller: the suite reads public-read objects so
+    with s3_gateway_hub(scratch, users, hub_config, "anonymous = true\n") as hub:
         endpoint = hub.urls["s3"]
         host, port = endpoint.removeprefix("http://").rsplit(":", 1)
         conf = scratch / "s3tests.conf"
@@ -212,6 +218,8 @@ def write_report(out: Path, results: list[Result], checkout: Path) -> None:
         "The hub runs with `[hub] watch = false`: with inotify on, the hub re-imports a",
         "directory whose listing changed without the writer's per-path lock, and a PUT that is",
         "committing a new file into it then fails with AlreadyExists (a hub-layer race).",
+        "The gateway runs with `[s3] anonymous = true`: the suite's unsigned requests are the",
+        "anonymous caller, allowed what public-read and public-read-write ACLs give everyone.",
         "",
         "Selection (issue 7): `s3tests/functional/test_s3.py` with",
         f"`-m '{MARKERS}'`",

@@ -565,13 +565,35 @@ def test_private_export_denies_by_default_and_shows_the_way() -> None:
     assert not policy.allows(ALICE, Action.READ, "/p/x")
     assert not policy.allows(Principal(ANONYMOUS), Action.READ, "/p")
     # bob may walk down to his grant, seeing the way but nothing beside it
-    assert policy.allows(BOB, Action.READ, "/p")
-    assert policy.allows(BOB, Action.READ, "/p/a")
-    assert not policy.allows(BOB, Action.READ, "/p/c")
+    assert policy.allows(BOB, Action.LIST, "/p")
+    assert policy.allows(BOB, Action.LIST, "/p/a")
+    assert not policy.allows(BOB, Action.READ, "/p/a")  # the way, not its content
+    assert not policy.allows(BOB, Action.LIST, "/p/c")
     assert not policy.allows(BOB, Action.WRITE, "/p/a")
-    assert not policy.subtree_open(BOB, Action.READ, "/p")
-    assert policy.subtree_open(BOB, Action.READ, "/p/a/b")
+    assert not policy.subtree_open(BOB, Action.LIST, "/p")
+    assert policy.subtree_open(BOB, Action.LIST, "/p/a/b")
     assert policy.allows(SYSTEM, Action.ADMIN, "/p/x")
+
+
+def test_list_and_put_grants_and_the_built_in_groups() -> None:
+    policy = AclPolicy(
+        [
+            rule("/b", "group:everyone", "list"),
+            rule("/b", "group:authenticated", "put"),
+            rule("/b/pub", "group:everyone", "read"),
+        ],
+        private=["/b"],
+    )
+    anonymous = Principal(ANONYMOUS, protocol="s3")
+    # list: names and metadata, not content
+    assert policy.allows(anonymous, Action.LIST, "/b/x")
+    assert not policy.allows(anonymous, Action.READ, "/b/x")
+    assert policy.allows(anonymous, Action.READ, "/b/pub")
+    # put: change without reading; every authenticated user, never the anonymous one
+    assert policy.allows(BOB, Action.WRITE, "/b/x")
+    assert not policy.allows(BOB, Action.READ, "/b/x")
+    assert not policy.allows(anonymous, Action.WRITE, "/b/x")
+    assert not policy.allows(BOB, Action.ADMIN, "/b/x")
 
 
 def test_registry_groups_count_whatever_the_protocol_says() -> None:
@@ -764,7 +786,7 @@ async def test_bad_rules_are_refused_and_change_nothing(tmp_path: Path) -> None:
         before = await store.generation()
         with pytest.raises(InvalidArgument, match="user:NAME or group:NAME"):
             await store.grant("role:x", "read", "/d")
-        with pytest.raises(InvalidArgument, match="read, write or admin"):
+        with pytest.raises(InvalidArgument, match="list, read, put, write or admin"):
             await store.grant("user:bob", "own", "/d")
         with pytest.raises(InvalidPath):
             await store.grant("user:bob", "read", "/d/../etc")

@@ -33,14 +33,17 @@ import botocore.credentials
 import pytest
 import urllib3
 from aiohttp import web
+from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from loomfs.core.acl import AclAuthorizer
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import AccessKey, UserRegistry
 from loomfs.errors import AlreadyExists, InvalidArgument, NotFound
 from loomfs.hub.namespace import HubNamespace
+from loomfs.namespace.governed import GovernedNamespace
 from loomfs.protocols.s3 import S3Gateway, sigv4
 from loomfs.protocols.s3.listing import Lister
 from loomfs.testing.hubproc import HubProcess
@@ -49,6 +52,7 @@ from loomfs.testing.seaweedfs import SeaweedFS
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import AccessControlPolicyTypeDef
 
 T = TypeVar("T")
 REGION = "us-east-1"
@@ -59,7 +63,10 @@ AWS = Path(sys.executable).parent / "aws"
 class Gateway:
     """A hub namespace over a posix volume at /data, served as bucket 'data'."""
 
-    def __init__(self, tmp: Path, volume_url: str | None = None) -> None:
+    def __init__(self, tmp: Path, volume_url: str | None = None, *, governed: bool = False) -> None:
+        """``governed``: the gateway gets the namespace behind ACL rules (as a hub gives
+        it), answers unsigned requests as the anonymous caller, and user bob exists too."""
+        self.governed = governed
         self.tmp = tmp
         self.root = tmp / "vol"
         self.root.mkdir()
@@ -81,13 +88,20 @@ class Gateway:
         self.users = UserRegistry(self.catalog)
         await self.users.add_user("alice", frozenset({"staff"}))
         self.key: AccessKey = await self.users.add_access_key("alice")
+        served: HubNamespace | GovernedNamespace = self.ns
+        if self.governed:
+            await self.users.add_user("bob")
+            self.bob: AccessKey = await self.users.add_access_key("bob")
+            authorizer = AclAuthorizer(self.catalog)
+            served = GovernedNamespace(self.ns, [authorizer], rules=authorizer)
         self.gateway = S3Gateway(
-            self.ns,
+            served,
             self.users,
             {"data": "/data"},
             staging=self.tmp / "staging",
             region=REGION,
             bucket_root="/data/buckets",
+            anonymous=self.governed,
             max_part_size=MAX_PART,
             max_object_size=64 << 20,
         )
@@ -1094,3 +1108,145 @@ def test_checksum_in_an_aws_chunked_trailer(gw: Gateway) -> None:
     bad = _trailer_put(gw, "trail/bad", b"trailing data", b"something else")
     assert bad.status == 400 and b"BadDigest" in bad.data
     assert not (gw.root / "trail" / "bad").exists()
+
+
+# -- S3 ACLs, translated to the namespace's access rules --------------------------------------
+
+
+@pytest.fixture
+def acl_gw(tmp_path: Path) -> Iterator[Gateway]:
+    gateway = Gateway(tmp_path, governed=True)
+    gateway.call(gateway.ns.mkdir(SYSTEM, "/data/buckets"))
+    yield gateway
+    gateway.stop()
+
+
+def _anonymous(gw: Gateway) -> S3Client:
+    return boto3.client(
+        "s3",
+        endpoint_url=gw.endpoint,
+        region_name=REGION,
+        config=Config(
+            signature_version=UNSIGNED,
+            retries={"max_attempts": 1},
+            s3={"addressing_style": "path"},
+        ),
+    )
+
+
+def _refused(call: Any, **kwargs: Any) -> str:
+    with pytest.raises(ClientError) as err:
+        call(**kwargs)
+    return code_of(err)
+
+
+def test_acl_a_new_bucket_is_private_to_its_creator(acl_gw: Gateway) -> None:
+    alice, bob = acl_gw.client(), acl_gw.client(acl_gw.bob.access_key, acl_gw.bob.secret)
+    alice.create_bucket(Bucket="mine")
+    alice.put_object(Bucket="mine", Key="a/k", Body=b"secret")
+    assert _refused(bob.get_object, Bucket="mine", Key="a/k") == "AccessDenied"
+    assert _refused(bob.list_objects_v2, Bucket="mine") == "AccessDenied"
+    assert _refused(bob.put_object, Bucket="mine", Key="new", Body=b"x") == "AccessDenied"
+    assert _refused(bob.delete_object, Bucket="mine", Key="a/k") == "AccessDenied"
+    assert _refused(bob.create_multipart_upload, Bucket="mine", Key="mp") == "AccessDenied"
+    assert _refused(bob.get_bucket_acl, Bucket="mine") == "AccessDenied"
+    assert _refused(bob.put_bucket_acl, Bucket="mine", ACL="public-read") == "AccessDenied"
+    # bucket names are shared by all: taken is taken; ListBuckets shows one's own
+    assert _refused(bob.create_bucket, Bucket="mine") == "BucketAlreadyExists"
+    alice.put_bucket_acl(Bucket="mine", ACL="public-read")
+    assert "mine" not in [b["Name"] for b in bob.list_buckets()["Buckets"]]
+    alice.put_bucket_acl(Bucket="mine", ACL="private")
+    # a copy out of someone else's bucket is a read of it
+    bob.create_bucket(Bucket="his")
+    source = {"Bucket": "mine", "Key": "a/k"}
+    assert _refused(bob.copy_object, Bucket="his", Key="c", CopySource=source) == "AccessDenied"
+    # an upload another user started is that object's write: the namespace decides
+    upload = alice.create_multipart_upload(Bucket="mine", Key="mp")["UploadId"]
+    assert (
+        _refused(bob.abort_multipart_upload, Bucket="mine", Key="mp", UploadId=upload)
+        == "AccessDenied"
+    )
+    alice.abort_multipart_upload(Bucket="mine", Key="mp", UploadId=upload)
+    assert alice.get_object(Bucket="mine", Key="a/k")["Body"].read() == b"secret"
+    assert not (acl_gw.root / "buckets" / "mine" / "new").exists()
+
+
+def test_acl_public_read_is_readable_anonymously(acl_gw: Gateway) -> None:
+    alice, anonymous = acl_gw.client(), _anonymous(acl_gw)
+    alice.create_bucket(Bucket="pub", ACL="public-read")
+    alice.put_object(Bucket="pub", Key="open", Body=b"hello", ACL="public-read")
+    alice.put_object(Bucket="pub", Key="closed", Body=b"mine")
+    assert anonymous.get_object(Bucket="pub", Key="open")["Body"].read() == b"hello"
+    # a public-read bucket lists its keys, not their content
+    listed = anonymous.list_objects_v2(Bucket="pub")["Contents"]
+    assert [o["Key"] for o in listed] == ["closed", "open"]
+    assert _refused(anonymous.get_object, Bucket="pub", Key="closed") == "AccessDenied"
+    assert _refused(anonymous.put_object, Bucket="pub", Key="new", Body=b"x") == "AccessDenied"
+    assert _refused(anonymous.create_bucket, Bucket="anon") == "AccessDenied"
+    # who may list a bucket learns that a key is missing; a bucket that is gone is gone
+    assert _refused(anonymous.get_object, Bucket="pub", Key="nope") == "NoSuchKey"
+    alice.delete_object(Bucket="pub", Key="open")
+    assert _refused(anonymous.get_object, Bucket="pub", Key="open") == "NoSuchKey"
+    alice.delete_object(Bucket="pub", Key="closed")
+    alice.delete_bucket(Bucket="pub")
+    assert _refused(anonymous.get_object, Bucket="pub", Key="open") == "NoSuchBucket"
+    # the bucket's rules went with it: made anew, it is private again
+    alice.create_bucket(Bucket="pub")
+    assert _refused(anonymous.list_objects_v2, Bucket="pub") == "AccessDenied"
+
+
+def test_acl_put_object_acl_grants_and_takes_back(acl_gw: Gateway) -> None:
+    alice, bob = acl_gw.client(), acl_gw.client(acl_gw.bob.access_key, acl_gw.bob.secret)
+    alice.create_bucket(Bucket="share")
+    alice.put_object(Bucket="share", Key="k", Body=b"v")
+    assert _refused(bob.get_object, Bucket="share", Key="k") == "AccessDenied"
+    alice.put_object_acl(Bucket="share", Key="k", GrantRead="id=bob")
+    assert bob.get_object(Bucket="share", Key="k")["Body"].read() == b"v"
+    assert _refused(bob.put_object, Bucket="share", Key="k", Body=b"w") == "AccessDenied"
+    grants = alice.get_object_acl(Bucket="share", Key="k")["Grants"]
+    assert [(g["Grantee"].get("ID"), g["Permission"]) for g in grants] == [
+        ("alice", "FULL_CONTROL"),
+        ("bob", "READ"),
+    ]
+    alice.put_object_acl(Bucket="share", Key="k", ACL="private")
+    assert _refused(bob.get_object, Bucket="share", Key="k") == "AccessDenied"
+    # what rules cannot say is refused, not granted differently
+    assert (
+        _refused(alice.put_object_acl, Bucket="share", Key="k", GrantReadACP="id=bob")
+        == "NotImplemented"
+    )
+
+
+def test_acl_get_bucket_acl_round_trip_and_public_read_write(acl_gw: Gateway) -> None:
+    alice, bob = acl_gw.client(), acl_gw.client(acl_gw.bob.access_key, acl_gw.bob.secret)
+    alice.create_bucket(Bucket="round-trip")
+    alice.put_object(Bucket="round-trip", Key="k", Body=b"v")
+    all_users = "http://acs.amazonaws.com/groups/global/AllUsers"
+    policy: AccessControlPolicyTypeDef = {
+        "Owner": {"ID": "alice"},
+        "Grants": [
+            {"Grantee": {"Type": "CanonicalUser", "ID": "alice"}, "Permission": "FULL_CONTROL"},
+            {"Grantee": {"Type": "CanonicalUser", "ID": "bob"}, "Permission": "WRITE"},
+            {"Grantee": {"Type": "Group", "URI": all_users}, "Permission": "READ"},
+        ],
+    }
+    alice.put_bucket_acl(Bucket="round-trip", AccessControlPolicy=policy)
+    got = alice.get_bucket_acl(Bucket="round-trip")
+    assert got["Owner"]["ID"] == "alice"
+    shown = {
+        (g["Grantee"].get("ID") or g["Grantee"].get("URI"), g["Permission"]) for g in got["Grants"]
+    }
+    assert shown == {("alice", "FULL_CONTROL"), ("bob", "WRITE"), (all_users, "READ")}
+    # bucket WRITE: bob adds and overwrites keys without reading them; READ: lists
+    bob.put_object(Bucket="round-trip", Key="from-bob", Body=b"b")
+    bob.put_object(Bucket="round-trip", Key="k", Body=b"overwritten")
+    assert _refused(bob.get_object, Bucket="round-trip", Key="k") == "AccessDenied"
+    listed = bob.list_objects(Bucket="round-trip")["Contents"]
+    assert [o["Key"] for o in listed] == ["from-bob", "k"]
+    assert alice.get_object(Bucket="round-trip", Key="k")["Body"].read() == b"overwritten"
+    # the canned ACL replaces the grants; the owner keeps the bucket
+    alice.put_bucket_acl(Bucket="round-trip", ACL="private")
+    assert [g["Permission"] for g in alice.get_bucket_acl(Bucket="round-trip")["Grants"]] == [
+        "FULL_CONTROL"
+    ]
+    assert _refused(bob.put_object, Bucket="round-trip", Key="again", Body=b"x") == "AccessDenied"

@@ -1024,7 +1024,7 @@ async def group_member(ctx: click.Context, name: str, user_name: str, remove: bo
 
 @main.group()
 def acl() -> None:
-    """Path-prefix access rules (on the hub): who may read, write or administer what.
+    """Path-prefix access rules (on the hub): who may list, read, write or administer what.
 
     A path no rule governs (on it or an ancestor) and not under a private export is open
     to everyone; once a rule governs it, only what rules grant is allowed."""
@@ -1032,7 +1032,7 @@ def acl() -> None:
 
 @acl.command("grant")
 @click.argument("subject")
-@click.argument("permission", type=click.Choice(["read", "write", "admin"]))
+@click.argument("permission", type=click.Choice(["list", "read", "put", "write", "admin"]))
 @click.argument("path")
 @click.pass_context
 @run
@@ -1048,7 +1048,7 @@ async def acl_grant(ctx: click.Context, subject: str, permission: str, path: str
 
 @acl.command("revoke")
 @click.argument("subject")
-@click.argument("permission", type=click.Choice(["read", "write", "admin"]))
+@click.argument("permission", type=click.Choice(["list", "read", "put", "write", "admin"]))
 @click.argument("path")
 @click.pass_context
 @run

@@ -62,6 +62,9 @@ class S3Section(_Section):
     buckets: dict[str, str] = {}
     #: a namespace directory whose subdirectories are buckets too (CreateBucket makes them)
     bucket_root: str | None = None
+    #: unsigned requests run as user "anonymous" (allowed what the access rules give
+    #: everyone: S3 ACLs public-read, public-read-write); false: every request is signed
+    anonymous: bool = False
     max_object_size: int = 5 << 30
     max_part_size: int = 5 << 30
 

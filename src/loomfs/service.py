@@ -92,7 +92,9 @@ class HubService:
         # administration and the hub's own machinery use the inner one); every governed
         # call lands in the audit log
         self.authorizer = AclAuthorizer(self.catalog)
-        self.governed = GovernedNamespace(self.namespace, [self.authorizer], audit=self.audit)
+        self.governed = GovernedNamespace(
+            self.namespace, [self.authorizer], audit=self.audit, rules=self.authorizer
+        )
         #: the namespace as spokes reach it: the ACLs of the users they forward, and the
         #: placement policies of the site they are (residency) below them
         self.placed = PlacedNamespace(self.namespace, self.placement)
@@ -274,6 +276,7 @@ class HubService:
             staging=self.config.site.data_dir / "s3-uploads",
             region=s3.region,
             bucket_root=s3.bucket_root,
+            anonymous=s3.anonymous,
             site=self.config.site.name,
             max_object_size=s3.max_object_size,
             max_part_size=s3.max_part_size,

@@ -1,15 +1,17 @@
 """Access control (core layer): groups, path-prefix ACL rules and private exports, kept in
 the site catalog and decided in memory for every namespace call.
 
-A rule ``(path, subject, permission)`` gives ``user:NAME`` or ``group:NAME`` read, write
-or admin on ``path`` and everything below it; write includes read, admin includes both,
-and rights along a path add up (a rule deeper down never takes away what an ancestor's
-rule gave). A path is *open* (anyone, also the anonymous caller, may do anything) while
-no rule sits on it or on an ancestor and it is not under a private export: the embedded
-default works with no setup. Once a rule governs a path, or it is under a private export,
-only what a rule grants is allowed. Group ``admin`` (and so ``SYSTEM``) may do everything,
-and so may a spoke acting for itself (``site:NAME`` over the fabric link): a site that
-may assert any user (see ``fabric.server``) gains nothing more from that.
+A rule ``(path, subject, permission)`` gives ``user:NAME`` or ``group:NAME`` list, read,
+put, write or admin on ``path`` and everything below it (see ``Action``: read includes
+list, write includes read and put, admin includes all), and rights along a path add up (a
+rule deeper down never takes away what an ancestor's rule gave). Two groups are built in:
+``everyone`` holds every caller, the anonymous one too, and ``authenticated`` every caller
+but the anonymous one. A path is *open* (anyone, also the anonymous caller, may do
+anything) while no rule sits on it or on an ancestor and it is not under a private export:
+the embedded default works with no setup. Once a rule governs a path, or it is under a
+private export, only what a rule grants is allowed. Group ``admin`` (and so ``SYSTEM``) may
+do everything, and so may a spoke acting for itself (``site:NAME`` over the fabric link): a
+site that may assert any user (see ``fabric.server``) gains nothing more from that.
 
 Directories on the way to a path a caller was granted can be stat'ed and listed, showing
 only the children that lead there, so a user can walk down to a grant in a private tree.
@@ -35,8 +37,26 @@ from .users import _check_name, bump_acl_generation
 
 ADMIN_GROUP = "admin"
 ANONYMOUS = "anonymous"  # the user of a caller that presented no credentials
+EVERYONE = "everyone"  # built-in group: every caller, the anonymous one too
+AUTHENTICATED = "authenticated"  # built-in group: every caller with credentials
+BUILT_IN_GROUPS = frozenset({EVERYONE, AUTHENTICATED})
 SITE_PREFIX = "site:"  # a spoke acting for itself; user names can't contain ':'
-_RANK = {Action.READ: 1, Action.WRITE: 2, Action.ADMIN: 3}
+# what a grant holds and what a call needs, as bits: list, content, change, ownership
+_LIST, _READ, _WRITE, _ADMIN = 1, 2, 4, 8
+_GRANTS = {
+    Action.LIST: _LIST,
+    Action.READ: _LIST | _READ,
+    Action.PUT: _LIST | _WRITE,
+    Action.WRITE: _LIST | _READ | _WRITE,
+    Action.ADMIN: _LIST | _READ | _WRITE | _ADMIN,
+}
+_NEEDS = {
+    Action.LIST: _LIST,
+    Action.READ: _READ,
+    Action.PUT: _WRITE,
+    Action.WRITE: _WRITE,
+    Action.ADMIN: _ADMIN,
+}
 REFRESH = 2.0
 DECISIONS = 1 << 16  # remembered answers per generation of the rules
 
@@ -69,7 +89,9 @@ def parse_permission(permission: str) -> Action:
     try:
         return Action(permission)
     except ValueError:
-        raise InvalidArgument(f"a permission is read, write or admin, not {permission!r}") from None
+        raise InvalidArgument(
+            f"a permission is list, read, put, write or admin, not {permission!r}"
+        ) from None
 
 
 def is_site(who: Principal) -> bool:
@@ -89,23 +111,28 @@ class AclPolicy:
         self.generation = generation
         self.private = frozenset(private)
         self.members = dict(members or {})
-        self._rules: dict[str, dict[str, int]] = {}  # path -> subject -> best rank
+        self._rules: dict[str, dict[str, int]] = {}  # path -> subject -> granted bits
         self._granted: dict[str, set[str]] = {}  # subject -> paths it has a rule on
+        self.at: dict[str, frozenset[tuple[str, Action]]] = {}  # path -> its own rules
         for rule in rules:
             on_path = self._rules.setdefault(rule.path, {})
-            on_path[rule.subject] = max(on_path.get(rule.subject, 0), _RANK[rule.permission])
+            on_path[rule.subject] = on_path.get(rule.subject, 0) | _GRANTS[rule.permission]
             self._granted.setdefault(rule.subject, set()).add(rule.path)
+            self.at[rule.path] = self.at.get(rule.path, frozenset()) | {
+                (rule.subject, rule.permission)
+            }
         self._governing = frozenset(self._rules) | self.private
         self._decided: dict[tuple[str, frozenset[str], str, Action, str], bool] = {}
 
     def _subjects(self, who: Principal) -> tuple[frozenset[str], list[str]]:
         groups = who.groups
         if who.user != ANONYMOUS:  # the registry's groups of the user, whichever protocol
-            groups = groups | self.members.get(who.user, frozenset())
+            groups = groups | self.members.get(who.user, frozenset()) | {AUTHENTICATED}
+        groups = groups | {EVERYONE}
         return groups, [f"user:{who.user}", *(f"group:{g}" for g in groups)]
 
     def _grant(self, subjects: list[str], path: str) -> tuple[bool, int]:
-        """(whether anything governs ``path``, the best rank the subjects hold there)."""
+        """(whether anything governs ``path``, the bits the subjects hold there)."""
         governed, best = False, 0
         for p in (path, *paths.ancestors(path)):
             if p in self.private:
@@ -114,7 +141,7 @@ class AclPolicy:
             if on_path is not None:
                 governed = True
                 for subject in subjects:
-                    best = max(best, on_path.get(subject, 0))
+                    best |= on_path.get(subject, 0)
         return governed, best
 
     def allows(self, who: Principal, action: Action, path: str) -> bool:
@@ -135,9 +162,9 @@ class AclPolicy:
         if ADMIN_GROUP in groups or is_site(who):
             return True
         governed, best = self._grant(subjects, path)
-        if not governed or best >= _RANK[action]:
+        if not governed or best & _NEEDS[action]:
             return True
-        return action is Action.READ and self._leads_to_grant(subjects, path)
+        return action is Action.LIST and self._leads_to_grant(subjects, path)
 
     def _leads_to_grant(self, subjects: list[str], path: str) -> bool:
         return any(
@@ -156,8 +183,12 @@ class AclPolicy:
             return True
         governed, best = self._grant(subjects, path)
         if governed:
-            return best >= _RANK[action]
+            return bool(best & _NEEDS[action])
         return not any(paths.is_within(g, path) for g in self._governing)
+
+    def rules_within(self, path: str) -> bool:
+        """Whether a rule or private mark sits at or below ``path``."""
+        return any(paths.is_within(g, path) for g in self._governing)
 
 
 class AclStore:
@@ -179,6 +210,8 @@ class AclStore:
 
     async def add_group(self, name: str) -> None:
         _check_name(name, "group name")
+        if name in BUILT_IN_GROUPS:
+            raise AlreadyExists(f"group {name} is built in")
 
         def fn(cur: Cursor) -> None:
             q = self._cat._q
@@ -335,6 +368,42 @@ class AclStore:
 
         await self._change(fn)
 
+    async def replace(
+        self, path: str, grants: Iterable[tuple[str, Action]], *, private: bool | None = None
+    ) -> None:
+        """Make ``grants`` the rules on ``path`` itself, in one step (the rules of paths
+        above or below it stay); ``private`` marks or unmarks it, None leaves that."""
+        path = paths.normalize(path)
+        wanted = {(parse_subject(subject), action.value) for subject, action in grants}
+        now = time.time_ns()
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            q(cur, "DELETE FROM acl_rules WHERE path = ?", (path,))
+            for subject, permission in sorted(wanted):
+                q(cur, "INSERT INTO acl_rules (path, subject, permission, created_ns) "
+                  "VALUES (?, ?, ?, ?)", (path, subject, permission, now))  # fmt: skip
+            if private is not None:
+                q(cur, "DELETE FROM acl_private WHERE path = ?", (path,))
+                if private:
+                    q(cur, "INSERT INTO acl_private (path, created_ns) VALUES (?, ?)",
+                      (path, now))  # fmt: skip
+
+        await self._change(fn)
+
+    async def forget(self, path: str) -> None:
+        """Drop every rule and private mark at or below ``path``."""
+        path = paths.normalize(path)
+        below = path.rstrip("/") + "/"  # compared as a prefix: LIKE would read '_' as any
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            for table in ("acl_rules", "acl_private"):
+                q(cur, f"DELETE FROM {table} WHERE path = ? OR substr(path, 1, ?) = ?",
+                  (path, len(below), below))  # fmt: skip
+
+        await self._change(fn)
+
     async def generation(self) -> int:
         return await self._cat._run(self._cat._read, self._generation)
 
@@ -404,6 +473,15 @@ class AclAuthorizer:
 
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
         return self.policy.subtree_open(who, action, path)
+
+    async def rules_at(self, path: str) -> tuple[frozenset[tuple[str, Action]], bool]:
+        """The rules on ``path`` itself (subject, permission) and whether it is private,
+        as of the current generation."""
+        policy, path = await self._current(), paths.normalize(path)
+        return policy.at.get(path, frozenset()), path in policy.private
+
+    async def rules_within(self, path: str) -> bool:
+        return (await self._current()).rules_within(paths.normalize(path))
 
     def groups_of(self, user: str) -> frozenset[str]:
         """The registry's groups of ``user``, as of the rules in memory."""

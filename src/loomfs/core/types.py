@@ -142,9 +142,15 @@ class Volume:
 
 
 class Action(enum.StrEnum):
-    """What a namespace call needs of a path; each implies the ones before it (an ACL
-    grant of write includes read, admin includes both)."""
+    """What a namespace call needs of a path, and what an ACL rule grants.
 
+    Calls need list (stat, list, tags: that a path is there and its metadata), read (its
+    content), write (any change) or admin (its owner, its access rules). Grants imply
+    some of the others: read includes list, write includes read, admin includes all.
+    Put grants write and list but not read (a drop box; an S3 bucket's WRITE)."""
+
+    LIST = "list"
     READ = "read"
     WRITE = "write"
     ADMIN = "admin"
+    PUT = "put"

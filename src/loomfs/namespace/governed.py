@@ -8,13 +8,20 @@ API, the S3 gateway, the fabric link to spokes, in-process FUSE mounts and SFTP 
 wrapped namespace, so no protocol module makes an authorization decision of its own;
 volume administration and the hub's own machinery keep the inner one.
 
-Which action a call needs: stat, list, read and get_tags need read; write, mkdir,
+Which action a call needs: stat, list and get_tags need list (metadata), read needs
+read (content); write, mkdir,
 symlink, remove, set_attrs (mode, mtime), set_tags and taking or giving up a write lease
 need write; a rename needs write on both paths; changing a file's owner (uid, gid) needs
 admin. What is not a namespace call but hands out a path's content (the fabric link's
 chunk maps) goes through ``audited`` with the action it needs. A read is recorded when its
 reader is closed, with the bytes it delivered; a listing when its first entry, its end or
 its error arrives (a failure later in a long listing is not recorded).
+
+Where the site keeps ACL rules (``rules``), the access rules of a path are part of this
+API too, for protocols that let their clients set them (S3 ACLs): ``access`` and
+``set_access`` read and replace the rules on one path (admin needed), ``mkdir_owned``
+makes a directory private to its creator, and ``forget_access`` drops the rules left on
+a path that is gone (write needed, as for making it anew).
 """
 
 from __future__ import annotations
@@ -25,14 +32,16 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Iterable,
     Mapping,
     Sequence,
 )
 from typing import Protocol, TypeVar, runtime_checkable
 
+from ..core.acl import ANONYMOUS, AclAuthorizer
 from ..core.audit import AuditSink
 from ..core.types import Action, Entry, Feed, Principal
-from ..errors import LoomError, NotFound, NotSupported, PermissionDenied
+from ..errors import AlreadyExists, LoomError, NotFound, NotSupported, PermissionDenied
 from .base import FeedNamespace, Namespace, Reader
 
 T = TypeVar("T")
@@ -105,10 +114,10 @@ class _Listing:
 
     async def _first(self) -> Entry:
         gov, who, path = self._gov, self._who, self._path
-        await gov.authorize(who, "list", Action.READ, path)
+        await gov.authorize(who, "list", Action.LIST, path)
         entries = gov.inner.list(who, path, start_after=self._start_after, limit=self._limit)
         vouching = gov.vouching
-        if vouching is None or not all(a.subtree_open(who, Action.READ, path) for a in vouching):
+        if vouching is None or not all(a.subtree_open(who, Action.LIST, path) for a in vouching):
             entries = gov._filtered(who, entries)
         self._entries, self._next = entries, entries.__anext__
         try:
@@ -135,10 +144,13 @@ class GovernedNamespace(FeedNamespace):
         authorizers: Sequence[Authorizer],
         *,
         audit: AuditSink | None = None,
+        rules: AclAuthorizer | None = None,
     ) -> None:
         self.inner = inner
         self.authorizers = list(authorizers)
         self.audit = audit
+        #: where the access rules of paths are kept (and decided by one of the authorizers)
+        self.rules = rules
         # the authorizers, when every one can vouch for a subtree (a protocol isinstance
         # check is slow: it is made once, here)
         subtree = [a for a in self.authorizers if isinstance(a, SubtreeAuthorizer)]
@@ -167,7 +179,7 @@ class GovernedNamespace(FeedNamespace):
         """Whether ``who`` may see ``path`` (listings and feeds leave the rest out)."""
         try:
             for authorizer in self.authorizers:
-                await authorizer.check(who, Action.READ, path)
+                await authorizer.check(who, Action.LIST, path)
         except (PermissionDenied, NotFound):
             return False
         return True
@@ -214,7 +226,7 @@ class GovernedNamespace(FeedNamespace):
 
     async def stat(self, who: Principal, path: str) -> Entry:
         return await self._governed(
-            who, "stat", Action.READ, path, lambda: self.inner.stat(who, path)
+            who, "stat", Action.LIST, path, lambda: self.inner.stat(who, path)
         )
 
     def list(
@@ -313,7 +325,7 @@ class GovernedNamespace(FeedNamespace):
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self._governed(
-            who, "get_tags", Action.READ, path, lambda: self.inner.get_tags(who, path)
+            who, "get_tags", Action.LIST, path, lambda: self.inner.get_tags(who, path)
         )
 
     async def set_tags(
@@ -337,6 +349,76 @@ class GovernedNamespace(FeedNamespace):
         await self._governed(
             who, "release_write", Action.WRITE, path, lambda: self.inner.release_write(who, path)
         )
+
+    # -- access rules ---------------------------------------------------------------------
+
+    def _rules(self) -> AclAuthorizer:
+        if self.rules is None:
+            raise NotSupported("this namespace keeps no access rules")
+        return self.rules
+
+    async def access(self, who: Principal, path: str) -> tuple[frozenset[tuple[str, Action]], bool]:
+        """The rules on ``path`` itself, as (subject, permission), and whether it is private."""
+        rules = self._rules()
+        return await self._governed(
+            who, "get_access", Action.ADMIN, path, lambda: rules.rules_at(path)
+        )
+
+    async def set_access(
+        self,
+        who: Principal,
+        path: str,
+        grants: Iterable[tuple[str, Action]],
+        *,
+        private: bool | None = None,
+    ) -> None:
+        """Make ``grants`` the rules on ``path`` itself (those above and below it stay)."""
+        rules, wanted = self._rules(), frozenset(grants)
+
+        async def change() -> None:
+            now, marked = await rules.rules_at(path)
+            if now != wanted or (private is not None and private != marked):
+                await rules.store.replace(path, wanted, private=private)
+                await rules.reload()
+
+        detail = ", ".join(sorted(f"{s} {a.value}" for s, a in wanted))
+        await self._governed(who, "set_access", Action.ADMIN, path, change, detail=detail)
+
+    async def mkdir_owned(self, who: Principal, path: str) -> Entry:
+        """Make the directory ``path`` (write needed, as for mkdir) private to its maker,
+        who gets admin on it; the anonymous caller can own nothing. That the path is
+        taken is told to anyone (AlreadyExists): owned directories are names everyone
+        competes for, as S3's buckets are."""
+        rules = self._rules()
+        if await self.inner.exists(who, path):
+            self._record(who, "mkdir_owned", path, AlreadyExists.code)
+            raise AlreadyExists(f"{path} exists", path=path)
+
+        async def make() -> Entry:
+            if who.user == ANONYMOUS:
+                raise PermissionDenied("the anonymous caller can own nothing", path=path)
+            entry = await self.inner.mkdir(who, path)
+            if await rules.rules_within(path):  # left by an earlier one of that name
+                await rules.store.forget(path)
+            await rules.store.replace(path, [(f"user:{who.user}", Action.ADMIN)], private=True)
+            await rules.reload()
+            return entry
+
+        return await self._governed(who, "mkdir_owned", Action.WRITE, path, make)
+
+    async def forget_access(self, who: Principal, path: str) -> None:
+        """Drop the rules and private marks at and below ``path``, which must be gone:
+        whoever may make it anew may clear what is left of the old one's rules."""
+        rules = self._rules()
+
+        async def forget() -> None:
+            if await self.inner.exists(who, path):
+                raise AlreadyExists(f"{path} exists: its rules are changed with set_access")
+            if await rules.rules_within(path):
+                await rules.store.forget(path)
+                await rules.reload()
+
+        await self._governed(who, "forget_access", Action.WRITE, path, forget)
 
     async def changes(
         self, since: int = 0, limit: int = 1000, *, wait: float = 0.0, ack: int = 0

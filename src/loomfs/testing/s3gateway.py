@@ -37,12 +37,15 @@ async def register_users(catalog_url: str, users: Iterable[tuple[str, str, str]]
 
 @contextmanager
 def s3_gateway_hub(
-    scratch: Path, users: Iterable[tuple[str, str, str]], extra_config: str = ""
+    scratch: Path,
+    users: Iterable[tuple[str, str, str]],
+    extra_config: str = "",
+    s3_config: str = "",
 ) -> Iterator[HubProcess]:
     """The running hub: ``hub.urls["s3"]`` is the gateway's URL, ``hub.pid`` its process.
 
     ``extra_config`` is appended to the hub's TOML config (a ``[hub]`` or ``[log]``
-    section, say).
+    section, say), ``s3_config`` to its ``[s3]`` section (``anonymous = true``, say).
     """
     data = scratch / "hub"
     volume = scratch / "volume"
@@ -50,7 +53,7 @@ def s3_gateway_hub(
     data.mkdir()
     config = scratch / "loomfs.toml"
     config.write_text(
-        f'[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "{BUCKET_ROOT}"\n{extra_config}'
+        f'[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "{BUCKET_ROOT}"\n{s3_config}{extra_config}'
     )
     asyncio.run(register_users(f"sqlite://{data / 'catalog.db'}", users))
     with HubProcess(data, {"LOOMFS_CONFIG": str(config)}) as hub:

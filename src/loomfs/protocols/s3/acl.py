@@ -1,22 +1,40 @@
-"""S3 access control lists as the gateway shows them (protocol layer).
+"""S3 access control lists, translated to and from the namespace's access rules
+(protocol layer).
 
-Who may read or write a path is decided once, in the namespace, for every protocol; the
-S3 edge stores no grants of its own. What S3 clients see of that is the default every
-S3 bucket and object starts with: the owner holds FULL_CONTROL and nobody else holds
-anything. GetBucketAcl and GetObjectAcl answer that; PutBucketAcl and PutObjectAcl
-accept what restates it (the canned ACL ``private``, or a policy whose only grant is the
-owner's FULL_CONTROL) and answer NotImplemented for any other grant, rather than
-accepting a grant they would not enforce. A canned ACL name that S3 does not know is
-InvalidArgument, as in S3. A known canned ACL given with PutObject, CopyObject, CreateBucket
-or CreateMultipartUpload is not applied (the object is created as the owner's alone) rather
-than failing the upload; that is the one place where a grant is dropped, and it errs on
-the side of less access.
+Who may read or write a path is decided once, in the namespace, for every protocol; this
+module only translates. A bucket made by CreateBucket is private to its creator, who holds
+admin on it (``GovernedNamespace.mkdir_owned``); an S3 grant becomes a rule on the
+bucket's or the object's path, and GetBucketAcl / GetObjectAcl read those rules back:
+
+=========================  ===================================  ==========================
+S3                         on a bucket                          on an object
+=========================  ===================================  ==========================
+READ                       list (see keys and their metadata)   read
+WRITE                      put (create, overwrite, delete keys  (nothing: S3 gives object
+                           without reading them)                WRITE no meaning)
+FULL_CONTROL               admin (everything below it too)      admin
+AllUsers group             group:everyone (anonymous callers too)
+AuthenticatedUsers group   group:authenticated
+CanonicalUser ID           user:ID (IDs are user names here)
+=========================  ===================================  ==========================
+
+Canned ACLs are those grants: ``public-read`` is READ for AllUsers, ``public-read-write``
+READ and WRITE, ``authenticated-read`` READ for AuthenticatedUsers; ``private`` and the
+``bucket-owner-*`` ones add nothing to the bucket owner's admin. What the rules cannot say
+(READ_ACP and WRITE_ACP alone, grantees by e-mail, ``aws-exec-read``,
+``log-delivery-write``) is answered NotImplemented rather than granted differently. A
+canned ACL name S3 does not know is InvalidArgument, as in S3.
 """
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
+
+from ...core.acl import AUTHENTICATED, EVERYONE
+from ...core.types import Action
 from .errors import S3Error
-from .xmlio import Xml, child_text, document, el, local, parse
+from .xmlio import Xml, child_text, document, el, local, nodes, parse
 
 # https://docs.aws.amazon.com/AmazonS3/latest/userguide/acl-overview.html#canned-acl
 CANNED = frozenset(
@@ -31,18 +49,58 @@ CANNED = frozenset(
         "log-delivery-write",
     }
 )
-GRANT_HEADERS = (
-    "x-amz-grant-read",
-    "x-amz-grant-write",
-    "x-amz-grant-read-acp",
-    "x-amz-grant-write-acp",
-    "x-amz-grant-full-control",
-)
+GRANT_HEADERS = {
+    "x-amz-grant-read": "READ",
+    "x-amz-grant-write": "WRITE",
+    "x-amz-grant-read-acp": "READ_ACP",
+    "x-amz-grant-write-acp": "WRITE_ACP",
+    "x-amz-grant-full-control": "FULL_CONTROL",
+}
 XSI = "http://www.w3.org/2001/XMLSchema-instance"
-NOT_STORED = (
-    "grants beyond the owner's FULL_CONTROL are not kept as S3 ACLs here: "
-    "access is governed by the namespace's access rules"
-)
+GROUPS = {
+    "http://acs.amazonaws.com/groups/global/AllUsers": f"group:{EVERYONE}",
+    "http://acs.amazonaws.com/groups/global/AuthenticatedUsers": f"group:{AUTHENTICATED}",
+}
+URIS = {subject: uri for uri, subject in GROUPS.items()}
+# S3 permission -> the action a rule grants, on a bucket and on an object (None: nothing)
+ON_BUCKET: dict[str, Action | None] = {
+    "READ": Action.LIST,
+    "WRITE": Action.PUT,
+    "FULL_CONTROL": Action.ADMIN,
+}
+ON_OBJECT: dict[str, Action | None] = {
+    "READ": Action.READ,
+    "WRITE": None,
+    "FULL_CONTROL": Action.ADMIN,
+}
+# a rule's action -> the S3 permissions it shows as
+SHOWN_ON_BUCKET = {
+    Action.LIST: ("READ",),
+    Action.READ: ("READ",),
+    Action.PUT: ("WRITE",),
+    Action.WRITE: ("READ", "WRITE"),
+    Action.ADMIN: ("FULL_CONTROL",),
+}
+SHOWN_ON_OBJECT = {
+    Action.LIST: (),
+    Action.READ: ("READ",),
+    Action.PUT: ("WRITE",),
+    Action.WRITE: ("READ", "WRITE"),
+    Action.ADMIN: ("FULL_CONTROL",),
+}
+CANNED_GRANTS = {
+    "private": (),
+    "bucket-owner-read": (),
+    "bucket-owner-full-control": (),
+    "public-read": (("AllUsers", "READ"),),
+    "public-read-write": (("AllUsers", "READ"), ("AllUsers", "WRITE")),
+    "authenticated-read": (("AuthenticatedUsers", "READ"),),
+}
+Grants = frozenset[tuple[str, Action]]
+
+
+def _not_kept(what: str) -> S3Error:
+    return S3Error("NotImplemented", f"{what} cannot be expressed as the namespace's access rules")
 
 
 def check_canned(value: str | None) -> str | None:
@@ -52,50 +110,115 @@ def check_canned(value: str | None) -> str | None:
     return value
 
 
-def _owner(owner: str) -> Xml:
-    return el("Owner", el("ID", owner), el("DisplayName", owner))
+def _rule(subject: str, permission: str, *, bucket: bool) -> tuple[str, Action] | None:
+    table = ON_BUCKET if bucket else ON_OBJECT
+    if permission not in table:
+        raise _not_kept(f"the permission {permission}")
+    action = table[permission]
+    return None if action is None else (subject, action)
 
 
-def policy_xml(owner: str) -> bytes:
-    """The AccessControlPolicy of a bucket or object: its owner's FULL_CONTROL."""
-    grantee = Xml(
-        f'<Grantee xmlns:xsi="{XSI}" xsi:type="CanonicalUser">'
-        f"{el('ID', owner)}{el('DisplayName', owner)}</Grantee>"
-    )
-    grant = el("Grant", grantee, el("Permission", "FULL_CONTROL"))
-    return document("AccessControlPolicy", _owner(owner), el("AccessControlList", grant))
+def _rules(pairs: Iterable[tuple[str, str]], owner: str, *, bucket: bool) -> Grants:
+    out = set()
+    for subject, permission in pairs:
+        if subject == f"user:{owner}":
+            continue  # the owner's admin is implied (and cannot be given away)
+        rule = _rule(subject, permission, bucket=bucket)
+        if rule is not None:
+            out.add(rule)
+    return frozenset(out)
 
 
-def check_put(headers: dict[str, str], body: bytes, owner: str) -> None:
-    """Accept a PutBucketAcl / PutObjectAcl that restates the owner-only default.
+def canned(name: str, *, bucket: bool) -> Grants:
+    """The rules of a canned ACL (on top of the bucket owner's admin)."""
+    if name not in CANNED_GRANTS:
+        raise _not_kept(f"the canned ACL {name}")
+    group = {"AllUsers": f"group:{EVERYONE}", "AuthenticatedUsers": f"group:{AUTHENTICATED}"}
+    return _rules(((group[g], p) for g, p in CANNED_GRANTS[name]), "", bucket=bucket)
 
-    ``headers`` are lower-cased. Raises InvalidArgument or MalformedXML for bad input and
-    NotImplemented for any grant to someone other than the owner.
-    """
-    canned = check_canned(headers.get("x-amz-acl"))
-    grants = [h for h in GRANT_HEADERS if h in headers]
-    if canned is not None and (grants or body.strip()):
+
+def _header_grantee(item: str) -> str:
+    kind, _, value = item.strip().partition("=")
+    value = value.strip().strip('"')
+    if kind == "id" and value:
+        return f"user:{value}"
+    if kind == "uri" and value in GROUPS:
+        return GROUPS[value]
+    raise _not_kept(f"the grantee {item.strip()!r}")
+
+
+def _xml_grantee(node: ET.Element) -> str:
+    kind = next((v for k, v in node.attrib.items() if local(k) == "type"), "")
+    uri, user = child_text(node, "URI"), child_text(node, "ID")
+    if kind == "Group" or (uri and not user):
+        if uri in GROUPS:
+            return GROUPS[uri]
+        raise _not_kept(f"the group {uri!r}")
+    if user:
+        return f"user:{user}"
+    raise _not_kept("a grantee by e-mail address")
+
+
+def requested(headers: Mapping[str, str], body: bytes, owner: str, *, bucket: bool) -> Grants:
+    """The rules a PutBucketAcl / PutObjectAcl asks for (``headers`` lower-cased): from
+    its canned ACL, its grant headers or its AccessControlPolicy, exactly one of them."""
+    name = check_canned(headers.get("x-amz-acl"))
+    granted = [h for h in GRANT_HEADERS if h in headers]
+    if name is not None and (granted or body.strip()):
         raise S3Error("InvalidRequest", "give a canned ACL, grant headers or a policy, not several")
-    if canned is not None:
-        if canned != "private":
-            raise S3Error("NotImplemented", NOT_STORED)
-        return
-    if grants:
-        if grants != ["x-amz-grant-full-control"] or headers[grants[0]].strip() != f"id={owner}":
-            raise S3Error("NotImplemented", NOT_STORED)
-        return
+    if name is not None:
+        return canned(name, bucket=bucket)
+    if granted:
+        pairs = [
+            (_header_grantee(item), GRANT_HEADERS[h])
+            for h in granted
+            for item in headers[h].split(",")
+            if item.strip()
+        ]
+        return _rules(pairs, owner, bucket=bucket)
     if not body.strip():
         raise S3Error("MalformedACLError", "give a canned ACL, grant headers or a policy")
     root = parse(body)
     if local(root.tag) != "AccessControlPolicy":
         raise S3Error("MalformedACLError", "the root element must be AccessControlPolicy")
+    pairs = []
     for node in root.iter():
         if local(node.tag) != "Grant":
             continue
-        who = next((g for g in node if local(g.tag) == "Grantee"), None)
-        if (
-            who is None
-            or child_text(who, "ID") != owner
-            or child_text(node, "Permission") != "FULL_CONTROL"
-        ):
-            raise S3Error("NotImplemented", NOT_STORED)
+        grantee = next((g for g in node if local(g.tag) == "Grantee"), None)
+        permission = child_text(node, "Permission")
+        if grantee is None or permission is None:
+            raise S3Error("MalformedACLError", "each Grant needs a Grantee and a Permission")
+        pairs.append((_xml_grantee(grantee), permission))
+    return _rules(pairs, owner, bucket=bucket)
+
+
+def _grant(subject: str, permission: str) -> Xml | None:
+    if subject in URIS:
+        inner = f'<Grantee xmlns:xsi="{XSI}" xsi:type="Group">{el("URI", URIS[subject])}'
+    elif subject.startswith("user:"):
+        name = subject.removeprefix("user:")
+        inner = (
+            f'<Grantee xmlns:xsi="{XSI}" xsi:type="CanonicalUser">'
+            f"{el('ID', name)}{el('DisplayName', name)}"
+        )
+    else:
+        return None  # a group of the registry: S3 has no grantee for it
+    return el("Grant", Xml(inner + "</Grantee>"), el("Permission", permission))
+
+
+def policy_xml(owner: str, rules: Iterable[tuple[str, Action]] = (), *, bucket: bool) -> bytes:
+    """The AccessControlPolicy: the owner's FULL_CONTROL and the rules on the path."""
+    shown = SHOWN_ON_BUCKET if bucket else SHOWN_ON_OBJECT
+    grants = [_grant(f"user:{owner}", "FULL_CONTROL")]
+    seen = {(f"user:{owner}", "FULL_CONTROL")}
+    for subject, action in sorted(rules):
+        for permission in shown[action]:
+            if (subject, permission) not in seen:
+                seen.add((subject, permission))
+                grants.append(_grant(subject, permission))
+    return document(
+        "AccessControlPolicy",
+        el("Owner", el("ID", owner), el("DisplayName", owner)),
+        el("AccessControlList", nodes(g for g in grants if g is not None)),
+    )

@@ -5,8 +5,10 @@ where ``[s3] bucket_root`` is set, the directories below it, which CreateBucket 
 DeleteBucket make and remove. An object key 'a/b/c' is the file ``<bucket dir>/a/b/c``;
 since S3 has no mkdir, a PUT creates the directories a key needs, and a DELETE prunes
 the ones it leaves empty. Every request is authenticated with SigV4 against the user
-registry and runs as that user's ``Principal``. Errors leave through one table
-(``errors.from_loom``) as S3 XML.
+registry and runs as that user's ``Principal``; where ``[s3] anonymous`` allows it, an
+unsigned request runs as the anonymous caller. Who may do what is the namespace's
+decision (its access rules, which S3 ACLs are translated to: see ``acl.py``). Errors
+leave through one table (``errors.from_loom``) as S3 XML.
 
 What S3 keeps beside an object lives in the object's tags under ``s3.``: the ETag it
 computed while the bytes streamed in (with the version it belongs to, so a file changed
@@ -31,7 +33,8 @@ from aiohttp import ClientError, web
 from prometheus_client import Counter
 
 from ... import paths
-from ...core.types import Entry, Principal
+from ...core.acl import ANONYMOUS
+from ...core.types import Action, Entry, Principal
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
@@ -40,8 +43,10 @@ from ...errors import (
     LoomError,
     NotADirectory,
     NotFound,
+    PermissionDenied,
 )
 from ...namespace.base import Namespace
+from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
 from . import acl, checksums, sigv2, sigv4
 from .errors import S3Error, error_xml, from_loom
@@ -301,12 +306,18 @@ class S3Gateway:
         staging: Path,
         region: str = "us-east-1",
         bucket_root: str | None = None,
+        anonymous: bool = False,
         site: str = "hub",
         max_object_size: int = 5 * GiB,
         max_part_size: int = 5 * GiB,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ns = namespace
+        #: the namespace's access rules, where it keeps them: S3 ACLs are translated to them
+        self.rules = namespace if isinstance(namespace, GovernedNamespace) else None
+        if self.rules is not None and self.rules.rules is None:
+            self.rules = None
+        self.anonymous = anonymous
         self.users = users
         self.buckets = {name: paths.normalize(path) for name, path in buckets.items()}
         self.bucket_root = paths.normalize(bucket_root) if bucket_root else None
@@ -415,6 +426,9 @@ class S3Gateway:
             return secret
 
         raw_path, _, raw_query = request.raw_path.partition("?")
+        if self.anonymous and not _signed(headers, query):
+            unsigned = sigv4.Verified("", sigv4.UNSIGNED, "", "", "", b"")
+            return unsigned, Principal(ANONYMOUS, site=self.site, protocol="s3")
         if sigv2.is_v2(headers, dict(query)):
             auth = await sigv2.verify(
                 request.method, raw_path, raw_query, headers, lookup, self.verifier.clock()
@@ -508,10 +522,13 @@ class S3Gateway:
             except NotFound:
                 continue  # configured, but not (yet) there
         if self.bucket_root is not None:
+            # as S3: the buckets the caller owns, not those others let them see
             try:
                 async for entry in self.ns.list(c.who, self.bucket_root):
                     if entry.is_dir and _valid_bucket_name(entry.name):
-                        found.setdefault(entry.name, entry.mtime_ns)
+                        owner = (await self.ns.get_tags(c.who, entry.path)).get(OWNER_TAG)
+                        if owner in (None, c.who.user):
+                            found.setdefault(entry.name, entry.mtime_ns)
             except NotFound:
                 pass
         after = c.query.get("continuation-token", "")
@@ -544,17 +561,47 @@ class S3Gateway:
         return el("Owner", el("ID", owner), el("DisplayName", owner))
 
     async def get_acl(self, c: Call) -> web.Response:
-        if c.key:
-            await self._object(c)
-        return _xml(acl.policy_xml(await self._bucket_owner(c)))
+        path = (await self._object(c))[0].path if c.key else await self._bucket_entry(c)
+        rules: acl.Grants = frozenset()
+        if self.rules is not None:
+            rules = (await self.rules.access(c.who, path))[0]
+        owner = await self._bucket_owner(c)
+        return _xml(acl.policy_xml(owner, rules, bucket=not c.key))
 
     async def put_acl(self, c: Call) -> web.Response:
-        if c.key:
-            await self._object(c)
+        path = (await self._object(c))[0].path if c.key else await self._bucket_entry(c)
         owner = await self._bucket_owner(c)
         headers = {k.lower(): v for k, v in c.request.headers.items()}
-        acl.check_put(headers, await _read_document(c.request), owner)
+        body = await _read_document(c.request)
+        await self._apply_acl(c, path, acl.requested(headers, body, owner, bucket=not c.key))
         return web.Response()
+
+    async def _apply_acl(self, c: Call, path: str, grants: acl.Grants) -> None:
+        """Make ``grants`` the rules on a bucket's or an object's path. A bucket made
+        here keeps its creator's admin and stays private; a configured bucket's rules are
+        its administrator's, only added to."""
+        if self.rules is None:
+            if grants:
+                raise S3Error("NotImplemented", "this gateway's namespace keeps no access rules")
+            return
+        if c.key:
+            await self.rules.set_access(c.who, path, grants)
+            return
+        creator = (await self.ns.get_tags(c.who, path)).get(OWNER_TAG)
+        if creator is None:
+            kept, _ = await self.rules.access(c.who, path)
+            await self.rules.set_access(c.who, path, kept | grants)
+            return
+        owned = grants | {(f"user:{creator}", Action.ADMIN)}
+        await self.rules.set_access(c.who, path, owned, private=True)
+
+    async def _acl_on_create(self, c: Call, path: str) -> None:
+        """Apply the canned ACL a create carries (x-amz-acl); 'private' and no header
+        leave the rules as they are."""
+        name = acl.check_canned(c.request.headers.get("x-amz-acl"))
+        grants = acl.canned(name, bucket=not c.key) if name is not None else frozenset()
+        if grants:
+            await self._apply_acl(c, path, grants)
 
     async def head_bucket(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
@@ -573,9 +620,15 @@ class S3Gateway:
         if body.strip():
             location = child_text(parse(body), "LocationConstraint") or ""
         try:
-            await self.ns.mkdir(c.who, folder)
+            if self.rules is not None:
+                await self.rules.mkdir_owned(c.who, folder)
+            else:
+                await self.ns.mkdir(c.who, folder)
         except AlreadyExists:
-            owner = (await self.ns.get_tags(c.who, folder)).get(OWNER_TAG)
+            try:
+                owner = (await self.ns.get_tags(c.who, folder)).get(OWNER_TAG)
+            except PermissionDenied:
+                owner = ""  # not the caller's to see: someone else's
             if owner is not None and owner != c.who.user:
                 raise S3Error("BucketAlreadyExists", "the bucket belongs to someone else") from None
             # us-east-1 answers a repeated create with success, every other region not
@@ -583,6 +636,7 @@ class S3Gateway:
                 raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket") from None
             return web.Response(headers={"Location": f"/{c.bucket}"})
         await self.ns.set_tags(c.who, folder, {OWNER_TAG: c.who.user, LOCATION_TAG: location})
+        await self._acl_on_create(c, folder)
         return web.Response(headers={"Location": f"/{c.bucket}"})
 
     async def delete_bucket(self, c: Call) -> web.Response:
@@ -593,6 +647,8 @@ class S3Gateway:
             await self.ns.remove(c.who, folder)
         except DirectoryNotEmpty:
             raise S3Error("BucketNotEmpty", "the bucket you tried to delete is not empty") from None
+        if self.rules is not None:  # a bucket made anew under this name starts afresh
+            await self.rules.forget_access(c.who, folder)
         return web.Response(status=204)
 
     async def get_bucket(self, c: Call) -> web.Response:
@@ -941,6 +997,7 @@ class S3Gateway:
             content_md5=content_md5,
             limit=self.max_object_size,
         )
+        await self._acl_on_create(c, path)
         return web.Response(headers={"ETag": etag})
 
     def _copy_source(self, c: Call) -> tuple[str, str]:
@@ -1004,6 +1061,7 @@ class S3Gateway:
             result = entry
         else:
             result, etag = await self._store(c, path, data, meta, limit=self.max_object_size)
+        await self._acl_on_create(c, path)
         return _xml(
             document(
                 "CopyObjectResult", el("LastModified", iso_time(result.mtime_ns)), el("ETag", etag)
@@ -1022,6 +1080,8 @@ class S3Gateway:
             await self.ns.remove(c.who, path)
         except (NotFound, DirectoryNotEmpty):
             return
+        if self.rules is not None:  # an object's ACL goes with it
+            await self.rules.forget_access(c.who, path)
         parent = paths.split(path)[0]
         while parent != folder and paths.is_within(parent, folder):
             try:
@@ -1041,11 +1101,15 @@ class S3Gateway:
         if local(root.tag) != "Delete":
             raise S3Error("MalformedXML", "the root element must be Delete")
         quiet = (child_text(root, "Quiet") or "").lower() == "true"
-        keys = [child_text(o, "Key") for o in root if local(o.tag) == "Object"]
-        if not keys or len(keys) > 1000 or any(k is None for k in keys):
+        objects = [
+            (child_text(o, "Key"), child_text(o, "VersionId"))
+            for o in root
+            if local(o.tag) == "Object"
+        ]
+        if not objects or len(objects) > 1000 or any(k is None for k, _ in objects):
             raise S3Error("MalformedXML", "Delete needs 1 to 1000 Object elements with a Key")
         results = []
-        for key in keys:
+        for key, version in objects:
             assert key is not None
             try:
                 check_key(key)
@@ -1056,6 +1120,7 @@ class S3Gateway:
                     el(
                         "Error",
                         el("Key", key),
+                        el("VersionId", version) if version is not None else None,
                         el("Code", error.code),
                         el("Message", error.message),
                     )
@@ -1067,14 +1132,21 @@ class S3Gateway:
 
     # -- multipart ------------------------------------------------------------------------
 
+    async def _may_write(self, c: Call, op: str) -> None:
+        """Ask the namespace whether the caller may write the object an upload makes:
+        its parts are staged outside the namespace until Complete writes them there, so
+        each step is authorized (and a refusal audited) on the object's path."""
+        if self.rules is not None:
+            await self.rules.authorize(c.who, op, Action.WRITE, self.object_path(c))
+
     async def _upload(self, c: Call) -> Upload:
         upload = await self.staging.get(c.query["uploadId"], c.bucket, c.key)
-        if upload.owner != c.who.user:
-            raise S3Error("AccessDenied", "the upload belongs to another user")
+        await self._may_write(c, c.op)
         return upload
 
     async def create_upload(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
+        await self._may_write(c, c.op)
         headers = {k.lower(): v for k, v in c.request.headers.items()}
         upload = await self.staging.create(c.bucket, c.key, c.who.user, _stored_meta(headers))
         return _xml(
@@ -1262,6 +1334,16 @@ def _decode_token(token: str) -> str:
         return base64.urlsafe_b64decode(token.encode()).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise S3Error("InvalidArgument", "the continuation token provided is incorrect") from None
+
+
+SIGNED_QUERY = frozenset(
+    {"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature", "AWSAccessKeyId", "Signature"}
+)
+
+
+def _signed(headers: Mapping[str, str], query: list[tuple[str, str]]) -> bool:
+    """Whether a request carries credentials (which then must verify)."""
+    return "authorization" in headers or any(name in SIGNED_QUERY for name, _ in query)
 
 
 def _valid_bucket_name(name: str) -> bool:
