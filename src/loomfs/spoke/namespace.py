@@ -657,6 +657,18 @@ class SpokeNamespace(Namespace):
         await self._in_order()
         return await self.hub.symlink(who, path, target)
 
+    async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        path = self._inside(path)
+        await self._in_order()
+        return await self.hub.mknod(who, path, mode, rdev)
+
+    async def link(self, who: Principal, src: str, dst: str) -> Entry:
+        src, dst = self._inside(src), self._inside(dst)
+        await self._in_order()
+        entry = await self.hub.link(who, src, dst)
+        self._forget(src, self.seq)  # its link count moved
+        return entry
+
     async def set_attrs(
         self,
         who: Principal,
@@ -666,10 +678,13 @@ class SpokeNamespace(Namespace):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> Entry:
         path = self._inside(path)
         await self._in_order()
-        entry = await self.hub.set_attrs(who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns)
+        entry = await self.hub.set_attrs(
+            who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
+        )
         self._forget(path, self.seq)  # a new mtime may be a new version
         return entry
 
