@@ -22,6 +22,7 @@ import pytest
 from loomfs.config import load_config
 from loomfs.core.types import SYSTEM, EntryKind
 from loomfs.hub.namespace import HubNamespace
+from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
 from loomfs.service import HubService
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess
@@ -88,10 +89,10 @@ async def ns(site: Site) -> AsyncIterator[HubNamespace]:
     await service.catalog.close()
 
 
-def _wait_for(check: Callable[[], bool], what: str = "condition") -> None:
-    """Changes behind loomfs's back arrive through inotify and the kernel's attribute
-    timeout; wait for them with a generous deadline (never a timing claim)."""
-    deadline = time.monotonic() + 60
+def _wait_for(check: Callable[[], bool], what: str = "condition", within: float = 60) -> None:
+    """Changes behind loomfs's back arrive through inotify and the change feed; wait for
+    them with a generous deadline (never a timing claim)."""
+    deadline = time.monotonic() + within
     while True:
         try:
             if check():
@@ -411,6 +412,23 @@ def test_change_behind_loomfs_shows_on_the_mount(work: tuple[Path, Path, str]) -
     _wait_for((mnt / "new-behind").exists, "a new file")
     os.unlink(disk / "new-behind")
     _wait_for(lambda: not (mnt / "new-behind").exists(), "a removed file")
+
+
+async def test_hub_changes_reach_the_kernel_cache_at_once(
+    work: tuple[Path, Path, str], ns: HubNamespace
+) -> None:
+    """The mount follows the hub's change feed and invalidates what the kernel caches, so
+    a change shows in ``stat`` well inside the time the kernel may cache attributes."""
+    mnt, _, top = work
+    (mnt / "f").write_bytes(b"one")
+    (mnt / "gone").write_bytes(b"x")
+    assert os.stat(mnt / "f").st_size == 3 and (mnt / "gone").exists()  # now cached
+    await ns.write_bytes(SYSTEM, f"{top}/f", b"changed at the hub")
+    await ns.remove(SYSTEM, f"{top}/gone")
+    within = FOLLOWING_TIMEOUT / 2  # the kernel's own timeout can't be what ends the wait
+    _wait_for(lambda: os.stat(mnt / "f").st_size == 18, "the new size", within)
+    _wait_for(lambda: not (mnt / "gone").exists(), "the removed name", within)
+    assert (mnt / "f").read_bytes() == b"changed at the hub"
 
 
 async def test_concurrent_change_fails_the_close(

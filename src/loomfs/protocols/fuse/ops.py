@@ -3,7 +3,8 @@
 Every handler resolves inode numbers to paths through the inode table, calls the
 namespace, and maps any error through ``errno_of`` (the one table of this edge). The
 kernel page cache is kept across opens while a file's version is unchanged
-(``keep_cache``), and dropped on the next open after the version moves.
+(``keep_cache``), and dropped on the next open after the version moves, or at once when
+the mount follows the change feed (``follow.py``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: how long the kernel may trust attributes and names before asking again; a change
-#: behind loomfs's back shows on the mount at most this long after the hub records it
+#: how long the kernel may trust attributes and names before asking again, unless the
+#: mount follows the change feed; a change behind loomfs's back shows on the mount at most
+#: this long after the hub records it
 CACHE_TIMEOUT = 1.0
 #: the I/O size st_blksize suggests to cp, dd and friends
 BLOCK_SIZE = 1 << 17
@@ -97,10 +99,15 @@ class LoomOperations(pyfuse3.Operations):
     supports_dot_lookup = True
 
     def __init__(
-        self, ns: Namespace, spool_dir: str, uid_map: Mapping[int, str] | None = None
+        self,
+        ns: Namespace,
+        spool_dir: str,
+        uid_map: Mapping[int, str] | None = None,
+        cache_timeout: float = CACHE_TIMEOUT,
     ) -> None:
         super().__init__()
         self.ns = ns
+        self.cache_timeout = cache_timeout
         self.spool_dir = spool_dir
         self.uid_map = dict(uid_map or {})
         self.inodes = InodeTable()
@@ -148,10 +155,10 @@ class LoomOperations(pyfuse3.Operations):
         assert entry is not None
         out = pyfuse3.EntryAttributes()
         out.st_ino = node.ino
-        out.entry_timeout = CACHE_TIMEOUT
+        out.entry_timeout = self.cache_timeout
         # each name of a hard-linked file is its own inode here: a change through one
         # name must show at once through the others, so their attributes are not cached
-        out.attr_timeout = CACHE_TIMEOUT if entry.nlink <= 1 else 0
+        out.attr_timeout = self.cache_timeout if entry.nlink <= 1 else 0
         out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
         out.st_nlink = 2 if entry.is_dir else entry.nlink
         out.st_rdev = entry.rdev or 0
