@@ -88,8 +88,8 @@ def _not_ok(output: str) -> list[str]:
     failing: list[str] = []
     current = ""
     for line in output.splitlines():
-        if line.endswith(".t .."):
-            current = line.split("/tests/", 1)[-1].removesuffix(" ..")
+        if ".t .." in line:  # a file's header, perhaps with its first line after it
+            current = line.split(" ..", 1)[0].split("/tests/", 1)[-1]
         elif line.startswith("not ok"):
             failing.append(f"{current}: {line}")
     return failing

@@ -338,7 +338,7 @@ class HubNamespace(Namespace):
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
         path = paths.normalize(path)
-        if not target or "\x00" in target or len(target.encode()) > paths.MAX_PATH_BYTES:
+        if not target or "\x00" in target or len(target.encode()) > paths.PATH_MAX:
             raise InvalidArgument(f"invalid symlink target {target!r}", path=path)
         mounted, key = self._below_mount(path)
         return await self._create_new(mounted, path, lambda: mounted.backend.symlink(key, target))

@@ -49,6 +49,9 @@ from .common import batches_from_thread, check_key, child_key, ordered_walk
 
 #: names of loomfs's own in-flight files; hidden from scans and listings
 TEMP_PREFIX = ".loomfs-tmp-"
+#: the longest path one system call takes (PATH_MAX less its NUL); a file deeper than that
+#: below / is reached one directory at a time
+_SYSCALL_PATH_MAX = 4095
 
 _RENAME_NOREPLACE = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -183,11 +186,32 @@ class PosixBackend(Backend):
     def _open_dir(self, key: str, flags: int = 0) -> int:
         """A descriptor of directory ``key``, checked to be inside the root."""
         path = os.path.join(self.root, key) if key else self.root
+        if _too_long(path):
+            return self._open_dir_stepwise(key, flags)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | flags)
         except OSError as exc:
             raise from_oserror(exc, key) from exc
         self._check_fd(fd, key)
+        return fd
+
+    def _open_dir_stepwise(self, key: str, flags: int) -> int:
+        """A directory whose path is too long for one system call: walked a name at a
+        time from the root, never through a symlink, so it is inside the volume by
+        construction (the /proc check cannot name so long a path)."""
+        fd = self._open_dir("")
+        try:
+            for name in key.split("/"):
+                step = os.open(
+                    name,
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | flags,
+                    dir_fd=fd,
+                )
+                os.close(fd)
+                fd = step
+        except OSError as exc:
+            os.close(fd)
+            raise from_oserror(exc, key) from exc
         return fd
 
     @contextlib.contextmanager
@@ -279,16 +303,7 @@ class PosixBackend(Backend):
     def _open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None
     ) -> ByteSource:
-        # Symlinks that stay inside the volume may be read, so resolve first; checking the
-        # resolved path before the open means nothing outside is even opened.
-        real = os.path.realpath(os.path.join(self.root, check_key(key)))
-        if not self._inside(real):
-            raise PermissionDenied(f"{key} is a symlink out of the volume", path=key)
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError as exc:
-            raise from_oserror(exc, key) from exc
-        self._check_fd(fd, key)
+        fd = self._open_file(key)
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -302,6 +317,29 @@ class PosixBackend(Backend):
         except BaseException:
             os.close(fd)
             raise
+
+    def _open_file(self, key: str) -> int:
+        """A read-only descriptor of the file at ``key``, checked to be inside the root."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        full = os.path.join(self.root, check_key(key))
+        if _too_long(full):
+            # too deep to resolve in one call: a symlink there is not read through
+            with self._parent(key) as (parent, name):
+                try:
+                    return os.open(name, flags, dir_fd=parent)
+                except OSError as exc:
+                    raise from_oserror(exc, key) from exc
+        # Symlinks that stay inside the volume may be read, so resolve first; checking the
+        # resolved path before the open means nothing outside is even opened.
+        real = os.path.realpath(full)
+        if not self._inside(real):
+            raise PermissionDenied(f"{key} is a symlink out of the volume", path=key)
+        try:
+            fd = os.open(real, flags)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        self._check_fd(fd, key)
+        return fd
 
     async def open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None = None
@@ -569,6 +607,10 @@ def _chmod_at(parent: int, name: str, mode: int) -> None:
         os.chmod(f"/proc/self/fd/{fd}", mode)
     finally:
         os.close(fd)
+
+
+def _too_long(path: str) -> bool:
+    return len(os.fsencode(path)) > _SYSCALL_PATH_MAX
 
 
 def _discard_temp(creating: asyncio.Future[tuple[int, str, str, int]]) -> None:
