@@ -14,15 +14,16 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from loomfs.config import load_config
-from loomfs.core.types import SYSTEM, EntryKind
+from loomfs.core.types import SYSTEM, Entry, EntryKind
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
+from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.service import HubService
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess
@@ -429,6 +430,22 @@ async def test_hub_changes_reach_the_kernel_cache_at_once(
     _wait_for(lambda: os.stat(mnt / "f").st_size == 18, "the new size", within)
     _wait_for(lambda: not (mnt / "gone").exists(), "the removed name", within)
     assert (mnt / "f").read_bytes() == b"changed at the hub"
+
+
+def test_a_file_keeps_its_inode_number_after_the_kernel_forgets_it() -> None:
+    """A name invalidated from the feed makes the kernel forget an inode; looked up again,
+    the same file must have the same number (tools compare st_ino), another file not."""
+    table = InodeTable()
+    entry = Entry("/vol/f", EntryKind.FILE, 0, 0, 0o644, 0, 0, 1, inode=77)
+    first = table.learn(entry).ino
+    table.forget(first, 1)
+    assert table.get(first) is None
+    assert table.learn(entry).ino == first
+    old = Entry("/vol/g", EntryKind.FILE, 0, 0, 0o644, 0, 0, 2, inode=78)
+    old_ino = table.learn(old).ino
+    table.forget(old_ino, 1)
+    # another file at that path now (replaced behind the mount): a number of its own
+    assert table.learn(replace(old, inode=79)).ino not in (first, old_ino)
 
 
 async def test_concurrent_change_fails_the_close(

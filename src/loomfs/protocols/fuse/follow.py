@@ -49,7 +49,11 @@ class FeedInvalidator:
         while True:
             feed = await self._next(self.seq, FEED_WAIT)
             for change in feed.changes:
-                await self.apply(change)
+                try:
+                    await self.apply(change)
+                except LoomError as exc:  # the site unreachable for a moment
+                    log.warning("could not check change %d against the kernel's cache: %s",
+                                change.seq, exc)  # fmt: skip
                 self.seq = max(self.seq, change.seq)
 
     async def _next(self, since: int, wait: float) -> Feed:
@@ -79,12 +83,15 @@ class FeedInvalidator:
 
     def _forget_name(self, path: str) -> None:
         parent = self.inodes.by_path(paths.split(path)[0])
-        if parent is not None:
-            # queued to pyfuse3's own thread: the kernel may hold the directory's lock for
-            # a request this loop has yet to answer
-            pyfuse3.invalidate_entry_async(
-                parent.ino, os.fsencode(paths.split(path)[1]), ignore_enoent=True
-            )
+        if parent is None or self.inodes.by_path(path) is None:
+            return  # the kernel holds no such name (it forgets the names it unlinks)
+        # queued to pyfuse3's own thread: the kernel may hold the directory's lock for a
+        # request this loop has yet to answer. The change may be this mount's own: then
+        # the kernel looks the name up once more and finds the same inode number, which
+        # the inode table keeps for a file the kernel forgot.
+        pyfuse3.invalidate_entry_async(
+            parent.ino, os.fsencode(paths.split(path)[1]), ignore_enoent=True
+        )
 
     async def _stale(self, path: str, *, data: bool) -> None:
         node = self.inodes.by_path(path)
