@@ -241,6 +241,7 @@ def test_unlink_while_open(work: tuple[Path, Path, str]) -> None:
         assert not (mnt / "gone").exists() and not (disk / "gone").exists()
         assert reader.read() == b"still readable"
         assert os.fstat(reader.fileno()).st_size == len(b"still readable")
+        assert os.fstat(reader.fileno()).st_nlink == 0
     with (mnt / "scratch").open("w+b") as f:
         os.unlink(mnt / "scratch")
         f.write(b"temp data")

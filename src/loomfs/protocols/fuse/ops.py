@@ -160,7 +160,11 @@ class LoomOperations(pyfuse3.Operations):
         # name must show at once through the others, so their attributes are not cached
         out.attr_timeout = self.cache_timeout if entry.nlink <= 1 else 0
         out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
-        out.st_nlink = 2 if entry.is_dir else entry.nlink
+        if node.unlinked:
+            # open, but this name is gone: one link less (none for a directory)
+            out.st_nlink = 0 if entry.is_dir else max(entry.nlink - 1, 0)
+        else:
+            out.st_nlink = 2 if entry.is_dir else entry.nlink
         out.st_rdev = entry.rdev or 0
         out.st_uid, out.st_gid = entry.uid, entry.gid
         mtime_ns = entry.mtime_ns
