@@ -170,7 +170,8 @@ class LoomOperations(pyfuse3.Operations):
         mtime_ns = entry.mtime_ns
         if node.buffer is not None:
             size = node.buffer.size()
-            mtime_ns = max(mtime_ns, node.buffer.mtime_ns)
+            if node.buffer.generation:  # written to: a buffer only opened changes no time
+                mtime_ns = max(mtime_ns, node.buffer.mtime_ns)
         elif entry.kind is EntryKind.SYMLINK:
             size = len(os.fsencode(entry.link_target or ""))
         else:
