@@ -1,6 +1,7 @@
 """Coherence under faults: a hub and two spokes, random concurrent reads and writes, link
-cuts and restores; every operation is recorded and the history is checked against the
-contract (no stale read while the link is up, no lost acknowledged write). Many seeds."""
+cuts and restores, hub and spoke restarts; every operation is recorded and the history is
+checked against the contract (no stale read while the link is up, no lost acknowledged
+write). Many seeds."""
 
 from __future__ import annotations
 
@@ -41,11 +42,22 @@ async def run_history(c: Fabric, up: dict[str, bool], rng: random.Random, steps:
     history: list[Op] = []
     counter = 0
     cuts: dict[str, int] = dict.fromkeys(c.links, 0)  # bumps each time a link goes down
+    # a restart happens between two operations of the restarted client (the process is
+    # gone, so none of its operations is in flight); the others' operations run on
+    busy = {name: asyncio.Lock() for name in clients(c)}
 
-    async def client_loop(name: str, ns: Namespace) -> None:
+    async def client_loop(name: str) -> None:
+        async with busy[name]:
+            await client_steps(name)
+
+    async def client_steps(name: str) -> None:
         nonlocal counter
         private = 0
         for _ in range(steps):
+            busy[name].release()
+            await asyncio.sleep(rng.random() * 0.01)
+            await busy[name].acquire()
+            ns = clients(c)[name]  # a restart replaced it
             roll = rng.random()
             cut_before = cuts.get(name, 0)
             up_before = up.get(name, True)
@@ -73,13 +85,23 @@ async def run_history(c: Fabric, up: dict[str, bool], rng: random.Random, steps:
             link_up = up_before and up.get(name, True) and cuts.get(name, 0) == cut_before
             kind = "read" if value is None else "write"
             history.append(Op(name, kind, path, start, end, got, version, link_up))
-            await asyncio.sleep(rng.random() * 0.01)
 
     async def chaos() -> None:
-        for _ in range(steps // 4):
+        faults = ["restart hub", "restart spoke"] + ["link"] * (steps // 4 - 2)
+        rng.shuffle(faults)
+        for fault in faults:
             await asyncio.sleep(rng.random() * 0.1)
             name = rng.choice(list(c.links))
-            if up[name]:
+            if fault == "restart hub":
+                async with busy["hub"]:
+                    for spoke in cuts:  # every spoke's link drops with the hub
+                        cuts[spoke] += 1
+                    await c.restart_hub()
+            elif fault == "restart spoke":
+                async with busy[name]:
+                    cuts[name] += 1
+                    await c.restart_spoke(name)
+            elif up[name]:
                 up[name] = False
                 cuts[name] += 1
                 c.links[name].cut()
@@ -90,7 +112,7 @@ async def run_history(c: Fabric, up: dict[str, bool], rng: random.Random, steps:
             link.restore()
             up[name] = True
 
-    await asyncio.gather(*(client_loop(n, ns) for n, ns in clients(c).items()), chaos())
+    await asyncio.gather(*(client_loop(name) for name in clients(c)), chaos())
     for spoke in c.spokes.values():
         async with asyncio.timeout(60):
             await spoke.sync()

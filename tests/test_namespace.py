@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from loomfs.core.acl import AclAuthorizer
 from loomfs.core.registry import open_catalog
+from loomfs.core.types import Principal
 from loomfs.hub.namespace import HubNamespace
 from loomfs.namespace.base import Namespace
+from loomfs.namespace.governed import GovernedNamespace
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.server import RestServer
-from loomfs.testing.namespace_suite import NamespaceSuite
+from loomfs.testing.namespace_suite import WHO, NamespaceSuite
 from loomfs.testing.seaweedfs import SeaweedFS
 
 Factory = Callable[[], AbstractAsyncContextManager[tuple[Namespace, str]]]
@@ -91,3 +94,36 @@ class TestRest(NamespaceSuite):
                     await server.close()
 
         return make
+
+
+class TestGoverned(NamespaceSuite):
+    """Through the governed namespace, as a user a rule allows (the tree is private, the
+    tester granted admin, since the contract includes chown), every call recorded: the
+    contract holds unchanged."""
+
+    @pytest.fixture
+    def ns_factory(self, tmp_path: Path) -> Factory:
+        @contextlib.asynccontextmanager
+        async def make() -> AsyncIterator[tuple[Namespace, str]]:
+            root = tmp_path / uuid.uuid4().hex
+            root.mkdir()
+            async with hub_over(f"sqlite://{root}.db", f"posix://{root}") as hub:
+                acl = AclAuthorizer(hub.catalog)
+                await acl.store.set_private("/vol", True)
+                await acl.store.grant(f"user:{WHO.user}", "admin", "/vol")
+                events: list[tuple[str, str, str]] = []
+                sink = Recorder(events)
+                yield GovernedNamespace(hub, [acl], audit=sink), "/vol"
+                assert events  # every call left a record
+
+        return make
+
+
+class Recorder:
+    def __init__(self, events: list[tuple[str, str, str]]) -> None:
+        self.events = events
+
+    def record(
+        self, who: Principal, op: str, path: str, result: str, *, nbytes: int = 0, detail: str = ""
+    ) -> None:
+        self.events.append((op, path, result))

@@ -15,6 +15,7 @@ from loomfs.core.registry import open_catalog
 from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.chunks import ChunkRoutes
 from loomfs.rest.openapi import spec
+from loomfs.rest.plans import routes as plan_routes
 from loomfs.rest.server import RestServer
 from loomfs.rest.wire import API
 
@@ -40,7 +41,12 @@ async def http(tmp_path: Path) -> AsyncIterator[TestClient[web.Request, web.Appl
 def test_openapi_is_valid_and_covers_every_route() -> None:
     document = spec()
     validate(document)
-    app = RestServer(namespace=None, admin=object()).app()  # type: ignore[arg-type]
+    app = RestServer(
+        namespace=None,  # type: ignore[arg-type]
+        admin=object(),  # type: ignore[arg-type]
+        spoke=object(),  # type: ignore[arg-type]
+        routes=plan_routes(None),  # type: ignore[arg-type]
+    ).app()
     ChunkRoutes(RestServer(namespace=None), chunks=None).register(app)  # type: ignore[arg-type]
     routes = {
         r.resource.canonical.replace("/{path}", "/{path}")

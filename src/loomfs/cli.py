@@ -34,24 +34,27 @@ from rich.table import Table
 
 from .chunks.metrics import REPORTED, summarize
 from .config import Config, load_config
+from .core.acl import AclStore
 from .core.audit import AuditReader, archive, load_key, parse_anchor
 from .core.catalog.base import Catalog
+from .core.placement import Policy, PolicyStore
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry, parse_labels
 from .core.types import KIND_BITS, SYSTEM, Entry, Feed
 from .core.users import AccessKey, UserRegistry
-from .errors import LoomError, NotFound
+from .errors import BackendUnavailable, LoomError, NotFound
 from .fabric.identity import SiteIdentity, fingerprint
 from .log import setup_logging
 from .namespace.base import Namespace
 from .rest.client import RestNamespace
 from .rest.wire import entry_json
 from .service import HubService, SpokeService
+from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
 console = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
-WHO = SYSTEM  # the REST server decides who the caller is; the client sends no identity yet
+WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 
 
 class State:
@@ -66,6 +69,10 @@ class State:
     @property
     def hub(self) -> str:
         return self.hub_override or self.config.client.hub
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        return self.config.client.credentials()
 
 
 def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
@@ -84,7 +91,7 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
 
 def client(ctx: click.Context) -> RestNamespace:
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    return RestNamespace(state.hub)
+    return RestNamespace(state.hub, credentials=state.credentials)
 
 
 @contextlib.asynccontextmanager
@@ -478,15 +485,19 @@ def registry(ctx: click.Context) -> tuple[Catalog, UserRegistry]:
     return catalog, UserRegistry(catalog)
 
 
+async def _with_catalog(ctx: click.Context, fn: Callable[[Catalog], Coroutine[Any, Any, T]]) -> T:
+    catalog, _ = registry(ctx)
+    await catalog.open()
+    try:
+        return await fn(catalog)
+    finally:
+        await catalog.close()
+
+
 async def _with_registry(
     ctx: click.Context, fn: Callable[[UserRegistry], Coroutine[Any, Any, T]]
 ) -> T:
-    catalog, users = registry(ctx)
-    await catalog.open()
-    try:
-        return await fn(users)
-    finally:
-        await catalog.close()
+    return await _with_catalog(ctx, lambda catalog: fn(UserRegistry(catalog)))
 
 
 def _print_secret(key: AccessKey) -> None:
@@ -603,30 +614,37 @@ def site() -> None:
 @click.option("--name", required=True, help="This site's name (it goes in the certificate).")
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, e.g. region=us-west.")
 @click.option("--host", "hosts", multiple=True, help="A name or address this site is reached by.")
+@click.option("--cache-key", is_flag=True, help="Also a key sealing this spoke's cache at rest.")
 @click.pass_context
 def site_init(
-    ctx: click.Context, name: str, labels: tuple[str, ...], hosts: tuple[str, ...]
+    ctx: click.Context,
+    name: str,
+    labels: tuple[str, ...],
+    hosts: tuple[str, ...],
+    cache_key: bool,
 ) -> None:
     """Create this site's key and self-signed certificate (give the .pem to the other side)."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     try:
         identity = SiteIdentity.create(state.config.identity_dir, name, hosts, parse_labels(labels))
+        key_file = state.config.spoke.cache_key_file or state.config.identity_dir / "cache.key"
+        if cache_key:
+            load_cache_key(key_file, create=True)
     except LoomError as exc:
         console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
         sys.exit(1)
     out.print(f"site {identity.name}: certificate {identity.cert_path}")
     out.print(f"fingerprint {fingerprint(identity.cert_pem)}")
+    if cache_key:
+        out.print(f"cache key {key_file} (mode 0600)")
+        if state.config.spoke.cache_key_file is None:
+            out.print(f'seal the cache with it: [spoke] cache_key_file = "{key_file}"')
 
 
 async def _with_sites(
     ctx: click.Context, fn: Callable[[SiteRegistry], Coroutine[Any, Any, T]]
 ) -> T:
-    catalog, _ = registry(ctx)
-    await catalog.open()
-    try:
-        return await fn(SiteRegistry(catalog))
-    finally:
-        await catalog.close()
+    return await _with_catalog(ctx, lambda catalog: fn(SiteRegistry(catalog)))
 
 
 @site.command("add")
@@ -686,6 +704,9 @@ def spoke() -> None:
 @click.option("--write-back", is_flag=True, default=None, help="Acknowledge writes once journaled.")
 @click.option("--listen", help="HOST:PORT of this spoke's REST API.")
 @click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.option(
+    "--cache-key-file", type=click.Path(path_type=Path), help="Seal the cache with this key."
+)
 @click.pass_context
 def spoke_serve(
     ctx: click.Context,
@@ -697,6 +718,7 @@ def spoke_serve(
     write_back: bool | None,
     listen: str | None,
     ready_file: Path | None,
+    cache_key_file: Path | None,
 ) -> None:
     """Attach exports of a hub and serve them here (options override [spoke] in the config)."""
     given = {
@@ -707,6 +729,7 @@ def spoke_serve(
         "cache_size": cache_size,
         "write_back": write_back,
         "listen": listen,
+        "cache_key_file": cache_key_file,
     }
     _serve(
         ctx, {"spoke": {k: v for k, v in given.items() if v is not None}}, ready_file, spoke=True
@@ -722,7 +745,7 @@ def spoke_serve(
 async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -> None:
     """Fetch PATH into a spoke's cache ahead of training; resumable."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub)
+    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
     progress = Progress(
         SpinnerColumn(),
         TextColumn(f"warming {path}"),
@@ -744,6 +767,7 @@ async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -
     out.print(
         f"{stats['files']:,} files, {stats['bytes']:,} bytes cached; "
         f"{stats['fetched']:,} bytes fetched now"
+        + (f"; {stats['refused']:,} files refused by placement" if stats.get("refused") else "")
     )
 
 
@@ -754,7 +778,7 @@ async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -
 async def sync(ctx: click.Context, site_url: str | None) -> None:
     """Wait until a spoke has committed every write it acknowledged."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub)
+    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
     try:
         await ns.sync()
     finally:
@@ -860,8 +884,8 @@ async def _mount(
     else:
         service = HubService(config)
         await service.start()
-        ns = service.namespace
-        follow = functools.partial(_hub_feed, service)
+        ns = service.governed  # the mapped users are decided for like any other caller
+        follow = functools.partial(_hub_feed, service)  # invalidation only: no data
     try:
         await serve(
             ns,
@@ -879,6 +903,212 @@ async def _mount(
             await ns.close()
         if ready_file is not None:
             ready_file.unlink(missing_ok=True)
+
+
+# -- placement policies ------------------------------------------------------------------
+
+
+@main.group()
+def policy() -> None:
+    """Residency: which sites (by label) may hold or receive the data of which paths."""
+
+
+async def _with_policies(
+    ctx: click.Context, fn: Callable[[PolicyStore], Coroutine[Any, Any, T]]
+) -> T:
+    return await _with_catalog(ctx, lambda catalog: fn(PolicyStore(catalog)))
+
+
+@policy.command("add")
+@click.argument("name")
+@click.option("--paths", "globs", multiple=True, required=True, help="A path glob, /a/b/**.")
+@click.option("--tag", help="KEY=VALUE: files with this tag are covered too, wherever they are.")
+@click.option(
+    "--allow-sites", "allow", multiple=True, required=True, help="A site label KEY=VALUE (any)."
+)
+@click.option(
+    "--metadata",
+    type=click.Choice(["visible", "hidden"]),
+    default="visible",
+    help="Whether refused sites see names and sizes (visible) or nothing (hidden).",
+)
+@click.pass_context
+@run
+async def policy_add(
+    ctx: click.Context,
+    name: str,
+    globs: tuple[str, ...],
+    tag: str | None,
+    allow: tuple[str, ...],
+    metadata: str,
+) -> None:
+    """Add (or replace) policy NAME; returns once every spoke that may no longer hold its
+    data has evicted it (the hub at --hub confirms)."""
+    rule = Policy.build(name, globs, allow, tag, metadata)
+    seq = await _with_policies(ctx, lambda store: store.put(rule))
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    hub = RestNamespace(state.hub)
+    try:
+        await hub.settle(seq)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(
+            f"policy {name} is stored, but no spoke's eviction is confirmed: {exc}"
+        ) from None
+    finally:
+        await hub.close()
+    out.print(f"policy {name} in force; spokes it refuses hold none of its data")
+
+
+@policy.command("list")
+@click.pass_context
+@run
+async def policy_list(ctx: click.Context) -> None:
+    """The placement policies of this hub."""
+    table = Table("policy", "paths", "tag", "allowed sites", "metadata")
+    for p in await _with_policies(ctx, lambda store: store.list()):
+        table.add_row(
+            p.name,
+            " ".join(p.paths),
+            "" if p.tag is None else "=".join(p.tag),
+            " ".join(f"{k}={v}" for k, v in p.allow),
+            p.metadata.value,
+        )
+    out.print(table)
+
+
+@policy.command("remove")
+@click.argument("name")
+@click.pass_context
+@run
+async def policy_remove(ctx: click.Context, name: str) -> None:
+    """Remove policy NAME (a loosening: nothing to evict)."""
+    await _with_policies(ctx, lambda store: store.remove(name))
+
+
+# -- access control ----------------------------------------------------------------------
+
+
+async def _with_acl(ctx: click.Context, fn: Callable[[AclStore], Coroutine[Any, Any, T]]) -> T:
+    return await _with_catalog(ctx, lambda catalog: fn(AclStore(catalog)))
+
+
+@main.group()
+def group() -> None:
+    """Groups of users, for ACL rules (on the hub)."""
+
+
+@group.command("add")
+@click.argument("name")
+@click.pass_context
+@run
+async def group_add(ctx: click.Context, name: str) -> None:
+    """Create a group (add users with `loomfs user add --group` or `group member`)."""
+    await _with_acl(ctx, lambda acl: acl.add_group(name))
+
+
+@group.command("list")
+@click.pass_context
+@run
+async def group_list(ctx: click.Context) -> None:
+    """Groups and their members."""
+    table = Table("group", "members")
+    for g in await _with_acl(ctx, lambda acl: acl.list_groups()):
+        table.add_row(g.name, ",".join(g.members))
+    out.print(table)
+
+
+@group.command("remove")
+@click.argument("name")
+@click.pass_context
+@run
+async def group_remove(ctx: click.Context, name: str) -> None:
+    """Remove a group and its memberships (refused while an ACL rule names it)."""
+    await _with_acl(ctx, lambda acl: acl.remove_group(name))
+
+
+@group.command("member")
+@click.argument("name")
+@click.argument("user_name", metavar="USER")
+@click.option("--remove", is_flag=True, help="Take USER out of the group instead.")
+@click.pass_context
+@run
+async def group_member(ctx: click.Context, name: str, user_name: str, remove: bool) -> None:
+    """Put USER in group NAME (or take them out)."""
+    await _with_acl(ctx, lambda acl: acl.set_member(name, user_name, member=not remove))
+
+
+@main.group()
+def acl() -> None:
+    """Path-prefix access rules (on the hub): who may read, write or administer what.
+
+    A path no rule governs (on it or an ancestor) and not under a private export is open
+    to everyone; once a rule governs it, only what rules grant is allowed."""
+
+
+@acl.command("grant")
+@click.argument("subject")
+@click.argument("permission", type=click.Choice(["read", "write", "admin"]))
+@click.argument("path")
+@click.pass_context
+@run
+async def acl_grant(ctx: click.Context, subject: str, permission: str, path: str) -> None:
+    """Give SUBJECT (user:NAME, group:NAME or a group's name) PERMISSION on PATH and below."""
+
+    async def fn(store: AclStore) -> None:
+        rule = await store.grant(await store.resolve(subject), permission, path)
+        out.print(f"{rule.subject} may {rule.permission.value} {rule.path}")
+
+    await _with_acl(ctx, fn)
+
+
+@acl.command("revoke")
+@click.argument("subject")
+@click.argument("permission", type=click.Choice(["read", "write", "admin"]))
+@click.argument("path")
+@click.pass_context
+@run
+async def acl_revoke(ctx: click.Context, subject: str, permission: str, path: str) -> None:
+    """Take back a rule made with `acl grant`."""
+
+    async def fn(store: AclStore) -> None:
+        await store.revoke(await store.resolve(subject), permission, path)
+
+    await _with_acl(ctx, fn)
+
+
+@acl.command("list")
+@click.pass_context
+@run
+async def acl_list(ctx: click.Context) -> None:
+    """Every rule and every private export."""
+    rules, private, _ = await _with_acl(ctx, lambda store: store.snapshot())
+    table = Table("path", "subject", "permission")
+    for rule in rules:
+        table.add_row(rule.path, rule.subject, rule.permission.value)
+    for path in private:
+        table.add_row(path, "(private export)", "")
+    out.print(table)
+
+
+@acl.command("private")
+@click.argument("path")
+@click.option("--off", is_flag=True, help="Make PATH open again (where no rule governs it).")
+@click.pass_context
+@run
+async def acl_private(ctx: click.Context, path: str, off: bool) -> None:
+    """Mark an export private: below PATH only what rules grant is allowed."""
+    await _with_acl(ctx, lambda store: store.set_private(path, not off))
+
+
+@main.command("whoami")
+@click.pass_context
+@run
+async def whoami(ctx: click.Context) -> None:
+    """Who the hub (or spoke) takes this client for."""
+    async with connected(ctx) as ns:
+        found = await ns.whoami()
+    groups = ",".join(found["groups"]) or "-"
+    out.print(f"{found['user']} (groups {groups}) at {found['site']} over {found['protocol']}")
 
 
 # -- status ------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Every key can be set as ``LOOMFS_<SECTION>__<KEY>`` (``LOOMFS_HUB__LISTEN=0.0.0.0:7070``);
 the file is found through ``--config``, ``LOOMFS_CONFIG`` or ``./loomfs.toml``. Secrets do
 not belong here: S3 credentials come from the AWS credential chain, database passwords
-from ``~/.pgpass``, so this file can be shown and logged.
+from ``~/.pgpass``, so this file can be shown and logged. The one exception, a CLI user's
+own ``[client] secret_key``, is a ``SecretStr`` (never shown); ``LOOMFS_SECRET_KEY`` is
+the better place for it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from .errors import ConfigError
 
@@ -43,6 +45,9 @@ class HubSection(_Section):
     watch: bool = True
     #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke
     lease_ttl: float = 15.0
+    #: REST callers without credentials act as user "anonymous" (only open paths allow
+    #: them anything); false: every REST request needs HTTP Basic credentials
+    anonymous: bool = True
 
 
 class S3Section(_Section):
@@ -71,6 +76,29 @@ class SftpSection(_Section):
 
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
+    #: credentials the CLI sends (HTTP Basic); env LOOMFS_ACCESS_KEY / LOOMFS_SECRET_KEY
+    #: win. Unset: the CLI is the anonymous caller.
+    access_key: str | None = None
+    secret_key: SecretStr | None = None
+
+    def credentials(self, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+        """(access key id, secret) the CLI authenticates with; None: anonymous."""
+        env = os.environ if env is None else env
+        key = env.get("LOOMFS_ACCESS_KEY") or self.access_key
+        secret = env.get("LOOMFS_SECRET_KEY") or (
+            self.secret_key.get_secret_value() if self.secret_key else None
+        )
+        if not key and not secret:
+            return None
+        if not key or not secret:
+            raise ConfigError(
+                "credentials need both an access key id and its secret ([client] access_key "
+                "and secret_key, or LOOMFS_ACCESS_KEY and LOOMFS_SECRET_KEY)"
+            )
+        return key, secret
+
+    #: site name -> REST URL, for ``loomfs://SITE/path`` URLs (the Python SDK)
+    sites: dict[str, str] = {}
 
 
 class LogSection(_Section):
@@ -96,6 +124,12 @@ class SpokeSection(_Section):
     write_back: bool = False
     #: where this spoke serves the REST API (the same API as a hub's)
     listen: str = "127.0.0.1:7071"
+    #: 32-byte key sealing the cache at rest (AES-GCM); created on first start if missing
+    cache_key_file: Path | None = None
+    #: as [hub] anonymous, for this spoke's REST API (credentials are checked by the hub)
+    anonymous: bool = True
+    #: follow the plans data loaders publish (prefetch, evict by next use); off = LRU only
+    prefetch: bool = True
 
 
 class AuditSection(_Section):

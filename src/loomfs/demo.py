@@ -26,9 +26,11 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from .testing.fuse import MountProcess
 from .testing.hubproc import HubProcess, SpokeProcess
 from .testing.loop import LoopThread
 from .testing.seaweedfs import SeaweedFS
+from .testing.sftp import make_key, sftp_batch
 from .testing.wan import LinkEmulator
 
 console = Console(highlight=False, soft_wrap=True)
@@ -106,12 +108,19 @@ def main() -> None:
         sh("site", "init", "--name", "gpu-west", "--label", "region=us-west", env=spoke_env)
         sh("site", "add", "gpu-west", "--cert", str(WORK / "spoke/identity/site.pem"), env=env)
         step("Starting the hub (SQLite catalog, embedded default; fabric link on mutual TLS)")
-        fabric_env = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__LEASE_TTL": "5"}
-        with HubProcess(WORK / "hub", {**env, **fabric_env}) as hub:
+        listeners = {
+            "LOOMFS_FABRIC__LISTEN": "127.0.0.1:0",
+            "LOOMFS_HUB__LEASE_TTL": "5",
+            "LOOMFS_S3__LISTEN": "127.0.0.1:0",
+            "LOOMFS_S3__BUCKET_ROOT": "/datasets",  # each dataset directory is a bucket
+            "LOOMFS_SFTP__LISTEN": "127.0.0.1:0",
+        }
+        with HubProcess(WORK / "hub", {**env, **listeners}) as hub:
             env["LOOMFS_HUB"] = hub.url
             console.print(f"hub at {hub.url}, fabric at {hub.urls['fabric']}")
             console.print(f"structured log in {hub.log_path}")
             run_demo(env, hub.url, sample, s3, bucket)
+            run_protocols_demo(env, hub)
             run_spoke_demo(env, spoke_env, hub, sample)
             step("Stopping everything the demo started")
     console.print("[bold]done.[/] (SeaweedFS, the hub and the spoke are stopped; files in .demo/)")
@@ -131,6 +140,49 @@ def timed(title: str, *args: str, env: dict[str, str], link: LinkEmulator) -> No
         f"{link.down.bytes - before:,} bytes crossed the WAN; {status}",
         markup=True,
     )
+
+
+def run_protocols_demo(env: dict[str, str], hub: HubProcess) -> None:
+    step("Every tool, the same file: in with `aws s3 cp`, out with `cat` on a FUSE mount and sftp")
+    key = WORK / "alice_ed25519"
+    make_key(key, "alice@demo")
+    added = sh("user", "add", "alice", "--ssh-key", f"{key}.pub", env=env)
+    secrets = dict(line.split(":", 1) for line in added.splitlines() if ":" in line)
+    aws_env = {
+        **env,
+        "AWS_ACCESS_KEY_ID": secrets["access key id"].strip(),
+        "AWS_SECRET_ACCESS_KEY": secrets["secret access key"].strip(),
+    }
+    upload = WORK / "from-aws.txt"
+    upload.write_text("uploaded with the aws CLI\n")
+    aws = str(Path(sys.executable).with_name("aws"))
+    command = [
+        aws,
+        "--endpoint-url",
+        hub.urls["s3"],
+        "s3",
+        "cp",
+        "--no-progress",
+        str(upload),
+        "s3://sample/",
+    ]
+    console.print(f"[bold green]$[/] {shlex.join(command)}")
+    subprocess.run(command, env=aws_env, check=True)
+
+    mount_config = WORK / "mount.toml"
+    mount_config.write_text(f"[site]\ndata_dir = {json.dumps(str(WORK / 'mount'))}\n")
+    mountpoint = WORK / "mnt"
+    with MountProcess(mount_config, mountpoint, "--hub", hub.url):
+        on_mount = mountpoint / "datasets/sample/from-aws.txt"
+        console.print(f"[bold green]$[/] cat {on_mount}")
+        console.print(on_mount.read_text(), end="", markup=False)
+
+    port = int(urlsplit(hub.urls["sftp"]).port or 0)
+    got = sftp_batch(port, "alice", key, "get /datasets/sample/from-aws.txt via-sftp.txt", cwd=WORK)
+    if got.returncode != 0:
+        raise SystemExit(f"sftp get failed: {got.stderr}")
+    console.print("[bold green]$[/] sftp alice@hub: get /datasets/sample/from-aws.txt")
+    console.print((WORK / "via-sftp.txt").read_text(), end="", markup=False)
 
 
 def run_spoke_demo(

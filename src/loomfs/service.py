@@ -15,7 +15,7 @@ import logging
 import signal
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -24,10 +24,12 @@ from prometheus_client import Counter, Gauge
 
 from . import paths
 from .config import Config, host_port, parse_size
+from .core.acl import AclAuthorizer
 from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
+from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
@@ -39,13 +41,20 @@ from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.namespace import HubNamespace
+from .hub.placement import PlacedNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
+from .namespace.governed import GovernedNamespace
 from .protocols.s3 import S3Gateway
+from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
+from .rest.plans import routes as plan_routes
 from .rest.server import RestServer
 from .spoke.cache import Cache
 from .spoke.namespace import SpokeNamespace
+from .spoke.prefetcher import Prefetcher
+from .spoke.sealed import BlockCipher
+from .spoke.sealed import load_key as load_cache_key
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +69,14 @@ class HubService:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.catalog: Catalog = open_catalog(config.catalog_url)
+        self.placement = PlacementAuthorizer(
+            self.catalog, SiteRegistry(self.catalog), config.site.name
+        )
         self.namespace = HubNamespace(
             self.catalog,
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
+            self.placement,
         )
-        self._watchers: dict[str, PosixWatcher] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self.chunks = HubChunks(self.namespace, config.site.data_dir / "chunk-staging")
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
         #: from ``start`` on, so the namespace can be given it before the hub starts
         self.audit: AuditLog | None = None
@@ -77,6 +87,20 @@ class HubService:
                 key=load_key(config.audit.key_file),
                 segment_size=parse_size(config.audit.segment_size),
             )
+        # what every protocol gets: the namespace behind authorization and audit (volume
+        # administration and the hub's own machinery use the inner one); every governed
+        # call lands in the audit log
+        self.authorizer = AclAuthorizer(self.catalog)
+        self.governed = GovernedNamespace(self.namespace, [self.authorizer], audit=self.audit)
+        #: the namespace as spokes reach it: the ACLs of the users they forward, and the
+        #: placement policies of the site they are (residency) below them
+        self.placed = PlacedNamespace(self.namespace, self.placement)
+        self.fabric_namespace = GovernedNamespace(self.placed, [self.authorizer], audit=self.audit)
+        self._watchers: dict[str, PosixWatcher] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.chunks = HubChunks(
+            self.namespace, config.site.data_dir / "chunk-staging", gate=self.placed
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -218,18 +242,26 @@ class HubService:
         deadline = time.monotonic() + wait
         while True:
             changes = await self.catalog.changes(since, limit)
+            if site is not None:  # what a placement policy hides from it, it doesn't learn
+                changes = await self.placement.redact(site, changes)
             if changes or time.monotonic() >= deadline or gone():
                 return Feed(changes, await self.catalog.head_seq(), lease)
             # the catalog may be written by other processes: polling it is the one signal
             # that sees them all, and it is a single indexed read
             await asyncio.sleep(FEED_POLL)
 
+    async def settle(self, seq: int) -> None:
+        """Return once every leased spoke applied change ``seq`` (say a policy's evictions,
+        logged by another process), with this hub already deciding by that policy."""
+        await self.placement.reload(force=True)
+        await self.namespace.leases.settle(seq)
+
     # -- serving ---------------------------------------------------------------------------
 
     def s3_gateway(self) -> S3Gateway:
         s3 = self.config.s3
         return S3Gateway(
-            self.namespace,
+            self.governed,
             UserRegistry(self.catalog),
             s3.buckets,
             staging=self.config.site.data_dir / "s3-uploads",
@@ -240,12 +272,25 @@ class HubService:
             max_part_size=s3.max_part_size,
         )
 
+    def authenticator(self) -> RegistryAuthenticator:
+        return RegistryAuthenticator(
+            UserRegistry(self.catalog),
+            site=self.config.site.name,
+            anonymous=self.config.hub.anonymous,
+        )
+
     async def serve(self, ready_file: Path | None = None) -> None:
         """Run until SIGTERM or SIGINT, then stop cleanly; the S3 gateway too when
         ``[s3] listen`` is set, and the fabric link for spokes when ``[fabric] listen`` is."""
         await self.start()
         try:
-            server = RestServer(self.namespace, self, site=self.config.site.name)
+            server = RestServer(
+                self.governed,
+                self,
+                site=self.config.site.name,
+                authenticate=self.authenticator(),
+                governance=self.governed,
+            )
             listeners = [Listener("url", server.app(), self.config.listen_host_port)]
             if self.config.s3.listen:
                 listen = host_port(self.config.s3.listen, "s3.listen")
@@ -254,22 +299,24 @@ class HubService:
                 fabric = await self._fabric_server()
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
-            sockets = sftp_listeners(self.config, self.namespace, self.catalog)
+            sockets = sftp_listeners(self.config, self.governed, self.catalog)  # governed
             await serve_until_signal(listeners, ready_file, "hub", sockets)
         finally:
             await self.stop()
 
+    def fabric_server(self, identity: SiteIdentity, trusted: Mapping[str, bytes]) -> FabricServer:
+        """The fabric link as spokes get it: placement policies for their site, ACL rules
+        for the users they forward, chunks, audit."""
+        return FabricServer(
+            self.fabric_namespace, self, identity, trusted,
+            chunks=self.chunks, audit=self.audit,
+            users=UserRegistry(self.catalog), groups_of=self.authorizer.groups_of,
+        )  # fmt: skip
+
     async def _fabric_server(self) -> FabricServer:
         identity = SiteIdentity.load(self.config.identity_dir)
         sites = SiteRegistry(self.catalog)
-        fabric = FabricServer(
-            self.namespace,
-            self,
-            identity,
-            await sites.trusted(),
-            chunks=self.chunks,
-            audit=self.audit,
-        )
+        fabric = self.fabric_server(identity, await sites.trusted())
 
         async def follow_trust() -> None:
             while True:  # pins and revocations made with `loomfs site` take effect here
@@ -354,8 +401,10 @@ async def serve_until_signal(
             started.append(socket.server)
             urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
-        if ready_file is not None:
-            ready_file.write_text(json.dumps(urls))
+        if ready_file is not None:  # whole or not at all: a watcher may read it at once
+            partial = ready_file.with_name(ready_file.name + ".tmp")
+            partial.write_text(json.dumps(urls))
+            partial.replace(ready_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -385,22 +434,38 @@ class SpokeService:
             hub_cert = spoke.hub_cert.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
-        client = RestNamespace(spoke.hub, ssl_context=identity.client_context(hub_cert))
+        client = RestNamespace(
+            spoke.hub, ssl_context=identity.client_context(hub_cert), forward=True
+        )
+        self.authenticate = HubAuthenticator(client, site=identity.name, anonymous=spoke.anonymous)
+        cipher = None
+        if spoke.cache_key_file is not None:
+            cipher = BlockCipher(load_cache_key(spoke.cache_key_file, create=True))
         cache = Cache(
             spoke.cache_dir or config.site.data_dir / "cache",
             parse_size(spoke.cache_size),
             link=client,
+            cipher=cipher,
         )
         self.namespace = SpokeNamespace(
             client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
+        prefetcher = Prefetcher(self.namespace) if self.config.spoke.prefetch else None
         # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
         users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
         try:
             await self.namespace.start()
-            server = RestServer(self.namespace, spoke=self.namespace, site=self.namespace.site)
+            if prefetcher is not None:
+                prefetcher.start()
+            server = RestServer(
+                self.namespace,
+                spoke=self.namespace,
+                site=self.namespace.site,
+                authenticate=self.authenticate,
+                routes=plan_routes(prefetcher) if prefetcher is not None else (),
+            )
             listen = host_port(self.config.spoke.listen, "spoke.listen")
             sockets: list[SocketListener] = []
             if users is not None:
@@ -409,6 +474,8 @@ class SpokeService:
             listeners = [Listener("url", server.app(), listen)]
             await serve_until_signal(listeners, ready_file, "spoke", sockets)
         finally:
+            if prefetcher is not None:
+                await prefetcher.close()
             await self.namespace.close()
             if users is not None:
                 await users.close()

@@ -95,6 +95,7 @@ class ChangeOp(enum.StrEnum):
     META = "meta"  # mode, owner, mtime or tags changed; content version unchanged
     DELETE = "delete"  # the path and everything below it is gone
     RENAME = "rename"  # path moved to new_path, with everything below it
+    EVICT = "evict"  # a placement policy tightened: sites drop cached data at and below path
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,3 +175,12 @@ class Volume:
     checkpoint: str | None
     created_ns: int
     last_scan_ns: int | None
+
+
+class Action(enum.StrEnum):
+    """What a namespace call needs of a path; each implies the ones before it (an ACL
+    grant of write includes read, admin includes both)."""
+
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"

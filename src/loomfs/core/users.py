@@ -21,6 +21,8 @@ from .types import Principal
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 _ACCESS_KEY = re.compile(r"^[A-Za-z0-9]{16,128}$")
+# the caller without credentials and loomfs itself (see core.acl): no one may log in as them
+RESERVED_USERS = frozenset({"anonymous", "system"})
 _KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # as AWS key ids: upper case and digits
 SSH_KEY_TYPES = (
     "ssh-ed25519",
@@ -89,6 +91,11 @@ def parse_ssh_key(line: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2] if len(parts) > 2 else ""
 
 
+def bump_acl_generation(catalog: SqlCatalog, cur: Cursor) -> None:
+    """Group memberships are part of access control: running hubs reload on this."""
+    catalog._q(cur, "UPDATE counters SET value = value + 1 WHERE name = 'acl'")
+
+
 def new_access_key() -> tuple[str, str]:
     """A fresh (access key id, secret) pair shaped like AWS's (20 and 40 characters)."""
     key_id = "LK" + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(18))
@@ -107,6 +114,8 @@ class UserRegistry:
 
     async def add_user(self, name: str, groups: frozenset[str] = frozenset()) -> User:
         _check_name(name, "user name")
+        if name in RESERVED_USERS:
+            raise InvalidArgument(f"{name!r} is reserved for loomfs's own callers")
         for group in groups:
             _check_name(group, "group name")
         now = time.time_ns()
@@ -120,6 +129,7 @@ class UserRegistry:
                 self._cat._sql("INSERT INTO user_groups (user_name, group_name) VALUES (?, ?)"),
                 [(name, g) for g in sorted(groups)],
             )
+            bump_acl_generation(self._cat, cur)
 
         await self._cat._run(self._cat._write, fn)
         return User(name, frozenset(groups), now)
@@ -130,6 +140,7 @@ class UserRegistry:
         def fn(cur: Cursor) -> None:
             self._user_row(cur, name)
             self._cat._q(cur, "DELETE FROM users WHERE name = ?", (name,))
+            bump_acl_generation(self._cat, cur)
 
         await self._cat._run(self._cat._write, fn)
 

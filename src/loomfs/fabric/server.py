@@ -3,21 +3,35 @@
 Spokes speak the same REST API as every other client (stat, list, ranged reads, writes,
 the change feed as a long poll), so there is one server for both; what differs is who
 is calling: the site named by the pinned certificate the spoke presented.
+
+The trust model: the *site* is authenticated by its certificate; the *user* a spoke
+serves is asserted by that site (``X-Loomfs-User``, ``X-Loomfs-Protocol``) and gets the
+groups the hub's registry gives that name, so the hub's ACL rules decide for the end
+user wherever they are. A spoke authenticates its own REST users by passing their Basic
+credentials through to ``/v1/whoami`` here, where the registry checks them. A pinned
+site is therefore trusted to tell the truth about its users (it could name any user);
+revoking the site is the remedy for one that does not. A spoke's own calls (its change
+feed, cache fills of versions a user was already allowed, its journal's uploads) carry no
+user and act as ``site:NAME``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
+from ..core.acl import ANONYMOUS, SITE_PREFIX
 from ..core.audit import AuditSink
 from ..core.types import Principal
-from ..errors import AuthenticationFailed
+from ..core.users import RESERVED_USERS, UserRegistry, _check_name
+from ..errors import AuthenticationFailed, InvalidArgument
 from ..hub.chunks import HubChunks
 from ..namespace.base import Namespace
+from ..rest import wire
+from ..rest.auth import RegistryAuthenticator
 from ..rest.chunks import ChunkRoutes
 from ..rest.server import RestServer, VolumeAdmin
 from .identity import SiteIdentity, fingerprint
@@ -30,16 +44,24 @@ class FabricServer(RestServer):
         admin: VolumeAdmin | None,
         identity: SiteIdentity,
         trusted: Mapping[str, bytes],
+        *,
         chunks: HubChunks | None = None,
         audit: AuditSink | None = None,
+        users: UserRegistry | None = None,
+        groups_of: Callable[[str], frozenset[str]] = lambda _: frozenset(),
     ) -> None:
         """``trusted`` maps each pinned site's name to its certificate (PEM); with
         ``chunks``, spokes can move chunks instead of byte ranges; refusals are policy
-        decisions and go to ``audit``."""
+        decisions and go to ``audit``; ``users`` checks the credentials spokes pass
+        through, ``groups_of`` names a user's groups."""
         super().__init__(namespace, admin, site=identity.name)
         self.chunks = chunks
         self.identity = identity
         self.audit = audit
+        self._credentials = (
+            RegistryAuthenticator(users, site=identity.name, anonymous=False) if users else None
+        )
+        self._groups_of = groups_of
         self._context = identity.server_context(trusted.values())
         self._sites: dict[str, str] = {}
         self.trust(trusted)
@@ -47,7 +69,7 @@ class FabricServer(RestServer):
     def app(self) -> web.Application:
         app = super().app()
         if self.chunks is not None:
-            ChunkRoutes(self, self.chunks).register(app)
+            ChunkRoutes(self, self.chunks, audit=self.audit).register(app)
         return app
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -63,7 +85,7 @@ class FabricServer(RestServer):
                 self._context.load_verify_locations(cadata=pem.decode())
         self._sites = {fingerprint(pem): name for name, pem in trusted.items()}
 
-    def principal(self, request: web.Request) -> Principal:
+    def _site(self, request: web.Request) -> str:
         tls = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = tls.getpeercert(binary_form=True) if tls is not None else None
         peer = hashlib.sha256(der).hexdigest() if der else None
@@ -81,4 +103,28 @@ class FabricServer(RestServer):
                 )
             # the handshake already pins certificates; this catches a site revoked since
             raise AuthenticationFailed("this site's certificate is not trusted by the hub")
-        return Principal(user=f"site:{site}", site=site, protocol="fabric")
+        return site
+
+    async def authenticate(self, request: web.Request) -> Principal:
+        site = self._site(request)
+        protocol = request.headers.get(wire.PROTOCOL_HEADER, "rest")
+        if not protocol.isidentifier():
+            raise AuthenticationFailed(f"site {site} forwarded an invalid protocol {protocol!r}")
+        header = request.headers.get("Authorization")
+        if header is not None:  # a spoke checking its user's credentials
+            if self._credentials is None:
+                raise AuthenticationFailed("this hub has no user registry to check credentials")
+            found = await self._credentials.identify(header)
+            return Principal(found.user, found.groups, site=site, protocol=protocol)
+        user = request.headers.get(wire.USER_HEADER)
+        if user is None:
+            return Principal(f"{SITE_PREFIX}{site}", site=site, protocol="fabric")
+        if user == ANONYMOUS:
+            return Principal(user, site=site, protocol=protocol)
+        try:
+            _check_name(user, "user name")
+        except InvalidArgument:
+            raise AuthenticationFailed(f"site {site} forwarded an invalid user {user!r}") from None
+        if user in RESERVED_USERS:
+            raise AuthenticationFailed(f"site {site} may not act as {user}")
+        return Principal(user, self._groups_of(user), site=site, protocol=protocol)

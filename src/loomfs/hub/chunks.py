@@ -14,6 +14,15 @@ on receipt, staged on local disk), then commits the file assembled from the stag
 and chunks the index finds in any file, through the namespace's write: atomically in
 place, with the writer's version precondition, leases and the change feed as for any
 write. The map of the committed version is known then and stored at once.
+
+With a ``ChunkGate`` (the hub's placement wrapper) every call names its caller and is
+decided as the namespace would: a chunk map is a read of its file, a commit a write of
+its path, and a chunk asked for by id is sent only out of a file the caller may read. A
+chunk that sits only in files refused to the caller is answered as not held (an empty
+frame: the spoke falls back to a ranged read of its own file, itself checked), counts as
+missing for upload dedup (the caller sends its own bytes) and can't be committed from
+the index. So no chunk id, learned however, opens a restricted file's bytes, and asking
+reveals no more than that the hub holds the chunk in no file the caller may read.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import Counter
 
@@ -46,13 +55,15 @@ from ..chunks.pipeline import BATCH_BYTES, ChunkPipeline
 from ..chunks.records import record
 from ..core.catalog.sql import Cursor, SqlCatalog, _join
 from ..core.streams import FileRegion
-from ..core.types import SYSTEM, Entry, Principal
+from ..core.types import SPECIAL_KINDS, SYSTEM, Entry, Principal
 from ..errors import (
     Conflict,
     CorruptData,
     InvalidArgument,
     IsADirectory,
     NotFound,
+    NotSupported,
+    PermissionDenied,
     UnsupportedScheme,
 )
 from ..namespace.base import Reader
@@ -87,6 +98,18 @@ class Wanted:
 
     id: bytes
     delta_from: int | None = None
+
+
+class ChunkGate(Protocol):
+    """What a caller may receive or write through chunks (``hub.placement``)."""
+
+    async def guarded(self, who: Principal) -> bool:
+        """Whether anything may be refused to ``who`` (else no per-file checks)."""
+        ...
+
+    async def check_read(self, who: Principal, path: str) -> None: ...
+
+    async def check_write(self, who: Principal, path: str) -> None: ...
 
 
 class _RegionReference:
@@ -131,12 +154,20 @@ class _SyncStream:
 
 
 class HubChunks:
-    def __init__(self, namespace: HubNamespace, staging: Path, workers: int | None = None) -> None:
+    def __init__(
+        self,
+        namespace: HubNamespace,
+        staging: Path,
+        workers: int | None = None,
+        gate: ChunkGate | None = None,
+    ) -> None:
         catalog = namespace.catalog
         if not isinstance(catalog, SqlCatalog):
             raise UnsupportedScheme(f"chunk maps need a SQL catalog, not {catalog.url}")
         self._cat = catalog
         self.namespace = namespace
+        #: placement: what each caller may receive or write through chunks
+        self.gate = gate
         self.staging = staging
         self.pipeline = ChunkPipeline(workers)
         self._encoders = ThreadPoolExecutor(self.pipeline.workers, thread_name_prefix="loomfs-enc")
@@ -153,9 +184,13 @@ class HubChunks:
     async def chunk_map(self, who: Principal, path: str) -> tuple[Entry, ChunkMap]:
         """The entry of ``path`` and its current version's chunk map: stored, or computed
         now (one computation per version however many spokes ask at once)."""
+        if self.gate is not None:
+            await self.gate.check_read(who, path)  # the map names the file's bytes
         entry = await self.namespace.stat(who, path)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
+        if entry.kind in SPECIAL_KINDS:  # nothing to cut, and opening one may block
+            raise NotSupported(f"{path} is a special file: it has no content", path=path)
         stored = await self._stored_map(entry)
         if stored is not None:
             return entry, stored
@@ -244,11 +279,35 @@ class HubChunks:
 
     # -- the chunk index -------------------------------------------------------------------
 
-    async def sources(self, ids: Sequence[bytes]) -> dict[bytes, Source]:
-        """One place each of ``ids`` sits in a file at the version the index recorded."""
+    async def sources(
+        self, ids: Sequence[bytes], who: Principal | None = None
+    ) -> dict[bytes, Source]:
+        """One place each of ``ids`` sits in a file at the version the index recorded;
+        with ``who``, in a file the gate lets ``who`` read (else the id is left out)."""
+        places = await self._places(ids)
+        if who is None or self.gate is None or not await self.gate.guarded(who):
+            return {cid: found[0] for cid, found in places.items()}
+        gate = self.gate
+        readable: dict[str, bool] = {}
+        out: dict[bytes, Source] = {}
+        for cid, found in places.items():
+            for source in found:
+                if source.path not in readable:
+                    try:
+                        await gate.check_read(who, source.path)
+                        readable[source.path] = True
+                    except (PermissionDenied, NotFound):
+                        readable[source.path] = False
+                if readable[source.path]:
+                    out[cid] = source
+                    break
+        return out
 
-        def fn(cur: Cursor) -> dict[bytes, Source]:
-            found: dict[bytes, Source] = {}
+    async def _places(self, ids: Sequence[bytes]) -> dict[bytes, list[Source]]:
+        """Every place each of ``ids`` sits in a file at the version the index recorded."""
+
+        def fn(cur: Cursor) -> dict[bytes, list[Source]]:
+            found: dict[bytes, list[Source]] = {}
             wanted = sorted({cid.hex() for cid in ids})
             for i in range(0, len(wanted), _IN):
                 part = wanted[i : i + _IN]
@@ -261,18 +320,18 @@ class HubChunks:
                     part,
                 ).fetchall()
                 for cid, entry_id, parent, name, version, pos, length in rows:
-                    found.setdefault(
-                        bytes.fromhex(cid),
-                        Source(entry_id, _join(parent, name), version, pos, length),
+                    found.setdefault(bytes.fromhex(cid), []).append(
+                        Source(entry_id, _join(parent, name), version, pos, length)
                     )
             return found
 
         return await self._cat._run(self._cat._read, fn)
 
-    async def missing(self, ids: Sequence[bytes]) -> list[bytes]:
-        """Which of ``ids`` the hub holds in no file (nor staged from an earlier upload)."""
+    async def missing(self, ids: Sequence[bytes], who: Principal | None = None) -> list[bytes]:
+        """Which of ``ids`` the hub holds in no file (nor staged from an earlier upload);
+        with ``who``, in no file ``who`` may read."""
         _check_batch(ids)
-        held = await self.sources(ids)
+        held = await self.sources(ids, who)
         return [cid for cid in dict.fromkeys(ids) if cid not in held and not self._staged(cid)]
 
     # -- download --------------------------------------------------------------------------
@@ -282,13 +341,20 @@ class HubChunks:
         wanted: Sequence[Wanted],
         base: tuple[str, int] | None = None,
         transfer: Transfer | None = None,
+        who: Principal | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """One record per wanted chunk, in order: its frame (encoded on the worker
-        threads, two batches ahead), or empty where no verified copy exists. With
-        ``base`` (a file version the receiver holds, still at that version here), chunks
+        threads, two batches ahead), or empty where no verified copy exists (with
+        ``who``: none in a file ``who`` may read). With ``base`` (a file version the
+        receiver holds, still at that version here, and readable by ``who``), chunks
         with a delta estimate are encoded against it."""
         _check_batch([w.id for w in wanted])
-        sources = await self.sources([w.id for w in wanted])
+        sources = await self.sources([w.id for w in wanted], who)
+        if base is not None and who is not None and self.gate is not None:
+            try:
+                await self.gate.check_read(who, base[0])
+            except (PermissionDenied, NotFound):
+                base = None  # plain frames: a delta against it would tell of its bytes
         readers: dict[tuple[str, int], Reader | None] = {}
         held: Reader | None = None
         try:
@@ -439,9 +505,12 @@ class HubChunks:
         chunk must be staged or indexed (else ``Conflict`` before anything is written) and
         is verified again as it is copied, so a source changed meanwhile aborts the write,
         which then leaves the old version in place (``CorruptData``: retryable, unlike a
-        precondition's ``Conflict``)."""
+        precondition's ``Conflict``). With the gate, ``who`` must be allowed to write
+        ``path``, and only chunks staged or held in files ``who`` may read are used."""
+        if self.gate is not None:
+            await self.gate.check_write(who, path)
         staged = {c for c in cmap.ids() if self._staged(c)}
-        sources = await self.sources([c for c in cmap.ids() if c not in staged])
+        sources = await self.sources([c for c in cmap.ids() if c not in staged], who)
         lacking = cmap.ids() - staged - set(sources)
         if lacking:
             raise CorruptData(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import stat
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 
 from .. import paths
 from ..core.backends.base import Backend, Capability, Commit
+from ..core.backends.posix import PosixBackend
 from ..core.catalog.base import Applied, Catalog, Delete, Put
+from ..core.placement import PlacementAuthorizer
 from ..core.registry import open_backend
 from ..core.streams import clamp_range
 from ..core.types import (
@@ -76,9 +79,15 @@ def _check_tag(key: str, value: str | None = None) -> None:
 
 class HubNamespace(Namespace):
     def __init__(
-        self, catalog: Catalog, leases: Leases | None = None, write_lease: float = 60.0
+        self,
+        catalog: Catalog,
+        leases: Leases | None = None,
+        placement: PlacementAuthorizer | None = None,
+        write_lease: float = 60.0,
     ) -> None:
         self.catalog = catalog
+        #: residency policies: a re-tag that restricts a file evicts it from spokes
+        self.placement = placement
         #: spokes' read leases: a commit is acknowledged once they have applied it
         self.leases = leases or Leases(0)
         #: paths a site is writing: other sites' changes to them are refused meanwhile
@@ -332,6 +341,9 @@ class HubNamespace(Namespace):
         if parents and await self.catalog.get(parent) is None:
             await self.mkdir(who, parent, parents=True, exist_ok=True)
         async with self._lock(path):
+            made = await self.catalog.get(path)
+            if exist_ok and made is not None and made.is_dir:
+                return made  # by a concurrent mkdir while this one waited for the lock
             await self._dir(parent)
             info = await mounted.backend.mkdir(key)
             return await self._record(mounted, info, exclusive=True, check_parent=True)
@@ -341,7 +353,9 @@ class HubNamespace(Namespace):
         if not target or "\x00" in target or len(target.encode()) > paths.PATH_MAX:
             raise InvalidArgument(f"invalid symlink target {target!r}", path=path)
         mounted, key = self._below_mount(path)
-        return await self._create_new(mounted, path, lambda: mounted.backend.symlink(key, target))
+        return await self._create_new(
+            who, mounted, path, lambda: mounted.backend.symlink(key, target)
+        )
 
     async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
         path = paths.normalize(path)
@@ -354,7 +368,7 @@ class HubNamespace(Namespace):
             raise InvalidArgument(f"invalid device number {rdev}", path=path)
         mounted, key = self._below_mount(path)
         return await self._create_new(
-            mounted, path, lambda: mounted.backend.mknod(key, kind, stat.S_IMODE(mode), rdev)
+            who, mounted, path, lambda: mounted.backend.mknod(key, kind, stat.S_IMODE(mode), rdev)
         )
 
     async def link(self, who: Principal, src: str, dst: str) -> Entry:
@@ -365,7 +379,11 @@ class HubNamespace(Namespace):
             raise CrossesVolume(f"{src} and {dst} are on different volumes", path=dst)
         if (await self._entry(src)).is_dir:
             raise PermissionDenied(f"a directory cannot have hard links: {src}", path=src)
-        entry = await self._create_new(mounted, dst, lambda: mounted.backend.link(src_key, dst_key))
+        # a file another site is writing gets no second name to be written through
+        self.write_leases.check(src, who.site)
+        entry = await self._create_new(
+            who, mounted, dst, lambda: mounted.backend.link(src_key, dst_key)
+        )
         # the source's link count (and ctime) moved with the new name
         await self.refresh(src)
         await self.leases.settle(await self.catalog.head_seq())
@@ -373,11 +391,16 @@ class HubNamespace(Namespace):
         return entry
 
     async def _create_new(
-        self, mounted: Mounted, path: str, make: Callable[[], Awaitable[ObjectInfo]]
+        self,
+        who: Principal,
+        mounted: Mounted,
+        path: str,
+        make: Callable[[], Awaitable[ObjectInfo]],
     ) -> Entry:
         """Make a new name that must not exist yet, in an existing directory, and record
         it: symlinks, special files and hard links."""
         async with self._lock(path):
+            self.write_leases.check(path, who.site)  # another site's lease on the new name
             if await self.catalog.get(path) is not None:
                 raise AlreadyExists(f"already exists: {path}", path=path)
             await self._dir(paths.split(path)[0])
@@ -437,6 +460,9 @@ class HubNamespace(Namespace):
         if src_mounted is not dst_mounted:
             raise CrossesVolume(f"{src} and {dst} are on different volumes", path=dst)
         first, second = sorted((src, dst))
+        # residency: a move under a policy the source was not under evicts it from the
+        # spokes that policy refuses (they may keep the old name's data as chunk sources)
+        before = await self.placement.covering(src) if self.placement is not None else set()
         async with self._lock(first), self._lock(second):
             self.write_leases.check(src, who.site)
             self.write_leases.check(dst, who.site)
@@ -451,6 +477,8 @@ class HubNamespace(Namespace):
             await src_mounted.backend.rename(src_key, dst_key)
             applied = await self.catalog.rename(src, dst)
         moved = await self._settled(applied)
+        if self.placement is not None and await self.placement.covering(dst) - before:
+            await self.leases.settle(await self.placement.store.evict([dst]))
         if Capability.POSIX_MODE in src_mounted.backend.capabilities:
             # a rename is a change of the inode's status: its ctime moved
             moved = await self.refresh(dst) or moved
@@ -543,7 +571,12 @@ class HubNamespace(Namespace):
             _check_tag(key, value)
         for key in remove:
             _check_tag(key)
-        tags = await self.catalog.set_tags(paths.normalize(path), set_, remove)
+        path = paths.normalize(path)
+        before = await self.catalog.get_tags(path) if self.placement is not None else {}
+        tags = await self.catalog.set_tags(path, set_, remove)
+        if self.placement is not None and await self.placement.tightened(path, before, tags):
+            # re-tagged into a policy: spokes drop what they hold of it before this returns
+            await self.placement.store.evict([path])
         await self.leases.settle(await self.catalog.head_seq())
         return tags
 
@@ -554,6 +587,27 @@ class HubNamespace(Namespace):
 
     async def release_write(self, who: Principal, path: str) -> None:
         self.write_leases.release(paths.normalize(path), who.site)
+
+    async def resolve(self, path: str) -> str:
+        """The namespace path whose bytes a read of ``path`` returns: a symlink's final
+        target (relative, absolute or through linked directories), as the volume's
+        backend resolves it; ``path`` itself for anything else."""
+        path = paths.normalize(path)
+        entry = await self.catalog.get(path)
+        hit = self._resolve(path)
+        if entry is None or entry.kind is not EntryKind.SYMLINK or hit is None:
+            return path
+        mounted, key = hit
+        if not isinstance(mounted.backend, PosixBackend):
+            return path  # only posix volumes hold symlinks
+        root = mounted.backend.root
+        real = await asyncio.to_thread(os.path.realpath, os.path.join(root, key))
+        rel = os.path.relpath(real, root)
+        if rel == os.curdir:
+            return mounted.volume.mount
+        if rel.startswith(os.pardir):
+            return path  # out of the volume: the backend refuses to read it
+        return paths.join(mounted.volume.mount, rel)
 
     async def close(self) -> None:
         for mounted in self._mounts.values():

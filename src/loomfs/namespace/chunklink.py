@@ -2,6 +2,11 @@
 
 The fabric client implements it over HTTP; the spoke's cache (downloads) and journal
 uploader (uploads) call it. Frames are verified by the receiver, never trusted.
+
+Who: a file's first open and a commit name the user they are for (``who``), so the hub's
+rules decide for that user; ``None`` is the spoke acting for itself (cache fills of a
+version a user was already let read). Chunks by id (fetch, missing, upload) are the
+site's own: an id is only learnt from a map or from the bytes themselves.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from ..chunks.chunkmap import ChunkMap
-from ..core.types import Entry
+from ..core.types import Entry, Principal
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +31,11 @@ class Opened:
 
 class ChunkLink(ABC):
     @abstractmethod
-    async def open_chunked(self, path: str, *, small: int = 0) -> Opened:
+    async def open_chunked(
+        self, path: str, *, small: int = 0, who: Principal | None = None
+    ) -> Opened:
         """The current version of ``path``: whole if it is at most ``small`` bytes, else
-        its chunk map."""
+        its chunk map; opened for ``who`` (None: for the spoke itself)."""
 
     @abstractmethod
     def fetch_chunks(
@@ -59,6 +66,7 @@ class ChunkLink(ABC):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        who: Principal | None = None,
     ) -> Entry:
         """Write ``path`` at the hub from chunks it holds or was sent, with the same
-        preconditions as a namespace write."""
+        preconditions as a namespace write, as ``who`` (None: as the spoke itself)."""

@@ -13,8 +13,9 @@ import heapq
 import math
 import zlib
 from bisect import bisect_left
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import InvalidArgument
 from .policy import Key
@@ -100,6 +101,19 @@ class Plan:
         if pos != len(data):
             raise InvalidArgument("trailing bytes after plan")
         return cls(job_id, start, tuple(keys))
+
+
+class NextUse(Protocol):
+    """What eviction needs of a schedule (``PlanPolicy``): next-use estimates, and a version
+    that moves whenever they all may have changed."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def slack_s(self) -> float: ...
+
+    def next_use(self, key: Key, now: float, *, just_read: bool = False) -> float: ...
 
 
 @dataclass(slots=True)
@@ -191,15 +205,32 @@ class Schedule:
                 upcoming[happened] = (after, math.inf, step)
         return min((estimate for estimate, _, _ in upcoming), default=math.inf)
 
-    def upcoming(self, now: float) -> Iterator[tuple[float, Key]]:
-        """Every planned read from ``now`` on, as (estimated time, key), earliest first."""
+    def upcoming(
+        self, now: float, start: Mapping[str, int] | None = None
+    ) -> Iterator[tuple[float, Key]]:
+        """Every planned read from ``now`` on, as (estimated time, key), earliest first.
 
-        def reads(job: _Job) -> Iterator[tuple[float, Key]]:
-            first = max(0, math.ceil(job.position_at(now)) - job.plan.start)
+        ``start`` overrides where a job's reads begin (a stream position): a caller that
+        saw which reads really happened knows better than the extrapolation.
+        """
+
+        def reads(job_id: str, job: _Job) -> Iterator[tuple[float, Key]]:
+            if start is not None and job_id in start:
+                first = max(0, start[job_id] - job.plan.start)
+            else:
+                first = max(0, math.ceil(job.position_at(now)) - job.plan.start)
             for offset in range(first, len(job.plan.keys)):
                 yield job.time_of(job.plan.start + offset), job.plan.keys[offset]
 
-        return heapq.merge(*(reads(job) for job in self._jobs.values()))
+        return heapq.merge(*(reads(job_id, job) for job_id, job in self._jobs.items()))
+
+    def plan(self, job_id: str) -> Plan | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.plan
+
+    def __len__(self) -> int:
+        """Active jobs."""
+        return len(self._jobs)
 
     def prefetch(
         self, now: float, budget: int, size_of: Callable[[Key], int], cached: Container[Key]

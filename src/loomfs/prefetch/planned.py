@@ -10,7 +10,7 @@ import heapq
 import math
 from collections.abc import Callable, Generator
 
-from .plan import Schedule
+from .plan import NextUse
 from .policy import EvictionPolicy, Key
 
 
@@ -22,7 +22,7 @@ class PlanPolicy(EvictionPolicy):
     A new or ended plan invalidates every estimate, so they are all recomputed then.
     """
 
-    def __init__(self, schedule: Schedule, clock: Callable[[], float]):
+    def __init__(self, schedule: NextUse, clock: Callable[[], float]):
         super().__init__()
         self._schedule = schedule
         self._clock = clock

@@ -3,12 +3,23 @@
 Registered on the hub's REST and fabric apps when the hub has a chunk service. The wire
 forms are ``ChunkMap.serialize()`` for maps and ``chunks.records`` for batches of frames;
 ids travel as hex in JSON. Errors go through the REST server's middleware like any other.
+
+Governance: ``HubChunks`` works on the hub's inner namespace, so the routes that name a
+path decide here, through the server's governed namespace: a chunk map (or a small file
+whole) is served only to a caller allowed to read the path, and a chunked commit is a
+write of the path (both authorized and audited like the namespace's own calls). Chunks by
+id (frames, missing, upload) name no path: they are served only to a site acting for
+itself (``site:NAME``, which the ACL already lets do everything), never to a request that
+carries a user. A spoke learns chunk ids only from a map it was served or from its own
+bytes, and its cache serves a user only what the hub admitted for that user
+(``spoke.namespace``); so a user can't reach content by id that a rule keeps from them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import web
@@ -17,9 +28,12 @@ from ..chunks.chunkmap import ID_SIZE, ChunkMap
 from ..chunks.codec import chunk_id, encode_chunk
 from ..chunks.metrics import Transfer
 from ..chunks.records import read_uploads
-from ..core.types import EntryKind
-from ..errors import CorruptData, InvalidArgument
+from ..core.acl import is_site
+from ..core.audit import AuditSink
+from ..core.types import SPECIAL_KINDS, Action, Entry, EntryKind, Principal
+from ..errors import CorruptData, InvalidArgument, NotSupported, PermissionDenied
 from ..hub.chunks import HubChunks, Wanted
+from ..namespace.governed import GovernedNamespace
 from . import wire
 from .server import RestServer, _body, _int
 
@@ -42,9 +56,24 @@ def _ids(value: Any) -> list[bytes]:
 class ChunkRoutes:
     """Added to a server's app by the server that has chunks to offer (the fabric's)."""
 
-    def __init__(self, server: RestServer, chunks: HubChunks) -> None:
+    def __init__(
+        self, server: RestServer, chunks: HubChunks, *, audit: AuditSink | None = None
+    ) -> None:
         self.server = server
         self.chunks = chunks
+        self.audit = audit
+        namespace = server.namespace
+        #: where the paths' rules are decided (None: an ungoverned hub, tests)
+        self.governance = namespace if isinstance(namespace, GovernedNamespace) else None
+
+    def _site(self, request: web.Request, op: str) -> Principal:
+        """The caller of a chunk-by-id route: only a site acting for itself."""
+        who = self.server.principal(request)
+        if not is_site(who):
+            if self.audit is not None:
+                self.audit.record(who, op, "", "denied", detail="chunks by id are for sites")
+            raise PermissionDenied(f"chunks by id are served to sites only, not to {who.user}")
+        return who
 
     def register(self, app: web.Application) -> None:
         api = wire.API
@@ -59,6 +88,8 @@ class ChunkRoutes:
         small = _int(request.query.get("small"), "small") or 0
         namespace = self.server.namespace
         entry = await namespace.stat(who, path)
+        if entry.kind in SPECIAL_KINDS:
+            raise NotSupported(f"{path} is a special file: it has no content", path=path)
         if entry.kind is not EntryKind.FILE or entry.size <= small:
             # small files come whole: a map would cost a round trip for one or two chunks
             # (and what a symlink leads to is read through it, as any read does)
@@ -73,14 +104,19 @@ class ChunkRoutes:
                 WHOLE_HEADER: digest.hex(),
             }
         else:
-            entry, cmap = await self.chunks.chunk_map(who, path)
+            if self.governance is None:
+                entry, cmap = await self.chunks.chunk_map(who, path)
+            else:  # the map hands out the file's content by id: a read of it
+                entry, cmap = await self.governance.audited(
+                    who, "chunkmap", Action.READ, path, lambda: self.chunks.chunk_map(who, path)
+                )
             body = cmap.serialize()
             Transfer("hub", "down", path, wire=len(body)).done()
             headers = {wire.ENTRY_HEADER: wire.entry_header(entry)}
         return web.Response(body=body, headers=headers, content_type="application/octet-stream")
 
     async def frames(self, request: web.Request) -> web.StreamResponse:
-        self.server.principal(request)  # authenticates the caller
+        who = self._site(request, "chunks")
         body = await _body(request)
         ids = _ids(body.get("ids"))
         at = body.get("at") or [None] * len(ids)
@@ -98,7 +134,7 @@ class ChunkRoutes:
             held = (base["path"], base["version"])
         wanted = [Wanted(i, a) for i, a in zip(ids, at, strict=True)]
         transfer = Transfer("hub", "down", "(batch)")
-        records = self.chunks.frames(wanted, held, transfer)
+        records = self.chunks.frames(wanted, held, transfer, who=who)
         first = await anext(records, None)  # errors before the status goes out stay clean
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         await response.prepare(request)
@@ -115,13 +151,13 @@ class ChunkRoutes:
         return response
 
     async def missing(self, request: web.Request) -> web.Response:
-        self.server.principal(request)
+        who = self._site(request, "chunks_missing")
         ids = _ids((await _body(request)).get("ids"))
-        lacking = await self.chunks.missing(ids)
+        lacking = await self.chunks.missing(ids, who)
         return web.json_response({"missing": [i.hex() for i in lacking]})
 
     async def upload(self, request: web.Request) -> web.Response:
-        self.server.principal(request)
+        self._site(request, "chunks_upload")
         content = request.content
         transfer = Transfer("hub", "up", "(upload)")
         try:
@@ -143,16 +179,27 @@ class ChunkRoutes:
         mode = _int(request.headers.get("X-Loomfs-Mode"), "X-Loomfs-Mode")
         cmap = ChunkMap.deserialize(await request.content.readexactly(length))
         transfer = Transfer("hub", "up", path, wire=length)
-        try:
-            entry = await self.chunks.commit(
+        exclusive = request.headers.get("If-None-Match", "").strip() == "*"
+
+        def commit() -> Awaitable[Entry]:
+            return self.chunks.commit(
                 who,
                 path,
                 cmap,
                 if_version=if_version,
-                exclusive=request.headers.get("If-None-Match", "").strip() == "*",
+                exclusive=exclusive,
                 mode=mode,
                 transfer=transfer,
             )
+
+        try:
+            if self.governance is None:
+                entry = await commit()
+            else:  # a write of the path, as its writer
+                entry = await self.governance.audited(
+                    who, "write", Action.WRITE, path, commit,
+                    detail="chunked", nbytes=lambda e: e.size,
+                )  # fmt: skip
         finally:
             transfer.done()
         return web.json_response(wire.entry_json(entry), status=201)

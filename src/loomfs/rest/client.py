@@ -7,9 +7,11 @@ conformance suite runs through HTTP exactly as it runs against the hub in-proces
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import json
 import ssl
+import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -34,19 +36,35 @@ def _quoted(path: str) -> str:
 
 class RestNamespace(FeedNamespace, ChunkLink):
     def __init__(
-        self, base_url: str, *, timeout: float = 300.0, ssl_context: ssl.SSLContext | None = None
+        self,
+        base_url: str,
+        *,
+        timeout: float = 300.0,
+        ssl_context: ssl.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
+        forward: bool = False,
     ) -> None:
+        """``credentials``: the (access key id, secret) to authenticate with (HTTP Basic);
+        none: the anonymous caller. ``forward``: send each call's user and protocol along,
+        as a spoke does over its mutual-TLS link (the hub trusts a site's word on them)."""
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
         self._ssl = ssl_context
+        self._headers = (
+            {"Authorization": wire.basic_authorization(*credentials)} if credentials else {}
+        )
+        self._forward = forward
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, auto_decompress=False, connector=connector
+                timeout=self._timeout,
+                auto_decompress=False,
+                connector=connector,
+                headers=self._headers,
             )
         return self._session
 
@@ -55,7 +73,16 @@ class RestNamespace(FeedNamespace, ChunkLink):
             await self._session.close()
             self._session = None
 
-    async def _request(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+    async def _request(
+        self, method: str, url: str, *, who: Principal | None = None, **kwargs: Any
+    ) -> aiohttp.ClientResponse:
+        if self._forward and who is not None and who.protocol != "internal":
+            # a spoke's own calls (cache fills, its feed) go as the site itself
+            kwargs["headers"] = {
+                **kwargs.get("headers", {}),
+                wire.USER_HEADER: who.user,
+                wire.PROTOCOL_HEADER: who.protocol,
+            }
         try:
             response = await self.session.request(method, self.base_url + url, **kwargs)
         except aiohttp.ClientConnectionError as exc:
@@ -70,8 +97,10 @@ class RestNamespace(FeedNamespace, ChunkLink):
             raise wire.error_from(response.status, body)
         return response
 
-    async def _json(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = await self._request(method, url, **kwargs)
+    async def _json(
+        self, method: str, url: str, *, who: Principal | None = None, **kwargs: Any
+    ) -> Any:
+        response = await self._request(method, url, who=who, **kwargs)
         async with response:
             return await response.json()
 
@@ -84,7 +113,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
     # -- the namespace API -----------------------------------------------------------------
 
     async def stat(self, who: Principal, path: str) -> Entry:
-        return wire.entry_from(await self._json("GET", f"{wire.API}/stat{_quoted(path)}"))
+        return wire.entry_from(await self._json("GET", f"{wire.API}/stat{_quoted(path)}", who=who))
 
     async def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
@@ -94,7 +123,9 @@ class RestNamespace(FeedNamespace, ChunkLink):
             params["start_after"] = start_after
         if limit is not None:
             params["limit"] = str(limit)
-        response = await self._request("GET", f"{wire.API}/list{_quoted(path)}", params=params)
+        response = await self._request(
+            "GET", f"{wire.API}/list{_quoted(path)}", params=params, who=who
+        )
         async for line in self._lines(response):
             yield wire.entry_from(line)
 
@@ -119,7 +150,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
             headers["If-Match"] = f'"{if_version}"'
         try:
             response = await self._request(
-                "GET", f"{wire.API}/files{_quoted(path)}", headers=headers
+                "GET", f"{wire.API}/files{_quoted(path)}", headers=headers, who=who
             )
         except RangeNotSatisfiable:
             entry = await self.stat(who, path)  # reading past the end is empty, as locally
@@ -153,7 +184,9 @@ class RestNamespace(FeedNamespace, ChunkLink):
     ) -> Entry:
         headers = self._write_headers(if_version, exclusive, mode)
         return wire.entry_from(
-            await self._json("PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers)
+            await self._json(
+                "PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers, who=who
+            )
         )
 
     @staticmethod
@@ -173,12 +206,12 @@ class RestNamespace(FeedNamespace, ChunkLink):
     ) -> Entry:
         params = {"parents": str(parents).lower(), "exist_ok": str(exist_ok).lower()}
         return wire.entry_from(
-            await self._json("POST", f"{wire.API}/mkdir{_quoted(path)}", params=params)
+            await self._json("POST", f"{wire.API}/mkdir{_quoted(path)}", params=params, who=who)
         )
 
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         body = {"src": src, "dst": dst, "overwrite": overwrite}
-        return wire.entry_from(await self._json("POST", f"{wire.API}/rename", json=body))
+        return wire.entry_from(await self._json("POST", f"{wire.API}/rename", json=body, who=who))
 
     async def remove(
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
@@ -189,31 +222,36 @@ class RestNamespace(FeedNamespace, ChunkLink):
             f"{wire.API}/files{_quoted(path)}",
             params={"recursive": str(recursive).lower()},
             headers=headers,
+            who=who,
         )
         response.release()
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
         return wire.entry_from(
-            await self._json("POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target})
+            await self._json(
+                "POST", f"{wire.API}/symlink{_quoted(path)}", json={"target": target}, who=who
+            )
         )
 
     async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
         body = {"mode": mode, "rdev": rdev}
         return wire.entry_from(
-            await self._json("POST", f"{wire.API}/mknod{_quoted(path)}", json=body)
+            await self._json("POST", f"{wire.API}/mknod{_quoted(path)}", json=body, who=who)
         )
 
     async def link(self, who: Principal, src: str, dst: str) -> Entry:
         return wire.entry_from(
-            await self._json("POST", f"{wire.API}/link{_quoted(dst)}", json={"src": src})
+            await self._json("POST", f"{wire.API}/link{_quoted(dst)}", json={"src": src}, who=who)
         )
 
     async def lease_write(self, who: Principal, path: str) -> float:
-        answer = await self._json("POST", f"{wire.API}/lease{_quoted(path)}")
+        answer = await self._json("POST", f"{wire.API}/lease{_quoted(path)}", who=who)
         return float(answer["term"])
 
     async def release_write(self, who: Principal, path: str) -> None:
-        await self._json("POST", f"{wire.API}/lease{_quoted(path)}", params={"release": "true"})
+        await self._json(
+            "POST", f"{wire.API}/lease{_quoted(path)}", params={"release": "true"}, who=who
+        )
 
     async def set_attrs(
         self,
@@ -228,11 +266,11 @@ class RestNamespace(FeedNamespace, ChunkLink):
     ) -> Entry:
         body = {"mode": mode, "uid": uid, "gid": gid, "mtime_ns": mtime_ns, "atime_ns": atime_ns}
         return wire.entry_from(
-            await self._json("PATCH", f"{wire.API}/attrs{_quoted(path)}", json=body)
+            await self._json("PATCH", f"{wire.API}/attrs{_quoted(path)}", json=body, who=who)
         )
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
-        tags: dict[str, str] = await self._json("GET", f"{wire.API}/tags{_quoted(path)}")
+        tags: dict[str, str] = await self._json("GET", f"{wire.API}/tags{_quoted(path)}", who=who)
         return tags
 
     async def set_tags(
@@ -244,7 +282,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
     ) -> dict[str, str]:
         body = {"set": dict(set_), "remove": list(remove)}
         tags: dict[str, str] = await self._json(
-            "PATCH", f"{wire.API}/tags{_quoted(path)}", json=body
+            "PATCH", f"{wire.API}/tags{_quoted(path)}", json=body, who=who
         )
         return tags
 
@@ -300,6 +338,37 @@ class RestNamespace(FeedNamespace, ChunkLink):
         response = await self._request("POST", f"{wire.API}/sync")
         response.release()
 
+    async def settle(self, seq: int) -> None:
+        """Wait until every spoke leased by the hub applied change ``seq``."""
+        await self._json("POST", f"{wire.API}/settle", json={"seq": seq})
+
+    async def publish_plan(
+        self, plan: bytes, files: Sequence[str], sizes: Sequence[int] | None = None
+    ) -> dict[str, Any]:
+        """Tell a spoke what a data loader reads next (``prefetch.plan.Plan.encode()`` over
+        indexes into ``files``)."""
+        body: dict[str, Any] = {
+            "plan": base64.b64encode(plan).decode(),
+            "files": base64.b64encode(zlib.compress("\n".join(files).encode(), 6)).decode(),
+        }
+        if sizes is not None:
+            body["sizes"] = list(sizes)
+        result: dict[str, Any] = await self._json("POST", f"{wire.API}/plans", json=body)
+        return result
+
+    async def heartbeat(self, job: str, position: int) -> None:
+        """Tell a spoke that ``job`` has read ``position`` samples of its stream."""
+        body = {"job": job, "position": position}
+        (await self._request("POST", f"{wire.API}/plans/heartbeat", json=body)).release()
+
+    async def end_plan(self, job: str) -> None:
+        (await self._request("POST", f"{wire.API}/plans/end", json={"job": job})).release()
+
+    async def prefetch_report(self) -> dict[str, Any]:
+        """The spoke prefetcher's metrics and active jobs."""
+        report: dict[str, Any] = await self._json("GET", f"{wire.API}/plans")
+        return report
+
     async def remove_volume(self, mount: str) -> None:
         response = await self._request("DELETE", f"{wire.API}/volumes", params={"mount": mount})
         response.release()
@@ -316,6 +385,15 @@ class RestNamespace(FeedNamespace, ChunkLink):
             [wire.change_from(c) for c in data["changes"]], int(data["head"]), data.get("lease")
         )
 
+    async def whoami(self, credentials: tuple[str, str] | None = None) -> dict[str, Any]:
+        """Who the server takes this client for; with ``credentials``, for that pair (a
+        spoke checks its users' credentials with its hub this way)."""
+        kwargs: dict[str, Any] = {}
+        if credentials is not None:
+            kwargs["headers"] = {"Authorization": wire.basic_authorization(*credentials)}
+        found: dict[str, Any] = await self._json("GET", f"{wire.API}/whoami", **kwargs)
+        return found
+
     async def metrics(self) -> str:
         """The site's prometheus exposition (``loomfs status`` reads its counters)."""
         response = await self._request("GET", "/metrics")
@@ -324,9 +402,11 @@ class RestNamespace(FeedNamespace, ChunkLink):
 
     # -- chunks (the fabric link) ----------------------------------------------------------
 
-    async def open_chunked(self, path: str, *, small: int = 0) -> Opened:
+    async def open_chunked(
+        self, path: str, *, small: int = 0, who: Principal | None = None
+    ) -> Opened:
         response = await self._request(
-            "GET", f"{wire.API}/chunkmap{_quoted(path)}", params={"small": str(small)}
+            "GET", f"{wire.API}/chunkmap{_quoted(path)}", params={"small": str(small)}, who=who
         )
         async with response:
             entry = wire.entry_header_from(response.headers[wire.ENTRY_HEADER])
@@ -390,6 +470,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        who: Principal | None = None,
     ) -> Entry:
         headers = self._write_headers(if_version, exclusive, mode)
         return wire.entry_from(
@@ -398,5 +479,6 @@ class RestNamespace(FeedNamespace, ChunkLink):
                 f"{wire.API}/chunks/commit{_quoted(path)}",
                 data=chunk_map.serialize(),
                 headers=headers,
+                who=who,
             )
         )

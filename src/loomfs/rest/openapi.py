@@ -201,6 +201,12 @@ def spec() -> dict[str, Any]:
                     ),
                 ),
             },
+            "/v1/whoami": {
+                "get": _op(
+                    "Who this server takes the caller for (user, groups, site, protocol)",
+                    {"200": _json_ok({"type": "object"})},
+                ),
+            },
             "/v1/changes": {
                 "get": _op(
                     "The change log after a sequence number",
@@ -264,6 +270,13 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/settle": {
+                "post": _op(
+                    "At a hub: wait until every leased spoke applied a change (say an eviction)",
+                    {"200": _json_ok({"type": "object"})},
+                    requestBody=_json_body(["seq"], seq={"type": "integer"}),
+                ),
+            },
             "/v1/warm": {
                 "post": _op(
                     "At a spoke: fetch a tree into the cache ahead of reads (progress lines)",
@@ -280,11 +293,52 @@ def spec() -> dict[str, Any]:
                 ),
             },
             **_chunk_paths(if_match),
+            "/v1/plans": {
+                "post": _op(
+                    "At a spoke: publish a data loader's plan (its files and read order)",
+                    {"201": _json_ok({"type": "object"}, "the job, its start and its reads")},
+                    requestBody=_json_body(
+                        ["plan", "files"],
+                        plan={"type": "string", "description": "base64 of Plan.encode()"},
+                        files={"type": "string", "description": "base64 zlib of path lines"},
+                        sizes={"type": "array", "items": {"type": "integer"}},
+                    ),
+                ),
+                "get": _op(
+                    "At a spoke: prefetch metrics (hit ratio, bytes, waste, stall time)",
+                    {"200": _json_ok({"type": "object"})},
+                ),
+            },
+            "/v1/plans/heartbeat": {
+                "post": _op(
+                    "At a spoke: how many samples a job has read (its stream position)",
+                    {"204": {"description": "recorded"}},
+                    requestBody=_json_body(
+                        ["job", "position"], job={"type": "string"}, position={"type": "integer"}
+                    ),
+                ),
+            },
+            "/v1/plans/end": {
+                "post": _op(
+                    "At a spoke: a job is done; its plan no longer guides the cache",
+                    {"204": {"description": "ended"}},
+                    requestBody=_json_body(["job"], job={"type": "string"}),
+                ),
+            },
             "/openapi.json": {"get": _op("This document", {"200": _json_ok({"type": "object"})})},
             "/metrics": {"get": _op("Prometheus metrics", {"200": {"description": "text format"}})},
             "/healthz": {"get": _op("Liveness", {"200": _json_ok({"type": "object"})})},
         },
+        "security": [{"basic": []}, {}],
         "components": {
+            "securitySchemes": {
+                "basic": {
+                    "type": "http",
+                    "scheme": "basic",
+                    "description": "an access key id and its secret (`loomfs user add`); "
+                    "without credentials the caller is anonymous where the site allows it",
+                }
+            },
             "schemas": {
                 "Entry": {
                     "type": "object",

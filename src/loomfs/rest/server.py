@@ -13,19 +13,22 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from email.utils import formatdate
 from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from ..core.types import Feed, Principal
+from ..core.acl import ANONYMOUS
+from ..core.types import Action, Feed, Principal
 from ..errors import InvalidArgument, LoomError
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
+from ..namespace.governed import GovernedNamespace
 from ..protocols.http import parse_range, serve_reader
 from . import wire
+from .auth import CHALLENGE
 from .openapi import spec
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ BYTES_IN = Counter("loomfs_write_bytes_total", "File bytes received by the REST 
 NDJSON = "application/x-ndjson"
 MAX_WAIT = 30.0  # longest a change-feed long poll is held
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+WHO = web.RequestKey("who", Principal)  # the authenticated caller of a request
 
 
 class VolumeAdmin(Protocol):
@@ -63,6 +67,8 @@ class VolumeAdmin(Protocol):
         wait: float = 0.0,
         gone: Callable[[], bool] = ...,
     ) -> Feed: ...
+
+    async def settle(self, seq: int) -> None: ...
 
 
 class Reportable(Protocol):
@@ -135,18 +141,32 @@ class RestServer:
         *,
         spoke: SpokeAdmin | None = None,
         site: str = "hub",
+        authenticate: Callable[[web.Request], Awaitable[Principal]] | None = None,
+        governance: GovernedNamespace | None = None,
+        routes: Sequence[web.RouteDef] = (),
     ) -> None:
+        """``authenticate`` says who a request comes from (``rest.auth``); without it
+        every caller is anonymous. ``governance`` decides the administration routes
+        (admin on the volume's mount) and what of the change feed a caller sees."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
         self.site = site
+        self._authenticate = authenticate
+        self.governance = governance
+        self.routes = routes  # more routes behind the same middleware (a spoke's prefetcher)
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
+    async def authenticate(self, request: web.Request) -> Principal:
+        if self._authenticate is None:
+            return Principal(user=ANONYMOUS, site=self.site, protocol="rest")
+        return await self._authenticate(request)
+
     def principal(self, request: web.Request) -> Principal:
-        # authentication arrives with governance; until then every caller is anonymous and
-        # the server listens on loopback unless configured otherwise
-        return Principal(user="anonymous", site=self.site, protocol="rest")
+        """The caller, authenticated by the middleware; what it may do is the namespace's
+        decision (``namespace.governed``), not this module's."""
+        return request[WHO]
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=1 << 20)
@@ -164,6 +184,7 @@ class RestServer:
         app.router.add_post(f"{wire.API}/lease{p}", self.lease)
         app.router.add_patch(f"{wire.API}/attrs{p}", self.set_attrs)
         app.router.add_get(f"{wire.API}/tags{p}", self.get_tags)
+        app.router.add_get(f"{wire.API}/whoami", self.whoami)
         app.router.add_patch(f"{wire.API}/tags{p}", self.set_tags)
         if self.admin is not None:
             app.router.add_get(f"{wire.API}/changes", self.changes)
@@ -171,9 +192,11 @@ class RestServer:
             app.router.add_post(f"{wire.API}/volumes", self.add_volume)
             app.router.add_post(f"{wire.API}/volumes/rescan", self.rescan)
             app.router.add_delete(f"{wire.API}/volumes", self.remove_volume)
+            app.router.add_post(f"{wire.API}/settle", self.settle)
         if self.spoke is not None:
             app.router.add_post(f"{wire.API}/warm", self.warm)
             app.router.add_post(f"{wire.API}/sync", self.sync)
+        app.router.add_routes(self.routes)
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)
@@ -190,6 +213,8 @@ class RestServer:
         start = time.perf_counter()
         status = 500
         try:
+            if request.path.startswith(wire.API + "/"):  # health and metrics stay open
+                request[WHO] = await self.authenticate(request)
             response = await handler(request)
             status = response.status
             return response
@@ -197,7 +222,10 @@ class RestServer:
             status = wire.status_of(exc)
             if status >= 500:
                 log.error("request failed", extra={"path": request.path, "error": repr(exc)})
-            return _json(wire.error_body(exc), status)
+            failed = _json(wire.error_body(exc), status)
+            if status == 401:
+                failed.headers["WWW-Authenticate"] = CHALLENGE
+            return failed
         except web.HTTPException as exc:
             status = exc.status
             raise
@@ -357,6 +385,17 @@ class RestServer:
         tags = await self.namespace.set_tags(self.principal(request), _path(request), set_, remove)
         return _json(tags)
 
+    async def _admit(self, request: web.Request, op: str, path: str) -> None:
+        if self.governance is not None:
+            await self.governance.authorize(self.principal(request), op, Action.ADMIN, path)
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        who = self.principal(request)
+        return _json(
+            {"user": who.user, "groups": sorted(who.groups), "site": who.site,
+             "protocol": who.protocol}
+        )  # fmt: skip
+
     # -- hub administration ----------------------------------------------------------------
 
     async def changes(self, request: web.Request) -> web.Response:
@@ -377,9 +416,12 @@ class RestServer:
             wait=wait,
             gone=lambda: self._gone(request),
         )
+        changes = feed.changes
+        if self.governance is not None:  # a user sees the changes of what they may see
+            changes = [c for c in changes if await self.governance.visible(who, c.path)]
         return _json(
             {
-                "changes": [wire.change_json(c) for c in feed.changes],
+                "changes": [wire.change_json(c) for c in changes],
                 "head": feed.head,
                 "lease": feed.lease,
             }
@@ -391,6 +433,7 @@ class RestServer:
 
     async def volumes(self, request: web.Request) -> web.Response:
         assert self.admin is not None
+        await self._admit(request, "list_volumes", "/")
         return _json(await self.admin.list_volumes())
 
     async def add_volume(self, request: web.Request) -> web.StreamResponse:
@@ -400,6 +443,7 @@ class RestServer:
         mount, url = body.get("mount"), body.get("url")
         if not isinstance(mount, str) or not isinstance(url, str):
             raise InvalidArgument("adding a volume needs 'mount' and 'url'")
+        await self._admit(request, "add_volume", mount)
         return await self._progress(request, lambda cb: admin.add_volume(mount, url, cb))
 
     async def rescan(self, request: web.Request) -> web.StreamResponse:
@@ -408,6 +452,7 @@ class RestServer:
         mount = (await _body(request)).get("mount")
         if not isinstance(mount, str):
             raise InvalidArgument("a rescan needs 'mount'")
+        await self._admit(request, "rescan", mount)
         return await self._progress(request, lambda cb: admin.rescan(mount, cb))
 
     async def remove_volume(self, request: web.Request) -> web.Response:
@@ -415,8 +460,18 @@ class RestServer:
         mount = request.query.get("mount")
         if not mount:
             raise InvalidArgument("removing a volume needs ?mount=")
+        await self._admit(request, "remove_volume", mount)
         await self.admin.remove_volume(mount)
         return web.Response(status=204)
+
+    async def settle(self, request: web.Request) -> web.Response:
+        """Wait until leased spokes applied a change (``loomfs policy`` waits here)."""
+        assert self.admin is not None
+        seq = (await _body(request)).get("seq")
+        if type(seq) is not int or seq < 0:
+            raise InvalidArgument("settling needs 'seq', a change-log sequence number")
+        await self.admin.settle(seq)
+        return _json({"settled": seq})
 
     async def warm(self, request: web.Request) -> web.StreamResponse:
         assert self.spoke is not None

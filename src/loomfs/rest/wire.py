@@ -33,6 +33,9 @@ from ..errors import (
 )
 
 API = "/v1"
+# a spoke forwards the end user it serves to its hub with these (see fabric.server)
+USER_HEADER = "X-Loomfs-User"
+PROTOCOL_HEADER = "X-Loomfs-Protocol"
 
 # The one table from error class to HTTP status; subclasses not listed use their base's.
 STATUS: dict[type[LoomError], int] = {
@@ -53,6 +56,11 @@ STATUS: dict[type[LoomError], int] = {
     BackendUnavailable: 503,
     LoomError: 500,
 }
+
+
+def basic_authorization(access_key: str, secret: str) -> str:
+    """The ``Authorization`` header value of HTTP Basic credentials."""
+    return "Basic " + base64.b64encode(f"{access_key}:{secret}".encode()).decode()
 
 
 def status_of(exc: LoomError) -> int:

@@ -8,6 +8,11 @@ the spoke starts and whenever the data file was touched by anything but the cach
 refetched, never served. Reads hand back a ``FileRegion`` of the cache file, so servers
 can sendfile and the kernel's page cache serves warm reads.
 
+With a ``BlockCipher`` (cache encryption at rest) each block is sealed with AES-GCM in a
+slot of its own (the block, its nonce and tag); reads decrypt block by block into memory,
+which costs the sendfile shortcut, and the authentication is the verification. A cache
+directory sealed with another key (or none) is emptied when opened.
+
 Misses are single-flight: readers needing the same block wait for one fetch. The cache is
 bounded: when a fill would pass the capacity, the eviction policy (LRU by default; the
 prefetcher supplies a smarter one) picks whole file versions to drop; versions being read,
@@ -23,25 +28,30 @@ import os
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 from prometheus_client import Counter, Gauge
 
 from ..chunks.chunkmap import ChunkMap
-from ..core.streams import LocalFileSource
-from ..errors import CorruptData, InsufficientStorage
+from ..core.streams import ByteSource, LocalFileSource
+from ..errors import Conflict, CorruptData, InsufficientStorage
 from ..namespace.chunklink import ChunkLink
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
 from .chunkfill import SCHEMA as CHUNK_SCHEMA
 from .chunkfill import ChunkFiller
+from .sealed import FRAME, OVERHEAD, BlockCipher, SealedSource, cache_context
 
 log = logging.getLogger(__name__)
 
-BLOCK = 1 << 20
+BLOCK = FRAME  # 1 MiB: a sealed block is one sealed frame
+PLAIN_BLOCKS = 8  # opened blocks kept for the chunk index (one block holds many chunks)
 FETCHES_IN_FLIGHT = 16  # ranged requests of up to 8 blocks: 128 MiB in flight at most
 SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke cache")
 MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
@@ -53,6 +63,18 @@ SMALL_FILE = 1 << 20
 
 #: fetch(path, version, offset, length) -> the bytes of that range of that version
 Fetch = Callable[[str, int, int, int], Awaitable[bytes]]
+
+#: set by the prefetcher around its reads: they fill the cache but are no demand reads
+PREFETCHING: ContextVar[bool] = ContextVar("loomfs_prefetching", default=False)
+
+
+class CacheObserver(Protocol):
+    """Told of every demand read and every drop (the prefetcher's hook and metrics)."""
+
+    def on_read(self, entry: CachedFile, hit: bool, stall_s: float) -> None: ...
+
+    def on_drop(self, entry: CachedFile) -> None: ...
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -70,6 +92,7 @@ CREATE TABLE IF NOT EXISTS blocks (
     hash BLOB NOT NULL,
     PRIMARY KEY (file_id, idx)
 );
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -117,19 +140,36 @@ class Cache:
         policy: EvictionPolicy | None = None,
         *,
         link: ChunkLink | None = None,
+        cipher: BlockCipher | None = None,
     ) -> None:
-        """With ``link``, misses of files above ``SMALL_FILE`` move chunks (``chunkfill``)."""
+        """With ``link``, misses of files above ``SMALL_FILE`` move chunks (``chunkfill``);
+        with ``cipher``, blocks are sealed at rest (chunk fills too: they are stored as
+        blocks, and the chunk index reads chunks back through ``_read_plain``)."""
         self.directory = directory
         self.capacity = capacity
         self.policy = policy or LRUPolicy()
+        self.cipher = cipher
+        self._slot = BLOCK + (OVERHEAD if cipher is not None else 0)  # bytes per block on disk
         self._files: dict[int, CachedFile] = {}
         self._by_key: dict[tuple[str, int], int] = {}
         self._inflight: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # the index is written from worker threads
         self._slots = asyncio.Semaphore(FETCHES_IN_FLIGHT)
+        self._plain: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # opened blocks
+        self._plain_lock = threading.Lock()
+        self.observer: CacheObserver | None = None
+        self._reserved = 0  # room made for fills whose blocks are being written
+        self._room_freed = asyncio.Event()
         self.chunks = (
-            ChunkFiller(link, self._connection, self._db_lock, self._data_path, lambda: self._files)
+            ChunkFiller(
+                link,
+                self._connection,
+                self._db_lock,
+                self._read_plain,
+                self._write_plain,
+                lambda: self._files,
+            )
             if link is not None
             else None
         )
@@ -146,6 +186,7 @@ class Cache:
         self._db.executescript(
             "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;" + _SCHEMA + CHUNK_SCHEMA
         )
+        self._check_sealing()  # after the chunk maps' table: emptying cascades to it
         rows = self._db.execute(
             "SELECT id, path, version, size, pinned, data_mtime_ns FROM files"
         ).fetchall()
@@ -158,7 +199,7 @@ class Cache:
                 on_disk = data.stat().st_size
             except FileNotFoundError:
                 on_disk = -1
-            if on_disk != size:
+            if on_disk != self._disk_size(entry):
                 log.warning("dropping a torn cache file", extra={"path": path, "version": version})
                 self._delete_row(file_id)
                 data.unlink(missing_ok=True)
@@ -176,6 +217,35 @@ class Cache:
         if self.chunks is not None:
             self.chunks.load()
         USED.set(self.policy.used_bytes)
+
+    def _check_sealing(self) -> None:
+        """Empty a cache written with another key, or none: its blocks can't be opened."""
+        assert self._db is not None
+        want = self.cipher.key_id if self.cipher is not None else "none"
+        row = self._db.execute("SELECT value FROM settings WHERE name = 'sealing'").fetchone()
+        if row is not None and row[0] == want:
+            return
+        ids = [r[0] for r in self._db.execute("SELECT id FROM files").fetchall()]
+        if ids:
+            log.warning("cache sealed otherwise; emptying it", extra={"files": len(ids)})
+        self._db.execute("DELETE FROM files")
+        for file_id in ids:
+            self._data_path(file_id).unlink(missing_ok=True)
+        self._db.execute(
+            "INSERT OR REPLACE INTO settings (name, value) VALUES ('sealing', ?)", (want,)
+        )
+
+    def _pos(self, idx: int) -> int:
+        return idx * self._slot
+
+    def _slot_len(self, entry: CachedFile, idx: int) -> int:
+        return entry.block_len(idx) + self._slot - BLOCK
+
+    def _disk_size(self, entry: CachedFile) -> int:
+        if self.cipher is None or not entry.size:
+            return entry.size
+        last = entry.blocks - 1
+        return self._pos(last) + self._slot_len(entry, last)
 
     def close(self) -> None:
         if self.chunks is not None:
@@ -207,6 +277,9 @@ class Cache:
 
     # -- lookups ---------------------------------------------------------------------------
 
+    def by_id(self, file_id: int) -> CachedFile | None:
+        return self._files.get(file_id)
+
     def get(self, path: str, version: int) -> CachedFile | None:
         file_id = self._by_key.get((path, version))
         return None if file_id is None else self._files[file_id]
@@ -229,7 +302,7 @@ class Cache:
         )
         entry = CachedFile(row[0], path, version, size)
         with open(self._data_path(entry.id), "wb") as data:
-            data.truncate(size)  # sparse: blocks take room only once filled
+            data.truncate(self._disk_size(entry))  # sparse: blocks take room only once filled
         self._files[entry.id] = entry
         self._by_key[(path, version)] = entry.id
         return entry
@@ -237,15 +310,32 @@ class Cache:
     # -- reading ---------------------------------------------------------------------------
 
     async def read(
-        self, path: str, version: int, size: int, offset: int, length: int, fetch: Fetch
-    ) -> LocalFileSource:
-        """The bytes [offset, offset+length) of a file version, fetched where missing."""
+        self,
+        path: str,
+        version: int,
+        size: int,
+        offset: int,
+        length: int,
+        fetch: Fetch,
+        *,
+        opened_s: float = 0.0,
+    ) -> ByteSource:
+        """The bytes [offset, offset+length) of a file version, fetched where missing.
+
+        ``opened_s``: how long the caller already waited for an open that brought this
+        file's first bytes or its map (its own cold open, or another request's it waited
+        for). Such a read found its blocks here only because it waited: for the observer
+        it is a miss, and the wait part of its stall."""
         entry = self._ensure(path, version, size)
         span = block_span(offset, length)
         entry.readers += 1
+        began = time.monotonic() - opened_s
+        ready = self._ready(entry, span)
+        hit = ready and opened_s <= 0
         try:
-            if not self._ready(entry, span):
+            if not ready:
                 await self._fill(entry, span, fetch)
+                self._still_held(entry)
                 await asyncio.to_thread(self._verify, entry, span)
                 missing = [i for i in span if i not in entry.hashes]
                 if missing:  # a block failed verification: fetch it once more
@@ -253,11 +343,28 @@ class Cache:
             fd = os.open(self._data_path(entry.id), os.O_RDONLY | os.O_CLOEXEC)
         except BaseException:
             entry.readers -= 1
+            if not entry.hashes and not entry.readers:
+                self._drop(entry.id)  # refused or failed before any byte: leave no trace
             raise
-        if entry.id in self.policy:
-            self.policy.access(entry.id)
-        SERVED.inc(length)
+        if not PREFETCHING.get():
+            if entry.id in self.policy:
+                self.policy.access(entry.id)
+            SERVED.inc(length)
+            if self.observer is not None:
+                self.observer.on_read(entry, hit, 0.0 if hit else time.monotonic() - began)
+        if self.cipher is not None:
+            return SealedSource(
+                fd, offset, length, lambda idx: self._block(entry, fd, idx),
+                lambda: self._release(entry),
+            )  # fmt: skip
         return _CacheSource(fd, offset, length, path, lambda: self._release(entry))
+
+    def _still_held(self, entry: CachedFile) -> None:
+        if entry.id not in self._files:
+            raise Conflict(
+                f"{entry.path} was evicted from this cache while it was read; read it again",
+                path=entry.path,
+            )
 
     def _ready(self, entry: CachedFile, span: range) -> bool:
         """Every block present and verified, and the data file as the cache left it: the
@@ -324,21 +431,31 @@ class Cache:
                 f"fetched {len(data)} of {length} bytes of {entry.path}", path=entry.path
             )
         MISSES.inc(length)
-        await self._make_room(length, keep=entry.id)
-        await asyncio.to_thread(self._store, entry, run, data)
-        self.policy.insert(entry.id, entry.cached_bytes)
+        async with self._room(length, keep=entry.id):
+            await asyncio.to_thread(self._store, entry, run, data)
+            self._account(entry)
+
+    def _account(self, entry: CachedFile) -> None:
+        if entry.id in self._files:  # not dropped while its blocks were written
+            self.policy.insert(entry.id, entry.cached_bytes, prefetched=PREFETCHING.get())
         USED.set(self.policy.used_bytes)
 
     def _store(self, entry: CachedFile, run: list[int], data: bytes) -> None:
         view = memoryview(data)
         digests: list[tuple[int, int, bytes]] = []
-        fd = os.open(self._data_path(entry.id), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(self._data_path(entry.id), os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if entry.id not in self._files:
+                return  # evicted while its blocks were on their way: they are not kept
+            raise
         try:
             pos = 0
             for idx in run:
                 piece = view[pos : pos + entry.block_len(idx)]
+                stored = piece if self.cipher is None else self._seal(entry, idx, piece)
                 try:
-                    os.pwrite(fd, piece, idx * BLOCK)
+                    os.pwrite(fd, stored, self._pos(idx))
                 except OSError as exc:
                     raise InsufficientStorage(f"spoke cache: {exc.strerror}") from exc
                 digests.append((entry.id, idx, blake3.blake3(piece).digest()))
@@ -366,19 +483,92 @@ class Cache:
             entry.verified.add(idx)
         entry.data_mtime_ns = mtime
 
+    def _seal(self, entry: CachedFile, idx: int, plain: bytes | memoryview) -> bytes:
+        assert self.cipher is not None
+        return self.cipher.seal(cache_context(entry.id, entry.version, idx), plain)
+
+    def _block(self, entry: CachedFile, fd: int, idx: int) -> bytes:
+        """Block ``idx`` of a cache file as the reader gets it (opened, where sealed)."""
+        stored = os.pread(fd, self._slot_len(entry, idx), self._pos(idx))
+        if self.cipher is None:
+            return stored
+        return self.cipher.open(cache_context(entry.id, entry.version, idx), stored)
+
+    def _read_plain(self, file_id: int, offset: int, length: int) -> bytes | None:
+        """Bytes [offset, offset+length) of a cached file as written, for the chunk index
+        (which verifies them by hash); None when they can't be read: the file is gone or,
+        sealed, a block is absent or fails authentication. Worker threads call this."""
+        if self.cipher is None:  # holes read as zeros, which fail the caller's hash
+            try:
+                fd = os.open(self._data_path(file_id), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                return os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        entry = self._files.get(file_id)
+        if entry is None or length <= 0:
+            return None if entry is None else b""
+        first, last = offset // BLOCK, (offset + length - 1) // BLOCK
+        if last >= entry.blocks or any(i not in entry.hashes for i in range(first, last + 1)):
+            return None
+        parts: list[bytes] = []
+        fd = -1
+        try:
+            for idx in range(first, last + 1):
+                with self._plain_lock:
+                    block = self._plain.get((file_id, idx))
+                    if block is not None:
+                        self._plain.move_to_end((file_id, idx))
+                if block is None:
+                    if fd < 0:
+                        fd = os.open(self._data_path(file_id), os.O_RDONLY | os.O_CLOEXEC)
+                    block = self._block(entry, fd, idx)
+                    with self._plain_lock:
+                        self._plain[(file_id, idx)] = block
+                        while len(self._plain) > PLAIN_BLOCKS:
+                            self._plain.popitem(last=False)
+                parts.append(block)
+        except (FileNotFoundError, CorruptData):
+            return None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        start = offset - first * BLOCK
+        return b"".join(parts)[start : start + length]
+
+    def _write_plain(self, file_id: int, pieces: Sequence[tuple[int, bytes]]) -> None:
+        """Keep chunk bytes outside the blocks being filled (the chunk index finds them,
+        verified by hash, for the next fill). Sealed, there is no such place: a block is
+        sealed whole, so those chunks are fetched again by the fill that needs them."""
+        if self.cipher is not None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self._data_path(file_id), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                for offset, data in pieces:
+                    os.pwrite(fd, data, offset)
+            finally:
+                os.close(fd)
+
     def _verify(self, entry: CachedFile, span: range) -> None:
         """Check present blocks of ``span`` against their hashes where not yet checked;
         a block that fails is forgotten (and so fetched again)."""
         path = self._data_path(entry.id)
         st = path.stat()
-        if st.st_mtime_ns != entry.data_mtime_ns or st.st_size != entry.size:
+        disk_size = self._disk_size(entry)
+        if st.st_mtime_ns != entry.data_mtime_ns or st.st_size != disk_size:
             entry.verified.clear()  # touched by something other than the cache
         todo = [i for i in span if i in entry.hashes and i not in entry.verified]
         if not todo:
             return
         with open(path, "rb") as data:
             for idx in todo:
-                block = os.pread(data.fileno(), entry.block_len(idx), idx * BLOCK)
+                try:
+                    block = self._block(entry, data.fileno(), idx)
+                except CorruptData:
+                    block = b""  # fails the hash below
                 if blake3.blake3(block).digest() == entry.hashes[idx]:
                     entry.verified.add(idx)
                     continue
@@ -389,9 +579,9 @@ class Cache:
                 )
                 del entry.hashes[idx]
                 self._sql("DELETE FROM blocks WHERE file_id = ? AND idx = ?", (entry.id, idx))
-        if st.st_size != entry.size:
+        if st.st_size != disk_size:
             with open(path, "r+b") as data:
-                data.truncate(entry.size)
+                data.truncate(disk_size)
 
     async def store(self, path: str, version: int, size: int, offset: int, data: bytes) -> None:
         """Keep bytes fetched along with something else: whole blocks from ``offset`` (a
@@ -402,9 +592,9 @@ class Cache:
         if not whole or any(i in entry.hashes for i in span):
             return
         MISSES.inc(len(data))
-        await self._make_room(len(data), keep=entry.id)
-        await asyncio.to_thread(self._store, entry, span, data)
-        self.policy.insert(entry.id, entry.cached_bytes)
+        async with self._room(len(data), keep=entry.id):
+            await asyncio.to_thread(self._store, entry, span, data)
+            self._account(entry)
         USED.set(self.policy.used_bytes)
 
     def incoming(self) -> Path:
@@ -417,13 +607,37 @@ class Cache:
     async def adopt(self, path: str, version: int, source: Path) -> None:
         """Take a complete local file (just written through this spoke) as the cached copy
         of that version, so reading back what was written costs no fetch."""
+        if self.cipher is not None:  # sealed: the plaintext file is read, then goes
+            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                size = os.fstat(fd).st_size
+                await self.adopt_stream(path, version, size, LocalFileSource(fd, 0, size, path))
+            finally:
+                source.unlink(missing_ok=True)
+            return
         size = source.stat().st_size
-        await self._make_room(size, keep=-1)
-        entry = self._ensure(path, version, size)
-        await asyncio.to_thread(self._adopt, entry, source)
-        if entry.hashes:
-            self.policy.insert(entry.id, entry.cached_bytes)
+        async with self._room(size, keep=-1):
+            entry = self._ensure(path, version, size)
+            await asyncio.to_thread(self._adopt, entry, source)
+            if entry.hashes:
+                self.policy.insert(entry.id, entry.cached_bytes)
         USED.set(self.policy.used_bytes)
+
+    async def adopt_stream(self, path: str, version: int, size: int, data: ByteSource) -> None:
+        """Take the bytes of a version as they stream (in ``BLOCK`` pieces, the last one
+        shorter), stored block by block; the source is closed."""
+        try:
+            async with self._room(size, keep=-1):
+                entry = self._ensure(path, version, size)
+                idx = 0
+                async for block in data.chunks():
+                    if idx >= entry.blocks or len(block) != entry.block_len(idx):
+                        raise CorruptData(f"{path}: a piece of a written file is not a block")
+                    await asyncio.to_thread(self._store, entry, [idx], block)
+                    idx += 1
+                self._account(entry)
+        finally:
+            await data.aclose()
 
     def _adopt(self, entry: CachedFile, source: Path) -> None:
         data = self._data_path(entry.id)
@@ -442,54 +656,111 @@ class Cache:
 
     # -- room, pins, invalidation ----------------------------------------------------------
 
-    async def _make_room(self, incoming: int, keep: int) -> None:
-        over = self.policy.used_bytes + incoming - self.capacity
-        if over <= 0:
-            return
-        busy = [f.id for f in self._files.values() if f.readers and f.id in self.policy]
-        for file_id in busy:
-            self.policy.pin(file_id)
+    @contextlib.asynccontextmanager
+    async def _room(self, incoming: int, keep: int) -> AsyncIterator[None]:
+        """Room for ``incoming`` bytes, held for this fill until its blocks are in the
+        policy: fills run concurrently, and each writes its blocks on a thread between
+        making room and counting them, so room made but not yet used is reserved."""
+        await self._make_room(incoming, keep)
+        self._reserved += incoming
         try:
-            victims = self.policy.evict(over)
+            yield
         finally:
+            self._reserved -= incoming
+            self._room_freed.set()
+
+    async def _make_room(self, incoming: int, keep: int) -> None:
+        # Dropping awaits a thread, and meanwhile another fill may take the room freed: so
+        # evict until this fill fits, and give up only when nothing evictable is left.
+        while (over := self.policy.used_bytes + self._reserved + incoming - self.capacity) > 0:
+            busy = [
+                f.id
+                for f in self._files.values()
+                if (f.readers or f.id == keep) and f.id in self.policy
+            ]
             for file_id in busy:
-                if not self._files[file_id].pinned:
-                    self.policy.unpin(file_id)
-        for victim in victims:
-            await asyncio.to_thread(self._drop, victim)
-        if self.policy.used_bytes + incoming > self.capacity:
-            raise InsufficientStorage(
-                f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
-            )
+                self.policy.pin(file_id)
+            try:
+                victims = self.policy.evict(over)
+            finally:
+                for file_id in busy:
+                    if not self._files[file_id].pinned:
+                        self.policy.unpin(file_id)
+            if not victims and self._reserved:  # room held by fills under way: once they
+                self._room_freed.clear()  # are counted, their files may be evictable
+                await self._room_freed.wait()
+                continue
+            if not victims:
+                raise InsufficientStorage(
+                    f"spoke cache is full ({self.capacity:,} bytes) of pinned or busy files"
+                )
+            dropped = [v for v in victims if self._forget(v)]
+            for victim in dropped:  # gone from every lookup already: only the disk is left
+                await asyncio.to_thread(self._erase, victim)
 
     def _drop(self, file_id: int) -> None:
+        if self._forget(file_id):
+            self._erase(file_id)
+
+    def _forget(self, file_id: int) -> bool:
+        """Take a version out of memory: lookups, the chunk index, the policy. On the
+        event loop, always: these structures are read there without locks (a fill's
+        ``_make_room`` iterating the files, the chunk index choosing delta bases)."""
         entry = self._files.pop(file_id, None)
         if entry is None:
-            return
+            return False
         if self._by_key.get((entry.path, entry.version)) == file_id:
             del self._by_key[(entry.path, entry.version)]
         if self.chunks is not None:
             self.chunks.forget(file_id)
+        if self._plain:
+            with self._plain_lock:
+                for key in [k for k in self._plain if k[0] == file_id]:
+                    del self._plain[key]
+        if self.observer is not None:
+            self.observer.on_drop(entry)
         self.policy.remove(file_id)
+        USED.set(self.policy.used_bytes)
+        return True
+
+    def _erase(self, file_id: int) -> None:
+        """Remove a forgotten version's row (blocks and chunk map go with it) and data.
+        A fill of it still writing finds it gone from ``_files`` and records nothing."""
         self._delete_row(file_id)
         self._data_path(file_id).unlink(missing_ok=True)
-        USED.set(self.policy.used_bytes)
 
-    def invalidate(self, path: str, keep_version: int | None = None, *, below: bool = False) -> int:
+    def invalidate(
+        self,
+        path: str,
+        keep_version: int | None = None,
+        *,
+        below: bool = False,
+        evict: bool = False,
+    ) -> int:
         """Drop every cached version of ``path`` (and, with ``below``, of everything under
         it) except ``keep_version``; returns how many were dropped. Versions being read
-        stay until their readers close."""
+        stay until their readers close, and versions with a chunk map are retired (kept
+        as chunk sources), unless ``evict``: an eviction the data's owner demands drops
+        them all, and every retired version too, and their chunks leave the chunk index
+        (the readers' open descriptors still finish)."""
         prefix = path.rstrip("/") + "/"
         doomed = [
             f.id
             for f in self._files.values()
             if (f.path == path or (below and f.path.startswith(prefix)))
             and f.version != keep_version
-            and not f.retired
-            and not f.readers
+            and (evict or (not f.retired and not f.readers))
         ]
+        if evict:
+            # retired versions are chunk sources of no current path, and which of them
+            # hold the evicted data (one renamed into the restricted path since) can't be
+            # told here: an eviction drops them all, at the cost of dedup against them
+            doomed += [f.id for f in self._files.values() if f.retired and f.id not in doomed]
         for file_id in doomed:
-            self._retire_or_drop(file_id)
+            if evict:  # gone, with its chunk maps and its place in the chunk index
+                self._drop(file_id)
+            else:
+                self._retire_or_drop(file_id)
         return len(doomed)
 
     def _retire_or_drop(self, file_id: int) -> None:

@@ -19,18 +19,24 @@ too, so the next run finds them held. When another cached file in the same direc
 shares the file's layout (a checkpoint series), the hub may send delta frames against it:
 it is named as the base only when complete here, and decoding failures fall back to plain
 frames.
+
+The filler never touches the cache's data files itself: it reads chunk bytes back through
+the cache (``read``: decrypted where the cache is sealed at rest, so a sealed cache's
+chunk index works the same) and assembled runs are stored by the cache as blocks (sealed
+there). Chunks sticking out of a run go through ``write``, which a sealed cache declines
+(a block is sealed whole): those few chunks are fetched again by the next run. Uploads
+read the journaled write through a ``PlainFile`` (opened frame by frame where sealed), so
+the hub always gets plaintext and nothing plain is written to disk on the way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from ..chunks.chunkmap import ChunkEntry, ChunkMap
@@ -42,6 +48,7 @@ from ..chunks.records import record
 from ..core.types import Entry
 from ..errors import Conflict, CorruptData
 from ..namespace.chunklink import ChunkLink
+from .journal import PlainFile
 
 if TYPE_CHECKING:
     from .cache import CachedFile
@@ -58,19 +65,22 @@ CREATE TABLE IF NOT EXISTS chunk_maps (
 """
 
 Location = tuple[int, int, int]  # (cached file id, offset, length)
+#: read(file id, offset, length): those bytes of a cached file as written (None: unreadable)
+ReadCached = Callable[[int, int, int], "bytes | None"]
+#: write(file id, [(offset, bytes)]): keep chunk bytes outside the blocks being filled
+WriteCached = Callable[[int, Sequence[tuple[int, bytes]]], None]
 
 
 class _FileReference:
-    """A cached file version as the base of delta frames."""
+    """A cached file version as the base of delta frames (unreadable bytes read as none,
+    which fails the frame's verification: the chunk is fetched again as a plain frame)."""
 
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def __init__(self, read: ReadCached, file_id: int) -> None:
+        self._read = read
+        self._file_id = file_id
 
     def read(self, offset: int, length: int) -> bytes:
-        return os.pread(self._fd, length, offset)
-
-    def close(self) -> None:
-        os.close(self._fd)
+        return self._read(self._file_id, offset, length) or b""
 
 
 class ChunkFiller:
@@ -79,13 +89,15 @@ class ChunkFiller:
         link: ChunkLink,
         db: Callable[[], sqlite3.Connection],
         lock: threading.Lock,
-        data_path: Callable[[int], Path],
+        read: ReadCached,
+        write: WriteCached,
         files: Callable[[], dict[int, CachedFile]],
     ) -> None:
         self.link = link
         self._db = db
         self._lock = lock
-        self._data_path = data_path
+        self._read = read
+        self._write = write
         self._files = files
         self.maps: dict[int, ChunkMap] = {}
         self._where: dict[bytes, list[Location]] = {}
@@ -113,8 +125,8 @@ class ChunkFiller:
             self._where.setdefault(piece.id, []).append((file_id, piece.offset, piece.length))
 
     def set_map(self, file_id: int, cmap: ChunkMap) -> None:
-        if file_id in self.maps:
-            return
+        if file_id in self.maps or file_id not in self._files():
+            return  # known, or dropped (say evicted) while its map was on its way
         with self._lock:
             self._db().execute(
                 "INSERT OR REPLACE INTO chunk_maps (file_id, map) VALUES (?, ?)",
@@ -136,15 +148,10 @@ class ChunkFiller:
 
     def _held(self, piece: ChunkEntry) -> bytes | None:
         """The chunk's bytes from any cached file that verifiably holds them."""
-        for file_id, offset, length in self._where.get(piece.id, ()):
-            with contextlib.suppress(FileNotFoundError):
-                fd = os.open(self._data_path(file_id), os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    data = os.pread(fd, length, offset)
-                finally:
-                    os.close(fd)
-                if chunk_id(data) == piece.id:
-                    return data
+        for file_id, offset, length in list(self._where.get(piece.id, ())):
+            data = self._read(file_id, offset, length)
+            if data is not None and chunk_id(data) == piece.id:
+                return data
         return None
 
     # -- filling ---------------------------------------------------------------------------
@@ -195,15 +202,6 @@ class ChunkFiller:
         if outside:  # the next run will find these chunks held
             await asyncio.to_thread(self._write, entry.id, outside)
         return bytes(out)
-
-    def _write(self, file_id: int, pieces: Sequence[tuple[int, bytes]]) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            fd = os.open(self._data_path(file_id), os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                for offset, data in pieces:
-                    os.pwrite(fd, data, offset)
-            finally:
-                os.close(fd)
 
     async def _fetch(
         self, entry: CachedFile, cmap: ChunkMap, ids: list[bytes], transfer: Transfer
@@ -282,7 +280,7 @@ class ChunkFiller:
                 for s in plan_transfer(cmap, cmap.ids() - set(ids), base[1])
             }
             at = [estimates.get(cid) for cid in ids]
-            reference = _FileReference(self._data_path(base[0].id))
+            reference = _FileReference(self._read, base[0].id)
         bad: set[bytes] = set()
         decoding: list[asyncio.Task[None]] = []
 
@@ -311,20 +309,27 @@ class ChunkFiller:
         finally:
             for task in decoding:
                 task.cancel()
-            if reference is not None:
-                reference.close()
         return bad
 
     # -- upload --------------------------------------------------------------------------
 
-    async def upload(self, path: str, data: Path, **preconditions: Any) -> Entry:
-        """Write ``data`` to ``path`` at the hub sending only the chunks it holds in no
-        file: the map first, then the missing chunks' frames, then a commit of the map
-        with the write's preconditions. ``CorruptData`` if the hub could not assemble it
-        (a source changed meanwhile): the caller may send the bytes whole instead."""
+    async def upload(self, path: str, data: Callable[[], PlainFile], **preconditions: Any) -> Entry:
+        """Write the file ``data`` opens to ``path`` at the hub sending only the chunks it
+        holds in no file: the map first, then the missing chunks' frames, then a commit of
+        the map with the write's preconditions. ``CorruptData`` if the hub could not
+        assemble it (a source changed meanwhile): the caller may send the bytes whole."""
         if self._pipeline is None:
             self._pipeline = ChunkPipeline()
-        cmap = await asyncio.to_thread(self._pipeline.map_file, data)
+        pipeline = self._pipeline
+
+        def map_data() -> ChunkMap:
+            source = data()
+            try:
+                return pipeline.map_stream(source)
+            finally:
+                source.close()
+
+        cmap = await asyncio.to_thread(map_data)
         ids = list(dict.fromkeys(p.id for p in cmap))
         lacking: set[bytes] = set()
         for i in range(0, len(ids), MAX_BATCH):
@@ -333,16 +338,19 @@ class ChunkFiller:
         sent: set[bytes] = set()
 
         async def records() -> AsyncIterator[bytes]:
-            with data.open("rb", buffering=0) as source:
+            source = await asyncio.to_thread(data)
+            try:
                 for piece in cmap:
                     if piece.id not in lacking or piece.id in sent:
                         if piece.id not in sent:
                             transfer.held(piece.length)
                         continue
                     sent.add(piece.id)
-                    frame = await asyncio.to_thread(_read_encode, source.fileno(), piece)
+                    frame = await asyncio.to_thread(_read_encode, source, piece)
                     transfer.sent(piece.length, len(frame) + len(piece.id))
                     yield record(frame, piece.id)
+            finally:
+                await asyncio.to_thread(source.close)
 
         try:
             if lacking:
@@ -373,8 +381,8 @@ class ChunkFiller:
         return held[name] if name is not None else None
 
 
-def _read_encode(fd: int, piece: ChunkEntry) -> bytes:
-    data = os.pread(fd, piece.length, piece.offset)
+def _read_encode(source: PlainFile, piece: ChunkEntry) -> bytes:
+    data = source.pread(piece.length, piece.offset)
     if len(data) != piece.length or chunk_id(data) != piece.id:
         raise CorruptData("a journaled file changed while it was uploaded")
     return encode_chunk(data)

@@ -6,6 +6,10 @@ its change on, and the options is written atomically (temp, fsync, rename, fsync
 directory). Only then does ``append`` return. Records are replayed in order by the
 uploader; a record is removed only after the hub committed it. A spoke killed at any
 point therefore either never acknowledged a write or still holds it on restart.
+
+With a ``BlockCipher`` (a sealed cache) the journaled bytes are sealed too, frame by frame
+(``loomfs.spoke.sealed``); each record says whether its data is, so a journal written
+before the key was configured still replays.
 """
 
 from __future__ import annotations
@@ -15,7 +19,21 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import Protocol
+
+from ..core.streams import ByteSource, LocalFileSource
+from ..errors import CorruptData
+from .sealed import (
+    BlockCipher,
+    SealedFile,
+    SealedSource,
+    SealedWriter,
+    journal_context,
+    read_frame,
+    sealed_size,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +52,58 @@ class Pending:
     #: acknowledged before the hub committed it (async mode, or the link was down): a
     #: conflict then keeps both versions instead of failing a writer who has moved on
     early: bool
+    #: the data file holds sealed frames (the spoke's cache key), not the plain bytes
+    sealed: bool = False
+    #: who wrote it (None: the spoke itself; journals written before users were kept)
+    user: str | None = None
+    protocol: str = "internal"
 
     def data_name(self) -> str:
         return f"{self.seq:012d}.data"
+
+
+class Spool(Protocol):
+    """Where a write's bytes go before it is committed; synchronous, for a worker thread."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class PlainFile(Protocol):
+    """A journaled write's bytes as written (opened frame by frame where sealed), for
+    uploading it; synchronous, for worker threads."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+    def pread(self, length: int, offset: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class _LocalPlain:
+    """A plain data file as a ``PlainFile``."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("rb", buffering=0)
+
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        return self._file.readinto(buffer)
+
+    def pread(self, length: int, offset: int, /) -> bytes:
+        return os.pread(self._file.fileno(), length, offset)
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class Journal:
     """The records live on disk; an in-memory copy answers the hot questions (is there a
     pending write of this path?) without touching the directory."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, cipher: BlockCipher | None = None) -> None:
         self.directory = directory
+        self.cipher = cipher
         directory.mkdir(parents=True, exist_ok=True)
         for leftover in directory.glob("*.tmp"):
             leftover.unlink()  # a record that never became durable was never acknowledged
@@ -77,11 +136,57 @@ class Journal:
     def data_path(self, pending: Pending) -> Path:
         return self.directory / pending.data_name()
 
-    def reserve(self) -> tuple[int, Path]:
-        """A sequence number and the data file to spool the bytes into."""
+    def reserve(self) -> tuple[int, Spool]:
+        """A sequence number and the spool its bytes go into (sealed with a cipher)."""
         seq = self._next
         self._next += 1
-        return seq, self.directory / f"{seq:012d}.data"
+        path = self.directory / f"{seq:012d}.data"
+        if self.cipher is not None:
+            return seq, SealedWriter(path, self.cipher, partial(journal_context, seq))
+        return seq, path.open("wb")
+
+    @property
+    def sealed(self) -> bool:
+        return self.cipher is not None
+
+    def size(self, pending: Pending) -> int:
+        """The number of bytes written (not of the data file, where sealed)."""
+        disk = self.data_path(pending).stat().st_size
+        return sealed_size(disk) if pending.sealed else disk
+
+    def source(self, pending: Pending, offset: int = 0, length: int | None = None) -> ByteSource:
+        """The written bytes [offset, offset+length), from the data file."""
+        size = self.size(pending)
+        length = size - offset if length is None else length
+        fd = os.open(self.data_path(pending), os.O_RDONLY | os.O_CLOEXEC)
+        if not pending.sealed:
+            return LocalFileSource(fd, offset, length, pending.path)
+        if self.cipher is None:
+            os.close(fd)
+            raise CorruptData(
+                f"the journaled write of {pending.path} is sealed, and no cache key is "
+                "configured to open it",
+                path=pending.path,
+            )
+        cipher = self.cipher
+        return SealedSource(
+            fd, offset, length,
+            lambda idx: read_frame(fd, cipher, journal_context(pending.seq, idx), idx),
+        )  # fmt: skip
+
+    def open_plain(self, pending: Pending) -> PlainFile:
+        """The written bytes for an upload: opened frame by frame where sealed, so the
+        hub gets the plaintext and no plaintext copy lands on disk."""
+        path = self.data_path(pending)
+        if not pending.sealed:
+            return _LocalPlain(path)
+        if self.cipher is None:
+            raise CorruptData(
+                f"the journaled write of {pending.path} is sealed, and no cache key is "
+                "configured to open it",
+                path=pending.path,
+            )
+        return SealedFile(path, self.cipher, partial(journal_context, pending.seq))
 
     def commit(self, pending: Pending) -> Pending:
         """Make a spooled write durable; after this returns it may be acknowledged."""

@@ -27,25 +27,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 
+import blake3
 from prometheus_client import Counter, Gauge
 
 from .. import paths
-from ..core.streams import BUFFER_SIZE, LocalFileSource, clamp_range
-from ..core.types import SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
+from ..core.streams import clamp_range
+from ..core.types import SPECIAL_KINDS, SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
 from ..errors import (
     AlreadyExists,
     BackendUnavailable,
     Conflict,
     CorruptData,
+    InvalidArgument,
+    InvalidPath,
     IsADirectory,
     LoomError,
+    NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
@@ -59,6 +63,9 @@ STALE_READS = Counter(
 )
 LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub")
 FEED_SEQ = Gauge("loomfs_spoke_feed_seq", "The last change-feed sequence number applied")
+EVICTED = Counter(
+    "loomfs_spoke_placement_evicted_total", "Cached file versions dropped by placement policies"
+)
 
 
 @dataclass(slots=True)
@@ -66,6 +73,7 @@ class WarmStats:
     files: int = 0
     bytes: int = 0
     fetched: int = 0
+    refused: int = 0  # files a placement policy keeps from this site
     done: bool = False
 
     def as_dict(self) -> dict[str, object]:
@@ -73,6 +81,7 @@ class WarmStats:
             "files": self.files,
             "bytes": self.bytes,
             "fetched": self.fetched,
+            "refused": self.refused,
             "done": self.done,
         }
 
@@ -86,6 +95,8 @@ COLD_FETCH = 8 * BLOCK  # what the first request for a file brings along with it
 LEASE_MARGIN = 1.0
 RETRY = 1.0
 STUCK_RETRY = 5.0  # a write the hub refused is tried again this often
+#: refusals that stand until someone acts (a policy, a path): sync() reports them
+_FINAL = (PermissionDenied, NotFound, NotADirectory, IsADirectory, InvalidPath, InvalidArgument)
 
 
 @dataclass
@@ -108,7 +119,7 @@ class SpokeNamespace(Namespace):
     ) -> None:
         self.hub = hub
         self.cache = cache
-        self.journal = Journal(cache.directory / "journal")
+        self.journal = Journal(cache.directory / "journal", cache.cipher)
         self.attached = [paths.normalize(p) for p in attach]
         self.site = site
         self.write_back = write_back
@@ -120,8 +131,13 @@ class SpokeNamespace(Namespace):
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
-        self._stuck: set[int] = set()
+        self._stuck: dict[int, Exception] = {}  # journaled writes the hub refuses, and why
         self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
+        self._evicted: dict[str, int] = {}  # path -> seq of the last eviction at or below it
+        # (user, path) -> until when (monotonic) the hub's "yes, this user may read it"
+        # holds here: the lease current at that answer, never extended by later renewals,
+        # so a revoked right stops serving cached data within one lease term
+        self._admitted: dict[tuple[str, str], float] = {}
         self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
         self.seq = 0
         self.online = True
@@ -186,8 +202,15 @@ class SpokeNamespace(Namespace):
         """Drop what a change at the hub made stale: cached data of superseded versions,
         and what this spoke knew of the path (and below it, for moves and deletes). A
         directory's own changes (its mtime moves with its listing) touch nothing below it."""
-        below = change.op in (ChangeOp.DELETE, ChangeOp.RENAME)
-        if below:
+        below = change.op in (ChangeOp.DELETE, ChangeOp.RENAME, ChangeOp.EVICT)
+        if change.op is ChangeOp.EVICT:
+            # a placement policy may no longer let this site hold it: gone now, even the
+            # versions being read (their open descriptors finish; nothing stays on disk)
+            dropped = self.cache.invalidate(change.path, below=True, evict=True)
+            EVICTED.inc(dropped)
+            self._evicted[change.path] = change.seq
+            log.info("evicted by placement policy", extra={"path": change.path, "files": dropped})
+        elif below:
             self.cache.invalidate(change.path, below=True)
         elif change.op is ChangeOp.MODIFY:
             self.cache.invalidate(change.path, keep_version=change.version)
@@ -243,10 +266,12 @@ class SpokeNamespace(Namespace):
             raise PermissionDenied(f"{path} is not attached at this spoke", path=path)
         pending = self.journal.pending(path)
         if pending is not None:
+            await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
                 return self._pending_entry(pending)
         asked_at = self.seq
         entry = await self.hub.stat(who, path)
+        self._admit(who, path)
         self._learn(entry, asked_at)
         return entry
 
@@ -262,28 +287,36 @@ class SpokeNamespace(Namespace):
 
     async def _open_entry(
         self, who: Principal, path: str, offset: int = 0, length: int | None = None
-    ) -> Entry:
+    ) -> tuple[Entry, float]:
+        """The entry to read, and the seconds spent on a cold open that brought the file's
+        first bytes or map: this read's own, or another request's it waited for (single
+        flight). The cache counts such a read as a miss, though it finds its blocks there."""
         known = self._known.get(path)
-        if known is not None and self.leased:
+        if known is not None and self.leased and self._is_admitted(who, path):
             LEASED_OPENS.inc()
-            return known
+            return known, 0.0
         asked_at = self.seq
+        began, cold = time.monotonic(), True
         try:
             opening = self._opening.get(path)
             if opening is not None:  # another reader's cold open brings it: one request
                 entry = await asyncio.shield(opening)
+                if not self._is_admitted(who, path):  # that reader's right is not this one's
+                    await self.hub.stat(who, path)
             elif known is None and not self.cache.versions(path):
                 entry = await self._open_cold(who, path, offset, length)
-            else:
+            else:  # what the cache holds may be served to this user only if the hub agrees
+                cold = False
                 entry = await self.hub.stat(who, path)
+            self._admit(who, path)
         except BackendUnavailable:
             known = known or self._newest_cached(path)
             if known is None:
                 raise
             STALE_READS.inc()
-            return known
+            return known, 0.0
         self._learn(entry, asked_at)
-        return entry
+        return entry, (time.monotonic() - began if cold else 0.0)
 
     async def _open_cold(self, who: Principal, path: str, offset: int, length: int | None) -> Entry:
         """A file this spoke holds nothing of: one request brings its entry and the first
@@ -293,16 +326,17 @@ class SpokeNamespace(Namespace):
         want += -want % BLOCK  # whole blocks
         opening: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         self._opening[path] = opening
+        asked_at = self.seq
         try:
             if self.cache.chunks is not None:
                 # with chunks: the entry and its map (small files: their bytes) come first,
                 # then only the chunks this spoke holds nowhere
-                entry, data, start = await self._open_chunked(path), b"", 0
+                entry, data, start = await self._open_chunked(who, path, asked_at), b"", 0
             else:
                 async with await self.hub.read(who, path, start, want) as reader:
                     data = await reader.read_all()
                     entry = reader.entry
-            if data:
+            if data and not self._evicted_since(path, asked_at):
                 await self.cache.store(path, entry.version, entry.size, start, data)
         except Exception as exc:
             opening.set_exception(exc)
@@ -316,10 +350,39 @@ class SpokeNamespace(Namespace):
         opening.set_result(entry)
         return entry
 
-    async def _open_chunked(self, path: str) -> Entry:
+    def _evicted_since(self, path: str, seq: int) -> bool:
+        """Whether a placement eviction covering ``path`` arrived after ``seq``: bytes
+        the hub sent before it are for the reader that asked, not for the cache."""
+        return any(at > seq and paths.is_within(path, top) for top, at in self._evicted.items())
+
+    def _is_admitted(self, who: Principal, path: str) -> bool:
+        return self._admitted.get((who.user, path), 0.0) > time.monotonic()
+
+    def _admit(self, who: Principal, path: str) -> None:
+        """The hub just let ``who`` see ``path``: remember it for the current lease."""
+        if self.leased:
+            if len(self._admitted) > 100_000:  # answers whose lease is over
+                now = time.monotonic()
+                self._admitted = {k: t for k, t in self._admitted.items() if t > now}
+            self._admitted[(who.user, path)] = self.lease_until - LEASE_MARGIN
+
+    async def _may_see_pending(self, who: Principal, pending: Pending) -> None:
+        """A journaled write not yet at the hub is served to its writer, and to others
+        the hub lets read its path (absent there still means allowed: a governed hub
+        refuses before it looks). With the link down, only to its writer."""
+        if pending.user in (None, who.user) or self._is_admitted(who, pending.path):
+            return
+        with contextlib.suppress(NotFound):
+            await self.hub.stat(who, pending.path)
+        self._admit(who, pending.path)
+
+    async def _open_chunked(self, who: Principal, path: str, asked_at: int) -> Entry:
         assert self.cache.chunks is not None
-        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE)
+        # opened for ``who``: the hub decides whether this user may read it
+        opened = await self.cache.chunks.link.open_chunked(path, small=SMALL_FILE, who=who)
         entry = opened.entry
+        if self._evicted_since(path, asked_at):
+            return entry  # the answer serves this open; the cache keeps nothing of it
         if opened.whole:
             await self.cache.store(path, entry.version, entry.size, 0, opened.whole)
         elif opened.chunk_map is not None:
@@ -345,23 +408,27 @@ class SpokeNamespace(Namespace):
     ) -> Reader:
         path = self._inside(path)
         pending = self.journal.pending(path)
-        if pending is not None and if_version is None:
+        if pending is not None and not if_version:  # version 0: what stat said of it
+            await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
-        entry = await self._open_entry(who, path, offset, length)
+        entry, opened_s = await self._open_entry(who, path, offset, length)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
+        if entry.kind in SPECIAL_KINDS:  # as the hub: no content to fetch or cache
+            raise NotSupported(f"{path} is a special file", path=path)
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
         start, count = clamp_range(entry.size, offset, length)
-        source = await self.cache.read(path, entry.version, entry.size, start, count, self._fetch)
+        source = await self.cache.read(
+            path, entry.version, entry.size, start, count, self._fetch, opened_s=opened_s
+        )
         return Reader(entry, start, source)
 
     def _read_pending(self, pending: Pending, offset: int, length: int | None) -> Reader:
         entry = self._pending_entry(pending)
         start, count = clamp_range(entry.size, offset, length)
-        fd = os.open(self.journal.data_path(pending), os.O_RDONLY | os.O_CLOEXEC)
-        return Reader(entry, start, LocalFileSource(fd, start, count, pending.path))
+        return Reader(entry, start, self.journal.source(pending, start, count))
 
     async def warm(
         self,
@@ -380,9 +447,13 @@ class SpokeNamespace(Namespace):
                 continue
             before = self.cache.get(entry.path, entry.version)
             had = before.cached_bytes if before is not None else 0
-            source = await self.cache.read(
-                entry.path, entry.version, entry.size, 0, entry.size, self._fetch
-            )
+            try:
+                source = await self.cache.read(
+                    entry.path, entry.version, entry.size, 0, entry.size, self._fetch
+                )
+            except PermissionDenied:
+                stats.refused += 1  # the rest of the tree may still come here
+                continue
             await source.aclose()
             self._known.setdefault(entry.path, entry)
             if pin:
@@ -416,12 +487,16 @@ class SpokeNamespace(Namespace):
             base = await self._base_version(who, path)
             seq, spool = self.journal.reserve()
             try:
-                with spool.open("wb") as out:
+                try:
                     async for chunk in data:
-                        await asyncio.to_thread(out.write, chunk)
+                        await asyncio.to_thread(spool.write, chunk)
+                finally:
+                    await asyncio.to_thread(spool.close)
                 pending = Pending(
                     seq, path, base, if_version, exclusive, mode, time.time_ns(),
-                    early=self.write_back or not self.online,
+                    early=self.write_back or not self.online, sealed=self.journal.sealed,
+                    user=None if who.protocol == "internal" else who.user,
+                    protocol=who.protocol,
                 )  # fmt: skip
                 pending = await asyncio.to_thread(self.journal.commit, pending)
             except BaseException:
@@ -488,14 +563,35 @@ class SpokeNamespace(Namespace):
 
     def _pending_entry(self, pending: Pending) -> Entry:
         """What stat says of a write not yet committed at the hub (version 0)."""
-        size = self.journal.data_path(pending).stat().st_size
+        size = self.journal.size(pending)
         return Entry(pending.path, EntryKind.FILE, size, pending.time_ns,
                      pending.mode or 0o100644, 0, 0, 0)  # fmt: skip
 
     async def sync(self) -> None:
         """Wait until every journaled write is committed at the hub (bound it with
-        ``asyncio.timeout`` where the link may stay down)."""
-        while len(self.journal):
+        ``asyncio.timeout`` where the link may stay down); raise the hub's refusal of the
+        first write it will not take as things stand (``_FINAL``: a placement policy, a
+        directory gone); the write stays journaled and retried. Other refusals (a hub
+        shutting down) are waited through."""
+        await self._drain()
+        for pending in self.journal:
+            stuck = self._stuck.get(pending.seq)
+            if isinstance(stuck, _FINAL):
+                raise type(stuck)(
+                    f"a journaled write of {pending.path} is kept, but the hub refuses it: {stuck}",
+                    path=pending.path,
+                ) from stuck
+
+    async def _drain(self) -> None:
+        """Wait until every journaled write is committed, finally refused, or waits behind
+        an earlier finally refused write of its path (it never overtakes that)."""
+        while True:
+            first_final: dict[str, int] = {}
+            for p in self.journal:
+                if isinstance(self._stuck.get(p.seq), _FINAL):
+                    first_final.setdefault(p.path, p.seq)
+            if all(first_final.get(p.path, p.seq + 1) <= p.seq for p in self.journal):
+                return
             self._wake.set()
             await asyncio.sleep(0.05)
 
@@ -508,14 +604,18 @@ class SpokeNamespace(Namespace):
             blocked: set[str] = set()  # paths whose earliest write is stuck
             for seq in [p.seq for p in self.journal]:
                 pending = self.journal.get(seq)  # as of now: an earlier commit may rebase it
-                if pending is None or pending.path in blocked:
-                    continue  # a later write of a path never overtakes an earlier one
+                if pending is None:
+                    continue
+                if pending.path in blocked:  # never overtakes an earlier write of its path
+                    self._release_early(pending)
+                    continue
                 waiter = self._waiters.get(pending.seq)
                 try:
                     entry = await self._commit(pending, waiting=waiter is not None)
                 except BackendUnavailable:
                     self._set_online(False)
-                    self._release_early(pending)
+                    for waiting in list(self.journal):  # none of them can commit for now
+                        self._release_early(waiting)
                     asyncio.get_running_loop().call_later(RETRY, self._wake.set)
                     break
                 except Exception as exc:
@@ -525,11 +625,12 @@ class SpokeNamespace(Namespace):
                         waiter.set_exception(exc)
                     else:
                         # acknowledged, and the hub refuses it (say its directory is gone,
-                        # or it is shutting down): it stays journaled, reported and retried
+                        # it is shutting down, or a placement policy keeps this site out):
+                        # it stays journaled, reported (the log, sync()) and retried
                         if pending.seq not in self._stuck:
                             log.error("a journaled write cannot be committed: %s", exc,
                                       extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
-                            self._stuck.add(pending.seq)
+                        self._stuck[pending.seq] = exc
                         blocked.add(pending.path)
                         asyncio.get_running_loop().call_later(STUCK_RETRY, self._wake.set)
                     continue
@@ -538,13 +639,19 @@ class SpokeNamespace(Namespace):
                     self.journal.rebase(pending, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
                 try:
-                    await self.cache.adopt(
-                        entry.path, entry.version, self.journal.data_path(pending)
-                    )
+                    if pending.sealed:  # opened frame by frame, sealed again as blocks
+                        await self.cache.adopt_stream(
+                            entry.path, entry.version, self.journal.size(pending),
+                            self.journal.source(pending),
+                        )  # fmt: skip
+                    else:
+                        await self.cache.adopt(
+                            entry.path, entry.version, self.journal.data_path(pending)
+                        )
                 except Exception:  # only a missed cache fill: the hub has the write
                     log.exception("could not keep a written file in the cache")
                 self.journal.remove(pending)
-                self._stuck.discard(pending.seq)
+                self._stuck.pop(pending.seq, None)
                 self._learn(entry, entry.version)
                 waiter = self._waiters.pop(pending.seq, None)
                 if waiter is not None:
@@ -561,8 +668,9 @@ class SpokeNamespace(Namespace):
             return await self._keep_both(pending, exc)
 
     def _release_early(self, pending: Pending) -> None:
-        """The link went down under a waiting writer: its write is durable, so it is
-        acknowledged now and replayed like any early write."""
+        """A waiting writer whose write can't commit now (the link is down, or an earlier
+        write of its path is stuck): it is durable, so it is acknowledged now and replayed
+        like any early write."""
         waiter = self._waiters.pop(pending.seq, None)
         if waiter is not None:
             waiter.set_result(self._pending_entry(pending))
@@ -576,34 +684,56 @@ class SpokeNamespace(Namespace):
             if_version, exclusive = pending.base_version, pending.base_version is None
         self.journal.mark_sending(pending)
         return await self._send(
+            self._writer(pending),
             pending.path,
-            self.journal.data_path(pending),
+            pending,
             if_version=if_version,
             exclusive=exclusive,
             mode=pending.mode,
         )
 
+    def _writer(self, pending: Pending) -> Principal:
+        """Who a journaled write is committed as: its writer, so the hub's rules decide
+        for them (a write the hub refuses fails its waiting writer, or stays journaled
+        and reported when it was acknowledged early)."""
+        if pending.user is None:
+            return SYSTEM
+        return Principal(pending.user, site=self.site, protocol=pending.protocol)
+
     async def _send(
         self,
+        who: Principal,
         path: str,
-        data: Path,
+        pending: Pending,
         *,
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
     ) -> Entry:
-        """Upload one file: as chunks the hub lacks where the link moves chunks and the
-        file is not small, else (or if the hub could not assemble it) its bytes."""
+        """Upload one journaled write to ``path`` as ``who``: as chunks the hub lacks where
+        the link moves chunks and the file is not small, else (or if the hub could not
+        assemble it) its bytes. Either way the hub gets the plaintext (opened here where
+        sealed)."""
         chunks = self.cache.chunks
-        if chunks is not None and data.stat().st_size > SMALL_FILE:
+        if chunks is not None and self.journal.size(pending) > SMALL_FILE:
             try:
                 return await chunks.upload(
-                    path, data, if_version=if_version, exclusive=exclusive, mode=mode
+                    path,
+                    partial(self.journal.open_plain, pending),
+                    if_version=if_version,
+                    exclusive=exclusive,
+                    mode=mode,
+                    who=who,
                 )
             except CorruptData as exc:
                 log.warning("chunked upload failed; sending the file whole: %s", exc)
         return await self.hub.write(
-            SYSTEM, path, _file_chunks(data), if_version=if_version, exclusive=exclusive, mode=mode
+            who,
+            path,
+            self._journaled(pending),
+            if_version=if_version,
+            exclusive=exclusive,
+            mode=mode,
         )
 
     async def _holds(self, path: str, pending: Pending) -> bool:
@@ -614,15 +744,21 @@ class SpokeNamespace(Namespace):
             entry = await self.hub.stat(SYSTEM, path)
         except NotFound:
             return False
-        data = self.journal.data_path(pending)
-        if entry.is_dir or entry.size != data.stat().st_size:
+        if entry.is_dir or entry.size != self.journal.size(pending):
             return False
-        with data.open("rb") as local:
-            async with await self.hub.read(SYSTEM, path) as remote:
-                async for chunk in remote.chunks():
-                    if await asyncio.to_thread(local.read, len(chunk)) != chunk:
-                        return False
-        return True
+        local, remote = blake3.blake3(), blake3.blake3()
+        async for chunk in self._journaled(pending):
+            local.update(chunk)
+        async with await self.hub.read(SYSTEM, path) as reader:
+            async for chunk in reader.chunks():
+                remote.update(chunk)
+        return local.digest() == remote.digest()
+
+    async def _journaled(self, pending: Pending) -> AsyncIterator[bytes]:
+        """The bytes of a journaled write, opened where sealed."""
+        async with self.journal.source(pending) as source:
+            async for chunk in source.chunks():
+                yield chunk
 
     async def _keep_both(self, pending: Pending, exc: Exception) -> Entry:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(pending.time_ns / 1e9))
@@ -632,7 +768,7 @@ class SpokeNamespace(Namespace):
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
         try:
-            return await self._send(name, self.journal.data_path(pending), exclusive=True)
+            return await self._send(self._writer(pending), name, pending, exclusive=True)
         except AlreadyExists:
             if await self._holds(name, pending):  # kept before a lost answer
                 return await self.hub.stat(SYSTEM, name)
@@ -650,7 +786,7 @@ class SpokeNamespace(Namespace):
         if len(self.journal):
             if not self.online:
                 raise BackendUnavailable("the hub is unreachable; only writes are journaled")
-            await self.sync()
+            await self._drain()  # a refused write will not commit: nothing to order after
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
         path = self._inside(path)
@@ -717,9 +853,3 @@ class SpokeNamespace(Namespace):
         remove: Sequence[str] = (),
     ) -> dict[str, str]:
         return await self.hub.set_tags(who, self._inside(path), set_, remove)
-
-
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    with path.open("rb") as f:
-        while chunk := await asyncio.to_thread(f.read, BUFFER_SIZE):
-            yield chunk

@@ -8,19 +8,21 @@ or cut one spoke's link and count the bytes that crossed it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from ..config import Config
+from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
-from ..fabric.server import FabricServer
 from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
 from ..spoke.namespace import SpokeNamespace
+from ..spoke.sealed import KEY_BYTES, BlockCipher
 from .wan import LinkEmulator
 
 
@@ -35,6 +37,7 @@ class Fabric:
     ids: dict[str, SiteIdentity] = field(default_factory=dict)
     links: dict[str, LinkEmulator] = field(default_factory=dict)
     spokes: dict[str, SpokeNamespace] = field(default_factory=dict)
+    ciphers: dict[str, BlockCipher] = field(default_factory=dict)  # spokes sealing their cache
     runner: web.AppRunner | None = None
 
     @property
@@ -50,27 +53,33 @@ class Fabric:
     def link(self) -> LinkEmulator:
         return self.links[self.first]
 
-    def client(self, name: str) -> RestNamespace:
-        """A fabric client as spoke ``name``, through its emulated link."""
+    def client(self, name: str, *, forward: bool = False) -> RestNamespace:
+        """A fabric client as spoke ``name``, through its emulated link; ``forward``:
+        sending each call's user along, as a spoke does."""
         return RestNamespace(
             f"https://127.0.0.1:{self.links[name].port}",
             ssl_context=self.ids[name].client_context(self.hub_id.cert_pem),
+            forward=forward,
         )
 
     def new_spoke(self, name: str | None = None, *, capacity: int | None = None) -> SpokeNamespace:
         """A (re)started spoke over its cache directory; the caller starts it."""
         name = name or self.first
-        client = self.client(name)
-        cache = Cache(self.tmp / f"{name}-cache", capacity or self.capacity, link=client)
+        client = self.client(name, forward=True)
+        cache = Cache(
+            self.tmp / f"{name}-cache",
+            capacity or self.capacity,
+            link=client,
+            cipher=self.ciphers.get(name),  # the same key across restarts
+        )
         self.spokes[name] = SpokeNamespace(client, cache, ["/vol"], site=name)
         return self.spokes[name]
 
     async def serve_hub(self) -> None:
-        """Serve the fabric link on ``port`` (0: a free one, remembered)."""
+        """Serve the fabric link on ``port`` (0: a free one, remembered), as a hub
+        process serves it (placement policies, ACL rules, audit when the hub has a log)."""
         trusted = {n: i.cert_pem for n, i in self.ids.items()}
-        server = FabricServer(
-            self.hub.namespace, self.hub, self.hub_id, trusted, chunks=self.hub.chunks
-        )
+        server = self.hub.fabric_server(self.hub_id, trusted)
         self.runner = web.AppRunner(server.app())
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
@@ -112,7 +121,12 @@ async def fabric(
     lease_ttl: float = 3.0,
     rate: float | None = None,
     latency: float = 0.001,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
+    sealed: Sequence[str] = (),
 ) -> AsyncIterator[Fabric]:
+    """``labels`` gives spokes labels in their certificates; those spokes are pinned in the
+    hub's site registry too, which placement policies read. ``sealed`` names the spokes whose
+    cache is encrypted at rest, each with a key of its own."""
     volume = tmp / "volume"
     volume.mkdir(parents=True)
     hub = HubService(
@@ -128,8 +142,15 @@ async def fabric(
     try:
         await hub.add_volume("/vol", f"posix://{volume}", lambda _: None)
         hub_id = SiteIdentity.create(tmp / "hub-id", "hub")
-        ids = {name: SiteIdentity.create(tmp / f"{name}-id", name) for name in spokes}
+        labels = labels or {}
+        ids = {
+            name: SiteIdentity.create(tmp / f"{name}-id", name, labels=labels.get(name))
+            for name in spokes
+        }
+        for name in labels:  # pinned in the catalog: a restarted hub still knows them
+            await SiteRegistry(hub.catalog).add(ids[name].cert_pem)
         made = Fabric(hub, hub_id, 0, volume, tmp, capacity, ids)
+        made.ciphers = {n: BlockCipher(os.urandom(KEY_BYTES)) for n in sealed}
         await made.serve_hub()
         for name in spokes:
             made.links[name] = await LinkEmulator(

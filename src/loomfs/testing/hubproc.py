@@ -141,7 +141,11 @@ class SiteProcess(LoomfsProcess):
     def start(self, timeout: float = 30.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         super().start(timeout)
-        self.urls = json.loads(self.ready.read_text())
+        try:
+            self.urls = json.loads(self.ready.read_text())
+        except BaseException:  # never leave a process behind that no one will stop
+            self.stop()
+            raise
         return self
 
 

@@ -185,6 +185,12 @@ class SeaweedFS:
             for rack in center.get("Racks") or []
         )
 
+    @property
+    def pid(self) -> int:
+        """The `weed server` process (master, volume, filer and S3 in one)."""
+        assert self._proc is not None
+        return self._proc.pid
+
     def client(self) -> S3Client:
         """A boto3 S3 client with this server's credentials."""
         return boto3.client(

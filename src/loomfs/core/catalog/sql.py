@@ -166,9 +166,42 @@ def _migrations(d: Dialect) -> list[str]:
         );
         CREATE INDEX chunk_index_entry ON chunk_index (entry_id)
         """,
-        # special files (device number), hard links (link count; the partial index finds
-        # the other names of an inode, and only hard-linked rows pay for it), and the
-        # access and status-change times where the storage keeps them
+        # migration 5 (4 is the chunk tables): residency and placement policies
+        # (loomfs.core.placement); the 'placement' counter is their generation, which every
+        # hub process polls to reload them
+        f"""
+        CREATE TABLE placement_policies (
+            name {d.text} PRIMARY KEY,
+            spec TEXT NOT NULL,
+            updated_ns BIGINT NOT NULL
+        );
+        INSERT INTO counters (name, value) VALUES ('placement', 0);
+        CREATE INDEX entries_inode ON entries (inode)
+        """,
+        # migration 6: authorization (loomfs.core.acl): groups, path-prefix rules, private
+        # exports; the 'acl' counter grows with every change so running hubs reload them
+        f"""
+        CREATE TABLE acl_groups (
+            name {d.text} PRIMARY KEY,
+            created_ns BIGINT NOT NULL
+        );
+        CREATE TABLE acl_rules (
+            path {d.text} NOT NULL,
+            subject {d.text} NOT NULL,
+            permission {d.text} NOT NULL,
+            created_ns BIGINT NOT NULL,
+            PRIMARY KEY (path, subject, permission)
+        );
+        CREATE TABLE acl_private (
+            path {d.text} PRIMARY KEY,
+            created_ns BIGINT NOT NULL
+        );
+        INSERT INTO counters (name, value) VALUES ('acl', 0)
+        """,
+        # migration 7: special files (device number), hard links (link count; the partial
+        # index finds the other names of an inode, and only hard-linked rows pay for it:
+        # smaller than migration 5's entries_inode, which placement uses), and the access
+        # and status-change times where the storage keeps them
         """
         ALTER TABLE entries ADD COLUMN rdev BIGINT;
         ALTER TABLE entries ADD COLUMN nlink INTEGER NOT NULL DEFAULT 1;

@@ -66,6 +66,8 @@ class FeedInvalidator:
 
     async def apply(self, change: Change) -> None:
         """Tell the kernel what ``change`` made stale of what it may hold."""
+        if change.op is ChangeOp.EVICT:
+            return  # spokes drop cached data; the names and bytes here are unchanged
         if change.op in (ChangeOp.DELETE, ChangeOp.RENAME):
             self._forget_name(change.path)
         if change.new_path is not None:

@@ -50,6 +50,7 @@ STATUS: dict[str, int] = {
     "InvalidRange": 416,
     "InvalidRequest": 400,
     "KeyTooLongError": 400,
+    "MalformedACLError": 400,
     "MalformedXML": 400,
     "MethodNotAllowed": 405,
     "MissingContentLength": 411,

@@ -154,8 +154,12 @@ class Staging:
         if not chosen:
             raise S3Error("MalformedXML", "a multipart upload needs at least one part")
         numbers = [n for n, _ in chosen]
-        if numbers != sorted(set(numbers)):
+        if numbers != sorted(numbers):
             raise S3Error("InvalidPartOrder", "the parts must be listed in ascending order")
+        # a number listed twice (a part re-sent while its first send still ran, both
+        # listed): the last entry is the one that counts, as on S3
+        chosen = list(dict(chosen).items())
+        numbers = [n for n, _ in chosen]
         have = {p.number: p for p in await self.parts(upload)}
         combined = hashlib.md5()
         for i, (number, etag) in enumerate(chosen):

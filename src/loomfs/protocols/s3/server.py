@@ -19,7 +19,7 @@ import base64
 import binascii
 import hashlib
 import logging
-import secrets
+import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ from aiohttp import ClientError, web
 from prometheus_client import Counter
 
 from ... import paths
-from ...core.types import Entry, Principal
+from ...core.types import SPECIAL_KINDS, Entry, Principal
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
@@ -43,7 +43,7 @@ from ...errors import (
 )
 from ...namespace.base import Namespace
 from ..http import parse_range, serve_reader
-from . import sigv4
+from . import acl, checksums, sigv2, sigv4
 from .errors import S3Error, error_xml, from_loom
 from .listing import Item, Lister, check_key
 from .multipart import Staging, Upload
@@ -77,12 +77,14 @@ STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "conte
                   "content-language", "expires")  # fmt: skip
 EMPTY_MD5 = f'"{hashlib.md5(b"").hexdigest()}"'
 MAX_KEYS = 1000
+# what GetObjectAttributes may be asked for; no additional checksums are kept, so
+# Checksum is answered by leaving it out, as S3 does for an object that has none
+OBJECT_ATTRIBUTES = frozenset({"ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"})
 GiB = 1 << 30
 # subresources this gateway does not implement: answered NotImplemented rather than
 # mistaken for a plain GET or PUT of the object or bucket
 UNSUPPORTED = frozenset(
     {
-        "acl",
         "policy",
         "cors",
         "lifecycle",
@@ -107,7 +109,6 @@ UNSUPPORTED = frozenset(
         "ownershipControls",
         "publicAccessBlock",
         "intelligent-tiering",
-        "attributes",
     }
 )
 
@@ -127,6 +128,12 @@ class Call:
     @property
     def resource(self) -> str:
         return f"/{self.bucket}/{self.key}" if self.key else f"/{self.bucket}"
+
+
+def _request_id() -> str:
+    # unique, not secret: a getrandom() per request cost more than the rest of a small GET's
+    # request parsing (profiled), so the Mersenne generator
+    return f"{random.getrandbits(64):016X}"
 
 
 def _split_query(raw: str) -> list[tuple[str, str]]:
@@ -313,13 +320,13 @@ class S3Gateway:
     def app(self) -> web.Application:
         # bodies stream; client_max_size bounds only what aiohttp itself would buffer
         app = web.Application(client_max_size=MAX_DOCUMENT)
-        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=_expect)
+        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=self._expect)
         return app
 
     # -- the edge: authenticate, dispatch, map errors ---------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        request_id = secrets.token_hex(8).upper()
+        request_id = _request_id()
         raw_path, _, raw_query = request.raw_path.partition("?")
         path = unquote(raw_path)
         bucket, _, key = path.lstrip("/").partition("/")
@@ -331,7 +338,7 @@ class S3Gateway:
                 raise S3Error("InvalidRequest", "CORS is not enabled for this bucket")
             query = _split_query(raw_query)
             headers = {k.lower(): v for k, v in request.headers.items()}
-            auth, who = await self._authenticate(request.method, path, query, headers)
+            auth, who = await self._authenticate(request, query, headers)
             call = Call(request, who, auth, bucket, key, dict(query))
             response = await self._dispatch(call)
             op = call.op
@@ -348,6 +355,27 @@ class S3Gateway:
         response.headers.setdefault("x-amz-request-id", request_id)
         REQUESTS.labels(op, str(response.status)).inc()
         return response
+
+    async def _expect(self, request: web.Request) -> web.Response | None:
+        """Expect: 100-continue is answered only once the signature is good, so that a
+        refused client does not send its body for nothing (as S3: the error comes
+        instead of 100). Any other expectation is ignored, as S3 does (aiohttp's default
+        would answer 417)."""
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return None
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            await self._authenticate(request, _split_query(raw_query), headers)
+        except S3Error as exc:
+            request_id = _request_id()
+            response = self._error(request, exc, unquote(raw_path), request_id)
+            response.headers["x-amz-request-id"] = request_id
+            # the body the client holds back would otherwise be read as the next request
+            response.force_close()
+            return response
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
 
     def _error(
         self, request: web.Request, exc: S3Error, resource: str, request_id: str
@@ -374,7 +402,7 @@ class S3Gateway:
         return web.Response(status=exc.status, body=body, content_type="application/xml")
 
     async def _authenticate(
-        self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str]
+        self, request: web.Request, query: list[tuple[str, str]], headers: dict[str, str]
     ) -> tuple[sigv4.Verified, Principal]:
         found: dict[str, Principal] = {}
 
@@ -386,7 +414,15 @@ class S3Gateway:
             found["who"] = user.principal("s3", self.site)
             return secret
 
-        auth = await self.verifier.verify(method, path, query, headers, lookup)
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        if sigv2.is_v2(headers, dict(query)):
+            auth = await sigv2.verify(
+                request.method, raw_path, raw_query, headers, lookup, self.verifier.clock()
+            )
+        else:
+            auth = await self.verifier.verify(
+                request.method, unquote(raw_path), query, headers, lookup
+            )
         return auth, found["who"]
 
     async def _dispatch(self, c: Call) -> web.StreamResponse:
@@ -394,7 +430,9 @@ class S3Gateway:
         if UNSUPPORTED & q.keys():
             raise S3Error("NotImplemented", f"{sorted(UNSUPPORTED & q.keys())[0]} is not supported")
         handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
-        if not c.bucket:
+        if "acl" in q and c.bucket:
+            handler = {"GET": self.get_acl, "PUT": self.put_acl}.get(method)
+        elif not c.bucket:
             handler = {"GET": self.list_buckets}.get(method)
         elif not c.key:
             handler = {
@@ -413,7 +451,7 @@ class S3Gateway:
             }.get(method)
         else:
             handler = {
-                "GET": self.get_object,
+                "GET": self.get_object_attributes if "attributes" in q else self.get_object,
                 "HEAD": self.get_object,
                 "PUT": self.copy_object
                 if "x-amz-copy-source" in c.request.headers
@@ -426,7 +464,19 @@ class S3Gateway:
         c.op = handler.__name__
         if c.key:
             check_key(c.key)
+        # a canned ACL S3 does not know is an error on every request that may carry one;
+        # one it knows, on a create, is not applied (see acl.py) but does not fail it
+        acl.check_canned(c.request.headers.get("x-amz-acl"))
+        if handler != self.create_bucket:
+            await self._check_owner(c, "x-amz-expected-bucket-owner")
         return await handler(c)
+
+    async def _check_owner(self, c: Call, header: str) -> None:
+        """AccessDenied unless the bucket's owner is the one a request's header expects
+        (a guard clients set against writing into a bucket someone else re-created)."""
+        expected = c.request.headers.get(header)
+        if expected is not None and c.bucket and expected != await self._bucket_owner(c):
+            raise S3Error("AccessDenied", f"the bucket is not owned by the {header}")
 
     # -- buckets --------------------------------------------------------------------------
 
@@ -483,8 +533,28 @@ class S3Gateway:
             )
         )
 
-    def _owner(self, c: Call) -> Xml:
-        return el("Owner", el("ID", c.who.user), el("DisplayName", c.who.user))
+    async def _bucket_owner(self, c: Call) -> str:
+        """Who owns the bucket, and so every object in it (the namespace keeps no owner
+        per file): who created it, or for a configured bucket the caller."""
+        tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
+        return tags.get(OWNER_TAG) or c.who.user
+
+    def _owner(self, c: Call, owner: str | None = None) -> Xml:
+        owner = owner or c.who.user
+        return el("Owner", el("ID", owner), el("DisplayName", owner))
+
+    async def get_acl(self, c: Call) -> web.Response:
+        if c.key:
+            await self._object(c)
+        return _xml(acl.policy_xml(await self._bucket_owner(c)))
+
+    async def put_acl(self, c: Call) -> web.Response:
+        if c.key:
+            await self._object(c)
+        owner = await self._bucket_owner(c)
+        headers = {k.lower(): v for k, v in c.request.headers.items()}
+        acl.check_put(headers, await _read_document(c.request), owner)
+        return web.Response()
 
     async def head_bucket(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
@@ -553,8 +623,9 @@ class S3Gateway:
         return items, False
 
     async def _contents(
-        self, c: Call, items: list[Item], encode: bool, tag: str, with_owner: bool
+        self, c: Call, items: list[Item], encode: bool, tag: str, owner: str | None
     ) -> Xml:
+        """Contents (or Version) rows and CommonPrefixes; ``owner`` where rows name it."""
         rows = []
         for item in items:
             if item.entry is None:
@@ -570,7 +641,7 @@ class S3Gateway:
                     el("ETag", object_etag(item.entry, tags)),
                     el("Size", item.entry.size),
                     el("StorageClass", "STANDARD"),
-                    self._owner(c) if with_owner else None,
+                    self._owner(c, owner) if owner else None,
                 )
             )
         prefixes = [
@@ -606,7 +677,8 @@ class S3Gateway:
         )
         # V1 always names the owner, V2 only when asked to
         with_owner = not v2 or q.get("fetch-owner") == "true"
-        contents = await self._contents(c, items, encode, "Contents", with_owner)
+        owner = await self._bucket_owner(c) if with_owner else None
+        contents = await self._contents(c, items, encode, "Contents", owner)
         if v2:
             return _xml(
                 document(
@@ -656,7 +728,7 @@ class S3Gateway:
                 el("MaxKeys", max_keys),
                 el("EncodingType", "url") if encode else None,
                 el("IsTruncated", truncated),
-                await self._contents(c, items, encode, "Version", True),
+                await self._contents(c, items, encode, "Version", await self._bucket_owner(c)),
             )
         )
 
@@ -669,7 +741,8 @@ class S3Gateway:
         except NotFound:
             await self._bucket_entry(c)  # NoSuchBucket before NoSuchKey
             raise S3Error("NoSuchKey", "the specified key does not exist") from None
-        if entry.is_dir != c.key.endswith("/"):  # 'a/' names a directory, 'a' a file
+        if entry.is_dir != c.key.endswith("/") or entry.kind in SPECIAL_KINDS:
+            # 'a/' names a directory, 'a' a file; a fifo, device or socket is no object
             raise S3Error("NoSuchKey", "the specified key does not exist")
         return entry, await self.ns.get_tags(c.who, path)
 
@@ -712,9 +785,50 @@ class S3Gateway:
                 request, reader, headers, ranged=window is not None, sent=BYTES_OUT.inc
             )
 
+    async def get_object_attributes(self, c: Call) -> web.Response:
+        entry, tags = await self._object(c)
+        headers = c.request.headers
+        wanted = {a.strip() for a in headers.get("x-amz-object-attributes", "").split(",")}
+        wanted.discard("")
+        if not wanted or not wanted <= OBJECT_ATTRIBUTES:
+            raise S3Error(
+                "InvalidArgument",
+                f"x-amz-object-attributes must name some of {sorted(OBJECT_ATTRIBUTES)}",
+            )
+        etag = object_etag(entry, tags)
+        parts = None
+        # only a multipart object has parts to show (its ETag ends in -<count>)
+        if "ObjectParts" in wanted and etag.rstrip('"').rpartition("-")[1]:
+            sizes = parts_of(entry, tags)
+            after = _int_param(headers.get("x-amz-part-number-marker"), "part-number-marker", 0)
+            limit = min(_int_param(headers.get("x-amz-max-parts"), "max-parts", 1000), 1000)
+            numbered = [(n, size) for n, size in enumerate(sizes, 1) if n > after]
+            shown = numbered[:limit]
+            parts = el(
+                "ObjectParts",
+                el("PartsCount", len(sizes)),
+                el("PartNumberMarker", after),
+                el("NextPartNumberMarker", shown[-1][0]) if shown else None,
+                el("MaxParts", limit),
+                el("IsTruncated", len(numbered) > limit),
+                nodes(el("Part", el("PartNumber", n), el("Size", size)) for n, size in shown),
+            )
+        body = document(
+            "GetObjectAttributesResponse",
+            # unlike every other response, here the ETag goes without quotes
+            el("ETag", etag.strip('"')) if "ETag" in wanted else None,
+            parts,
+            el("StorageClass", "STANDARD") if "StorageClass" in wanted else None,
+            el("ObjectSize", entry.size) if "ObjectSize" in wanted else None,
+        )
+        response = _xml(body)
+        response.headers["Last-Modified"] = http_time(entry.mtime_ns)
+        return response
+
     def _body(self, c: Call, limit: int) -> AsyncIterator[bytes]:
         """The request body as the signature covers it: plain (SHA-256 checked at the end
-        when signed) or decoded from aws-chunked (every chunk's signature checked)."""
+        when signed) or decoded from aws-chunked (every chunk's signature checked), and
+        with the additional checksum its headers declare checked at the end."""
         request = c.request
         headers = request.headers
         decoded = headers.get("x-amz-decoded-content-length")
@@ -731,8 +845,14 @@ class S3Gateway:
         checker = sigv4.PayloadChecker(c.auth, decoded_length)
         if c.auth.payload in (sigv4.STREAMING, sigv4.STREAMING_UNSIGNED_TRAILER):
             reader = sigv4.ChunkReader(request.content.readline, request.content.read)
-            return _from_client(checker.chunked(reader))
-        return _from_client(checker.plain(request.content.iter_chunked(1 << 20)))
+            body = checker.chunked(reader)
+        else:
+            body = checker.plain(request.content.iter_chunked(1 << 20))
+        lowered = {k.lower(): v for k, v in headers.items()}
+        checksum = checksums.declared(lowered, checker.trailers)
+        if checksum is not None:
+            body = checksums.checked(body, *checksum)
+        return _from_client(body)
 
     async def _ensure_parent(self, c: Call, path: str) -> None:
         parent = paths.split(paths.normalize(path))[0]
@@ -841,6 +961,7 @@ class S3Gateway:
         """The copy source's entry, tags and bytes, after its conditions were checked."""
         bucket, key = self._copy_source(c)
         source_call = Call(c.request, c.who, c.auth, bucket, key, {})
+        await self._check_owner(source_call, "x-amz-source-expected-bucket-owner")
         entry, tags = await self._object(source_call)
         status = check_preconditions(
             c.request.headers.get, object_etag(entry, tags), entry.mtime_ns, copy=True
@@ -1045,7 +1166,7 @@ class S3Gateway:
                 el("NextPartNumberMarker", shown[-1].number) if shown else None,
                 el("MaxParts", max_parts),
                 el("IsTruncated", truncated),
-                self._owner(c),
+                self._owner(c, upload.owner),
                 el("StorageClass", "STANDARD"),
                 nodes(
                     el(
@@ -1097,13 +1218,6 @@ async def _from_client(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield chunk
     except (ConnectionError, ClientError) as exc:
         raise S3Error("IncompleteBody", "the client closed the connection mid-body") from exc
-
-
-async def _expect(request: web.Request) -> None:
-    # 100-continue as usual; any other expectation is ignored, as S3 does (aiohttp's
-    # default would answer 417)
-    if request.headers.get("Expect", "").lower() == "100-continue":
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 def _xml(body: bytes, status: int = 200) -> web.Response:

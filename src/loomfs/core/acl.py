@@ -1,0 +1,410 @@
+"""Access control (core layer): groups, path-prefix ACL rules and private exports, kept in
+the site catalog and decided in memory for every namespace call.
+
+A rule ``(path, subject, permission)`` gives ``user:NAME`` or ``group:NAME`` read, write
+or admin on ``path`` and everything below it; write includes read, admin includes both,
+and rights along a path add up (a rule deeper down never takes away what an ancestor's
+rule gave). A path is *open* (anyone, also the anonymous caller, may do anything) while
+no rule sits on it or on an ancestor and it is not under a private export: the embedded
+default works with no setup. Once a rule governs a path, or it is under a private export,
+only what a rule grants is allowed. Group ``admin`` (and so ``SYSTEM``) may do everything,
+and so may a spoke acting for itself (``site:NAME`` over the fabric link): a site that
+may assert any user (see ``fabric.server``) gains nothing more from that.
+
+Directories on the way to a path a caller was granted can be stat'ed and listed, showing
+only the children that lead there, so a user can walk down to a grant in a private tree.
+
+Every change bumps the catalog counter ``acl``; a hub compares it with the generation it
+holds at most every ``refresh`` seconds and reloads on a change, so a ``loomfs acl``
+command run in another process takes effect within that time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .. import paths
+from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, UnsupportedScheme
+from .catalog.base import Catalog
+from .catalog.sql import Cursor, SqlCatalog
+from .types import Action, Principal
+from .users import _check_name, bump_acl_generation
+
+ADMIN_GROUP = "admin"
+ANONYMOUS = "anonymous"  # the user of a caller that presented no credentials
+SITE_PREFIX = "site:"  # a spoke acting for itself; user names can't contain ':'
+_RANK = {Action.READ: 1, Action.WRITE: 2, Action.ADMIN: 3}
+REFRESH = 2.0
+DECISIONS = 1 << 16  # remembered answers per generation of the rules
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    path: str
+    subject: str
+    permission: Action
+    created_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    name: str
+    members: tuple[str, ...]
+    #: None for a group that exists only through memberships (``user add --group``)
+    created_ns: int | None
+
+
+def parse_subject(subject: str) -> str:
+    kind, sep, name = subject.partition(":")
+    if not sep or kind not in ("user", "group"):
+        raise InvalidArgument(f"a subject is user:NAME or group:NAME, not {subject!r}")
+    _check_name(name, f"{kind} name")
+    return subject
+
+
+def parse_permission(permission: str) -> Action:
+    try:
+        return Action(permission)
+    except ValueError:
+        raise InvalidArgument(f"a permission is read, write or admin, not {permission!r}") from None
+
+
+def is_site(who: Principal) -> bool:
+    return who.protocol == "fabric" and who.user.startswith(SITE_PREFIX)
+
+
+class AclPolicy:
+    """One generation of the rules, decided without I/O (a few dict lookups per call)."""
+
+    def __init__(
+        self,
+        rules: Iterable[Rule] = (),
+        private: Iterable[str] = (),
+        members: Mapping[str, frozenset[str]] | None = None,
+        generation: int = 0,
+    ) -> None:
+        self.generation = generation
+        self.private = frozenset(private)
+        self.members = dict(members or {})
+        self._rules: dict[str, dict[str, int]] = {}  # path -> subject -> best rank
+        self._granted: dict[str, set[str]] = {}  # subject -> paths it has a rule on
+        for rule in rules:
+            on_path = self._rules.setdefault(rule.path, {})
+            on_path[rule.subject] = max(on_path.get(rule.subject, 0), _RANK[rule.permission])
+            self._granted.setdefault(rule.subject, set()).add(rule.path)
+        self._governing = frozenset(self._rules) | self.private
+        self._decided: dict[tuple[str, frozenset[str], str, Action, str], bool] = {}
+
+    def _subjects(self, who: Principal) -> tuple[frozenset[str], list[str]]:
+        groups = who.groups
+        if who.user != ANONYMOUS:  # the registry's groups of the user, whichever protocol
+            groups = groups | self.members.get(who.user, frozenset())
+        return groups, [f"user:{who.user}", *(f"group:{g}" for g in groups)]
+
+    def _grant(self, subjects: list[str], path: str) -> tuple[bool, int]:
+        """(whether anything governs ``path``, the best rank the subjects hold there)."""
+        governed, best = False, 0
+        for p in (path, *paths.ancestors(path)):
+            if p in self.private:
+                governed = True
+            on_path = self._rules.get(p)
+            if on_path is not None:
+                governed = True
+                for subject in subjects:
+                    best = max(best, on_path.get(subject, 0))
+        return governed, best
+
+    def allows(self, who: Principal, action: Action, path: str) -> bool:
+        if not self._governing:
+            return True  # no rule and no private export anywhere: everything is open
+        # the same caller asks about the same paths again and again (stat, open, read):
+        # the answer is remembered for as long as this generation of the rules lives
+        slot = (who.user, who.groups, who.protocol, action, path)
+        known = self._decided.get(slot)
+        if known is None:
+            if len(self._decided) >= DECISIONS:
+                self._decided.clear()
+            known = self._decided[slot] = self._decide(who, action, path)
+        return known
+
+    def _decide(self, who: Principal, action: Action, path: str) -> bool:
+        groups, subjects = self._subjects(who)
+        if ADMIN_GROUP in groups or is_site(who):
+            return True
+        governed, best = self._grant(subjects, path)
+        if not governed or best >= _RANK[action]:
+            return True
+        return action is Action.READ and self._leads_to_grant(subjects, path)
+
+    def _leads_to_grant(self, subjects: list[str], path: str) -> bool:
+        return any(
+            granted != path and paths.is_within(granted, path)
+            for subject in subjects
+            for granted in self._granted.get(subject, ())
+        )
+
+    def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
+        """Whether ``action`` is allowed on every path at or below ``path``: then a listing
+        needs no check per child."""
+        if not self._governing:
+            return True
+        groups, subjects = self._subjects(who)
+        if ADMIN_GROUP in groups or is_site(who):
+            return True
+        governed, best = self._grant(subjects, path)
+        if governed:
+            return best >= _RANK[action]
+        return not any(paths.is_within(g, path) for g in self._governing)
+
+
+class AclStore:
+    """The rows behind the policy, in a SQL catalog (both engines, same SQL)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        if not isinstance(catalog, SqlCatalog):
+            raise UnsupportedScheme(f"access control needs a SQL catalog, not {catalog.url}")
+        self._cat = catalog
+
+    async def _change(self, fn: Callable[[Cursor], None]) -> None:
+        def write(cur: Cursor) -> None:
+            fn(cur)
+            bump_acl_generation(self._cat, cur)
+
+        await self._cat._run(self._cat._write, write)
+
+    # -- groups ----------------------------------------------------------------------------
+
+    async def add_group(self, name: str) -> None:
+        _check_name(name, "group name")
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            if q(cur, "SELECT 1 FROM acl_groups WHERE name = ?", (name,)).fetchone() is not None:
+                raise AlreadyExists(f"group {name} already exists")
+            q(
+                cur,
+                "INSERT INTO acl_groups (name, created_ns) VALUES (?, ?)",
+                (name, time.time_ns()),
+            )
+
+        await self._change(fn)
+
+    async def remove_group(self, name: str) -> None:
+        """Remove a group and its memberships; refused while a rule names it, since the
+        rule would silently come back to life with a new group of that name."""
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            named = q(
+                cur,
+                "SELECT path FROM acl_rules WHERE subject = ? ORDER BY path",
+                (f"group:{name}",),
+            ).fetchall()
+            if named:
+                where = ", ".join(r[0] for r in named)
+                raise InvalidArgument(
+                    f"rules name group {name} (on {where}); `loomfs acl revoke` them first"
+                )
+            gone = q(cur, "DELETE FROM acl_groups WHERE name = ? RETURNING name", (name,))
+            had_row = gone.fetchone() is not None
+            members = q(cur, "DELETE FROM user_groups WHERE group_name = ? RETURNING user_name",
+                        (name,)).fetchall()  # fmt: skip
+            if not had_row and not members:
+                raise NotFound(f"no such group: {name}")
+
+        await self._change(fn)
+
+    async def set_member(self, group: str, user: str, *, member: bool) -> None:
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            if q(cur, "SELECT 1 FROM users WHERE name = ?", (user,)).fetchone() is None:
+                raise NotFound(f"no such user: {user}")
+            known = q(
+                cur,
+                "SELECT 1 FROM user_groups WHERE user_name = ? AND group_name = ?",
+                (user, group),
+            ).fetchone()
+            if member and known is None:
+                _check_name(group, "group name")
+                q(cur, "INSERT INTO user_groups (user_name, group_name) VALUES (?, ?)",
+                  (user, group))  # fmt: skip
+            elif not member and known is not None:
+                q(cur, "DELETE FROM user_groups WHERE user_name = ? AND group_name = ?",
+                  (user, group))  # fmt: skip
+            elif not member:
+                raise NotFound(f"user {user} is not in group {group}")
+
+        await self._change(fn)
+
+    async def list_groups(self) -> list[Group]:
+        def fn(cur: Cursor) -> list[Group]:
+            q = self._cat._q
+            made = dict(q(cur, "SELECT name, created_ns FROM acl_groups").fetchall())
+            members: dict[str, list[str]] = {name: [] for name in made}
+            for user, group in q(
+                cur, "SELECT user_name, group_name FROM user_groups ORDER BY user_name"
+            ).fetchall():
+                members.setdefault(group, []).append(user)
+            return [Group(g, tuple(members[g]), made.get(g)) for g in sorted(members)]
+
+        return await self._cat._run(self._cat._read, fn)
+
+    # -- rules -----------------------------------------------------------------------------
+
+    async def resolve(self, subject: str) -> str:
+        """user:NAME and group:NAME as given; a bare NAME is the group of that name, or
+        else the user, and an error when neither exists (a typo must not become a rule)."""
+        if ":" in subject:
+            return parse_subject(subject)
+
+        def fn(cur: Cursor) -> str:
+            q = self._cat._q
+            group = q(
+                cur,
+                "SELECT 1 FROM acl_groups WHERE name = ? UNION "
+                "SELECT 1 FROM user_groups WHERE group_name = ?",
+                (subject, subject),
+            ).fetchone()
+            if group is not None:
+                return f"group:{subject}"
+            if q(cur, "SELECT 1 FROM users WHERE name = ?", (subject,)).fetchone() is not None:
+                return f"user:{subject}"
+            raise NotFound(
+                f"no group or user named {subject!r}; say user:NAME or group:NAME to name "
+                "one that does not exist yet"
+            )
+
+        return await self._cat._run(self._cat._read, fn)
+
+    async def grant(self, subject: str, permission: str, path: str) -> Rule:
+        subject, action, path = (
+            parse_subject(subject),
+            parse_permission(permission),
+            paths.normalize(path),
+        )
+        now = time.time_ns()
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            exists = q(
+                cur,
+                "SELECT 1 FROM acl_rules WHERE path = ? AND subject = ? AND permission = ?",
+                (path, subject, action.value),
+            ).fetchone()
+            if exists is None:
+                q(cur, "INSERT INTO acl_rules (path, subject, permission, created_ns) "
+                  "VALUES (?, ?, ?, ?)", (path, subject, action.value, now))  # fmt: skip
+
+        await self._change(fn)
+        return Rule(path, subject, action, now)
+
+    async def revoke(self, subject: str, permission: str, path: str) -> None:
+        subject, action, path = (
+            parse_subject(subject),
+            parse_permission(permission),
+            paths.normalize(path),
+        )
+
+        def fn(cur: Cursor) -> None:
+            gone = self._cat._q(
+                cur,
+                "DELETE FROM acl_rules WHERE path = ? AND subject = ? AND permission = ? "
+                "RETURNING path",
+                (path, subject, action.value),
+            ).fetchone()
+            if gone is None:
+                raise NotFound(f"no rule gives {subject} {action.value} on {path}")
+
+        await self._change(fn)
+
+    async def set_private(self, path: str, private: bool) -> None:
+        path = paths.normalize(path)
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            if private:
+                if q(cur, "SELECT 1 FROM acl_private WHERE path = ?", (path,)).fetchone() is None:
+                    q(cur, "INSERT INTO acl_private (path, created_ns) VALUES (?, ?)",
+                      (path, time.time_ns()))  # fmt: skip
+            elif q(cur, "DELETE FROM acl_private WHERE path = ? RETURNING path",
+                   (path,)).fetchone() is None:  # fmt: skip
+                raise NotFound(f"{path} is not marked private")
+
+        await self._change(fn)
+
+    async def generation(self) -> int:
+        return await self._cat._run(self._cat._read, self._generation)
+
+    def _generation(self, cur: Cursor) -> int:
+        row = self._cat._q(cur, "SELECT value FROM counters WHERE name = 'acl'").fetchone()
+        return int(row[0])
+
+    async def snapshot(self) -> tuple[list[Rule], list[str], AclPolicy]:
+        """The rules, the private paths, and the policy they make, read together."""
+
+        def fn(cur: Cursor) -> tuple[list[Rule], list[str], AclPolicy]:
+            q = self._cat._q
+            generation = self._generation(cur)
+            rules = [
+                Rule(r[0], r[1], Action(r[2]), r[3])
+                for r in q(
+                    cur,
+                    "SELECT path, subject, permission, created_ns FROM acl_rules "
+                    "ORDER BY path, subject, permission",
+                ).fetchall()
+            ]
+            private = [
+                r[0] for r in q(cur, "SELECT path FROM acl_private ORDER BY path").fetchall()
+            ]
+            members: dict[str, set[str]] = {}
+            for user, group in q(cur, "SELECT user_name, group_name FROM user_groups").fetchall():
+                members.setdefault(user, set()).add(group)
+            frozen = {user: frozenset(groups) for user, groups in members.items()}
+            return rules, private, AclPolicy(rules, private, frozen, generation)
+
+        return await self._cat._run(self._cat._read, fn)
+
+
+class AclAuthorizer:
+    """The ``Authorizer`` of ACL rules: in-memory decisions, following the catalog."""
+
+    def __init__(self, catalog: Catalog, *, refresh: float = REFRESH) -> None:
+        self.store = AclStore(catalog)
+        self.refresh = refresh
+        self.policy = AclPolicy(generation=-1)  # not loaded yet: nothing is decided on it
+        self._checked = float("-inf")
+        self._loading = asyncio.Lock()
+
+    async def reload(self) -> None:
+        """Take the catalog's rules now (after a change made in this process)."""
+        self._checked = time.monotonic()
+        self.policy = (await self.store.snapshot())[2]
+
+    async def _current(self) -> AclPolicy:
+        if self.policy.generation < 0:
+            async with self._loading:
+                if self.policy.generation < 0:
+                    await self.reload()
+        elif time.monotonic() - self._checked >= self.refresh:
+            # one caller asks; concurrent calls decide on the generation they have
+            self._checked = time.monotonic()
+            if await self.store.generation() != self.policy.generation:
+                self.policy = (await self.store.snapshot())[2]
+        return self.policy
+
+    async def check(self, who: Principal, action: Action, path: str) -> None:
+        policy = self.policy
+        if policy.generation < 0 or time.monotonic() - self._checked >= self.refresh:
+            policy = await self._current()  # only then: the common call awaits nothing
+        if not policy.allows(who, action, path):
+            raise PermissionDenied(f"{who.user} may not {action.value} {path}", path=path)
+
+    def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
+        return self.policy.subtree_open(who, action, path)
+
+    def groups_of(self, user: str) -> frozenset[str]:
+        """The registry's groups of ``user``, as of the rules in memory."""
+        return self.policy.members.get(user, frozenset())

@@ -1,0 +1,2 @@
+"""The Python SDK (protocol layer, client side): ``loomfs://`` for fsspec; the PyTorch
+helpers are in ``loomfs.torch``."""

@@ -1,0 +1,431 @@
+"""The spoke's plan-driven prefetcher (spoke layer): fetch what training reads next, before
+it asks, without getting in the way of what it asks for now.
+
+Data loaders publish their plans (``PlanSampler`` in ``loomfs.torch``): the files of their
+dataset and the explicit order they will read them in. Files are interned to keys shared by
+every job, so jobs over the same data share a schedule (``prefetch.plan.Schedule``). A loop
+then walks the merged plans in deadline order from where each job's reads really are and
+fetches files that are not cached, as long as
+
+- the bytes in flight stay under what the link carries in ``LEAD_S`` (measured from recent
+  fetches, the bandwidth model), so a demand read never queues behind more than that;
+- the data it looks ahead over fits in ``WINDOW`` of the cache, so a prefetch never evicts
+  something needed sooner than itself.
+
+Eviction follows the plans too: with a plan active the cache's policy is ``PlanPolicy``
+(farthest next use across all jobs, Belady with a known future), otherwise
+``AdaptivePolicy``. Metrics: demand hit ratio, bytes fetched, prefetched bytes evicted
+unread (wasted), time demand reads stalled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from .. import paths
+from ..core.types import SYSTEM
+from ..errors import InvalidArgument, LoomError
+from ..prefetch.adaptive import AdaptivePolicy, HistoryPredictor
+from ..prefetch.plan import Plan, Schedule
+from ..prefetch.planned import PlanPolicy
+from ..prefetch.policy import EvictionPolicy, Key
+from .cache import PREFETCHING, Cache, CachedFile
+from .namespace import SpokeNamespace
+
+log = logging.getLogger(__name__)
+
+DEMAND_READS = Counter("loomfs_prefetch_demand_reads_total", "Demand reads at the spoke", ["hit"])
+PREFETCHED = Counter("loomfs_prefetch_bytes_total", "Bytes fetched ahead of reads by plans")
+WASTED = Counter("loomfs_prefetch_wasted_bytes_total", "Prefetched bytes evicted unread")
+STALL = Counter("loomfs_prefetch_stall_seconds_total", "Seconds demand reads waited for the link")
+JOBS = Gauge("loomfs_prefetch_jobs", "Jobs with an active plan")
+
+LEAD_S = 0.5  # bytes in flight: what the link carries in this long
+MIN_IN_FLIGHT = 4 << 20
+WINDOW = 0.8  # of the cache's capacity, the most a plan's look-ahead spans
+TICK_S = 0.05  # longest the loop sleeps when nothing wakes it
+BANDWIDTH_WINDOW_S = 5.0
+SLACK_S = 1.0  # how late a job may run before eviction stops counting on a read
+
+
+class Bandwidth:
+    """Throughput of the link, from the fetches of the last few seconds: bytes over the
+    time any of them was in flight (idle gaps do not count)."""
+
+    def __init__(self, default: float = 10e6) -> None:
+        self.default = default
+        self._done: deque[tuple[float, float, int]] = deque()  # (start, end, bytes)
+
+    def record(self, start: float, end: float, size: int) -> None:
+        self._done.append((start, end, size))
+        while self._done and self._done[0][1] < end - BANDWIDTH_WINDOW_S:
+            self._done.popleft()
+
+    def estimate(self) -> float:
+        if not self._done:
+            return self.default
+        busy, covered, total = 0.0, -1.0, 0
+        for began, end, size in sorted(self._done):
+            total += size
+            began = max(began, covered)  # noqa: PLW2901 - overlaps count once
+            if end > began:
+                busy += end - began
+                covered = end
+        return total / busy if busy > 0 else self.default
+
+
+@dataclass(slots=True)
+class _JobState:
+    start: int
+    keys: frozenset[Key]  # what the plan reads
+    read_to: int  # first position of the plan not yet read (seen at the cache)
+    issued: int = 0  # what the sampler reported handing out
+    # Reads of each key since the plan came, and how many of its positions the pointer
+    # passed: a key read more often than passed was read ahead of the pointer (workers
+    # read out of order), so fetching it again waits until the pointer passes that read.
+    reads: collections.Counter[Key] = field(default_factory=collections.Counter)
+    passed: collections.Counter[Key] = field(default_factory=collections.Counter)
+
+
+@dataclass(slots=True)
+class Stats:
+    demand_reads: int = 0
+    hits: int = 0
+    fetched_bytes: int = 0  # by prefetch
+    wasted_bytes: int = 0
+    stall_s: float = 0.0
+    prefetched_files: int = 0
+    jobs: int = 0
+    policy: str = "adaptive"
+    bandwidth: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        hit_ratio = self.hits / self.demand_reads if self.demand_reads else None
+        return {
+            "demand_reads": self.demand_reads,
+            "hits": self.hits,
+            "hit_ratio": hit_ratio,
+            "prefetched_bytes": self.fetched_bytes,
+            "prefetched_files": self.prefetched_files,
+            "wasted_bytes": self.wasted_bytes,
+            "stall_s": self.stall_s,
+            "jobs": self.jobs,
+            "policy": self.policy,
+            "bandwidth": self.bandwidth,
+        }
+
+
+class SpokePolicy(EvictionPolicy):
+    """The cache's policy: ``PlanPolicy`` while any plan is active, ``AdaptivePolicy``
+    otherwise. A switch replays the cached keys (oldest first) into a fresh policy."""
+
+    def __init__(self, make: Callable[[bool], EvictionPolicy], planned: Callable[[], bool]):
+        super().__init__()
+        self._make = make
+        self._planned = planned
+        self.mode = planned()
+        self.inner = make(self.mode)
+
+    def _follow(self) -> None:
+        mode = self._planned()
+        if mode == self.mode:
+            return
+        self.mode, self.inner = mode, self._make(mode)
+        for key, size in self._sizes.items():
+            self.inner.insert(key, size, prefetched=True)  # no access: it predicts nothing
+        for key in self._pinned:
+            self.inner.pin(key)
+
+    def insert(self, key: Key, size: int, *, prefetched: bool = False) -> None:
+        self._follow()
+        super().insert(key, size, prefetched=prefetched)
+        self.inner.insert(key, size, prefetched=prefetched)
+
+    def access(self, key: Key) -> None:
+        self._follow()
+        self.inner.access(key)
+
+    def pin(self, key: Key) -> None:
+        super().pin(key)
+        self.inner.pin(key)
+
+    def unpin(self, key: Key) -> None:
+        super().unpin(key)
+        self.inner.unpin(key)
+
+    # The inner policy gets every event whole from the public methods above.
+    def _on_insert(self, key: Key, prefetched: bool) -> None:
+        return None
+
+    def _on_access(self, key: Key) -> None:
+        return None
+
+    def _on_remove(self, key: Key) -> None:
+        self.inner.remove(key)
+
+    def _victim_order(self) -> Generator[Key, None, None]:
+        self._follow()
+        return self.inner._victim_order()
+
+
+class _FileSchedule:
+    """The schedule as eviction sees it: keyed by cache file id rather than by path key."""
+
+    def __init__(self, prefetcher: Prefetcher) -> None:
+        self._prefetcher = prefetcher
+
+    @property
+    def version(self) -> int:
+        return self._prefetcher.schedule.version
+
+    @property
+    def slack_s(self) -> float:
+        return self._prefetcher.schedule.slack_s
+
+    def next_use(self, key: Key, now: float, *, just_read: bool = False) -> float:
+        entry = self._prefetcher.cache.by_id(key)
+        path_key = None if entry is None else self._prefetcher.key_of.get(entry.path)
+        if path_key is None:
+            return float("inf")
+        return self._prefetcher.schedule.next_use(path_key, now, just_read=just_read)
+
+
+class Prefetcher:
+    """Plans in, prefetches out; the cache observer that measures how well it went."""
+
+    def __init__(self, spoke: SpokeNamespace, *, clock: Callable[[], float] = time.monotonic):
+        self.spoke = spoke
+        self.cache: Cache = spoke.cache
+        self.clock = clock
+        self.schedule = Schedule(default_rate=100.0, slack_s=SLACK_S)
+        self.paths: list[str] = []
+        self.key_of: dict[str, Key] = {}
+        self.sizes: dict[Key, int] = {}
+        self.versions: dict[Key, int] = {}  # the file version last read or fetched
+        self.jobs: dict[str, _JobState] = {}
+        self.bandwidth = Bandwidth()
+        self.stats = Stats()
+        self._unread: dict[int, int] = {}  # cache file id -> bytes prefetched, not yet read
+        self._in_flight: dict[Key, tuple[asyncio.Task[None], int]] = {}  # -> bytes booked
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.policy = SpokePolicy(self._make_policy, lambda: len(self.schedule) > 0)
+
+    def _make_policy(self, planned: bool) -> EvictionPolicy:
+        if planned:
+            return PlanPolicy(_FileSchedule(self), self.clock)
+        return AdaptivePolicy([HistoryPredictor()])
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take over the cache's eviction (with what it holds) and start the loop."""
+        for entry in self.cache:
+            if entry.hashes:
+                self.policy.insert(entry.id, entry.cached_bytes, prefetched=True)
+                if entry.pinned:
+                    self.policy.pin(entry.id)
+        self.cache.policy = self.policy
+        self.cache.observer = self
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        tasks = [t for t, _ in self._in_flight.values()]
+        if self._task is not None:
+            tasks.append(self._task)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- plans -----------------------------------------------------------------------------
+
+    def _intern(self, path: str) -> Key:
+        key = self.key_of.get(path)
+        if key is None:
+            key = self.key_of[path] = len(self.paths)
+            self.paths.append(path)
+        return key
+
+    def publish(self, blob: bytes, files: bytes, sizes: list[int] | None = None) -> Plan:
+        """Adopt a plan: ``blob`` is ``Plan.encode()`` over the dataset's sample ids,
+        ``files`` the dataset's paths (zlib of newline-joined), ``sizes`` their sizes."""
+        plan = Plan.decode(blob)
+        try:
+            names = zlib.decompress(files).decode().split("\n") if files else []
+        except (zlib.error, UnicodeDecodeError) as exc:
+            raise InvalidArgument("plan files must be zlib-compressed UTF-8 lines") from exc
+        if sizes is not None and len(sizes) != len(names):
+            raise InvalidArgument(f"{len(sizes)} sizes for {len(names)} files")
+        if any(key >= len(names) for key in plan.keys):
+            raise InvalidArgument(f"the plan reads sample ids beyond its {len(names)} files")
+        keys = [self._intern(paths.normalize(name)) for name in names]
+        for key, size in zip(keys, sizes or (), strict=False):
+            self.sizes[key] = size
+        translated = Plan(plan.job_id, plan.start, tuple(keys[k] for k in plan.keys))
+        self.schedule.publish(translated, self.clock())
+        self.jobs[plan.job_id] = _JobState(plan.start, frozenset(translated.keys), plan.start)
+        JOBS.set(len(self.jobs))
+        log.info(
+            "plan published",
+            extra={"job": plan.job_id, "start": plan.start, "reads": len(plan.keys)},
+        )
+        self._wake.set()
+        return translated
+
+    def heartbeat(self, job_id: str, position: int) -> None:
+        """A sampler's count of samples handed out. It runs ahead of the reads by all that
+        the DataLoader holds in flight (workers x prefetch factor x batch), so the schedule's
+        position follows the reads this spoke serves; a heartbeat only takes its place for a
+        job whose reads this spoke does not see."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.issued = position
+        if job.read_to == job.start:
+            self.schedule.heartbeat(job_id, position, self.clock())
+        self._wake.set()
+
+    def end(self, job_id: str) -> None:
+        self.schedule.end(job_id)
+        self.jobs.pop(job_id, None)
+        JOBS.set(len(self.jobs))
+
+    def report(self) -> dict[str, Any]:
+        self.stats.jobs = len(self.jobs)
+        self.stats.policy = "plan" if self.policy.mode else "adaptive"
+        self.stats.bandwidth = self.bandwidth.estimate()
+        return self.stats.as_dict() | {"job_ids": sorted(self.jobs)}
+
+    # -- the cache observer ----------------------------------------------------------------
+
+    def on_read(self, entry: CachedFile, hit: bool, stall_s: float) -> None:
+        self.stats.demand_reads += 1
+        self.stats.hits += hit
+        self.stats.stall_s += stall_s
+        DEMAND_READS.labels(str(hit).lower()).inc()
+        STALL.inc(stall_s)
+        self._unread.pop(entry.id, None)
+        key = self.key_of.get(entry.path)
+        if key is not None:
+            self.versions[key] = entry.version
+            now = self.clock()
+            for job_id, job in self.jobs.items():
+                if key not in job.keys:
+                    continue
+                job.reads[key] += 1
+                before = job.read_to
+                if self._advance(job_id, job) != before:
+                    self.schedule.heartbeat(job_id, job.read_to, now)
+            self._wake.set()
+
+    def on_drop(self, entry: CachedFile) -> None:
+        wasted = self._unread.pop(entry.id, 0)
+        if wasted:
+            self.stats.wasted_bytes += wasted
+            WASTED.inc(wasted)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _advance(self, job_id: str, job: _JobState) -> int:
+        """Move a job's read pointer past the positions whose reads happened."""
+        plan = self.schedule.plan(job_id)
+        assert plan is not None
+        while job.read_to - plan.start < len(plan.keys):
+            key = plan.keys[job.read_to - plan.start]
+            if job.reads[key] <= job.passed[key]:
+                break
+            job.passed[key] += 1
+            job.read_to += 1
+        return job.read_to
+
+    def _cached(self, key: Key) -> bool:
+        """Whether the version last seen of the key's file is whole in the cache (a new
+        version at the hub drops the old one, and the key reads as uncached again)."""
+        version = self.versions.get(key)
+        entry = None if version is None else self.cache.get(self.paths[key], version)
+        return entry is not None and entry.complete()
+
+    def _choose(self) -> list[Key]:
+        """Files to fetch now: uncached ones in deadline order from where the jobs' reads
+        are, while the look-ahead fits in the cache and the bytes in flight in the link."""
+        now = self.clock()
+        start = {job_id: job.read_to for job_id, job in self.jobs.items()}
+        in_flight = max(MIN_IN_FLIGHT, int(self.bandwidth.estimate() * LEAD_S))
+        budget = in_flight - sum(booked for _, booked in self._in_flight.values())
+        window = int(self.cache.capacity * WINDOW)
+        chosen: list[Key] = []
+        seen: set[Key] = set()
+        for _, key in self.schedule.upcoming(now, start):
+            if key in seen:
+                continue
+            seen.add(key)
+            size = self.sizes.get(key, 0)
+            window -= size
+            if window < 0:
+                break
+            done = any(job.reads[key] > job.passed[key] for job in self.jobs.values())
+            if key in self._in_flight or done or self._cached(key):
+                continue
+            if size > budget and (chosen or self._in_flight):
+                break
+            budget -= size
+            chosen.append(key)
+        return chosen
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK_S):
+                    await self._wake.wait()
+            self._wake.clear()
+            if not self.jobs:
+                continue
+            try:
+                for key in self._choose():
+                    task = asyncio.create_task(self._fetch(key))
+                    self._in_flight[key] = (task, self.sizes.get(key, 0))
+            except Exception:
+                log.exception("prefetch planning failed")
+                await asyncio.sleep(1)
+
+    async def _fetch(self, key: Key) -> None:
+        path = self.paths[key]
+        began = self.clock()
+        token = PREFETCHING.set(True)
+        try:
+            known = self.versions.get(key)
+            prior = None if known is None else self.cache.get(path, known)
+            before = (prior.id, prior.cached_bytes) if prior is not None else (-1, 0)
+            async with await self.spoke.read(SYSTEM, path) as reader:
+                size = reader.length
+                cached = self.cache.get(path, reader.entry.version)
+            fetched = 0
+            if cached is not None:
+                fetched = cached.cached_bytes - (before[1] if before[0] == cached.id else 0)
+                if fetched > 0:
+                    self._unread[cached.id] = self._unread.get(cached.id, 0) + fetched
+            self.sizes[key] = size
+            self.versions[key] = reader.entry.version
+            self.stats.fetched_bytes += fetched
+            self.stats.prefetched_files += 1
+            PREFETCHED.inc(fetched)
+            self.bandwidth.record(began, self.clock(), fetched)
+        except LoomError as exc:  # the demand read will say what is wrong, if it matters
+            log.info("prefetch failed", extra={"path": path, "error": str(exc)})
+        finally:
+            PREFETCHING.reset(token)
+            self._in_flight.pop(key, None)
+            self._wake.set()

@@ -1,0 +1,236 @@
+"""The spoke's prefetcher in-process over a real hub and fabric link: eviction follows the
+plans while any is active, prefetched files dropped unread count as waste, bad plans change
+nothing, and the link model counts overlapping fetches once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import zlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from loomfs.core.types import Principal
+from loomfs.errors import InvalidArgument
+from loomfs.prefetch.adaptive import AdaptivePolicy
+from loomfs.prefetch.plan import Plan
+from loomfs.prefetch.planned import PlanPolicy
+from loomfs.spoke.cache import PREFETCHING
+from loomfs.spoke.prefetcher import Bandwidth, Prefetcher
+from loomfs.testing.fabric import Fabric, fabric
+
+WHO = Principal(user="tester", site="spoke", protocol="test")
+KiB = 1 << 10
+SIZE = 64 * KiB
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
+    async with fabric(tmp_path, capacity=6 * SIZE) as made:
+        prefetcher = Prefetcher(made.spoke)
+        prefetcher.start()
+        try:
+            yield made, prefetcher
+        finally:
+            await prefetcher.close()
+
+
+def files(names: list[str]) -> bytes:
+    return zlib.compress("\n".join(names).encode())
+
+
+async def hub_files(made: Fabric, prefix: str, count: int) -> list[str]:
+    names = [f"/vol/{prefix}{i}.bin" for i in range(count)]
+    for name in names:
+        await made.hub.namespace.write_bytes(WHO, name, os.urandom(SIZE))
+    return names
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(1500):  # the prefetcher works in the background: look again until done
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the prefetcher never got there")
+
+
+async def test_eviction_follows_plans_while_one_is_active(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    names = await hub_files(made, "f", 4)
+    await made.spoke.read_bytes(WHO, names[0])
+    assert isinstance(prefetcher.policy.inner, AdaptivePolicy)
+    cached = len(prefetcher.policy)
+    made.spoke.cache.set_pinned(names[0], (await made.spoke.stat(WHO, names[0])).version, True)
+
+    prefetcher.publish(Plan("job/0", 0, (1, 2, 3)).encode(), files(names), [SIZE] * 4)
+    await made.spoke.read_bytes(WHO, names[1])
+    assert isinstance(prefetcher.policy.inner, PlanPolicy)
+    assert len(prefetcher.policy.inner) == len(prefetcher.policy) >= cached + 1  # replayed
+
+    prefetcher.end("job/0")
+    await made.spoke.read_bytes(WHO, names[2])
+    assert isinstance(prefetcher.policy.inner, AdaptivePolicy)
+    assert prefetcher.report()["jobs"] == 0
+    # the pin survived both switches: it is never offered as a victim
+    pinned = next(f.id for f in made.spoke.cache if f.path == names[0])
+    victims = prefetcher.policy.evict(10 * SIZE)
+    assert victims and pinned not in victims and pinned in prefetcher.policy
+
+
+async def test_prefetched_files_dropped_unread_are_waste(env: tuple[Fabric, Prefetcher]) -> None:
+    made, prefetcher = env
+    names = await hub_files(made, "w", 3)
+    prefetcher.publish(Plan("waste/0", 0, (0, 1, 2)).encode(), files(names), [SIZE] * 3)
+    await until(lambda: prefetcher.stats.prefetched_files == 3)
+    assert prefetcher.stats.fetched_bytes == 3 * SIZE
+    assert await made.spoke.read_bytes(WHO, names[0])  # read: not waste
+    # a new version at the hub drops the cached one, which was never read
+    await made.hub.namespace.write_bytes(WHO, names[1], b"changed")
+    await until(lambda: prefetcher.stats.wasted_bytes > 0)
+    assert prefetcher.stats.wasted_bytes == SIZE
+    got = prefetcher.report()
+    assert got["hits"] == got["demand_reads"] == 1 and got["hit_ratio"] == 1.0
+
+
+async def test_bad_plans_change_nothing(env: tuple[Fabric, Prefetcher]) -> None:
+    _, prefetcher = env
+    with pytest.raises(InvalidArgument, match="2 sizes for 1 files"):
+        prefetcher.publish(Plan("j", 0, (0,)).encode(), files(["/vol/a"]), [1, 2])
+    with pytest.raises(InvalidArgument, match="zlib"):
+        prefetcher.publish(Plan("j", 0, (0,)).encode(), b"not zlib")
+    with pytest.raises(InvalidArgument, match="plan is not zlib"):
+        prefetcher.publish(b"junk", files(["/vol/a"]))
+    assert prefetcher.report()["job_ids"] == [] and prefetcher.paths == []
+    prefetcher.heartbeat("unknown", 5)  # a heartbeat overtaking its plan is ignored
+    assert prefetcher.report()["jobs"] == 0
+
+
+def test_the_link_model_counts_overlapping_fetches_once() -> None:
+    link = Bandwidth(default=1.0)
+    assert link.estimate() == 1.0
+    link.record(0.0, 1.0, 100)
+    link.record(0.5, 1.5, 100)  # overlaps: 200 bytes in 1.5 s of a busy link
+    assert link.estimate() == pytest.approx(200 / 1.5)
+    link.record(10.0, 11.0, 300)  # the first two fall out of the window
+    assert link.estimate() == pytest.approx(300.0)
+
+
+async def test_the_read_pointer_follows_reads_out_of_order(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    names = await hub_files(made, "o", 4)
+    # two epochs' worth: each file twice
+    prefetcher.publish(Plan("order/0", 10, (0, 1, 2, 3, 2, 0, 3, 1)).encode(), files(names))
+    job = prefetcher.jobs["order/0"]
+    await made.spoke.read_bytes(WHO, names[2])  # a worker ran ahead
+    assert job.read_to == 10
+    await made.spoke.read_bytes(WHO, names[0])
+    await made.spoke.read_bytes(WHO, names[1])
+    assert job.read_to == 13  # past 0, 1 and the 2 read early; the second 2 is still ahead
+    await made.spoke.read_bytes(WHO, names[3])
+    await made.spoke.read_bytes(WHO, names[2])
+    assert job.read_to == 15
+
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+async def roomy(tmp_path: Path) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
+    async with fabric(tmp_path) as made:
+        prefetcher = Prefetcher(made.spoke)
+        prefetcher.start()
+        try:
+            yield made, prefetcher
+        finally:
+            await prefetcher.close()
+
+
+async def test_prefetch_fills_move_chunks_the_spoke_lacks_only(
+    roomy: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = roomy
+    shared = os.urandom(6 * MiB)  # above SMALL_FILE: filled by chunk map, not by range
+    copy = shared + os.urandom(64 * KiB)
+    await made.hub.namespace.write_bytes(WHO, "/vol/one.bin", shared)
+    await made.hub.namespace.write_bytes(WHO, "/vol/two.bin", copy)
+    assert await made.spoke.read_bytes(WHO, "/vol/one.bin") == shared
+    before = made.link.down.bytes
+    prefetcher.publish(Plan("dedup/0", 0, (0,)).encode(), files(["/vol/two.bin"]), [len(copy)])
+    await until(lambda: prefetcher.stats.prefetched_files == 1)
+    moved = made.link.down.bytes - before
+    assert moved < len(copy) // 10  # the shared chunks came out of one.bin's cache file
+    assert prefetcher.stats.fetched_bytes == len(copy)  # the file is whole in the cache
+    assert await made.spoke.read_bytes(WHO, "/vol/two.bin") == copy
+    # and the read was a hit: only the hub's word that this user may read it crossed
+    assert made.link.down.bytes - before - moved < 4 * KiB
+    got = prefetcher.report()  # one.bin's cold read was a miss, two.bin's read a hit
+    assert got["demand_reads"] == 2 and got["hits"] == 1
+
+
+async def test_a_read_waiting_for_the_prefetchers_open_counts_as_a_stall(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    [name] = await hub_files(made, "s", 1)
+    opened = asyncio.Event()
+
+    async def prefetch() -> bytes:
+        token = PREFETCHING.set(True)  # as Prefetcher._fetch reads
+        try:
+            reading = asyncio.create_task(made.spoke.read_bytes(WHO, name))
+            for _ in range(1000):  # until its cold open is in flight
+                if name in made.spoke._opening:
+                    break
+                await asyncio.sleep(0)
+            assert name in made.spoke._opening
+            opened.set()
+            return await reading
+        finally:
+            PREFETCHING.reset(token)
+
+    ahead = asyncio.create_task(prefetch())
+    await opened.wait()
+    # the cold open of a small file brings it whole: the cache would find every block
+    # present, yet this read waited for that open (single flight in SpokeNamespace)
+    assert await made.spoke.read_bytes(WHO, name) == await ahead
+    got = prefetcher.report()
+    assert got["demand_reads"] == 1 and got["hits"] == 0 and got["stall_s"] > 0
+    await made.spoke.read_bytes(WHO, name)  # now it is there
+    got = prefetcher.report()
+    assert got["demand_reads"] == 2 and got["hits"] == 1
+
+
+async def test_concurrent_fills_share_a_full_cache_with_retired_versions(
+    tmp_path: Path,
+) -> None:
+    size = MiB + 512 * KiB  # chunk-map fills of two blocks each
+    async with fabric(tmp_path, capacity=4 * MiB + 1) as made:
+        cache = made.spoke.cache
+        names = [f"/vol/r{i}.bin" for i in range(8)]
+        contents = {name: os.urandom(size) for name in names}
+        for name, data in contents.items():
+            await made.hub.namespace.write_bytes(WHO, name, data)
+        for first, second in zip(names[::2], names[1::2], strict=True):
+            # two fills at once, each evicting while the other takes room: both fit
+            got = await asyncio.gather(
+                made.spoke.read_bytes(WHO, first), made.spoke.read_bytes(WHO, second)
+            )
+            assert list(got) == [contents[first], contents[second]]
+            assert cache.used_bytes <= cache.capacity
+            # a new version at the hub retires the cached one (a chunk source, evictable)
+            contents[first] = os.urandom(size)
+            await made.hub.namespace.write_bytes(WHO, first, contents[first])
+        await until(lambda: any(f.retired for f in cache))
+        for name in names:
+            assert await made.spoke.read_bytes(WHO, name) == contents[name]
+            assert cache.used_bytes <= cache.capacity
+        assert cache.chunks is not None
+        # the chunk index forgot every dropped file
+        assert set(cache.chunks.maps) <= {f.id for f in cache}
+        assert sum(f.cached_bytes for f in cache if f.hashes) == cache.used_bytes
