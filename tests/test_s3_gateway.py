@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -243,6 +244,22 @@ def test_file_from_disk_and_namespace_is_served(gw: Gateway, s3: S3Client) -> No
     gw.call(gw.ns.refresh("/data/disk.txt"))
     again = s3.get_object(Bucket="data", Key="disk.txt")
     assert again["Body"].read() == b"changed on disk" and again["ETag"] != etag
+
+
+def test_special_files_are_no_objects(gw: Gateway, s3: S3Client) -> None:
+    """A fifo (or device, or socket) has no bytes: not listed, and NoSuchKey by name; a
+    hard link is an object like any file."""
+    gw.call(gw.ns.mkdir(SYSTEM, "/data/sp", parents=True))
+    gw.call(gw.ns.write_bytes(SYSTEM, "/data/sp/file", b"bytes"))
+    gw.call(gw.ns.mknod(SYSTEM, "/data/sp/fifo", stat.S_IFIFO | 0o644))
+    gw.call(gw.ns.link(SYSTEM, "/data/sp/file", "/data/sp/link"))
+    listed = s3.list_objects_v2(Bucket="data", Prefix="sp/")
+    assert [o["Key"] for o in listed["Contents"]] == ["sp/file", "sp/link"]
+    for call in (s3.get_object, s3.head_object):
+        with pytest.raises(ClientError) as exc:
+            call(Bucket="data", Key="sp/fifo")
+        assert code_of(exc) in ("NoSuchKey", "404")
+    assert s3.get_object(Bucket="data", Key="sp/link")["Body"].read() == b"bytes"
 
 
 def test_conditional_get_and_put(gw: Gateway, s3: S3Client) -> None:

@@ -33,9 +33,10 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
 import loomfs.torch as lt
+from loomfs.core.types import EntryKind
 from loomfs.errors import InvalidArgument, InvalidPath
 from loomfs.prefetch.plan import Plan
-from loomfs.sdk.fsspec import LoomFileSystem
+from loomfs.sdk.fsspec import FSSPEC_TYPE, LoomFileSystem
 from loomfs.testing.sites import SpokeSite, spoke_site
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -256,3 +257,8 @@ class TestFsspecAbstractSuite(  # fsspec's own suite is untyped
         fs().makedirs(root, exist_ok=True)
         yield root
         fs().rm(root, recursive=True)
+
+
+def test_every_kind_has_an_fsspec_type() -> None:
+    assert set(FSSPEC_TYPE) == set(EntryKind)
+    assert FSSPEC_TYPE[EntryKind.FIFO] == FSSPEC_TYPE[EntryKind.SOCKET] == "other"

@@ -13,9 +13,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
+from stat import filemode
 from typing import Any, TypeVar
 
 import click
@@ -39,7 +40,7 @@ from .core.catalog.base import Catalog
 from .core.placement import Policy, PolicyStore
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry, parse_labels
-from .core.types import SYSTEM, Entry
+from .core.types import KIND_BITS, SYSTEM, Entry, Feed
 from .core.users import AccessKey, UserRegistry
 from .errors import BackendUnavailable, LoomError, NotFound
 from .fabric.identity import SiteIdentity, fingerprint
@@ -297,7 +298,7 @@ def _time(ns: int) -> str:
 
 
 def _long(entry: Entry) -> str:
-    kind = {"dir": "d", "file": "-", "symlink": "l"}[entry.kind.value]
+    kind = filemode(KIND_BITS[entry.kind])[0]
     return (
         f"{kind}{oct(entry.mode & 0o777)[2:]:>4} {entry.size:>12,} {_time(entry.mtime_ns)} "
         f"v{entry.version:<6} {entry.name}{'/' if entry.is_dir else ''}"
@@ -846,6 +847,16 @@ def mount(
         sys.exit(1)
 
 
+def _hub_feed(service: HubService, since: int, wait: float) -> Awaitable[Feed]:
+    """The change feed of the hub running in this process, as a mount follows it."""
+    return service.feed(None, since, 1000, wait=wait)
+
+
+def _rest_feed(rest: RestNamespace, since: int, wait: float) -> Awaitable[Feed]:
+    """The change feed of a hub over REST, as a mount follows it."""
+    return rest.changes(since, wait=wait)
+
+
 async def _mount(
     config: Config,
     mountpoint: Path,
@@ -867,11 +878,14 @@ async def _mount(
     spool = config.site.data_dir / "fuse-spool"
     service: HubService | None = None
     if hub_url:
-        ns: Namespace = RestNamespace(hub_url)
+        rest = RestNamespace(hub_url)
+        ns: Namespace = rest
+        follow = functools.partial(_rest_feed, rest)
     else:
         service = HubService(config)
         await service.start()
         ns = service.governed  # the mapped users are decided for like any other caller
+        follow = functools.partial(_hub_feed, service)  # invalidation only: no data
     try:
         await serve(
             ns,
@@ -880,6 +894,7 @@ async def _mount(
             allow_other=allow_other,
             uid_map=uid_map,
             on_ready=ready,
+            follow=follow,
         )
     finally:
         if service is not None:

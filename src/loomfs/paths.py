@@ -10,7 +10,12 @@ from __future__ import annotations
 from .errors import InvalidPath
 
 MAX_NAME_BYTES = 255
-MAX_PATH_BYTES = 4096
+#: Linux's PATH_MAX: the longest path one system call takes, and a symlink's longest target
+PATH_MAX = 4096
+#: A namespace path is a mount prefix and a path inside a volume. Linux clients reach
+#: files deeper than PATH_MAX through relative paths (no system call ever names them
+#: whole), so the inside alone may be as long as PATH_MAX.
+MAX_PATH_BYTES = 2 * PATH_MAX
 ROOT = "/"
 
 

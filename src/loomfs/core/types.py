@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import stat
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -11,6 +12,27 @@ class EntryKind(enum.StrEnum):
     FILE = "file"
     DIR = "dir"
     SYMLINK = "symlink"
+    # special files: a name and attributes only, no content (posix volumes only)
+    FIFO = "fifo"
+    CHAR_DEVICE = "chardev"
+    BLOCK_DEVICE = "blockdev"
+    SOCKET = "socket"
+
+
+#: the file-type bits (``stat.S_IFMT``) of each kind: the one table every protocol uses
+KIND_BITS: dict[EntryKind, int] = {
+    EntryKind.FILE: stat.S_IFREG,
+    EntryKind.DIR: stat.S_IFDIR,
+    EntryKind.SYMLINK: stat.S_IFLNK,
+    EntryKind.FIFO: stat.S_IFIFO,
+    EntryKind.CHAR_DEVICE: stat.S_IFCHR,
+    EntryKind.BLOCK_DEVICE: stat.S_IFBLK,
+    EntryKind.SOCKET: stat.S_IFSOCK,
+}
+KIND_OF_BITS = {bits: kind for kind, bits in KIND_BITS.items()}
+SPECIAL_KINDS = frozenset(
+    {EntryKind.FIFO, EntryKind.CHAR_DEVICE, EntryKind.BLOCK_DEVICE, EntryKind.SOCKET}
+)
 
 
 class ObjectInfo(NamedTuple):
@@ -34,6 +56,13 @@ class ObjectInfo(NamedTuple):
     uid: int | None = None
     gid: int | None = None
     link_target: str | None = None
+    #: device number of a character or block device
+    rdev: int | None = None
+    #: names of this inode in the volume (hard links); 1 where the storage has no links
+    nlink: int = 1
+    #: access and status-change times where the storage keeps them (posix)
+    atime_ns: int | None = None
+    ctime_ns: int | None = None
 
     @property
     def sort_key(self) -> str:
@@ -71,11 +100,13 @@ class ChangeOp(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One file, directory or symlink of the namespace, as the catalog records it.
+    """One file, directory, symlink or special file of the namespace, as the catalog
+    records it.
 
     ``version`` is the change-log sequence number of the last change to the content, so
     it only grows, and a (path, version) pair never names two different contents even
-    across delete and re-create.
+    across delete and re-create. Entries of one volume with the same ``inode`` and
+    ``nlink`` > 1 are hard links of one file.
     """
 
     path: str
@@ -89,6 +120,11 @@ class Entry:
     etag: str | None = None
     inode: int | None = None
     link_target: str | None = None
+    rdev: int | None = None
+    nlink: int = 1
+    #: access and status-change times (None where the storage keeps none: the mtime stands in)
+    atime_ns: int | None = None
+    ctime_ns: int | None = None
 
     @property
     def name(self) -> str:

@@ -35,18 +35,21 @@ def scan_rows(mount: str, batch: Sequence[ObjectInfo]) -> list[ScanRow]:
     """The catalog rows of objects as the backend reports them (keys below the mount).
 
     The one place that says what the catalog records of an object: a directory has no
-    size or etag of its own; a backend that knows no mode or owner gets defaults. A scan
+    size, etag or link count of its own (its count moves with every subdirectory, which
+    is no change of the directory); a backend that knows no mode or owner gets defaults. A scan
     runs this for every object, so it is one loop over plain tuples.
     """
     base = mount + "/"
     rows: list[ScanRow] = []
     append = rows.append
-    for key, kind, size, mtime_ns, etag, inode, mode, uid, gid, link_target in batch:
+    for (key, kind, size, mtime_ns, etag, inode, mode, uid, gid, link_target, rdev, nlink,
+         atime_ns, ctime_ns) in batch:  # fmt: skip
         parent, _, name = (base + key).rpartition("/")
         is_dir = kind is EntryKind.DIR
         append((parent, name, kind.value, 0 if is_dir else size, mtime_ns,
                 _DEFAULT_MODE[kind] if mode is None else mode, uid or 0, gid or 0,
-                None if is_dir else etag, inode, link_target))  # fmt: skip
+                None if is_dir else etag, inode, link_target, rdev, 1 if is_dir else nlink,
+                atime_ns, ctime_ns))  # fmt: skip
     return rows
 
 

@@ -56,13 +56,14 @@ from ..chunks.pipeline import BATCH_BYTES, ChunkPipeline
 from ..chunks.records import record
 from ..core.catalog.sql import Cursor, SqlCatalog, _join
 from ..core.streams import FileRegion
-from ..core.types import SYSTEM, Entry, Principal
+from ..core.types import SPECIAL_KINDS, SYSTEM, Entry, Principal
 from ..errors import (
     Conflict,
     CorruptData,
     InvalidArgument,
     IsADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
     UnsupportedScheme,
 )
@@ -215,6 +216,8 @@ class HubChunks:
         entry = await self.namespace.stat(who, path)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
+        if entry.kind in SPECIAL_KINDS:  # nothing to cut, and opening one may block
+            raise NotSupported(f"{path} is a special file: it has no content", path=path)
         stored = await self._stored_map(entry)
         if stored is None:
             stored = await self._map_once(who, entry)

@@ -15,7 +15,7 @@ import logging
 import os
 import stat
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import paths
@@ -25,7 +25,15 @@ from ..core.catalog.base import Applied, Catalog, Delete, Put
 from ..core.placement import PlacementAuthorizer
 from ..core.registry import open_backend
 from ..core.streams import clamp_range
-from ..core.types import Entry, EntryKind, ObjectInfo, Principal, Volume
+from ..core.types import (
+    KIND_OF_BITS,
+    SPECIAL_KINDS,
+    Entry,
+    EntryKind,
+    ObjectInfo,
+    Principal,
+    Volume,
+)
 from ..errors import (
     AlreadyExists,
     Conflict,
@@ -301,6 +309,7 @@ class HubNamespace(Namespace):
                 return info
 
         await mounted.backend.write(key, data, mode=mode, gate=gate)
+        await self._links_changed(mounted, committed[0], path)
         return committed[0]
 
     async def _writable(self, path: str, if_version: int | None, exclusive: bool) -> Entry | None:
@@ -341,15 +350,76 @@ class HubNamespace(Namespace):
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
         path = paths.normalize(path)
-        if not target or "\x00" in target or len(target.encode()) > paths.MAX_PATH_BYTES:
+        if not target or "\x00" in target or len(target.encode()) > paths.PATH_MAX:
             raise InvalidArgument(f"invalid symlink target {target!r}", path=path)
         mounted, key = self._below_mount(path)
+        return await self._create_new(
+            who, mounted, path, lambda: mounted.backend.symlink(key, target)
+        )
+
+    async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        path = paths.normalize(path)
+        kind = KIND_OF_BITS.get(stat.S_IFMT(mode))
+        if kind not in SPECIAL_KINDS or mode & ~(stat.S_IFMT(mode) | 0o7777):
+            raise InvalidArgument(
+                f"mknod makes fifos, devices and sockets, not mode {mode:#o}", path=path
+            )
+        if rdev < 0:
+            raise InvalidArgument(f"invalid device number {rdev}", path=path)
+        mounted, key = self._below_mount(path)
+        return await self._create_new(
+            who, mounted, path, lambda: mounted.backend.mknod(key, kind, stat.S_IMODE(mode), rdev)
+        )
+
+    async def link(self, who: Principal, src: str, dst: str) -> Entry:
+        src, dst = paths.normalize(src), paths.normalize(dst)
+        mounted, src_key = self._below_mount(src)
+        dst_mounted, dst_key = self._below_mount(dst)
+        if dst_mounted is not mounted:
+            raise CrossesVolume(f"{src} and {dst} are on different volumes", path=dst)
+        if (await self._entry(src)).is_dir:
+            raise PermissionDenied(f"a directory cannot have hard links: {src}", path=src)
+        # a file another site is writing gets no second name to be written through
+        self.write_leases.check(src, who.site)
+        entry = await self._create_new(
+            who, mounted, dst, lambda: mounted.backend.link(src_key, dst_key)
+        )
+        # the source's link count (and ctime) moved with the new name
+        await self.refresh(src)
+        await self.leases.settle(await self.catalog.head_seq())
+        await self._links_changed(mounted, entry, src, dst)
+        return entry
+
+    async def _create_new(
+        self,
+        who: Principal,
+        mounted: Mounted,
+        path: str,
+        make: Callable[[], Awaitable[ObjectInfo]],
+    ) -> Entry:
+        """Make a new name that must not exist yet, in an existing directory, and record
+        it: symlinks, special files and hard links."""
         async with self._lock(path):
+            self.write_leases.check(path, who.site)  # another site's lease on the new name
             if await self.catalog.get(path) is not None:
                 raise AlreadyExists(f"already exists: {path}", path=path)
             await self._dir(paths.split(path)[0])
-            info = await mounted.backend.symlink(key, target)
-            return await self._record(mounted, info, exclusive=True, check_parent=True)
+            return await self._record(mounted, await make(), exclusive=True, check_parent=True)
+
+    async def _links_changed(self, mounted: Mounted, entry: Entry | None, *done: str) -> None:
+        """A change through one name of a hard-linked file shows through all of them:
+        re-read the others' rows (link count, mode, owner, content) from the volume."""
+        if entry is None or entry.nlink <= 1 or entry.inode is None:
+            return
+        others = [
+            other.path
+            for other in await self.catalog.hard_links(entry.inode)
+            if other.path not in done and paths.is_within(other.path, mounted.volume.mount)
+        ]
+        for path in others:
+            await self.refresh(path)
+        if others:
+            await self.leases.settle(await self.catalog.head_seq())
 
     async def _record(
         self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
@@ -406,9 +476,15 @@ class HubNamespace(Namespace):
             await self._dir(paths.split(dst)[0])
             await src_mounted.backend.rename(src_key, dst_key)
             applied = await self.catalog.rename(src, dst)
+        moved = await self._settled(applied)
         if self.placement is not None and await self.placement.covering(dst) - before:
             await self.leases.settle(await self.placement.store.evict([dst]))
-        return await self._settled(applied)
+        if Capability.POSIX_MODE in src_mounted.backend.capabilities:
+            # a rename is a change of the inode's status: its ctime moved
+            moved = await self.refresh(dst) or moved
+        await self._links_changed(src_mounted, target, dst)
+        await self._links_changed(src_mounted, moved, dst)
+        return moved
 
     async def remove(
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
@@ -432,6 +508,7 @@ class HubNamespace(Namespace):
             [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
+        await self._links_changed(mounted, entry, path)
 
     async def set_attrs(
         self,
@@ -442,6 +519,7 @@ class HubNamespace(Namespace):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> Entry:
         path = paths.normalize(path)
         hit = self._resolve(path)
@@ -451,7 +529,7 @@ class HubNamespace(Namespace):
             if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
                 mounted, key = hit
                 info = await mounted.backend.set_attrs(
-                    key, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns
+                    key, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
                 )
                 put = put_for(mounted.volume.mount, info)
             else:
@@ -468,9 +546,16 @@ class HubNamespace(Namespace):
                     etag=entry.etag,
                     inode=entry.inode,
                     link_target=entry.link_target,
+                    rdev=entry.rdev,
+                    nlink=entry.nlink,
+                    atime_ns=entry.atime_ns if atime_ns is None else atime_ns,
+                    ctime_ns=entry.ctime_ns,
                 )
             [applied] = await self.catalog.apply([put])
-        return await self._settled(applied)
+        changed = await self._settled(applied)
+        if hit is not None:
+            await self._links_changed(hit[0], changed, path)
+        return changed
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))

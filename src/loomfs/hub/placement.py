@@ -1,14 +1,15 @@
 """Residency enforced on the hub's namespace (hub layer): the one hook in the fabric path.
 
 Wraps the hub's namespace for the fabric link, so every way a spoke can ask for data
-(reads and ranged fetches, warm-up and prefetch, which are reads, uploads, renames,
-re-tags, reads through symlinks, write leases) passes ``PlacementAuthorizer`` first. It is
-also the ``ChunkGate`` of the hub's chunk service (``loomfs.hub.chunks``), so the chunk
-routes decide alike: a chunk map is a read of its file, a commit from chunks a write of
-it, and a chunk fetched by id comes only out of a file the site may read (a chunk found
-only in files refused to it counts as not held). The decisions
-themselves live in ``loomfs.core.placement``; when the hub's authorizer chain wraps every
-protocol, the authorizer joins that chain and this wrapper has no more to do.
+(reads and ranged fetches, warm-up and prefetch, which are reads, uploads, renames, hard
+links, special files, re-tags, reads through symlinks, write leases) passes
+``PlacementAuthorizer`` first. It is also the ``ChunkGate`` of the hub's chunk service
+(``loomfs.hub.chunks``), so the chunk routes decide alike: a chunk map is a read of its
+file, a commit from chunks a write of it, and a chunk fetched by id comes only out of a
+file the site may read (a chunk found only in files refused to it counts as not held).
+The decisions themselves live in ``loomfs.core.placement``; when the hub's authorizer
+chain wraps every protocol, the authorizer joins that chain and this wrapper has no more
+to do.
 """
 
 from __future__ import annotations
@@ -109,6 +110,17 @@ class PlacedNamespace(Namespace):
         await self._write(who, path)
         return await self.hub.symlink(who, path, target)
 
+    async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        await self._write(who, path)  # no content, but a name where the site may not write
+        return await self.hub.mknod(who, path, mode, rdev)
+
+    async def link(self, who: Principal, src: str, dst: str) -> Entry:
+        # as a rename: a restricted file's bytes under an unrestricted name are an escape,
+        # an unrestricted file's under a restricted name a write of its data (``check``
+        # then also asks every other name of the inode, so each name keeps its policies)
+        await self._write(who, src, dst)
+        return await self.hub.link(who, src, dst)
+
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         # out of a restricted path is an escape, into one a write of its data
         await self._write(who, src, dst)
@@ -129,9 +141,12 @@ class PlacedNamespace(Namespace):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> Entry:
         await self._write(who, path)
-        return await self.hub.set_attrs(who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns)
+        return await self.hub.set_attrs(
+            who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
+        )
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         await self.placement.check_metadata(who, path)

@@ -102,6 +102,21 @@ class Namespace(ABC):
         where the volume has no symlinks, ``AlreadyExists`` if ``path`` exists."""
 
     @abstractmethod
+    async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        """Create a special file: ``mode`` holds its type (``stat.S_IFIFO``, ``S_IFCHR``,
+        ``S_IFBLK``, ``S_IFSOCK``) and permission bits, ``rdev`` a device's number.
+        ``NotSupported`` where the volume has no special files (S3), ``InvalidArgument``
+        for another type, ``AlreadyExists`` if ``path`` exists."""
+
+    @abstractmethod
+    async def link(self, who: Principal, src: str, dst: str) -> Entry:
+        """Give the file (or special file, or symlink) ``src`` a second name ``dst`` in
+        the same volume: a hard link. Both names then show one content and one set of
+        attributes, and ``nlink`` counts them. ``NotSupported`` where the volume has no
+        hard links (S3), ``AlreadyExists`` if ``dst`` exists, ``PermissionDenied`` for a
+        directory (as link(2))."""
+
+    @abstractmethod
     async def rename(
         self, who: Principal, src: str, dst: str, *, overwrite: bool = False
     ) -> Entry: ...
@@ -121,10 +136,12 @@ class Namespace(ABC):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> Entry:
-        """Change permission bits, owner or mtime (None leaves one as it is). Where the
-        volume keeps them (posix) they change there too, else in the catalog only. A new
-        mtime is a content change (new version): tools such as rsync and make read it so."""
+        """Change permission bits, owner, mtime or atime (None leaves one as it is). Where
+        the volume keeps them (posix) they change there too, else in the catalog only. A
+        new mtime is a content change (new version): tools such as rsync and make read it
+        so. The atime is kept only where the volume keeps it."""
 
     @abstractmethod
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...

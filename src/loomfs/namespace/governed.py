@@ -9,9 +9,10 @@ wrapped namespace, so no protocol module makes an authorization decision of its 
 volume administration and the hub's own machinery keep the inner one.
 
 Which action a call needs: stat, list and get_tags need list (metadata), read needs
-read (content); write, mkdir,
-symlink, remove, set_attrs (mode, mtime), set_tags and taking or giving up a write lease
-need write; a rename needs write on both paths; changing a file's owner (uid, gid) needs
+read (content); write, mkdir, symlink, mknod, remove, set_attrs (mode, mtime, atime),
+set_tags and taking or giving up a write lease need write; a rename needs write on both
+paths, and so does a hard link (writes through the new name change the source in place);
+changing a file's owner (uid, gid) needs
 admin. What is not a namespace call but hands out a path's content (the fabric link's
 chunk maps) goes through ``audited`` with the action it needs. A read is recorded when its
 reader is closed, with the bytes it delivered; a listing when its first entry, its end or
@@ -292,6 +293,21 @@ class GovernedNamespace(FeedNamespace):
             lambda: self.inner.symlink(who, path, target), detail=f"-> {target}",
         )  # fmt: skip
 
+    async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        return await self._governed(
+            who, "mknod", Action.WRITE, path,
+            lambda: self.inner.mknod(who, path, mode, rdev), detail=f"mode {mode:o}",
+        )  # fmt: skip
+
+    async def link(self, who: Principal, src: str, dst: str) -> Entry:
+        # write of the new name, and write (not only read) of the source: both names are
+        # one file, written in place through either, so a grant on the new name would
+        # otherwise be a grant on the source (Linux's protected_hardlinks asks the same)
+        return await self._governed(
+            who, "link", Action.WRITE, src,
+            lambda: self.inner.link(who, src, dst), also=dst, detail=f"-> {dst}",
+        )  # fmt: skip
+
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
         return await self._governed(
             who, "rename", Action.WRITE, src,
@@ -316,11 +332,14 @@ class GovernedNamespace(FeedNamespace):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> Entry:
         chown = uid is not None or gid is not None
         return await self._governed(
             who, "set_attrs", Action.ADMIN if chown else Action.WRITE, path,
-            lambda: self.inner.set_attrs(who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns),
+            lambda: self.inner.set_attrs(
+                who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
+            ),
         )  # fmt: skip
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:

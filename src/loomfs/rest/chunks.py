@@ -30,8 +30,8 @@ from ..chunks.metrics import Transfer
 from ..chunks.records import read_uploads
 from ..core.acl import is_site
 from ..core.audit import AuditSink
-from ..core.types import Action, Entry, EntryKind, Principal
-from ..errors import CorruptData, InvalidArgument, PermissionDenied
+from ..core.types import SPECIAL_KINDS, Action, Entry, EntryKind, Principal
+from ..errors import CorruptData, InvalidArgument, NotSupported, PermissionDenied
 from ..hub.chunks import HubChunks, Wanted
 from ..namespace.governed import GovernedNamespace
 from . import wire
@@ -88,6 +88,8 @@ class ChunkRoutes:
         small = _int(request.query.get("small"), "small") or 0
         namespace = self.server.namespace
         entry = await namespace.stat(who, path)
+        if entry.kind in SPECIAL_KINDS:
+            raise NotSupported(f"{path} is a special file: it has no content", path=path)
         if entry.kind is not EntryKind.FILE or entry.size <= small:
             # small files come whole: a map would cost a round trip for one or two chunks
             # (and what a symlink leads to is read through it, as any read does)

@@ -233,6 +233,17 @@ class RestNamespace(FeedNamespace, ChunkLink):
             )
         )
 
+    async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        body = {"mode": mode, "rdev": rdev}
+        return wire.entry_from(
+            await self._json("POST", f"{wire.API}/mknod{_quoted(path)}", json=body, who=who)
+        )
+
+    async def link(self, who: Principal, src: str, dst: str) -> Entry:
+        return wire.entry_from(
+            await self._json("POST", f"{wire.API}/link{_quoted(dst)}", json={"src": src}, who=who)
+        )
+
     async def lease_write(self, who: Principal, path: str) -> float:
         answer = await self._json("POST", f"{wire.API}/lease{_quoted(path)}", who=who)
         return float(answer["term"])
@@ -251,8 +262,9 @@ class RestNamespace(FeedNamespace, ChunkLink):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> Entry:
-        body = {"mode": mode, "uid": uid, "gid": gid, "mtime_ns": mtime_ns}
+        body = {"mode": mode, "uid": uid, "gid": gid, "mtime_ns": mtime_ns, "atime_ns": atime_ns}
         return wire.entry_from(
             await self._json("PATCH", f"{wire.API}/attrs{_quoted(path)}", json=body, who=who)
         )

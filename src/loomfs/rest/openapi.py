@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import __version__
+from ..core.types import EntryKind
 
 _PATH_PARAM = {
     "name": "path",
@@ -136,6 +137,26 @@ def spec() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/mknod/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "Create a fifo, device or socket (where the volume has them)",
+                    {"201": _json_ok(_ENTRY, "the new special file")},
+                    requestBody=_json_body(
+                        ["mode"],
+                        mode={"type": "integer", "minimum": 0, "description": "type and bits"},
+                        rdev={"type": "integer", "minimum": 0},
+                    ),
+                ),
+            },
+            "/v1/link/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "Create a hard link at path to 'src' (where the volume has them)",
+                    {"201": _json_ok(_ENTRY, "the new name")},
+                    requestBody=_json_body(["src"], src={"type": "string"}),
+                ),
+            },
             "/v1/lease/{path}": {
                 "parameters": [_PATH_PARAM],
                 "post": _op(
@@ -153,7 +174,7 @@ def spec() -> dict[str, Any]:
             "/v1/attrs/{path}": {
                 "parameters": [_PATH_PARAM],
                 "patch": _op(
-                    "Change permission bits, owner or mtime (absent fields stay as they are)",
+                    "Change mode bits, owner, mtime or atime (absent fields stay as they are)",
                     {"200": _json_ok(_ENTRY)},
                     requestBody=_json_body(
                         [],
@@ -161,6 +182,7 @@ def spec() -> dict[str, Any]:
                         uid={"type": "integer", "minimum": 0},
                         gid={"type": "integer", "minimum": 0},
                         mtime_ns={"type": "integer"},
+                        atime_ns={"type": "integer"},
                     ),
                 ),
             },
@@ -322,7 +344,7 @@ def spec() -> dict[str, Any]:
                     "type": "object",
                     "properties": {
                         "path": {"type": "string"},
-                        "kind": {"enum": ["file", "dir", "symlink"]},
+                        "kind": {"enum": [kind.value for kind in EntryKind]},
                         "size": {"type": "integer"},
                         "mtime_ns": {"type": "integer"},
                         "mode": {"type": "integer"},
@@ -332,6 +354,10 @@ def spec() -> dict[str, Any]:
                         "etag": {"type": ["string", "null"]},
                         "inode": {"type": ["integer", "null"]},
                         "link_target": {"type": ["string", "null"]},
+                        "rdev": {"type": ["integer", "null"]},
+                        "nlink": {"type": "integer"},
+                        "atime_ns": {"type": ["integer", "null"]},
+                        "ctime_ns": {"type": ["integer", "null"]},
                     },
                 },
                 "Tags": {"type": "object", "additionalProperties": {"type": "string"}},

@@ -179,6 +179,8 @@ class RestServer:
         app.router.add_post(f"{wire.API}/mkdir{p}", self.mkdir)
         app.router.add_post(f"{wire.API}/rename", self.rename)
         app.router.add_post(f"{wire.API}/symlink{p}", self.symlink)
+        app.router.add_post(f"{wire.API}/mknod{p}", self.mknod)
+        app.router.add_post(f"{wire.API}/link{p}", self.link)
         app.router.add_post(f"{wire.API}/lease{p}", self.lease)
         app.router.add_patch(f"{wire.API}/attrs{p}", self.set_attrs)
         app.router.add_get(f"{wire.API}/tags{p}", self.get_tags)
@@ -336,6 +338,21 @@ class RestServer:
         entry = await self.namespace.symlink(self.principal(request), _path(request), target)
         return _json(wire.entry_json(entry), 201)
 
+    async def mknod(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        mode, rdev = body.get("mode"), body.get("rdev", 0)
+        if type(mode) is not int or type(rdev) is not int or mode < 0 or rdev < 0:
+            raise InvalidArgument("mknod needs a non-negative integer 'mode' (and 'rdev')")
+        entry = await self.namespace.mknod(self.principal(request), _path(request), mode, rdev)
+        return _json(wire.entry_json(entry), 201)
+
+    async def link(self, request: web.Request) -> web.Response:
+        src = (await _body(request)).get("src")
+        if not isinstance(src, str):
+            raise InvalidArgument("link needs a 'src' path")
+        entry = await self.namespace.link(self.principal(request), src, _path(request))
+        return _json(wire.entry_json(entry), 201)
+
     async def lease(self, request: web.Request) -> web.Response:
         who, path = self.principal(request), _path(request)
         if _flag(request, "release"):
@@ -346,9 +363,10 @@ class RestServer:
     async def set_attrs(self, request: web.Request) -> web.Response:
         body = await _body(request)
         attrs: dict[str, int | None] = {}
-        for name in ("mode", "uid", "gid", "mtime_ns"):
+        for name in ("mode", "uid", "gid", "mtime_ns", "atime_ns"):
             value = body.get(name)
-            if value is not None and (type(value) is not int or (value < 0 and name != "mtime_ns")):
+            signed = name.endswith("time_ns")  # times before 1970 are times too
+            if value is not None and (type(value) is not int or (value < 0 and not signed)):
                 raise InvalidArgument(f"'{name}' must be a non-negative integer")
             attrs[name] = value
         entry = await self.namespace.set_attrs(self.principal(request), _path(request), **attrs)

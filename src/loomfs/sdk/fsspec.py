@@ -37,6 +37,18 @@ from ..rest.client import RestNamespace
 PROTOCOL = "loomfs"
 WHO = SYSTEM  # the REST server decides who the caller is; the client sends no identity yet
 MKDIR_TRIES = 5
+#: fsspec's ``type`` of each kind: a special file (fifo, device, socket: no bytes to read)
+#: is "other", as fsspec's local file system reports it; so is a symlink, which a loomfs
+#: stat does not follow (``islink`` tells it apart)
+FSSPEC_TYPE: dict[EntryKind, str] = {
+    EntryKind.FILE: "file",
+    EntryKind.DIR: "directory",
+    EntryKind.SYMLINK: "other",
+    EntryKind.FIFO: "other",
+    EntryKind.CHAR_DEVICE: "other",
+    EntryKind.BLOCK_DEVICE: "other",
+    EntryKind.SOCKET: "other",
+}
 WRITE_QUEUE = 4  # written blocks queued for the upload: bounds a writer's memory
 
 
@@ -89,11 +101,13 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     @staticmethod
     def _details(site: str, entry: Entry) -> dict[str, Any]:
-        kind = {EntryKind.DIR: "directory", EntryKind.FILE: "file"}.get(entry.kind, "other")
         return {
             "name": site + entry.path.rstrip("/") if entry.path != "/" else site,
             "size": entry.size,
-            "type": kind,
+            "type": FSSPEC_TYPE[entry.kind],
+            "kind": entry.kind.value,  # which "other" it is
+            "islink": entry.kind is EntryKind.SYMLINK,
+            "nlink": entry.nlink,
             "version": entry.version,
             "mtime": entry.mtime_ns / 1e9,
             "mode": entry.mode,

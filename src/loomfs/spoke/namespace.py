@@ -37,7 +37,7 @@ from prometheus_client import Counter, Gauge
 
 from .. import paths
 from ..core.streams import clamp_range
-from ..core.types import SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
+from ..core.types import SPECIAL_KINDS, SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
 from ..errors import (
     AlreadyExists,
     BackendUnavailable,
@@ -49,6 +49,7 @@ from ..errors import (
     LoomError,
     NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
@@ -415,6 +416,8 @@ class SpokeNamespace(Namespace):
         entry, opened_s = await self._open_entry(who, path, offset, length)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
+        if entry.kind in SPECIAL_KINDS:  # as the hub: no content to fetch or cache
+            raise NotSupported(f"{path} is a special file", path=path)
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
         start, count = clamp_range(entry.size, offset, length)
@@ -833,6 +836,18 @@ class SpokeNamespace(Namespace):
         await self._in_order()
         return await self.hub.symlink(who, path, target)
 
+    async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        path = self._inside(path)
+        await self._in_order()
+        return await self.hub.mknod(who, path, mode, rdev)
+
+    async def link(self, who: Principal, src: str, dst: str) -> Entry:
+        src, dst = self._inside(src), self._inside(dst)
+        await self._in_order()
+        entry = await self.hub.link(who, src, dst)
+        self._forget(src, self.seq)  # its link count moved
+        return entry
+
     async def set_attrs(
         self,
         who: Principal,
@@ -842,10 +857,13 @@ class SpokeNamespace(Namespace):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> Entry:
         path = self._inside(path)
         await self._in_order()
-        entry = await self.hub.set_attrs(who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns)
+        entry = await self.hub.set_attrs(
+            who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
+        )
         self._forget(path, self.seq)  # a new mtime may be a new version
         return entry
 

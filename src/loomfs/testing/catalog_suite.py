@@ -44,7 +44,8 @@ async def tree(catalog: Catalog) -> None:
 def scan_row(put: Put) -> ScanRow:
     parent, _, name = put.path.rpartition("/")
     return (parent, name, put.kind.value, put.size, put.mtime_ns, put.mode, put.uid, put.gid,
-            put.etag, put.inode, put.link_target)  # fmt: skip
+            put.etag, put.inode, put.link_target, put.rdev, put.nlink, put.atime_ns,
+            put.ctime_ns)  # fmt: skip
 
 
 def tricky(top: str) -> tuple[list[Put], list[Put]]:
@@ -61,18 +62,25 @@ def tricky(top: str) -> tuple[list[Put], list[Put]]:
         Put(f"{top}/link", link, mode=0o120777, link_target="a"),
         Put(f"{top}/link-same", link, mode=0o120777, link_target="a"),
         d(f"{top}/dir"),
+        Put(f"{top}/dev", EntryKind.CHAR_DEVICE, mode=0o600, rdev=5),
+        f(f"{top}/nlink"),
+        f(f"{top}/times", atime_ns=1, ctime_ns=1),
     ]
     scan = [
         d(f"{top}/becomes-dir"),
         f(f"{top}/content", size=2),
+        Put(f"{top}/dev", EntryKind.CHAR_DEVICE, mode=0o600, rdev=6),  # another device
         f(f"{top}/dir/new"),
         f(f"{top}/etag-appears"),
+        Put(f"{top}/fifo", EntryKind.FIFO, mode=0o644),
         f(f"{top}/inode-appears", inode=3),
         Put(f"{top}/link", link, mode=0o120777, link_target="b"),
         Put(f"{top}/link-same", link, mode=0o120777, link_target="a"),
         Put(f"{top}/mode", FILE, size=1, mtime_ns=1, etag="e", mode=0o100600),
         f(f"{top}/new"),
+        f(f"{top}/nlink", nlink=2),  # a second name appeared: META
         f(f"{top}/same", inode=7),
+        f(f"{top}/times", atime_ns=2, ctime_ns=2),  # times alone: no change logged
     ]
     return before, scan
 
@@ -116,7 +124,9 @@ class CatalogSuite:
                 assert (entry.kind, entry.size, entry.mode, entry.etag, entry.inode) == (
                     put.kind, put.size, put.mode, put.etag, put.inode
                 )  # fmt: skip
-                assert entry.link_target == put.link_target
+                assert (entry.link_target, entry.rdev, entry.nlink) == (
+                    put.link_target, put.rdev, put.nlink
+                )  # fmt: skip
                 old = before.get(put.path)
                 change = next((c for c in log if c.path == put.path), None)
                 if change is None or change.op is ChangeOp.META:
@@ -125,6 +135,29 @@ class CatalogSuite:
                     assert entry.version == change.seq
                 assert change is None or change.version == entry.version
         assert {c.op for c in scan_log} == {ChangeOp.CREATE, ChangeOp.MODIFY, ChangeOp.META}
+
+    async def test_times_alone_are_recorded_without_a_change(self, catalog: Catalog) -> None:
+        await catalog.apply([d("/t"), f("/t/f", atime_ns=1, ctime_ns=1)])
+        head = await catalog.head_seq()
+        [applied] = await catalog.apply([f("/t/f", atime_ns=5, ctime_ns=6)])
+        assert applied.change is None and await catalog.head_seq() == head
+        entry = await catalog.get("/t/f")
+        assert entry is not None and (entry.atime_ns, entry.ctime_ns) == (5, 6)
+
+    async def test_hard_links_finds_the_names_of_an_inode(self, catalog: Catalog) -> None:
+        await catalog.apply(
+            [
+                d("/h"),
+                f("/h/a", inode=42, nlink=2),
+                f("/h/b", inode=42, nlink=2),
+                f("/h/single", inode=43),
+                f("/h/other-inode", inode=44, nlink=2),
+            ]
+        )
+        assert sorted(e.path for e in await catalog.hard_links(42)) == ["/h/a", "/h/b"]
+        assert await catalog.hard_links(43) == []  # one name only: not a hard link
+        await catalog.apply([f("/h/b", inode=42, nlink=1)])
+        assert [e.path for e in await catalog.hard_links(42)] == ["/h/a"]
 
     async def test_put_get_and_versions(self, catalog: Catalog) -> None:
         head = await catalog.head_seq()

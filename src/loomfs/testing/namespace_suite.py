@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from ..core.types import Principal
+from ..core.types import EntryKind, Principal
 from ..errors import (
     AlreadyExists,
     Conflict,
@@ -214,6 +215,65 @@ class NamespaceSuite:
             await ns.symlink(WHO, f"{top}/no/such/link", "target")
         await ns.remove(WHO, f"{top}/link")
         assert await ns.read_bytes(WHO, f"{top}/target") == b"pointed at"
+
+    async def test_special_files(self, ns: Namespace, top: str) -> None:
+        try:
+            fifo = await ns.mknod(WHO, f"{top}/fifo", stat.S_IFIFO | 0o640)
+        except NotSupported:
+            # a volume without special files (S3) refuses cleanly and leaves nothing behind
+            assert not await ns.exists(WHO, f"{top}/fifo")
+            return
+        assert (fifo.kind, fifo.mode & 0o7777, fifo.size) == (EntryKind.FIFO, 0o640, 0)
+        sock = await ns.mknod(WHO, f"{top}/sock", stat.S_IFSOCK | 0o600)
+        assert sock.kind is EntryKind.SOCKET
+        assert {e.name: e.kind async for e in ns.list(WHO, top)} == {
+            "fifo": EntryKind.FIFO,
+            "sock": EntryKind.SOCKET,
+        }
+        with pytest.raises(AlreadyExists):
+            await ns.mknod(WHO, f"{top}/fifo", stat.S_IFIFO | 0o640)
+        for not_special in (stat.S_IFDIR | 0o755, stat.S_IFREG | 0o644, 0o644):
+            with pytest.raises(InvalidArgument):
+                await ns.mknod(WHO, f"{top}/bad", not_special)
+        assert not await ns.exists(WHO, f"{top}/bad")
+        with pytest.raises(NotFound):
+            await ns.mknod(WHO, f"{top}/no/such/fifo", stat.S_IFIFO | 0o600)
+        owned = await ns.set_attrs(WHO, f"{top}/fifo", mode=0o604, uid=1234, gid=4321)
+        assert (owned.kind, owned.mode & 0o7777, owned.uid) == (EntryKind.FIFO, 0o604, 1234)
+        moved = await ns.rename(WHO, f"{top}/fifo", f"{top}/fifo2")
+        assert moved.kind is EntryKind.FIFO
+        assert (await ns.stat(WHO, f"{top}/fifo2")).kind is EntryKind.FIFO
+        await ns.remove(WHO, f"{top}/fifo2")
+        assert not await ns.exists(WHO, f"{top}/fifo2")
+
+    async def test_hard_links(self, ns: Namespace, top: str) -> None:
+        await ns.write_bytes(WHO, f"{top}/one", b"shared")
+        try:
+            two = await ns.link(WHO, f"{top}/one", f"{top}/two")
+        except NotSupported:
+            assert not await ns.exists(WHO, f"{top}/two")
+            return
+        assert (two.kind, two.nlink) == (EntryKind.FILE, 2)
+        assert (await ns.stat(WHO, f"{top}/one")).nlink == 2
+        assert await ns.read_bytes(WHO, f"{top}/two") == b"shared"
+        # a change through one name shows through the other
+        await ns.write_bytes(WHO, f"{top}/one", b"changed through one")
+        assert await ns.read_bytes(WHO, f"{top}/two") == b"changed through one"
+        assert (await ns.stat(WHO, f"{top}/two")).size == len(b"changed through one")
+        await ns.set_attrs(WHO, f"{top}/two", mode=0o600)
+        assert (await ns.stat(WHO, f"{top}/one")).mode & 0o7777 == 0o600
+        with pytest.raises(AlreadyExists):
+            await ns.link(WHO, f"{top}/one", f"{top}/two")
+        with pytest.raises(NotFound):
+            await ns.link(WHO, f"{top}/none", f"{top}/three")
+        await ns.mkdir(WHO, f"{top}/d")
+        with pytest.raises(PermissionDenied):
+            await ns.link(WHO, f"{top}/d", f"{top}/d2")
+        assert not await ns.exists(WHO, f"{top}/d2")
+        await ns.remove(WHO, f"{top}/one")
+        left = await ns.stat(WHO, f"{top}/two")
+        assert left.nlink == 1
+        assert await ns.read_bytes(WHO, f"{top}/two") == b"changed through one"
 
     async def test_tags(self, ns: Namespace, top: str) -> None:
         await ns.write_bytes(WHO, f"{top}/t", b"x")

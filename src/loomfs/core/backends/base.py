@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 
 from ...errors import NotSupported
 from ..streams import ByteSource
-from ..types import ObjectInfo
+from ..types import EntryKind, ObjectInfo
 
 #: the step that makes staged bytes visible at the key
 Commit = Callable[[], Awaitable[ObjectInfo]]
@@ -121,6 +121,16 @@ class Backend(ABC):
         storage has them (``SYMLINKS``)."""
         raise NotSupported(f"{self.url} cannot hold symlinks", path=key)
 
+    async def mknod(self, key: str, kind: EntryKind, mode: int, rdev: int = 0) -> ObjectInfo:
+        """Create a special file (fifo, device, socket) with permission bits ``mode``
+        where the storage has them (``POSIX_MODE``)."""
+        raise NotSupported(f"{self.url} cannot hold special files", path=key)
+
+    async def link(self, src: str, dst: str) -> ObjectInfo:
+        """Give the file at ``src`` a second name ``dst`` (a hard link) where the storage
+        has them (``POSIX_MODE``); reports the new name."""
+        raise NotSupported(f"{self.url} cannot hold hard links", path=dst)
+
     async def set_attrs(
         self,
         key: str,
@@ -129,9 +139,11 @@ class Backend(ABC):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> ObjectInfo:
-        """Change mode, owner or mtime where the storage keeps them (``POSIX_MODE``);
-        otherwise just report, and the namespace keeps them in its catalog."""
+        """Change mode, owner, mtime or atime where the storage keeps them
+        (``POSIX_MODE``); otherwise just report, and the namespace keeps them in its
+        catalog."""
         return await self.stat(key)
 
     async def close(self) -> None:  # noqa: B027 - backends without connections hold nothing

@@ -7,7 +7,10 @@ opens it with ``O_NOFOLLOW`` and checks the descriptor the same way. So neither 
 nor a race that swaps one in leads out of the volume. Symlinks are reported as what they
 are and never followed by a scan.
 Writes go to a hidden temp file in the target's directory, are fsynced and renamed over
-the target, so readers see the old or the new file, never a partial one.
+the target, so readers see the old or the new file, never a partial one. A file with hard
+links is the exception: a rename would cut it off from its other names, so the staged
+bytes are copied into it in place (readers of it may see a mix while that copy runs).
+Special files (fifos, devices, sockets) are recorded and made with mknod, never opened.
 """
 
 # This module works on str paths and descriptors with os calls on purpose: the scan's hot
@@ -40,12 +43,15 @@ from ...errors import (
     from_oserror,
 )
 from ..streams import ByteSource, LocalFileSource, clamp_range, file_fingerprint
-from ..types import EntryKind, ObjectInfo
+from ..types import KIND_BITS, KIND_OF_BITS, EntryKind, ObjectInfo
 from .base import Backend, Capability, Gate, ungated
 from .common import batches_from_thread, check_key, child_key, ordered_walk
 
 #: names of loomfs's own in-flight files; hidden from scans and listings
 TEMP_PREFIX = ".loomfs-tmp-"
+#: the longest path one system call takes (PATH_MAX less its NUL); a file deeper than that
+#: below / is reached one directory at a time
+_SYSCALL_PATH_MAX = 4095
 
 _RENAME_NOREPLACE = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -63,11 +69,12 @@ def _etag(ino: int, size: int, mtime_ns: int) -> str:
 
 
 def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) -> ObjectInfo | None:
-    """Facts of one entry from its lstat; None for sockets, fifos and devices."""
+    """Facts of one entry from its lstat; None for a file type Linux does not have."""
     # the scan's hot path: the stat helpers are inlined
     mode = st.st_mode
     fmt = mode & 0o170000
     link_target = None
+    rdev = None
     if fmt == stat.S_IFREG:
         kind = EntryKind.FILE
         size = st.st_size
@@ -79,7 +86,13 @@ def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) ->
         size = st.st_size
         link_target = os.readlink(name, dir_fd=dir_fd)
     else:
-        return None
+        special = KIND_OF_BITS.get(fmt)
+        if special is None:
+            return None
+        kind = special
+        size = 0
+        if fmt in (stat.S_IFCHR, stat.S_IFBLK):
+            rdev = st.st_rdev
     ino = st.st_ino
     mtime_ns = st.st_mtime_ns
     return ObjectInfo(
@@ -93,6 +106,10 @@ def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) ->
         st.st_uid,
         st.st_gid,
         link_target,
+        rdev,
+        st.st_nlink,
+        st.st_atime_ns,
+        st.st_ctime_ns,
     )
 
 
@@ -169,11 +186,32 @@ class PosixBackend(Backend):
     def _open_dir(self, key: str, flags: int = 0) -> int:
         """A descriptor of directory ``key``, checked to be inside the root."""
         path = os.path.join(self.root, key) if key else self.root
+        if _too_long(path):
+            return self._open_dir_stepwise(key, flags)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | flags)
         except OSError as exc:
             raise from_oserror(exc, key) from exc
         self._check_fd(fd, key)
+        return fd
+
+    def _open_dir_stepwise(self, key: str, flags: int) -> int:
+        """A directory whose path is too long for one system call: walked a name at a
+        time from the root, never through a symlink, so it is inside the volume by
+        construction (the /proc check cannot name so long a path)."""
+        fd = self._open_dir("")
+        try:
+            for name in key.split("/"):
+                step = os.open(
+                    name,
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | flags,
+                    dir_fd=fd,
+                )
+                os.close(fd)
+                fd = step
+        except OSError as exc:
+            os.close(fd)
+            raise from_oserror(exc, key) from exc
         return fd
 
     @contextlib.contextmanager
@@ -265,16 +303,7 @@ class PosixBackend(Backend):
     def _open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None
     ) -> ByteSource:
-        # Symlinks that stay inside the volume may be read, so resolve first; checking the
-        # resolved path before the open means nothing outside is even opened.
-        real = os.path.realpath(os.path.join(self.root, check_key(key)))
-        if not self._inside(real):
-            raise PermissionDenied(f"{key} is a symlink out of the volume", path=key)
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError as exc:
-            raise from_oserror(exc, key) from exc
-        self._check_fd(fd, key)
+        fd = self._open_file(key)
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -288,6 +317,29 @@ class PosixBackend(Backend):
         except BaseException:
             os.close(fd)
             raise
+
+    def _open_file(self, key: str) -> int:
+        """A read-only descriptor of the file at ``key``, checked to be inside the root."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        full = os.path.join(self.root, check_key(key))
+        if _too_long(full):
+            # too deep to resolve in one call: a symlink there is not read through
+            with self._parent(key) as (parent, name):
+                try:
+                    return os.open(name, flags, dir_fd=parent)
+                except OSError as exc:
+                    raise from_oserror(exc, key) from exc
+        # Symlinks that stay inside the volume may be read, so resolve first; checking the
+        # resolved path before the open means nothing outside is even opened.
+        real = os.path.realpath(full)
+        if not self._inside(real):
+            raise PermissionDenied(f"{key} is a symlink out of the volume", path=key)
+        try:
+            fd = os.open(real, flags)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        self._check_fd(fd, key)
+        return fd
 
     async def open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None = None
@@ -307,7 +359,8 @@ class PosixBackend(Backend):
                 old: os.stat_result | None = os.lstat(name, dir_fd=parent)
             except FileNotFoundError:
                 old = None
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            # readable too: a commit into a hard-linked file copies from it
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             fd = os.open(temp, flags, 0o666, dir_fd=parent)
         except OSError as exc:
             os.close(parent)
@@ -331,12 +384,36 @@ class PosixBackend(Backend):
         return parent, name, temp, fd
 
     def _commit(self, key: str, parent: int, name: str, temp: str, fd: int) -> ObjectInfo:
+        try:
+            old = os.lstat(name, dir_fd=parent)
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat.S_ISREG(old.st_mode) and old.st_nlink > 1:
+            return self._commit_in_place(key, parent, name, temp, fd)
         os.fsync(fd)
         # Onto a directory this fails with EISDIR, reported as IsADirectory.
         os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
         # Makes the rename itself durable, not only the file's bytes.
         os.fsync(parent)
         info = _info(key, os.fstat(fd), name, parent)
+        assert info is not None
+        return info
+
+    def _commit_in_place(self, key: str, parent: int, name: str, temp: str, fd: int) -> ObjectInfo:
+        """Copy the staged bytes into the existing file, which keeps every name it has."""
+        size = os.fstat(fd).st_size
+        target = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            pos = 0
+            while pos < size:
+                pos += os.sendfile(target, fd, pos, size - pos)
+            os.ftruncate(target, size)
+            os.fsync(target)
+            st = os.fstat(target)
+        finally:
+            os.close(target)
+        os.unlink(temp, dir_fd=parent)
+        info = _info(key, st, name, parent)
         assert info is not None
         return info
 
@@ -397,6 +474,43 @@ class PosixBackend(Backend):
     async def symlink(self, key: str, target: str) -> ObjectInfo:
         return await asyncio.to_thread(self._symlink, key, target)
 
+    def _mknod(self, key: str, kind: EntryKind, mode: int, rdev: int) -> ObjectInfo:
+        if not check_key(key):
+            raise AlreadyExists("the volume root exists", path=key)
+        with self._parent(key) as (parent, name):
+            try:
+                os.mknod(name, KIND_BITS[kind] | mode, rdev, dir_fd=parent)
+                # exactly the mode asked for, whatever this process's umask took away
+                _chmod_at(parent, name, mode)
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
+        return self._stat(key)
+
+    async def mknod(self, key: str, kind: EntryKind, mode: int, rdev: int = 0) -> ObjectInfo:
+        return await asyncio.to_thread(self._mknod, key, kind, mode, rdev)
+
+    def _link(self, src: str, dst: str) -> ObjectInfo:
+        if not check_key(src) or not check_key(dst):
+            raise InvalidPath("the volume root can't be linked", path=src or dst)
+        with (
+            self._parent(src) as (src_parent, src_name),
+            self._parent(dst) as (dst_parent, dst_name),
+        ):
+            try:
+                os.link(
+                    src_name,
+                    dst_name,
+                    src_dir_fd=src_parent,
+                    dst_dir_fd=dst_parent,
+                    follow_symlinks=False,
+                )
+            except OSError as exc:
+                raise from_oserror(exc, f"{src} -> {dst}") from exc
+        return self._stat(dst)
+
+    async def link(self, src: str, dst: str) -> ObjectInfo:
+        return await asyncio.to_thread(self._link, src, dst)
+
     def _delete(self, key: str) -> None:
         if not check_key(key):
             raise InvalidPath("the volume root can't be deleted", path=key)
@@ -430,7 +544,13 @@ class PosixBackend(Backend):
         await asyncio.to_thread(self._rename, src, dst)
 
     def _set_attrs(
-        self, key: str, mode: int | None, uid: int | None, gid: int | None, mtime_ns: int | None
+        self,
+        key: str,
+        mode: int | None,
+        uid: int | None,
+        gid: int | None,
+        mtime_ns: int | None,
+        atime_ns: int | None,
     ) -> ObjectInfo:
         if not check_key(key):
             raise InvalidPath("the volume root's attributes are not loomfs's to change")
@@ -450,18 +570,16 @@ class PosixBackend(Backend):
                     if stat.S_ISLNK(st.st_mode):
                         # Linux has no lchmod; a symlink's own mode means nothing anyway.
                         raise NotSupported(f"a symlink has no mode of its own: {key}", path=key)
-                    fd = os.open(
-                        name,
-                        os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                        dir_fd=parent,
-                    )
-                    try:
-                        os.fchmod(fd, mode)
-                    finally:
-                        os.close(fd)
-                if mtime_ns is not None:
+                    _chmod_at(parent, name, mode)
+                if mtime_ns is not None or atime_ns is not None:
                     os.utime(
-                        name, ns=(st.st_atime_ns, mtime_ns), dir_fd=parent, follow_symlinks=False
+                        name,
+                        ns=(
+                            st.st_atime_ns if atime_ns is None else atime_ns,
+                            st.st_mtime_ns if mtime_ns is None else mtime_ns,
+                        ),
+                        dir_fd=parent,
+                        follow_symlinks=False,
                     )
             except OSError as exc:
                 raise from_oserror(exc, key) from exc
@@ -475,8 +593,24 @@ class PosixBackend(Backend):
         uid: int | None = None,
         gid: int | None = None,
         mtime_ns: int | None = None,
+        atime_ns: int | None = None,
     ) -> ObjectInfo:
-        return await asyncio.to_thread(self._set_attrs, key, mode, uid, gid, mtime_ns)
+        return await asyncio.to_thread(self._set_attrs, key, mode, uid, gid, mtime_ns, atime_ns)
+
+
+def _chmod_at(parent: int, name: str, mode: int) -> None:
+    """chmod of a non-symlink without following one swapped in and without opening the
+    file itself (a fifo would block, a device would wake its driver): through an
+    ``O_PATH`` descriptor, which Linux lets chmod by its /proc name."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
+
+
+def _too_long(path: str) -> bool:
+    return len(os.fsencode(path)) > _SYSCALL_PATH_MAX
 
 
 def _discard_temp(creating: asyncio.Future[tuple[int, str, str, int]]) -> None:

@@ -34,6 +34,13 @@ class Put:
     etag: str | None = None
     inode: int | None = None
     link_target: str | None = None
+    rdev: int | None = None
+    #: a change of the link count is a META change
+    nlink: int = 1
+    #: a change of these alone is recorded without a change-log entry: reads move atime,
+    #: and spokes need not hear of it
+    atime_ns: int | None = None
+    ctime_ns: int | None = None
     #: fail with Conflict unless the stored version is this one
     expect_version: int | None = None
     #: fail with AlreadyExists if the path exists
@@ -69,10 +76,27 @@ class Applied:
 
 
 #: One object as a scan found it, already in catalog form, for ``Catalog.apply_scan``:
-#: (parent, name, kind, size, mtime_ns, mode, uid, gid, etag, inode, link_target).
-#: A plain tuple, not a ``Put``: a scan makes one per object, and building a frozen
-#: dataclass costs several times more than the catalog spends on the row.
-ScanRow = tuple[str, str, str, int, int, int, int, int, str | None, int | None, str | None]
+#: (parent, name, kind, size, mtime_ns, mode, uid, gid, etag, inode, link_target, rdev,
+#: nlink, atime_ns, ctime_ns). A plain tuple, not a ``Put``: a scan makes one per object,
+#: and building a frozen dataclass costs several times more than the catalog spends on
+#: the row.
+ScanRow = tuple[
+    str,
+    str,
+    str,
+    int,
+    int,
+    int,
+    int,
+    int,
+    str | None,
+    int | None,
+    str | None,
+    int | None,
+    int,
+    int | None,
+    int | None,
+]
 
 
 @dataclass(slots=True)
@@ -139,6 +163,12 @@ class Catalog(ABC):
 
     @abstractmethod
     async def max_id(self) -> int: ...
+
+    @abstractmethod
+    async def hard_links(self, inode: int) -> list[Entry]:
+        """Entries recorded with ``inode`` and more than one link, in every volume (the
+        caller keeps those of its own volume): the names whose rows a change through one
+        of them makes stale."""
 
     @abstractmethod
     async def apply(self, ops: Sequence[Op], volume: VolumeUpdate | None = None) -> list[Applied]:

@@ -33,7 +33,8 @@ from .base import Applied, Catalog, Delete, Op, Put, ScanApplied, ScanRow, Volum
 T = TypeVar("T")
 
 ENTRY_COLUMNS = (
-    "id, parent, name, kind, size, mtime_ns, mode, uid, gid, version, etag, inode, link_target"
+    "id, parent, name, kind, size, mtime_ns, mode, uid, gid, version, etag, inode, link_target, "
+    "rdev, nlink, atime_ns, ctime_ns"
 )
 _BATCH = 400  # rows per IN (...) lookup: far below both engines' parameter limits
 
@@ -197,6 +198,17 @@ def _migrations(d: Dialect) -> list[str]:
         );
         INSERT INTO counters (name, value) VALUES ('acl', 0)
         """,
+        # migration 7: special files (device number), hard links (link count; the partial
+        # index finds the other names of an inode, and only hard-linked rows pay for it:
+        # smaller than migration 5's entries_inode, which placement uses), and the access
+        # and status-change times where the storage keeps them
+        """
+        ALTER TABLE entries ADD COLUMN rdev BIGINT;
+        ALTER TABLE entries ADD COLUMN nlink INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE entries ADD COLUMN atime_ns BIGINT;
+        ALTER TABLE entries ADD COLUMN ctime_ns BIGINT;
+        CREATE INDEX entries_hard_links ON entries (inode) WHERE nlink > 1
+        """,
     ]
 
 
@@ -217,7 +229,11 @@ def _scan_tables(d: Dialect) -> list[str]:
             gid INTEGER NOT NULL,
             etag TEXT,
             inode BIGINT,
-            link_target TEXT
+            link_target TEXT,
+            rdev BIGINT,
+            nlink INTEGER NOT NULL,
+            atime_ns BIGINT,
+            ctime_ns BIGINT
         ) {d.temp_table_options}
         """,
         f"""
@@ -232,13 +248,16 @@ def _scan_tables(d: Dialect) -> list[str]:
     ]
 
 
-SCAN_COLUMNS = "parent, name, kind, size, mtime_ns, mode, uid, gid, etag, inode, link_target"
-# A scan batch is loaded with multi-row INSERTs of this many rows (11 parameters each: far
+SCAN_COLUMNS = (
+    "parent, name, kind, size, mtime_ns, mode, uid, gid, etag, inode, link_target, rdev, nlink, "
+    "atime_ns, ctime_ns"
+)
+# A scan batch is loaded with multi-row INSERTs of this many rows (15 parameters each: far
 # below both engines' limits): the rows are bound in one call and inserted in one step,
 # where an executemany binds row by row and (SQLite) releases and takes back the GIL around
 # each, waiting behind the scan thread every time.
 _SCAN_CHUNK = 500
-_SCAN_ROW = "(" + ", ".join("?" * 11) + ")"
+_SCAN_ROW = "(" + ", ".join("?" * 15) + ")"
 
 
 # The classification of ``_apply`` (_content_differs, _meta_differs) in SQL: one row per
@@ -257,9 +276,10 @@ FROM (
                CASE WHEN e.id IS NULL THEN 'create'
                     WHEN e.kind <> s.kind OR e.size <> s.size OR e.mtime_ns <> s.mtime_ns
                          OR e.etag IS DISTINCT FROM s.etag
-                         OR e.link_target IS DISTINCT FROM s.link_target THEN 'modify'
+                         OR e.link_target IS DISTINCT FROM s.link_target
+                         OR e.rdev IS DISTINCT FROM s.rdev THEN 'modify'
                     WHEN e.mode <> s.mode OR e.uid <> s.uid OR e.gid <> s.gid
-                         OR e.inode IS DISTINCT FROM s.inode THEN 'meta'
+                         OR e.inode IS DISTINCT FROM s.inode OR e.nlink <> s.nlink THEN 'meta'
                END AS op
         FROM scan_batch s LEFT JOIN entries e ON e.parent = s.parent AND e.name = s.name
     ) AS classified
@@ -267,19 +287,20 @@ FROM (
 """
 _SCAN_INSERT = """
 INSERT INTO entries (parent, name, kind, size, mtime_ns, mode, uid, gid, version, etag, inode,
-                     link_target)
+                     link_target, rdev, nlink, atime_ns, ctime_ns)
 SELECT s.parent, s.name, s.kind, s.size, s.mtime_ns, s.mode, s.uid, s.gid, d.version, s.etag,
-       s.inode, s.link_target
+       s.inode, s.link_target, s.rdev, s.nlink, s.atime_ns, s.ctime_ns
 FROM scan_diff d JOIN scan_batch s ON s.pos = d.pos
 WHERE d.op = 'create' ORDER BY d.pos
 """
 _SCAN_UPDATE = """
 UPDATE entries SET kind = u.kind, size = u.size, mtime_ns = u.mtime_ns, mode = u.mode,
        uid = u.uid, gid = u.gid, version = u.version, etag = u.etag, inode = u.inode,
-       link_target = u.link_target
+       link_target = u.link_target, rdev = u.rdev, nlink = u.nlink, atime_ns = u.atime_ns,
+       ctime_ns = u.ctime_ns
 FROM (
     SELECT d.id, s.kind, s.size, s.mtime_ns, s.mode, s.uid, s.gid, d.version, s.etag, s.inode,
-           s.link_target
+           s.link_target, s.rdev, s.nlink, s.atime_ns, s.ctime_ns
     FROM scan_diff d JOIN scan_batch s ON s.pos = d.pos
     WHERE d.op IN ('modify', 'meta')
 ) AS u
@@ -326,21 +347,36 @@ def _entry(row: Sequence[Any]) -> Entry:
         etag=row[10],
         inode=row[11],
         link_target=row[12],
+        rdev=row[13],
+        nlink=row[14],
+        atime_ns=row[15],
+        ctime_ns=row[16],
     )
 
 
 def _content_differs(old: Entry, put: Put) -> bool:
-    return (old.kind, old.size, old.mtime_ns, old.etag, old.link_target) != (
+    return (old.kind, old.size, old.mtime_ns, old.etag, old.link_target, old.rdev) != (
         put.kind,
         put.size,
         put.mtime_ns,
         put.etag,
         put.link_target,
+        put.rdev,
     )
 
 
 def _meta_differs(old: Entry, put: Put) -> bool:
-    return (old.mode, old.uid, old.gid, old.inode) != (put.mode, put.uid, put.gid, put.inode)
+    return (old.mode, old.uid, old.gid, old.inode, old.nlink) != (
+        put.mode,
+        put.uid,
+        put.gid,
+        put.inode,
+        put.nlink,
+    )
+
+
+def _times_differ(old: Entry, put: Put) -> bool:
+    return (old.atime_ns, old.ctime_ns) != (put.atime_ns, put.ctime_ns)
 
 
 class SqlCatalog(Catalog):
@@ -517,6 +553,17 @@ class SqlCatalog(Catalog):
 
         return await self._run(self._read, fn)
 
+    async def hard_links(self, inode: int) -> list[Entry]:
+        def fn(cur: Cursor) -> list[Entry]:
+            rows = self._q(
+                cur,
+                f"SELECT {ENTRY_COLUMNS} FROM entries WHERE inode = ? AND nlink > 1",
+                (inode,),
+            ).fetchall()
+            return [_entry(r) for r in rows]
+
+        return await self._run(self._read, fn)
+
     async def max_id(self) -> int:
         row = await self._run(
             self._read, lambda cur: self._q(cur, "SELECT max(id) FROM entries").fetchone()
@@ -576,11 +623,14 @@ class SqlCatalog(Catalog):
                 raise Conflict(
                     f"{op.path} is at version {old.version}, not {op.expect_version}", path=op.path
                 )
+            change_op: ChangeOp | None
             if old is None or op.force_version or _content_differs(old, op):
                 change_op = ChangeOp.CREATE if old is None else ChangeOp.MODIFY
                 version = change_seq = seq.next()
             elif _meta_differs(old, op):
                 change_op, version, change_seq = ChangeOp.META, old.version, seq.next()
+            elif _times_differ(old, op):
+                change_op, version, change_seq = None, old.version, 0  # recorded, not logged
             else:
                 results.append(Applied(old_id, old, None))
                 continue
@@ -596,6 +646,10 @@ class SqlCatalog(Catalog):
                 op.etag,
                 op.inode,
                 op.link_target,
+                op.rdev,
+                op.nlink,
+                op.atime_ns,
+                op.ctime_ns,
             )
             row = (
                 op.kind.value,
@@ -608,12 +662,17 @@ class SqlCatalog(Catalog):
                 op.etag,
                 op.inode,
                 op.link_target,
+                op.rdev,
+                op.nlink,
+                op.atime_ns,
+                op.ctime_ns,
             )
             if old_id is None or op.path in inserts:
                 inserts[op.path] = (*_split(op.path), *row)
             else:
                 updates.append((*row, old_id))
-            results.append(Applied(old_id, entry, seq.log(change_seq, change_op, entry)))
+            change = None if change_op is None else seq.log(change_seq, change_op, entry)
+            results.append(Applied(old_id, entry, change))
             existing[op.path] = (old_id if old_id is not None else -1, entry)
         self._flush(cur, inserts, updates)
         seq.flush()
@@ -678,7 +737,8 @@ class SqlCatalog(Catalog):
             cur.executemany(
                 self._sql(
                     "INSERT INTO entries (parent, name, kind, size, mtime_ns, mode, uid, gid, "
-                    "version, etag, inode, link_target) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    "version, etag, inode, link_target, rdev, nlink, atime_ns, ctime_ns) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 ),
                 list(inserts.values()),
             )
@@ -687,7 +747,8 @@ class SqlCatalog(Catalog):
             cur.executemany(
                 self._sql(
                     "UPDATE entries SET kind = ?, size = ?, mtime_ns = ?, mode = ?, uid = ?, "
-                    "gid = ?, version = ?, etag = ?, inode = ?, link_target = ? WHERE id = ?"
+                    "gid = ?, version = ?, etag = ?, inode = ?, link_target = ?, rdev = ?, "
+                    "nlink = ?, atime_ns = ?, ctime_ns = ? WHERE id = ?"
                 ),
                 updates,
             )

@@ -1,9 +1,11 @@
 """The inode table of a FUSE mount (protocol layer): stable numbers for namespace paths.
 
 The kernel names files by inode number; the namespace by path. Numbers are handed out
-from a counter and never reused while the mount lives, so a number the kernel still holds
-never silently points at another file. A node lives while the kernel holds lookups on it
-or a file handle is open on it; ``forget`` and the last ``release`` drop it.
+from a counter, so a number the kernel still holds never silently points at another file.
+A node lives while the kernel holds lookups on it or a file handle is open on it;
+``forget`` and the last ``release`` drop it. The number of a dropped node is remembered
+with its path and volume inode: when the kernel looks the same file up again (after a
+name was invalidated, say) it gets the same number, as on a local file system.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from .files import WriteBuffer
 
 ROOT_INODE = 1
+#: dropped nodes whose numbers are remembered for their files (oldest forgotten first)
+RETIRED_MAX = 1 << 16
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +52,8 @@ class InodeTable:
         self._by_ino: dict[int, Node] = {ROOT_INODE: root}
         self._by_path: dict[str, Node] = {paths.ROOT: root}
         self._next = ROOT_INODE + 1
+        #: (path, volume inode) -> the number its dropped node had
+        self._retired: dict[tuple[str, int], int] = {}
 
     def __len__(self) -> int:
         return len(self._by_ino)
@@ -63,8 +69,12 @@ class InodeTable:
         create, mkdir): each such reply adds one lookup the kernel will later forget."""
         node = self._by_path.get(entry.path)
         if node is None:
-            node = Node(self._next, entry.path)
-            self._next += 1
+            ino = None
+            if entry.inode is not None:
+                ino = self._retired.pop((entry.path, entry.inode), None)
+            if ino is None:
+                ino, self._next = self._next, self._next + 1
+            node = Node(ino, entry.path)
             self._by_ino[node.ino] = node
             self._by_path[entry.path] = node
         node.entry = entry
@@ -94,6 +104,13 @@ class InodeTable:
             del self._by_ino[node.ino]
             if self._by_path.get(node.path) is node:
                 del self._by_path[node.path]
+                if node.entry is not None and node.entry.inode is not None:
+                    self._retire((node.path, node.entry.inode), node.ino)
+
+    def _retire(self, key: tuple[str, int], ino: int) -> None:
+        self._retired[key] = ino
+        if len(self._retired) > RETIRED_MAX:
+            del self._retired[next(iter(self._retired))]
 
     @staticmethod
     def touched(node: Node | None) -> None:

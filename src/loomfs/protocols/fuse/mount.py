@@ -8,6 +8,7 @@ SIGINT end the request loop, and the mount is always taken down on the way out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -21,7 +22,8 @@ import pyfuse3.asyncio
 
 from ...errors import AlreadyExists, InvalidArgument, LoomError, NotADirectory, NotSupported
 from ...namespace.base import Namespace
-from .ops import LoomOperations
+from .follow import FOLLOWING_TIMEOUT, FeedInvalidator, Poll
+from .ops import CACHE_TIMEOUT, LoomOperations
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +85,20 @@ async def serve(
     allow_other: bool = False,
     uid_map: Mapping[int, str] | None = None,
     on_ready: Callable[[], None] | None = None,
+    follow: Poll | None = None,
 ) -> None:
-    """Mount ``ns`` at ``mountpoint`` and serve until unmounted, SIGTERM or SIGINT."""
+    """Mount ``ns`` at ``mountpoint`` and serve until unmounted, SIGTERM or SIGINT. With
+    ``follow`` (the site's change feed) the kernel caches names and attributes for long
+    and is told at once when they go stale."""
     check_mountpoint(mountpoint)
     spool_dir.mkdir(parents=True, exist_ok=True)
     pyfuse3.asyncio.enable()
-    ops = LoomOperations(ns, str(spool_dir), uid_map)
+    timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
+    ops = LoomOperations(ns, str(spool_dir), uid_map, timeout)
     pyfuse3.init(ops, str(mountpoint), mount_options(allow_other=allow_other))
+    follower = None
+    if follow is not None:
+        follower = asyncio.create_task(FeedInvalidator(ops.inodes, follow).run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, pyfuse3.terminate)
@@ -101,6 +110,10 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
         await ops.aclose()
         pyfuse3.close(unmount=True)
         log.info("unmounted", extra={"mountpoint": str(mountpoint)})

@@ -3,7 +3,8 @@
 Every handler resolves inode numbers to paths through the inode table, calls the
 namespace, and maps any error through ``errno_of`` (the one table of this edge). The
 kernel page cache is kept across opens while a file's version is unchanged
-(``keep_cache``), and dropped on the next open after the version moves.
+(``keep_cache``), and dropped on the next open after the version moves, or at once when
+the mount follows the change feed (``follow.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pyfuse3
 
 from ... import paths
 from ...core.streams import aiter_bytes
-from ...core.types import Entry, EntryKind, Principal
+from ...core.types import KIND_BITS, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
 from ...namespace.base import Namespace
 from .files import ReadStream, WriteBuffer
@@ -33,17 +34,13 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: how long the kernel may trust attributes and names before asking again; a change
-#: behind loomfs's back shows on the mount at most this long after the hub records it
+#: how long the kernel may trust attributes and names before asking again, unless the
+#: mount follows the change feed; a change behind loomfs's back shows on the mount at most
+#: this long after the hub records it
 CACHE_TIMEOUT = 1.0
 #: the I/O size st_blksize suggests to cp, dd and friends
 BLOCK_SIZE = 1 << 17
 XATTR_USER = b"user."
-_KIND_BITS = {
-    EntryKind.FILE: stat.S_IFREG,
-    EntryKind.DIR: stat.S_IFDIR,
-    EntryKind.SYMLINK: stat.S_IFLNK,
-}
 
 
 def errno_of(exc: Exception) -> int:
@@ -102,10 +99,15 @@ class LoomOperations(pyfuse3.Operations):
     supports_dot_lookup = True
 
     def __init__(
-        self, ns: Namespace, spool_dir: str, uid_map: Mapping[int, str] | None = None
+        self,
+        ns: Namespace,
+        spool_dir: str,
+        uid_map: Mapping[int, str] | None = None,
+        cache_timeout: float = CACHE_TIMEOUT,
     ) -> None:
         super().__init__()
         self.ns = ns
+        self.cache_timeout = cache_timeout
         self.spool_dir = spool_dir
         self.uid_map = dict(uid_map or {})
         self.inodes = InodeTable()
@@ -153,14 +155,23 @@ class LoomOperations(pyfuse3.Operations):
         assert entry is not None
         out = pyfuse3.EntryAttributes()
         out.st_ino = node.ino
-        out.entry_timeout = out.attr_timeout = CACHE_TIMEOUT
-        out.st_mode = _KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
-        out.st_nlink = 2 if entry.is_dir else 1
+        out.entry_timeout = self.cache_timeout
+        # each name of a hard-linked file is its own inode here: a change through one
+        # name must show at once through the others, so their attributes are not cached
+        out.attr_timeout = self.cache_timeout if entry.nlink <= 1 else 0
+        out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
+        if node.unlinked:
+            # open, but this name is gone: one link less (none for a directory)
+            out.st_nlink = 0 if entry.is_dir else max(entry.nlink - 1, 0)
+        else:
+            out.st_nlink = 2 if entry.is_dir else entry.nlink
+        out.st_rdev = entry.rdev or 0
         out.st_uid, out.st_gid = entry.uid, entry.gid
         mtime_ns = entry.mtime_ns
         if node.buffer is not None:
             size = node.buffer.size()
-            mtime_ns = max(mtime_ns, node.buffer.mtime_ns)
+            if node.buffer.generation:  # written to: a buffer only opened changes no time
+                mtime_ns = max(mtime_ns, node.buffer.mtime_ns)
         elif entry.kind is EntryKind.SYMLINK:
             size = len(os.fsencode(entry.link_target or ""))
         else:
@@ -170,8 +181,17 @@ class LoomOperations(pyfuse3.Operations):
         out.st_blocks = (size + 511) // 512
         if entry.is_dir:
             mtime_ns = max(mtime_ns, node.listing_changed_ns)
-        out.st_atime_ns = out.st_mtime_ns = mtime_ns
-        out.st_ctime_ns = max(mtime_ns, node.changed_ns)
+        out.st_mtime_ns = mtime_ns
+        out.st_atime_ns = mtime_ns if entry.atime_ns is None else entry.atime_ns
+        if entry.ctime_ns is None or entry.is_dir:
+            # the volume keeps no ctime (S3), or a directory's moved with changes in it
+            # that reach the catalog only when the hub notices them: this mount's own
+            # changes stand in
+            out.st_ctime_ns = max(mtime_ns, node.changed_ns, entry.ctime_ns or 0)
+        elif node.buffer is not None:
+            out.st_ctime_ns = max(mtime_ns, entry.ctime_ns)  # unsaved writes changed it
+        else:
+            out.st_ctime_ns = entry.ctime_ns
         return out
 
     def _learned(self, entry: Entry) -> pyfuse3.EntryAttributes:
@@ -311,7 +331,13 @@ class LoomOperations(pyfuse3.Operations):
                 if node.opens == 0:
                     buffer.close()
                     node.buffer = None
-        if fields.update_mode or fields.update_uid or fields.update_gid or fields.update_mtime:
+        if (
+            fields.update_mode
+            or fields.update_uid
+            or fields.update_gid
+            or fields.update_mtime
+            or fields.update_atime
+        ):
             if fields.update_mtime:
                 await self._commit(node, who)  # the new mtime must land after the data
             before = node.entry.version
@@ -322,6 +348,7 @@ class LoomOperations(pyfuse3.Operations):
                 uid=attr.st_uid if fields.update_uid else None,
                 gid=attr.st_gid if fields.update_gid else None,
                 mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None,
             )
             if node.cached_version == before:
                 node.cached_version = node.entry.version  # a new mtime, the same bytes
@@ -351,10 +378,28 @@ class LoomOperations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        if not stat.S_ISREG(mode):
-            raise _fail(errno.EPERM)  # mknod(2)'s answer for node types a file system lacks
         who = self.who(ctx)
-        entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
+        path = self._child(parent_inode, name)
+        if stat.S_ISREG(mode):
+            entry = await self._create(who, path, mode, ctx)
+        else:
+            bits = stat.S_IMODE(mode) & ~ctx.umask
+            entry = await self.ns.mknod(who, path, stat.S_IFMT(mode) | bits, rdev)
+            entry = await self._owned(who, entry, ctx)
+        return self._created(entry)
+
+    @translated
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        who = self.who(ctx)
+        node = self._node(inode)
+        entry = await self.ns.link(who, node.path, self._child(new_parent_inode, new_name))
+        # the source's link count moved: the kernel must ask again (attributes only,
+        # which is safe inside a request)
+        node.entry = await self.ns.stat(who, node.path)
+        self.inodes.touched(node)
+        pyfuse3.invalidate_inode(node.ino, attr_only=True)
         return self._created(entry)
 
     # -- directories -----------------------------------------------------------------------

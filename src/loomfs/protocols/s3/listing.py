@@ -14,7 +14,7 @@ import heapq
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ...core.types import Entry, Principal
+from ...core.types import SPECIAL_KINDS, Entry, Principal
 from ...namespace.base import Namespace
 from .errors import S3Error
 
@@ -131,6 +131,8 @@ class Lister:
                     yield item
             if entry.is_dir:
                 heapq.heappush(pending, (sort_key, entry.name))
+            elif entry.kind in SPECIAL_KINDS:
+                continue  # a fifo, device or socket has no bytes: no object
             elif after is None or rel + entry.name > after:
                 yield Item(rel + entry.name, entry)
         while pending:

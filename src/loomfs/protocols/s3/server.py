@@ -34,7 +34,7 @@ from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ANONYMOUS
-from ...core.types import Action, Entry, Principal
+from ...core.types import SPECIAL_KINDS, Action, Entry, Principal
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
@@ -797,7 +797,8 @@ class S3Gateway:
         except NotFound:
             await self._bucket_entry(c)  # NoSuchBucket before NoSuchKey
             raise S3Error("NoSuchKey", "the specified key does not exist") from None
-        if entry.is_dir != c.key.endswith("/"):  # 'a/' names a directory, 'a' a file
+        if entry.is_dir != c.key.endswith("/") or entry.kind in SPECIAL_KINDS:
+            # 'a/' names a directory, 'a' a file; a fifo, device or socket is no object
             raise S3Error("NoSuchKey", "the specified key does not exist")
         return entry, await self.ns.get_tags(c.who, path)
 

@@ -27,7 +27,7 @@ import asyncssh
 from prometheus_client import Counter
 
 from ... import paths
-from ...core.types import Entry, EntryKind, Principal
+from ...core.types import KIND_BITS, Entry, EntryKind, Principal
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
@@ -50,14 +50,18 @@ MAX_LINK_HOPS = 40  # as Linux's MAXSYMLINKS
 PRINCIPAL = "loomfs_principal"  # the connection's extra info key for the logged-in user
 
 _KIND_TYPE = {
-    EntryKind.FILE: (asyncssh.FILEXFER_TYPE_REGULAR, stat_mod.S_IFREG),
-    EntryKind.DIR: (asyncssh.FILEXFER_TYPE_DIRECTORY, stat_mod.S_IFDIR),
-    EntryKind.SYMLINK: (asyncssh.FILEXFER_TYPE_SYMLINK, stat_mod.S_IFLNK),
+    EntryKind.FILE: asyncssh.FILEXFER_TYPE_REGULAR,
+    EntryKind.DIR: asyncssh.FILEXFER_TYPE_DIRECTORY,
+    EntryKind.SYMLINK: asyncssh.FILEXFER_TYPE_SYMLINK,
+    EntryKind.FIFO: asyncssh.FILEXFER_TYPE_FIFO,
+    EntryKind.CHAR_DEVICE: asyncssh.FILEXFER_TYPE_CHAR_DEVICE,
+    EntryKind.BLOCK_DEVICE: asyncssh.FILEXFER_TYPE_BLOCK_DEVICE,
+    EntryKind.SOCKET: asyncssh.FILEXFER_TYPE_SOCKET,
 }
 
 
 def attrs_of(entry: Entry, size: int | None = None) -> asyncssh.SFTPAttrs:
-    filetype, ifmt = _KIND_TYPE[entry.kind]
+    filetype, ifmt = _KIND_TYPE[entry.kind], KIND_BITS[entry.kind]
     seconds, nanos = divmod(entry.mtime_ns, 1_000_000_000)
     return asyncssh.SFTPAttrs(
         type=filetype,

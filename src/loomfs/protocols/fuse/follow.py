@@ -1,0 +1,104 @@
+"""Kernel cache invalidation from the change feed (protocol layer).
+
+A mount follows the change feed of the site it serves (a long poll: the in-process hub's
+feed, or a hub's ``/v1/changes`` over REST) and tells the kernel at once which of the
+names and attributes it caches went stale, so they can be cached for long
+(``FOLLOWING_TIMEOUT``) and still never be served stale for longer than the feed takes.
+It only tells the kernel: the inode table is this mount's own account of what it did, and
+the kernel's next lookup or getattr brings the new state in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+
+import pyfuse3
+
+from ... import paths
+from ...core.types import Change, ChangeOp, Feed
+from ...errors import LoomError
+from .inodes import InodeTable
+
+log = logging.getLogger(__name__)
+
+#: the feed after ``since``, held up to ``wait`` seconds until there is a change
+Poll = Callable[[int, float], Awaitable[Feed]]
+
+#: how long the kernel may trust names and attributes while the feed is followed
+FOLLOWING_TIMEOUT = 60.0
+#: how long one poll is held open at the site
+FEED_WAIT = 20.0
+#: pause after a failed poll (the site restarting, a network blip)
+RETRY = 1.0
+
+
+class FeedInvalidator:
+    def __init__(self, inodes: InodeTable, poll: Poll) -> None:
+        self.inodes = inodes
+        self.poll = poll
+        self.seq = 0
+
+    async def run(self) -> None:
+        """Follow the feed until cancelled; only changes after the start matter, since
+        the kernel learned everything before it from the site itself."""
+        self.seq = (await self._next(0, 0.0)).head
+        while True:
+            feed = await self._next(self.seq, FEED_WAIT)
+            for change in feed.changes:
+                try:
+                    await self.apply(change)
+                except LoomError as exc:  # the site unreachable for a moment
+                    log.warning("could not check change %d against the kernel's cache: %s",
+                                change.seq, exc)  # fmt: skip
+                self.seq = max(self.seq, change.seq)
+
+    async def _next(self, since: int, wait: float) -> Feed:
+        while True:
+            try:
+                return await self.poll(since, wait)
+            except LoomError as exc:
+                log.warning("the change feed failed, retrying: %s", exc)
+                await asyncio.sleep(RETRY)
+
+    async def apply(self, change: Change) -> None:
+        """Tell the kernel what ``change`` made stale of what it may hold."""
+        if change.op is ChangeOp.EVICT:
+            return  # spokes drop cached data; the names and bytes here are unchanged
+        if change.op in (ChangeOp.DELETE, ChangeOp.RENAME):
+            self._forget_name(change.path)
+        if change.new_path is not None:
+            self._forget_name(change.new_path)
+        if change.op is not ChangeOp.META:
+            # a name came, went or changed content: the directory's listing and times
+            await self._stale(paths.split(change.path)[0], data=False)
+        node = self.inodes.by_path(change.path)
+        if node is None:
+            return
+        # pages of another version than the one the kernel holds must go; pages of this
+        # mount's own write are the new version already
+        data = change.op is ChangeOp.MODIFY and node.cached_version != change.version
+        await self._stale(change.path, data=data)
+
+    def _forget_name(self, path: str) -> None:
+        parent = self.inodes.by_path(paths.split(path)[0])
+        if parent is None or self.inodes.by_path(path) is None:
+            return  # the kernel holds no such name (it forgets the names it unlinks)
+        # queued to pyfuse3's own thread: the kernel may hold the directory's lock for a
+        # request this loop has yet to answer. The change may be this mount's own: then
+        # the kernel looks the name up once more and finds the same inode number, which
+        # the inode table keeps for a file the kernel forgot.
+        pyfuse3.invalidate_entry_async(
+            parent.ino, os.fsencode(paths.split(path)[1]), ignore_enoent=True
+        )
+
+    async def _stale(self, path: str, *, data: bool) -> None:
+        node = self.inodes.by_path(path)
+        if node is None:
+            return
+        # in a thread: dropping pages waits for reads of them this loop is serving
+        with contextlib.suppress(OSError):  # the kernel has forgotten the inode already
+            await asyncio.to_thread(pyfuse3.invalidate_inode, node.ino, not data)
