@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, run_cli
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, run_cli, spoke_args
 from loomfs.testing.wan import LinkEmulator
 
 
@@ -39,12 +39,10 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
         cli_ok(hub_dir, "--hub", hub.url, "volume", "add", "/datasets/sample", f"posix://{data}")
         fabric = urlsplit(hub.urls["fabric"])
         async with LinkEmulator(fabric.hostname or "", fabric.port or 0, latency=0.002) as link:
-            spoke_args = (
-                "--hub", f"https://127.0.0.1:{link.port}",
-                "--hub-cert", str(hub_dir / "identity/site.pem"),
-                "--attach", "/datasets/sample", "--cache-size", "1G", "--write-back",
-            )  # fmt: skip
-            spoke = await asyncio.to_thread(SpokeProcess(spoke_dir, args=spoke_args).start)
+            args = spoke_args(
+                hub_dir, f"https://127.0.0.1:{link.port}", "/datasets/sample", "--write-back"
+            )
+            spoke = await asyncio.to_thread(SpokeProcess(spoke_dir, args=args).start)
             try:
                 at_spoke = ("--hub", spoke.url)
                 listing = await aok(spoke_dir, *at_spoke, "ls", "/datasets/sample/train")
@@ -87,6 +85,6 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
         listed = cli_ok(hub_dir, "site", "list")
         assert "revoked" in listed
         await asyncio.sleep(2.5)  # the hub re-reads the pinned set every 2 s
-        direct = ("--hub", hub.urls["fabric"], *spoke_args[2:])
+        direct = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/sample", "--write-back")
         with pytest.raises(RuntimeError, match="not trusted by the hub"):
             SpokeProcess(spoke_dir, args=direct).start()

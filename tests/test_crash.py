@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from loomfs.core.types import Principal
 from loomfs.rest.client import RestNamespace
-from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.ports import free_port
 from loomfs.testing.wan import LinkEmulator
 
@@ -42,12 +42,8 @@ async def test_kill_spoke_and_hub_mid_write_back(tmp_path: Path) -> None:
         fabric = urlsplit(hub.urls["fabric"])
         # slow enough that uploads are still under way when the processes die
         async with LinkEmulator(fabric.hostname or "", fabric.port or 0, rate=2e6) as link:
-            spoke_args = (
-                "--hub", f"https://127.0.0.1:{link.port}",
-                "--hub-cert", str(hub_dir / "identity/site.pem"),
-                "--attach", "/vol", "--cache-size", "1G", "--write-back",
-            )  # fmt: skip
-            spoke = await asyncio.to_thread(SpokeProcess(spoke_dir, args=spoke_args).start)
+            args = spoke_args(hub_dir, f"https://127.0.0.1:{link.port}", "/vol", "--write-back")
+            spoke = await asyncio.to_thread(SpokeProcess(spoke_dir, args=args).start)
             try:
                 payloads = {f"ck-{i:02}.pt": os.urandom(SIZE) for i in range(FILES)}
                 client = RestNamespace(spoke.url)

@@ -41,7 +41,7 @@ from loomfs.namespace.chunklink import Opened
 from loomfs.protocols.s3 import S3Gateway
 from loomfs.spoke.namespace import EVICTED, SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
-from loomfs.testing.hubproc import HubProcess, SpokeProcess
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, spoke_args
 
 EU, US = "gpu-eu", "gpu-us"
 WHO = Principal(user="tester", protocol="test")  # a user where the namespace runs
@@ -403,11 +403,8 @@ async def test_policy_cli_returns_once_the_spoke_evicted(tmp_path: Path) -> None
     with HubProcess(hub_dir, env) as hub:
         at_hub = ("--hub", hub.url)
         await aok(hub_dir, *at_hub, "volume", "add", "/datasets/s", f"posix://{data}")
-        spoke_args = (
-            "--hub", hub.urls["fabric"], "--hub-cert", str(hub_dir / "identity/site.pem"),
-            "--attach", "/datasets/s", "--cache-size", "1G",
-        )  # fmt: skip
-        spoke = await asyncio.to_thread(SpokeProcess(spoke_dir, args=spoke_args).start)
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/s")
+        spoke = await asyncio.to_thread(SpokeProcess(spoke_dir, args=args).start)
         try:
             at_spoke = ("--hub", spoke.url)
             cat = await asyncio.to_thread(

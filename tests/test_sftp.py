@@ -29,7 +29,7 @@ from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.sftp.errors import to_sftp
 from loomfs.rest.client import RestNamespace
-from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess
+from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, spoke_args
 from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
 if TYPE_CHECKING:
@@ -349,12 +349,9 @@ def test_a_spoke_serves_its_namespace_over_sftp(tmp_path: Path) -> None:
     asyncio.run(_prepare_hub_and_spoke(hub_dir, spoke_dir, data, key))
     (tmp_path / "out.txt").write_bytes(b"written at the spoke")
     with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
-        spoke_args = (
-            "--hub", hub.urls["fabric"], "--hub-cert", str(hub_dir / "identity" / "site.pem"),
-            "--attach", "/datasets/d",
-        )  # fmt: skip
         env = {"LOOMFS_SFTP__LISTEN": "127.0.0.1:0"}
-        with SpokeProcess(spoke_dir, env, args=spoke_args) as spoke:
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/d")
+        with SpokeProcess(spoke_dir, env, args=args) as spoke:
             port = int(spoke.urls["sftp"].rpartition(":")[2])
             commands = "get /datasets/d/in.txt in.txt\nput out.txt /datasets/d/out.txt\n"
             done = sftp_batch(port, "carol", tmp_path / "carol", commands, cwd=tmp_path)

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 
 from .testing.fuse import MountProcess
-from .testing.hubproc import HubProcess, SpokeProcess
+from .testing.hubproc import HubProcess, SpokeProcess, spoke_args
 from .testing.loop import LoopThread
 from .testing.seaweedfs import SeaweedFS
 from .testing.sftp import make_key, sftp_batch
@@ -197,11 +197,7 @@ def run_spoke_demo(
             LinkEmulator(fabric.hostname or "", fabric.port or 0, rate=25e6, latency=0.02).start()
         )
         step("A spoke at the GPU site, over an emulated WAN (25 MB/s, 40 ms round trip)")
-        args = (
-            "--hub", f"https://127.0.0.1:{link.port}",
-            "--hub-cert", str(WORK / "hub/identity/site.pem"),
-            "--attach", "/datasets/sample", "--cache-size", "1G",
-        )  # fmt: skip
+        args = spoke_args(WORK / "hub", f"https://127.0.0.1:{link.port}", "/datasets/sample")
         spoke = SpokeProcess(WORK / "spoke", spoke_env, args).start()
         at = {**spoke_env, "LOOMFS_HUB": spoke.url}
         try:

@@ -58,6 +58,7 @@ from typing import Any, NamedTuple, Protocol
 from prometheus_client import Counter, Gauge, Histogram
 
 from ..errors import BackendUnavailable, ConfigError, InvalidArgument
+from .streams import fsync_dir
 from .types import Principal
 
 log = logging.getLogger(__name__)
@@ -564,19 +565,11 @@ def archive(directory: Path) -> list[Path]:
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(temp, target)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         path.unlink()
         made.append(target)
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return made
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class AuditLog:
@@ -836,7 +829,7 @@ class AuditLog:
         fd = self._open(path)
         try:
             self._append(header.encode())
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         except OSError:
             # no segment without its header: the next try starts this one afresh
             os.close(fd)

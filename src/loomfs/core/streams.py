@@ -13,6 +13,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 from ..errors import Conflict, InvalidArgument
@@ -69,6 +70,15 @@ def file_fingerprint(st: os.stat_result) -> tuple[int, int, int]:
     Not ctime: a chmod, chown or rename changes it too, and must not look like new content.
     """
     return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the names in ``directory`` durable (a rename or create is not, until then)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class LocalFileSource(ByteSource):

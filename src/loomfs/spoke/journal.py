@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from ..core.streams import ByteSource, LocalFileSource
+from ..core.streams import ByteSource, LocalFileSource, fsync_dir
 from ..errors import CorruptData
 from .sealed import (
     BlockCipher,
@@ -212,7 +212,7 @@ class Journal:
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, record)
-        self._fsync_dir()
+        fsync_dir(self.directory)
 
     def rebase(self, committed: Pending, new_base: int) -> None:
         """Later writes of the path made on top of ``committed``, now committed as
@@ -235,13 +235,13 @@ class Journal:
         (self.directory / f"{pending.seq:012d}.json").unlink(missing_ok=True)
         self.data_path(pending).unlink(missing_ok=True)
         (self.directory / f"{pending.seq:012d}.sending").unlink(missing_ok=True)
-        self._fsync_dir()
+        fsync_dir(self.directory)
 
     def mark_sending(self, pending: Pending) -> None:
         """Note that an upload is under way: after a crash the hub may or may not have
         committed it, and replay has to find out before sending it again."""
         (self.directory / f"{pending.seq:012d}.sending").touch()
-        self._fsync_dir()
+        fsync_dir(self.directory)
 
     def was_sending(self, pending: Pending) -> bool:
         return (self.directory / f"{pending.seq:012d}.sending").exists()
@@ -249,10 +249,3 @@ class Journal:
     def discard(self, seq: int) -> None:
         """Drop a spool that never became a record (the write failed before commit)."""
         (self.directory / f"{seq:012d}.data").unlink(missing_ok=True)
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

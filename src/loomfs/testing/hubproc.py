@@ -35,6 +35,18 @@ def cli_ok(data_dir: Path, *args: str, stdin: bytes | None = None) -> str:
     return result.stdout.decode()
 
 
+def spoke_args(
+    hub_dir: Path, hub_url: str, attach: str, *extra: str, cache_size: str = "1G"
+) -> tuple[str, ...]:
+    """``spoke serve`` options attaching ``attach`` of the hub whose site data is in
+    ``hub_dir`` (its certificate is pinned), reached at ``hub_url`` (its fabric URL, or a
+    link emulator in front of it)."""
+    return (
+        "--hub", hub_url, "--hub-cert", str(hub_dir / "identity" / "site.pem"),
+        "--attach", attach, "--cache-size", cache_size, *extra,
+    )  # fmt: skip
+
+
 class LoomfsProcess(ABC):
     """A ``loomfs`` command in a process group of its own, started and awaited until it
     says it is ready, stopped by its own pid. Subclasses say which command and when it is

@@ -18,7 +18,7 @@ from ..core.registry import open_catalog
 from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
 from ..rest.client import RestNamespace
-from .hubproc import HubProcess, SpokeProcess
+from .hubproc import HubProcess, SpokeProcess, spoke_args
 from .loop import LoopThread
 from .wan import LinkEmulator
 
@@ -91,15 +91,12 @@ def spoke_site(
                 .start()
             )  # fmt: skip
             try:
-                args = [
-                    "--hub", f"https://127.0.0.1:{link.port}",
-                    "--hub-cert", str(hub_dir / "identity/site.pem"),
-                    "--attach", mount, "--cache-size", cache_size,
-                ]  # fmt: skip
-                if write_back:
-                    args.append("--write-back")
+                args = spoke_args(
+                    hub_dir, f"https://127.0.0.1:{link.port}", mount,
+                    *(["--write-back"] if write_back else []), cache_size=cache_size,
+                )  # fmt: skip
                 spoke_env = {"LOOMFS_SPOKE__PREFETCH": str(prefetch).lower()}
-                with SpokeProcess(spoke_dir, spoke_env, tuple(args)) as spoke:
+                with SpokeProcess(spoke_dir, spoke_env, args) as spoke:
                     yield SpokeSite(hub, spoke, link, loop)
             finally:
                 loop.run(link.stop())
