@@ -429,13 +429,14 @@ class GovernedNamespace(FeedNamespace):
         """Drop the rules and private marks at and below ``path``, which must be gone:
         whoever may make it anew may clear what is left of the old one's rules."""
         rules = self._rules()
+        if not await rules.rules_within(path):
+            return  # the common case (every S3 delete asks): nothing to change, nothing to record
 
         async def forget() -> None:
             if await self.inner.exists(who, path):
                 raise AlreadyExists(f"{path} exists: its rules are changed with set_access")
-            if await rules.rules_within(path):
-                await rules.store.forget(path)
-                await rules.reload()
+            await rules.store.forget(path)
+            await rules.reload()
 
         await self._governed(who, "forget_access", Action.WRITE, path, forget)
 
