@@ -5,6 +5,7 @@ nothing, and the link model counts overlapping fetches once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -26,15 +27,22 @@ KiB = 1 << 10
 SIZE = 64 * KiB
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
-    async with fabric(tmp_path, capacity=6 * SIZE) as made:
+@contextlib.asynccontextmanager
+async def prefetching(tmp: Path, capacity: int) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
+    """A hub and a spoke whose cache holds ``capacity`` bytes, with its prefetcher on."""
+    async with fabric(tmp, capacity=capacity) as made:
         prefetcher = Prefetcher(made.spoke)
         prefetcher.start()
         try:
             yield made, prefetcher
         finally:
             await prefetcher.close()
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
+    async with prefetching(tmp_path, 6 * SIZE) as made:
+        yield made
 
 
 def files(names: list[str]) -> bytes:
@@ -142,13 +150,8 @@ MiB = 1 << 20
 
 @pytest.fixture
 async def roomy(tmp_path: Path) -> AsyncIterator[tuple[Fabric, Prefetcher]]:
-    async with fabric(tmp_path) as made:
-        prefetcher = Prefetcher(made.spoke)
-        prefetcher.start()
-        try:
-            yield made, prefetcher
-        finally:
-            await prefetcher.close()
+    async with prefetching(tmp_path, 1 << 30) as made:
+        yield made
 
 
 async def test_prefetch_fills_move_chunks_the_spoke_lacks_only(
