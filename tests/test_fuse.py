@@ -336,9 +336,24 @@ async def test_hard_links(work: tuple[Path, Path, str], ns: HubNamespace) -> Non
     assert os.stat(mnt / "one").st_mode & 0o7777 == 0o604
     assert (await ns.stat(SYSTEM, f"{top}/one")).nlink == 2
     assert _errno(lambda: os.link(mnt / "one", mnt / "two")) == errno.EEXIST
+    # one file, one inode number, through every name (tools compare st_ino)
+    (mnt / "sub").mkdir()
+    os.link(mnt / "two", mnt / "sub/three")
+    numbers = {os.stat(mnt / name).st_ino for name in ("one", "two", "sub/three")}
+    assert len(numbers) == 1
+    assert os.stat(mnt / "sub/three").st_nlink == 3
+    os.rename(mnt / "sub", mnt / "moved")
+    assert os.stat(mnt / "moved/three").st_ino in numbers
     os.unlink(mnt / "one")
+    # the number stays with the names left, which go on working
+    assert os.stat(mnt / "two").st_ino in numbers
+    assert os.stat(mnt / "two").st_nlink == 2
+    (mnt / "moved/three").write_bytes(b"through three")
+    assert (mnt / "two").read_bytes() == b"through three"
+    os.unlink(mnt / "moved/three")
     assert os.stat(mnt / "two").st_nlink == 1
-    assert (mnt / "two").read_bytes() == b"written through one"
+    assert (mnt / "two").read_bytes() == b"through three"
+    assert os.stat(mnt / "two").st_ino != os.stat(mnt / "moved").st_ino
 
 
 def test_atime_and_ctime(work: tuple[Path, Path, str]) -> None:
@@ -447,6 +462,33 @@ def test_a_file_keeps_its_inode_number_after_the_kernel_forgets_it() -> None:
     table.forget(old_ino, 1)
     # another file at that path now (replaced behind the mount): a number of its own
     assert table.learn(replace(old, inode=79)).ino not in (first, old_ino)
+
+
+def test_hard_links_share_one_node() -> None:
+    """The names of one hard-linked file share a node (one st_ino), also after the kernel
+    forgot it; a file that merely has the same volume inode number (on another volume)
+    does not, nor does another file given one of the names."""
+    table = InodeTable()
+    one = Entry("/vol/one", EntryKind.FILE, 5, 10, 0o644, 0, 0, 1, inode=7, nlink=2)
+    two = replace(one, path="/vol/two")
+    node = table.learn(one)
+    assert table.learn(two) is node and table.by_path("/vol/two") is node
+    assert table.learn(replace(one, path="/other/one", mtime_ns=11)) is not node
+    number = node.ino
+    table.forget(number, 2)
+    assert table.get(number) is None
+    node = table.learn(two)
+    assert node.ino == number and table.learn(one) is node
+    table.unlinked("/vol/one")
+    assert not node.unlinked and node.path == "/vol/two"  # it goes on under its other name
+    assert table.learn(replace(two, nlink=1)) is node
+    gone = table.unlinked("/vol/two")  # its last name: open handles still use it
+    assert gone is node and gone.unlinked
+    three = table.learn(replace(one, path="/vol/three", inode=9))
+    assert table.learn(replace(one, path="/vol/four", inode=9)) is three
+    replaced = table.learn(replace(one, path="/vol/four", inode=10, nlink=1))
+    assert replaced is not three and three.aliases == set()
+    assert table.by_path("/vol/three") is three
 
 
 async def test_concurrent_change_fails_the_close(

@@ -156,8 +156,9 @@ class LoomOperations(pyfuse3.Operations):
         out = pyfuse3.EntryAttributes()
         out.st_ino = node.ino
         out.entry_timeout = self.cache_timeout
-        # each name of a hard-linked file is its own inode here: a change through one
-        # name must show at once through the others, so their attributes are not cached
+        # the names of a hard-linked file share this node, but a name seen while its
+        # catalog row lagged behind a change gets a node of its own (see InodeTable):
+        # a change through one must show at once through the others, so no caching
         out.attr_timeout = self.cache_timeout if entry.nlink <= 1 else 0
         out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
         if node.unlinked:
@@ -396,8 +397,8 @@ class LoomOperations(pyfuse3.Operations):
         node = self._node(inode)
         entry = await self.ns.link(who, node.path, self._child(new_parent_inode, new_name))
         # the source's link count moved: the kernel must ask again (attributes only,
-        # which is safe inside a request)
-        node.entry = await self.ns.stat(who, node.path)
+        # which is safe inside a request); learned again, so the new name finds its node
+        self.inodes.learn(await self.ns.stat(who, node.path), lookups=0)
         self.inodes.touched(node)
         pyfuse3.invalidate_inode(node.ino, attr_only=True)
         return self._created(entry)
