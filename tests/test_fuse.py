@@ -275,6 +275,19 @@ def test_mkdir_rmdir(work: tuple[Path, Path, str]) -> None:
     assert not (disk / "d").exists() and not (mnt / "d").exists()
 
 
+def test_directory_link_count(work: tuple[Path, Path, str]) -> None:
+    """2 + the subdirectories (their '..'), as on a local file system; files don't count."""
+    mnt, disk, _ = work
+    for name in ("a", "b", "a/one", "a/two"):
+        os.mkdir(mnt / name)
+    (mnt / "a/file").touch()
+    assert [os.stat(mnt / n).st_nlink for n in ("a", "b", "a/one")] == [4, 2, 2]
+    os.rename(mnt / "a/one", mnt / "b/one")
+    assert (os.stat(mnt / "a").st_nlink, os.stat(mnt / "b").st_nlink) == (3, 3)
+    os.rmdir(mnt / "a/two")
+    assert os.stat(mnt / "a").st_nlink == os.stat(disk / "a").st_nlink == 2
+
+
 async def test_chmod_chown_utime(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
     mnt, disk, top = work
     (mnt / "f").write_bytes(b"x")

@@ -165,7 +165,9 @@ class LoomOperations(pyfuse3.Operations):
             # open, but this name is gone: one link less (none for a directory)
             out.st_nlink = 0 if entry.is_dir else max(entry.nlink - 1, 0)
         else:
-            out.st_nlink = 2 if entry.is_dir else entry.nlink
+            # a directory's count comes from the namespace's stat (2 + subdirectories);
+            # a volume without directory rows of its own (S3) has 1 there
+            out.st_nlink = max(entry.nlink, 2) if entry.is_dir else entry.nlink
         out.st_rdev = entry.rdev or 0
         out.st_uid, out.st_gid = entry.uid, entry.gid
         mtime_ns = entry.mtime_ns
