@@ -5,6 +5,12 @@ operation and, at the end, the whole file against it, while it writes, truncates
 reads and (with ``--closeprob``) closes and reopens the file at random. Any difference
 is a data-integrity bug; fsx prints the operations that led to it.
 
+A loomfs mount keeps an open file's new bytes in a local buffer until flush, fsync or
+close: without ``--fsync`` or ``--closeprob`` fsx mostly checks that buffer and the
+kernel's page cache. ``--fsync`` (fsx -y) fsyncs after every write, so each one reaches
+the namespace; ``--closeprob`` also reopens the file and drops the kernel's caches (fsx
+writes /proc/sys/vm/drop_caches, for the whole machine), so reads come through the mount.
+
 fsx is built from an xfstests checkout given on the command line (``git clone
 https://github.com/kdave/xfstests``; its code is never copied into this repository) in a
 scratch directory, with gcc and a config.h written here (no autoconf, no libaio, no XFS
@@ -13,7 +19,7 @@ headers). The file lies on a fresh site's posix volume mounted with ``loomfs mou
 through an emulated link. fsx's log files stay in the scratch directory, off the mount.
 
     PYTHONPATH=src python bench/fsx.py --source /tmp/xfstests --ops 100000 [--no-mmap]
-        [--closeprob 20] [--seed 1] [--via spoke]
+        [--fsync] [--closeprob 20] [--seed 1] [--via spoke]
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ def mounted(scratch: Path, via: str) -> Iterator[tuple[Path, MountProcess]]:
 
 
 def run(
-    source: Path, ops: int, seed: int, *, mmap: bool, closeprob: int, via: str
+    source: Path, ops: int, seed: int, *, mmap: bool, fsync: bool, closeprob: int, via: str
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="loomfs-fsx-") as tmp:
         scratch = Path(tmp)
@@ -94,6 +100,8 @@ def run(
         argv = [str(fsx), "-N", str(ops), "-S", str(seed), "-P", str(logs), "-p", "10000"]
         if not mmap:
             argv += ["-R", "-W"]
+        if fsync:
+            argv += ["-y"]
         if closeprob:
             argv += ["-c", str(closeprob)]
         with mounted(scratch, via) as (directory, mount):
@@ -127,6 +135,7 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=100_000, help="operations (fsx -N)")
     parser.add_argument("--seed", type=int, default=1, help="fsx's random seed (-S)")
     parser.add_argument("--no-mmap", action="store_true", help="no mapped reads/writes (-R -W)")
+    parser.add_argument("--fsync", action="store_true", help="fsync after every write (-y)")
     parser.add_argument(
         "--closeprob", type=int, default=0, help="close and reopen once in N ops (-c; 0: never)"
     )
@@ -135,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     result = run(
         args.source, args.ops, args.seed,
-        mmap=not args.no_mmap, closeprob=args.closeprob, via=args.via,
+        mmap=not args.no_mmap, fsync=args.fsync, closeprob=args.closeprob, via=args.via,
     )  # fmt: skip
     if not result["passed"]:
         print(result["output_tail"])
