@@ -28,10 +28,11 @@ import argparse
 import contextlib
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,15 @@ def mounted(scratch: Path, via: str) -> Iterator[tuple[Path, MountProcess]]:
 
 
 def run(
-    source: Path, ops: int, seed: int, *, mmap: bool, fsync: bool, closeprob: int, via: str
+    source: Path,
+    ops: int,
+    seed: int,
+    *,
+    mmap: bool,
+    fsync: bool,
+    closeprob: int,
+    via: str,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="loomfs-fsx-") as tmp:
         scratch = Path(tmp)
@@ -97,22 +106,26 @@ def run(
         (scratch / "client").mkdir()
         logs = scratch / "logs"
         logs.mkdir()
-        argv = [str(fsx), "-N", str(ops), "-S", str(seed), "-P", str(logs), "-p", "10000"]
+        argv = ["-N", str(ops), "-S", str(seed)]
         if not mmap:
             argv += ["-R", "-W"]
         if fsync:
             argv += ["-y"]
         if closeprob:
             argv += ["-c", str(closeprob)]
+        argv += extra
         with mounted(scratch, via) as (directory, mount):
             proc = subprocess.run(
-                [*argv, str(directory / "fsx.data")], capture_output=True, text=True, check=False
+                [str(fsx), *argv, "-P", str(logs), str(directory / "fsx.data")],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             log_tail = mount.log()[-5000:]
         output = proc.stdout + proc.stderr
         done = _DONE.search(output)
         return {
-            "argv": " ".join(argv[1:]),
+            "argv": " ".join(argv),
             "via": via,
             "ops": ops,
             "seed": seed,
@@ -140,11 +153,15 @@ def main() -> None:
         "--closeprob", type=int, default=0, help="close and reopen once in N ops (-c; 0: never)"
     )
     parser.add_argument("--via", choices=("hub", "spoke"), default="hub")
+    parser.add_argument(
+        "--fsx-args", default="", help="more fsx options, e.g. '-l 8388608 -o 1048576'"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     result = run(
         args.source, args.ops, args.seed,
         mmap=not args.no_mmap, fsync=args.fsync, closeprob=args.closeprob, via=args.via,
+        extra=shlex.split(args.fsx_args),
     )  # fmt: skip
     if not result["passed"]:
         print(result["output_tail"])
