@@ -369,6 +369,28 @@ async def test_hard_links(work: tuple[Path, Path, str], ns: HubNamespace) -> Non
     assert os.stat(mnt / "two").st_ino != os.stat(mnt / "moved").st_ino
 
 
+def test_unsaved_writes_outlive_another_name_of_the_file(work: tuple[Path, Path, str]) -> None:
+    """Names of one file share a node: writes pending through one name must land when
+    the name the node used is removed or replaced meanwhile, as on a local disk."""
+    mnt, disk, _ = work
+    (mnt / "one").write_bytes(b"base")
+    os.link(mnt / "one", mnt / "two")
+    os.link(mnt / "one", mnt / "three")
+    assert os.stat(mnt / "one").st_ino == os.stat(mnt / "two").st_ino
+    fd = os.open(mnt / "two", os.O_WRONLY)
+    os.write(fd, b"NEW!")
+    os.unlink(mnt / "one")
+    os.close(fd)
+    assert (disk / "two").read_bytes() == (mnt / "three").read_bytes() == b"NEW!"
+    (mnt / "other").write_bytes(b"other")
+    fd = os.open(mnt / "three", os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b" and more")
+    os.rename(mnt / "other", mnt / "two")  # replaces a name of the open file
+    os.close(fd)
+    assert (disk / "three").read_bytes() == b"NEW! and more"
+    assert (mnt / "two").read_bytes() == b"other"
+
+
 def test_atime_and_ctime(work: tuple[Path, Path, str]) -> None:
     mnt, disk, _ = work
     (mnt / "f").write_bytes(b"x")

@@ -424,9 +424,24 @@ class LoomOperations(pyfuse3.Operations):
 
     @translated
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        path = self._child(parent_inode, name)
-        await self.ns.remove(self.who(ctx), path)
+        who, path = self.who(ctx), self._child(parent_inode, name)
+        writing = self._writing_as(path)
+        await self.ns.remove(who, path)
         self.inodes.unlinked(path)
+        await self._rebase(who, writing, path)
+
+    def _writing_as(self, path: str) -> Node | None:
+        """The node with unsaved writes that calls the namespace with ``path``."""
+        node = self.inodes.by_path(path)
+        return node if node is not None and node.path == path and node.buffer else None
+
+    async def _rebase(self, who: Principal, node: Node | None, gone: str) -> None:
+        """``node`` had unsaved writes for ``gone``, which is gone; a hard-linked file's node
+        goes on under another name, whose row has versions of its own: the writes now
+        replace the version that name is at."""
+        if node is None or node.buffer is None or node.unlinked or node.path == gone:
+            return
+        node.buffer.base_version = (await self.ns.stat(who, node.path)).version
 
     @translated
     async def rename(
@@ -446,8 +461,10 @@ class LoomOperations(pyfuse3.Operations):
         overwrite = not flags & pyfuse3.RENAME_NOREPLACE
         if overwrite and src != dst:
             await self._clear_target(who, src, dst)
+        replaced = self._writing_as(dst)
         await self.ns.rename(who, src, dst, overwrite=overwrite)
         self.inodes.moved(src, dst)
+        await self._rebase(who, replaced, dst)
 
     async def _clear_target(self, who: Principal, src: str, dst: str) -> None:
         """rename(2) replaces an existing target of the same kind (a directory only if it
