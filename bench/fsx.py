@@ -84,6 +84,7 @@ def mounted(scratch: Path, via: str) -> Iterator[tuple[Path, MountProcess]]:
             yield scratch / "mnt" / "vol", mount
         return
     with spoke_site(scratch / "sites", vol, "/vol") as site:
+        (scratch / "client").mkdir()
         config = prepare_site(scratch / "client", {})  # the mount's own spool only
         with MountProcess(config, scratch / "mnt", "--hub", site.spoke.url) as mount:
             yield scratch / "mnt" / "vol", mount
@@ -103,7 +104,6 @@ def run(
     with tempfile.TemporaryDirectory(prefix="loomfs-fsx-") as tmp:
         scratch = Path(tmp)
         fsx = build(source, scratch)
-        (scratch / "client").mkdir()
         logs = scratch / "logs"
         logs.mkdir()
         argv = ["-N", str(ops), "-S", str(seed)]
@@ -154,7 +154,7 @@ def main() -> None:
     )
     parser.add_argument("--via", choices=("hub", "spoke"), default="hub")
     parser.add_argument(
-        "--fsx-args", default="", help="more fsx options, e.g. '-l 8388608 -o 1048576'"
+        "--fsx-args", default="", help="more fsx options: --fsx-args='-l 8388608 -o 1048576'"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
