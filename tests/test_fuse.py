@@ -275,6 +275,19 @@ def test_mkdir_rmdir(work: tuple[Path, Path, str]) -> None:
     assert not (disk / "d").exists() and not (mnt / "d").exists()
 
 
+def test_directory_link_count(work: tuple[Path, Path, str]) -> None:
+    """2 + the subdirectories (their '..'), as on a local file system; files don't count."""
+    mnt, disk, _ = work
+    for name in ("a", "b", "a/one", "a/two"):
+        os.mkdir(mnt / name)
+    (mnt / "a/file").touch()
+    assert [os.stat(mnt / n).st_nlink for n in ("a", "b", "a/one")] == [4, 2, 2]
+    os.rename(mnt / "a/one", mnt / "b/one")
+    assert (os.stat(mnt / "a").st_nlink, os.stat(mnt / "b").st_nlink) == (3, 3)
+    os.rmdir(mnt / "a/two")
+    assert os.stat(mnt / "a").st_nlink == os.stat(disk / "a").st_nlink == 2
+
+
 async def test_chmod_chown_utime(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
     mnt, disk, top = work
     (mnt / "f").write_bytes(b"x")
@@ -336,9 +349,46 @@ async def test_hard_links(work: tuple[Path, Path, str], ns: HubNamespace) -> Non
     assert os.stat(mnt / "one").st_mode & 0o7777 == 0o604
     assert (await ns.stat(SYSTEM, f"{top}/one")).nlink == 2
     assert _errno(lambda: os.link(mnt / "one", mnt / "two")) == errno.EEXIST
+    # one file, one inode number, through every name (tools compare st_ino)
+    (mnt / "sub").mkdir()
+    os.link(mnt / "two", mnt / "sub/three")
+    numbers = {os.stat(mnt / name).st_ino for name in ("one", "two", "sub/three")}
+    assert len(numbers) == 1
+    assert os.stat(mnt / "sub/three").st_nlink == 3
+    os.rename(mnt / "sub", mnt / "moved")
+    assert os.stat(mnt / "moved/three").st_ino in numbers
     os.unlink(mnt / "one")
+    # the number stays with the names left, which go on working
+    assert os.stat(mnt / "two").st_ino in numbers
+    assert os.stat(mnt / "two").st_nlink == 2
+    (mnt / "moved/three").write_bytes(b"through three")
+    assert (mnt / "two").read_bytes() == b"through three"
+    os.unlink(mnt / "moved/three")
     assert os.stat(mnt / "two").st_nlink == 1
-    assert (mnt / "two").read_bytes() == b"written through one"
+    assert (mnt / "two").read_bytes() == b"through three"
+    assert os.stat(mnt / "two").st_ino != os.stat(mnt / "moved").st_ino
+
+
+def test_unsaved_writes_outlive_another_name_of_the_file(work: tuple[Path, Path, str]) -> None:
+    """Names of one file share a node: writes pending through one name must land when
+    the name the node used is removed or replaced meanwhile, as on a local disk."""
+    mnt, disk, _ = work
+    (mnt / "one").write_bytes(b"base")
+    os.link(mnt / "one", mnt / "two")
+    os.link(mnt / "one", mnt / "three")
+    assert os.stat(mnt / "one").st_ino == os.stat(mnt / "two").st_ino
+    fd = os.open(mnt / "two", os.O_WRONLY)
+    os.write(fd, b"NEW!")
+    os.unlink(mnt / "one")
+    os.close(fd)
+    assert (disk / "two").read_bytes() == (mnt / "three").read_bytes() == b"NEW!"
+    (mnt / "other").write_bytes(b"other")
+    fd = os.open(mnt / "three", os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b" and more")
+    os.rename(mnt / "other", mnt / "two")  # replaces a name of the open file
+    os.close(fd)
+    assert (disk / "three").read_bytes() == b"NEW! and more"
+    assert (mnt / "two").read_bytes() == b"other"
 
 
 def test_atime_and_ctime(work: tuple[Path, Path, str]) -> None:
@@ -447,6 +497,33 @@ def test_a_file_keeps_its_inode_number_after_the_kernel_forgets_it() -> None:
     table.forget(old_ino, 1)
     # another file at that path now (replaced behind the mount): a number of its own
     assert table.learn(replace(old, inode=79)).ino not in (first, old_ino)
+
+
+def test_hard_links_share_one_node() -> None:
+    """The names of one hard-linked file share a node (one st_ino), also after the kernel
+    forgot it; a file that merely has the same volume inode number (on another volume)
+    does not, nor does another file given one of the names."""
+    table = InodeTable()
+    one = Entry("/vol/one", EntryKind.FILE, 5, 10, 0o644, 0, 0, 1, inode=7, nlink=2)
+    two = replace(one, path="/vol/two")
+    node = table.learn(one)
+    assert table.learn(two) is node and table.by_path("/vol/two") is node
+    assert table.learn(replace(one, path="/other/one", mtime_ns=11)) is not node
+    number = node.ino
+    table.forget(number, 2)
+    assert table.get(number) is None
+    node = table.learn(two)
+    assert node.ino == number and table.learn(one) is node
+    table.unlinked("/vol/one")
+    assert not node.unlinked and node.path == "/vol/two"  # it goes on under its other name
+    assert table.learn(replace(two, nlink=1)) is node
+    gone = table.unlinked("/vol/two")  # its last name: open handles still use it
+    assert gone is node and gone.unlinked
+    three = table.learn(replace(one, path="/vol/three", inode=9))
+    assert table.learn(replace(one, path="/vol/four", inode=9)) is three
+    replaced = table.learn(replace(one, path="/vol/four", inode=10, nlink=1))
+    assert replaced is not three and three.aliases == set()
+    assert table.by_path("/vol/three") is three
 
 
 async def test_concurrent_change_fails_the_close(

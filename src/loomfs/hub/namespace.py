@@ -16,7 +16,7 @@ import os
 import stat
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import paths
 from ..core.backends.base import Backend, Capability, Commit
@@ -222,7 +222,12 @@ class HubNamespace(Namespace):
     # -- the namespace API -----------------------------------------------------------------
 
     async def stat(self, who: Principal, path: str) -> Entry:
-        return await self._entry(paths.normalize(path))
+        entry = await self._entry(paths.normalize(path))
+        if entry.is_dir:
+            # the link count is asked of the catalog, which knows the subdirectories now:
+            # a row records it only as its last scan saw it
+            entry = replace(entry, nlink=2 + await self.catalog.subdirs(entry.path))
+        return entry
 
     async def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None

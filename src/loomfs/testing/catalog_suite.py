@@ -159,6 +159,15 @@ class CatalogSuite:
         await catalog.apply([f("/h/b", inode=42, nlink=1)])
         assert [e.path for e in await catalog.hard_links(42)] == ["/h/a"]
 
+    async def test_subdirs_counts_the_directories_below_a_path(self, catalog: Catalog) -> None:
+        await tree(catalog)  # /v/a holds two files and the directory sub
+        await catalog.apply([d("/v/a/sub2"), d("/v/a/sub/deeper")])
+        assert await catalog.subdirs("/v/a") == 2  # deeper is sub's, files are not counted
+        assert await catalog.subdirs("/v") == 1 and await catalog.subdirs("/v/b") == 0
+        await catalog.rename("/v/a/sub2", "/v/moved")
+        await catalog.apply([Delete("/v/a/sub", recursive=True)])
+        assert (await catalog.subdirs("/v/a"), await catalog.subdirs("/v")) == (0, 2)
+
     async def test_put_get_and_versions(self, catalog: Catalog) -> None:
         head = await catalog.head_seq()
         [a] = await catalog.apply([f("/x", size=3)])

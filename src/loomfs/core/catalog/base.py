@@ -171,6 +171,11 @@ class Catalog(ABC):
         of them makes stale."""
 
     @abstractmethod
+    async def subdirs(self, path: str) -> int:
+        """How many directories ``path`` holds: a directory's link count is 2 more (its
+        name, its '.', and each subdirectory's '..')."""
+
+    @abstractmethod
     async def apply(self, ops: Sequence[Op], volume: VolumeUpdate | None = None) -> list[Applied]:
         """Apply ``ops`` in order in one transaction; any failed precondition rolls back
         all of them and raises (Conflict, AlreadyExists, NotFound, DirectoryNotEmpty)."""

@@ -209,6 +209,12 @@ def _migrations(d: Dialect) -> list[str]:
         ALTER TABLE entries ADD COLUMN ctime_ns BIGINT;
         CREATE INDEX entries_hard_links ON entries (inode) WHERE nlink > 1
         """,
+        # migration 8: a directory's link count counts its subdirectories, in this
+        # partial index (only directory rows pay for it) rather than in a column that
+        # every mkdir, rmdir and rename of a directory would have to change
+        """
+        CREATE INDEX entries_subdirs ON entries (parent) WHERE kind = 'dir'
+        """,
     ]
 
 
@@ -561,6 +567,15 @@ class SqlCatalog(Catalog):
                 (inode,),
             ).fetchall()
             return [_entry(r) for r in rows]
+
+        return await self._run(self._read, fn)
+
+    async def subdirs(self, path: str) -> int:
+        def fn(cur: Cursor) -> int:
+            row = self._q(
+                cur, "SELECT COUNT(*) FROM entries WHERE parent = ? AND kind = 'dir'", (path,)
+            ).fetchone()
+            return int(row[0])
 
         return await self._run(self._read, fn)
 

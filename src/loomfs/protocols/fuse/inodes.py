@@ -6,12 +6,17 @@ A node lives while the kernel holds lookups on it or a file handle is open on it
 ``forget`` and the last ``release`` drop it. The number of a dropped node is remembered
 with its path and volume inode: when the kernel looks the same file up again (after a
 name was invalidated, say) it gets the same number, as on a local file system.
+
+The names of a hard-linked file share one node, so one inode number, as on a local file
+system (tools compare st_ino; the kernel then keeps one set of attributes and pages for
+the file). The node calls the namespace with one of its names, ``path``; ``aliases``
+holds the others the kernel was told of.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ... import paths
@@ -30,6 +35,10 @@ class Node:
     ino: int
     path: str
     entry: Entry | None = None
+    #: the other names of a hard-linked file that the kernel knows this node by
+    aliases: set[str] = field(default_factory=set)
+    #: the volume inode this node is found by for the file's other names (see ``learn``)
+    linked_inode: int | None = None
     lookups: int = 0
     opens: int = 0
     #: the content version whose pages the kernel may hold in its page cache
@@ -54,6 +63,8 @@ class InodeTable:
         self._next = ROOT_INODE + 1
         #: (path, volume inode) -> the number its dropped node had
         self._retired: dict[tuple[str, int], int] = {}
+        #: volume inode -> the live node of a file with several names
+        self._linked: dict[int, Node] = {}
 
     def __len__(self) -> int:
         return len(self._by_ino)
@@ -68,17 +79,43 @@ class InodeTable:
         """The node for an entry the kernel is about to be told of (lookup, readdirplus,
         create, mkdir): each such reply adds one lookup the kernel will later forget."""
         node = self._by_path.get(entry.path)
+        if node is not None and node.aliases and node.linked_inode != entry.inode:
+            # another file now has this name of a hard-linked one: a node of its own
+            self._detach(node, entry.path)
+            node = None
+        if node is None:
+            node = self._other_name(entry)
+            if node is not None:
+                node.aliases.add(entry.path)
+                self._by_path[entry.path] = node
         if node is None:
             ino = None
             if entry.inode is not None:
                 ino = self._retired.pop((entry.path, entry.inode), None)
-            if ino is None:
+            if ino is None or ino in self._by_ino:  # a number given out again since
                 ino, self._next = self._next, self._next + 1
             node = Node(ino, entry.path)
             self._by_ino[node.ino] = node
             self._by_path[entry.path] = node
         node.entry = entry
         node.lookups += lookups
+        if entry.nlink > 1 and node.linked_inode is None and not node.unlinked:
+            self._index(node, entry)
+        return node
+
+    def _index(self, node: Node, entry: Entry) -> None:
+        """Let the file's other names find ``node`` when the kernel meets them."""
+        if entry.inode is not None and entry.inode not in self._linked:
+            node.linked_inode = entry.inode
+            self._linked[entry.inode] = node
+
+    def _other_name(self, entry: Entry) -> Node | None:
+        """The live node of the file ``entry`` is another name of, if the kernel has one."""
+        if entry.nlink <= 1 or entry.inode is None or entry.is_dir:
+            return None
+        node = self._linked.get(entry.inode)
+        if node is None or not _same_file(node.entry, entry):
+            return None
         return node
 
     def created(self, entry: Entry) -> Node:
@@ -102,10 +139,13 @@ class InodeTable:
     def _drop_if_unused(self, node: Node) -> None:
         if node.lookups == 0 and node.opens == 0:
             del self._by_ino[node.ino]
-            if self._by_path.get(node.path) is node:
-                del self._by_path[node.path]
-                if node.entry is not None and node.entry.inode is not None:
-                    self._retire((node.path, node.entry.inode), node.ino)
+            self._unindex(node)
+            inode = node.entry.inode if node.entry is not None else None
+            for path in (node.path, *node.aliases):
+                if self._by_path.get(path) is node:
+                    del self._by_path[path]
+                    if inode is not None:
+                        self._retire((path, inode), node.ino)
 
     def _retire(self, key: tuple[str, int], ino: int) -> None:
         self._retired[key] = ino
@@ -124,9 +164,9 @@ class InodeTable:
 
     def unlinked(self, path: str) -> Node | None:
         """The path is gone; its node (if any) lives on for the kernel's open handles."""
-        node = self._by_path.pop(path, None)
+        node = self._by_path.get(path)
         if node is not None:
-            node.unlinked = True
+            self._detach(node, path)
         self.touched(node)
         self.listing_changed(paths.split(path)[0])
         return node
@@ -140,5 +180,42 @@ class InodeTable:
         # only what the kernel currently knows
         for path in [p for p in self._by_path if paths.is_within(p, src)]:
             node = self._by_path.pop(path)
-            node.path = dst + path[len(src) :]
-            self._by_path[node.path] = node
+            new = dst + path[len(src) :]
+            if node.path == path:
+                node.path = new
+            else:  # another name of a hard-linked file moved
+                node.aliases.discard(path)
+                node.aliases.add(new)
+            self._by_path[new] = node
+
+    def _detach(self, node: Node, path: str) -> None:
+        """``path`` no longer names the node's file. The node goes on under another of
+        its names if it has one; otherwise it lives on, unlinked, for its open handles."""
+        del self._by_path[path]
+        if path in node.aliases:
+            node.aliases.discard(path)
+        elif node.aliases:
+            node.path = node.aliases.pop()
+        else:
+            node.unlinked = True
+            self._unindex(node)
+
+    def _unindex(self, node: Node) -> None:
+        if node.linked_inode is not None:
+            del self._linked[node.linked_inode]
+            node.linked_inode = None
+
+
+def _same_file(known: Entry | None, entry: Entry) -> bool:
+    """Whether ``entry`` is another name of the hard-linked file ``known``: the volume's
+    inode number alone may repeat across volumes, so the file's size and mtime, which its
+    names share, must match too."""
+    return (
+        known is not None
+        and known.nlink > 1
+        and entry.nlink > 1
+        and known.inode == entry.inode
+        and known.size == entry.size
+        and known.mtime_ns == entry.mtime_ns
+        and known.kind is entry.kind
+    )

@@ -156,15 +156,18 @@ class LoomOperations(pyfuse3.Operations):
         out = pyfuse3.EntryAttributes()
         out.st_ino = node.ino
         out.entry_timeout = self.cache_timeout
-        # each name of a hard-linked file is its own inode here: a change through one
-        # name must show at once through the others, so their attributes are not cached
+        # the names of a hard-linked file share this node, but a name seen while its
+        # catalog row lagged behind a change gets a node of its own (see InodeTable):
+        # a change through one must show at once through the others, so no caching
         out.attr_timeout = self.cache_timeout if entry.nlink <= 1 else 0
         out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
         if node.unlinked:
             # open, but this name is gone: one link less (none for a directory)
             out.st_nlink = 0 if entry.is_dir else max(entry.nlink - 1, 0)
         else:
-            out.st_nlink = 2 if entry.is_dir else entry.nlink
+            # a directory's count comes from the namespace's stat (2 + subdirectories);
+            # a volume without directory rows of its own (S3) has 1 there
+            out.st_nlink = max(entry.nlink, 2) if entry.is_dir else entry.nlink
         out.st_rdev = entry.rdev or 0
         out.st_uid, out.st_gid = entry.uid, entry.gid
         mtime_ns = entry.mtime_ns
@@ -396,8 +399,8 @@ class LoomOperations(pyfuse3.Operations):
         node = self._node(inode)
         entry = await self.ns.link(who, node.path, self._child(new_parent_inode, new_name))
         # the source's link count moved: the kernel must ask again (attributes only,
-        # which is safe inside a request)
-        node.entry = await self.ns.stat(who, node.path)
+        # which is safe inside a request); learned again, so the new name finds its node
+        self.inodes.learn(await self.ns.stat(who, node.path), lookups=0)
         self.inodes.touched(node)
         pyfuse3.invalidate_inode(node.ino, attr_only=True)
         return self._created(entry)
@@ -421,9 +424,24 @@ class LoomOperations(pyfuse3.Operations):
 
     @translated
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        path = self._child(parent_inode, name)
-        await self.ns.remove(self.who(ctx), path)
+        who, path = self.who(ctx), self._child(parent_inode, name)
+        writing = self._writing_as(path)
+        await self.ns.remove(who, path)
         self.inodes.unlinked(path)
+        await self._rebase(who, writing, path)
+
+    def _writing_as(self, path: str) -> Node | None:
+        """The node with unsaved writes that calls the namespace with ``path``."""
+        node = self.inodes.by_path(path)
+        return node if node is not None and node.path == path and node.buffer else None
+
+    async def _rebase(self, who: Principal, node: Node | None, gone: str) -> None:
+        """``node`` had unsaved writes for ``gone``, which is gone; a hard-linked file's node
+        goes on under another name, whose row has versions of its own: the writes now
+        replace the version that name is at."""
+        if node is None or node.buffer is None or node.unlinked or node.path == gone:
+            return
+        node.buffer.base_version = (await self.ns.stat(who, node.path)).version
 
     @translated
     async def rename(
@@ -443,8 +461,10 @@ class LoomOperations(pyfuse3.Operations):
         overwrite = not flags & pyfuse3.RENAME_NOREPLACE
         if overwrite and src != dst:
             await self._clear_target(who, src, dst)
+        replaced = self._writing_as(dst)
         await self.ns.rename(who, src, dst, overwrite=overwrite)
         self.inodes.moved(src, dst)
+        await self._rebase(who, replaced, dst)
 
     async def _clear_target(self, who: Principal, src: str, dst: str) -> None:
         """rename(2) replaces an existing target of the same kind (a directory only if it
