@@ -85,7 +85,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", type=Path, help="where the logs go (default: a temp dir)")
+    parser.add_argument("--quick", action="store_true", help="a short run (make bench-quick)")
     args = parser.parse_args()
+    if args.quick:
+        args.records, args.rounds = 20_000, 2
     names = paths(args.records)
     with tempfile.TemporaryDirectory(prefix="loomfs-audit-", dir=args.dir) as tmp:
         root = Path(tmp)

@@ -187,7 +187,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--rules", type=int, default=200)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--quick", action="store_true", help="a short run (make bench-quick)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.ops = 3, 50
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-authz-") as tmp:
         results = asyncio.run(bench(args, Path(tmp)))
     if args.json:

@@ -49,7 +49,10 @@ async def main() -> None:
     parser.add_argument("--files", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=8, help="timed rounds; the best counts")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--quick", action="store_true", help="a short run (make bench-quick)")
     args = parser.parse_args()
+    if args.quick:
+        args.files, args.rounds = 50, 2
     work = Path(tempfile.mkdtemp(prefix="loomfs-placement-bench-"))
     (work / "vol" / "pub").mkdir(parents=True)
     for i in range(args.files):
