@@ -560,6 +560,13 @@ class HubNamespace(Namespace):
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))
 
+    async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
+        path = paths.normalize(path)
+        hit = await self.catalog.get_with_tags(path)
+        if hit is None:
+            raise NotFound(f"no such file or directory: {path}", path=path)
+        return hit
+
     async def set_tags(
         self,
         who: Principal,

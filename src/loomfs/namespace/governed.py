@@ -8,7 +8,7 @@ API, the S3 gateway, the fabric link to spokes, in-process FUSE mounts and SFTP 
 wrapped namespace, so no protocol module makes an authorization decision of its own;
 volume administration and the hub's own machinery keep the inner one.
 
-Which action a call needs: stat, list and get_tags need list (metadata), read needs
+Which action a call needs: stat, list, get_tags and stat_tags need list (metadata), read needs
 read (content); write, mkdir, symlink, mknod, remove, set_attrs (mode, mtime, atime),
 set_tags and taking or giving up a write lease need write; a rename needs write on both
 paths, and so does a hard link (writes through the new name change the source in place);
@@ -345,6 +345,12 @@ class GovernedNamespace(FeedNamespace):
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self._governed(
             who, "get_tags", Action.LIST, path, lambda: self.inner.get_tags(who, path)
+        )
+
+    async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
+        # both need list; one decision and one audit record (a stat) for the pair
+        return await self._governed(
+            who, "stat", Action.LIST, path, lambda: self.inner.stat_tags(who, path)
         )
 
     async def set_tags(

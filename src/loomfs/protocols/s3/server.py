@@ -793,14 +793,14 @@ class S3Gateway:
     async def _object(self, c: Call) -> tuple[Entry, dict[str, str]]:
         path = self.object_path(c)
         try:
-            entry = await self.ns.stat(c.who, path)
+            entry, tags = await self.ns.stat_tags(c.who, path)
         except NotFound:
             await self._bucket_entry(c)  # NoSuchBucket before NoSuchKey
             raise S3Error("NoSuchKey", "the specified key does not exist") from None
         if entry.is_dir != c.key.endswith("/") or entry.kind in SPECIAL_KINDS:
             # 'a/' names a directory, 'a' a file; a fifo, device or socket is no object
             raise S3Error("NoSuchKey", "the specified key does not exist")
-        return entry, await self.ns.get_tags(c.who, path)
+        return entry, tags
 
     async def get_object(self, c: Call) -> web.StreamResponse:
         request = c.request
@@ -960,12 +960,12 @@ class S3Gateway:
         if if_match is None and if_none is None:
             return False, None
         try:
-            entry = await self.ns.stat(c.who, path)
+            entry, tags = await self.ns.stat_tags(c.who, path)
         except NotFound:
             if if_match is not None:
                 raise S3Error("NoSuchKey", "the specified key does not exist") from None
             return True, None  # If-None-Match: nothing there matches; keep it so
-        etag = object_etag(entry, await self.ns.get_tags(c.who, path))
+        etag = object_etag(entry, tags)
         if (if_match is not None and not _etag_matches(if_match, etag)) or (
             if_none is not None and _etag_matches(if_none, etag)
         ):
