@@ -251,9 +251,23 @@ class GovernedNamespace(FeedNamespace):
         *,
         if_version: int | None = None,
     ) -> Reader:
+        return await self._read(
+            who, path, lambda: self.inner.read(who, path, offset, length, if_version=if_version)
+        )
+
+    async def read_entry(
+        self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
+    ) -> Reader:
+        return await self._read(
+            who, entry.path, lambda: self.inner.read_entry(who, entry, offset, length)
+        )
+
+    async def _read(
+        self, who: Principal, path: str, open_: Callable[[], Awaitable[Reader]]
+    ) -> Reader:
         await self.authorize(who, "read", Action.READ, path)
         try:
-            reader = await self.inner.read(who, path, offset, length, if_version=if_version)
+            reader = await open_()
         except LoomError as exc:
             self._record(who, "read", path, exc.code, detail=str(exc))
             raise

@@ -834,9 +834,7 @@ class S3Gateway:
         else:
             window = parse_range(request.headers.get("Range"), entry.size)
         offset, length = window if window is not None else (0, None)
-        async with await self.ns.read(
-            c.who, entry.path, offset, length, if_version=entry.version
-        ) as reader:
+        async with await self.ns.read_entry(c.who, entry, offset, length) as reader:
             return await serve_reader(
                 request, reader, headers, ranged=window is not None, sent=BYTES_OUT.inc
             )
