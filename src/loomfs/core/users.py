@@ -245,7 +245,6 @@ class UserRegistry:
         return found
 
     async def _lookup_access_key(self, access_key: str) -> tuple[User, str] | None:
-
         def fn(cur: Cursor) -> tuple[User, str] | None:
             row = self._cat._q(
                 cur,

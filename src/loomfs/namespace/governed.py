@@ -8,15 +8,15 @@ API, the S3 gateway, the fabric link to spokes, in-process FUSE mounts and SFTP 
 wrapped namespace, so no protocol module makes an authorization decision of its own;
 volume administration and the hub's own machinery keep the inner one.
 
-Which action a call needs: stat, list, get_tags and stat_tags need list (metadata), read needs
-read (content); write, mkdir, symlink, mknod, remove, set_attrs (mode, mtime, atime),
-set_tags and taking or giving up a write lease need write; a rename needs write on both
-paths, and so does a hard link (writes through the new name change the source in place);
-changing a file's owner (uid, gid) needs
-admin. What is not a namespace call but hands out a path's content (the fabric link's
-chunk maps) goes through ``audited`` with the action it needs. A read is recorded when its
-reader is closed, with the bytes it delivered; a listing when its first entry, its end or
-its error arrives (a failure later in a long listing is not recorded).
+Which action a call needs: stat, list, get_tags and stat_tags need list (metadata), read
+and read_entry need read (content); write, mkdir, symlink, mknod, remove, set_attrs (mode,
+mtime, atime), set_tags and taking or giving up a write lease need write; a rename needs
+write on both paths, and so does a hard link (writes through the new name change the
+source in place); changing a file's owner (uid, gid) needs admin. What is not a namespace
+call but hands out a path's content (the fabric link's chunk maps) goes through
+``audited`` with the action it needs. A read is recorded when its reader is closed, with
+the bytes it delivered; a listing when its first entry, its end or its error arrives (a
+failure later in a long listing is not recorded).
 
 Where the site keeps ACL rules (``rules``), the access rules of a path are part of this
 API too, for protocols that let their clients set them (S3 ACLs): ``access`` and
