@@ -39,7 +39,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from loomfs.core.acl import AclAuthorizer
+from loomfs.core.acl import REFRESH, AclAuthorizer
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import AccessKey, UserRegistry
@@ -204,6 +204,10 @@ def test_put_get_head_delete(gw: Gateway, s3: S3Client) -> None:
     part = s3.get_object(Bucket="data", Key="a/b/c.bin", Range="bytes=100-199")
     assert part["Body"].read() == body[100:200]
     assert part["ContentRange"] == f"bytes 100-199/{len(body)}"
+    # a range too large to be sent from memory goes out by sendfile from its offset
+    wide = s3.get_object(Bucket="data", Key="a/b/c.bin", Range="bytes=1000-249999")
+    assert wide["Body"].read() == body[1000:250_000]
+    assert wide["ContentRange"] == f"bytes 1000-249999/{len(body)}"
     assert (
         s3.get_object(Bucket="data", Key="a/b/c.bin", Range="bytes=-10")["Body"].read()
         == (body[-10:])
@@ -776,6 +780,9 @@ def test_users_cli_and_hub_serve_s3(tmp_path: Path) -> None:
             [*cli, "user", "remove", "bob"], env=env, capture_output=True, text=True, check=False
         )
         assert removed.returncode == 0, removed.stderr
+        # the gateway remembers a key it found for as long as ACL rules (another
+        # process removed it): after that, refused
+        time.sleep(REFRESH)
         with pytest.raises(ClientError) as err:
             client.get_object(Bucket="vol", Key="hello.txt")
         assert code_of(err) == "InvalidAccessKeyId"
@@ -817,6 +824,32 @@ async def test_user_registry_on_both_engines(catalog_url: str, tmp_path: Path) -
         with pytest.raises(NotFound):
             await users.get_user("carol")
         assert [u.name for u in await users.list_users()] == ["dave"]
+    finally:
+        await catalog.close()
+
+
+async def test_registry_remembers_found_keys(catalog_url: str) -> None:
+    catalog = open_catalog(catalog_url)
+    await catalog.open()
+    try:
+        users = UserRegistry(catalog, remember=3600)
+        other = UserRegistry(catalog)  # another process's, on the same catalog
+        await other.add_user("erin")
+        first = await other.add_access_key("erin")
+        found = await users.lookup_access_key(first.access_key)
+        assert found is not None and found[1] == first.secret
+        await other.remove_access_key(first.access_key)
+        assert await other.lookup_access_key(first.access_key) is None
+        # removed elsewhere: remembered until its time runs out (acl.REFRESH in a hub)
+        assert await users.lookup_access_key(first.access_key) == found
+        second = await users.add_access_key("erin")
+        assert await users.lookup_access_key(second.access_key) is not None
+        await users.remove_access_key(second.access_key)
+        assert await users.lookup_access_key(second.access_key) is None  # here: at once
+        third = await users.add_access_key("erin")
+        assert await users.lookup_access_key(third.access_key) is not None
+        await users.remove_user("erin")
+        assert await users.lookup_access_key(third.access_key) is None
     finally:
         await catalog.close()
 

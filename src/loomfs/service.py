@@ -24,6 +24,7 @@ from prometheus_client import Counter, Gauge
 
 from . import paths
 from .config import Config, host_port, parse_size
+from .core import acl
 from .core.acl import AclAuthorizer
 from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
@@ -271,7 +272,8 @@ class HubService:
         s3 = self.config.s3
         return S3Gateway(
             self.governed,
-            UserRegistry(self.catalog),
+            # a signed request per key lookup: remembered as long as ACL rules are
+            UserRegistry(self.catalog, remember=acl.REFRESH),
             s3.buckets,
             staging=self.config.site.data_dir / "s3-uploads",
             region=s3.region,

@@ -23,6 +23,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 _ACCESS_KEY = re.compile(r"^[A-Za-z0-9]{16,128}$")
 # the caller without credentials and loomfs itself (see core.acl): no one may log in as them
 RESERVED_USERS = frozenset({"anonymous", "system"})
+MAX_REMEMBERED = 10000  # access keys a registry remembers at most (see ``remember``)
 _KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # as AWS key ids: upper case and digits
 SSH_KEY_TYPES = (
     "ssh-ed25519",
@@ -103,12 +104,21 @@ def new_access_key() -> tuple[str, str]:
 
 
 class UserRegistry:
-    """Async registry API over a SQL catalog (``SqliteCatalog`` or ``PostgresCatalog``)."""
+    """Async registry API over a SQL catalog (``SqliteCatalog`` or ``PostgresCatalog``).
 
-    def __init__(self, catalog: Catalog) -> None:
+    With ``remember`` (seconds), a found access key is remembered that long: a server
+    that looks one up per request (S3) saves a catalog round trip per request, and a key
+    removed by another process stops working within that time, as a changed ACL rule
+    does (``acl.REFRESH``); removed through this registry, at once.
+    """
+
+    def __init__(self, catalog: Catalog, *, remember: float = 0.0) -> None:
         if not isinstance(catalog, SqlCatalog):
             raise UnsupportedScheme(f"the user registry needs a SQL catalog, not {catalog.url}")
         self._cat = catalog
+        self._remember = remember
+        # access key -> (user, secret, until); the secret stays in memory as in the catalog
+        self._found: dict[str, tuple[User, str, float]] = {}
 
     # -- users -----------------------------------------------------------------------------
 
@@ -143,6 +153,7 @@ class UserRegistry:
             bump_acl_generation(self._cat, cur)
 
         await self._cat._run(self._cat._write, fn)
+        self._found.clear()
 
     def _user_row(self, cur: Cursor, name: str) -> int:
         row = self._cat._q(cur, "SELECT created_ns FROM users WHERE name = ?", (name,)).fetchone()
@@ -218,10 +229,22 @@ class UserRegistry:
                 raise NotFound(f"no such access key: {access_key}")
 
         await self._cat._run(self._cat._write, fn)
+        self._found.pop(access_key, None)
 
     async def lookup_access_key(self, access_key: str) -> tuple[User, str] | None:
         """The user owning ``access_key`` and the key's secret, or None if unknown."""
+        now = time.monotonic()
+        known = self._found.get(access_key)
+        if known is not None and known[2] > now:
+            return known[0], known[1]
+        found = await self._lookup_access_key(access_key)
+        if found is not None and self._remember > 0:
+            if len(self._found) >= MAX_REMEMBERED:  # keys of clients long gone
+                self._found = {k: v for k, v in self._found.items() if v[2] > now}
+            self._found[access_key] = (*found, now + self._remember)
+        return found
 
+    async def _lookup_access_key(self, access_key: str) -> tuple[User, str] | None:
         def fn(cur: Cursor) -> tuple[User, str] | None:
             row = self._cat._q(
                 cur,

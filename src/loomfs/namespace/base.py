@@ -179,6 +179,19 @@ class Namespace(ABC):
     async def write_bytes(self, who: Principal, path: str, data: bytes, **kwargs: object) -> Entry:
         return await self.write(who, path, aiter_bytes(data), **kwargs)  # type: ignore[arg-type]
 
+    async def read_entry(
+        self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
+    ) -> Reader:
+        """``read`` of the file ``entry`` describes (from ``stat`` or ``stat_tags``), at that
+        version: an implementation may take the entry instead of looking it up again, and
+        then checks on open that the file is still that version (``Conflict`` if not)."""
+        return await self.read(who, entry.path, offset, length, if_version=entry.version)
+
+    async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
+        """``stat`` and ``get_tags`` of one path, for callers that need both (an S3 GET);
+        an implementation may answer both from one catalog read."""
+        return await self.stat(who, path), await self.get_tags(who, path)
+
     async def exists(self, who: Principal, path: str) -> bool:
         try:
             await self.stat(who, path)

@@ -8,15 +8,15 @@ API, the S3 gateway, the fabric link to spokes, in-process FUSE mounts and SFTP 
 wrapped namespace, so no protocol module makes an authorization decision of its own;
 volume administration and the hub's own machinery keep the inner one.
 
-Which action a call needs: stat, list and get_tags need list (metadata), read needs
-read (content); write, mkdir, symlink, mknod, remove, set_attrs (mode, mtime, atime),
-set_tags and taking or giving up a write lease need write; a rename needs write on both
-paths, and so does a hard link (writes through the new name change the source in place);
-changing a file's owner (uid, gid) needs
-admin. What is not a namespace call but hands out a path's content (the fabric link's
-chunk maps) goes through ``audited`` with the action it needs. A read is recorded when its
-reader is closed, with the bytes it delivered; a listing when its first entry, its end or
-its error arrives (a failure later in a long listing is not recorded).
+Which action a call needs: stat, list, get_tags and stat_tags need list (metadata), read
+and read_entry need read (content); write, mkdir, symlink, mknod, remove, set_attrs (mode,
+mtime, atime), set_tags and taking or giving up a write lease need write; a rename needs
+write on both paths, and so does a hard link (writes through the new name change the
+source in place); changing a file's owner (uid, gid) needs admin. What is not a namespace
+call but hands out a path's content (the fabric link's chunk maps) goes through
+``audited`` with the action it needs. A read is recorded when its reader is closed, with
+the bytes it delivered; a listing when its first entry, its end or its error arrives (a
+failure later in a long listing is not recorded).
 
 Where the site keeps ACL rules (``rules``), the access rules of a path are part of this
 API too, for protocols that let their clients set them (S3 ACLs): ``access`` and
@@ -251,9 +251,23 @@ class GovernedNamespace(FeedNamespace):
         *,
         if_version: int | None = None,
     ) -> Reader:
+        return await self._read(
+            who, path, lambda: self.inner.read(who, path, offset, length, if_version=if_version)
+        )
+
+    async def read_entry(
+        self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
+    ) -> Reader:
+        return await self._read(
+            who, entry.path, lambda: self.inner.read_entry(who, entry, offset, length)
+        )
+
+    async def _read(
+        self, who: Principal, path: str, open_: Callable[[], Awaitable[Reader]]
+    ) -> Reader:
         await self.authorize(who, "read", Action.READ, path)
         try:
-            reader = await self.inner.read(who, path, offset, length, if_version=if_version)
+            reader = await open_()
         except LoomError as exc:
             self._record(who, "read", path, exc.code, detail=str(exc))
             raise
@@ -345,6 +359,12 @@ class GovernedNamespace(FeedNamespace):
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self._governed(
             who, "get_tags", Action.LIST, path, lambda: self.inner.get_tags(who, path)
+        )
+
+    async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
+        # both need list; one decision and one audit record (a stat) for the pair
+        return await self._governed(
+            who, "stat", Action.LIST, path, lambda: self.inner.stat_tags(who, path)
         )
 
     async def set_tags(

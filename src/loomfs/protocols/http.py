@@ -3,6 +3,7 @@
 File bodies go out with sendfile when the reader has a local region, and the last byte of
 every body is held back until the read is verified, so a file changed in place while it
 was sent ends in a short body (the connection is cut), never in a complete-looking mix.
+A small body is read whole and verified before the status line, so there it is an error.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from ..errors import Conflict, RangeNotSatisfiable
 from ..namespace.base import Reader
 
 log = logging.getLogger(__name__)
+
+# bodies up to this size are read into memory and sent with the headers
+SMALL_BODY = 64 * 1024
 
 
 async def send_body(
@@ -57,6 +61,22 @@ async def send_body(
         sent(len(held))
 
 
+async def small_body(reader: Reader) -> bytes:
+    """All of a small reader's bytes, verified. A local region is read with one pread on
+    the event loop, as ``send_body`` reads the last byte: for a few KiB, a thread or
+    sendfile's setup costs more than the copy (profiled on 4 KiB S3 GETs)."""
+    if reader.region is not None:
+        data = os.pread(reader.region.fd, reader.length, reader.region.offset)
+        if len(data) != reader.length:
+            raise Conflict(
+                f"file shrank while it was read: {reader.entry.path}", path=reader.entry.path
+            )
+    else:
+        data = b"".join([chunk async for chunk in reader.chunks()])
+    await reader.verify()
+    return data
+
+
 async def send_body_or_cut(
     request: web.Request,
     response: web.StreamResponse,
@@ -85,11 +105,16 @@ async def serve_reader(
     sent: Callable[[int], None] = lambda n: None,
 ) -> web.StreamResponse:
     """Answer a GET or HEAD with ``reader``'s bytes: 206 with Content-Range when a range
-    was asked for, else 200; the body goes out by ``send_body_or_cut``."""
-    response = web.StreamResponse(status=206 if ranged else 200, headers=headers)
+    was asked for, else 200; a small body is read and verified first and goes out with
+    the headers in one write, a larger one by ``send_body_or_cut``."""
     if ranged:
         end = reader.offset + reader.length - 1
-        response.headers["Content-Range"] = f"bytes {reader.offset}-{end}/{reader.entry.size}"
+        headers = {**headers, "Content-Range": f"bytes {reader.offset}-{end}/{reader.entry.size}"}
+    if request.method != "HEAD" and reader.length <= SMALL_BODY:
+        body = await small_body(reader)
+        sent(len(body))
+        return web.Response(status=206 if ranged else 200, headers=headers, body=body)
+    response = web.StreamResponse(status=206 if ranged else 200, headers=headers)
     response.content_length = reader.length
     await response.prepare(request)
     if request.method != "HEAD" and not await send_body_or_cut(request, response, reader, sent):

@@ -288,6 +288,24 @@ class NamespaceSuite:
         with pytest.raises(NotFound):
             await ns.get_tags(WHO, f"{top}/none")
 
+    async def test_stat_tags_and_read_entry(self, ns: Namespace, top: str) -> None:
+        await ns.write_bytes(WHO, f"{top}/e", b"0123456789")
+        await ns.set_tags(WHO, f"{top}/e", {"k": "v"})
+        entry, tags = await ns.stat_tags(WHO, f"{top}/e")
+        stat = await ns.stat(WHO, f"{top}/e")
+        assert (entry.version, entry.size, tags) == (stat.version, 10, {"k": "v"})
+        with pytest.raises(NotFound):
+            await ns.stat_tags(WHO, f"{top}/none")
+        async with await ns.read_entry(WHO, entry, 2, 3) as reader:
+            assert (reader.entry.version, reader.offset) == (entry.version, 2)
+            assert await reader.read_all() == b"234"
+        await ns.write_bytes(WHO, f"{top}/e", b"changed")
+        with pytest.raises(Conflict):  # the entry names a version that is gone
+            await ns.read_entry(WHO, entry)
+        fresh, _ = await ns.stat_tags(WHO, f"{top}/e")
+        async with await ns.read_entry(WHO, fresh) as reader:
+            assert await reader.read_all() == b"changed"
+
     @pytest.mark.parametrize(
         "bad",
         ["relative/path", "/a/../b", "/a/./b", "/a/\x00b", "/" + "n" * 256, "/..", ""],

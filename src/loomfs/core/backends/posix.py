@@ -329,17 +329,22 @@ class PosixBackend(Backend):
                     return os.open(name, flags, dir_fd=parent)
                 except OSError as exc:
                     raise from_oserror(exc, key) from exc
-        # Symlinks that stay inside the volume may be read, so resolve first; checking the
-        # resolved path before the open means nothing outside is even opened.
-        real = os.path.realpath(full)
-        if not self._inside(real):
-            raise PermissionDenied(f"{key} is a symlink out of the volume", path=key)
+        # Symlinks that stay inside the volume may be read. An O_PATH descriptor follows
+        # them without opening the file itself (no device is opened, no fifo touched), so
+        # nothing outside is opened before the check; then that very file is opened through
+        # /proc. Cheaper than os.path.realpath, an lstat and string work per component of
+        # the path in Python (profiled on small S3 GETs).
         try:
-            fd = os.open(real, flags)
+            handle = os.open(full, os.O_PATH | os.O_CLOEXEC)
         except OSError as exc:
             raise from_oserror(exc, key) from exc
-        self._check_fd(fd, key)
-        return fd
+        self._check_fd(handle, key)  # closes it on refusal
+        try:
+            return os.open(f"/proc/self/fd/{handle}", flags & ~os.O_NOFOLLOW)
+        except OSError as exc:
+            raise from_oserror(exc, key) from exc
+        finally:
+            os.close(handle)
 
     async def open_read(
         self, key: str, offset: int, length: int, expect: ObjectInfo | None = None

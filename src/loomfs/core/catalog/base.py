@@ -199,6 +199,16 @@ class Catalog(ABC):
     @abstractmethod
     async def get_tags(self, path: str) -> dict[str, str]: ...
 
+    async def get_with_tags(self, path: str) -> tuple[Entry, dict[str, str]] | None:
+        """An entry and its tags, or None; an engine may fetch both in one round trip."""
+        entry = await self.get(path)
+        if entry is None:
+            return None
+        try:
+            return entry, await self.get_tags(path)
+        except FileNotFoundError:  # removed between the two reads
+            return None
+
     @abstractmethod
     async def set_tags(
         self, path: str, set_: Mapping[str, str], remove: Sequence[str] = ()

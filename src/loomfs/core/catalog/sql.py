@@ -863,6 +863,14 @@ class SqlCatalog(Catalog):
             self._read, lambda cur: self._tags(cur, self._entry_id(cur, path)[0])
         )
 
+    async def get_with_tags(self, path: str) -> tuple[Entry, dict[str, str]] | None:
+        # one trip to the catalog thread, not two: an S3 GET or HEAD needs both
+        def fn(cur: Cursor) -> tuple[Entry, dict[str, str]] | None:
+            hit = self._get(cur, path)
+            return None if hit is None else (hit[1], self._tags(cur, hit[0]))
+
+        return await self._run(self._read, fn)
+
     async def set_tags(
         self, path: str, set_: Mapping[str, str], remove: Sequence[str] = ()
     ) -> dict[str, str]:

@@ -793,14 +793,14 @@ class S3Gateway:
     async def _object(self, c: Call) -> tuple[Entry, dict[str, str]]:
         path = self.object_path(c)
         try:
-            entry = await self.ns.stat(c.who, path)
+            entry, tags = await self.ns.stat_tags(c.who, path)
         except NotFound:
             await self._bucket_entry(c)  # NoSuchBucket before NoSuchKey
             raise S3Error("NoSuchKey", "the specified key does not exist") from None
         if entry.is_dir != c.key.endswith("/") or entry.kind in SPECIAL_KINDS:
             # 'a/' names a directory, 'a' a file; a fifo, device or socket is no object
             raise S3Error("NoSuchKey", "the specified key does not exist")
-        return entry, await self.ns.get_tags(c.who, path)
+        return entry, tags
 
     async def get_object(self, c: Call) -> web.StreamResponse:
         request = c.request
@@ -834,9 +834,7 @@ class S3Gateway:
         else:
             window = parse_range(request.headers.get("Range"), entry.size)
         offset, length = window if window is not None else (0, None)
-        async with await self.ns.read(
-            c.who, entry.path, offset, length, if_version=entry.version
-        ) as reader:
+        async with await self.ns.read_entry(c.who, entry, offset, length) as reader:
             return await serve_reader(
                 request, reader, headers, ranged=window is not None, sent=BYTES_OUT.inc
             )
@@ -960,12 +958,12 @@ class S3Gateway:
         if if_match is None and if_none is None:
             return False, None
         try:
-            entry = await self.ns.stat(c.who, path)
+            entry, tags = await self.ns.stat_tags(c.who, path)
         except NotFound:
             if if_match is not None:
                 raise S3Error("NoSuchKey", "the specified key does not exist") from None
             return True, None  # If-None-Match: nothing there matches; keep it so
-        etag = object_etag(entry, await self.ns.get_tags(c.who, path))
+        etag = object_etag(entry, tags)
         if (if_match is not None and not _etag_matches(if_match, etag)) or (
             if_none is not None and _etag_matches(if_none, etag)
         ):

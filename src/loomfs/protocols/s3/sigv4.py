@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import calendar
 import datetime
+import functools
 import hashlib
 import hmac
 import re
@@ -67,7 +68,10 @@ def _header_value(value: str) -> str:
     return " ".join(value.split())
 
 
+@functools.lru_cache(maxsize=1024)
 def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    # the same for every request of a key on one day: four HMACs saved per request, and a
+    # removed key still fails, since its secret is looked up before this is asked
     key = f"AWS4{secret}".encode()
     for part in (date, region, service, "aws4_request"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()

@@ -6,6 +6,7 @@ not declare a DTD, so entity expansion cannot be used against the gateway.
 
 from __future__ import annotations
 
+import functools
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -57,7 +58,9 @@ def iso_time(ns: int) -> str:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def http_time(ns: int) -> str:
+    # every GET and HEAD formats its object's mtime; the same objects are asked for again
     return formatdate(ns // 1_000_000_000, usegmt=True)
 
 
