@@ -39,8 +39,9 @@ Sums = defaultdict[str, float]
 FAMILIES = ("frozen", "trained", "exp_avg", "exp_avg_sq", "framing")
 
 
-def tensor_spans(data: bytes) -> list[tuple[int, int, str]]:
-    """(start, end, family) of every tensor storage of a torch.save zip: each is one
+def tensor_spans(data: bytes) -> dict[str, tuple[int, int, str]]:
+    """(start, end, family) of every tensor storage of a torch.save zip by its member
+    name (less the archive's own name, which changes with the file's): each is one
     stored zip member, found from its local header."""
     state = torch.load(io.BytesIO(data), weights_only=True)
     family: dict[bytes, str] = {}
@@ -50,7 +51,7 @@ def tensor_spans(data: bytes) -> list[tuple[int, int, str]]:
         for key, tensor in moments.items():
             if tensor.dim():
                 family[tensor.numpy().tobytes()] = key
-    spans = []
+    spans = {}
     for info in zipfile.ZipFile(io.BytesIO(data)).infolist():
         at = info.header_offset
         name_length = int.from_bytes(data[at + 26 : at + 28], "little")
@@ -58,7 +59,7 @@ def tensor_spans(data: bytes) -> list[tuple[int, int, str]]:
         start = at + 30 + name_length + extra_length
         kind = family.get(data[start : start + info.file_size])
         if kind is not None:
-            spans.append((start, start + info.file_size, kind))
+            spans[info.filename.split("/", 1)[1]] = (start, start + info.file_size, kind)
     return spans
 
 
@@ -78,17 +79,22 @@ def coded(words: np.ndarray, coder: Callable[[bytes], float]) -> float:
 
 def families_of_update(old: bytes, new: bytes, sums: dict[str, Sums]) -> float:
     """Add one update's numbers to ``sums``; return the seconds encode_delta took."""
-    spans = tensor_spans(new)
+    spans, old_spans = tensor_spans(new), tensor_spans(old)
     old_map, new_map = chunk_map_of(io.BytesIO(old)), chunk_map_of(io.BytesIO(new))
     reference = BytesReference(old)
     # Which family every byte belongs to, and whether it changed: a chunk's frame bytes are
     # charged to the families of its changed bytes (a chunk reaching into frozen weights
-    # costs nearly nothing for them: their difference is zeros).
+    # costs nearly nothing for them: their difference is zeros). A longer file name
+    # (step-1000.pt after step-900.pt) moves every member a byte, so tensors are paired
+    # by member name, not by offset.
     owner = np.full(len(new), FAMILIES.index("framing"), np.uint8)
-    for start, end, kind in spans:
+    changed = np.ones(len(new), bool)
+    for name, (start, end, kind) in spans.items():
         owner[start:end] = FAMILIES.index(kind)
-    same = len(old) == len(new)
-    changed = np.frombuffer(new, np.uint8) != np.frombuffer(old, np.uint8) if same else None
+        was = old_spans[name][0]
+        changed[start:end] = np.frombuffer(new, np.uint8, end - start, start) != np.frombuffer(
+            old, np.uint8, end - start, was
+        )
     seconds = 0.0
     for send in plan_transfer(new_map, old_map.ids(), old_map):
         entry = send.entry
@@ -99,23 +105,25 @@ def families_of_update(old: bytes, new: bytes, sums: dict[str, Sums]) -> float:
         seconds += time.perf_counter() - started
         sums["bytes"]["encoded raw"] += len(data)
         who = owner[entry.offset : entry.end]
-        if changed is not None and changed[entry.offset : entry.end].any():
+        if changed[entry.offset : entry.end].any():
             who = who[changed[entry.offset : entry.end]]
         shares = np.bincount(who, minlength=len(FAMILIES)) / len(who)
         for index, share in enumerate(shares):
             sums[FAMILIES[index]]["loomfs"] += share * len(frame)
     level3 = zstandard.ZstdCompressor(level=3)
     level19 = zstandard.ZstdCompressor(level=19)
-    for start, end, kind in spans:
+    for name, (start, end, kind) in spans.items():
         row = sums[kind]
         row["raw"] += end - start
+        was = old_spans[name][0]
         new_words = np.frombuffer(new, "<u4", (end - start) // 4, start)
-        old_words = np.frombuffer(old, "<u4", (end - start) // 4, start) if same else None
-        if old_words is None or (new_words == old_words).all():
+        old_words = np.frombuffer(old, "<u4", (end - start) // 4, was)
+        if (new_words == old_words).all():
             continue
         row["changed"] += end - start
         xored = new_words ^ old_words
-        subbed = np.frombuffer(subtract(new[start:end], old[start:end], 4, start), "<u4")
+        moved = subtract(new[start:end], old[was : was + end - start], 4, was)
+        subbed = np.frombuffer(moved, "<u4")
         row["plain z3"] += coded(new_words, lambda p: len(level3.compress(p)))
         row["XOR z3"] += coded(xored, lambda p: len(level3.compress(p)))
         row["SUB z3"] += coded(subbed, lambda p: len(level3.compress(p)))
