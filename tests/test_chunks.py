@@ -477,6 +477,31 @@ def test_reference_is_same_path_then_shared_chunks_then_similar_name() -> None:
     assert choose_reference("new/step-200.pt", unrelated, held) is None
 
 
+def test_a_checkpoint_series_takes_the_nearest_step_for_its_base() -> None:
+    """Checkpoints share their frozen layers' chunks; one more chunk shared by chance
+    does not make an older step the base, a copy sharing all its chunks still wins, and
+    with nothing shared the nearest step by number does (``step-100`` and ``step-300``
+    are as like ``step-400`` letter for letter)."""
+
+    def version(*ids: bytes) -> ChunkMap:
+        return ChunkMap.from_lengths([(1000, i) for i in ids])
+
+    frozen = [bytes([n]) * 32 for n in range(200)]
+    own = [bytes([n, 1]) * 16 for n in range(20)]
+    new = version(*frozen, *own)
+    held = {
+        "ckpt/step-100.pt": version(*frozen),
+        "ckpt/step-200.pt": version(*frozen, own[0]),  # one chunk more, cut by chance
+        "ckpt/step-300.pt": version(*frozen),
+    }
+    assert choose_reference("ckpt/step-400.pt", new, held) == "ckpt/step-300.pt"
+    copied = {**held, "ckpt/old-copy.pt": version(*frozen, *own)}
+    assert choose_reference("ckpt/step-400.pt", new, copied) == "ckpt/old-copy.pt"
+    nothing_shared = version(*(bytes([n, 2]) * 16 for n in range(20)))
+    assert choose_reference("ckpt/step-400.pt", nothing_shared, held) == "ckpt/step-300.pt"
+    assert choose_reference("ckpt/step-1000.pt", nothing_shared, held) == "ckpt/step-300.pt"
+
+
 def test_estimates_hold_far_from_the_only_anchor() -> None:
     # One unchanged chunk at the start, then inserts everywhere: 600 KB of cheap filler
     # over 1.2 MB. Counting from that one anchor would put most chunks more than the
