@@ -22,7 +22,7 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -247,44 +247,44 @@ def random_bytes(root: Path, scale: Scale, seed: int) -> list[Path]:
     return [snapshot]
 
 
-def build(root: Path, quick: bool, seed: int = 6) -> list[Corpus]:
-    """Write all five corpora under ``root`` (emptied first) and describe them."""
+def build(
+    root: Path, quick: bool, seed: int = 6, numbers: Container[int] = range(1, 6)
+) -> list[Corpus]:
+    """Write the corpora ``numbers`` (all five by default) under ``root`` (emptied first)
+    and describe them. Each is seeded on its own, so a subset holds the same bytes."""
     scale = QUICK if quick else FULL
     if root.exists():
         shutil.rmtree(root)
     torch.set_num_threads(2)
-    return [
-        Corpus(
-            1,
-            "dataset",
-            "dataset v1->v2 (JSONL+Parquet)",
-            dataset(root / "dataset", scale, seed),
-            True,
-        ),
-        Corpus(
+    makers: list[tuple[int, str, str, Callable[[Path], list[Path]], bool]] = [
+        (1, "dataset", "dataset v1->v2 (JSONL+Parquet)", lambda r: dataset(r, scale, seed), True),
+        (
             2,
             "finetune",
             "fine-tuning checkpoints",
-            checkpoints(root / "finetune", scale.finetune_width, scale.checkpoints, seed, True),
+            lambda r: checkpoints(r, scale.finetune_width, scale.checkpoints, seed, True),
             True,
         ),
-        Corpus(
+        (
             3,
             "subsets",
             "two runs, 30% subsets, 50% overlap",
-            subsets(root / "subsets", scale, seed),
+            lambda r: subsets(r, scale, seed),
             False,
         ),
-        Corpus(
+        (
             4,
             "fulltrain",
             "full-training checkpoints",
-            checkpoints(root / "fulltrain", scale.fulltrain_width, scale.checkpoints, seed, False),
+            lambda r: checkpoints(r, scale.fulltrain_width, scale.checkpoints, seed, False),
             True,
         ),
-        Corpus(
-            5, "random", "incompressible bytes", random_bytes(root / "random", scale, seed), False
-        ),
+        (5, "random", "incompressible bytes", lambda r: random_bytes(r, scale, seed), False),
+    ]
+    return [
+        Corpus(number, name, title, make(root / name), renamed)
+        for number, name, title, make, renamed in makers
+        if number in numbers
     ]
 
 

@@ -368,8 +368,9 @@ async def test_a_warm_up_asks_each_map_once_and_overlaps_consecutive_files(
     env: Fabric, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Files of several runs each: their runs miss together, yet ask for the map once;
-    the next file's map is asked, and its fetch started, while the one before is still
-    being fetched."""
+    maps are asked one at a time in walk order (the first file's is not held up behind
+    the others'); the next file's map is asked, and its fetch started, while the one
+    before is still being fetched."""
     chunks, fill = env.hub.chunks, env.spoke.cache.chunks
     assert fill is not None
     events: list[str] = []
@@ -377,7 +378,10 @@ async def test_a_warm_up_asks_each_map_once_and_overlaps_consecutive_files(
 
     async def mapped(who: Principal, path: str) -> tuple[Any, ChunkMap]:
         events.append(f"map {path}")
-        return await chunk_map(who, path)
+        try:
+            return await chunk_map(who, path)
+        finally:
+            events.append(f"mapped {path}")
 
     async def filled(entry: Any, start: int, length: int) -> bytes | None:
         events.append(f"fill {entry.path}")
@@ -394,7 +398,9 @@ async def test_a_warm_up_asks_each_map_once_and_overlaps_consecutive_files(
         await env.hub.namespace.write_bytes(WHO, path, data)
     await env.spoke.warm(WHO, "/vol/warm")
     asked = [e.removeprefix("map ") for e in events if e.startswith("map ")]
-    assert sorted(asked) == sorted(files)  # once each, though each file is two runs
+    assert asked == sorted(files)  # once each, though each file is two runs; in order
+    maps = [e for e in events if e.startswith("map")]
+    assert maps == [f"{e} {path}" for path in sorted(files) for e in ("map", "mapped")]
     last_fill_of_first = max(i for i, e in enumerate(events) if e == "filled /vol/warm/0.bin")
     assert events.index("map /vol/warm/1.bin") < last_fill_of_first
     # two files at a time: the second one's fills start before the first one's end

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import array
 import io
+import math
 import random
+import struct
 from pathlib import Path
 
 import pytest
+import torch
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomfs.chunks import (
+    DEFAULT_WINDOW,
     BytesReference,
     ChunkEntry,
     ChunkMap,
@@ -29,7 +33,8 @@ from loomfs.chunks import (
     iter_chunks,
     plan_transfer,
 )
-from loomfs.chunks.codec import pack, unpack
+from loomfs.chunks.chunkmap import get_varint
+from loomfs.chunks.codec import add_back, pack, subtract, unpack, xor
 from loomfs.errors import Conflict, CorruptData, LoomError
 
 SMALL = ChunkWindow(min_size=1 << 10, avg_size=2 << 10, max_size=8 << 10)
@@ -119,6 +124,9 @@ def test_damaged_chunk_map_raises(chunk_map: ChunkMap, data: st.DataObject) -> N
 def test_chunk_map_rejects_gaps() -> None:
     with pytest.raises(ValueError):
         ChunkMap([ChunkEntry(0, 10, bytes(32)), ChunkEntry(11, 10, bytes(32))])
+
+
+NUMERIC_DELTAS = (FrameKind.XOR, FrameKind.SUB)
 
 
 def kind_of(frame: bytes) -> FrameKind:
@@ -231,14 +239,14 @@ def test_tensor_like_chunks_are_shuffled() -> None:
     assert decode_frame(frame, chunk_id(data)) == data
 
 
-def test_a_tensor_that_moved_a_little_is_sent_as_xor() -> None:
+def test_a_tensor_that_moved_a_little_is_sent_as_a_numeric_delta() -> None:
     rng = random.Random(15)
     old_values = [rng.gauss(0, 0.02) for _ in range(16_384)]
     old = array.array("f", old_values).tobytes()
     new = array.array("f", (v + rng.gauss(0, 1e-5) for v in old_values)).tobytes()
     held = b"\1" * 100 + old + b"\2" * 100
     frame = encode_delta(new, BytesReference(held), estimate=100)
-    assert kind_of(frame) == FrameKind.XOR
+    assert kind_of(frame) in NUMERIC_DELTAS
     assert len(frame) < 0.7 * len(encode_chunk(new))
     assert decode_frame(frame, chunk_id(new), BytesReference(held)) == new
     with pytest.raises(CorruptData):
@@ -247,7 +255,7 @@ def test_a_tensor_that_moved_a_little_is_sent_as_xor() -> None:
 
 def test_a_delta_judges_a_tensor_by_more_than_its_middle() -> None:
     """A tensor chunk whose middle 4 KiB holds other bytes (a header, an int buffer) is
-    still found numeric by the delta's larger sample, and sent as XOR."""
+    still found numeric by the delta's larger sample, and sent as a numeric delta."""
     rng = random.Random(16)
     old_values = [rng.gauss(0, 0.02) for _ in range(24_576)]
     new_values = [v + rng.gauss(0, 1e-5) for v in old_values]
@@ -257,8 +265,111 @@ def test_a_delta_judges_a_tensor_by_more_than_its_middle() -> None:
     new = array.array("f", new_values).tobytes()
     old, new = old[:half] + middle + old[half:], new[:half] + middle + new[half:]
     frame = encode_delta(new, BytesReference(old), estimate=0)
-    assert kind_of(frame) == FrameKind.XOR
+    assert kind_of(frame) in NUMERIC_DELTAS
     assert decode_frame(frame, chunk_id(new), BytesReference(old)) == new
+
+
+@given(st.binary(max_size=300), st.binary(max_size=300), st.sampled_from([2, 4]), st.integers(0, 9))
+def test_word_differences_round_trip(data: bytes, other: bytes, width: int, offset: int) -> None:
+    base = (other * (len(data) // max(len(other), 1) + 1))[: len(data)] or bytes(len(data))
+    moved = subtract(data, base, width, offset)
+    assert len(moved) == len(data)
+    assert add_back(moved, base, width, offset) == data
+
+
+def floats(values: list[float]) -> bytes:
+    return array.array("f", values).tobytes()
+
+
+def test_sub_frames_are_exact_for_odd_lengths_and_special_values() -> None:
+    """Float32 values that took small steps, with NaN, infinities, signed zeros and
+    denormals among them, cut at an odd length and at an odd place of the reference:
+    SUB pairs each float with its old value by the reference offset and decodes to the
+    same bytes."""
+    rng = random.Random(21)
+    old_values = [rng.gauss(0, 0.05) for _ in range(12_000)]
+    special = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-45, -1e-45, 3.4e38]
+    old_values[100 : 100 + len(special)] = special
+    new_values = [v * (1 + rng.gauss(0, 1e-6)) for v in old_values]
+    new_values[200:203] = [-math.inf, math.nan, -0.0]  # values that flipped sign or class
+    held = b"\7" * 64 + floats(old_values) + b"\7" * 64
+    new = floats(new_values)
+    for start, end in ((0, len(new)), (3, len(new) - 5), (1, len(new) - 2)):
+        piece = new[start:end]
+        frame = encode_delta(piece, BytesReference(held), estimate=64 + start)
+        assert kind_of(frame) == FrameKind.SUB
+        assert frame[0] >> 4 == 4
+        assert len(frame) < 0.5 * len(piece)
+        assert decode_frame(frame, chunk_id(piece), BytesReference(held)) == piece
+
+
+def test_sub_works_in_half_precision_words() -> None:
+    rng = random.Random(22)
+    old_values = [rng.gauss(0, 1) for _ in range(30_000)]
+    old = _half(old_values)
+    new = _half([v + rng.gauss(0, 1e-3) for v in old_values])
+    frame = encode_delta(new, BytesReference(old), estimate=0)
+    assert kind_of(frame) in NUMERIC_DELTAS
+    assert decode_frame(frame, chunk_id(new), BytesReference(old)) == new
+
+
+def _half(values: list[float]) -> bytes:
+    return b"".join(struct.pack("<e", value) for value in values)
+
+
+def test_non_numeric_data_never_gets_a_numeric_delta() -> None:
+    old_text = text(64 << 10, seed=3)
+    new_text = old_text[:20_000] + b"a small edit" + old_text[20_012:]
+    assert kind_of(encode_delta(new_text, BytesReference(old_text), 0)) == FrameKind.DELTA
+    random_new = noise(64 << 10, seed=9)
+    assert kind_of(encode_delta(random_new, BytesReference(noise(64 << 10, seed=10)), 0)) in (
+        FrameKind.RAW,
+        FrameKind.ZSTD,
+    )
+
+
+def test_sub_without_a_word_size_is_refused() -> None:
+    rng = random.Random(23)
+    old = floats([rng.gauss(0, 0.05) for _ in range(8_000)])
+    new = floats([v * 1.000001 for v in array.array("f", old)])
+    frame = bytearray(encode_delta(new, BytesReference(old), 0))
+    assert kind_of(bytes(frame)) == FrameKind.SUB
+    frame[0] = FrameKind.SUB  # width nibble 0: no word size to subtract in
+    with pytest.raises(CorruptData):
+        decode_frame(bytes(frame), chunk_id(new), BytesReference(old))
+
+
+def test_sub_is_chosen_and_pays_on_a_checkpoint_pair() -> None:
+    """Two torch.save checkpoints of a small model 20 AdamW steps apart: the chunks
+    that changed go mostly as SUB frames, and those cost less than XOR would."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    saved = []
+    for _ in range(2):
+        for _ in range(20):
+            loss = model(torch.randn(8, 256)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+        saved.append(buffer.getvalue())
+    old, new = saved
+    old_map, new_map = cut(old, DEFAULT_WINDOW), cut(new, DEFAULT_WINDOW)
+    reference = BytesReference(old)
+    sub_bytes = xor_bytes = 0
+    for send in plan_transfer(new_map, old_map.ids(), old_map):
+        assert send.delta_from is not None
+        data = new[send.entry.offset : send.entry.end]
+        frame = encode_delta(data, reference, send.delta_from)
+        assert decode_frame(frame, send.entry.id, reference) == data
+        if kind_of(frame) == FrameKind.SUB:
+            ref_at = get_varint(memoryview(frame), get_varint(memoryview(frame), 1)[1])[0]
+            sub_bytes += len(frame)
+            xor_bytes += len(pack(xor(data, old[ref_at : ref_at + len(data)]), 4, 3))
+    assert sub_bytes > len(new) // 4  # most of what changed went as SUB
+    assert sub_bytes < 0.98 * xor_bytes
 
 
 def test_unknown_shuffle_width_raises() -> None:
@@ -364,6 +475,31 @@ def test_reference_is_same_path_then_shared_chunks_then_similar_name() -> None:
     unrelated = cut(text(60_000, seed=22))
     assert choose_reference("ckpt/step-200.pt", unrelated, held) == "ckpt/step-100.pt"
     assert choose_reference("new/step-200.pt", unrelated, held) is None
+
+
+def test_a_checkpoint_series_takes_the_nearest_step_for_its_base() -> None:
+    """Checkpoints share their frozen layers' chunks; one more chunk shared by chance
+    does not make an older step the base, a copy sharing all its chunks still wins, and
+    with nothing shared the nearest step by number does (``step-100`` and ``step-300``
+    are as like ``step-400`` letter for letter)."""
+
+    def version(*ids: bytes) -> ChunkMap:
+        return ChunkMap.from_lengths([(1000, i) for i in ids])
+
+    frozen = [bytes([n]) * 32 for n in range(200)]
+    own = [bytes([n, 1]) * 16 for n in range(20)]
+    new = version(*frozen, *own)
+    held = {
+        "ckpt/step-100.pt": version(*frozen),
+        "ckpt/step-200.pt": version(*frozen, own[0]),  # one chunk more, cut by chance
+        "ckpt/step-300.pt": version(*frozen),
+    }
+    assert choose_reference("ckpt/step-400.pt", new, held) == "ckpt/step-300.pt"
+    copied = {**held, "ckpt/old-copy.pt": version(*frozen, *own)}
+    assert choose_reference("ckpt/step-400.pt", new, copied) == "ckpt/old-copy.pt"
+    nothing_shared = version(*(bytes([n, 2]) * 16 for n in range(20)))
+    assert choose_reference("ckpt/step-400.pt", nothing_shared, held) == "ckpt/step-300.pt"
+    assert choose_reference("ckpt/step-1000.pt", nothing_shared, held) == "ckpt/step-300.pt"
 
 
 def test_estimates_hold_far_from_the_only_anchor() -> None:

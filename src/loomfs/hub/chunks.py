@@ -44,7 +44,7 @@ from prometheus_client import Counter
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.codec import (
     DEFAULT_SETTINGS,
-    FrameKind,
+    REFERENCE_KINDS,
     Reference,
     chunk_id,
     decode_frame,
@@ -143,7 +143,7 @@ class _DeltaOdds:
 
     def saw(self, frame: bytes) -> None:
         self.tried += 1
-        if frame[0] & 0x0F in (FrameKind.DELTA, FrameKind.XOR):
+        if frame[0] & 0x0F in REFERENCE_KINDS:
             self.paid += 1
 
 
