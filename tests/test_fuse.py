@@ -27,6 +27,7 @@ from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.service import HubService
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.sites import spoke_site
 
 MIB = 1 << 20
 
@@ -615,3 +616,25 @@ def test_mount_over_a_hub_by_rest(tmp_path: Path) -> None:
             assert os.getxattr(mnt / "renamed.txt", "user.k") == b"v"
             assert (vol / "renamed.txt").stat().st_mode & 0o777 == 0o600
         assert "Traceback" not in mount.log(), mount.log()
+
+
+def test_mount_over_a_spoke(tmp_path: Path) -> None:
+    """A spoke serves no change feed: its mount says so once and lets the kernel's caches
+    expire on their own, instead of polling a feed that is not there every second."""
+    _require_fuse()
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    (vol / "hello.txt").write_text("from the hub\n")
+    with spoke_site(tmp_path / "sites", vol, "/vol") as site:
+        (tmp_path / "client").mkdir()
+        config = prepare_site(tmp_path / "client", {})
+        with MountProcess(config, tmp_path / "mnt", "--hub", site.spoke.url) as mount:
+            mnt = tmp_path / "mnt/vol"
+            assert (mnt / "hello.txt").read_text() == "from the hub\n"
+            (mnt / "new.txt").write_bytes(b"through the spoke")
+            assert (mnt / "new.txt").read_bytes() == b"through the spoke"
+            _wait_for((vol / "new.txt").exists, "the write at the hub's volume")
+            assert (vol / "new.txt").read_bytes() == b"through the spoke"
+    log = mount.log()
+    assert "serves no change feed" in log, log
+    assert "change feed failed" not in log and "Traceback" not in log, log

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ from .core.registry import open_catalog
 from .core.sites import SiteRegistry, parse_labels
 from .core.types import KIND_BITS, SYSTEM, Entry, Feed
 from .core.users import AccessKey, UserRegistry
-from .errors import BackendUnavailable, LoomError, NotFound
+from .errors import BackendUnavailable, LoomError, NotFound, NotSupported
 from .fabric.identity import SiteIdentity, fingerprint
 from .log import setup_logging
 from .namespace.base import Namespace
@@ -52,6 +53,7 @@ from .service import HubService, SpokeService
 from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 console = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
@@ -857,6 +859,18 @@ def _rest_feed(rest: RestNamespace, since: int, wait: float) -> Awaitable[Feed]:
     return rest.changes(since, wait=wait)
 
 
+async def _serves_feed(rest: RestNamespace) -> bool:
+    """Whether the site has a change feed to follow: a hub has; a spoke keeps its own
+    coherent with its hub but serves none, so a mount of it trusts the kernel's cache for
+    the short timeout instead of retrying a feed that is not there."""
+    try:
+        await rest.changes(0, 1)
+    except NotSupported:
+        log.info("the site serves no change feed: kernel caches expire on their own")
+        return False
+    return True
+
+
 async def _mount(
     config: Config,
     mountpoint: Path,
@@ -867,6 +881,7 @@ async def _mount(
     ready_file: Path | None,
 ) -> None:
     # imported here: pyfuse3 is an optional, compiled dependency only mounts need
+    from .protocols.fuse.follow import Poll  # noqa: PLC0415
     from .protocols.fuse.mount import check_mountpoint, serve  # noqa: PLC0415
 
     check_mountpoint(mountpoint)  # before a hub starts in this process for nothing
@@ -877,16 +892,18 @@ async def _mount(
 
     spool = config.site.data_dir / "fuse-spool"
     service: HubService | None = None
+    follow: Poll | None
     if hub_url:
         rest = RestNamespace(hub_url)
         ns: Namespace = rest
-        follow = functools.partial(_rest_feed, rest)
     else:
         service = HubService(config)
         await service.start()
         ns = service.governed  # the mapped users are decided for like any other caller
         follow = functools.partial(_hub_feed, service)  # invalidation only: no data
     try:
+        if hub_url:
+            follow = functools.partial(_rest_feed, rest) if await _serves_feed(rest) else None
         await serve(
             ns,
             mountpoint,

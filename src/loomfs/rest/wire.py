@@ -78,6 +78,8 @@ def error_from(status: int, body: Any) -> LoomError:
     """Rebuild the server's error on the client side."""
     detail = body.get("error") if isinstance(body, dict) else None
     if not isinstance(detail, dict):
+        if status == 404:  # no loomfs error: the route itself is missing (a spoke's admin calls)
+            return NotSupported(f"the site does not serve this call (HTTP 404: {str(body)[:200]})")
         return LoomError(f"HTTP {status}: {str(body)[:200]}")
     cls = BY_CODE.get(str(detail.get("code")), LoomError)
     return cls(str(detail.get("message")), path=detail.get("path"))
