@@ -320,7 +320,7 @@ def test_trusted_predictions_are_offered_for_prefetch() -> None:
     policy = AdaptivePolicy([StridePredictor(lambda key: 0, depth=3)])
     for key in range(0, 200, 2):
         policy.insert(key, 1)
-    assert policy.predictions()[:3] == [204, 202, 200]
+    assert policy.predictions()[-3:] == [200, 202, 204]
 
 
 def test_untrusted_predictions_are_not_offered() -> None:
@@ -339,7 +339,7 @@ def test_forecast_trusts_a_predictor_while_its_guesses_are_read() -> None:
     forecast = Forecast([SequentialPredictor(depth=2)])
     for key in range(40):
         forecast.observe(key)
-    assert forecast.predictions() == [41, 40]
+    assert forecast.predictions() == [40, 41]
     forecast.refute(41)  # fetched and dropped unread: no longer expected
     assert not forecast.expected(41) and forecast.expected(40)
     rng = random.Random(3)

@@ -133,8 +133,10 @@ class Forecast:
         return self._now
 
     def predictions(self) -> list[Key]:
-        """Outstanding guesses of predictors that have been right lately, newest first."""
-        return [key for key, (which, _) in reversed(self._guesses.items()) if self._trusted(which)]
+        """Outstanding guesses of predictors that have been right lately, the one expected
+        soonest first: the oldest (a predictor gives its guesses nearest first, and a later
+        access guesses beyond the earlier ones)."""
+        return [key for key, (which, _) in self._guesses.items() if self._trusted(which)]
 
     def expected(self, key: Key) -> bool:
         """Whether a trusted predictor expects ``key`` (and it was not read since)."""
@@ -208,7 +210,7 @@ class AdaptivePolicy(EvictionPolicy):
         }
 
     def predictions(self) -> list[Key]:
-        """Outstanding guesses of predictors that have been right lately, newest first."""
+        """Outstanding guesses of predictors that have been right lately, soonest first."""
         return self._forecast.predictions()
 
     def _bump(self, key: Key, frequency: int) -> None:
