@@ -39,6 +39,7 @@ GROUP_BITS = 32
 POSITION = (1 << GROUP_BITS) - 1
 LARGE = 2 * BLOCK  # files above this are read ahead block by block, and fetched so as siblings
 LISTING_MAX = 1 << 16  # files of a directory listed for sibling prediction; beyond that none
+DIRECTORIES = 64  # listings kept (least recently read first out): memory stays bounded
 RELIST_S = 1.0  # a read of a file the listing lacks lists again, at most this often
 RECENT = 16  # a unit seen again within this many observations is the same read (FUSE pieces)
 
@@ -86,7 +87,7 @@ class Predictions:
         self.forecast = Forecast([_Within(predictor, self._exists) for predictor in predictors])
         self._groups: dict[tuple[bool, str], int] = {}  # (is a directory, path) -> group
         self._named: list[tuple[bool, str]] = []  # group -> (is a directory, path)
-        self._directories: dict[int, _Directory] = {}
+        self._directories: OrderedDict[int, _Directory] = OrderedDict()
         self._files: dict[int, tuple[int, int]] = {}  # large file's group -> (version, size)
         self._recent: OrderedDict[Key, None] = OrderedDict()
         self._reads: deque[tuple[str, int, int, range]] = deque()
@@ -157,6 +158,9 @@ class Predictions:
             name not in directory.position and time.monotonic() - directory.listed_at > RELIST_S
         ):
             directory = self._directories[group] = await self._list(parent)
+            if len(self._directories) > DIRECTORIES:
+                self._directories.popitem(last=False)
+        self._directories.move_to_end(group)
         position = directory.position.get(name)
         if position is not None:
             self._see(group << GROUP_BITS | position)

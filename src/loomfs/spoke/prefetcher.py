@@ -270,6 +270,9 @@ class Prefetcher:
         # cache file id -> blocks prefetched, not yet read (a large file is read ahead, and
         # read, a few blocks at a time)
         self._unread: dict[int, set[int]] = {}
+        # path -> for each prefetch of it in flight, the blocks demand reads took meanwhile
+        # (such a read waited for the prefetch: those blocks were read, not left unread)
+        self._watched: dict[str, list[set[int]]] = {}
         self._in_flight: dict[Key, tuple[asyncio.Task[None], int]] = {}  # -> bytes booked
         self.predict = Predictions(spoke)
         self._predicting: dict[Key, tuple[asyncio.Task[None], int]] = {}  # unit keys, as above
@@ -375,6 +378,8 @@ class Prefetcher:
         self.stats.stall_s += stall_s
         DEMAND_READS.labels(str(hit).lower()).inc()
         STALL.inc(stall_s)
+        for watch in self._watched.get(entry.path, ()):
+            watch.update(blocks)
         unread = self._unread.get(entry.id)
         if unread is not None and not unread.isdisjoint(blocks):
             unread.difference_update(blocks)
@@ -532,6 +537,9 @@ class Prefetcher:
         unread; blocks other reads of the file brought meanwhile are theirs)."""
         began = self.clock()
         before = {held.id: set(held.hashes) for held in self.cache.versions(path)}
+        demanded: set[int] = set()
+        watches = self._watched.setdefault(path, [])
+        watches.append(demanded)
         token = PREFETCHING.set(True)
         try:
             async with await self.spoke.read(SYSTEM, path, offset, length) as reader:
@@ -540,13 +548,16 @@ class Prefetcher:
                 blocks = block_span(reader.offset, reader.length)
         finally:
             PREFETCHING.reset(token)
+            watches[:] = [watch for watch in watches if watch is not demanded]  # not by value
+            if not watches:
+                del self._watched[path]
         fetched = 0
         if cached is not None:
             had = before.get(cached.id, set())
             brought = {i for i in blocks if i in cached.hashes and i not in had}
-            if brought:
-                self._unread.setdefault(cached.id, set()).update(brought)
-                fetched = sum(cached.block_len(i) for i in brought)
+            fetched = sum(cached.block_len(i) for i in brought)
+            if brought - demanded:
+                self._unread.setdefault(cached.id, set()).update(brought - demanded)
         self.stats.fetched_bytes += fetched
         self.bandwidth.record(began, self.clock(), fetched)
         return entry, cached, fetched
