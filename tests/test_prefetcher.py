@@ -21,7 +21,7 @@ from loomfs.prefetch.plan import Plan
 from loomfs.prefetch.planned import PlanPolicy
 from loomfs.prefetch.policy import LRUPolicy
 from loomfs.spoke.cache import PREFETCHING
-from loomfs.spoke.prefetcher import PREDICT_WINDOW, Bandwidth, Prefetcher
+from loomfs.spoke.prefetcher import PREDICT_WINDOW, Bandwidth, Prefetcher, SpokePolicy
 from loomfs.testing.fabric import Fabric, fabric
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
@@ -310,3 +310,12 @@ async def test_a_large_file_read_in_order_is_read_ahead(
     assert got["predicted_bytes"] >= 8 * MiB and got["predicted_hits"] >= 8
     assert got["predicted_wasted_bytes"] == 0
     assert await made.spoke.read_bytes(WHO, "/vol/big.bin") == data
+
+
+def test_predicted_files_not_yet_read_are_evicted_last() -> None:
+    protected = {1}
+    policy = SpokePolicy(lambda planned: LRUPolicy(), lambda: False, lambda: protected)
+    for key in (1, 2, 3):
+        policy.insert(key, 1)
+    assert policy.evict(1) == [2]  # the least recently used, 1, is fetched for a guess
+    assert policy.evict(10) == [3, 1]  # and goes when nothing else is left

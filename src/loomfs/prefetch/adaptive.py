@@ -143,6 +143,10 @@ class Forecast:
         guessed = self._guesses.get(key)
         return guessed is not None and self._trusted(guessed[0])
 
+    def outstanding(self, key: Key) -> bool:
+        """Whether some predictor guessed ``key`` lately and it was not read since."""
+        return key in self._guesses
+
     def refute(self, key: Key) -> None:
         """A guess fetched and dropped unread: it can no longer be confirmed."""
         self._guesses.pop(key, None)

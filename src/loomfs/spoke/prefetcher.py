@@ -476,9 +476,10 @@ class Prefetcher:
         return bool(self._in_flight or self._predicting)
 
     def _expected_unread(self) -> set[int]:
-        """Cache files fetched for a prediction that is still expected and not yet read."""
-        expected = self.predict.forecast.expected
-        return {file_id for file_id, unit in self._predicted.items() if expected(unit)}
+        """Cache files fetched for a guess still outstanding and not yet read (trusted or
+        not now: a dip in trust must not hand what was fetched to eviction first)."""
+        outstanding = self.predict.forecast.outstanding
+        return {file_id for file_id, unit in self._predicted.items() if outstanding(unit)}
 
     def _unread_bytes(self, file_id: int) -> int:
         entry = self.cache.by_id(file_id)
@@ -582,7 +583,7 @@ class Prefetcher:
             self.stats.predicted_files += 1
             self.stats.predicted_bytes += fetched
             PREFETCHED.labels("predict").inc(fetched)
-            if cached is not None and fetched > 0:
+            if cached is not None and cached.id in self._unread:  # not all read meanwhile
                 self._predicted[cached.id] = target.key
         except LoomError as exc:
             log.info("predicted prefetch failed", extra={"path": target.path, "error": str(exc)})
