@@ -16,6 +16,7 @@ block. Reads a plan covers are not observed: the plan already says what comes ne
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
@@ -173,7 +174,10 @@ class Predictions:
                     files.append(entry)
         except LoomError:  # link down, not attached: no siblings now, ask again later
             files = []
+        listed_at = time.monotonic()
         if len(files) > LISTING_MAX:
-            files = []  # too many to keep in memory for one guess: no sibling prediction
+            # too many to keep for one guess: no sibling prediction, and no listing again
+            # while this one is kept
+            files, listed_at = [], math.inf
         position = {paths.split(entry.path)[1]: at for at, entry in enumerate(files)}
-        return _Directory(files, position, time.monotonic())
+        return _Directory(files, position, listed_at)
