@@ -6,8 +6,11 @@ Storage's DLIO does. The same loop runs
 
 - ``local``: on the files on local disk (a plain dataset over the same directory);
 - ``lru``: through a spoke with the prefetcher off (``[spoke] prefetch = false``, LRU cache);
-- ``adaptive``: through a spoke with the prefetcher on but no plan published (plain sampler);
-- ``plan``: through a spoke with ``PlanSampler`` publishing each epoch's order.
+- ``adaptive``: through a spoke with the prefetcher on but no plan published (plain random
+  sampler): predictions on, and a random order should turn them down;
+- ``plan``: through a spoke with ``PlanSampler`` publishing each epoch's order;
+- ``lru-seq`` and ``predict``: as ``lru`` and ``adaptive`` with a sequential sampler (files
+  in name order, each epoch the same): the order the spoke's predictors learn without a plan.
 
 The spoke reaches its hub through an emulated WAN (``LinkEmulator``, default 100 MB/s and
 20 ms each way), its cache is smaller than the data set (eviction matters), each run starts
@@ -15,7 +18,7 @@ cold, and epoch 2 is reshuffled. The stall bound of an epoch is max(compute, byt
 bandwidth): no loader can beat it. Goal: the plan's epochs <= 1.10x local and within 10% of
 the bound.
 
-    PYTHONPATH=src python bench/train_stall.py [--quick] [--json out.json]
+    PYTHONPATH=src python bench/train_stall.py [--quick] [--json out.json] [--modes ...]
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compute", type=float, default=1.1, help="compute / transfer time")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--modes", default="local,lru,adaptive,plan")
+    parser.add_argument("--modes", default="local,lru,adaptive,plan,lru-seq,predict")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     files = args.files or (120 if args.quick else 300)
@@ -120,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         def shuffled(ds: Dataset[bytes]) -> DistributedSampler[bytes]:
             return DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=7)
 
+        def in_order(ds: Dataset[bytes]) -> DistributedSampler[bytes]:
+            return DistributedSampler(ds, num_replicas=1, rank=0, shuffle=False)
+
         loop = {"epochs": 2, "batch": args.batch, "workers": args.workers, "compute": compute}
         for run, mode in enumerate(args.modes.split(",")):
             report: dict[str, Any] = {}
@@ -128,15 +134,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 with spoke_site(
                     tmp / f"{run}-{mode}", data, "/data", rate=rate, latency=args.latency_ms / 1000,
-                    cache_size=cache, prefetch=mode != "lru",
+                    cache_size=cache, prefetch=mode not in ("lru", "lru-seq"),
                 ) as site:  # fmt: skip
                     ds: lt.FileDataset[bytes] = lt.FileDataset(f"loomfs://{site.address}/data")
 
                     def planned(ds: lt.FileDataset[bytes]) -> lt.PlanSampler:
                         return lt.PlanSampler(shuffled(ds), dataset=ds, job="bench")
 
-                    times = epochs(ds, planned if mode == "plan" else shuffled, **loop)
-                    if mode != "lru":
+                    sampler = {"plan": planned, "lru-seq": in_order, "predict": in_order}
+                    times = epochs(ds, sampler.get(mode, shuffled), **loop)
+                    if mode not in ("lru", "lru-seq"):
                         report = site.prefetch_report()
             results["modes"][mode if mode not in results["modes"] else f"{mode}-{run}"] = {
                 "epochs_s": times,
@@ -147,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra = (
                     f"  hit {report['hit_ratio'] or 0:.2f}, stall {report['stall_s']:.1f} s, "
                     f"wasted {report['wasted_bytes'] / MB:.0f} MB, "
+                    f"predicted {report['predicted_bytes'] / MB:.0f} MB "
+                    f"({report['predicted_hits']} hits), "
                     f"link {report['bandwidth'] / MB:.0f} MB/s (measured)"
                 )
             print(f"{mode:>9}: " + "  ".join(f"{t:6.2f} s" for t in times) + extra)

@@ -15,11 +15,13 @@ from loomfs.errors import InvalidArgument
 from loomfs.prefetch import (
     AdaptivePolicy,
     EvictionPolicy,
+    Forecast,
     HistoryPredictor,
     LRUPolicy,
     Plan,
     PlanPolicy,
     Schedule,
+    SequentialPredictor,
     StridePredictor,
 )
 
@@ -318,7 +320,7 @@ def test_trusted_predictions_are_offered_for_prefetch() -> None:
     policy = AdaptivePolicy([StridePredictor(lambda key: 0, depth=3)])
     for key in range(0, 200, 2):
         policy.insert(key, 1)
-    assert policy.predictions()[:3] == [204, 202, 200]
+    assert policy.predictions()[-3:] == [200, 202, 204]
 
 
 def test_untrusted_predictions_are_not_offered() -> None:
@@ -327,3 +329,20 @@ def test_untrusted_predictions_are_not_offered() -> None:
     for key in [key for _ in range(5) for key in rng.sample(range(300), 300)]:
         policy.insert(key, 1)
     assert policy.predictions() == []
+
+
+def test_sequential_predictor_expects_the_next_keys() -> None:
+    assert SequentialPredictor(depth=3).observe(10) == [11, 12, 13]
+
+
+def test_forecast_trusts_a_predictor_while_its_guesses_are_read() -> None:
+    forecast = Forecast([SequentialPredictor(depth=2)])
+    for key in range(40):
+        forecast.observe(key)
+    assert forecast.predictions() == [40, 41]
+    forecast.refute(41)  # fetched and dropped unread: no longer expected
+    assert not forecast.expected(41) and forecast.expected(40)
+    rng = random.Random(3)
+    for key in rng.sample(range(1000, 100_000), 400):  # random reads: its guesses miss
+        forecast.observe(key)
+    assert forecast.predictions() == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,8 +19,9 @@ from loomfs.errors import InvalidArgument
 from loomfs.prefetch.adaptive import AdaptivePolicy
 from loomfs.prefetch.plan import Plan
 from loomfs.prefetch.planned import PlanPolicy
+from loomfs.prefetch.policy import LRUPolicy
 from loomfs.spoke.cache import PREFETCHING
-from loomfs.spoke.prefetcher import Bandwidth, Prefetcher
+from loomfs.spoke.prefetcher import PREDICT_WINDOW, Bandwidth, Prefetcher, SpokePolicy
 from loomfs.testing.fabric import Fabric, fabric
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
@@ -237,3 +239,83 @@ async def test_concurrent_fills_share_a_full_cache_with_retired_versions(
         # the chunk index forgot every dropped file
         assert set(cache.chunks.maps) <= {f.id for f in cache}
         assert sum(f.cached_bytes for f in cache if f.hashes) == cache.used_bytes
+
+
+# -- without a plan: predictions -------------------------------------------------------------
+
+
+async def read_settled(made: Fabric, prefetcher: Prefetcher, name: str, *, at: int = 0) -> None:
+    """A demand read, then wait until the prefetcher observed it and fetched what it chose:
+    the test follows what was predicted, not how fast the link is."""
+    async with await made.spoke.read(WHO, name, at, 256 * KiB) as reader:
+        assert await reader.read_all()
+    await until(lambda: not prefetcher.predict._reads and not prefetcher._predicting)
+
+
+def lru_hit_ratio(trace: list[str], capacity: int, size: int) -> float:
+    """The same reads through the LRU the spoke runs with prefetch off."""
+    lru, ids, hits = LRUPolicy(), {name: i for i, name in enumerate(sorted(set(trace)))}, 0
+    for name in trace:
+        if ids[name] in lru:
+            lru.access(ids[name])
+            hits += 1
+        else:
+            lru.evict(lru.used_bytes + size - capacity)
+            lru.insert(ids[name], size)
+    return hits / len(trace)
+
+
+async def test_a_directory_read_in_name_order_is_prefetched_without_a_plan(
+    tmp_path: Path,
+) -> None:
+    async with prefetching(tmp_path, 16 * SIZE) as (made, prefetcher):
+        names = await hub_files(made, "seq", 48)  # three times the cache
+        names.sort()  # name order: what the directory listing says
+        trace = names * 2
+        for name in trace:
+            await read_settled(made, prefetcher, name)
+        got = prefetcher.report()
+        assert got["predicted_bytes"] > 0 and got["predicted_hits"] > 0
+        lru = lru_hit_ratio(trace, 16 * SIZE, SIZE)
+        assert got["hit_ratio"] > max(lru, 0.6)  # LRU hits nothing on a scan this big
+        # what was fetched ahead was read: at most the last look-ahead's worth is left over
+        assert got["predicted_wasted_bytes"] <= PREDICT_WINDOW * 16 * SIZE
+
+
+async def test_a_random_order_turns_predictive_prefetch_down(tmp_path: Path) -> None:
+    async with prefetching(tmp_path, 16 * SIZE) as (made, prefetcher):
+        names = await hub_files(made, "rnd", 200)
+        rng = random.Random(5)
+        trace = rng.sample(names, len(names)) + rng.sample(names, len(names))
+        for name in trace:
+            await read_settled(made, prefetcher, name)
+        got = prefetcher.report()
+        # A predictor is trusted only while half its guesses are read within 64 reads; in
+        # a random order over 200 files a guess is, with odds about 64/200, so trust is not
+        # reached. A chance run may earn it briefly: allow one look-ahead (8 files).
+        assert got["predicted_wasted_bytes"] <= 8 * SIZE
+        assert got["hit_ratio"] >= lru_hit_ratio(trace, 16 * SIZE, SIZE)
+
+
+async def test_a_large_file_read_in_order_is_read_ahead(
+    roomy: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = roomy
+    data = os.urandom(24 * MiB)
+    await made.hub.namespace.write_bytes(WHO, "/vol/big.bin", data)
+    for at in range(0, len(data), 256 * KiB):
+        await read_settled(made, prefetcher, "/vol/big.bin", at=at)
+    got = prefetcher.report()
+    # trust comes after about nine blocks read in order; the rest is read ahead
+    assert got["predicted_bytes"] >= 8 * MiB and got["predicted_hits"] >= 8
+    assert got["predicted_wasted_bytes"] == 0
+    assert await made.spoke.read_bytes(WHO, "/vol/big.bin") == data
+
+
+def test_predicted_files_not_yet_read_are_evicted_last() -> None:
+    protected = {1}
+    policy = SpokePolicy(lambda planned: LRUPolicy(), lambda: False, lambda: protected)
+    for key in (1, 2, 3):
+        policy.insert(key, 1)
+    assert policy.evict(1) == [2]  # the least recently used, 1, is fetched for a guess
+    assert policy.evict(10) == [3, 1]  # and goes when nothing else is left

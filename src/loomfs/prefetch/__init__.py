@@ -4,7 +4,14 @@ Nothing here does I/O: the spoke cache calls these policies, and ``bench/cachesi
 workloads through the same code.
 """
 
-from .adaptive import AdaptivePolicy, HistoryPredictor, Predictor, StridePredictor
+from .adaptive import (
+    AdaptivePolicy,
+    Forecast,
+    HistoryPredictor,
+    Predictor,
+    SequentialPredictor,
+    StridePredictor,
+)
 from .plan import Plan, Schedule
 from .planned import PlanPolicy
 from .policy import EvictionPolicy, Key, LRUPolicy
@@ -12,6 +19,7 @@ from .policy import EvictionPolicy, Key, LRUPolicy
 __all__ = [
     "AdaptivePolicy",
     "EvictionPolicy",
+    "Forecast",
     "HistoryPredictor",
     "Key",
     "LRUPolicy",
@@ -19,5 +27,6 @@ __all__ = [
     "PlanPolicy",
     "Predictor",
     "Schedule",
+    "SequentialPredictor",
     "StridePredictor",
 ]

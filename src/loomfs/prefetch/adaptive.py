@@ -1,12 +1,13 @@
 """Eviction and prediction when no plan was published (spoke layer, pure Python, no I/O).
 
-Without a plan the spoke cannot know the future, so it hedges. ``AdaptivePolicy`` weighs
-experts by online regret in the style of LeCaR and CACHEUS: LRU, LFU, and, when predictors are
-given, an expert that evicts the least recently used key no trusted predictor expects (stride
-within a file or directory, history of earlier runs). Each expert keeps a ghost list of the keys
-it evicted; a miss on a ghost lowers that expert's weight. When LRU is the best expert its weight
-goes to one and the policy behaves as LRU, which is what keeps it from doing meaningfully worse
-than LRU. Predictions that proved right lately are also what the prefetcher fetches.
+Without a plan the spoke cannot know the future, so it hedges. ``Forecast`` holds predictors
+(sequential and stride within a file or directory, history of earlier runs) and the trust
+each earned online; the spoke's prefetcher fetches what trusted ones expect. ``AdaptivePolicy``
+weighs experts by online regret in the style of LeCaR and CACHEUS: LRU, LFU, and, when
+predictors are given, an expert that evicts the least recently used key no trusted predictor
+expects. Each expert keeps a ghost list of the keys it evicted; a miss on a ghost lowers that
+expert's weight. When LRU is the best expert its weight goes to one and the policy behaves as
+LRU, which is what keeps it from doing meaningfully worse than LRU.
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ class HistoryPredictor(Predictor):
         return guess
 
 
+class SequentialPredictor(Predictor):
+    """The next keys after each access: sibling files in name order, the next blocks of a
+    file. Weaker evidence than a stride (one access suffices, so reads that several workers
+    interleave still predict), which the trust of ``Forecast`` weighs."""
+
+    def __init__(self, depth: int = 8):
+        self._depth = depth
+
+    def observe(self, key: Key) -> list[Key]:
+        return [key + step for step in range(1, self._depth + 1)]
+
+
 class _Track:
     """How often one predictor's guesses were read while still outstanding, decayed."""
 
@@ -85,6 +98,83 @@ class _Track:
     def __init__(self) -> None:
         self.issued = 0.0
         self.confirmed = 0.0
+
+
+class Forecast:
+    """Predictors and the trust each has earned online: a guess read within ``window``
+    accesses counts for the predictor that made it, one not read (or refuted: fetched
+    and dropped unread) only counts as issued. A predictor is trusted after ``16``
+    guesses of which at least ``min_precision`` were read, so a random order, which
+    confirms few guesses, soon turns it down.
+
+    The window is short because predictors look a few steps ahead: a longer one would
+    credit a random guess that a whole epoch happens to read.
+    """
+
+    def __init__(
+        self, predictors: Sequence[Predictor], *, window: int = 64, min_precision: float = 0.5
+    ):
+        if window < 1 or not 0 < min_precision <= 1:
+            raise InvalidArgument("the guess window must be positive, precision in (0, 1]")
+        self._predictors = list(predictors)
+        self._tracks = [_Track() for _ in self._predictors]
+        self._window = window
+        self._min_precision = min_precision
+        self._now = 0
+        # outstanding guess -> (index of the predictor that made it, when), oldest first.
+        self._guesses: OrderedDict[Key, tuple[int, int]] = OrderedDict()
+
+    def __bool__(self) -> bool:
+        return bool(self._predictors)
+
+    @property
+    def now(self) -> int:
+        """Accesses observed so far."""
+        return self._now
+
+    def predictions(self) -> list[Key]:
+        """Outstanding guesses of predictors that have been right lately, the one expected
+        soonest first: the oldest (a predictor gives its guesses nearest first, and a later
+        access guesses beyond the earlier ones)."""
+        return [key for key, (which, _) in self._guesses.items() if self._trusted(which)]
+
+    def expected(self, key: Key) -> bool:
+        """Whether a trusted predictor expects ``key`` (and it was not read since)."""
+        guessed = self._guesses.get(key)
+        return guessed is not None and self._trusted(guessed[0])
+
+    def outstanding(self, key: Key) -> bool:
+        """Whether some predictor guessed ``key`` lately and it was not read since."""
+        return key in self._guesses
+
+    def refute(self, key: Key) -> None:
+        """A guess fetched and dropped unread: it can no longer be confirmed."""
+        self._guesses.pop(key, None)
+
+    def _trusted(self, which: int) -> bool:
+        track = self._tracks[which]
+        return track.issued >= 16 and track.confirmed >= self._min_precision * track.issued
+
+    def observe(self, key: Key) -> None:
+        """An access: confirms the guess of it, expires old guesses, makes new ones."""
+        self._now += 1
+        guessed = self._guesses.pop(key, None)
+        if guessed is not None:
+            self._tracks[guessed[0]].confirmed += 1
+        while self._guesses:
+            oldest = next(iter(self._guesses.values()))
+            if oldest[1] >= self._now - self._window:
+                break
+            self._guesses.popitem(last=False)
+        for index, predictor in enumerate(self._predictors):
+            track = self._tracks[index]
+            for guess in predictor.observe(key):
+                if guess not in self._guesses:
+                    self._guesses[guess] = (index, self._now)
+                    track.issued += 1
+            # Forget slowly so a predictor that stops being right loses its trust.
+            track.issued *= 0.999
+            track.confirmed *= 0.999
 
 
 class AdaptivePolicy(EvictionPolicy):
@@ -100,10 +190,6 @@ class AdaptivePolicy(EvictionPolicy):
     (W4 random, 10% cache) drawing scored 0.005 and following the leader 0.06, LRU 0.004.
     """
 
-    # A guess not read within this many accesses was wrong: predictors look a few steps ahead,
-    # and a longer window would credit a random guess that a whole epoch happens to read.
-    _GUESS_WINDOW = 64
-
     def __init__(
         self,
         predictors: Sequence[Predictor] = (),
@@ -112,16 +198,13 @@ class AdaptivePolicy(EvictionPolicy):
         min_precision: float = 0.5,
     ):
         super().__init__()
-        if learning_rate <= 0 or not 0 < min_precision <= 1:
-            raise InvalidArgument("learning rate must be positive, precision in (0, 1]")
-        self._predictors = list(predictors)
-        self._tracks = [_Track() for _ in self._predictors]
+        if learning_rate <= 0:
+            raise InvalidArgument("learning rate must be positive")
+        self._forecast = Forecast(predictors, min_precision=min_precision)
         self._learning_rate = learning_rate
-        self._min_precision = min_precision
         # On equal weights the first wins: LFU, which resists the scans that epochs are.
-        self._experts = ("lfu", "lru", "predicted") if predictors else ("lfu", "lru")
+        self._experts = ("lfu", "lru", "predicted") if self._forecast else ("lfu", "lru")
         self.weights = dict.fromkeys(self._experts, 1 / len(self._experts))
-        self._now = 0
         self._recency: OrderedDict[Key, None] = OrderedDict()
         self._frequency: dict[Key, int] = {}
         # frequency -> keys with it, in order of their last access.
@@ -129,37 +212,10 @@ class AdaptivePolicy(EvictionPolicy):
         self._ghosts: dict[str, OrderedDict[Key, int]] = {
             name: OrderedDict() for name in self._experts
         }
-        # outstanding guess -> (index of the predictor that made it, when), oldest first.
-        self._guesses: OrderedDict[Key, tuple[int, int]] = OrderedDict()
 
     def predictions(self) -> list[Key]:
-        """Outstanding guesses of predictors that have been right lately, newest first: what
-        the prefetcher fetches when no plan exists."""
-        return [key for key, (which, _) in reversed(self._guesses.items()) if self._trusted(which)]
-
-    def _trusted(self, which: int) -> bool:
-        track = self._tracks[which]
-        return track.issued >= 16 and track.confirmed >= self._min_precision * track.issued
-
-    def _observe(self, key: Key) -> None:
-        self._now += 1
-        guessed = self._guesses.pop(key, None)
-        if guessed is not None:
-            self._tracks[guessed[0]].confirmed += 1
-        while self._guesses:
-            oldest = next(iter(self._guesses.values()))
-            if oldest[1] >= self._now - self._GUESS_WINDOW:
-                break
-            self._guesses.popitem(last=False)
-        for index, predictor in enumerate(self._predictors):
-            track = self._tracks[index]
-            for guess in predictor.observe(key):
-                if guess not in self._guesses:
-                    self._guesses[guess] = (index, self._now)
-                    track.issued += 1
-            # Forget slowly so a predictor that stops being right loses its trust.
-            track.issued *= 0.999
-            track.confirmed *= 0.999
+        """Outstanding guesses of predictors that have been right lately, soonest first."""
+        return self._forecast.predictions()
 
     def _bump(self, key: Key, frequency: int) -> None:
         self._frequency[key] = frequency
@@ -178,13 +234,13 @@ class AdaptivePolicy(EvictionPolicy):
         self._bump(key, 1)
         if prefetched:
             return
-        self._observe(key)
+        self._forecast.observe(key)
         # An insert is a miss: a ghost hit means the expert that evicted this key was wrong.
         discount = 0.005 ** (1 / max(1, len(self)))
         for name, ghosts in self._ghosts.items():
             evicted_at = ghosts.pop(key, None)
             if evicted_at is not None:
-                regret = discount ** (self._now - evicted_at)
+                regret = discount ** (self._forecast.now - evicted_at)
                 self.weights[name] *= math.exp(-self._learning_rate * regret)
         total = sum(self.weights.values())
         for name in self.weights:
@@ -192,7 +248,7 @@ class AdaptivePolicy(EvictionPolicy):
             self.weights[name] = max(self.weights[name] / total, 0.01)
 
     def _on_access(self, key: Key) -> None:
-        self._observe(key)
+        self._forecast.observe(key)
         self._recency.move_to_end(key)
         self._bump(key, self._unbump(key) + 1)
 
@@ -207,10 +263,6 @@ class AdaptivePolicy(EvictionPolicy):
         for frequency in sorted(self._buckets):
             yield from reversed(self._buckets[frequency])
 
-    def _expected(self, key: Key) -> bool:
-        guessed = self._guesses.get(key)
-        return guessed is not None and self._trusted(guessed[0])
-
     def _order(self, name: str) -> Iterator[Key]:
         """Every cached key, best victim first, in the eyes of one expert."""
         if name == "lfu":
@@ -219,8 +271,8 @@ class AdaptivePolicy(EvictionPolicy):
             return iter(self._recency)
         # What no trusted predictor expects goes first, least recently used first.
         return itertools.chain(
-            (key for key in self._recency if not self._expected(key)),
-            (key for key in self._recency if self._expected(key)),
+            (key for key in self._recency if not self._forecast.expected(key)),
+            (key for key in self._recency if self._forecast.expected(key)),
         )
 
     def _victim_order(self) -> Generator[Key, None, None]:
@@ -250,7 +302,7 @@ class AdaptivePolicy(EvictionPolicy):
                 for name, pick in picks.items():
                     if pick == victim:
                         ghosts = self._ghosts[name]
-                        ghosts[victim] = self._now
+                        ghosts[victim] = self._forecast.now
                         while len(ghosts) > limit:
                             ghosts.popitem(last=False)
             taken.add(victim)

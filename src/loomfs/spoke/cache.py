@@ -69,9 +69,10 @@ PREFETCHING: ContextVar[bool] = ContextVar("loomfs_prefetching", default=False)
 
 
 class CacheObserver(Protocol):
-    """Told of every demand read and every drop (the prefetcher's hook and metrics)."""
+    """Told of every demand read (with the blocks it covered) and every drop (the
+    prefetcher's hook and metrics)."""
 
-    def on_read(self, entry: CachedFile, hit: bool, stall_s: float) -> None: ...
+    def on_read(self, entry: CachedFile, hit: bool, stall_s: float, blocks: range) -> None: ...
 
     def on_drop(self, entry: CachedFile) -> None: ...
 
@@ -351,7 +352,8 @@ class Cache:
                 self.policy.access(entry.id)
             SERVED.inc(length)
             if self.observer is not None:
-                self.observer.on_read(entry, hit, 0.0 if hit else time.monotonic() - began)
+                stall_s = 0.0 if hit else time.monotonic() - began
+                self.observer.on_read(entry, hit, stall_s, span)
         if self.cipher is not None:
             return SealedSource(
                 fd, offset, length, lambda idx: self._block(entry, fd, idx),

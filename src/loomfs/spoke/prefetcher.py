@@ -12,10 +12,19 @@ fetches files that are not cached, as long as
 - the data it looks ahead over fits in ``WINDOW`` of the cache, so a prefetch never evicts
   something needed sooner than itself.
 
+Without a plan (for the files being read) demand reads feed predictors instead
+(``spoke.predict``: sibling files, read-ahead within large files, history), and what the
+predictors that earned trust expect is fetched in the room the plans leave, within the
+same in-flight budget and in at most ``PREDICT_WINDOW`` of the cache. A predictor earns
+trust by guesses that are read; a prefetch dropped unread refutes its guess, so a random
+order soon stops predictive prefetch.
+
 Eviction follows the plans too: with a plan active the cache's policy is ``PlanPolicy``
 (farthest next use across all jobs, Belady with a known future), otherwise
-``AdaptivePolicy``. Metrics: demand hit ratio, bytes fetched, prefetched bytes evicted
-unread (wasted), time demand reads stalled.
+``AdaptivePolicy``, with predicted files not yet read kept while still expected (else a
+prefetch would evict the one before it, unread: LFU drops the newest once-read first).
+Metrics: demand hit ratio, bytes fetched, prefetched bytes evicted unread (wasted), time
+demand reads stalled; prefetch bytes, hits and waste labelled by source (plan, predict).
 """
 
 from __future__ import annotations
@@ -27,27 +36,35 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
 from .. import paths
-from ..core.types import SYSTEM
+from ..core.types import SYSTEM, Entry
 from ..errors import InvalidArgument, LoomError
 from ..prefetch.adaptive import AdaptivePolicy, HistoryPredictor
 from ..prefetch.plan import Plan, Schedule
 from ..prefetch.planned import PlanPolicy
 from ..prefetch.policy import EvictionPolicy, Key
-from .cache import PREFETCHING, Cache, CachedFile
+from .cache import PREFETCHING, Cache, CachedFile, block_span
 from .namespace import SpokeNamespace
+from .predict import Predictions, Target
 
 log = logging.getLogger(__name__)
 
 DEMAND_READS = Counter("loomfs_prefetch_demand_reads_total", "Demand reads at the spoke", ["hit"])
-PREFETCHED = Counter("loomfs_prefetch_bytes_total", "Bytes fetched ahead of reads by plans")
-WASTED = Counter("loomfs_prefetch_wasted_bytes_total", "Prefetched bytes evicted unread")
+PREFETCHED = Counter(
+    "loomfs_prefetch_bytes_total", "Bytes fetched ahead of reads", ["source"]
+)  # source: plan | predict
+WASTED = Counter(
+    "loomfs_prefetch_wasted_bytes_total", "Prefetched bytes evicted unread", ["source"]
+)
+PREFETCH_HITS = Counter(
+    "loomfs_prefetch_hits_total", "Demand reads that found prefetched, unread data", ["source"]
+)
 STALL = Counter("loomfs_prefetch_stall_seconds_total", "Seconds demand reads waited for the link")
 JOBS = Gauge("loomfs_prefetch_jobs", "Jobs with an active plan")
 
@@ -57,6 +74,7 @@ WINDOW = 0.8  # of the cache's capacity, the most a plan's look-ahead spans
 TICK_S = 0.05  # longest the loop sleeps when nothing wakes it
 BANDWIDTH_WINDOW_S = 5.0
 SLACK_S = 1.0  # how late a job may run before eviction stops counting on a read
+PREDICT_WINDOW = 0.25  # of the cache's capacity, the most predicted bytes held unread
 
 
 class Bandwidth:
@@ -109,6 +127,11 @@ class Stats:
     jobs: int = 0
     policy: str = "adaptive"
     bandwidth: float = 0.0
+    # the part of the prefetching above that predictions (no plan) did
+    predicted_bytes: int = 0
+    predicted_files: int = 0  # ranges fetched: whole small files, blocks of large ones
+    predicted_hits: int = 0
+    predicted_wasted_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         hit_ratio = self.hits / self.demand_reads if self.demand_reads else None
@@ -123,17 +146,28 @@ class Stats:
             "jobs": self.jobs,
             "policy": self.policy,
             "bandwidth": self.bandwidth,
+            "predicted_bytes": self.predicted_bytes,
+            "predicted_files": self.predicted_files,
+            "predicted_hits": self.predicted_hits,
+            "predicted_wasted_bytes": self.predicted_wasted_bytes,
         }
 
 
 class SpokePolicy(EvictionPolicy):
     """The cache's policy: ``PlanPolicy`` while any plan is active, ``AdaptivePolicy``
-    otherwise. A switch replays the cached keys (oldest first) into a fresh policy."""
+    otherwise, which offers the ``protected`` keys (predicted, unread) last. A switch replays
+    the cached keys (oldest first) into a fresh policy."""
 
-    def __init__(self, make: Callable[[bool], EvictionPolicy], planned: Callable[[], bool]):
+    def __init__(
+        self,
+        make: Callable[[bool], EvictionPolicy],
+        planned: Callable[[], bool],
+        protected: Callable[[], Collection[Key]],
+    ):
         super().__init__()
         self._make = make
         self._planned = planned
+        self._protected = protected
         self.mode = planned()
         self.inner = make(self.mode)
 
@@ -176,7 +210,24 @@ class SpokePolicy(EvictionPolicy):
 
     def _victim_order(self) -> Generator[Key, None, None]:
         self._follow()
-        return self.inner._victim_order()
+        order = self.inner._victim_order()
+        protected = () if self.mode else self._protected()
+        return self._last(order, protected) if protected else order
+
+    @staticmethod
+    def _last(
+        order: Generator[Key, None, None], protected: Collection[Key]
+    ) -> Generator[Key, None, None]:
+        held: list[Key] = []
+        try:
+            for key in order:
+                if key in protected:
+                    held.append(key)
+                else:
+                    yield key
+            yield from held
+        finally:
+            order.close()
 
 
 class _FileSchedule:
@@ -216,11 +267,21 @@ class Prefetcher:
         self.jobs: dict[str, _JobState] = {}
         self.bandwidth = Bandwidth()
         self.stats = Stats()
-        self._unread: dict[int, int] = {}  # cache file id -> bytes prefetched, not yet read
+        # cache file id -> blocks prefetched, not yet read (a large file is read ahead, and
+        # read, a few blocks at a time)
+        self._unread: dict[int, set[int]] = {}
+        # path -> for each prefetch of it in flight, the blocks demand reads took meanwhile
+        # (such a read waited for the prefetch: those blocks were read, not left unread)
+        self._watched: dict[str, list[set[int]]] = {}
         self._in_flight: dict[Key, tuple[asyncio.Task[None], int]] = {}  # -> bytes booked
+        self.predict = Predictions(spoke)
+        self._predicting: dict[Key, tuple[asyncio.Task[None], int]] = {}  # unit keys, as above
+        self._predicted: dict[int, Key] = {}  # cache file id -> unit fetched for it, unread
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.policy = SpokePolicy(self._make_policy, lambda: len(self.schedule) > 0)
+        self.policy = SpokePolicy(
+            self._make_policy, lambda: len(self.schedule) > 0, self._expected_unread
+        )
 
     def _make_policy(self, planned: bool) -> EvictionPolicy:
         if planned:
@@ -241,7 +302,7 @@ class Prefetcher:
         self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        tasks = [t for t, _ in self._in_flight.values()]
+        tasks = [t for t, _ in (*self._in_flight.values(), *self._predicting.values())]
         if self._task is not None:
             tasks.append(self._task)
         for task in tasks:
@@ -311,14 +372,29 @@ class Prefetcher:
 
     # -- the cache observer ----------------------------------------------------------------
 
-    def on_read(self, entry: CachedFile, hit: bool, stall_s: float) -> None:
+    def on_read(self, entry: CachedFile, hit: bool, stall_s: float, blocks: range) -> None:
         self.stats.demand_reads += 1
         self.stats.hits += hit
         self.stats.stall_s += stall_s
         DEMAND_READS.labels(str(hit).lower()).inc()
         STALL.inc(stall_s)
-        self._unread.pop(entry.id, None)
+        for watch in self._watched.get(entry.path, ()):
+            watch.update(blocks)
+        unread = self._unread.get(entry.id)
+        if unread is not None and not unread.isdisjoint(blocks):
+            unread.difference_update(blocks)
+            predicted = entry.id in self._predicted
+            if hit:
+                self.stats.predicted_hits += predicted
+                PREFETCH_HITS.labels("predict" if predicted else "plan").inc()
+            if not unread:
+                del self._unread[entry.id]
+                self._predicted.pop(entry.id, None)
         key = self.key_of.get(entry.path)
+        if key is None or not any(key in job.keys for job in self.jobs.values()):
+            # no plan says what follows this read: the predictors learn from it
+            self.predict.note(entry.path, entry.version, entry.size, blocks)
+            self._wake.set()
         if key is not None:
             self.versions[key] = entry.version
             now = self.clock()
@@ -332,10 +408,15 @@ class Prefetcher:
             self._wake.set()
 
     def on_drop(self, entry: CachedFile) -> None:
-        wasted = self._unread.pop(entry.id, 0)
+        wasted = sum(entry.block_len(block) for block in self._unread.pop(entry.id, ()))
+        unit = self._predicted.pop(entry.id, None)
+        if unit is not None:
+            self.predict.forecast.refute(unit)  # counts against the predictor that guessed
         if wasted:
             self.stats.wasted_bytes += wasted
-            WASTED.inc(wasted)
+            WASTED.labels("plan" if unit is None else "predict").inc(wasted)
+            if unit is not None:
+                self.stats.predicted_wasted_bytes += wasted
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -363,8 +444,7 @@ class Prefetcher:
         are, while the look-ahead fits in the cache and the bytes in flight in the link."""
         now = self.clock()
         start = {job_id: job.read_to for job_id, job in self.jobs.items()}
-        in_flight = max(MIN_IN_FLIGHT, int(self.bandwidth.estimate() * LEAD_S))
-        budget = in_flight - sum(booked for _, booked in self._in_flight.values())
+        budget = self._budget()
         window = int(self.cache.capacity * WINDOW)
         chosen: list[Key] = []
         seen: set[Key] = set()
@@ -379,11 +459,56 @@ class Prefetcher:
             done = any(job.reads[key] > job.passed[key] for job in self.jobs.values())
             if key in self._in_flight or done or self._cached(key):
                 continue
-            if size > budget and (chosen or self._in_flight):
+            if size > budget and (chosen or self._busy()):
                 break
             budget -= size
             chosen.append(key)
         return chosen
+
+    def _budget(self) -> int:
+        """Bytes that may go in flight now: what the link carries in ``LEAD_S``, less what
+        plans and predictions have in flight."""
+        in_flight = max(MIN_IN_FLIGHT, int(self.bandwidth.estimate() * LEAD_S))
+        booked = (*self._in_flight.values(), *self._predicting.values())
+        return in_flight - sum(size for _, size in booked)
+
+    def _busy(self) -> bool:
+        return bool(self._in_flight or self._predicting)
+
+    def _expected_unread(self) -> set[int]:
+        """Cache files fetched for a guess still outstanding and not yet read (trusted or
+        not now: a dip in trust must not hand what was fetched to eviction first)."""
+        outstanding = self.predict.forecast.outstanding
+        return {file_id for file_id, unit in self._predicted.items() if outstanding(unit)}
+
+    def _unread_bytes(self, file_id: int) -> int:
+        entry = self.cache.by_id(file_id)
+        blocks = self._unread.get(file_id, ())
+        return 0 if entry is None else sum(entry.block_len(block) for block in blocks)
+
+    def _choose_predicted(self) -> list[Target]:
+        """Ranges trusted predictors expect and the cache lacks, soonest first, in the
+        budget the plans left, while predicted bytes not yet read stay in ``PREDICT_WINDOW``
+        of the cache (they are kept from eviction, so this bounds what they can displace)."""
+        budget = self._budget()
+        held = sum(self._unread_bytes(file_id) for file_id in self._expected_unread())
+        room = int(self.cache.capacity * PREDICT_WINDOW) - held
+        room -= sum(booked for _, booked in self._predicting.values())
+        chosen: list[Target] = []
+        for target in self.predict.targets():
+            if target.key in self._predicting or self._holds(target):
+                continue
+            if target.length > room or (target.length > budget and (chosen or self._busy())):
+                break
+            budget -= target.length
+            room -= target.length
+            chosen.append(target)
+        return chosen
+
+    def _holds(self, target: Target) -> bool:
+        entry = self.cache.get(target.path, target.version)
+        blocks = block_span(target.offset, target.length)
+        return entry is not None and all(block in entry.hashes for block in blocks)
 
     async def _run(self) -> None:
         while True:
@@ -391,41 +516,77 @@ class Prefetcher:
                 async with asyncio.timeout(TICK_S):
                     await self._wake.wait()
             self._wake.clear()
-            if not self.jobs:
-                continue
             try:
-                for key in self._choose():
-                    task = asyncio.create_task(self._fetch(key))
-                    self._in_flight[key] = (task, self.sizes.get(key, 0))
+                await self.predict.observe()
+                if self.jobs:
+                    for key in self._choose():
+                        task = asyncio.create_task(self._fetch(key))
+                        self._in_flight[key] = (task, self.sizes.get(key, 0))
+                # after the plans: predictions take the room they leave
+                for target in self._choose_predicted():
+                    task = asyncio.create_task(self._fetch_predicted(target))
+                    self._predicting[target.key] = (task, target.length)
             except Exception:
                 log.exception("prefetch planning failed")
                 await asyncio.sleep(1)
 
-    async def _fetch(self, key: Key) -> None:
-        path = self.paths[key]
+    async def _read_ahead(
+        self, path: str, offset: int = 0, length: int | None = None
+    ) -> tuple[Entry, CachedFile | None, int]:
+        """Read a range as the prefetcher (filling the cache, no demand read): the file's
+        entry, its cache file, and the bytes of the range this read brought there (counted
+        unread; blocks other reads of the file brought meanwhile are theirs)."""
         began = self.clock()
+        before = {held.id: set(held.hashes) for held in self.cache.versions(path)}
+        demanded: set[int] = set()
+        watches = self._watched.setdefault(path, [])
+        watches.append(demanded)
         token = PREFETCHING.set(True)
         try:
-            known = self.versions.get(key)
-            prior = None if known is None else self.cache.get(path, known)
-            before = (prior.id, prior.cached_bytes) if prior is not None else (-1, 0)
-            async with await self.spoke.read(SYSTEM, path) as reader:
-                size = reader.length
-                cached = self.cache.get(path, reader.entry.version)
-            fetched = 0
-            if cached is not None:
-                fetched = cached.cached_bytes - (before[1] if before[0] == cached.id else 0)
-                if fetched > 0:
-                    self._unread[cached.id] = self._unread.get(cached.id, 0) + fetched
-            self.sizes[key] = size
-            self.versions[key] = reader.entry.version
-            self.stats.fetched_bytes += fetched
+            async with await self.spoke.read(SYSTEM, path, offset, length) as reader:
+                entry = reader.entry
+                cached = self.cache.get(path, entry.version)
+                blocks = block_span(reader.offset, reader.length)
+        finally:
+            PREFETCHING.reset(token)
+            watches[:] = [watch for watch in watches if watch is not demanded]  # not by value
+            if not watches:
+                del self._watched[path]
+        fetched = 0
+        if cached is not None:
+            had = before.get(cached.id, set())
+            brought = {i for i in blocks if i in cached.hashes and i not in had}
+            fetched = sum(cached.block_len(i) for i in brought)
+            if brought - demanded:
+                self._unread.setdefault(cached.id, set()).update(brought - demanded)
+        self.stats.fetched_bytes += fetched
+        self.bandwidth.record(began, self.clock(), fetched)
+        return entry, cached, fetched
+
+    async def _fetch(self, key: Key) -> None:
+        path = self.paths[key]
+        try:
+            entry, _, fetched = await self._read_ahead(path)
+            self.sizes[key] = entry.size
+            self.versions[key] = entry.version
             self.stats.prefetched_files += 1
-            PREFETCHED.inc(fetched)
-            self.bandwidth.record(began, self.clock(), fetched)
+            PREFETCHED.labels("plan").inc(fetched)
         except LoomError as exc:  # the demand read will say what is wrong, if it matters
             log.info("prefetch failed", extra={"path": path, "error": str(exc)})
         finally:
-            PREFETCHING.reset(token)
             self._in_flight.pop(key, None)
+            self._wake.set()
+
+    async def _fetch_predicted(self, target: Target) -> None:
+        try:
+            _, cached, fetched = await self._read_ahead(target.path, target.offset, target.length)
+            self.stats.predicted_files += 1
+            self.stats.predicted_bytes += fetched
+            PREFETCHED.labels("predict").inc(fetched)
+            if cached is not None and cached.id in self._unread:  # not all read meanwhile
+                self._predicted[cached.id] = target.key
+        except LoomError as exc:
+            log.info("predicted prefetch failed", extra={"path": target.path, "error": str(exc)})
+        finally:
+            self._predicting.pop(target.key, None)
             self._wake.set()
