@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 import pyfuse3
 
 from ... import paths
-from ...core.types import Change, ChangeOp, Feed
+from ...core.types import Change, ChangeOp, Entry, Feed
 from ...errors import LoomError
 from .inodes import InodeTable
 
@@ -34,12 +34,43 @@ FOLLOWING_TIMEOUT = 60.0
 FEED_WAIT = 20.0
 #: pause after a failed poll (the site restarting, a network blip)
 RETRY = 1.0
+#: how many of the mount's own creations are remembered until the feed brings them back
+OWN_MAX = 4096
+
+
+class OwnCreations:
+    """Entries this mount created and described to the kernel in the same reply: when the
+    feed brings their creation back, nothing the kernel holds is stale (it dropped the
+    directory's attributes itself when it made the name). Invalidating anyway cost a
+    thread hop per create and sent the next ``stat`` of each new file to the hub.
+
+    A (path, version) pair names one change only, so a pair noted after the feed passed
+    it can never match another change; it only waits to be pushed out by newer ones."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, int], None] = {}
+
+    def note(self, entry: Entry) -> None:
+        self._pending[(entry.path, entry.version)] = None
+        if len(self._pending) > OWN_MAX:
+            del self._pending[next(iter(self._pending))]
+
+    def take(self, change: Change) -> bool:
+        """Whether ``change`` is a creation noted here (forgotten once asked)."""
+        if change.op is not ChangeOp.CREATE:
+            return False
+        try:
+            del self._pending[(change.path, change.version)]
+        except KeyError:
+            return False
+        return True
 
 
 class FeedInvalidator:
-    def __init__(self, inodes: InodeTable, poll: Poll) -> None:
+    def __init__(self, inodes: InodeTable, poll: Poll, own: OwnCreations) -> None:
         self.inodes = inodes
         self.poll = poll
+        self.own = own
         self.seq = 0
 
     async def run(self) -> None:
@@ -68,6 +99,8 @@ class FeedInvalidator:
         """Tell the kernel what ``change`` made stale of what it may hold."""
         if change.op is ChangeOp.EVICT:
             return  # spokes drop cached data; the names and bytes here are unchanged
+        if self.own.take(change):
+            return
         if change.op in (ChangeOp.DELETE, ChangeOp.RENAME):
             self._forget_name(change.path)
         if change.new_path is not None:

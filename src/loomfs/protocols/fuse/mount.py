@@ -98,7 +98,7 @@ async def serve(
     pyfuse3.init(ops, str(mountpoint), mount_options(allow_other=allow_other))
     follower = None
     if follow is not None:
-        follower = asyncio.create_task(FeedInvalidator(ops.inodes, follow).run())
+        follower = asyncio.create_task(FeedInvalidator(ops.inodes, follow, ops.own).run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, pyfuse3.terminate)

@@ -27,6 +27,7 @@ from ...core.types import KIND_BITS, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
 from ...namespace.base import Namespace
 from .files import ReadStream, WriteBuffer
+from .follow import OwnCreations
 from .inodes import ROOT_INODE, InodeTable, Node
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ class LoomOperations(pyfuse3.Operations):
         self.spool_dir = spool_dir
         self.uid_map = dict(uid_map or {})
         self.inodes = InodeTable()
+        #: what this mount created, for the change feed's follower to pass over
+        self.own = OwnCreations()
         self._files: dict[int, FileHandle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
@@ -198,7 +201,11 @@ class LoomOperations(pyfuse3.Operations):
         return self.attrs(self.inodes.learn(entry))
 
     def _created(self, entry: Entry) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.inodes.created(entry))
+        return self.attrs(self._made(entry))
+
+    def _made(self, entry: Entry) -> Node:
+        self.own.note(entry)
+        return self.inodes.created(entry)
 
     async def _owned(
         self, who: Principal, entry: Entry, ctx: pyfuse3.RequestContext, mode: int | None = None
@@ -556,7 +563,7 @@ class LoomOperations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         who = self.who(ctx)
         entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
-        node = self.inodes.created(entry)
+        node = self._made(entry)
         node.cached_version = entry.version
         await self._buffer(node, who, entry.version, empty=True)
         fh = self._fh()
