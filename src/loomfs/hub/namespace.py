@@ -86,6 +86,8 @@ class HubNamespace(Namespace):
         write_lease: float = 60.0,
     ) -> None:
         self.catalog = catalog
+        #: the catalog's durability is the namespace's: volumes follow it (``sync``)
+        self.durable = catalog.durable
         #: residency policies: a re-tag that restricts a file evicts it from spokes
         self.placement = placement
         #: spokes' read leases: a commit is acknowledged once they have applied it
@@ -106,7 +108,7 @@ class HubNamespace(Namespace):
         volumes = await self.catalog.volumes()
         for volume in volumes:
             if volume.mount not in self._mounts:
-                self._mounts[volume.mount] = Mounted(volume, open_backend(volume.url))
+                self._mounts[volume.mount] = Mounted(volume, self._open_backend(volume.url))
         return volumes
 
     @property
@@ -118,7 +120,7 @@ class HubNamespace(Namespace):
         mount = paths.normalize(mount)
         if mount == paths.ROOT:
             raise InvalidArgument("a volume cannot be mounted at the root")
-        backend = open_backend(url)
+        backend = self._open_backend(url)
         try:
             await backend.check()
             volume = await self.catalog.add_volume(mount, backend.url)
@@ -127,6 +129,11 @@ class HubNamespace(Namespace):
             raise
         self._mounts[mount] = Mounted(volume, backend)
         return await self.sync_volume(mount, progress)
+
+    def _open_backend(self, url: str) -> Backend:
+        backend = open_backend(url)
+        backend.durable = self.durable
+        return backend
 
     async def sync_volume(
         self, mount: str, progress: Progress | None = None, *, prefix: str = ""
@@ -556,6 +563,14 @@ class HubNamespace(Namespace):
         if hit is not None:
             await self._links_changed(hit[0], changed, path)
         return changed
+
+    async def persist(self, who: Principal, path: str) -> None:
+        if self.durable:
+            return  # each change was durable before it was acknowledged
+        hit = self._resolve(paths.normalize(path))
+        if hit is not None:
+            await hit[0].backend.sync(hit[1])
+        await self.catalog.sync()
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))

@@ -507,6 +507,11 @@ class LoomOperations(pyfuse3.Operations):
             handle.last_id = position
 
     @translated
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        handle = self._dirs[fh]
+        await self.ns.persist(handle.who, handle.node.path)
+
+    @translated
     async def releasedir(self, fh: int) -> None:
         await self._close_listing(self._dirs.pop(fh))
 
@@ -600,6 +605,8 @@ class LoomOperations(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._files[fh]
         await self._commit(handle.node, handle.who)
+        if not handle.node.unlinked:
+            await self.ns.persist(handle.who, handle.node.path)
 
     @translated
     async def release(self, fh: int) -> None:
