@@ -44,6 +44,8 @@ class Node:
     listing_changed_ns: int = 0
     #: the new content while the file is open for writing
     buffer: WriteBuffer | None = None
+    #: ``entry`` came from the site and the change feed has said nothing of it since
+    current: bool = False
 
 
 class InodeTable:

@@ -94,7 +94,7 @@ async def serve(
     spool_dir.mkdir(parents=True, exist_ok=True)
     pyfuse3.asyncio.enable()
     timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
-    ops = LoomOperations(ns, str(spool_dir), uid_map, timeout)
+    ops = LoomOperations(ns, str(spool_dir), uid_map, timeout, following=follow is not None)
     pyfuse3.init(ops, str(mountpoint), mount_options(allow_other=allow_other))
     follower = None
     if follow is not None:

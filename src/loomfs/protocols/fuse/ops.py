@@ -23,11 +23,11 @@ import pyfuse3
 
 from ... import paths
 from ...core.streams import aiter_bytes
-from ...core.types import KIND_BITS, Entry, EntryKind, Principal
+from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
 from ...namespace.base import Namespace
 from .files import ReadStream, WriteBuffer
-from .follow import OwnCreations
+from .follow import OwnChanges
 from .inodes import ROOT_INODE, InodeTable, Node
 
 log = logging.getLogger(__name__)
@@ -105,15 +105,19 @@ class LoomOperations(pyfuse3.Operations):
         spool_dir: str,
         uid_map: Mapping[int, str] | None = None,
         cache_timeout: float = CACHE_TIMEOUT,
+        *,
+        following: bool = False,
     ) -> None:
         super().__init__()
         self.ns = ns
         self.cache_timeout = cache_timeout
+        #: the change feed is followed (``follow.py``): what it has not flagged is current
+        self.following = following
         self.spool_dir = spool_dir
         self.uid_map = dict(uid_map or {})
         self.inodes = InodeTable()
-        #: what this mount created, for the change feed's follower to pass over
-        self.own = OwnCreations()
+        #: what this mount changed, for the change feed's follower to pass over
+        self.own = OwnChanges()
         self._files: dict[int, FileHandle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
@@ -198,13 +202,15 @@ class LoomOperations(pyfuse3.Operations):
         return out
 
     def _learned(self, entry: Entry) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.inodes.learn(entry))
+        node = self.inodes.learn(entry)
+        node.current = True
+        return self.attrs(node)
 
     def _created(self, entry: Entry) -> pyfuse3.EntryAttributes:
         return self.attrs(self._made(entry))
 
     def _made(self, entry: Entry) -> Node:
-        self.own.note(entry)
+        self.own.note(ChangeOp.CREATE, entry.path, entry.version)
         return self.inodes.created(entry)
 
     async def _owned(
@@ -307,8 +313,17 @@ class LoomOperations(pyfuse3.Operations):
     @translated
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
-        if not node.unlinked:
-            node.entry = await self.ns.stat(self.who(ctx), node.path)
+        if node.unlinked:
+            return self.attrs(node)
+        entry = node.entry
+        if self.following and node.current and entry is not None and entry.is_dir:
+            # The kernel drops a directory's attributes whenever a name in it is made or
+            # removed, and then asks before each lookup in it (the permission check): the
+            # mount's own changes are in ``attrs`` already (listing_changed_ns), anyone
+            # else's would have been flagged by the feed.
+            return self.attrs(node)
+        node.entry = await self.ns.stat(self.who(ctx), node.path)
+        node.current = True
         return self.attrs(node)
 
     @translated
@@ -422,14 +437,25 @@ class LoomOperations(pyfuse3.Operations):
 
     @translated
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        path = self._child(parent_inode, name)
-        await self.ns.remove(self.who(ctx), path)
-        self.inodes.unlinked(path)
+        await self._remove(parent_inode, name, ctx)
 
     @translated
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._remove(parent_inode, name, ctx)
+
+    async def _remove(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         path = self._child(parent_inode, name)
-        await self.ns.remove(self.who(ctx), path)
+        node = self.inodes.by_path(path)
+        # the version the kernel looked up: a removal of another one is someone else's news
+        version = node.entry.version if node is not None and node.entry is not None else None
+        if version is not None:
+            self.own.note(ChangeOp.DELETE, path, version)
+        try:
+            await self.ns.remove(self.who(ctx), path)
+        except BaseException:
+            if version is not None:
+                self.own.withdraw(ChangeOp.DELETE, path, version)
+            raise
         self.inodes.unlinked(path)
 
     @translated
