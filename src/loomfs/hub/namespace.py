@@ -70,6 +70,25 @@ def _expect(key: str, entry: Entry) -> ObjectInfo | None:
     return ObjectInfo(key, entry.kind, entry.size, entry.mtime_ns, entry.etag, entry.inode)
 
 
+def _as_dir(path: str, entry: Entry | None) -> Entry:
+    if entry is None:
+        raise NotFound(f"no such file or directory: {path}", path=path)
+    if not entry.is_dir:
+        raise NotADirectory(f"not a directory: {path}", path=path)
+    return entry
+
+
+def _recorded(entry: Entry, put: Put) -> bool:
+    """Whether the catalog's ``entry`` already holds every fact ``put`` would record."""
+    return (
+        entry.kind, entry.size, entry.mtime_ns, entry.mode, entry.uid, entry.gid, entry.etag,
+        entry.inode, entry.link_target, entry.rdev, entry.nlink, entry.atime_ns, entry.ctime_ns,
+    ) == (
+        put.kind, put.size, put.mtime_ns, put.mode, put.uid, put.gid, put.etag,
+        put.inode, put.link_target, put.rdev, put.nlink, put.atime_ns, put.ctime_ns,
+    )  # fmt: skip
+
+
 def _check_tag(key: str, value: str | None = None) -> None:
     if not key or len(key) > MAX_TAG_KEY or any(ord(c) < 32 for c in key):
         raise InvalidArgument(f"invalid tag key {key!r}: 1-{MAX_TAG_KEY} printable characters")
@@ -169,13 +188,17 @@ class HubNamespace(Namespace):
             except NotFound:
                 await self.catalog.apply([Delete(path, recursive=True, missing_ok=True)])
                 return None
-            if key:
+            before = await self.catalog.get(path)
+            put = put_for(mounted.volume.mount, info)
+            if before is not None and _recorded(before, put):
+                # most often the echo (inotify) of a write this namespace just recorded
+                return before
+            if key and before is None:
                 parent = paths.split(path)[0]
                 if await self.catalog.get(parent) is None:
                     # its directory is new as well: import the nearest new ancestor's subtree
                     await self.refresh(parent)
-            before = await self.catalog.get(path)
-            [applied] = await self.catalog.apply([put_for(mounted.volume.mount, info)])
+            [applied] = await self.catalog.apply([put])
         # Only a directory new at this path (created, moved in, or another one swapped in)
         # has contents the catalog lacks. A known directory whose mtime moved had its
         # children reported one by one; sweeping it on each change made filling a large
@@ -221,10 +244,7 @@ class HubNamespace(Namespace):
         return entry
 
     async def _dir(self, path: str) -> Entry:
-        entry = await self._entry(path)
-        if not entry.is_dir:
-            raise NotADirectory(f"not a directory: {path}", path=path)
-        return entry
+        return _as_dir(path, await self.catalog.get(path))
 
     # -- the namespace API -----------------------------------------------------------------
 
@@ -321,11 +341,14 @@ class HubNamespace(Namespace):
 
     async def _writable(self, path: str, if_version: int | None, exclusive: bool) -> Entry | None:
         """The entry a write would replace (None: a new file), or why it may not."""
-        current = await self.catalog.get(path)
+        parent = paths.split(path)[0]
+        # one catalog call for the entry and the directory a new file would go in
+        found = await self.catalog.get_many([path, parent])
+        current = found.get(path)
         if current is None:
             if if_version is not None:
                 raise NotFound(f"no such file: {path}", path=path)
-            await self._dir(paths.split(path)[0])
+            _as_dir(parent, found.get(parent))
         elif current.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         elif exclusive:
