@@ -136,7 +136,7 @@ class FeedInvalidator:
         node = self.inodes.by_path(path)
         if node is None:
             return
-        node.current = False  # the kernel's next getattr must reach the site
+        node.current_until = 0.0  # the kernel's next getattr must reach the site
         # in a thread: dropping pages waits for reads of them this loop is serving
         with contextlib.suppress(OSError):  # the kernel has forgotten the inode already
             await asyncio.to_thread(pyfuse3.invalidate_inode, node.ino, not data)

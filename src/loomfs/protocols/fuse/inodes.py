@@ -44,8 +44,9 @@ class Node:
     listing_changed_ns: int = 0
     #: the new content while the file is open for writing
     buffer: WriteBuffer | None = None
-    #: ``entry`` came from the site and the change feed has said nothing of it since
-    current: bool = False
+    #: until when (monotonic) ``entry`` may stand for the site's: it came from the site,
+    #: and the change feed has said nothing of it since
+    current_until: float = 0.0
 
 
 class InodeTable:

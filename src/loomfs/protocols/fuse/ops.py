@@ -15,6 +15,7 @@ import logging
 import os
 import pwd
 import stat
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
@@ -203,8 +204,13 @@ class LoomOperations(pyfuse3.Operations):
 
     def _learned(self, entry: Entry) -> pyfuse3.EntryAttributes:
         node = self.inodes.learn(entry)
-        node.current = True
+        self._fetched(node)
         return self.attrs(node)
+
+    def _fetched(self, node: Node) -> None:
+        """``node.entry`` was just read from the site: it stands for as long as the kernel
+        may cache it (a change the feed does not log, an atime, shows no later than there)."""
+        node.current_until = time.monotonic() + self.cache_timeout
 
     def _created(self, entry: Entry) -> pyfuse3.EntryAttributes:
         return self.attrs(self._made(entry))
@@ -316,14 +322,15 @@ class LoomOperations(pyfuse3.Operations):
         if node.unlinked:
             return self.attrs(node)
         entry = node.entry
-        if self.following and node.current and entry is not None and entry.is_dir:
+        current = time.monotonic() < node.current_until
+        if self.following and current and entry is not None and entry.is_dir:
             # The kernel drops a directory's attributes whenever a name in it is made or
             # removed, and then asks before each lookup in it (the permission check): the
             # mount's own changes are in ``attrs`` already (listing_changed_ns), anyone
             # else's would have been flagged by the feed.
             return self.attrs(node)
         node.entry = await self.ns.stat(self.who(ctx), node.path)
-        node.current = True
+        self._fetched(node)
         return self.attrs(node)
 
     @translated
