@@ -484,6 +484,27 @@ async def test_hub_changes_reach_the_kernel_cache_at_once(
     assert (mnt / "f").read_bytes() == b"changed at the hub"
 
 
+async def test_a_directory_changed_elsewhere_reaches_the_kernel_between_own_changes(
+    work: tuple[Path, Path, str], ns: HubNamespace
+) -> None:
+    """The follower passes over the mount's own creations and removals (the kernel knows
+    of them), and a directory's attributes are answered from the mount's own entry while
+    the feed says nothing of it: a change made elsewhere still shows at once."""
+    mnt, _, top = work
+    for i in range(20):
+        (mnt / f"n{i}").write_bytes(b"")
+    os.unlink(mnt / "n0")
+    assert sorted(os.listdir(mnt)) == sorted(f"n{i}" for i in range(1, 20))
+    assert stat.S_IMODE(os.stat(mnt).st_mode) != 0o700  # now cached
+    await ns.set_attrs(SYSTEM, top, mode=0o700)
+    await ns.write_bytes(SYSTEM, f"{top}/n1", b"from the hub")
+    within = FOLLOWING_TIMEOUT / 2  # the kernel's own timeout can't be what ends the wait
+    _wait_for(lambda: stat.S_IMODE(os.stat(mnt).st_mode) == 0o700, "the new mode", within)
+    _wait_for(lambda: os.stat(mnt / "n1").st_size == 12, "the new size", within)
+    (mnt / "n20").write_bytes(b"")  # an own change after the foreign ones
+    assert stat.S_IMODE(os.stat(mnt).st_mode) == 0o700
+
+
 def test_a_file_keeps_its_inode_number_after_the_kernel_forgets_it() -> None:
     """A name invalidated from the feed makes the kernel forget an inode; looked up again,
     the same file must have the same number (tools compare st_ino), another file not."""

@@ -897,7 +897,8 @@ async def _mount(
         rest = RestNamespace(hub_url)
         ns: Namespace = rest
     else:
-        service = HubService(config)
+        # this process serves the mount alone: its changes follow POSIX's durability
+        service = HubService(config, durable=config.fuse.durable_each_change)
         await service.start()
         ns = service.governed  # the mapped users are decided for like any other caller
         follow = functools.partial(_hub_feed, service)  # invalidation only: no data

@@ -149,6 +149,14 @@ class AuditSection(_Section):
     key_file: Path | None = None
 
 
+class FuseSection(_Section):
+    #: false: as on a local file system, a change through a mount that runs its site's hub
+    #: (``loomfs mount`` without --hub) survives a crash of the mount once the call
+    #: returned, and power loss once fsync(2) or sync(1) returned; true: every change is
+    #: flushed to disk before the call returns (several times slower to create files)
+    durable_each_change: bool = False
+
+
 class Config(_Section):
     site: SiteSection = SiteSection()
     catalog: CatalogSection = CatalogSection()
@@ -160,6 +168,7 @@ class Config(_Section):
     sftp: SftpSection = SftpSection()
     log: LogSection = LogSection()
     audit: AuditSection = AuditSection()
+    fuse: FuseSection = FuseSection()
 
     @property
     def identity_dir(self) -> Path:

@@ -68,9 +68,12 @@ VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
 
 
 class HubService:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, durable: bool = True) -> None:
+        """``durable=False``: changes survive a crash of the process at once and power
+        loss after ``sync`` (``fsync``), as a local file system's (a mount's own hub)."""
         self.config = config
         self.catalog: Catalog = open_catalog(config.catalog_url)
+        self.catalog.durable = durable
         self.placement = PlacementAuthorizer(
             self.catalog, SiteRegistry(self.catalog), config.site.name
         )

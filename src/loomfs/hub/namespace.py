@@ -70,6 +70,25 @@ def _expect(key: str, entry: Entry) -> ObjectInfo | None:
     return ObjectInfo(key, entry.kind, entry.size, entry.mtime_ns, entry.etag, entry.inode)
 
 
+def _as_dir(path: str, entry: Entry | None) -> Entry:
+    if entry is None:
+        raise NotFound(f"no such file or directory: {path}", path=path)
+    if not entry.is_dir:
+        raise NotADirectory(f"not a directory: {path}", path=path)
+    return entry
+
+
+def _recorded(entry: Entry, put: Put) -> bool:
+    """Whether the catalog's ``entry`` already holds every fact ``put`` would record."""
+    return (
+        entry.kind, entry.size, entry.mtime_ns, entry.mode, entry.uid, entry.gid, entry.etag,
+        entry.inode, entry.link_target, entry.rdev, entry.nlink, entry.atime_ns, entry.ctime_ns,
+    ) == (
+        put.kind, put.size, put.mtime_ns, put.mode, put.uid, put.gid, put.etag,
+        put.inode, put.link_target, put.rdev, put.nlink, put.atime_ns, put.ctime_ns,
+    )  # fmt: skip
+
+
 def _check_tag(key: str, value: str | None = None) -> None:
     if not key or len(key) > MAX_TAG_KEY or any(ord(c) < 32 for c in key):
         raise InvalidArgument(f"invalid tag key {key!r}: 1-{MAX_TAG_KEY} printable characters")
@@ -86,6 +105,8 @@ class HubNamespace(Namespace):
         write_lease: float = 60.0,
     ) -> None:
         self.catalog = catalog
+        #: the catalog's durability is the namespace's: volumes follow it (``sync``)
+        self.durable = catalog.durable
         #: residency policies: a re-tag that restricts a file evicts it from spokes
         self.placement = placement
         #: spokes' read leases: a commit is acknowledged once they have applied it
@@ -106,7 +127,7 @@ class HubNamespace(Namespace):
         volumes = await self.catalog.volumes()
         for volume in volumes:
             if volume.mount not in self._mounts:
-                self._mounts[volume.mount] = Mounted(volume, open_backend(volume.url))
+                self._mounts[volume.mount] = Mounted(volume, self._open_backend(volume.url))
         return volumes
 
     @property
@@ -118,7 +139,7 @@ class HubNamespace(Namespace):
         mount = paths.normalize(mount)
         if mount == paths.ROOT:
             raise InvalidArgument("a volume cannot be mounted at the root")
-        backend = open_backend(url)
+        backend = self._open_backend(url)
         try:
             await backend.check()
             volume = await self.catalog.add_volume(mount, backend.url)
@@ -127,6 +148,11 @@ class HubNamespace(Namespace):
             raise
         self._mounts[mount] = Mounted(volume, backend)
         return await self.sync_volume(mount, progress)
+
+    def _open_backend(self, url: str) -> Backend:
+        backend = open_backend(url)
+        backend.durable = self.durable
+        return backend
 
     async def sync_volume(
         self, mount: str, progress: Progress | None = None, *, prefix: str = ""
@@ -162,13 +188,17 @@ class HubNamespace(Namespace):
             except NotFound:
                 await self.catalog.apply([Delete(path, recursive=True, missing_ok=True)])
                 return None
-            if key:
+            before = await self.catalog.get(path)
+            put = put_for(mounted.volume.mount, info)
+            if before is not None and _recorded(before, put):
+                # most often the echo (inotify) of a write this namespace just recorded
+                return before
+            if key and before is None:
                 parent = paths.split(path)[0]
                 if await self.catalog.get(parent) is None:
                     # its directory is new as well: import the nearest new ancestor's subtree
                     await self.refresh(parent)
-            before = await self.catalog.get(path)
-            [applied] = await self.catalog.apply([put_for(mounted.volume.mount, info)])
+            [applied] = await self.catalog.apply([put])
         # Only a directory new at this path (created, moved in, or another one swapped in)
         # has contents the catalog lacks. A known directory whose mtime moved had its
         # children reported one by one; sweeping it on each change made filling a large
@@ -214,10 +244,7 @@ class HubNamespace(Namespace):
         return entry
 
     async def _dir(self, path: str) -> Entry:
-        entry = await self._entry(path)
-        if not entry.is_dir:
-            raise NotADirectory(f"not a directory: {path}", path=path)
-        return entry
+        return _as_dir(path, await self.catalog.get(path))
 
     # -- the namespace API -----------------------------------------------------------------
 
@@ -337,11 +364,14 @@ class HubNamespace(Namespace):
 
     async def _writable(self, path: str, if_version: int | None, exclusive: bool) -> Entry | None:
         """The entry a write would replace (None: a new file), or why it may not."""
-        current = await self.catalog.get(path)
+        parent = paths.split(path)[0]
+        # one catalog call for the entry and the directory a new file would go in
+        found = await self.catalog.get_many([path, parent])
+        current = found.get(path)
         if current is None:
             if if_version is not None:
                 raise NotFound(f"no such file: {path}", path=path)
-            await self._dir(paths.split(path)[0])
+            _as_dir(parent, found.get(parent))
         elif current.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         elif exclusive:
@@ -579,6 +609,14 @@ class HubNamespace(Namespace):
         if hit is not None:
             await self._links_changed(hit[0], changed, path)
         return changed
+
+    async def persist(self, who: Principal, path: str) -> None:
+        if self.durable:
+            return  # each change was durable before it was acknowledged
+        hit = self._resolve(paths.normalize(path))
+        if hit is not None:
+            await hit[0].backend.sync(hit[1])
+        await self.catalog.sync()
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))

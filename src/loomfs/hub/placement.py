@@ -166,3 +166,6 @@ class PlacedNamespace(Namespace):
 
     async def release_write(self, who: Principal, path: str) -> None:
         await self.hub.release_write(who, path)  # giving a lease up moves no data
+
+    async def persist(self, who: Principal, path: str) -> None:
+        await self.hub.persist(who, path)

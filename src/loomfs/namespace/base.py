@@ -165,6 +165,12 @@ class Namespace(ABC):
     async def release_write(self, who: Principal, path: str) -> None:
         """Give up the caller's site's write lease of ``path`` (none held: nothing)."""
 
+    async def persist(self, who: Principal, path: str) -> None:  # noqa: B027 - see below
+        """Make the acknowledged changes of ``path`` (a file's content and name, a
+        directory's names) and of the catalog survive power loss: ``fsync`` through a
+        mount. Namespaces that make every change durable before acknowledging it (a hub
+        by default, one over REST, a spoke's journal) have nothing left to do."""
+
     async def close(self) -> None:  # noqa: B027 - stateless implementations hold nothing
         """Release what the namespace holds (connections, watchers)."""
 

@@ -46,6 +46,9 @@ class Backend(ABC):
     #: the volume URL without secrets, safe to log and to store in the catalog
     url: str
     capabilities: frozenset[Capability] = frozenset()
+    #: False: a write is visible (and survives a crash of the process) when it returns,
+    #: and survives power loss after ``sync`` of its key, as on a local file system
+    durable: bool = True
 
     @abstractmethod
     async def check(self) -> None:
@@ -145,6 +148,10 @@ class Backend(ABC):
         (``POSIX_MODE``); otherwise just report, and the namespace keeps them in its
         catalog."""
         return await self.stat(key)
+
+    async def sync(self, key: str) -> None:  # noqa: B027 - object stores: durable on PUT
+        """Make what was written at ``key`` (a file, or a directory's names) survive power
+        loss, where ``durable`` is False and the storage defers it."""
 
     async def close(self) -> None:  # noqa: B027 - backends without connections hold nothing
         """Release connections and threads."""

@@ -68,6 +68,13 @@ def _etag(ino: int, size: int, mtime_ns: int) -> str:
     return f"{ino:x}-{size:x}-{mtime_ns:x}"
 
 
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _info(key: str, st: os.stat_result, name: str, dir_fd: int | None = None) -> ObjectInfo | None:
     """Facts of one entry from its lstat; None for a file type Linux does not have."""
     # the scan's hot path: the stat helpers are inlined
@@ -395,11 +402,12 @@ class PosixBackend(Backend):
             old = None
         if old is not None and stat.S_ISREG(old.st_mode) and old.st_nlink > 1:
             return self._commit_in_place(key, parent, name, temp, fd)
-        os.fsync(fd)
+        if self.durable:
+            os.fsync(fd)
         # Onto a directory this fails with EISDIR, reported as IsADirectory.
         os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
-        # Makes the rename itself durable, not only the file's bytes.
-        os.fsync(parent)
+        if self.durable:
+            os.fsync(parent)  # the rename itself, not only the file's bytes
         info = _info(key, os.fstat(fd), name, parent)
         assert info is not None
         return info
@@ -413,7 +421,8 @@ class PosixBackend(Backend):
             while pos < size:
                 pos += os.sendfile(target, fd, pos, size - pos)
             os.ftruncate(target, size)
-            os.fsync(target)
+            if self.durable:
+                os.fsync(target)
             st = os.fstat(target)
         finally:
             os.close(target)
@@ -530,6 +539,29 @@ class PosixBackend(Backend):
 
     async def delete(self, key: str) -> None:
         await asyncio.to_thread(self._delete, key)
+
+    async def sync(self, key: str) -> None:
+        if not self.durable:
+            await asyncio.to_thread(self._sync, key)
+
+    def _sync(self, key: str) -> None:
+        """fsync the entry (a file's bytes, a directory's names) and the directory holding
+        its name. Only files and directories are opened: opening a fifo or a device could
+        block or act on it, and their names are flushed with their directory."""
+        if not check_key(key):
+            _fsync_close(self._open_dir(""))
+            return
+        with self._parent(key) as (parent, name):
+            try:
+                if stat.S_IFMT(os.lstat(name, dir_fd=parent).st_mode) in (
+                    stat.S_IFREG,
+                    stat.S_IFDIR,
+                ):
+                    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                    _fsync_close(os.open(name, flags, dir_fd=parent))
+                os.fsync(parent)
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
 
     def _rename(self, src: str, dst: str) -> None:
         if not check_key(src) or not check_key(dst):

@@ -127,10 +127,18 @@ class Catalog(ABC):
     """A site's metadata store. Created by ``loomfs.core.registry.open_catalog(url)``."""
 
     url: str
+    #: True: each commit survives power loss once it returns. False (set before ``open``):
+    #: a commit survives a crash of the process at once and power loss after ``sync``, as
+    #: a local file system's changes do (a mount's choice, ``[fuse] durable_each_change``)
+    durable: bool = True
 
     @abstractmethod
     async def open(self) -> None:
         """Connect and bring the schema to the current version (migrations)."""
+
+    @abstractmethod
+    async def sync(self) -> None:
+        """Make every commit so far survive power loss (nothing to do when ``durable``)."""
 
     @abstractmethod
     async def close(self) -> None: ...

@@ -39,6 +39,10 @@ class PostgresCatalog(SqlCatalog):
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"cannot connect to the catalog database: {exc}") from exc
 
+    async def sync(self) -> None:
+        """Nothing to do: commits are synchronous here whatever ``durable`` says (relaxing
+        them is left to the server's own ``synchronous_commit``)."""
+
     def _load_scan_batch(self, cur: Cursor, rows: Sequence[ScanRow]) -> None:
         # COPY: psycopg parses a statement of thousands of placeholders in Python, uncached
         with self._conn.cursor().copy(f"COPY scan_batch ({SCAN_COLUMNS}) FROM STDIN") as copy:

@@ -34,12 +34,47 @@ FOLLOWING_TIMEOUT = 60.0
 FEED_WAIT = 20.0
 #: pause after a failed poll (the site restarting, a network blip)
 RETRY = 1.0
+#: how many of the mount's own changes are remembered until the feed brings them back
+OWN_MAX = 4096
+
+
+class OwnChanges:
+    """Changes this mount made that the kernel knows of already: an entry it created and
+    described in the same reply, a name it removed (the kernel dropped the name, and the
+    directory's attributes in both cases). When the feed brings them back nothing is
+    stale; invalidating anyway cost a thread hop per change and sent the next ``stat``
+    of the file, or ``getattr`` of its directory, to the site.
+
+    (op, path, version) names one change only, so a change noted but never brought back
+    (the feed passed it before it was noted) can never match another; it only waits to be
+    pushed out by newer ones. A removal is noted before it is made, since the feed may
+    bring it back before the call returns, and withdrawn if it fails."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[ChangeOp, str, int], None] = {}
+
+    def note(self, op: ChangeOp, path: str, version: int) -> None:
+        self._pending[(op, path, version)] = None
+        if len(self._pending) > OWN_MAX:
+            del self._pending[next(iter(self._pending))]
+
+    def withdraw(self, op: ChangeOp, path: str, version: int) -> None:
+        self._pending.pop((op, path, version), None)
+
+    def take(self, change: Change) -> bool:
+        """Whether ``change`` was noted here (forgotten once asked)."""
+        try:
+            del self._pending[(change.op, change.path, change.version)]
+        except KeyError:
+            return False
+        return True
 
 
 class FeedInvalidator:
-    def __init__(self, inodes: InodeTable, poll: Poll) -> None:
+    def __init__(self, inodes: InodeTable, poll: Poll, own: OwnChanges) -> None:
         self.inodes = inodes
         self.poll = poll
+        self.own = own
         self.seq = 0
 
     async def run(self) -> None:
@@ -68,6 +103,8 @@ class FeedInvalidator:
         """Tell the kernel what ``change`` made stale of what it may hold."""
         if change.op is ChangeOp.EVICT:
             return  # spokes drop cached data; the names and bytes here are unchanged
+        if self.own.take(change):
+            return
         if change.op in (ChangeOp.DELETE, ChangeOp.RENAME):
             self._forget_name(change.path)
         if change.new_path is not None:
@@ -99,6 +136,7 @@ class FeedInvalidator:
         node = self.inodes.by_path(path)
         if node is None:
             return
+        node.current_until = 0.0  # the kernel's next getattr must reach the site
         # in a thread: dropping pages waits for reads of them this loop is serving
         with contextlib.suppress(OSError):  # the kernel has forgotten the inode already
             await asyncio.to_thread(pyfuse3.invalidate_inode, node.ino, not data)

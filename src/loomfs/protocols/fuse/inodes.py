@@ -53,6 +53,9 @@ class Node:
     listing_changed_ns: int = 0
     #: the new content while the file is open for writing
     buffer: WriteBuffer | None = None
+    #: until when (monotonic) ``entry`` may stand for the site's: it came from the site,
+    #: and the change feed has said nothing of it since
+    current_until: float = 0.0
 
 
 class InodeTable:
@@ -123,6 +126,8 @@ class InodeTable:
         node = self.learn(entry)
         self.touched(node)
         self.listing_changed(paths.split(entry.path)[0])
+        if entry.is_dir:
+            self._recount(paths.split(entry.path)[0])
         return node
 
     def forget(self, ino: int, count: int) -> None:
@@ -162,6 +167,17 @@ class InodeTable:
         if node is not None:
             node.changed_ns = node.listing_changed_ns = time.time_ns()
 
+    def _recount(self, directory: str) -> None:
+        """A subdirectory came or went: the directory's link count is the catalog's to
+        say, so the mount's own record of it stops standing in (``current_until``)."""
+        node = self._by_path.get(directory)
+        if node is not None:
+            node.current_until = 0.0
+
+    @staticmethod
+    def _may_be_dir(node: Node | None) -> bool:
+        return node is None or node.entry is None or node.entry.is_dir
+
     def unlinked(self, path: str) -> Node | None:
         """The path is gone; its node (if any) lives on for the kernel's open handles."""
         node = self._by_path.get(path)
@@ -169,13 +185,19 @@ class InodeTable:
             self._detach(node, path)
         self.touched(node)
         self.listing_changed(paths.split(path)[0])
+        if self._may_be_dir(node):
+            self._recount(paths.split(path)[0])
         return node
 
     def moved(self, src: str, dst: str) -> None:
         """A rename: the node at ``src`` and every node below it now live under ``dst``."""
         self.unlinked(dst)
-        self.touched(self._by_path.get(src))
+        moving = self._by_path.get(src)
+        self.touched(moving)
         self.listing_changed(paths.split(src)[0])
+        if self._may_be_dir(moving):
+            self._recount(paths.split(src)[0])
+            self._recount(paths.split(dst)[0])
         # a scan over the table: renames are rare next to lookups, and the table holds
         # only what the kernel currently knows
         for path in [p for p in self._by_path if paths.is_within(p, src)]:

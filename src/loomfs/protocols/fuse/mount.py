@@ -94,14 +94,14 @@ async def serve(
     spool_dir.mkdir(parents=True, exist_ok=True)
     pyfuse3.asyncio.enable()
     timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
-    ops = LoomOperations(ns, str(spool_dir), uid_map, timeout)
+    ops = LoomOperations(ns, str(spool_dir), uid_map, timeout, following=follow is not None)
     pyfuse3.init(ops, str(mountpoint), mount_options(allow_other=allow_other))
     follower = None
     if follow is not None:
-        follower = asyncio.create_task(FeedInvalidator(ops.inodes, follow).run())
+        follower = asyncio.create_task(FeedInvalidator(ops.inodes, follow, ops.own).run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, pyfuse3.terminate)
+        loop.add_signal_handler(sig, _terminate, loop)
     log.info("mounted", extra={"mountpoint": str(mountpoint)})
     try:
         if on_ready is not None:
@@ -117,3 +117,13 @@ async def serve(
         await ops.aclose()
         pyfuse3.close(unmount=True)
         log.info("unmounted", extra={"mountpoint": str(mountpoint)})
+
+
+def _terminate(loop: asyncio.AbstractEventLoop) -> None:
+    """End pyfuse3's main loop. Its workers wait for the session's fd with a reader that
+    sets their future's result; one may already be queued in this loop iteration, after
+    ``terminate`` has failed every future (asyncio then logs an InvalidStateError).
+    Taking the readers off first cancels queued ones too."""
+    for fd in list(pyfuse3.asyncio._read_futures):
+        loop.remove_reader(fd)
+    pyfuse3.terminate()

@@ -15,6 +15,7 @@ import logging
 import os
 import pwd
 import stat
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
@@ -23,10 +24,11 @@ import pyfuse3
 
 from ... import paths
 from ...core.streams import aiter_bytes
-from ...core.types import KIND_BITS, Entry, EntryKind, Principal
+from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
 from ...namespace.base import Namespace
 from .files import ReadStream, WriteBuffer
+from .follow import OwnChanges
 from .inodes import ROOT_INODE, InodeTable, Node
 
 log = logging.getLogger(__name__)
@@ -104,13 +106,19 @@ class LoomOperations(pyfuse3.Operations):
         spool_dir: str,
         uid_map: Mapping[int, str] | None = None,
         cache_timeout: float = CACHE_TIMEOUT,
+        *,
+        following: bool = False,
     ) -> None:
         super().__init__()
         self.ns = ns
         self.cache_timeout = cache_timeout
+        #: the change feed is followed (``follow.py``): what it has not flagged is current
+        self.following = following
         self.spool_dir = spool_dir
         self.uid_map = dict(uid_map or {})
         self.inodes = InodeTable()
+        #: what this mount changed, for the change feed's follower to pass over
+        self.own = OwnChanges()
         self._files: dict[int, FileHandle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
@@ -198,10 +206,21 @@ class LoomOperations(pyfuse3.Operations):
         return out
 
     def _learned(self, entry: Entry) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.inodes.learn(entry))
+        node = self.inodes.learn(entry)
+        self._fetched(node)
+        return self.attrs(node)
+
+    def _fetched(self, node: Node) -> None:
+        """``node.entry`` was just read from the site: it stands for as long as the kernel
+        may cache it (a change the feed does not log, an atime, shows no later than there)."""
+        node.current_until = time.monotonic() + self.cache_timeout
 
     def _created(self, entry: Entry) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.inodes.created(entry))
+        return self.attrs(self._made(entry))
+
+    def _made(self, entry: Entry) -> Node:
+        self.own.note(ChangeOp.CREATE, entry.path, entry.version)
+        return self.inodes.created(entry)
 
     async def _owned(
         self, who: Principal, entry: Entry, ctx: pyfuse3.RequestContext, mode: int | None = None
@@ -303,8 +322,18 @@ class LoomOperations(pyfuse3.Operations):
     @translated
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
-        if not node.unlinked:
-            node.entry = await self.ns.stat(self.who(ctx), node.path)
+        if node.unlinked:
+            return self.attrs(node)
+        entry = node.entry
+        current = time.monotonic() < node.current_until
+        if self.following and current and entry is not None and entry.is_dir:
+            # The kernel drops a directory's attributes whenever a name in it is made or
+            # removed, and then asks before each lookup in it (the permission check): the
+            # mount's own changes are in ``attrs`` already (listing_changed_ns), anyone
+            # else's would have been flagged by the feed.
+            return self.attrs(node)
+        node.entry = await self.ns.stat(self.who(ctx), node.path)
+        self._fetched(node)
         return self.attrs(node)
 
     @translated
@@ -418,17 +447,28 @@ class LoomOperations(pyfuse3.Operations):
 
     @translated
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        path = self._child(parent_inode, name)
-        await self.ns.remove(self.who(ctx), path)
-        self.inodes.unlinked(path)
+        await self._remove(self.who(ctx), self._child(parent_inode, name))
 
     @translated
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         who, path = self.who(ctx), self._child(parent_inode, name)
         writing = self._writing_as(path)
-        await self.ns.remove(who, path)
-        self.inodes.unlinked(path)
+        await self._remove(who, path)
         await self._rebase(who, writing, path)
+
+    async def _remove(self, who: Principal, path: str) -> None:
+        node = self.inodes.by_path(path)
+        # the version the kernel looked up: a removal of another one is someone else's news
+        version = node.entry.version if node is not None and node.entry is not None else None
+        if version is not None:
+            self.own.note(ChangeOp.DELETE, path, version)
+        try:
+            await self.ns.remove(who, path)
+        except BaseException:
+            if version is not None:
+                self.own.withdraw(ChangeOp.DELETE, path, version)
+            raise
+        self.inodes.unlinked(path)
 
     def _writing_as(self, path: str) -> Node | None:
         """The node with unsaved writes that calls the namespace with ``path``."""
@@ -520,6 +560,11 @@ class LoomOperations(pyfuse3.Operations):
             handle.last_id = position
 
     @translated
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        handle = self._dirs[fh]
+        await self.ns.persist(handle.who, handle.node.path)
+
+    @translated
     async def releasedir(self, fh: int) -> None:
         await self._close_listing(self._dirs.pop(fh))
 
@@ -576,7 +621,7 @@ class LoomOperations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         who = self.who(ctx)
         entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
-        node = self.inodes.created(entry)
+        node = self._made(entry)
         node.cached_version = entry.version
         await self._buffer(node, who, entry.version, empty=True)
         fh = self._fh()
@@ -613,6 +658,8 @@ class LoomOperations(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._files[fh]
         await self._commit(handle.node, handle.who)
+        if not handle.node.unlinked:
+            await self.ns.persist(handle.who, handle.node.path)
 
     @translated
     async def release(self, fh: int) -> None:
