@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import asyncio
 import io
 import math
 import random
@@ -35,6 +36,7 @@ from loomfs.chunks import (
 )
 from loomfs.chunks.chunkmap import get_varint
 from loomfs.chunks.codec import add_back, pack, subtract, unpack, xor
+from loomfs.chunks.records import read_uploads, record
 from loomfs.errors import Conflict, CorruptData, LoomError
 
 SMALL = ChunkWindow(min_size=1 << 10, avg_size=2 << 10, max_size=8 << 10)
@@ -523,3 +525,20 @@ def test_pipeline_consumer_may_stop_early(tmp_path: Path) -> None:
         first = next(frames)
         frames.close()  # workers are drained before the descriptor is closed
         assert decode_frame(first, plan[0].entry.id) == path.read_bytes()[: plan[0].entry.length]
+
+
+async def test_an_upload_body_ends_after_its_last_record_whenever_the_end_arrives() -> None:
+    """The body's end may reach the hub after its last record's bytes (chunked transfer,
+    another segment): the reader waits for it instead of taking it for a truncation."""
+    pieces = [noise(40_000, seed=n) for n in range(3)]
+    body = b"".join(record(encode_chunk(p), chunk_id(p)) for p in pieces)
+    reader = asyncio.StreamReader()
+    reader.feed_data(body)
+    asyncio.get_running_loop().call_later(0.05, reader.feed_eof)
+    got = [(cid, decode_frame(frame, cid)) async for cid, frame in read_uploads(reader.readexactly)]
+    assert got == [(chunk_id(p), p) for p in pieces]
+    cut = asyncio.StreamReader()
+    cut.feed_data(body[:-10])
+    cut.feed_eof()
+    with pytest.raises(EOFError):
+        _ = [r async for r in read_uploads(cut.readexactly)]

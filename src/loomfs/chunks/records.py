@@ -9,6 +9,7 @@ length cannot make the reader allocate without limit.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..errors import CorruptData
@@ -52,12 +53,17 @@ async def read_answers(read: ReadExactly, count: int) -> AsyncIterator[bytes | N
         yield await _frame(read)
 
 
-async def read_uploads(
-    read: ReadExactly, at_end: Callable[[], bool]
-) -> AsyncIterator[tuple[bytes, bytes]]:
-    """``(id, frame)`` of each record of an upload body, until the body ends."""
-    while not at_end():
-        chunk_id = await read(ID_SIZE)
+async def read_uploads(read: ReadExactly) -> AsyncIterator[tuple[bytes, bytes]]:
+    """``(id, frame)`` of each record of an upload body, until the body ends. The end shows
+    only as a read past the last record: asked beforehand, the body may not know yet (its
+    final empty chunk can arrive after the last record's bytes)."""
+    while True:
+        try:
+            chunk_id = await read(ID_SIZE)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise  # cut inside a record
+            return
         frame = await _frame(read)
         if frame is None:
             raise CorruptData("an upload record carries no frame")

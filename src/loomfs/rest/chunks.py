@@ -162,7 +162,7 @@ class ChunkRoutes:
         transfer = Transfer("hub", "up", "(upload)")
         try:
             stored = await self.chunks.receive(
-                read_uploads(content.readexactly, content.at_eof), transfer
+                read_uploads(content.readexactly), transfer
             )
         except EOFError as exc:  # asyncio.IncompleteReadError: the body ended mid-record
             raise CorruptData("upload body truncated") from exc
