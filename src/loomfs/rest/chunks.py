@@ -161,9 +161,7 @@ class ChunkRoutes:
         content = request.content
         transfer = Transfer("hub", "up", "(upload)")
         try:
-            stored = await self.chunks.receive(
-                read_uploads(content.readexactly), transfer
-            )
+            stored = await self.chunks.receive(read_uploads(content.readexactly), transfer)
         except EOFError as exc:  # asyncio.IncompleteReadError: the body ended mid-record
             raise CorruptData("upload body truncated") from exc
         finally:
