@@ -29,7 +29,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +56,19 @@ class LocalFiles(Dataset[bytes]):
 
 
 def epochs(
-    ds: Dataset[bytes], sampler_of: Any, *, epochs: int, batch: int, workers: int, compute: float
+    ds: Dataset[bytes],
+    sampler_of: Any,
+    *,
+    epochs: int,
+    batch: int,
+    workers: int,
+    compute: float,
+    link: tuple[Callable[[], int], float] | None = None,
 ) -> list[float]:
-    """Seconds per epoch of the loop; each batch's samples are checked for size."""
+    """Seconds per epoch of the loop; each batch's samples are checked for size. ``link``:
+    the bytes the link carried to the spoke so far, and its rate: printed per epoch, as
+    MB and as the share of the epoch the link was busy (near 100%: the link is the
+    bottleneck, and every byte beyond the data set costs time)."""
     sampler = sampler_of(ds)
     loader = DataLoader(
         ds, sampler=sampler, batch_size=batch, num_workers=workers,
@@ -68,6 +78,7 @@ def epochs(
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         began = time.perf_counter()
+        carried = link[0]() if link else 0
         waited = 0.0
         batches = iter(loader)
         while True:
@@ -79,7 +90,11 @@ def epochs(
             assert all(len(item) > 0 for item in items)
             time.sleep(compute)  # the accelerator's step
         times.append(time.perf_counter() - began)
-        print(f"    epoch {epoch + 1}: {times[-1]:.2f} s, {waited:.2f} s waiting for data")
+        busy = ""
+        if link:
+            carried = link[0]() - carried
+            busy = f", link {carried / MB:.0f} MB, busy {carried / link[1] / times[-1]:.0%}"
+        print(f"    epoch {epoch + 1}: {times[-1]:.2f} s, {waited:.2f} s waiting for data{busy}")
     return times
 
 
@@ -142,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         return lt.PlanSampler(shuffled(ds), dataset=ds, job="bench")
 
                     sampler = {"plan": planned, "lru-seq": in_order, "predict": in_order}
-                    times = epochs(ds, sampler.get(mode, shuffled), **loop)
+                    carried = (lambda: site.link.down.bytes, rate)
+                    times = epochs(ds, sampler.get(mode, shuffled), **loop, link=carried)
                     if mode not in ("lru", "lru-seq"):
                         report = site.prefetch_report()
             results["modes"][mode if mode not in results["modes"] else f"{mode}-{run}"] = {

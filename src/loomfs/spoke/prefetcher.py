@@ -442,9 +442,13 @@ class Prefetcher:
     def _choose(self) -> list[Key]:
         """Files to fetch now: uncached ones in deadline order from where the jobs' reads
         are, while the look-ahead fits in the cache and the bytes in flight in the link."""
+        budget = self._budget()
+        if budget <= 0 and self._busy():
+            # the link's lead is in flight: nothing goes out until a fetch ends, so the
+            # walk over the look-ahead (which every demand read wakes) can wait for that
+            return []
         now = self.clock()
         start = {job_id: job.read_to for job_id, job in self.jobs.items()}
-        budget = self._budget()
         window = int(self.cache.capacity * WINDOW)
         chosen: list[Key] = []
         seen: set[Key] = set()
