@@ -12,11 +12,12 @@ boundary, with ``__cause__`` kept.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
 
-from ...errors import NotSupported
+from ...errors import LoomError, NotSupported
 from ..streams import ByteSource
 from ..types import EntryKind, ObjectInfo
 
@@ -58,6 +59,15 @@ class Backend(ABC):
     @abstractmethod
     async def stat(self, key: str) -> ObjectInfo:
         """Facts of one object or directory; ``NotFound`` if there is none."""
+
+    async def stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo]:
+        """Facts of each key that ``stat`` would answer, the others left out; one ``stat``
+        after another here, one trip to the storage where a backend can do better."""
+        found: dict[str, ObjectInfo] = {}
+        for key in keys:
+            with contextlib.suppress(LoomError):
+                found[key] = await self.stat(key)
+        return found
 
     @abstractmethod
     def scan(
