@@ -59,6 +59,35 @@ async def test_own_write_echo_is_passed_over(
     assert await ns.read_bytes(WHO, "/w/theirs.txt") == b"written by another tool"
 
 
+async def test_own_removal_and_rename_echoes_are_passed_over(
+    watched: tuple[HubService, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, _ = watched
+    ns = service.namespace
+    for name in ("gone", "old", "kept"):
+        await ns.write_bytes(WHO, f"/w/{name}", name.encode())
+    await ns.remove(WHO, "/w/gone")
+    await ns.rename(WHO, "/w/old", "/w/new")
+    seen = refreshed(ns, monkeypatch)
+    await ns.refresh_all(["/w/gone", "/w/old", "/w/new", "/w/kept"])
+    assert seen == []
+    assert [e.name async for e in ns.list(WHO, "/w")] == ["kept", "new"]
+
+
+async def test_outside_creation_after_own_removal_lands(
+    watched: tuple[HubService, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, root = watched
+    ns = service.namespace
+    await ns.write_bytes(WHO, "/w/again", b"first")
+    await ns.remove(WHO, "/w/again")
+    (root / "again").write_bytes(b"made again elsewhere")
+    seen = refreshed(ns, monkeypatch)
+    await ns.refresh_all(["/w/again"])
+    assert seen == ["/w/again"]
+    assert await ns.read_bytes(WHO, "/w/again") == b"made again elsewhere"
+
+
 @pytest.mark.parametrize("how", ["same size in place", "replaced", "removed", "chmod"])
 async def test_outside_change_right_after_own_write_lands(
     watched: tuple[HubService, Path], how: str

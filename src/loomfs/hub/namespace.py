@@ -55,7 +55,7 @@ from ..errors import (
     PermissionDenied,
 )
 from ..namespace.base import LIST_PAGE, Namespace, Reader
-from .assimilate import Assimilator, Progress, ScanStats, put_for
+from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ MAX_TAG_VALUE = 1024
 #: how many of its own writes the hub remembers to recognise their inotify echo: far more
 #: than one debounced batch of events holds
 _OWN_NOTES = 16384
+#: the note of a path this namespace removed
+_GONE: tuple[object, ...] = ()
 
 
 @dataclass(slots=True)
@@ -237,21 +239,24 @@ class HubNamespace(Namespace):
             if hit is not None and path in self._own:
                 by_mount.setdefault(hit[0].volume.mount, (hit[0], []))[1].append(hit[1])
         echoes: set[str] = set()
-        for mounted, keys in by_mount.values():
-            for info in (await mounted.backend.stat_many(keys)).values():
-                put = put_for(mounted.volume.mount, info)
-                if self._own.get(put.path) == _facts(put):
-                    echoes.add(put.path)
+        for mount, (mounted, keys) in by_mount.items():
+            for key, info in (await mounted.backend.stat_many(keys)).items():
+                path = path_of(mount, key)
+                if self._own.get(path) == (_GONE if info is None else _facts(put_for(mount, info))):
+                    echoes.add(path)
         for path in ordered:
             if path not in echoes:
                 await self.refresh(path)
 
     def _noted(self, entry: Entry) -> Entry:
-        self._own[entry.path] = _facts(entry)
-        self._own.move_to_end(entry.path)
+        self._note(entry.path, _facts(entry))
+        return entry
+
+    def _note(self, path: str, facts: tuple[object, ...]) -> None:
+        self._own[path] = facts
+        self._own.move_to_end(path)
         if len(self._own) > _OWN_NOTES:
             self._own.popitem(last=False)  # its echo, if it ever comes, is refreshed
-        return entry
 
     def _resolve(self, path: str) -> tuple[Mounted, str] | None:
         for mount, mounted in self._mounts.items():
@@ -574,12 +579,13 @@ class HubNamespace(Namespace):
             await self._dir(paths.split(dst)[0])
             await src_mounted.backend.rename(src_key, dst_key)
             applied = await self.catalog.rename(src, dst)
+            self._note(src, _GONE)
         moved = await self._settled(applied)
         if self.placement is not None and await self.placement.covering(dst) - before:
             await self.leases.settle(await self.placement.store.evict([dst]))
         if Capability.POSIX_MODE in src_mounted.backend.capabilities:
             # a rename is a change of the inode's status: its ctime moved
-            moved = await self.refresh(dst) or moved
+            moved = self._noted(await self.refresh(dst) or moved)
         await self._links_changed(src_mounted, target, dst)
         await self._links_changed(src_mounted, moved, dst)
         return moved
@@ -604,6 +610,7 @@ class HubNamespace(Namespace):
                         )
             await mounted.backend.delete(key)
             [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
+            self._note(path, _GONE)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
         await self._links_changed(mounted, entry, path)

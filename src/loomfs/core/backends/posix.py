@@ -263,14 +263,18 @@ class PosixBackend(Backend):
     async def stat(self, key: str) -> ObjectInfo:
         return await asyncio.to_thread(self._stat, key)
 
-    def _stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo]:
-        found: dict[str, ObjectInfo] = {}
+    def _stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo | None]:
+        found: dict[str, ObjectInfo | None] = {}
         for key in keys:
-            with contextlib.suppress(LoomError):
+            try:
                 found[key] = self._stat(key)
+            except NotFound:
+                found[key] = None
+            except LoomError:
+                pass  # left to a caller's own stat, which says why
         return found
 
-    async def stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo]:
+    async def stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo | None]:
         # one thread hand-off for a whole batch (an inotify batch holds hundreds)
         return await asyncio.to_thread(self._stat_many, keys)
 
