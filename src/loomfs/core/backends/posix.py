@@ -27,6 +27,7 @@ import secrets
 import stat
 from collections.abc import AsyncGenerator, AsyncIterable, Iterator, Sequence
 from operator import attrgetter
+from typing import NoReturn
 from urllib.parse import unquote, urlsplit
 
 from ...errors import (
@@ -454,6 +455,12 @@ class PosixBackend(Backend):
         mode: int | None = None,
         gate: Gate = ungated,
     ) -> ObjectInfo:
+        chunks = aiter(data)
+        first = await anext(chunks, None)
+        if first is None:
+            # nothing to stream (a FUSE create): the empty file is staged and made visible
+            # in one trip to a thread, under the gate, instead of one trip for each
+            return await gate(lambda: asyncio.to_thread(self._write_empty, key, mode))
         # a cancel must not lose a temp file the thread goes on to create
         creating = asyncio.ensure_future(asyncio.to_thread(self._create_temp, key, mode))
         try:
@@ -462,17 +469,22 @@ class PosixBackend(Backend):
             creating.add_done_callback(_discard_temp)
             raise
         try:
-            async for chunk in data:
+            await asyncio.to_thread(_write_all, fd, first)
+            async for chunk in chunks:
                 await asyncio.to_thread(_write_all, fd, chunk)
             return await gate(lambda: asyncio.to_thread(self._commit, key, parent, name, temp, fd))
         except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=parent)
-            if isinstance(exc, LoomError):
-                raise
-            if isinstance(exc, OSError):
-                raise from_oserror(exc, key) from exc
-            raise
+            _unstage(exc, key, parent, temp)
+        finally:
+            os.close(fd)
+            os.close(parent)
+
+    def _write_empty(self, key: str, mode: int | None) -> ObjectInfo:
+        parent, name, temp, fd = self._create_temp(key, mode)
+        try:
+            return self._commit(key, parent, name, temp, fd)
+        except BaseException as exc:
+            _unstage(exc, key, parent, temp)
         finally:
             os.close(fd)
             os.close(parent)
@@ -663,6 +675,17 @@ def _chmod_at(parent: int, name: str, mode: int) -> None:
 
 def _too_long(path: str) -> bool:
     return len(os.fsencode(path)) > _SYSCALL_PATH_MAX
+
+
+def _unstage(exc: BaseException, key: str, parent: int, temp: str) -> NoReturn:
+    """Remove the temp file of a write that failed with ``exc``, and raise it as loomfs's."""
+    with contextlib.suppress(OSError):
+        os.unlink(temp, dir_fd=parent)
+    if isinstance(exc, LoomError):
+        raise exc
+    if isinstance(exc, OSError):
+        raise from_oserror(exc, key) from exc
+    raise exc
 
 
 def _discard_temp(creating: asyncio.Future[tuple[int, str, str, int]]) -> None:
