@@ -213,6 +213,11 @@ async def test_posix_empty_write_is_staged_under_the_gate(
     with pytest.raises(IsADirectory):  # onto a directory: refused, and no debris
         await posix.write("d", aiter_bytes(b""))
     assert names(volume) == ["d", "e"]
+    (volume / "e").write_bytes(b"content")  # emptied: replaced whole, its mode kept
+    emptied = await posix.write("e", aiter_bytes(b""))
+    assert (emptied.size, (emptied.mode or 0) & 0o777) == (0, 0o640)
+    assert emptied.inode != info.inode and (volume / "e").read_bytes() == b""
+    assert names(volume) == ["d", "e"]
 
 
 def endless_batches() -> Iterator[list[ObjectInfo]]:

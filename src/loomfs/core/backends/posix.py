@@ -480,6 +480,10 @@ class PosixBackend(Backend):
             os.close(parent)
 
     def _write_empty(self, key: str, mode: int | None) -> ObjectInfo:
+        made = self._create_empty(key, mode)
+        if made is not None:
+            return made
+        # something is there already: it is replaced whole, as any write replaces it
         parent, name, temp, fd = self._create_temp(key, mode)
         try:
             return self._commit(key, parent, name, temp, fd)
@@ -488,6 +492,36 @@ class PosixBackend(Backend):
         finally:
             os.close(fd)
             os.close(parent)
+
+    def _create_empty(self, key: str, mode: int | None) -> ObjectInfo | None:
+        """Make a new empty file at ``key`` in place (None: the name is taken). An empty
+        file is whole the moment it exists, so it needs no temp file and rename, which
+        cost the file system a second journal update (half of a FUSE create's time)."""
+        if not check_key(key):
+            raise IsADirectory("the volume root is a directory", path=key)
+        with self._parent(key) as (parent, name):
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(name, flags, 0o666 if mode is None else mode, dir_fd=parent)
+            except FileExistsError:
+                return None
+            except OSError as exc:
+                raise from_oserror(exc, key) from exc
+            try:
+                if mode is not None:
+                    os.fchmod(fd, mode)  # exactly that, whatever the umask took away
+                if self.durable:
+                    os.fsync(fd)
+                    os.fsync(parent)
+                info = _info(key, os.fstat(fd), name, parent)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=parent)
+                raise from_oserror(exc, key) from exc
+            finally:
+                os.close(fd)
+        assert info is not None
+        return info
 
     def _mkdir(self, key: str) -> ObjectInfo:
         if not check_key(key):
