@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -142,3 +143,29 @@ async def test_outside_change_before_echo_batch_is_read(
     await ns.refresh_all(["/w/g.bin"])
     assert seen == ["/w/g.bin"]
     assert await ns.read_bytes(WHO, "/w/g.bin") == b"abc3456789"
+
+
+async def test_watcher_survives_a_tree_deeper_than_path_max(
+    watched: tuple[HubService, Path], tmp_path: Path
+) -> None:
+    """A directory tree moved into the volume whose paths pass PATH_MAX: the part that
+    can't be watched is left to rescans, and the watcher goes on noticing changes."""
+    service, root = watched
+    outside = tmp_path / "deep"
+    outside.mkdir()
+    fd = os.open(outside, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(20):  # 20 x 255 characters: past PATH_MAX (4096)
+            os.mkdir("d" * 255, dir_fd=fd)
+            step = os.open("d" * 255, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = step
+    finally:
+        os.close(fd)
+    os.rename(outside, root / "deep")
+    (root / "after.txt").write_text("noticed")
+    for _ in range(100):
+        if await service.namespace.exists(WHO, "/w/after.txt"):
+            break
+        await asyncio.sleep(0.1)
+    assert await service.namespace.exists(WHO, "/w/after.txt")
