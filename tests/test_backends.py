@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loomfs.core.backends import s3 as s3_backend
-from loomfs.core.backends.base import Backend
+from loomfs.core.backends.base import Backend, Commit
 from loomfs.core.backends.common import (
     PrefetchingLister,
     batches_from_thread,
@@ -26,14 +26,17 @@ from loomfs.core.backends.common import (
 from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
 from loomfs.core.backends.s3 import PART_SIZE, S3Backend
 from loomfs.core.registry import open_backend
+from loomfs.core.streams import aiter_bytes
 from loomfs.core.types import EntryKind, ObjectInfo
 from loomfs.errors import (
+    AlreadyExists,
     AuthenticationFailed,
     BackendUnavailable,
     Conflict,
     InsufficientStorage,
     InvalidArgument,
     InvalidPath,
+    IsADirectory,
     NotADirectory,
     NotFound,
     PermissionDenied,
@@ -183,6 +186,38 @@ async def test_posix_write_cancelled_at_any_point_leaves_no_temp_file(
             await writer
     await asyncio.sleep(0.2)  # creations still running in their threads finish
     assert not [n for n in names(volume) if n.startswith(TEMP_PREFIX)]
+
+
+async def test_posix_empty_write_is_staged_under_the_gate(
+    volume: Path, posix: PosixBackend
+) -> None:
+    """An empty body is staged and committed in one step inside the gate: a gate that
+    refuses leaves nothing behind, and one that lets it through sees no temp file first."""
+    (volume / "d").mkdir()
+    seen: list[list[str]] = []
+
+    async def refuse(commit: Commit) -> ObjectInfo:
+        raise AlreadyExists("refused by the caller", path="e")
+
+    async def watch(commit: Commit) -> ObjectInfo:
+        seen.append(names(volume))
+        return await commit()
+
+    with pytest.raises(AlreadyExists):
+        await posix.write("e", aiter_bytes(b""), gate=refuse)
+    assert names(volume) == ["d"]
+    info = await posix.write("e", aiter_bytes(b""), mode=0o640, gate=watch)
+    assert seen == [["d"]]
+    assert (info.kind, info.size, (info.mode or 0) & 0o777) == (EntryKind.FILE, 0, 0o640)
+    assert names(volume) == ["d", "e"]
+    with pytest.raises(IsADirectory):  # onto a directory: refused, and no debris
+        await posix.write("d", aiter_bytes(b""))
+    assert names(volume) == ["d", "e"]
+    (volume / "e").write_bytes(b"content")  # emptied: replaced whole, its mode kept
+    emptied = await posix.write("e", aiter_bytes(b""))
+    assert (emptied.size, (emptied.mode or 0) & 0o777) == (0, 0o640)
+    assert emptied.inode != info.inode and (volume / "e").read_bytes() == b""
+    assert names(volume) == ["d", "e"]
 
 
 def endless_batches() -> Iterator[list[ObjectInfo]]:

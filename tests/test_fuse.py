@@ -22,6 +22,7 @@ import pytest
 from loomfs.config import load_config
 from loomfs.core.types import SYSTEM, Entry, EntryKind
 from loomfs.hub.namespace import HubNamespace
+from loomfs.protocols.fuse.files import WriteBuffer
 from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
 from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.service import HubService
@@ -659,3 +660,19 @@ def test_mount_over_a_spoke(tmp_path: Path) -> None:
     log = mount.log()
     assert "serves no change feed" in log, log
     assert "change feed failed" not in log and "Traceback" not in log, log
+
+
+def test_write_buffer_makes_its_spool_file_at_first_use(tmp_path: Path) -> None:
+    """A file created and closed unwritten costs no spool file; one written gets one."""
+    before = set(os.listdir("/proc/self/fd"))
+    buffer = WriteBuffer(str(tmp_path), base_version=1)
+    assert buffer.size() == 0
+    assert set(os.listdir("/proc/self/fd")) == before
+    os.pwrite(buffer.fd, b"now written", 0)
+    assert buffer.size() == 11
+    assert len(set(os.listdir("/proc/self/fd")) - before) == 1
+    buffer.close()
+    assert set(os.listdir("/proc/self/fd")) == before
+    unused = WriteBuffer(str(tmp_path), base_version=1)
+    unused.close()
+    assert set(os.listdir("/proc/self/fd")) == before

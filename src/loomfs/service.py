@@ -169,8 +169,7 @@ class HubService:
                 if keys is None:
                     await self.namespace.sync_volume(mount)
                     return
-                for key in sorted(keys):
-                    await self.namespace.refresh(path_of(mount, key))
+                await self.namespace.refresh_all(path_of(mount, key) for key in keys)
                 HEAD_SEQ.set(await self.catalog.head_seq())
             except LoomError as exc:
                 log.warning("could not record a change", extra={"mount": mount, "error": str(exc)})

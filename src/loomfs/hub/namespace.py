@@ -15,7 +15,16 @@ import logging
 import os
 import stat
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, replace
 
 from .. import paths
@@ -46,13 +55,18 @@ from ..errors import (
     PermissionDenied,
 )
 from ..namespace.base import LIST_PAGE, Namespace, Reader
-from .assimilate import Assimilator, Progress, ScanStats, put_for
+from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
 
 log = logging.getLogger(__name__)
 
 MAX_TAG_KEY = 128
 MAX_TAG_VALUE = 1024
+#: how many of its own writes the hub remembers to recognise their inotify echo: far more
+#: than one debounced batch of events holds
+_OWN_NOTES = 16384
+#: the note of a path this namespace removed
+_GONE: tuple[object, ...] = ()
 
 
 @dataclass(slots=True)
@@ -78,15 +92,17 @@ def _as_dir(path: str, entry: Entry | None) -> Entry:
     return entry
 
 
+def _facts(row: Entry | Put) -> tuple[object, ...]:
+    """What a catalog row records of an object (its version and tags aside)."""
+    return (
+        row.kind, row.size, row.mtime_ns, row.mode, row.uid, row.gid, row.etag,
+        row.inode, row.link_target, row.rdev, row.nlink, row.atime_ns, row.ctime_ns,
+    )  # fmt: skip
+
+
 def _recorded(entry: Entry, put: Put) -> bool:
     """Whether the catalog's ``entry`` already holds every fact ``put`` would record."""
-    return (
-        entry.kind, entry.size, entry.mtime_ns, entry.mode, entry.uid, entry.gid, entry.etag,
-        entry.inode, entry.link_target, entry.rdev, entry.nlink, entry.atime_ns, entry.ctime_ns,
-    ) == (
-        put.kind, put.size, put.mtime_ns, put.mode, put.uid, put.gid, put.etag,
-        put.inode, put.link_target, put.rdev, put.nlink, put.atime_ns, put.ctime_ns,
-    )  # fmt: skip
+    return _facts(entry) == _facts(put)
 
 
 def _check_tag(key: str, value: str | None = None) -> None:
@@ -119,6 +135,9 @@ class HubNamespace(Namespace):
         # the catalog commit happen under it, and so do refreshes prompted by inotify
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._sync_locks: dict[str, asyncio.Lock] = {}
+        # the facts this namespace last recorded of the objects it wrote itself, newest
+        # last: the watcher's report of such a write (its echo) needs no catalog read
+        self._own: OrderedDict[str, tuple[object, ...]] = OrderedDict()
 
     # -- volumes ---------------------------------------------------------------------------
 
@@ -207,6 +226,37 @@ class HubNamespace(Namespace):
         if info.kind is EntryKind.DIR and applied.change is not None and key and fresh_dir:
             await self.sync_volume(mounted.volume.mount, prefix=key)
         return applied.entry
+
+    async def refresh_all(self, changed: Iterable[str]) -> None:
+        """``refresh`` each path a volume's watcher reported, in order (parents first),
+        passing over those whose object is exactly as this namespace last wrote and
+        recorded it: the echo of its own writes. The objects are read once, before, in one
+        trip per volume; one changed again after that read reports itself anew."""
+        ordered = sorted(changed)
+        by_mount: dict[str, tuple[Mounted, list[str]]] = {}
+        for path in ordered:
+            hit = self._resolve(path)
+            if hit is not None and path in self._own:
+                by_mount.setdefault(hit[0].volume.mount, (hit[0], []))[1].append(hit[1])
+        echoes: set[str] = set()
+        for mount, (mounted, keys) in by_mount.items():
+            for key, info in (await mounted.backend.stat_many(keys)).items():
+                path = path_of(mount, key)
+                if self._own.get(path) == (_GONE if info is None else _facts(put_for(mount, info))):
+                    echoes.add(path)
+        for path in ordered:
+            if path not in echoes:
+                await self.refresh(path)
+
+    def _noted(self, entry: Entry) -> Entry:
+        self._note(entry.path, _facts(entry))
+        return entry
+
+    def _note(self, path: str, facts: tuple[object, ...]) -> None:
+        self._own[path] = facts
+        self._own.move_to_end(path)
+        if len(self._own) > _OWN_NOTES:
+            self._own.popitem(last=False)  # its echo, if it ever comes, is refreshed
 
     def _resolve(self, path: str) -> tuple[Mounted, str] | None:
         for mount, mounted in self._mounts.items():
@@ -493,7 +543,7 @@ class HubNamespace(Namespace):
             ):
                 raise
             return seen
-        return await self._settled(applied)
+        return self._noted(await self._settled(applied))
 
     async def _settled(self, applied: Applied) -> Entry:
         """Acknowledge a commit only once the spokes holding leases have applied it."""
@@ -529,12 +579,13 @@ class HubNamespace(Namespace):
             await self._dir(paths.split(dst)[0])
             await src_mounted.backend.rename(src_key, dst_key)
             applied = await self.catalog.rename(src, dst)
+            self._note(src, _GONE)
         moved = await self._settled(applied)
         if self.placement is not None and await self.placement.covering(dst) - before:
             await self.leases.settle(await self.placement.store.evict([dst]))
         if Capability.POSIX_MODE in src_mounted.backend.capabilities:
             # a rename is a change of the inode's status: its ctime moved
-            moved = await self.refresh(dst) or moved
+            moved = self._noted(await self.refresh(dst) or moved)
         await self._links_changed(src_mounted, target, dst)
         await self._links_changed(src_mounted, moved, dst)
         return moved
@@ -559,6 +610,7 @@ class HubNamespace(Namespace):
                         )
             await mounted.backend.delete(key)
             [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
+            self._note(path, _GONE)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
         await self._links_changed(mounted, entry, path)

@@ -72,7 +72,9 @@ class PosixWatcher:
             rel = os.path.relpath(dirpath, self.root)
             if not self._watch(dirpath, "" if rel == "." else rel):
                 return
-            dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
+            # islink answers False where lstat fails (a path longer than PATH_MAX): the
+            # watch is then refused, and the thread goes on (rescans cover that subtree)
+            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
 
     def _watch(self, dirpath: str, key: str) -> bool:
         try:

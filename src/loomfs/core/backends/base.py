@@ -12,11 +12,12 @@ boundary, with ``__cause__`` kept.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
 
-from ...errors import NotSupported
+from ...errors import LoomError, NotFound, NotSupported
 from ..streams import ByteSource
 from ..types import EntryKind, ObjectInfo
 
@@ -28,6 +29,13 @@ Gate = Callable[[Commit], Awaitable[ObjectInfo]]
 
 async def ungated(commit: Commit) -> ObjectInfo:
     return await commit()
+
+
+async def _found(info: Awaitable[ObjectInfo]) -> ObjectInfo | None:
+    try:
+        return await info
+    except NotFound:
+        return None
 
 
 class Capability(enum.StrEnum):
@@ -58,6 +66,15 @@ class Backend(ABC):
     @abstractmethod
     async def stat(self, key: str) -> ObjectInfo:
         """Facts of one object or directory; ``NotFound`` if there is none."""
+
+    async def stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo | None]:
+        """What ``stat`` answers for each key (None: ``NotFound``), keys it refuses left out;
+        one ``stat`` after another here, one trip to the storage where a backend can."""
+        found: dict[str, ObjectInfo | None] = {}
+        for key in keys:
+            with contextlib.suppress(LoomError):
+                found[key] = await _found(self.stat(key))
+        return found
 
     @abstractmethod
     def scan(

@@ -432,6 +432,11 @@ class SqlCatalog(Catalog):
         # connections run in autocommit mode: each read statement sees committed data
         return fn(self._cur())
 
+    async def _lookup(self, fn: Callable[[Cursor], T]) -> T:
+        """A read of a few rows by key. On the catalog's thread here; an engine that can
+        answer one without handing it to a thread (and back) overrides this."""
+        return await self._run(self._read, fn)
+
     def _write(self, fn: Callable[[Cursor], T], *, lock: bool = True) -> T:
         cur = self._cur()
         cur.execute(self.dialect.begin_write)
@@ -514,11 +519,14 @@ class SqlCatalog(Catalog):
         return found
 
     async def get(self, path: str) -> Entry | None:
-        hit = await self._run(self._read, lambda cur: self._get(cur, path))
+        hit = await self._lookup(lambda cur: self._get(cur, path))
         return None if hit is None else hit[1]
 
     async def get_many(self, paths_: Sequence[str]) -> dict[str, Entry]:
-        hits = await self._run(self._read, lambda cur: self._get_many(cur, paths_))
+        if len(paths_) <= _BATCH:
+            hits = await self._lookup(lambda cur: self._get_many(cur, paths_))
+        else:
+            hits = await self._run(self._read, lambda cur: self._get_many(cur, paths_))
         return {path: entry for path, (_, entry) in hits.items()}
 
     async def list_dir(

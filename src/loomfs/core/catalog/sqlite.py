@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,7 +16,12 @@ from ...errors import (
     InsufficientStorage,
     LoomError,
 )
-from .sql import Dialect, SqlCatalog
+from .sql import Cursor, Dialect, SqlCatalog, T
+
+
+def _in_the_way(exc: sqlite3.Error) -> bool:
+    """Whether another connection's lock refused the statement."""
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 class SqliteCatalog(SqlCatalog):
@@ -32,6 +38,8 @@ class SqliteCatalog(SqlCatalog):
     def __init__(self, url: str, path: Path) -> None:
         super().__init__(url)
         self.path = path
+        # answers lookups by key on the event loop, opened at the first one
+        self._reader: sqlite3.Connection | None = None
 
     @classmethod
     def from_url(cls, url: str) -> SqliteCatalog:
@@ -65,6 +73,35 @@ class SqliteCatalog(SqlCatalog):
             conn.execute(f"PRAGMA {pragma}")
         return conn
 
+    async def _lookup(self, fn: Callable[[Cursor], T]) -> T:
+        # A lookup by key takes SQLite microseconds, a hand-off to the catalog's thread and
+        # back far longer (a FUSE create made several): a second connection answers it
+        # where it is asked. WAL lets it read beside the writer, seeing every commit made
+        # before it starts; it never waits for a lock, and when one is in the way (rare
+        # for a WAL reader) the catalog's thread answers instead.
+        if self._conn is None:
+            return await super()._lookup(fn)
+        if self._reader is None:
+            self._reader = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=0
+            )
+            self._reader.execute("PRAGMA query_only = ON")
+        cur = self._reader.cursor()
+        try:
+            return fn(cur)
+        except sqlite3.Error as exc:
+            if not isinstance(exc, sqlite3.OperationalError) or not _in_the_way(exc):
+                raise self._translate(exc) or exc from exc
+        finally:
+            cur.close()  # ends the read: the next one sees later commits
+        return await super()._lookup(fn)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        await super().close()
+
     async def sync(self) -> None:
         if not self.durable:
             await self._run(self._sync)
@@ -90,6 +127,6 @@ class SqliteCatalog(SqlCatalog):
             return AlreadyExists(f"already exists ({text})")
         if "full" in text:
             return InsufficientStorage(f"catalog {self.path}: {text}")
-        if "locked" in text or "busy" in text:
+        if _in_the_way(exc):
             return BackendUnavailable(f"catalog {self.path} is busy: {text}")
         return BackendUnavailable(f"catalog {self.path}: {text}")

@@ -81,13 +81,22 @@ class WriteBuffer:
     nothing is left behind by a crash). ``base_version`` is what it replaces."""
 
     def __init__(self, spool_dir: str, base_version: int) -> None:
-        self.fd = os.open(spool_dir, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        self._spool_dir = spool_dir
+        # made at its first use: a file created and closed unwritten (touch, a lock file)
+        # never needs one, and making one costs the file system a journal entry; -1: closed
+        self._fd: int | None = None
         self.base_version = base_version
         self.mtime_ns = time.time_ns()
         #: bumped by every change; a commit compares it to know whether it took them all
         self.generation = 0
         self.committed_generation = 0
         self.commit_lock = asyncio.Lock()
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self._spool_dir, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        return self._fd
 
     @property
     def dirty(self) -> bool:
@@ -113,7 +122,7 @@ class WriteBuffer:
         return buffer
 
     def size(self) -> int:
-        return os.fstat(self.fd).st_size
+        return 0 if self._fd is None else os.fstat(self._fd).st_size
 
     def changed(self) -> None:
         self.generation += 1
@@ -121,14 +130,16 @@ class WriteBuffer:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         pos = 0
-        while data := await asyncio.to_thread(os.pread, self.fd, BUFFER_SIZE, pos):
+        if self._fd is None:
+            return  # never written: empty
+        while data := await asyncio.to_thread(os.pread, self._fd, BUFFER_SIZE, pos):
             pos += len(data)
             yield data
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        if self._fd is not None and self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
 
 
 def _copy_region(src: int, dst: int) -> None:
