@@ -407,3 +407,41 @@ async def test_a_warm_up_asks_each_map_once_and_overlaps_consecutive_files(
     assert events.index("fill /vol/warm/1.bin") < last_fill_of_first
     for path, data in files.items():
         assert await env.spoke.read_bytes(WHO, path) == data
+
+
+async def test_a_cold_fill_reads_no_holes_yet_finds_chunks_kept_beside_an_earlier_run(
+    env: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk index lists a file's own places as soon as its map is here: a run being
+    filled must not read them back (holes; a thread hop per chunk held up each run's
+    request on bench/transfer.py's corpus 5). A chunk kept beside an earlier run, across
+    the block it shares with the next one, is still reused by that next run."""
+    fill = env.spoke.cache.chunks
+    assert fill is not None
+    reads: list[tuple[int, int, int]] = []
+    fetched: list[bytes] = []
+    read, fetch = fill._read, fill.link.fetch_chunks
+
+    def counted(file_id: int, offset: int, length: int) -> bytes | None:
+        reads.append((file_id, offset, length))
+        return read(file_id, offset, length)
+
+    def fetching(ids: Any, **kwargs: Any) -> AsyncIterator[bytes | None]:
+        fetched.extend(ids)
+        return fetch(ids, **kwargs)
+
+    monkeypatch.setattr(fill, "_read", counted)
+    monkeypatch.setattr(fill.link, "fetch_chunks", fetching)
+    data = blob(12 * MiB, 30)
+    await env.hub.namespace.write_bytes(WHO, "/vol/cold.bin", data)
+    async with await env.spoke.read(WHO, "/vol/cold.bin", 0, 4 * MiB) as reader:
+        assert await reader.read_all() == data[: 4 * MiB]
+    assert reads == []  # nothing cached could hold any of it
+    cmap = map_of(data)
+    straddling = next(p for p in cmap if p.offset < 4 * MiB < p.end)
+    assert straddling.id in fetched
+    fetched.clear()
+    assert await env.spoke.read_bytes(WHO, "/vol/cold.bin") == data
+    assert straddling.id not in fetched  # read back from beside the first run
+    assert {p.id for p in cmap if p.offset >= 4 * MiB} - {straddling.id} <= set(fetched)
+    assert any(offset == straddling.offset for _, offset, _ in reads)

@@ -132,6 +132,11 @@ class CachedFile:
     def complete(self) -> bool:
         return len(self.hashes) == self.blocks
 
+    def touches_present(self, offset: int, length: int) -> bool:
+        """Whether some present block overlaps bytes [offset, offset+length)."""
+        last = (offset + max(length, 1) - 1) // BLOCK
+        return any(i in self.hashes for i in range(offset // BLOCK, last + 1))
+
 
 class Cache:
     def __init__(

@@ -148,13 +148,30 @@ class ChunkFiller:
             else:
                 self._where.pop(cid, None)
 
-    def _held(self, piece: ChunkEntry) -> bytes | None:
-        """The chunk's bytes from any cached file that verifiably holds them."""
-        for file_id, offset, length in list(self._where.get(piece.id, ())):
-            data = self._read(file_id, offset, length)
-            if data is not None and chunk_id(data) == piece.id:
-                return data
-        return None
+    def _places(self, cid: bytes) -> list[Location]:
+        """Where the index puts chunk ``cid`` in bytes the cache may hold: a place that
+        touches no present block is a hole (above all the very run being filled, whose
+        own map listed it) and is not read. A chunk kept beside a run (``assemble``'s
+        ``outside``) overlaps that run's blocks, so it is still found."""
+        files = self._files()
+        return [
+            (file_id, offset, length)
+            for file_id, offset, length in self._where.get(cid, ())
+            if (cached := files.get(file_id)) is not None and cached.touches_present(offset, length)
+        ]
+
+    def _held(self, wanted: Sequence[tuple[bytes, list[Location]]]) -> dict[bytes, bytes]:
+        """The bytes of each chunk ``wanted`` from the first of its places that verifiably
+        holds them (one thread hop for all: one per chunk queued a run's request behind
+        a hundred hops when nothing was held)."""
+        found: dict[bytes, bytes] = {}
+        for cid, places in wanted:
+            for file_id, offset, length in places:
+                data = self._read(file_id, offset, length)
+                if data is not None and chunk_id(data) == cid:
+                    found[cid] = data
+                    break
+        return found
 
     # -- filling ---------------------------------------------------------------------------
 
@@ -195,13 +212,12 @@ class ChunkFiller:
         end = start + length
         pieces = [p for p in cmap if p.end > start and p.offset < end]
         transfer = Transfer("spoke", "down", entry.path)
-        got: dict[bytes, bytes] = {}
+        wanted = {p.id: self._places(p.id) for p in pieces if p.id in self._where}
+        wanted = {cid: places for cid, places in wanted.items() if places}
+        got = await asyncio.to_thread(self._held, list(wanted.items())) if wanted else {}
         for piece in pieces:
-            if piece.id not in got and piece.id in self._where:  # no thread hop for none
-                data = await asyncio.to_thread(self._held, piece)
-                if data is not None:
-                    got[piece.id] = data
-                    transfer.held(piece.length)
+            if piece.id in got:
+                transfer.held(piece.length)
         lacking = list(dict.fromkeys(p.id for p in pieces if p.id not in got))
         try:
             fetched = await self._fetch(entry, cmap, lacking, transfer)
