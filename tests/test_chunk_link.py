@@ -28,6 +28,7 @@ from loomfs.hub.chunks import MAPS_COMPUTED, HubChunks, Wanted
 from loomfs.hub.deltastore import BASES, DeltaStore
 from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.server import RestServer
+from loomfs.spoke import chunkfill as spoke_chunkfill
 from loomfs.testing.fabric import Fabric, fabric
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
@@ -445,3 +446,46 @@ async def test_a_cold_fill_reads_no_holes_yet_finds_chunks_kept_beside_an_earlie
     assert straddling.id not in fetched  # read back from beside the first run
     assert {p.id for p in cmap if p.offset >= 4 * MiB} - {straddling.id} <= set(fetched)
     assert any(offset == straddling.offset for _, offset, _ in reads)
+
+
+async def test_siblings_by_name_that_bring_no_delta_are_no_longer_named_as_bases(
+    env: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random files picked as each other's base by their names alone: once FRUITLESS_FILES
+    of them brought no delta frame, the spoke names no such base in that directory (the
+    hub's trials cost a region search per chunk, holding the GIL). Files of another suffix
+    there still get their by-name base, and it pays."""
+    fill = env.spoke.cache.chunks
+    assert fill is not None
+    bases: list[str | None] = []
+    fetch = fill.link.fetch_chunks
+
+    def fetching(ids: Any, *, base: Any = None, at: Any = ()) -> AsyncIterator[bytes | None]:
+        bases.append(base[0] if base is not None else None)
+        return fetch(ids, base=base, at=at)
+
+    monkeypatch.setattr(fill.link, "fetch_chunks", fetching)
+    ns = env.hub.namespace
+    await ns.mkdir(WHO, "/vol/media")
+    clips = {f"/vol/media/clip-{i}.bin": blob(3 * MiB, 40 + i) for i in range(4)}
+    named: list[set[str | None]] = []
+    for path, data in clips.items():
+        await ns.write_bytes(WHO, path, data)
+        bases.clear()
+        assert await env.spoke.read_bytes(WHO, path) == data
+        named.append(set(bases))
+    assert named == [{None}, {"/vol/media/clip-0.bin"}, {"/vol/media/clip-1.bin"}, {None}]
+    assert spoke_chunkfill.FRUITLESS_FILES == 2  # what the list above spells out
+    rows = b"".join(text_rows(random.Random(16), 12_000))
+    edited = bytearray(rows)
+    for at in range(0, len(edited), 8192):  # every chunk changes, none moves
+        edited[at] ^= 1
+    assert not map_of(rows).ids() & map_of(bytes(edited)).ids()
+    await ns.write_bytes(WHO, "/vol/media/rows-1.jsonl", rows)
+    await ns.write_bytes(WHO, "/vol/media/rows-2.jsonl", bytes(edited))
+    assert await env.spoke.read_bytes(WHO, "/vol/media/rows-1.jsonl") == rows
+    bases.clear()
+    before = env.link.down.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/media/rows-2.jsonl") == edited
+    assert set(bases) == {"/vol/media/rows-1.jsonl"}
+    assert env.link.down.bytes - before < len(edited) // 10  # deltas, not whole chunks
