@@ -251,7 +251,11 @@ class ChunkFiller:
             if piece.offset < start or piece.end > end:
                 outside.append((piece.offset, data))
         if outside:  # the next run will find these chunks held
-            await asyncio.to_thread(self._write, entry.id, outside)
+            entry.writing += 1
+            try:
+                await asyncio.to_thread(self._write, entry.id, outside)
+            finally:
+                entry.writing -= 1
         return b"".join(parts)
 
     async def _fetch(
