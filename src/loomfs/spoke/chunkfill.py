@@ -386,7 +386,7 @@ class ChunkFiller:
         finally:
             for task in decoding:
                 task.cancel()
-        if base is not None and base.by_name and any(a is not None for a in at):
+        if base is not None and base.by_name and not bad and any(a is not None for a in at):
             kind = _kind(entry.path)
             if deltas:
                 self._fruitless.pop(kind, None)
