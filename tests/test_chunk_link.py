@@ -28,6 +28,7 @@ from loomfs.hub.chunks import MAPS_COMPUTED, HubChunks, Wanted
 from loomfs.hub.deltastore import BASES, DeltaStore
 from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.server import RestServer
+from loomfs.spoke import chunkfill as spoke_chunkfill
 from loomfs.testing.fabric import Fabric, fabric
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
@@ -153,7 +154,7 @@ async def test_chunk_maps_are_reused_and_redone_after_an_in_place_change(
         # the index finds every chunk, and serves verified frames of them
         assert await chunks.missing([p.id for p in first]) == []
         wanted = [Wanted(p.id) for p in first]
-        records = [r async for r in chunks.frames(wanted)]
+        records = [r async for batch in chunks.frames(wanted) for r in batch]
         assert len(records) == len(first) and all(len(r) > 1 for r in records)
 
         # changed in place behind the hub's back, size and mtime kept: not noticed, so the
@@ -163,7 +164,7 @@ async def test_chunk_maps_are_reused_and_redone_after_an_in_place_change(
             f.seek(first[0].offset)
             f.write(b"\0" * 64)
         os.utime(root / "f.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
-        [answer] = [r async for r in chunks.frames([Wanted(first[0].id)])]
+        [answer] = [r async for batch in chunks.frames([Wanted(first[0].id)]) for r in batch]
         assert answer == b"\0"  # an empty record: no verified copy, nothing wrong sent
         assert first[0].id in await chunks.missing([first[0].id])  # the index forgot it
 
@@ -355,7 +356,9 @@ async def test_a_base_that_gives_no_delta_is_dropped_after_a_few_chunks(
         held, _ = await chunks.chunk_map(WHO, f"/vol/{base}")
         wanted = [Wanted(p.id, p.offset) for p in cmap]
         tried.clear()
-        records = [r async for r in chunks.frames(wanted, (held.path, held.version))]
+        records = [
+            r async for batch in chunks.frames(wanted, (held.path, held.version)) for r in batch
+        ]
         assert len(records) == len(cmap) > hub_chunks.DELTA_TRIAL
         if base == "a.bin":  # each encoder thread may start one more before it stops
             assert len(tried) <= hub_chunks.DELTA_TRIAL + chunks.pipeline.workers
@@ -407,3 +410,84 @@ async def test_a_warm_up_asks_each_map_once_and_overlaps_consecutive_files(
     assert events.index("fill /vol/warm/1.bin") < last_fill_of_first
     for path, data in files.items():
         assert await env.spoke.read_bytes(WHO, path) == data
+
+
+async def test_a_cold_fill_reads_no_holes_yet_finds_chunks_kept_beside_an_earlier_run(
+    env: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk index lists a file's own places as soon as its map is here: a run being
+    filled must not read them back (holes; a thread hop per chunk held up each run's
+    request on bench/transfer.py's corpus 5). A chunk kept beside an earlier run, across
+    the block it shares with the next one, is still reused by that next run."""
+    fill = env.spoke.cache.chunks
+    assert fill is not None
+    reads: list[tuple[int, int, int]] = []
+    fetched: list[bytes] = []
+    read, fetch = fill._read, fill.link.fetch_chunks
+
+    def counted(file_id: int, offset: int, length: int) -> bytes | None:
+        reads.append((file_id, offset, length))
+        return read(file_id, offset, length)
+
+    def fetching(ids: Any, **kwargs: Any) -> AsyncIterator[bytes | None]:
+        fetched.extend(ids)
+        return fetch(ids, **kwargs)
+
+    monkeypatch.setattr(fill, "_read", counted)
+    monkeypatch.setattr(fill.link, "fetch_chunks", fetching)
+    data = blob(12 * MiB, 30)
+    await env.hub.namespace.write_bytes(WHO, "/vol/cold.bin", data)
+    async with await env.spoke.read(WHO, "/vol/cold.bin", 0, 4 * MiB) as reader:
+        assert await reader.read_all() == data[: 4 * MiB]
+    assert reads == []  # nothing cached could hold any of it
+    cmap = map_of(data)
+    straddling = next(p for p in cmap if p.offset < 4 * MiB < p.end)
+    assert straddling.id in fetched
+    fetched.clear()
+    assert await env.spoke.read_bytes(WHO, "/vol/cold.bin") == data
+    assert straddling.id not in fetched  # read back from beside the first run
+    assert {p.id for p in cmap if p.offset >= 4 * MiB} - {straddling.id} <= set(fetched)
+    assert any(offset == straddling.offset for _, offset, _ in reads)
+
+
+async def test_siblings_by_name_that_bring_no_delta_are_no_longer_named_as_bases(
+    env: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random files picked as each other's base by their names alone: once FRUITLESS_FILES
+    of them brought no delta frame, the spoke names no such base in that directory (the
+    hub's trials cost a region search per chunk, holding the GIL). Files of another suffix
+    there still get their by-name base, and it pays."""
+    fill = env.spoke.cache.chunks
+    assert fill is not None
+    bases: list[str | None] = []
+    fetch = fill.link.fetch_chunks
+
+    def fetching(ids: Any, *, base: Any = None, at: Any = ()) -> AsyncIterator[bytes | None]:
+        bases.append(base[0] if base is not None else None)
+        return fetch(ids, base=base, at=at)
+
+    monkeypatch.setattr(fill.link, "fetch_chunks", fetching)
+    ns = env.hub.namespace
+    await ns.mkdir(WHO, "/vol/media")
+    clips = {f"/vol/media/clip-{i}.bin": blob(3 * MiB, 40 + i) for i in range(4)}
+    named: list[set[str | None]] = []
+    for path, data in clips.items():
+        await ns.write_bytes(WHO, path, data)
+        bases.clear()
+        assert await env.spoke.read_bytes(WHO, path) == data
+        named.append(set(bases))
+    assert named == [{None}, {"/vol/media/clip-0.bin"}, {"/vol/media/clip-1.bin"}, {None}]
+    assert spoke_chunkfill.FRUITLESS_FILES == 2  # what the list above spells out
+    rows = b"".join(text_rows(random.Random(16), 12_000))
+    edited = bytearray(rows)
+    for at in range(0, len(edited), 8192):  # every chunk changes, none moves
+        edited[at] ^= 1
+    assert not map_of(rows).ids() & map_of(bytes(edited)).ids()
+    await ns.write_bytes(WHO, "/vol/media/rows-1.jsonl", rows)
+    await ns.write_bytes(WHO, "/vol/media/rows-2.jsonl", bytes(edited))
+    assert await env.spoke.read_bytes(WHO, "/vol/media/rows-1.jsonl") == rows
+    bases.clear()
+    before = env.link.down.bytes
+    assert await env.spoke.read_bytes(WHO, "/vol/media/rows-2.jsonl") == edited
+    assert set(bases) == {"/vol/media/rows-1.jsonl"}
+    assert env.link.down.bytes - before < len(edited) // 10  # deltas, not whole chunks

@@ -374,9 +374,11 @@ class HubChunks:
         base: tuple[str, int] | None = None,
         transfer: Transfer | None = None,
         who: Principal | None = None,
-    ) -> AsyncGenerator[bytes, None]:
-        """One record per wanted chunk, in order: its frame (encoded on the worker
-        threads, two batches ahead), or empty where no verified copy exists (with
+    ) -> AsyncGenerator[list[bytes], None]:
+        """One record per wanted chunk, in order, a list per encoded batch (a route
+        writes each list at once: a write per record cost the event loop, which carries
+        the link, a TLS and socket round per ~80 KiB chunk): its frame (encoded on the
+        worker threads, two batches ahead), or empty where no verified copy exists (with
         ``who``: none in a file ``who`` may read). With ``base`` (a file version the
         receiver holds, still at that version here, and readable by ``who``), chunks
         with a delta estimate are encoded against it."""
@@ -422,11 +424,9 @@ class HubChunks:
                     pending.append(loop.run_in_executor(self._encoders, job))
                     batch, size = [], 0
                 if len(pending) >= 2:
-                    async for out in self._emit(pending.pop(0), transfer):
-                        yield out
+                    yield await self._emit(pending.pop(0), transfer)
             while pending:
-                async for out in self._emit(pending.pop(0), transfer):
-                    yield out
+                yield await self._emit(pending.pop(0), transfer)
         finally:
             for reader in [*readers.values(), held]:
                 if reader is not None:
@@ -434,7 +434,8 @@ class HubChunks:
 
     async def _emit(
         self, job: Awaitable[list[tuple[bytes, int, int]]], transfer: Transfer | None
-    ) -> AsyncIterator[bytes]:
+    ) -> list[bytes]:
+        out = []
         for encoded, raw_length, bad_entry in await job:
             if bad_entry >= 0:
                 STALE_SOURCES.inc()
@@ -443,7 +444,8 @@ class HubChunks:
             frame = self.frame_hook(encoded) if self.frame_hook and encoded else encoded
             if transfer is not None and frame:
                 transfer.sent(raw_length, len(frame))
-            yield record(frame or None)
+            out.append(record(frame or None))
+        return out
 
     def _encode_batch(
         self,

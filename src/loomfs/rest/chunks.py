@@ -140,9 +140,9 @@ class ChunkRoutes:
         await response.prepare(request)
         try:
             if first is not None:
-                await response.write(first)
-            async for out in records:
-                await response.write(out)
+                await response.write(b"".join(first))
+            async for batch in records:
+                await response.write(b"".join(batch))
             await response.write_eof()
         finally:
             with contextlib.suppress(Exception):

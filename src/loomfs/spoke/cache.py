@@ -115,6 +115,9 @@ class CachedFile:
     data_mtime_ns: int = 0
     pinned: bool = False
     readers: int = 0
+    # The cache's own writes to the data file under way (fills, chunks kept beside a
+    # run): while any is, an mtime that moved is this cache's doing, not a foreign edit.
+    writing: int = 0
     # replaced at the hub: never served again, kept only as a source of chunks until evicted
     retired: bool = False
 
@@ -131,6 +134,11 @@ class CachedFile:
 
     def complete(self) -> bool:
         return len(self.hashes) == self.blocks
+
+    def touches_present(self, offset: int, length: int) -> bool:
+        """Whether some present block overlaps bytes [offset, offset+length)."""
+        last = (offset + max(length, 1) - 1) // BLOCK
+        return any(i in self.hashes for i in range(offset // BLOCK, last + 1))
 
 
 class Cache:
@@ -443,7 +451,11 @@ class Cache:
             )
         MISSES.inc(length)
         async with self._room(length, keep=entry.id):
-            await asyncio.to_thread(self._store, entry, run, data)
+            entry.writing += 1
+            try:
+                await asyncio.to_thread(self._store, entry, run, data)
+            finally:
+                entry.writing -= 1
             self._account(entry)
 
     def _account(self, entry: CachedFile) -> None:
@@ -492,7 +504,8 @@ class Cache:
         for _, idx, digest in digests:
             entry.hashes[idx] = digest
             entry.verified.add(idx)
-        entry.data_mtime_ns = mtime
+        # max: a concurrent fill may have recorded the mtime of a later write already
+        entry.data_mtime_ns = max(entry.data_mtime_ns, mtime)
 
     def _seal(self, entry: CachedFile, idx: int, plain: bytes | memoryview) -> bytes:
         assert self.cipher is not None
@@ -560,8 +573,12 @@ class Cache:
             try:
                 for offset, data in pieces:
                     os.pwrite(fd, data, offset)
+                mtime = os.fstat(fd).st_mtime_ns
             finally:
                 os.close(fd)
+            entry = self._files.get(file_id)
+            if entry is not None:  # the cache's own write: present blocks stay ready
+                entry.data_mtime_ns = max(entry.data_mtime_ns, mtime)
 
     def _verify(self, entry: CachedFile, span: range) -> None:
         """Check present blocks of ``span`` against their hashes where not yet checked;
@@ -569,8 +586,11 @@ class Cache:
         path = self._data_path(entry.id)
         st = path.stat()
         disk_size = self._disk_size(entry)
-        if st.st_mtime_ns != entry.data_mtime_ns or st.st_size != disk_size:
-            entry.verified.clear()  # touched by something other than the cache
+        moved = st.st_mtime_ns != entry.data_mtime_ns and not entry.writing
+        if moved or st.st_size != disk_size:
+            # touched by something other than the cache (a concurrent fill's write, not
+            # yet recorded, once cleared every other run's blocks: reads missed)
+            entry.verified.clear()
         todo = [i for i in span if i in entry.hashes and i not in entry.verified]
         if not todo:
             return

@@ -37,10 +37,10 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..chunks.chunkmap import ChunkEntry, ChunkMap
-from ..chunks.codec import chunk_id, decode_frame, encode_chunk
+from ..chunks.codec import REFERENCE_KINDS, chunk_id, decode_frame, encode_chunk
 from ..chunks.metrics import CORRUPT, Transfer
 from ..chunks.pipeline import ChunkPipeline
 from ..chunks.plan import choose_reference, plan_transfer
@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 3  # a chunk whose frame fails verification this often fails the read
 MAX_BATCH = 4096  # chunk ids per request, as the hub accepts them
 DECODE_GROUP = 1 << 20  # frame bytes decoded per thread hop
+# Files of one directory and suffix whose base, picked by name alone, brought no delta
+# frame, after which such siblings are no longer named as bases (``ChunkFiller._base``).
+FRUITLESS_FILES = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunk_maps (
     file_id INTEGER PRIMARY KEY REFERENCES files(id) ON DELETE CASCADE,
@@ -70,6 +73,14 @@ Location = tuple[int, int, int]  # (cached file id, offset, length)
 ReadCached = Callable[[int, int, int], "bytes | None"]
 #: write(file id, [(offset, bytes)]): keep chunk bytes outside the blocks being filled
 WriteCached = Callable[[int, Sequence[tuple[int, bytes]]], None]
+
+
+class _Base(NamedTuple):
+    """The cached version named to the hub as the base of delta frames."""
+
+    file: CachedFile
+    map: ChunkMap
+    by_name: bool  # a sibling sharing no chunk, picked by its name (``choose_reference``)
 
 
 class _FileReference:
@@ -105,6 +116,8 @@ class ChunkFiller:
         self._inflight: dict[bytes, asyncio.Future[bytes]] = {}
         self._asking: dict[int, asyncio.Future[ChunkMap]] = {}
         self._pipeline: ChunkPipeline | None = None
+        #: (directory, suffix) -> files there whose by-name base brought no delta frame
+        self._fruitless: dict[tuple[PurePosixPath, str], set[int]] = {}
 
     def close(self) -> None:
         if self._pipeline is not None:
@@ -148,13 +161,30 @@ class ChunkFiller:
             else:
                 self._where.pop(cid, None)
 
-    def _held(self, piece: ChunkEntry) -> bytes | None:
-        """The chunk's bytes from any cached file that verifiably holds them."""
-        for file_id, offset, length in list(self._where.get(piece.id, ())):
-            data = self._read(file_id, offset, length)
-            if data is not None and chunk_id(data) == piece.id:
-                return data
-        return None
+    def _places(self, cid: bytes) -> list[Location]:
+        """Where the index puts chunk ``cid`` in bytes the cache may hold: a place that
+        touches no present block is a hole (above all the very run being filled, whose
+        own map listed it) and is not read. A chunk kept beside a run (``assemble``'s
+        ``outside``) overlaps that run's blocks, so it is still found."""
+        files = self._files()
+        return [
+            (file_id, offset, length)
+            for file_id, offset, length in self._where.get(cid, ())
+            if (cached := files.get(file_id)) is not None and cached.touches_present(offset, length)
+        ]
+
+    def _held(self, wanted: Sequence[tuple[bytes, list[Location]]]) -> dict[bytes, bytes]:
+        """The bytes of each chunk ``wanted`` from the first of its places that verifiably
+        holds them (one thread hop for all: one per chunk queued a run's request behind
+        a hundred hops when nothing was held)."""
+        found: dict[bytes, bytes] = {}
+        for cid, places in wanted:
+            for file_id, offset, length in places:
+                data = self._read(file_id, offset, length)
+                if data is not None and chunk_id(data) == cid:
+                    found[cid] = data
+                    break
+        return found
 
     # -- filling ---------------------------------------------------------------------------
 
@@ -195,13 +225,12 @@ class ChunkFiller:
         end = start + length
         pieces = [p for p in cmap if p.end > start and p.offset < end]
         transfer = Transfer("spoke", "down", entry.path)
-        got: dict[bytes, bytes] = {}
+        wanted = {p.id: self._places(p.id) for p in pieces if p.id in self._where}
+        wanted = {cid: places for cid, places in wanted.items() if places}
+        got = await asyncio.to_thread(self._held, list(wanted.items())) if wanted else {}
         for piece in pieces:
-            if piece.id not in got and piece.id in self._where:  # no thread hop for none
-                data = await asyncio.to_thread(self._held, piece)
-                if data is not None:
-                    got[piece.id] = data
-                    transfer.held(piece.length)
+            if piece.id in got:
+                transfer.held(piece.length)
         lacking = list(dict.fromkeys(p.id for p in pieces if p.id not in got))
         try:
             fetched = await self._fetch(entry, cmap, lacking, transfer)
@@ -222,7 +251,11 @@ class ChunkFiller:
             if piece.offset < start or piece.end > end:
                 outside.append((piece.offset, data))
         if outside:  # the next run will find these chunks held
-            await asyncio.to_thread(self._write, entry.id, outside)
+            entry.writing += 1
+            try:
+                await asyncio.to_thread(self._write, entry.id, outside)
+            finally:
+                entry.writing -= 1
         return b"".join(parts)
 
     async def _fetch(
@@ -288,7 +321,7 @@ class ChunkFiller:
         entry: CachedFile,
         cmap: ChunkMap,
         ids: list[bytes],
-        base: tuple[CachedFile, ChunkMap] | None,
+        base: _Base | None,
         got: dict[bytes, bytes],
         transfer: Transfer,
     ) -> set[bytes]:
@@ -299,11 +332,12 @@ class ChunkFiller:
         if base is not None:
             estimates = {
                 s.entry.id: s.delta_from
-                for s in plan_transfer(cmap, cmap.ids() - set(ids), base[1])
+                for s in plan_transfer(cmap, cmap.ids() - set(ids), base.map)
             }
             at = [estimates.get(cid) for cid in ids]
-            reference = _FileReference(self._read, base[0].id)
+            reference = _FileReference(self._read, base.file.id)
         bad: set[bytes] = set()
+        deltas = 0  # frames that came as deltas against ``base``
         decoding: list[asyncio.Task[None]] = []
 
         def decode(cid: bytes, frame: bytes) -> bytes | None:
@@ -313,8 +347,10 @@ class ChunkFiller:
                 return None
 
         async def decode_all(frames: list[tuple[bytes, bytes]]) -> None:
+            nonlocal deltas
             datas = await asyncio.to_thread(lambda: [decode(c, f) for c, f in frames])
             for (cid, frame), data in zip(frames, datas, strict=True):
+                deltas += frame[0] & 0x0F in REFERENCE_KINDS
                 if data is not None:
                     got[cid] = data
                     transfer.sent(len(data), len(frame) + len(cid))
@@ -330,7 +366,7 @@ class ChunkFiller:
         group: list[tuple[bytes, bytes]] = []
         size = 0
         try:
-            hub_base = (base[0].path, base[0].version) if base is not None else None
+            hub_base = (base.file.path, base.file.version) if base is not None else None
             frames = self.link.fetch_chunks(ids, base=hub_base, at=at)
             index = 0
             try:
@@ -350,6 +386,12 @@ class ChunkFiller:
         finally:
             for task in decoding:
                 task.cancel()
+        if base is not None and base.by_name and not bad and any(a is not None for a in at):
+            kind = _kind(entry.path)
+            if deltas:
+                self._fruitless.pop(kind, None)
+            else:
+                self._fruitless.setdefault(kind, set()).add(entry.id)
         return bad
 
     # -- upload --------------------------------------------------------------------------
@@ -401,7 +443,7 @@ class ChunkFiller:
         finally:
             transfer.done()
 
-    def _base(self, entry: CachedFile, cmap: ChunkMap) -> tuple[CachedFile, ChunkMap] | None:
+    def _base(self, entry: CachedFile, cmap: ChunkMap) -> _Base | None:
         """A complete cached version for the hub to delta-encode against: the newest
         older version of the same path (changed in place: the hub's delta store may still
         keep its bytes), else the file of the same directory most alike
@@ -423,7 +465,22 @@ class ChunkFiller:
             if known is None or known[0].version < cached.version:
                 held[cached.path] = (cached, other)
         name = choose_reference(entry.path, cmap, {p: m for p, (_, m) in held.items()})
-        return held[name] if name is not None else None
+        if name is None:
+            return None
+        cached, other = held[name]
+        by_name = name != entry.path and not cmap.ids() & other.ids()
+        if by_name and len(self._fruitless.get(_kind(entry.path), ())) >= FRUITLESS_FILES:
+            # Siblings by name brought nothing here (random bytes beside random bytes):
+            # each file's hub trials cost a region search per chunk holding the GIL
+            # (bench/transfer.py, corpus 5). A by-name base that pays clears this.
+            return None
+        return _Base(cached, other, by_name)
+
+
+def _kind(path: str) -> tuple[PurePosixPath, str]:
+    """The siblings ``choose_reference`` picks among by name: same directory and suffix."""
+    pure = PurePosixPath(path)
+    return pure.parent, pure.suffix
 
 
 def _read_encode(source: PlainFile, piece: ChunkEntry) -> bytes:
