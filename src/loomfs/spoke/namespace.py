@@ -133,7 +133,8 @@ class SpokeNamespace(Namespace):
         self._wake = asyncio.Event()
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
         self._stuck: dict[int, Exception] = {}  # journaled writes the hub refuses, and why
-        self._opening: dict[str, asyncio.Future[Entry]] = {}  # cold opens in flight
+        # cold opens in flight, with the feed position each was asked at
+        self._opening: dict[str, tuple[asyncio.Future[Entry], int]] = {}
         self._evicted: dict[str, int] = {}  # path -> seq of the last eviction at or below it
         # (user, path) -> until when (monotonic) the hub's "yes, this user may read it"
         # holds here: the lease current at that answer, never extended by later renewals,
@@ -299,12 +300,12 @@ class SpokeNamespace(Namespace):
         asked_at = self.seq
         began, cold = time.monotonic(), True
         try:
-            opening = self._opening.get(path)
+            opening = self._current_opening(path)
             if opening is not None:  # another reader's cold open brings it: one request
                 entry = await asyncio.shield(opening)
                 if not self._is_admitted(who, path):  # that reader's right is not this one's
                     await self.hub.stat(who, path)
-            elif known is None and not self.cache.versions(path):
+            elif known is None and not self.cache.versions(path) and path not in self._opening:
                 entry = await self._open_cold(who, path, offset, length)
             else:  # what the cache holds may be served to this user only if the hub agrees
                 cold = False
@@ -326,8 +327,8 @@ class SpokeNamespace(Namespace):
         want = COLD_FETCH if length is None else min(COLD_FETCH, offset + length - start)
         want += -want % BLOCK  # whole blocks
         opening: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        self._opening[path] = opening
         asked_at = self.seq
+        self._opening[path] = (opening, asked_at)
         try:
             if self.cache.chunks is not None:
                 # with chunks: the entry and its map (small files: their bytes) come first,
@@ -347,9 +348,19 @@ class SpokeNamespace(Namespace):
             opening.cancel()
             raise
         finally:
-            del self._opening[path]
+            if self._opening.get(path, (None, 0))[0] is opening:
+                del self._opening[path]
         opening.set_result(entry)
         return entry
+
+    def _current_opening(self, path: str) -> asyncio.Future[Entry] | None:
+        """A cold open of ``path`` in flight that a read may join: none if the feed changed
+        the path after it was asked, since its answer may predate a write this read must
+        see (a prefetch's open, begun before that write was acknowledged)."""
+        opening = self._opening.get(path)
+        if opening is None or self._forgotten.get(path, (0, False))[0] > opening[1]:
+            return None
+        return opening[0]
 
     def _evicted_since(self, path: str, seq: int) -> bool:
         """Whether a placement eviction covering ``path`` arrived after ``seq``: bytes
