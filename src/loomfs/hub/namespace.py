@@ -338,10 +338,8 @@ class HubNamespace(Namespace):
             raise IsADirectory(f"is a directory: {path}", path=path)
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
-        mounted, key = self._in_volume(path)
-        start, count = clamp_range(entry.size, offset, length)
         try:
-            source = await mounted.backend.open_read(key, start, count, _expect(key, entry))
+            return await self._open(path, entry, offset, length)
         except Conflict:
             # changed behind loomfs's back: record the new version, then serve it, since
             # this read began after the change
@@ -350,10 +348,7 @@ class HubNamespace(Namespace):
                 raise NotFound(f"no such file or directory: {path}", path=path) from None
             if if_version is not None or fresh.is_dir:
                 raise Conflict(f"{path} changed (now version {fresh.version})", path=path) from None
-            entry = fresh
-            start, count = clamp_range(entry.size, offset, length)
-            source = await mounted.backend.open_read(key, start, count, _expect(key, entry))
-        return Reader(entry, start, source)
+            return await self._open(path, fresh, offset, length)
 
     async def read_entry(
         self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
@@ -363,14 +358,19 @@ class HubNamespace(Namespace):
         if entry.kind is not EntryKind.FILE:  # a symlink reads its target: read decides
             return await self.read(who, entry.path, offset, length, if_version=entry.version)
         path = paths.normalize(entry.path)
-        mounted, key = self._in_volume(path)
-        start, count = clamp_range(entry.size, offset, length)
         try:
-            source = await mounted.backend.open_read(key, start, count, _expect(key, entry))
+            return await self._open(path, entry, offset, length)
         except Conflict:
             # changed since the caller's stat: refused as read refuses it (and a change
             # made behind loomfs's back recorded on the way)
             return await self.read(who, path, offset, length, if_version=entry.version)
+
+    async def _open(self, path: str, entry: Entry, offset: int, length: int | None) -> Reader:
+        """The file at ``path`` opened for the range, if it still is ``entry`` (else
+        ``Conflict``)."""
+        mounted, key = self._in_volume(path)
+        start, count = clamp_range(entry.size, offset, length)
+        source = await mounted.backend.open_read(key, start, count, _expect(key, entry))
         return Reader(entry, start, source)
 
     async def write(
