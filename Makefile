@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SYSTEM_PACKAGES := fuse3 libfuse3-dev pkg-config attr postgresql rsync restic ca-certificates
+SYSTEM_PACKAGES := fuse3 attr postgresql rsync restic ca-certificates
 # OpenSSH's sftp client for the SFTP tests; its sftp-server is bench/sftp.py's peer (which
 # also wants sshd from openssh-server: not installed here, since it would start a daemon)
 SYSTEM_PACKAGES += openssh-client openssh-sftp-server

@@ -590,6 +590,65 @@ def test_statfs(site: Site) -> None:
     assert st.f_blocks > 0 and st.f_namemax == 255
 
 
+# -- passthrough: the kernel reads a volume file itself ----------------------------------------
+
+
+def test_an_open_for_reading_is_read_by_the_kernel_from_the_volume_file(
+    work: tuple[Path, Path, str],
+) -> None:
+    """Passthrough is on by default: bytes changed in place behind loomfs's back show to
+    a reader at once, since no byte passes through loomfs (the documented trade-off; with
+    ``[fuse] passthrough = false`` such a read fails, see the next test)."""
+    mnt, disk, _ = work
+    (disk / "f").write_bytes(b"0123456789")
+    _wait_for(lambda: (mnt / "f").stat().st_size == 10, "the hub to notice f")
+    fd = os.open(mnt / "f", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 10, 0) == b"0123456789"
+        with (disk / "f").open("r+b") as f:
+            f.write(b"AB")
+        assert os.pread(fd, 10, 0) == b"AB23456789"
+    finally:
+        os.close(fd)
+
+
+def test_without_passthrough_an_in_place_change_fails_the_read(tmp_path: Path) -> None:
+    _require_fuse()
+    config, vol, _ = _make_site(tmp_path)
+    env = {"LOOMFS_FUSE__PASSTHROUGH": "false"}
+    with MountProcess(config, tmp_path / "mnt", env=env):
+        (vol / "f").write_bytes(b"0123456789")
+        _wait_for((tmp_path / "mnt/vol/f").exists, "the hub to notice f")
+        # O_DIRECT: each read reaches loomfs, not the kernel's page cache
+        fd = os.open(tmp_path / "mnt/vol/f", os.O_RDONLY | os.O_DIRECT)
+        try:
+            with (vol / "f").open("r+b") as f:
+                f.write(b"AB")
+                os.utime(f.fileno(), ns=(1, 1))  # an mtime the first read did not see
+            assert _errno(lambda: os.pread(fd, 10, 0)) == errno.ESTALE
+        finally:
+            os.close(fd)
+
+
+def test_a_writer_and_a_newer_version_while_a_reader_is_open(work: tuple[Path, Path, str]) -> None:
+    """The kernel serves an inode from one backing file while a passthrough reader is open:
+    a writer, and then a reader of the version it wrote, are moved to a new inode for the
+    name (an ESTALE that the kernel retries after a fresh lookup), as if the file had been
+    replaced on a local disk; the first reader goes on with the version it opened."""
+    mnt, disk, _ = work
+    (mnt / "f").write_bytes(b"old content")
+    with (mnt / "f").open("rb") as old:
+        assert old.read(3) == b"old"
+        with (mnt / "f").open("r+b") as writer:
+            writer.write(b"NEW")
+        assert (disk / "f").read_bytes() == b"NEW content"
+        assert (mnt / "f").read_bytes() == b"NEW content"
+        (disk / "f").write_bytes(b"newest, from the disk")
+        _wait_for(lambda: (mnt / "f").read_bytes() == b"newest, from the disk", "the disk's")
+        assert old.read() == b" content"
+    assert (mnt / "f").read_bytes() == b"newest, from the disk"
+
+
 def test_stale_mount_is_reported_and_sigterm_unmounts(tmp_path: Path) -> None:
     _require_fuse()
     config, _, _ = _make_site(tmp_path)

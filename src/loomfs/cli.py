@@ -880,7 +880,7 @@ async def _mount(
     uid_map: dict[int, str],
     ready_file: Path | None,
 ) -> None:
-    # imported here: pyfuse3 is an optional, compiled dependency only mounts need
+    # imported here: only mounts need the FUSE front-end
     from .protocols.fuse.follow import Poll  # noqa: PLC0415
     from .protocols.fuse.mount import check_mountpoint, serve  # noqa: PLC0415
 
@@ -913,6 +913,7 @@ async def _mount(
             uid_map=uid_map,
             on_ready=ready,
             follow=follow,
+            passthrough=config.fuse.passthrough,
         )
     finally:
         if service is not None:

@@ -155,6 +155,13 @@ class FuseSection(_Section):
     #: returned, and power loss once fsync(2) or sync(1) returned; true: every change is
     #: flushed to disk before the call returns (several times slower to create files)
     durable_each_change: bool = False
+    #: true: a file opened for reading whose bytes sit whole in a local file (a posix
+    #: volume, a spoke's cache) is read by the kernel straight from that file, at the
+    #: local disk's speed (FUSE passthrough: Linux 6.9+, root). While such reads are open,
+    #: a change made in place behind loomfs's back shows to them at once, as on the
+    #: volume itself; false: every read goes through loomfs, which fails such a read
+    #: (ESTALE)
+    passthrough: bool = True
 
 
 class Config(_Section):

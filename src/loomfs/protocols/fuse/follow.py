@@ -16,12 +16,11 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 
-import pyfuse3
-
 from ... import paths
 from ...core.types import Change, ChangeOp, Feed
 from ...errors import LoomError
 from .inodes import InodeTable
+from .session import Session
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,8 @@ class OwnChanges:
 
 
 class FeedInvalidator:
-    def __init__(self, inodes: InodeTable, poll: Poll, own: OwnChanges) -> None:
+    def __init__(self, kernel: Session, inodes: InodeTable, poll: Poll, own: OwnChanges) -> None:
+        self.kernel = kernel
         self.inodes = inodes
         self.poll = poll
         self.own = own
@@ -124,13 +124,11 @@ class FeedInvalidator:
         parent = self.inodes.by_path(paths.split(path)[0])
         if parent is None or self.inodes.by_path(path) is None:
             return  # the kernel holds no such name (it forgets the names it unlinks)
-        # queued to pyfuse3's own thread: the kernel may hold the directory's lock for a
-        # request this loop has yet to answer. The change may be this mount's own: then
+        # from the session's notice thread: the kernel may hold the directory's lock for
+        # a request this loop has yet to answer. The change may be this mount's own: then
         # the kernel looks the name up once more and finds the same inode number, which
         # the inode table keeps for a file the kernel forgot.
-        pyfuse3.invalidate_entry_async(
-            parent.ino, os.fsencode(paths.split(path)[1]), ignore_enoent=True
-        )
+        self.kernel.invalidate_entry_async(parent.ino, os.fsencode(paths.split(path)[1]))
 
     async def _stale(self, path: str, *, data: bool) -> None:
         node = self.inodes.by_path(path)
@@ -139,4 +137,4 @@ class FeedInvalidator:
         node.current_until = 0.0  # the kernel's next getattr must reach the site
         # in a thread: dropping pages waits for reads of them this loop is serving
         with contextlib.suppress(OSError):  # the kernel has forgotten the inode already
-            await asyncio.to_thread(pyfuse3.invalidate_inode, node.ino, not data)
+            await asyncio.to_thread(self.kernel.invalidate_inode, node.ino, attr_only=not data)

@@ -30,6 +30,16 @@ ROOT_INODE = 1
 RETIRED_MAX = 1 << 16
 
 
+@dataclass(slots=True)
+class Passthrough:
+    """The backing file the kernel reads a node's open handles from (``Session``)."""
+
+    backing_id: int
+    #: the version whose bytes the backing file holds
+    version: int
+    handles: int = 0
+
+
 @dataclass(slots=True, eq=False)
 class Node:
     ino: int
@@ -56,6 +66,8 @@ class Node:
     #: until when (monotonic) ``entry`` may stand for the site's: it came from the site,
     #: and the change feed has said nothing of it since
     current_until: float = 0.0
+    #: the backing file of the handles the kernel reads itself, while any is open
+    passthrough: Passthrough | None = None
 
 
 class InodeTable:
@@ -188,6 +200,11 @@ class InodeTable:
         if self._may_be_dir(node):
             self._recount(paths.split(path)[0])
         return node
+
+    def replaced(self, node: Node) -> None:
+        """The node keeps serving its open handles, and its path gets a new node at the
+        next lookup; unlike ``unlinked``, the name and its directory did not change."""
+        self._detach(node, node.path)
 
     def moved(self, src: str, dst: str) -> None:
         """A rename: the node at ``src`` and every node below it now live under ``dst``."""

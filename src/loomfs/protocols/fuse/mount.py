@@ -17,18 +17,13 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import pyfuse3
-import pyfuse3.asyncio
-
 from ...errors import AlreadyExists, InvalidArgument, LoomError, NotADirectory, NotSupported
 from ...namespace.base import Namespace
 from .follow import FOLLOWING_TIMEOUT, FeedInvalidator, Poll
 from .ops import CACHE_TIMEOUT, LoomOperations
+from .session import Session
 
 log = logging.getLogger(__name__)
-
-#: requests handled concurrently; more only queue inside one Python thread
-MAX_TASKS = 64
 
 
 class StaleMount(LoomError):
@@ -68,10 +63,7 @@ def check_mountpoint(mountpoint: Path) -> None:
 
 
 def mount_options(*, allow_other: bool) -> set[str]:
-    # No max_read: libfuse refuses one that its init handler (pyfuse3's, which sets none)
-    # does not repeat, and without it reads are as large as the kernel's max_pages allow
-    # (libfuse asks for 1 MiB).
-    options = {"fsname=loomfs", "subtype=loomfs", "default_permissions"}
+    options = {"fsname=loomfs", "subtype=loomfs", "default_permissions", "nosuid", "nodev"}
     if allow_other:
         options.add("allow_other")
     return options
@@ -86,27 +78,32 @@ async def serve(
     uid_map: Mapping[int, str] | None = None,
     on_ready: Callable[[], None] | None = None,
     follow: Poll | None = None,
+    passthrough: bool = True,
 ) -> None:
     """Mount ``ns`` at ``mountpoint`` and serve until unmounted, SIGTERM or SIGINT. With
     ``follow`` (the site's change feed) the kernel caches names and attributes for long
-    and is told at once when they go stale."""
+    and is told at once when they go stale. ``passthrough``: the kernel reads files whose
+    bytes sit whole in a local file from that file, where it can."""
     check_mountpoint(mountpoint)
     spool_dir.mkdir(parents=True, exist_ok=True)
-    pyfuse3.asyncio.enable()
     timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
-    ops = LoomOperations(ns, str(spool_dir), uid_map, timeout, following=follow is not None)
-    pyfuse3.init(ops, str(mountpoint), mount_options(allow_other=allow_other))
+    session = Session(mountpoint, mount_options(allow_other=allow_other), passthrough=passthrough)
+    ops = LoomOperations(
+        ns, session, str(spool_dir), uid_map, timeout, following=follow is not None
+    )
+    session.mount()
     follower = None
     if follow is not None:
-        follower = asyncio.create_task(FeedInvalidator(ops.inodes, follow, ops.own).run())
+        invalidator = FeedInvalidator(session, ops.inodes, follow, ops.own)
+        follower = asyncio.create_task(invalidator.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _terminate, loop)
+        loop.add_signal_handler(sig, session.terminate)
     log.info("mounted", extra={"mountpoint": str(mountpoint)})
     try:
         if on_ready is not None:
             on_ready()
-        await pyfuse3.main(max_tasks=MAX_TASKS)
+        await session.serve(ops)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -115,15 +112,5 @@ async def serve(
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
         await ops.aclose()
-        pyfuse3.close(unmount=True)
+        session.unmount()
         log.info("unmounted", extra={"mountpoint": str(mountpoint)})
-
-
-def _terminate(loop: asyncio.AbstractEventLoop) -> None:
-    """End pyfuse3's main loop. Its workers wait for the session's fd with a reader that
-    sets their future's result; one may already be queued in this loop iteration, after
-    ``terminate`` has failed every future (asyncio then logs an InvalidStateError).
-    Taking the readers off first cancels queued ones too."""
-    for fd in list(pyfuse3.asyncio._read_futures):
-        loop.remove_reader(fd)
-    pyfuse3.terminate()

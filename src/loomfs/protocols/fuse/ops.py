@@ -1,4 +1,4 @@
-"""FUSE requests as namespace calls (protocol layer): pyfuse3 ``Operations`` over a Namespace.
+"""FUSE requests as namespace calls (protocol layer): the session's handlers over a Namespace.
 
 Every handler resolves inode numbers to paths through the inode table, calls the
 namespace, and maps any error through ``errno_of`` (the one table of this edge). The
@@ -20,16 +20,28 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
-import pyfuse3
-
 from ... import paths
 from ...core.streams import aiter_bytes
 from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
 from ...namespace.base import Namespace
+from .abi import (
+    ENOATTR,
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    Context,
+    EntryAttributes,
+    FileInfo,
+    FUSEError,
+    ReaddirToken,
+    SetattrFields,
+    StatvfsData,
+    readdir_reply,
+)
 from .files import ReadStream, WriteBuffer
 from .follow import OwnChanges
-from .inodes import ROOT_INODE, InodeTable, Node
+from .inodes import ROOT_INODE, InodeTable, Node, Passthrough
+from .session import Session
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +70,24 @@ def errno_of(exc: Exception) -> int:
 
 
 def translated(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Raise only ``FUSEError`` out of a handler, as pyfuse3 requires."""
+    """Raise only ``FUSEError`` out of a handler: the session answers it with its errno."""
 
     @functools.wraps(fn)
     async def handler(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except FUSEError:
             raise
         except Exception as exc:
             if isinstance(exc, Conflict):
                 log.warning("FUSE request conflicts with a newer version: %s", exc)
-            raise pyfuse3.FUSEError(errno_of(exc)) from exc
+            raise FUSEError(errno_of(exc)) from exc
 
     return handler
 
 
-def _fail(code: int) -> pyfuse3.FUSEError:
-    return pyfuse3.FUSEError(code)
+def _fail(code: int) -> FUSEError:
+    return FUSEError(code)
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +96,8 @@ class FileHandle:
     who: Principal
     version: int
     stream: ReadStream | None = None
+    #: the kernel reads this handle from the node's backing file itself
+    passthrough: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -97,20 +111,21 @@ class DirHandle:
     pending: Entry | None = None
 
 
-class LoomOperations(pyfuse3.Operations):
-    supports_dot_lookup = True
+class LoomOperations:
+    """The handlers the FUSE session (``session.py``) calls, one per request kind."""
 
     def __init__(
         self,
         ns: Namespace,
+        kernel: Session,
         spool_dir: str,
         uid_map: Mapping[int, str] | None = None,
         cache_timeout: float = CACHE_TIMEOUT,
         *,
         following: bool = False,
     ) -> None:
-        super().__init__()
         self.ns = ns
+        self.kernel = kernel
         self.cache_timeout = cache_timeout
         #: the change feed is followed (``follow.py``): what it has not flagged is current
         self.following = following
@@ -126,7 +141,7 @@ class LoomOperations(pyfuse3.Operations):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def who(self, ctx: pyfuse3.RequestContext) -> Principal:
+    def who(self, ctx: Context) -> Principal:
         """The principal for the calling uid: ``--uid-map`` first, then the local user name."""
         principal = self._principals.get(ctx.uid)
         if principal is None:
@@ -158,16 +173,18 @@ class LoomOperations(pyfuse3.Operations):
         fh, self._next_fh = self._next_fh, self._next_fh + 1
         return fh
 
-    def attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+    def attrs(self, node: Node) -> EntryAttributes:
         entry = node.entry
         assert entry is not None
-        out = pyfuse3.EntryAttributes()
+        out = EntryAttributes()
         out.st_ino = node.ino
         out.entry_timeout = self.cache_timeout
         # the names of a hard-linked file share this node, but a name seen while its
         # catalog row lagged behind a change gets a node of its own (see InodeTable):
-        # a change through one must show at once through the others, so no caching
-        out.attr_timeout = self.cache_timeout if entry.nlink <= 1 else 0
+        # a change through one must show at once through the others, so no caching.
+        # A directory's count is of its subdirectories: it has one node whatever it is.
+        hard_linked = entry.nlink > 1 and not entry.is_dir
+        out.attr_timeout = 0 if hard_linked else self.cache_timeout
         out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
         if node.unlinked:
             # open, but this name is gone: one link less (none for a directory)
@@ -205,7 +222,7 @@ class LoomOperations(pyfuse3.Operations):
             out.st_ctime_ns = entry.ctime_ns
         return out
 
-    def _learned(self, entry: Entry) -> pyfuse3.EntryAttributes:
+    def _learned(self, entry: Entry) -> EntryAttributes:
         node = self.inodes.learn(entry)
         self._fetched(node)
         return self.attrs(node)
@@ -215,7 +232,7 @@ class LoomOperations(pyfuse3.Operations):
         may cache it (a change the feed does not log, an atime, shows no later than there)."""
         node.current_until = time.monotonic() + self.cache_timeout
 
-    def _created(self, entry: Entry) -> pyfuse3.EntryAttributes:
+    def _created(self, entry: Entry) -> EntryAttributes:
         return self.attrs(self._made(entry))
 
     def _made(self, entry: Entry) -> Node:
@@ -223,7 +240,7 @@ class LoomOperations(pyfuse3.Operations):
         return self.inodes.created(entry)
 
     async def _owned(
-        self, who: Principal, entry: Entry, ctx: pyfuse3.RequestContext, mode: int | None = None
+        self, who: Principal, entry: Entry, ctx: Context, mode: int | None = None
     ) -> Entry:
         """A new entry gets the caller as owner (and ``mode``), as a local file system
         would; the hub writes as whoever runs it."""
@@ -283,9 +300,7 @@ class LoomOperations(pyfuse3.Operations):
             node.cached_version = entry.version
             self.inodes.touched(node)
 
-    async def _create(
-        self, who: Principal, path: str, mode: int, ctx: pyfuse3.RequestContext
-    ) -> Entry:
+    async def _create(self, who: Principal, path: str, mode: int, ctx: Context) -> Entry:
         # Always exclusive: the kernel asks to create only after a lookup found nothing,
         # so an existing file here was made by someone else meanwhile and must not be
         # truncated behind their back.
@@ -303,9 +318,7 @@ class LoomOperations(pyfuse3.Operations):
     # -- names and attributes --------------------------------------------------------------
 
     @translated
-    async def lookup(
-        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Context) -> EntryAttributes:
         if name == b".":
             path = self._node(parent_inode).path
         elif name == b"..":
@@ -320,7 +333,7 @@ class LoomOperations(pyfuse3.Operations):
             self.inodes.forget(ino, count)
 
     @translated
-    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+    async def getattr(self, inode: int, ctx: Context) -> EntryAttributes:
         node = self._node(inode)
         if node.unlinked:
             return self.attrs(node)
@@ -340,11 +353,11 @@ class LoomOperations(pyfuse3.Operations):
     async def setattr(
         self,
         inode: int,
-        attr: pyfuse3.EntryAttributes,
-        fields: pyfuse3.SetattrFields,
+        attr: EntryAttributes,
+        fields: SetattrFields,
         fh: int | None,
-        ctx: pyfuse3.RequestContext,
-    ) -> pyfuse3.EntryAttributes:
+        ctx: Context,
+    ) -> EntryAttributes:
         node = self._node(inode)
         who = self.who(ctx)
         if node.entry is None or not node.unlinked:
@@ -390,7 +403,7 @@ class LoomOperations(pyfuse3.Operations):
         return self.attrs(node)
 
     @translated
-    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+    async def readlink(self, inode: int, ctx: Context) -> bytes:
         node = self._node(inode)
         entry = await self.ns.stat(self.who(ctx), node.path)
         if entry.kind is not EntryKind.SYMLINK or entry.link_target is None:
@@ -399,8 +412,8 @@ class LoomOperations(pyfuse3.Operations):
 
     @translated
     async def symlink(
-        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+        self, parent_inode: int, name: bytes, target: bytes, ctx: Context
+    ) -> EntryAttributes:
         who = self.who(ctx)
         path = self._child(parent_inode, name)
         entry = await self.ns.symlink(who, path, os.fsdecode(target))
@@ -408,8 +421,8 @@ class LoomOperations(pyfuse3.Operations):
 
     @translated
     async def mknod(
-        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Context
+    ) -> EntryAttributes:
         who = self.who(ctx)
         path = self._child(parent_inode, name)
         if stat.S_ISREG(mode):
@@ -422,8 +435,8 @@ class LoomOperations(pyfuse3.Operations):
 
     @translated
     async def link(
-        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Context
+    ) -> EntryAttributes:
         who = self.who(ctx)
         node = self._node(inode)
         entry = await self.ns.link(who, node.path, self._child(new_parent_inode, new_name))
@@ -431,26 +444,26 @@ class LoomOperations(pyfuse3.Operations):
         # which is safe inside a request); learned again, so the new name finds its node
         self.inodes.learn(await self.ns.stat(who, node.path), lookups=0)
         self.inodes.touched(node)
-        pyfuse3.invalidate_inode(node.ino, attr_only=True)
+        self.kernel.invalidate_inode(node.ino, attr_only=True)
         return self._created(entry)
 
     # -- directories -----------------------------------------------------------------------
 
     @translated
     async def mkdir(
-        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
-    ) -> pyfuse3.EntryAttributes:
+        self, parent_inode: int, name: bytes, mode: int, ctx: Context
+    ) -> EntryAttributes:
         who = self.who(ctx)
         entry = await self.ns.mkdir(who, self._child(parent_inode, name))
         entry = await self._owned(who, entry, ctx, stat.S_IMODE(mode) & ~ctx.umask)
         return self._created(entry)
 
     @translated
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Context) -> None:
         await self._remove(self.who(ctx), self._child(parent_inode, name))
 
     @translated
-    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Context) -> None:
         who, path = self.who(ctx), self._child(parent_inode, name)
         writing = self._writing_as(path)
         await self._remove(who, path)
@@ -491,14 +504,14 @@ class LoomOperations(pyfuse3.Operations):
         parent_inode_new: int,
         name_new: bytes,
         flags: int,
-        ctx: pyfuse3.RequestContext,
+        ctx: Context,
     ) -> None:
-        if flags & pyfuse3.RENAME_EXCHANGE:
+        if flags & RENAME_EXCHANGE:
             raise _fail(errno.EINVAL)
         who = self.who(ctx)
         src = self._child(parent_inode_old, name_old)
         dst = self._child(parent_inode_new, name_new)
-        overwrite = not flags & pyfuse3.RENAME_NOREPLACE
+        overwrite = not flags & RENAME_NOREPLACE
         if overwrite and src != dst:
             await self._clear_target(who, src, dst)
         replaced = self._writing_as(dst)
@@ -523,13 +536,13 @@ class LoomOperations(pyfuse3.Operations):
             self.inodes.unlinked(dst)
 
     @translated
-    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+    async def opendir(self, inode: int, ctx: Context) -> int:
         fh = self._fh()
         self._dirs[fh] = DirHandle(self._node(inode), self.who(ctx))
         return fh
 
     @translated
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+    async def readdir(self, fh: int, start_id: int, token: ReaddirToken) -> None:
         handle = self._dirs[fh]
         if start_id != handle.last_id or handle.listing is None:
             # a seek (or the first call): list again after the name at that position;
@@ -548,9 +561,7 @@ class LoomOperations(pyfuse3.Operations):
                     return
             node = self.inodes.learn(entry, lookups=0)
             position = handle.last_id + 1
-            if not pyfuse3.readdir_reply(
-                token, os.fsencode(entry.name), self.attrs(node), position
-            ):
+            if not readdir_reply(token, os.fsencode(entry.name), self.attrs(node), position):
                 handle.pending = entry
                 self.inodes.forget(node.ino, 0)
                 return
@@ -578,7 +589,7 @@ class LoomOperations(pyfuse3.Operations):
     # -- files -----------------------------------------------------------------------------
 
     @translated
-    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+    async def open(self, inode: int, flags: int, ctx: Context) -> FileInfo:
         node = self._node(inode)
         who = self.who(ctx)
         stream: ReadStream | None = None
@@ -594,21 +605,64 @@ class LoomOperations(pyfuse3.Operations):
             stream = ReadStream(reader)
             node.entry, version = reader.entry, reader.entry.version
         if node.entry.is_dir:
+            if stream is not None:
+                await stream.aclose()
             raise _fail(errno.EISDIR)
-        keep_cache = node.buffer is not None or node.cached_version == version
-        if not keep_cache and node.cached_version is not None:
+        bound = node.passthrough
+        if bound is not None and (flags & os.O_ACCMODE != os.O_RDONLY or bound.version != version):
+            await self._rebind(node, stream)
+        backing = self._backing(node, stream, flags)
+        # the kernel refuses its page cache on a handle it reads from a backing file
+        keep_cache = backing is None and (node.buffer is not None or node.cached_version == version)
+        if not keep_cache and node.cached_version is not None and backing is None:
             # the kernel still has the old size: let it ask again (attributes only,
             # which is safe inside a request)
-            pyfuse3.invalidate_inode(node.ino, attr_only=True)
+            self.kernel.invalidate_inode(node.ino, attr_only=True)
         node.cached_version = version
         if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
             buffer = await self._buffer(node, who, version, empty=True)
             os.ftruncate(buffer.fd, 0)
             buffer.changed()
         fh = self._fh()
-        self._files[fh] = FileHandle(node, who, version, stream)
+        self._files[fh] = FileHandle(node, who, version, stream, passthrough=backing is not None)
         node.opens += 1
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
+        return FileInfo(fh=fh, keep_cache=keep_cache, backing_id=backing)
+
+    def _backing(self, node: Node, stream: ReadStream | None, flags: int) -> int | None:
+        """The backing file id for a read-only open the kernel can serve itself: the
+        version's bytes are one whole local file, and every other open of the inode is
+        served the same way (the kernel refuses to mix the two on one inode)."""
+        if stream is None or flags & os.O_ACCMODE != os.O_RDONLY or node.buffer is not None:
+            return None
+        region, entry = stream.reader.region, stream.reader.entry
+        if (
+            region is None
+            or region.offset != 0
+            or stream.reader.offset != 0
+            or region.length != entry.size
+            or entry.nlink > 1  # one node, one name: a new inode can take the name over
+        ):
+            return None
+        bound = node.passthrough
+        if bound is None:
+            if node.opens:
+                return None  # opens served through loomfs hold the inode
+            backing_id = self.kernel.open_backing(region.fd)
+            if backing_id is None:
+                return None
+            bound = node.passthrough = Passthrough(backing_id, entry.version)
+        bound.handles += 1
+        return bound.backing_id
+
+    async def _rebind(self, node: Node, stream: ReadStream | None) -> None:
+        """``node`` is served from a backing file that this open can't use: its name gets
+        a new node. The open fails ESTALE, which the kernel's VFS answers by looking the
+        name up again and retrying the open once, now on the new node."""
+        if stream is not None:
+            await stream.aclose()
+        if self.inodes.by_path(node.path) is node:
+            self.inodes.replaced(node)
+        raise _fail(errno.ESTALE)
 
     @translated
     async def create(
@@ -617,8 +671,8 @@ class LoomOperations(pyfuse3.Operations):
         name: bytes,
         mode: int,
         flags: int,
-        ctx: pyfuse3.RequestContext,
-    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        ctx: Context,
+    ) -> tuple[FileInfo, EntryAttributes]:
         who = self.who(ctx)
         entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
         node = self._made(entry)
@@ -627,7 +681,7 @@ class LoomOperations(pyfuse3.Operations):
         fh = self._fh()
         self._files[fh] = FileHandle(node, who, entry.version)
         node.opens += 1
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self.attrs(node)
+        return FileInfo(fh=fh, keep_cache=True), self.attrs(node)
 
     @translated
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -642,7 +696,7 @@ class LoomOperations(pyfuse3.Operations):
         return await handle.stream.read(self.ns, handle.who, node, off, size)
 
     @translated
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
+    async def write(self, fh: int, off: int, buf: bytes | memoryview) -> int:
         handle = self._files[fh]
         buffer = await self._buffer(handle.node, handle.who, handle.version, empty=False)
         written = os.pwrite(buffer.fd, buf, off)
@@ -664,6 +718,8 @@ class LoomOperations(pyfuse3.Operations):
     @translated
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
+        if handle.passthrough:
+            self._unbind(handle.node)
         try:
             if handle.stream is not None:
                 await handle.stream.aclose()
@@ -674,23 +730,29 @@ class LoomOperations(pyfuse3.Operations):
         finally:
             self._closed(handle.node)
 
+    def _unbind(self, node: Node) -> None:
+        bound = node.passthrough
+        assert bound is not None
+        bound.handles -= 1
+        if bound.handles == 0:
+            self.kernel.close_backing(bound.backing_id)
+            node.passthrough = None
+
     # -- extended attributes: the user.* namespace holds the entry's tags -------------------
 
     @translated
-    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+    async def getxattr(self, inode: int, name: bytes, ctx: Context) -> bytes:
         if not name.startswith(XATTR_USER):
             # security.capability is asked for on every write: answer without a round trip
-            raise _fail(pyfuse3.ENOATTR)
+            raise _fail(ENOATTR)
         tags = await self.ns.get_tags(self.who(ctx), self._node(inode).path)
         value = tags.get(name[len(XATTR_USER) :].decode(errors="replace"))
         if value is None:
-            raise _fail(pyfuse3.ENOATTR)
+            raise _fail(ENOATTR)
         return value.encode()
 
     @translated
-    async def setxattr(
-        self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
-    ) -> None:
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Context) -> None:
         if not name.startswith(XATTR_USER):
             raise _fail(errno.ENOTSUP)
         try:
@@ -702,26 +764,26 @@ class LoomOperations(pyfuse3.Operations):
         self.inodes.touched(node)
 
     @translated
-    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
+    async def listxattr(self, inode: int, ctx: Context) -> Sequence[bytes]:
         tags = await self.ns.get_tags(self.who(ctx), self._node(inode).path)
         return [XATTR_USER + key.encode() for key in tags]
 
     @translated
-    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+    async def removexattr(self, inode: int, name: bytes, ctx: Context) -> None:
         if not name.startswith(XATTR_USER):
-            raise _fail(pyfuse3.ENOATTR)
+            raise _fail(ENOATTR)
         who, path = self.who(ctx), self._node(inode).path
         key = name[len(XATTR_USER) :].decode(errors="replace")
         if key not in await self.ns.get_tags(who, path):
-            raise _fail(pyfuse3.ENOATTR)
+            raise _fail(ENOATTR)
         await self.ns.set_tags(who, path, {}, [key])
         self.inodes.touched(self._node(inode))
 
     @translated
-    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+    async def statfs(self, ctx: Context) -> StatvfsData:
         # the namespace has no capacity call yet: report the disk that takes new writes
         local = os.statvfs(self.spool_dir)
-        out = pyfuse3.StatvfsData()
+        out = StatvfsData()
         out.f_bsize = local.f_bsize
         out.f_frsize = local.f_frsize
         out.f_blocks, out.f_bfree, out.f_bavail = local.f_blocks, local.f_bfree, local.f_bavail
