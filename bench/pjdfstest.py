@@ -60,6 +60,8 @@ def run(source: Path, only: list[str], verbose: bool = False) -> dict[str, Any]:
     for line in proc.stdout.splitlines():
         if match := _FAILED.match(line.strip()):
             path, wstat, tests, failed = match.groups()
+            if int(failed) == 0 and int(wstat) == 0:
+                continue  # listed only for "TODO passed": more than Linux is expected to do
             failures.append(
                 {
                     "test": path.split("/tests/", 1)[-1],

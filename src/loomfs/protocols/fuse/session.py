@@ -99,10 +99,12 @@ class Session:
         if major != abi.KERNEL_MAJOR or minor < 31:
             self._reply_error(unique, errno.EPROTO)
             raise OSError(errno.EPROTO, f"the kernel speaks FUSE {major}.{minor}; 7.31+ needed")
+        # not HANDLE_KILLPRIV: the kernel clears set-user-ID and set-group-ID bits on a
+        # write by someone else itself, with a setattr, as loomfs keeps modes in the catalog
         want = (
             abi.ASYNC_READ | abi.ATOMIC_O_TRUNC | abi.BIG_WRITES | abi.AUTO_INVAL_DATA
-            | abi.DO_READDIRPLUS | abi.ASYNC_DIO | abi.PARALLEL_DIROPS | abi.HANDLE_KILLPRIV
-            | abi.MAX_PAGES | abi.INIT_EXT
+            | abi.DO_READDIRPLUS | abi.ASYNC_DIO | abi.PARALLEL_DIROPS | abi.MAX_PAGES
+            | abi.INIT_EXT
         )  # fmt: skip
         if self.want_passthrough and os.geteuid() == 0:
             want |= abi.PASSTHROUGH  # registering a backing file needs CAP_SYS_ADMIN
