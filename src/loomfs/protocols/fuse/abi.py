@@ -88,6 +88,7 @@ PASSTHROUGH = 1 << 37
 # open reply flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_NOFLUSH = 1 << 5
 FOPEN_PASSTHROUGH = 1 << 7
 
 # setattr valid bits
@@ -185,11 +186,13 @@ class SetattrFields:
 @dataclass(slots=True)
 class FileInfo:
     """An open's reply. ``backing_id``: a backing file registered with the session
-    (``Session.open_backing``) that the kernel reads the file from itself (passthrough)."""
+    (``Session.open_backing``) that the kernel reads the file from itself (passthrough).
+    ``noflush``: the kernel sends no FLUSH when the handle is closed."""
 
     fh: int
     keep_cache: bool = False
     backing_id: int | None = None
+    noflush: bool = False
 
 
 @dataclass(slots=True)

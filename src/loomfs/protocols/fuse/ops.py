@@ -626,7 +626,9 @@ class LoomOperations:
         fh = self._fh()
         self._files[fh] = FileHandle(node, who, version, stream, passthrough=backing is not None)
         node.opens += 1
-        return FileInfo(fh=fh, keep_cache=keep_cache, backing_id=backing)
+        # a handle that can't write has nothing to save on close: no FLUSH round trip
+        read_only = flags & os.O_ACCMODE == os.O_RDONLY
+        return FileInfo(fh=fh, keep_cache=keep_cache, backing_id=backing, noflush=read_only)
 
     def _backing(self, node: Node, stream: ReadStream | None, flags: int) -> int | None:
         """The backing file id for a read-only open the kernel can serve itself: the

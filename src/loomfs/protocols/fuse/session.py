@@ -274,7 +274,9 @@ def _two_names(body: bytes) -> tuple[bytes, bytes]:
 
 
 def _open_out(info: FileInfo) -> bytes:
-    flags = abi.FOPEN_KEEP_CACHE if info.keep_cache else 0
+    flags = (abi.FOPEN_KEEP_CACHE if info.keep_cache else 0) | (
+        abi.FOPEN_NOFLUSH if info.noflush else 0
+    )
     backing = 0
     if info.backing_id is not None:
         flags |= abi.FOPEN_PASSTHROUGH
