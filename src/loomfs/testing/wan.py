@@ -132,13 +132,20 @@ class LinkEmulator:
             writer.transport.abort()
             self._connections.discard(task)
             return
+        pipes = [
+            asyncio.create_task(self._pipe(reader, up_writer, self.up)),
+            asyncio.create_task(self._pipe(up_reader, writer, self.down)),
+        ]
         try:
-            await asyncio.gather(
-                self._pipe(reader, up_writer, self.up), self._pipe(up_reader, writer, self.down)
-            )
+            await asyncio.gather(*pipes)
         except (asyncio.CancelledError, ConnectionError):
             pass
         finally:
+            # a cancelled gather only asks its pipes to stop: wait until they have, or
+            # ``stop`` returns while they still run and the loop closes under them
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
             for w in (writer, up_writer):
                 w.transport.abort()
             self._connections.discard(task)

@@ -41,6 +41,9 @@ MAX_PAGES = 256
 BUFFER_SIZE = MAX_PAGES * 4096 + 4096
 #: requests read from the device in one go before the loop serves others
 READ_BATCH = 64
+#: a request still unanswered after this long is logged (a process waiting on the mount
+#: cannot be interrupted while it waits: the log says what it waits for)
+SLOW_REQUEST_S = 30.0
 
 Handler = Callable[[int, Context, bytes], Awaitable[bytes | None]]
 
@@ -57,7 +60,8 @@ class Session:
         self.passthrough = False
         self.fd = -1
         self._buf = bytearray(BUFFER_SIZE)
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: requests in progress -> (opcode, node, when it arrived)
+        self._tasks: dict[asyncio.Task[None], tuple[int, int, float]] = {}
         self._done: asyncio.Future[None] | None = None
         # entry notices wait for the directory's lock, which the kernel may hold for a
         # request this loop has yet to answer: they go from a thread of their own
@@ -140,13 +144,27 @@ class Session:
         self._done = loop.create_future()
         os.set_blocking(self.fd, False)
         loop.add_reader(self.fd, self._readable)
+        watch = loop.create_task(self._watch_slow())
         try:
             await self._done
         finally:
             loop.remove_reader(self.fd)
-            for task in list(self._tasks):
+            tasks = [watch, *self._tasks]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _done_task(self, task: asyncio.Task[None]) -> None:
+        del self._tasks[task]
+
+    async def _watch_slow(self) -> None:
+        while True:
+            await asyncio.sleep(SLOW_REQUEST_S)
+            now = time.monotonic()
+            for opcode, node, began in list(self._tasks.values()):
+                if now - began > SLOW_REQUEST_S:
+                    log.warning("a FUSE request (opcode %d, node %d) is unanswered after %d s",
+                                opcode, node, now - began)  # fmt: skip
 
     def terminate(self) -> None:
         if self._done is not None and not self._done.done():
@@ -177,8 +195,8 @@ class Session:
             task = asyncio.get_running_loop().create_task(
                 self._handle(handler, opcode, unique, nodeid, Context(uid, gid, pid), body)
             )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks[task] = (opcode, nodeid, time.monotonic())
+            task.add_done_callback(self._done_task)
 
     async def _handle(
         self, handler: Handler, opcode: int, unique: int, nodeid: int, ctx: Context, body: bytes
