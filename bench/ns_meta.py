@@ -17,8 +17,10 @@ and ``close``, ``os.stat`` and ``os.unlink`` on the local disk the volume is on,
 printing ops/s and the ratio loomfs/local (a ceiling: the namespace does that disk work
 and records it too).
 
-Run: ``PYTHONPATH=src python bench/ns_meta.py [--files N] [--json out.json]
-[--profile out.prof]`` (``--profile``: cProfile of the loomfs runs only).
+Run: ``PYTHONPATH=src python bench/ns_meta.py [--files N] [--dir DIR] [--json out.json]
+[--profile out.prof]`` (``--profile``: cProfile of the loomfs runs only; ``--dir
+/dev/shm``: both on tmpfs, so that what is measured is loomfs's own cost, not a shared
+disk's journal).
 """
 
 from __future__ import annotations
@@ -96,9 +98,12 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--profile", type=Path, help="write a cProfile of the loomfs runs")
+    parser.add_argument(
+        "--dir", help="where the site and the disk's files go (/dev/shm: no disk's noise)"
+    )
     args = parser.parse_args()
     profile = cProfile.Profile() if args.profile else None
-    with tempfile.TemporaryDirectory(prefix="loomfs-ns-meta-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="loomfs-ns-meta-", dir=args.dir) as tmp:
         root = Path(tmp)
         (root / "vol").mkdir()
         (root / "disk").mkdir()
@@ -106,7 +111,8 @@ def main() -> None:
         rates = asyncio.run(measure(config, root / "disk", args.files, profile))
     if profile is not None:
         profile.dump_stats(args.profile)
-    print(f"{args.files} empty files, one after another (load: {os.getloadavg()[0]:.2f})")
+    where = args.dir or tempfile.gettempdir()
+    print(f"{args.files} empty files in {where}, one after another (load {os.getloadavg()[0]:.2f})")
     print(f"{'op':8} {'loomfs ops/s':>14} {'local ops/s':>14} {'ratio':>7}")
     ours, theirs = rates["loomfs"], rates["local"]
     for op in OPS:
