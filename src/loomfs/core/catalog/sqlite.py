@@ -136,7 +136,7 @@ class SqliteCatalog(SqlCatalog):
 
     def _checkpoint(self) -> None:
         # PASSIVE: copies what no reader still needs, never waits for one
-        self._cur().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        self._cur().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     async def close(self) -> None:
         if self._writer is not None:
