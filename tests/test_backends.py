@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
 import threading
 import uuid
@@ -23,7 +24,7 @@ from loomfs.core.backends.common import (
     descends,
     ordered_walk,
 )
-from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
+from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend, fs_type
 from loomfs.core.backends.s3 import PART_SIZE, S3Backend
 from loomfs.core.registry import open_backend
 from loomfs.core.streams import aiter_bytes
@@ -78,6 +79,61 @@ class TestPosix(BackendSuite):
     @pytest.fixture
     def backend(self, posix: PosixBackend) -> Backend:
         return posix
+
+
+class TestPosixNotDurable(BackendSuite):
+    """The suite on a posix volume of a mount's own hub (not ``durable``), whose metadata
+    calls are made on the event loop."""
+
+    @pytest.fixture
+    def backend(self, posix: PosixBackend) -> Backend:
+        posix.durable = False
+        return posix
+
+
+def test_fs_type_is_the_mount_tables(tmp_path: Path) -> None:
+    for path in (str(tmp_path), "/proc/self", "/dev", "/"):
+        real = os.path.realpath(path)
+        listed = subprocess.run(
+            ["findmnt", "-n", "-o", "FSTYPE", "--target", real],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        assert fs_type(real) == listed.stdout.strip(), path
+
+
+async def test_posix_metadata_calls_skip_the_thread_only_when_nothing_is_flushed(
+    volume: Path, posix: PosixBackend
+) -> None:
+    """Not durable, on a local file system, a create, stat, rename and delete are made on
+    the event loop: they complete while every thread the loop hands work to is taken.
+    Durable, they wait for one (an fsync is no call to block the loop with)."""
+    assert fs_type(posix.root) in ("ext4", "xfs", "btrfs", "tmpfs", "overlay")
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(1))
+    busy = threading.Event()
+    held = loop.run_in_executor(None, busy.wait)
+    try:
+        posix.durable = False
+
+        async def calls() -> None:
+            await posix.write("a", aiter_bytes(b""))
+            await posix.stat("a")
+            await posix.rename("a", "b")
+            await posix.delete("b")
+
+        await asyncio.wait_for(calls(), 60)  # hangs (fails) if handed to the thread
+        posix.durable = True
+        queued = asyncio.ensure_future(posix.write("c", aiter_bytes(b"")))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not queued.done() and names(volume) == []
+    finally:
+        busy.set()
+        await held
+    await queued
+    assert names(volume) == ["c"]
 
 
 async def test_posix_url_and_check(tmp_path: Path) -> None:

@@ -22,12 +22,14 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import functools
 import os
+import re
 import secrets
 import stat
-from collections.abc import AsyncGenerator, AsyncIterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterator, Sequence
 from operator import attrgetter
-from typing import NoReturn
+from typing import NoReturn, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from ...errors import (
@@ -59,6 +61,36 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
 
 _by_sort_key = attrgetter("sort_key")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: file systems that answer a metadata call from this machine's memory and disks, in
+#: microseconds (network ones, NFS, Lustre, FUSE..., may take a round trip, or stall)
+_LOCAL_FS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs", "tmpfs", "overlay"}
+)
+_MOUNTINFO_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def fs_type(path: str) -> str:
+    """The type of the file system that real path ``path`` lies on ("" if unknown): that
+    of the deepest mount point above it in /proc/self/mountinfo, the last one mounted
+    there if several were."""
+    found, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return ""
+    for line in lines:
+        fields, _, tail = line.partition(" - ")
+        # mount point: the fifth field, with spaces and such written as octal escapes
+        point = _MOUNTINFO_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields.split()[4])
+        below = path == point or path.startswith(point.rstrip("/") + "/")
+        if below and len(point) >= len(found) and tail:
+            found, kind = point, tail.split()[0]
+    return kind
 
 
 def posix_etag(st: os.stat_result) -> str:
@@ -177,6 +209,20 @@ class PosixBackend(Backend):
             raise InvalidArgument(f"a posix volume URL needs an absolute path: {url!r}")
         return cls(root, url)
 
+    @functools.cached_property
+    def _local(self) -> bool:
+        return fs_type(self.root) in _LOCAL_FS
+
+    async def _meta(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """A metadata call on a name or two. Where nothing is flushed (not ``durable``) on
+        a local file system it takes microseconds, and the hand-off to a thread and back
+        several times that (each FUSE create and unlink paid it: bench/ns_meta.py), so it
+        is made right here, on the event loop. A durable volume's fsyncs and a network file
+        system's round trips (or stalls) are waited for in a thread."""
+        if not self.durable and self._local:
+            return fn(*args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
     # -- paths -----------------------------------------------------------------
 
     def _inside(self, real: str) -> bool:
@@ -262,7 +308,7 @@ class PosixBackend(Backend):
         return info
 
     async def stat(self, key: str) -> ObjectInfo:
-        return await asyncio.to_thread(self._stat, key)
+        return await self._meta(self._stat, key)
 
     def _stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo | None]:
         found: dict[str, ObjectInfo | None] = {}
@@ -458,9 +504,9 @@ class PosixBackend(Backend):
         chunks = aiter(data)
         first = await anext(chunks, None)
         if first is None:
-            # nothing to stream (a FUSE create): the empty file is staged and made visible
-            # in one trip to a thread, under the gate, instead of one trip for each
-            return await gate(lambda: asyncio.to_thread(self._write_empty, key, mode))
+            # nothing to stream (a FUSE create): the empty file is made in one metadata
+            # call, under the gate, instead of a temp file staged, then renamed
+            return await gate(lambda: self._meta(self._write_empty, key, mode))
         # a cancel must not lose a temp file the thread goes on to create
         creating = asyncio.ensure_future(asyncio.to_thread(self._create_temp, key, mode))
         try:
@@ -534,7 +580,7 @@ class PosixBackend(Backend):
         return self._stat(key)
 
     async def mkdir(self, key: str) -> ObjectInfo:
-        return await asyncio.to_thread(self._mkdir, key)
+        return await self._meta(self._mkdir, key)
 
     def _symlink(self, key: str, target: str) -> ObjectInfo:
         if not check_key(key):
@@ -547,7 +593,7 @@ class PosixBackend(Backend):
         return self._stat(key)
 
     async def symlink(self, key: str, target: str) -> ObjectInfo:
-        return await asyncio.to_thread(self._symlink, key, target)
+        return await self._meta(self._symlink, key, target)
 
     def _mknod(self, key: str, kind: EntryKind, mode: int, rdev: int) -> ObjectInfo:
         if not check_key(key):
@@ -562,7 +608,7 @@ class PosixBackend(Backend):
         return self._stat(key)
 
     async def mknod(self, key: str, kind: EntryKind, mode: int, rdev: int = 0) -> ObjectInfo:
-        return await asyncio.to_thread(self._mknod, key, kind, mode, rdev)
+        return await self._meta(self._mknod, key, kind, mode, rdev)
 
     def _link(self, src: str, dst: str) -> ObjectInfo:
         if not check_key(src) or not check_key(dst):
@@ -584,7 +630,7 @@ class PosixBackend(Backend):
         return self._stat(dst)
 
     async def link(self, src: str, dst: str) -> ObjectInfo:
-        return await asyncio.to_thread(self._link, src, dst)
+        return await self._meta(self._link, src, dst)
 
     def _delete(self, key: str) -> None:
         if not check_key(key):
@@ -599,7 +645,7 @@ class PosixBackend(Backend):
                 raise from_oserror(exc, key) from exc
 
     async def delete(self, key: str) -> None:
-        await asyncio.to_thread(self._delete, key)
+        await self._meta(self._delete, key)
 
     async def sync(self, key: str) -> None:
         if not self.durable:
@@ -639,7 +685,7 @@ class PosixBackend(Backend):
                 raise from_oserror(exc, f"{src} -> {dst}") from exc
 
     async def rename(self, src: str, dst: str) -> None:
-        await asyncio.to_thread(self._rename, src, dst)
+        await self._meta(self._rename, src, dst)
 
     def _set_attrs(
         self,
@@ -693,7 +739,7 @@ class PosixBackend(Backend):
         mtime_ns: int | None = None,
         atime_ns: int | None = None,
     ) -> ObjectInfo:
-        return await asyncio.to_thread(self._set_attrs, key, mode, uid, gid, mtime_ns, atime_ns)
+        return await self._meta(self._set_attrs, key, mode, uid, gid, mtime_ns, atime_ns)
 
 
 def _chmod_at(parent: int, name: str, mode: int) -> None:

@@ -37,6 +37,7 @@ ENTRY_COLUMNS = (
     "rdev, nlink, atime_ns, ctime_ns"
 )
 _BATCH = 400  # rows per IN (...) lookup: far below both engines' parameter limits
+_SMALL = 4  # ops of a small write (``_change``): what one namespace call applies
 
 
 class Cursor(Protocol):
@@ -437,8 +438,11 @@ class SqlCatalog(Catalog):
         answer one without handing it to a thread (and back) overrides this."""
         return await self._run(self._read, fn)
 
-    def _write(self, fn: Callable[[Cursor], T], *, lock: bool = True) -> T:
-        cur = self._cur()
+    def _write(
+        self, fn: Callable[[Cursor], T], *, lock: bool = True, cur: Cursor | None = None
+    ) -> T:
+        """``fn`` in one write transaction, on ``cur`` (default: the catalog thread's)."""
+        cur = cur or self._cur()
         cur.execute(self.dialect.begin_write)
         try:
             if lock and self.dialect.lock_writers:
@@ -449,6 +453,12 @@ class SqlCatalog(Catalog):
             raise
         cur.execute("COMMIT")
         return result
+
+    async def _change(self, fn: Callable[[Cursor], T]) -> T:
+        """A small write transaction (a few rows by key, no subtree). On the catalog's
+        thread here; an engine that can commit one without handing it to a thread (and
+        back) overrides this."""
+        return await self._run(self._write, fn)
 
     # -- schema ----------------------------------------------------------------------------
 
@@ -618,7 +628,13 @@ class SqlCatalog(Catalog):
     # -- writes ----------------------------------------------------------------------------
 
     async def apply(self, ops: Sequence[Op], volume: VolumeUpdate | None = None) -> list[Applied]:
-        return await self._run(self._write, lambda cur: self._apply(cur, ops, volume))
+        def fn(cur: Cursor) -> list[Applied]:
+            return self._apply(cur, ops, volume)
+
+        # one namespace change is small; a batch (a sweep) or a subtree's removal is not
+        if len(ops) <= _SMALL and not any(isinstance(op, Delete) and op.recursive for op in ops):
+            return await self._change(fn)
+        return await self._run(self._write, fn)
 
     def _apply(self, cur: Cursor, ops: Sequence[Op], volume: VolumeUpdate | None) -> list[Applied]:
         seq = _Sequencer(self, cur)
