@@ -35,6 +35,9 @@ FEED_WAIT = 20.0
 RETRY = 1.0
 #: how many of the mount's own changes are remembered until the feed brings them back
 OWN_MAX = 4096
+#: pause after a poll that brought changes: a burst of them (this mount's own creates,
+#: mostly) is taken in batches, not with one poll, and one catalog read, per change
+COALESCE = 0.05
 
 
 class OwnChanges:
@@ -90,6 +93,8 @@ class FeedInvalidator:
                     log.warning("could not check change %d against the kernel's cache: %s",
                                 change.seq, exc)  # fmt: skip
                 self.seq = max(self.seq, change.seq)
+            if feed.changes:
+                await asyncio.sleep(COALESCE)
 
     async def _next(self, since: int, wait: float) -> Feed:
         while True:
