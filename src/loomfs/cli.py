@@ -827,8 +827,9 @@ def mount(
 ) -> None:
     """Mount the namespace at MOUNTPOINT (in the foreground; stop with Ctrl-C or SIGTERM).
 
-    With --hub (or the global --hub) over that hub's REST API; otherwise this site's hub
-    runs in this process, from the configuration."""
+    With --hub (or the global --hub) over that hub's REST API; otherwise this site runs
+    in this process, from the configuration: its spoke where [spoke] hub is set, else
+    its hub."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     uids = _uid_map(uid_map)
     try:
@@ -891,17 +892,24 @@ async def _mount(
             ready_file.write_text(json.dumps({"pid": os.getpid(), "mountpoint": str(mountpoint)}))
 
     spool = config.site.data_dir / "fuse-spool"
-    service: HubService | None = None
-    follow: Poll | None
+    service: HubService | SpokeService | None = None
+    follow: Poll | None = None
     if hub_url:
         rest = RestNamespace(hub_url)
         ns: Namespace = rest
+    elif config.spoke.hub:
+        # this site is a spoke, run here: the kernel reads what its cache holds whole
+        # straight from the cache files (passthrough). It keeps itself coherent with its
+        # hub but has no feed to follow, so the kernel's caches expire on their own.
+        service = SpokeService(config)
+        await service.start()
+        ns = service.namespace
     else:
         # this process serves the mount alone: its changes follow POSIX's durability
-        service = HubService(config, durable=config.fuse.durable_each_change)
-        await service.start()
-        ns = service.governed  # the mapped users are decided for like any other caller
-        follow = functools.partial(_hub_feed, service)  # invalidation only: no data
+        hub = service = HubService(config, durable=config.fuse.durable_each_change)
+        await hub.start()
+        ns = hub.governed  # the mapped users are decided for like any other caller
+        follow = functools.partial(_hub_feed, hub)  # invalidation only: no data
     try:
         if hub_url:
             follow = functools.partial(_rest_feed, rest) if await _serves_feed(rest) else None

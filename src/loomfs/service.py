@@ -464,15 +464,26 @@ class SpokeService:
         self.namespace = SpokeNamespace(
             client, cache, spoke.attach, site=identity.name, write_back=spoke.write_back
         )
+        self.prefetcher = Prefetcher(self.namespace) if spoke.prefetch else None
+
+    async def start(self) -> None:
+        """Attach the hub's exports and start prefetching: all a mount that runs this
+        spoke in its own process needs (``serve`` adds the protocols)."""
+        await self.namespace.start()
+        if self.prefetcher is not None:
+            self.prefetcher.start()
+
+    async def stop(self) -> None:
+        if self.prefetcher is not None:
+            await self.prefetcher.close()
+        await self.namespace.close()
 
     async def serve(self, ready_file: Path | None = None) -> None:
-        prefetcher = Prefetcher(self.namespace) if self.config.spoke.prefetch else None
+        prefetcher = self.prefetcher
         # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
         users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
         try:
-            await self.namespace.start()
-            if prefetcher is not None:
-                prefetcher.start()
+            await self.start()
             server = RestServer(
                 self.namespace,
                 spoke=self.namespace,
@@ -488,8 +499,6 @@ class SpokeService:
             listeners = [Listener("url", server.app(), listen)]
             await serve_until_signal(listeners, ready_file, "spoke", sockets)
         finally:
-            if prefetcher is not None:
-                await prefetcher.close()
-            await self.namespace.close()
+            await self.stop()
             if users is not None:
                 await users.close()

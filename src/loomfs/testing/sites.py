@@ -8,7 +8,8 @@ a benchmark's training loop). The link emulator runs on a loop thread of its own
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+import json
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +32,9 @@ class SpokeSite:
     spoke: SpokeProcess
     link: LinkEmulator
     loop: LoopThread
+    root: Path
+    #: the hub's namespace path the spokes attach
+    attach: str
 
     @property
     def address(self) -> str:
@@ -43,6 +47,19 @@ class SpokeSite:
 
     def prefetch_report(self) -> dict[str, Any]:
         return self.call(self.spoke.url, lambda client: client.prefetch_report())
+
+    def spoke_config(self, name: str) -> Path:
+        """The config file of the spoke ``name`` (one of ``spoke_site``'s ``others``),
+        over the same link, for a process of the caller's own (``loomfs mount`` runs the
+        spoke in-process)."""
+        config = self.root / name / "loomfs.toml"
+        pem = self.root / "hub" / "identity" / "site.pem"
+        config.write_text(
+            f'[site]\ndata_dir = {json.dumps(str(self.root / name))}\n[log]\nformat = "text"\n'
+            f'[spoke]\nhub = "https://127.0.0.1:{self.link.port}"\n'
+            f"hub_cert = {json.dumps(str(pem))}\nattach = [{json.dumps(self.attach)}]\n"
+        )
+        return config
 
 
 async def _pin(hub_dir: Path, spoke: SiteIdentity) -> None:
@@ -74,14 +91,18 @@ def spoke_site(
     write_back: bool = False,
     prefetch: bool = True,
     name: str = "gpu-west",
+    others: Sequence[str] = (),
 ) -> Iterator[SpokeSite]:
     """A hub with ``data`` assimilated at ``mount``, and a spoke attaching it through a link
-    of ``rate`` bytes/s and ``latency`` seconds each way; all stopped on exit."""
+    of ``rate`` bytes/s and ``latency`` seconds each way; all stopped on exit. ``others``:
+    more spokes' identities, pinned at the hub, for processes of the caller's own
+    (``SpokeSite.spoke_config``)."""
     hub_dir, spoke_dir = tmp / "hub", tmp / name
     SiteIdentity.create(hub_dir / "identity", "hub")
     spoke_id = SiteIdentity.create(spoke_dir / "identity", name)
     with LoopThread() as loop:
-        loop.run(_pin(hub_dir, spoke_id))
+        for identity in [spoke_id, *(SiteIdentity.create(tmp / o / "identity", o) for o in others)]:
+            loop.run(_pin(hub_dir, identity))
         env = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__WATCH": "false"}
         with HubProcess(hub_dir, env) as hub:
             loop.run(with_client(hub.url, lambda c: c.add_volume(mount, f"posix://{data}")))
@@ -97,6 +118,6 @@ def spoke_site(
                 )  # fmt: skip
                 spoke_env = {"LOOMFS_SPOKE__PREFETCH": str(prefetch).lower()}
                 with SpokeProcess(spoke_dir, spoke_env, args) as spoke:
-                    yield SpokeSite(hub, spoke, link, loop)
+                    yield SpokeSite(hub, spoke, link, loop, tmp, mount)
             finally:
                 loop.run(link.stop())
