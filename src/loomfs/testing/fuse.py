@@ -8,7 +8,6 @@ is always unmounted by its mount point afterwards, even when it crashed.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ from typing import Self
 
 from ..config import load_config
 from ..service import HubService
-from .hubproc import LoomfsProcess
+from .hubproc import LoomfsProcess, site_config
 
 FUSE_MISSING = (
     "/dev/fuse is missing: install FUSE 3 (apt-get install -y fuse3 libfuse3-dev) and give "
@@ -83,11 +82,7 @@ def _stale(mountpoint: Path) -> bool:
 def prepare_site(root: Path, volumes: Mapping[str, Path]) -> Path:
     """A site in ``root`` (config and data directory) with posix ``volumes`` (namespace
     mount -> directory) imported; returns the config path for ``loomfs --config``."""
-    config = root / "loomfs.toml"
-    config.write_text(
-        f'[site]\ndata_dir = {json.dumps(str(root / "data"))}\n[log]\nformat = "text"\n'
-        "[hub]\nrescan_interval = 0\n"
-    )
+    config = site_config(root / "loomfs.toml", root / "data", "[hub]\nrescan_interval = 0\n")
 
     async def add() -> None:
         service = HubService(load_config(config))

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from ..fabric.identity import CERT_FILE
 from .ports import stop_process
 
 
@@ -35,6 +36,20 @@ def cli_ok(data_dir: Path, *args: str, stdin: bytes | None = None) -> str:
     return result.stdout.decode()
 
 
+def site_config(path: Path, data_dir: Path, sections: str = "") -> Path:
+    """Write a config file at ``path`` for a site with its data in ``data_dir``, logging
+    text, with ``sections`` (TOML) added; returns ``path`` for ``loomfs --config``."""
+    path.write_text(
+        f'[site]\ndata_dir = {json.dumps(str(data_dir))}\n[log]\nformat = "text"\n{sections}'
+    )
+    return path
+
+
+def hub_cert(hub_dir: Path) -> Path:
+    """The certificate of the hub whose site data is in ``hub_dir``, as a spoke pins it."""
+    return hub_dir / "identity" / CERT_FILE
+
+
 def spoke_args(
     hub_dir: Path, hub_url: str, attach: str, *extra: str, cache_size: str = "1G"
 ) -> tuple[str, ...]:
@@ -42,7 +57,7 @@ def spoke_args(
     ``hub_dir`` (its certificate is pinned), reached at ``hub_url`` (its fabric URL, or a
     link emulator in front of it)."""
     return (
-        "--hub", hub_url, "--hub-cert", str(hub_dir / "identity" / "site.pem"),
+        "--hub", hub_url, "--hub-cert", str(hub_cert(hub_dir)),
         "--attach", attach, "--cache-size", cache_size, *extra,
     )  # fmt: skip
 

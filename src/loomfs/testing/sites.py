@@ -19,7 +19,7 @@ from ..core.registry import open_catalog
 from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
 from ..rest.client import RestNamespace
-from .hubproc import HubProcess, SpokeProcess, spoke_args
+from .hubproc import HubProcess, SpokeProcess, hub_cert, site_config, spoke_args
 from .loop import LoopThread
 from .wan import LinkEmulator
 
@@ -52,14 +52,12 @@ class SpokeSite:
         """The config file of the spoke ``name`` (one of ``spoke_site``'s ``others``),
         over the same link, for a process of the caller's own (``loomfs mount`` runs the
         spoke in-process)."""
-        config = self.root / name / "loomfs.toml"
-        pem = self.root / "hub" / "identity" / "site.pem"
-        config.write_text(
-            f'[site]\ndata_dir = {json.dumps(str(self.root / name))}\n[log]\nformat = "text"\n'
+        spoke = (
             f'[spoke]\nhub = "https://127.0.0.1:{self.link.port}"\n'
-            f"hub_cert = {json.dumps(str(pem))}\nattach = [{json.dumps(self.attach)}]\n"
+            f"hub_cert = {json.dumps(str(hub_cert(self.root / 'hub')))}\n"
+            f"attach = [{json.dumps(self.attach)}]\n"
         )
-        return config
+        return site_config(self.root / name / "loomfs.toml", self.root / name, spoke)
 
 
 async def _pin(hub_dir: Path, spoke: SiteIdentity) -> None:

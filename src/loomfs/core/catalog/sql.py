@@ -442,7 +442,7 @@ class SqlCatalog(Catalog):
         self, fn: Callable[[Cursor], T], *, lock: bool = True, cur: Cursor | None = None
     ) -> T:
         """``fn`` in one write transaction, on ``cur`` (default: the catalog thread's)."""
-        cur = cur or self._cur()
+        cur = self._cur() if cur is None else cur
         cur.execute(self.dialect.begin_write)
         try:
             if lock and self.dialect.lock_writers:

@@ -36,7 +36,6 @@ INIT_IN = struct.Struct("<IIIII")  # major, minor, max_readahead, flags, flags2
 # major, minor, max_readahead, flags, max_background, congestion_threshold, max_write,
 # time_gran, max_pages, map_alignment, flags2, max_stack_depth, unused[6]
 INIT_OUT = struct.Struct("<IIIIHHIIHHII24x")
-GETATTR_IN = struct.Struct("<IIQ")  # getattr_flags, dummy, fh
 # valid, padding, fh, size, lock_owner, atime, mtime, ctime, atimensec, mtimensec,
 # ctimensec, mode, unused4, uid, gid, unused5
 SETATTR_IN = struct.Struct("<IIQQQQQQIIIIIIII")
@@ -47,8 +46,7 @@ RENAME2_IN = struct.Struct("<QII")  # newdir, flags, padding
 LINK_IN = struct.Struct("<Q")  # oldnodeid
 OPEN_IN = struct.Struct("<II")  # flags, open_flags
 CREATE_IN = struct.Struct("<IIII")  # flags, mode, umask, open_flags
-RELEASE_IN = struct.Struct("<QIIQ")  # fh, flags, release_flags, lock_owner
-FH_IN = struct.Struct("<Q")  # the fh that leads flush, fsync, release and friends
+FH_IN = struct.Struct("<Q")  # the fh that leads flush, release and releasedir requests
 FSYNC_IN = struct.Struct("<QII")  # fh, fsync_flags, padding
 # fh, offset, size, read_flags/write_flags, lock_owner, flags, padding
 IO_IN = struct.Struct("<QQIIQII")
@@ -86,7 +84,6 @@ INIT_EXT = 1 << 30
 PASSTHROUGH = 1 << 37
 
 # open reply flags
-FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_NOFLUSH = 1 << 5
 FOPEN_PASSTHROUGH = 1 << 7

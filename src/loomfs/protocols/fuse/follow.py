@@ -11,7 +11,6 @@ the kernel's next lookup or getattr brings the new state in.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -140,6 +139,6 @@ class FeedInvalidator:
         if node is None:
             return
         node.current_until = 0.0  # the kernel's next getattr must reach the site
-        # in a thread: dropping pages waits for reads of them this loop is serving
-        with contextlib.suppress(OSError):  # the kernel has forgotten the inode already
-            await asyncio.to_thread(self.kernel.invalidate_inode, node.ino, attr_only=not data)
+        # in a thread: dropping pages waits for reads of them this loop is serving (an
+        # inode the kernel has forgotten already is no error: ``Session._send``)
+        await asyncio.to_thread(self.kernel.invalidate_inode, node.ino, attr_only=not data)

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 from ... import paths
 from ...core.types import Entry
+from .abi import ROOT_INODE
 
 if TYPE_CHECKING:
     from .files import WriteBuffer
 
-ROOT_INODE = 1
 #: dropped nodes whose numbers are remembered for their files (oldest forgotten first)
 RETIRED_MAX = 1 << 16
 

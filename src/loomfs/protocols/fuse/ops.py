@@ -40,7 +40,7 @@ from .abi import (
 )
 from .files import ReadStream, WriteBuffer
 from .follow import OwnChanges
-from .inodes import ROOT_INODE, InodeTable, Node, Passthrough
+from .inodes import InodeTable, Node, Passthrough
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -807,4 +807,4 @@ class LoomOperations:
         self._dirs.clear()
 
 
-__all__ = ["ROOT_INODE", "LoomOperations", "errno_of"]
+__all__ = ["LoomOperations", "errno_of"]

@@ -101,7 +101,7 @@ class Session:
         major, minor, max_readahead, flags, flags2 = abi.INIT_IN.unpack_from(body)
         offered = flags | (flags2 << 32 if flags & abi.INIT_EXT else 0)
         if major != abi.KERNEL_MAJOR or minor < 31:
-            self._reply_error(unique, errno.EPROTO)
+            self._send(unique, -errno.EPROTO)
             raise OSError(errno.EPROTO, f"the kernel speaks FUSE {major}.{minor}; 7.31+ needed")
         # not HANDLE_KILLPRIV: the kernel clears set-user-ID and set-group-ID bits on a
         # write by someone else itself, with a setattr, as loomfs keeps modes in the catalog
@@ -119,7 +119,7 @@ class Session:
             64, 48, MAX_PAGES * 4096, 1, MAX_PAGES, 0, want >> 32,
             1 if self.passthrough else 0,
         )  # fmt: skip
-        self._reply(unique, reply)
+        self._send(unique, 0, reply)
         log.info(
             "FUSE session started",
             extra={"kernel_protocol": f"{major}.{minor}", "passthrough": self.passthrough},
@@ -189,8 +189,8 @@ class Session:
             body = bytes(self._buf[abi.IN_HEADER.size : min(length, n)])
             handler = self._handlers.get(opcode)
             if handler is None:
-                if opcode not in (abi.INTERRUPT, abi.FORGET, abi.BATCH_FORGET):
-                    self._reply_error(unique, errno.ENOSYS)
+                if opcode != abi.INTERRUPT:  # the one request without a handler or a reply
+                    self._send(unique, -errno.ENOSYS)
                 continue
             task = asyncio.get_running_loop().create_task(
                 self._handle(handler, opcode, unique, nodeid, Context(uid, gid, pid), body)
@@ -204,28 +204,25 @@ class Session:
         try:
             payload = await handler(nodeid, ctx, body)
         except FUSEError as exc:
-            self._reply_error(unique, exc.errno)
+            self._send(unique, -exc.errno)
         except Exception:
             log.exception("FUSE request %d failed", opcode)
-            self._reply_error(unique, errno.EIO)
+            self._send(unique, -errno.EIO)
         else:
             if payload is not None:
-                self._reply(unique, payload)
+                self._send(unique, 0, payload)
             if opcode == abi.DESTROY:
                 self.terminate()
 
-    def _reply(self, unique: int, payload: bytes) -> None:
-        header = abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(payload), 0, unique)
-        self._write([header, payload])
-
-    def _reply_error(self, unique: int, code: int) -> None:
-        self._write([abi.OUT_HEADER.pack(abi.OUT_HEADER.size, -code, unique)])
-
-    def _write(self, parts: list[bytes]) -> None:
+    def _send(self, unique: int, error: int, payload: bytes = b"") -> None:
+        """One message to the kernel: a reply (``unique`` of its request, ``error`` a
+        negative errno or 0) or a notice (``unique`` 0, ``error`` the notice's code).
+        ENOENT: the request was interrupted and is gone, or the notice names what the
+        kernel has forgotten already; ENODEV: unmounted meanwhile. Both change nothing."""
+        header = abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(payload), error, unique)
         try:
-            os.writev(self.fd, parts)
+            os.writev(self.fd, [header, payload])
         except OSError as exc:
-            # ENOENT: the request was interrupted and is gone; ENODEV: unmounted meanwhile
             if exc.errno not in (errno.ENOENT, errno.ENODEV):
                 raise
 
@@ -233,25 +230,20 @@ class Session:
 
     def invalidate_inode(self, ino: int, *, attr_only: bool) -> None:
         """Drop the kernel's attributes of ``ino`` and, unless ``attr_only``, its pages
-        (which waits for reads of them: call it from a thread then). OSError(ENOENT) when
-        the kernel has forgotten the inode already."""
+        (which waits for reads of them: call it from a thread then)."""
         notice = abi.INVAL_INODE_OUT.pack(ino, -1 if attr_only else 0, 0)
-        self._notify(abi.NOTIFY_INVAL_INODE, notice)
+        self._send(0, abi.NOTIFY_INVAL_INODE, notice)
 
     def invalidate_entry_async(self, parent: int, name: bytes) -> None:
         """Make the kernel look ``name`` in ``parent`` up again, from the notice thread."""
         notice = abi.INVAL_ENTRY_OUT.pack(parent, len(name), 0) + name + b"\0"
         self._notices.submit(self._notify_quietly, abi.NOTIFY_INVAL_ENTRY, notice)
 
-    def _notify(self, code: int, notice: bytes) -> None:
-        os.writev(self.fd, [abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(notice), code, 0),
-                            notice])  # fmt: skip
-
     def _notify_quietly(self, code: int, notice: bytes) -> None:
         try:
-            self._notify(code, notice)
+            self._send(0, code, notice)
         except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+            if exc.errno != errno.EBADF:  # EBADF: the device closed at unmount
                 log.warning("the kernel refused a cache notice: %s", exc)
 
     # -- passthrough -----------------------------------------------------------------------
@@ -282,8 +274,9 @@ class Session:
 # -- request decoding: one function per opcode, each calling one handler of ``ops`` -----------
 
 
-def _name(body: bytes | memoryview) -> bytes:
-    return bytes(body[: bytes(body).index(0)])
+def _name(body: bytes, start: int = 0) -> bytes:
+    """The NUL-terminated name at ``start`` of a request's body."""
+    return body[start : body.index(0, start)]
 
 
 def _two_names(body: bytes) -> tuple[bytes, bytes]:
@@ -306,7 +299,7 @@ def _handlers(ops: LoomOperations) -> dict[int, Handler]:
     """The decoder of each opcode the operations serve; others are answered ENOSYS."""
 
     async def lookup(node: int, ctx: Context, body: bytes) -> bytes:
-        return (await ops.lookup(node, body[:-1], ctx)).pack_entry()
+        return (await ops.lookup(node, _name(body), ctx)).pack_entry()
 
     async def forget(node: int, ctx: Context, body: bytes) -> None:
         (count,) = abi.FORGET_IN.unpack_from(body)
@@ -354,20 +347,20 @@ def _handlers(ops: LoomOperations) -> dict[int, Handler]:
 
     async def mknod(node: int, ctx: Context, body: bytes) -> bytes:
         mode, rdev, ctx.umask, _ = abi.MKNOD_IN.unpack_from(body)
-        name = _name(memoryview(body)[abi.MKNOD_IN.size :])
+        name = _name(body, abi.MKNOD_IN.size)
         return (await ops.mknod(node, name, mode, rdev, ctx)).pack_entry()
 
     async def mkdir(node: int, ctx: Context, body: bytes) -> bytes:
         mode, ctx.umask = abi.MKDIR_IN.unpack_from(body)
-        name = _name(memoryview(body)[abi.MKDIR_IN.size :])
+        name = _name(body, abi.MKDIR_IN.size)
         return (await ops.mkdir(node, name, mode, ctx)).pack_entry()
 
     async def unlink(node: int, ctx: Context, body: bytes) -> bytes:
-        await ops.unlink(node, body[:-1], ctx)
+        await ops.unlink(node, _name(body), ctx)
         return b""
 
     async def rmdir(node: int, ctx: Context, body: bytes) -> bytes:
-        await ops.rmdir(node, body[:-1], ctx)
+        await ops.rmdir(node, _name(body), ctx)
         return b""
 
     async def rename(node: int, ctx: Context, body: bytes) -> bytes:
@@ -384,7 +377,7 @@ def _handlers(ops: LoomOperations) -> dict[int, Handler]:
 
     async def link(node: int, ctx: Context, body: bytes) -> bytes:
         (old,) = abi.LINK_IN.unpack_from(body)
-        name = _name(memoryview(body)[abi.LINK_IN.size :])
+        name = _name(body, abi.LINK_IN.size)
         return (await ops.link(old, node, name, ctx)).pack_entry()
 
     async def open(node: int, ctx: Context, body: bytes) -> bytes:
@@ -430,9 +423,9 @@ def _handlers(ops: LoomOperations) -> dict[int, Handler]:
 
     async def setxattr(node: int, ctx: Context, body: bytes) -> bytes:
         size, _ = abi.SETXATTR_IN.unpack_from(body)
-        rest = body[abi.SETXATTR_IN.size :]
-        name = _name(rest)
-        value = rest[len(name) + 1 : len(name) + 1 + size]
+        name = _name(body, abi.SETXATTR_IN.size)
+        start = abi.SETXATTR_IN.size + len(name) + 1
+        value = body[start : start + size]
         await ops.setxattr(node, name, value, ctx)
         return b""
 
@@ -446,7 +439,7 @@ def _handlers(ops: LoomOperations) -> dict[int, Handler]:
 
     async def getxattr(node: int, ctx: Context, body: bytes) -> bytes:
         size, _ = abi.GETXATTR_IN.unpack_from(body)
-        name = _name(memoryview(body)[abi.GETXATTR_IN.size :])
+        name = _name(body, abi.GETXATTR_IN.size)
         return _sized(bytes(await ops.getxattr(node, name, ctx)), size)
 
     async def listxattr(node: int, ctx: Context, body: bytes) -> bytes:
@@ -455,7 +448,7 @@ def _handlers(ops: LoomOperations) -> dict[int, Handler]:
         return _sized(b"".join(name + b"\0" for name in names), size)
 
     async def removexattr(node: int, ctx: Context, body: bytes) -> bytes:
-        await ops.removexattr(node, body[:-1], ctx)
+        await ops.removexattr(node, _name(body), ctx)
         return b""
 
     async def opendir(node: int, ctx: Context, body: bytes) -> bytes:
@@ -472,7 +465,7 @@ def _handlers(ops: LoomOperations) -> dict[int, Handler]:
 
     async def create(node: int, ctx: Context, body: bytes) -> bytes:
         flags, mode, ctx.umask, _ = abi.CREATE_IN.unpack_from(body)
-        name = _name(memoryview(body)[abi.CREATE_IN.size :])
+        name = _name(body, abi.CREATE_IN.size)
         info, attrs = await ops.create(node, name, mode, flags, ctx)
         return attrs.pack_entry() + _open_out(info)
 
