@@ -42,11 +42,10 @@ class SqliteCatalog(SqlCatalog):
     def __init__(self, url: str, path: Path) -> None:
         super().__init__(url)
         self.path = path
-        # answers lookups by key on the event loop, opened at the first one
-        self._reader: sqlite3.Connection | None = None
-        # commits small changes on the event loop when not durable, opened at the first
-        self._writer: sqlite3.Connection | None = None
-        #: commits made by ``_writer`` since the last checkpoint it asked for
+        # answers lookups by key, and small changes when not durable, on the event loop
+        # (opened at the first)
+        self._loop_conn: sqlite3.Connection | None = None
+        #: commits made on the loop since the last checkpoint asked for
         self._unchecked = 0
 
     @classmethod
@@ -81,20 +80,29 @@ class SqliteCatalog(SqlCatalog):
             conn.execute(f"PRAGMA {pragma}")
         return conn
 
+    def _on_loop(self) -> sqlite3.Connection:
+        """The connection that answers where it is asked (on the event loop): lookups, and
+        when not durable small commits too. One connection for both keeps one page cache;
+        with a second one for lookups, each read the pages the other had just written
+        back from the WAL (six reads per FUSE create). It never waits for a lock: when
+        one is in the way the catalog's thread answers instead."""
+        if self._loop_conn is None:
+            self._loop_conn = self._connect()
+            self._loop_conn.execute("PRAGMA busy_timeout = 0")
+            # checkpoints stay on the catalog's thread (``_sync`` relies on it), asked
+            # for by ``_change`` at about the rate SQLite's own (1000 WAL pages) would run
+            self._loop_conn.execute("PRAGMA wal_autocheckpoint = 0")
+            if self.durable:
+                self._loop_conn.execute("PRAGMA query_only = ON")  # its commits: the thread's
+        return self._loop_conn
+
     async def _lookup(self, fn: Callable[[Cursor], T]) -> T:
         # A lookup by key takes SQLite microseconds, a hand-off to the catalog's thread and
-        # back far longer (a FUSE create made several): a second connection answers it
-        # where it is asked. WAL lets it read beside the writer, seeing every commit made
-        # before it starts; it never waits for a lock, and when one is in the way (rare
-        # for a WAL reader) the catalog's thread answers instead.
+        # back far longer (a FUSE create made several). WAL lets the loop's connection
+        # read beside the thread's writer, seeing every commit made before it starts.
         if self._conn is None:
             return await super()._lookup(fn)
-        if self._reader is None:
-            self._reader = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=0
-            )
-            self._reader.execute("PRAGMA query_only = ON")
-        cur = self._reader.cursor()
+        cur = self._on_loop().cursor()
         try:
             return fn(cur)
         except sqlite3.Error as exc:
@@ -108,23 +116,18 @@ class SqliteCatalog(SqlCatalog):
         # Not durable (a mount's own hub): a commit appends to the WAL and flushes nothing
         # (it survives kill -9, not power loss), which takes SQLite tens of microseconds,
         # and a hand-off to the catalog's thread and back took several times that (twice
-        # per FUSE create or unlink: bench/ns_meta.py). A second connection commits it
-        # where it is asked, as ``_lookup`` reads. It never waits for the write lock: when
-        # the catalog's thread holds it (a scan), that thread commits this change after.
-        # Durable, the commit's fsync is milliseconds and belongs off the event loop.
+        # per FUSE create or unlink: bench/ns_meta.py), so the loop's connection commits
+        # it. When the catalog's thread holds the write lock (a scan), that thread commits
+        # this change after. Durable, the commit's fsync is milliseconds and belongs off
+        # the event loop.
         if self.durable or self._conn is None:
             return await super()._change(fn)
-        if self._writer is None:
-            self._writer = self._connect()
-            self._writer.execute("PRAGMA busy_timeout = 0")
-            # checkpoints stay on the catalog's thread (``_sync`` relies on it), asked
-            # for below at about the rate SQLite's own (1000 WAL pages) would run them
-            self._writer.execute("PRAGMA wal_autocheckpoint = 0")
+        conn = self._on_loop()
         try:
-            result = self._write(fn, cur=self._writer.cursor())
+            result = self._write(fn, cur=conn.cursor())
         except sqlite3.Error as exc:
-            if self._writer.in_transaction:
-                self._writer.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             if not isinstance(exc, sqlite3.OperationalError) or not _in_the_way(exc):
                 raise self._translate(exc) or exc from exc
             return await super()._change(fn)  # nothing was committed: the thread's turn
@@ -139,12 +142,9 @@ class SqliteCatalog(SqlCatalog):
         self._cur().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        if self._loop_conn is not None:
+            self._loop_conn.close()
+            self._loop_conn = None
         await super().close()
 
     async def sync(self) -> None:
