@@ -164,6 +164,13 @@ def clamp_range(size: int, offset: int, length: int | None) -> tuple[int, int]:
     return start, end - start
 
 
+async def chained(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``first``, then the rest of the stream it was taken from."""
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
 async def aiter_bytes(data: bytes) -> AsyncIterator[bytes]:
     """An async stream over bytes in memory, for writes of small payloads."""
     view = memoryview(data)

@@ -33,7 +33,7 @@ from ..core.backends.posix import PosixBackend
 from ..core.catalog.base import Applied, Catalog, Delete, Put
 from ..core.placement import PlacementAuthorizer
 from ..core.registry import open_backend
-from ..core.streams import clamp_range
+from ..core.streams import aiter_bytes, chained, clamp_range
 from ..core.types import (
     KIND_OF_BITS,
     SPECIAL_KINDS,
@@ -385,11 +385,17 @@ class HubNamespace(Namespace):
     ) -> Entry:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
-        # checked before the body streams in (a doomed write fails fast), and again under
-        # the path's lock, where the staged bytes become visible and are recorded: the lock
-        # is never held while a client streams, however slowly
-        self.write_leases.check(path, who.site)
-        await self._writable(path, if_version, exclusive)
+        chunks = aiter(data)
+        first = await anext(chunks, None)
+        body = aiter_bytes(b"")
+        if first is not None:
+            # checked before the body streams in (a doomed write fails fast), and again
+            # under the path's lock, where the staged bytes become visible and are
+            # recorded: the lock is never held while a client streams, however slowly. An
+            # empty file (a FUSE create) has nothing to stream: only the second check.
+            self.write_leases.check(path, who.site)
+            await self._writable(path, if_version, exclusive)
+            body = chained(first, chunks)
         committed: list[Entry] = []
 
         async def gate(commit: Commit) -> ObjectInfo:
@@ -408,7 +414,7 @@ class HubNamespace(Namespace):
                 )
                 return info
 
-        await mounted.backend.write(key, data, mode=mode, gate=gate)
+        await mounted.backend.write(key, body, mode=mode, gate=gate)
         await self._links_changed(mounted, committed[0], path)
         return committed[0]
 
