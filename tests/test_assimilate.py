@@ -246,6 +246,13 @@ async def test_inotify_notices_changes_at_once(tmp_path: Path) -> None:
             await asyncio.sleep(0.1)
         assert await settled()
         assert await ns.read_bytes(WHO, "/w/fresh/file") == b"in a new directory"
+        # the new directory is watched too: a file made in it later is noticed as well
+        (root / "fresh" / "later").write_text("after the directory was reported")
+        for _ in range(100):
+            if await ns.exists(WHO, "/w/fresh/later"):
+                break
+            await asyncio.sleep(0.1)
+        assert await ns.read_bytes(WHO, "/w/fresh/later") == b"after the directory was reported"
     finally:
         await service.stop()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from loomfs.core.backends import posix as posix_backend
 from loomfs.core.backends import s3 as s3_backend
 from loomfs.core.backends.base import Backend, Commit
 from loomfs.core.backends.common import (
@@ -266,6 +267,16 @@ async def test_posix_empty_write_is_staged_under_the_gate(
     assert seen == [["d"]]
     assert (info.kind, info.size, (info.mode or 0) & 0o777) == (EntryKind.FILE, 0, 0o640)
     assert names(volume) == ["d", "e"]
+    # bits the umask takes away are put back: exactly the mode asked for
+    old_umask = os.umask(0o077)
+    posix_backend._umask.cache_clear()  # read once per process: this test changes it
+    try:
+        wide = await posix.write("f", aiter_bytes(b""), mode=0o666)
+    finally:
+        os.umask(old_umask)
+        posix_backend._umask.cache_clear()
+    assert (wide.mode or 0) & 0o777 == 0o666 == (volume / "f").stat().st_mode & 0o777
+    (volume / "f").unlink()
     with pytest.raises(IsADirectory):  # onto a directory: refused, and no debris
         await posix.write("d", aiter_bytes(b""))
     assert names(volume) == ["d", "e"]
