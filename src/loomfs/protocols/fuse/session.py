@@ -60,8 +60,9 @@ class Session:
         self.passthrough = False
         self.fd = -1
         self._buf = bytearray(BUFFER_SIZE)
-        #: requests in progress -> (opcode, node, when it arrived)
-        self._tasks: dict[asyncio.Task[None], tuple[int, int, float]] = {}
+        #: requests in progress: unique -> (task, opcode, node, when it arrived); each
+        #: removes itself when answered (a done callback cost a turn of the loop more)
+        self._requests: dict[int, tuple[asyncio.Task[None], int, int, float]] = {}
         self._done: asyncio.Future[None] | None = None
         # entry notices wait for the directory's lock, which the kernel may hold for a
         # request this loop has yet to answer: they go from a thread of their own
@@ -149,19 +150,16 @@ class Session:
             await self._done
         finally:
             loop.remove_reader(self.fd)
-            tasks = [watch, *self._tasks]
+            tasks = [watch, *(task for task, *_ in self._requests.values())]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _done_task(self, task: asyncio.Task[None]) -> None:
-        del self._tasks[task]
 
     async def _watch_slow(self) -> None:
         while True:
             await asyncio.sleep(SLOW_REQUEST_S)
             now = time.monotonic()
-            for opcode, node, began in list(self._tasks.values()):
+            for _, opcode, node, began in list(self._requests.values()):
                 if now - began > SLOW_REQUEST_S:
                     log.warning("a FUSE request (opcode %d, node %d) is unanswered after %d s",
                                 opcode, node, now - began)  # fmt: skip
@@ -195,8 +193,7 @@ class Session:
             task = asyncio.get_running_loop().create_task(
                 self._handle(handler, opcode, unique, nodeid, Context(uid, gid, pid), body)
             )
-            self._tasks[task] = (opcode, nodeid, time.monotonic())
-            task.add_done_callback(self._done_task)
+            self._requests[unique] = (task, opcode, nodeid, time.monotonic())
 
     async def _handle(
         self, handler: Handler, opcode: int, unique: int, nodeid: int, ctx: Context, body: bytes
@@ -213,6 +210,8 @@ class Session:
                 self._send(unique, 0, payload)
             if opcode == abi.DESTROY:
                 self.terminate()
+        finally:
+            self._requests.pop(unique, None)
 
     def _send(self, unique: int, error: int, payload: bytes = b"") -> None:
         """One message to the kernel: a reply (``unique`` of its request, ``error`` a
