@@ -388,6 +388,28 @@ async def test_posix_modes_and_etag(volume: Path, posix: PosixBackend) -> None:
     assert (await posix.write("f", pieces(b"x", 1), mode=0o640)).mode == 0o640
 
 
+async def test_posix_stat_many_is_each_stat(volume: Path, posix: PosixBackend) -> None:
+    """One call for many keys (a watcher's batch) answers as a stat of each would: facts,
+    None for what is gone, nothing for what a stat would refuse."""
+    (volume / "d" / "e").mkdir(parents=True)
+    for name in ("d/a", "d/b", "d/e/c", "top"):
+        (volume / name).write_bytes(name.encode())
+    os.mkfifo(volume / "fifo")
+    keys = ["", "d/a", "d/b", "d/gone", "d/e/c", "nodir/x", "top/x", "top", "../up", "fifo"]
+    found = await posix.stat_many(keys)
+    expected: dict[str, ObjectInfo | None] = {}
+    for key in keys:
+        try:
+            expected[key] = await posix.stat(key)
+        except NotFound:
+            expected[key] = None
+        except (NotADirectory, InvalidPath):
+            pass
+    assert found == expected
+    assert {k for k, v in found.items() if v is None} == {"d/gone", "nodir/x"}
+    assert set(found) == set(keys) - {"top/x", "../up"}
+
+
 async def test_posix_paths_deeper_than_one_system_call(posix: PosixBackend) -> None:
     """Files whose absolute path is longer than PATH_MAX are reached a directory at a time,
     as a Linux client reaches them by relative paths."""

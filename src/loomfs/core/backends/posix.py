@@ -311,14 +311,43 @@ class PosixBackend(Backend):
         return await self._meta(self._stat, key)
 
     def _stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo | None]:
+        """Each key's facts (None: gone); a key that fails otherwise is left out, to a
+        caller's own stat, which says why. Each directory is opened once for all of its
+        keys: an inotify batch names many files of one directory."""
         found: dict[str, ObjectInfo | None] = {}
+        by_parent: dict[str, list[str]] = {}
         for key in keys:
             try:
-                found[key] = self._stat(key)
+                if check_key(key):
+                    by_parent.setdefault(key.rpartition("/")[0], []).append(key)
+                else:
+                    found[key] = self._stat(key)  # the root
             except NotFound:
                 found[key] = None
             except LoomError:
-                pass  # left to a caller's own stat, which says why
+                pass
+        for parent_key, members in by_parent.items():
+            try:
+                parent = self._open_dir(parent_key)
+            except NotFound:
+                found.update(dict.fromkeys(members))
+                continue
+            except LoomError:
+                continue
+            try:
+                for key in members:
+                    name = key.rpartition("/")[2]
+                    try:
+                        info = _info(key, os.lstat(name, dir_fd=parent), name, parent)
+                    except FileNotFoundError:
+                        found[key] = None
+                        continue
+                    except OSError:
+                        continue
+                    if info is not None:  # a special file Linux lacks: left out as well
+                        found[key] = info
+            finally:
+                os.close(parent)
         return found
 
     async def stat_many(self, keys: Sequence[str]) -> dict[str, ObjectInfo | None]:
@@ -547,7 +576,9 @@ class PosixBackend(Backend):
         if not check_key(key):
             raise IsADirectory("the volume root is a directory", path=key)
         with self._parent(key) as (parent, name):
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            # read-only: nothing is written through it, and its close is no IN_CLOSE_WRITE
+            # for the volume's watcher to take for a change (one event less per create)
+            flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 fd = os.open(name, flags, 0o666 if mode is None else mode, dir_fd=parent)
             except FileExistsError:
