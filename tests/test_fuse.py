@@ -6,11 +6,13 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import selectors
 import shutil
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,6 +27,7 @@ from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.fuse.files import WriteBuffer
 from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
 from loomfs.protocols.fuse.inodes import InodeTable
+from loomfs.protocols.fuse.session import PollingSelector
 from loomfs.service import HubService
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess
@@ -762,3 +765,22 @@ def test_write_buffer_makes_its_spool_file_at_first_use(tmp_path: Path) -> None:
     unused = WriteBuffer(str(tmp_path), base_version=1)
     unused.close()
     assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_polling_selector_answers_as_epoll_does() -> None:
+    """The mount's loop polls before it sleeps: what is ready then, or arrives while it
+    polls, or only after, is reported all the same, and a short timeout still ends the
+    wait with nothing."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs, PollingSelector(0.05) as selector:
+        selector.register(ours, selectors.EVENT_READ)
+        assert selector.select(0.001) == []
+        theirs.send(b"x")
+        assert [key.fileobj for key, _ in selector.select(None)] == [ours]
+        ours.recv(1)
+        for delay in (0.01, 0.2):  # within the polling, and after it
+            timer = threading.Timer(delay, theirs.send, [b"y"])
+            timer.start()
+            assert [key.fileobj for key, _ in selector.select(5)] == [ours]
+            timer.join()
+            ours.recv(1)

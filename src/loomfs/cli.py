@@ -830,21 +830,24 @@ def mount(
     With --hub (or the global --hub) over that hub's REST API; otherwise this site runs
     in this process, from the configuration: its spoke where [spoke] hub is set, else
     its hub."""
+    from .protocols.fuse.session import event_loop  # noqa: PLC0415 (only mounts need it)
+
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     uids = _uid_map(uid_map)
     try:
         config = state.config
         setup_logging(config.log.level, config.log.format)
-        asyncio.run(
-            _mount(
-                config,
-                mountpoint,
-                hub_url=hub_url or state.hub_override,
-                allow_other=allow_other,
-                uid_map=uids,
-                ready_file=ready_file,
+        with asyncio.Runner(loop_factory=lambda: event_loop(config.fuse.poll_us)) as runner:
+            runner.run(
+                _mount(
+                    config,
+                    mountpoint,
+                    hub_url=hub_url or state.hub_override,
+                    allow_other=allow_other,
+                    uid_map=uids,
+                    ready_file=ready_file,
+                )
             )
-        )
     except LoomError as exc:
         console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
         sys.exit(1)
