@@ -251,6 +251,10 @@ def report(result: dict[str, Any]) -> None:
         print(f"loomfs metadata / {peer}: " + ", ".join(
             f"{op} {ratios[f'{op}_vs_{peer}']:.2f}" for op in ("create", "stat", "unlink")
         ) + ("  (goal >= 1.0)" if peer == "juicefs" else ""))  # fmt: skip
+    if figures["local"]["create_ops"] < figures["juicefs"]["create_ops"]:
+        print("note: the local disk itself created files slower than JuiceFS did: its file "
+              "system was slow to create here (see docs/BENCHMARKS.md, round 4), and so was "
+              "every side that makes real files")  # fmt: skip
 
 
 def main() -> None:
