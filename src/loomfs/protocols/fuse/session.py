@@ -63,11 +63,14 @@ class PollingSelector(selectors.EpollSelector):
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if self.poll_s > 0 and (timeout is None or timeout > 0):
-            deadline = time.perf_counter() + min(self.poll_s, timeout or self.poll_s)
-            while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            polling = self.poll_s if timeout is None else min(self.poll_s, timeout)
+            while time.perf_counter() - start < polling:
                 ready = super().select(0)
                 if ready:
                     return ready
+            if timeout is not None:  # a timer's due time stays where it was
+                timeout = max(0.0, timeout - (time.perf_counter() - start))
         return super().select(timeout)
 
 
