@@ -387,7 +387,6 @@ class HubNamespace(Namespace):
         mounted, key = self._below_mount(path)
         chunks = aiter(data)
         first = await anext(chunks, None)
-        body = aiter_bytes(b"")
         if first is not None:
             # checked before the body streams in (a doomed write fails fast), and again
             # under the path's lock, where the staged bytes become visible and are
@@ -395,7 +394,7 @@ class HubNamespace(Namespace):
             # empty file (a FUSE create) has nothing to stream: only the second check.
             self.write_leases.check(path, who.site)
             await self._writable(path, if_version, exclusive)
-            body = chained(first, chunks)
+        body = aiter_bytes(b"") if first is None else chained(first, chunks)
         committed: list[Entry] = []
 
         async def gate(commit: Commit) -> ObjectInfo:
