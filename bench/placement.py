@@ -25,8 +25,8 @@ from typing import Any
 from loomfs.config import Config
 from loomfs.core.placement import Policy
 from loomfs.core.types import Principal
-from loomfs.hub.placement import PlacedNamespace
 from loomfs.namespace.base import Namespace
+from loomfs.namespace.governed import GovernedNamespace
 from loomfs.service import HubService
 
 SPOKE = Principal(user="site:gpu-us", site="gpu-us", protocol="fabric")
@@ -67,7 +67,7 @@ async def main() -> None:
         await hub.start()
         await hub.add_volume("/vol", f"posix://{work / 'vol'}", lambda _: None)
         paths = [f"/vol/pub/f{i:05d}.bin" for i in range(args.files)]
-        placed = PlacedNamespace(hub.namespace, hub.placement)
+        placed = GovernedNamespace(hub.namespace, [hub.placement])
         store = hub.placement.store
         setups: list[tuple[str, Namespace, Policy | None]] = [
             ("unchecked", hub.namespace, None),

@@ -113,7 +113,7 @@ class TestGoverned(NamespaceSuite):
                 await acl.store.grant(f"user:{WHO.user}", "admin", "/vol")
                 events: list[tuple[str, str, str]] = []
                 sink = Recorder(events)
-                yield GovernedNamespace(hub, [acl], audit=sink), "/vol"
+                yield GovernedNamespace(hub, [acl], audit=sink, rules=acl), "/vol"
                 assert events  # every call left a record
 
         return make

@@ -16,6 +16,7 @@ import pytest
 
 from loomfs.chunks import DEFAULT_WINDOW
 from loomfs.core.types import Entry, Principal
+from loomfs.core.users import UserRegistry
 from loomfs.errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -47,6 +48,9 @@ class TestSpokeConformance(NamespaceSuite):
             tmp = tmp_path / uuid.uuid4().hex
             tmp.mkdir()
             async with fabric(tmp, lease_ttl=LEASE) as env:
+                # the contract includes special files, which need admin by name at the hub
+                await UserRegistry(env.hub.catalog).add_user(WHO.user, frozenset({"admin"}))
+                await env.hub.authorizer.reload()
                 yield env.spoke, "/vol"
 
         return make

@@ -43,7 +43,6 @@ from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.deltastore import DeltaStore
 from .hub.namespace import HubNamespace
-from .hub.placement import PlacedNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
@@ -92,24 +91,24 @@ class HubService:
                 key=load_key(config.audit.key_file),
                 segment_size=parse_size(config.audit.segment_size),
             )
-        # what every protocol gets: the namespace behind authorization and audit (volume
-        # administration and the hub's own machinery use the inner one); every governed
+        # what every edge gets, the fabric link to spokes too: the namespace behind one
+        # chain of authorizers (ACL rules for users, residency for sites) and audit; volume
+        # administration and the hub's own machinery use the inner one, and every governed
         # call lands in the audit log
         self.authorizer = AclAuthorizer(self.catalog)
         self.governed = GovernedNamespace(
-            self.namespace, [self.authorizer], audit=self.audit, rules=self.authorizer
+            self.namespace,
+            [self.authorizer, self.placement],
+            audit=self.audit,
+            rules=self.authorizer,
         )
-        #: the namespace as spokes reach it: the ACLs of the users they forward, and the
-        #: placement policies of the site they are (residency) below them
-        self.placed = PlacedNamespace(self.namespace, self.placement)
-        self.fabric_namespace = GovernedNamespace(self.placed, [self.authorizer], audit=self.audit)
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         store_size = parse_size(config.hub.delta_store_size)
         self.chunks = HubChunks(
             self.namespace,
             config.site.data_dir / "chunk-staging",
-            gate=self.placed,
+            gate=self.governed,
             delta_store=DeltaStore(config.site.data_dir / "delta-store.db", store_size)
             if store_size
             else None,
@@ -322,7 +321,7 @@ class HubService:
         """The fabric link as spokes get it: placement policies for their site, ACL rules
         for the users they forward, chunks, audit."""
         return FabricServer(
-            self.fabric_namespace, self, identity, trusted,
+            self.governed, self, identity, trusted,
             chunks=self.chunks, audit=self.audit,
             users=UserRegistry(self.catalog), groups_of=self.authorizer.groups_of,
         )  # fmt: skip

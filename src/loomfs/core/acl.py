@@ -190,6 +190,19 @@ class AclPolicy:
         """Whether a rule or private mark sits at or below ``path``."""
         return any(paths.is_within(g, path) for g in self._governing)
 
+    def governed_below(self, path: str) -> list[str]:
+        """The paths strictly below ``path`` that a rule or private mark sits on."""
+        return [g for g in self._governing if g != path and paths.is_within(g, path)]
+
+    def privileged(self, who: Principal, path: str) -> bool:
+        """Whether ``who`` holds admin on ``path`` by name: group admin or an admin rule
+        along the path, never by the open default (what makes device nodes and set-id
+        files, which give whoever uses them the hub's own privileges)."""
+        groups, subjects = self._subjects(who)
+        if ADMIN_GROUP in groups:
+            return True
+        return bool(self._grant(subjects, path)[1] & _ADMIN)
+
 
 class AclStore:
     """The rows behind the policy, in a SQL catalog (both engines, same SQL)."""
@@ -464,15 +477,26 @@ class AclAuthorizer:
                 self.policy = (await self.store.snapshot())[2]
         return self.policy
 
-    async def check(self, who: Principal, action: Action, path: str) -> None:
+    async def check(self, who: Principal, action: Action, path: str, *, tree: bool = False) -> None:
+        """``tree``: the call takes everything below ``path`` along (a rename or removal
+        of a directory), so each governed path below must allow it too: a private
+        directory inside an open one would otherwise leave with its parent's move."""
         policy = self.policy
         if policy.generation < 0 or time.monotonic() - self._checked >= self.refresh:
             policy = await self._current()  # only then: the common call awaits nothing
-        if not policy.allows(who, action, path):
-            raise PermissionDenied(f"{who.user} may not {action.value} {path}", path=path)
+        below = policy.governed_below(path) if tree else ()
+        for where in (path, *below):
+            if not policy.allows(who, action, where):
+                raise PermissionDenied(f"{who.user} may not {action.value} {where}", path=where)
 
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
         return self.policy.subtree_open(who, action, path)
+
+    async def check_privileged(self, who: Principal, path: str, what: str) -> None:
+        """Refuse ``what`` (a device node, a set-user-ID bit) unless ``who`` holds admin on
+        ``path`` by name (``AclPolicy.privileged``)."""
+        if not (await self._current()).privileged(who, path):
+            raise PermissionDenied(f"{what} needs an admin right on {path}", path=path)
 
     async def rules_at(self, path: str) -> tuple[frozenset[tuple[str, Action]], bool]:
         """The rules on ``path`` itself (subject, permission) and whether it is private,

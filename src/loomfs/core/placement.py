@@ -15,9 +15,9 @@ change bumps the catalog's ``placement`` counter (the generation), which the hub
 spokes drop those cached bytes when they apply the change, and the hub waits for their
 acknowledgements (``Leases.settle``) before it reports the change complete.
 
-This module holds every residency decision; protocols and the fabric only call
-``PlacementAuthorizer.check`` (the authorizer-chain interface), ``check_metadata`` and
-``hidden``.
+This module holds every residency decision; the governed namespace asks it through the
+authorizer-chain interface (``check``, ``subtree_open``) and the hub's change feed through
+``redact``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..errors import InvalidArgument, NotFound, PermissionDenied
 from .catalog.base import Catalog
 from .catalog.sql import Cursor, SqlCatalog, _join, _Sequencer, _split
 from .sites import SiteRegistry, parse_labels
-from .types import Change, ChangeOp, Entry, EntryKind, Principal
+from .types import Action, Change, ChangeOp, Entry, EntryKind, Principal
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,14 @@ class Visibility(enum.StrEnum):
 
 def _glob_regex(glob: str) -> re.Pattern[str]:
     """``**`` spans any number of segments, ``*`` and ``?`` stay inside one; ``/x/**``
-    covers everything below x, not x itself (as in .gitignore)."""
+    covers x itself and everything below it: a policy on a tree also holds its root, or a
+    site it refuses could rename or remove the root and take the tree with it. Any
+    character of a name matches, a newline too."""
     out: list[str] = []
     i = 0
     while i < len(glob):
         if glob.startswith("/**", i):
-            out.append("(?:/.*)?" if i + 3 < len(glob) else "/.+")
+            out.append("(?:/.*)?")
             i += 3
         elif glob[i] == "*":
             out.append("[^/]*")
@@ -73,7 +75,7 @@ def _glob_regex(glob: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(glob[i]))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
 def glob_prefix(glob: str) -> str:
@@ -251,30 +253,10 @@ class PolicyStore:
 
         return await self._cat._run(self._cat._read, fn)
 
-    async def other_names(self, path: str) -> builtins.list[str]:
-        """The other paths of the same volume whose entry has ``path``'s inode: hard
-        links, made behind loomfs's back and found by a scan."""
-        parent, name = _split(path)
-
-        def fn(cur: Cursor) -> builtins.list[str]:
-            rows = self._cat._q(
-                cur,
-                "SELECT o.parent, o.name FROM entries e JOIN entries o ON o.inode = e.inode "
-                "WHERE e.parent = ? AND e.name = ? AND e.kind = 'file' AND o.kind = 'file' "
-                "AND o.id <> e.id",
-                (parent, name),
-            ).fetchall()
-            return [_join(r[0], r[1]) for r in rows]
-
-        found = await self._cat._run(self._cat._read, fn)
-        if not found:
-            return []
-        mount = max(
-            (v.mount for v in await self._cat.volumes() if paths.is_within(path, v.mount)),
-            key=len,
-            default=None,
-        )  # inode numbers are per file system: only the same volume's count
-        return [p for p in found if mount is not None and paths.is_within(p, mount)]
+    async def tagged_within(self, key: str, value: str, top: str) -> builtins.list[str]:
+        """The paths at or below ``top`` that carry the tag ``key=value`` themselves."""
+        tagged = await self._cat._run(self._cat._read, lambda cur: self._tagged(cur, key, value))
+        return [p for p in tagged if paths.is_within(p, top)]
 
     async def generation(self) -> int:
         row = await self._cat._run(
@@ -287,11 +269,10 @@ class PolicyStore:
 
 
 class PlacementAuthorizer:
-    """The residency decision, for the hub's authorizer chain:
+    """The residency decision, an authorizer of the governed namespace's chain:
     ``check(who, action, path)`` raises ``PermissionDenied`` (or ``NotFound`` where the
     policy hides metadata) when ``who`` is a remote site the policies keep the data of
-    ``path`` from. ``action`` is read or write (both move data); metadata calls use
-    ``check_metadata`` and listings ``hidden``."""
+    ``path`` from. List asks only about metadata; every other action moves data."""
 
     def __init__(
         self, catalog: Catalog, sites: SiteRegistry, hub_site: str, *, refresh: float = REFRESH
@@ -345,45 +326,75 @@ class PlacementAuthorizer:
             if c.applies(path, tags) and not c.policy.allows(labels)
         ]
 
-    async def guards(self, who: Principal) -> bool:
-        """Whether any policy could refuse ``who`` something (a remote site, and some
-        policy exists): callers skip per-file checks otherwise."""
-        if self.is_local(who):
-            return False
-        await self.reload()
-        return bool(self._policies)
+    async def _refusing_below(self, who: Principal, top: str) -> list[Policy]:
+        """The refusing policies that may apply to something below ``top``: a glob that
+        reaches into it (judged by the glob's literal prefix, so a wildcard counts as a
+        match), or a tag carried by an entry below it."""
+        labels = self._labels.get(who.site, {})
+        out: list[Policy] = []
+        for c in self._policies:
+            policy = c.policy
+            if policy.allows(labels):
+                continue
+            reaches = any(
+                paths.is_within(glob_prefix(g), top) or paths.is_within(top, glob_prefix(g))
+                for g in policy.paths
+            )
+            if reaches or (
+                policy.tag is not None and await self.store.tagged_within(*policy.tag, top)
+            ):
+                out.append(policy)
+        return out
 
-    async def check(self, who: Principal, action: str, path: str) -> None:
+    async def check(self, who: Principal, action: Action, path: str, *, tree: bool = False) -> None:
+        """``tree``: the call takes everything below ``path`` along (a rename or removal
+        of a directory), so a policy on anything below refuses it too."""
+        if self.is_local(who):
+            return
+        await self.reload()
+        if not self._policies:
+            return
         path = paths.normalize(path)
         refusing = await self._refusing(who, path)
-        if not refusing and self._policies and not self.is_local(who):
-            # the same bytes under another name (a hard link) carry that name's policies
-            for other in await self.store.other_names(path):
-                refusing += await self._refusing(who, other)
+        if tree:
+            refusing += await self._refusing_below(who, path)
+        if action is Action.LIST:  # names and sizes: refused only where a policy hides them
+            refusing = [p for p in refusing if p.metadata is Visibility.HIDDEN]
         if not refusing:
             return
-        REFUSED.labels(action).inc()
+        REFUSED.labels(action.value).inc()
         if any(p.metadata is Visibility.HIDDEN for p in refusing):
             raise NotFound(f"no such file or directory: {path}", path=path)
         raise PermissionDenied(
-            f"{action} of {path} refused: placement policy {refusing[0].name} does not allow "
-            f"site {who.site}",
+            f"{action.value} of {path} refused: placement policy {refusing[0].name} does not "
+            f"allow site {who.site}",
             path=path,
         )
 
-    async def check_metadata(self, who: Principal, path: str) -> None:
-        """Names and sizes: refused (as absent) only where a refusing policy hides them."""
-        if await self.hidden(who, path):
-            raise NotFound(f"no such file or directory: {path}", path=path)
+    def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
+        """No policy refuses ``who`` anything (list: no refusing policy hides names), as
+        of the policies the last ``check`` loaded."""
+        if self.is_local(who) or not self._policies:
+            return True
+        labels = self._labels.get(who.site, {})
+        return all(
+            c.policy.allows(labels)
+            or (action is Action.LIST and c.policy.metadata is Visibility.VISIBLE)
+            for c in self._policies
+        )
 
     async def hidden(self, who: Principal, path: str) -> bool:
         if self.is_local(who):
             return False
         await self.reload()
         if not any(c.policy.metadata is Visibility.HIDDEN for c in self._policies):
-            return False  # the common case, asked per listed entry and per feed change
+            return False  # the common case, asked per feed change
         refusing = await self._refusing(who, paths.normalize(path))
         return any(p.metadata is Visibility.HIDDEN for p in refusing)
+
+    async def _refused_data(self, who: Principal, path: str) -> bool:
+        """Whether the data at or below ``path`` may not reach ``who``'s site."""
+        return bool(await self._refusing(who, path) or await self._refusing_below(who, path))
 
     async def redact(self, site: str, changes: list[Change]) -> list[Change]:
         """The change feed as ``site`` may see it: a change to a path hidden from it
@@ -402,24 +413,41 @@ class PlacementAuthorizer:
                 else:
                     out.append(replace(change, op=ChangeOp.META))
                 continue
+            if change.op is ChangeOp.RENAME and change.new_path is not None:
+                out.append(await self._redact_rename(who, change))
+                continue
             if not await self.hidden(who, change.path):
                 out.append(change)
                 continue
-            parent = paths.split(change.path)[0]
-            while parent != paths.ROOT and await self.hidden(who, parent):
-                parent = paths.split(parent)[0]
-            out.append(
-                replace(
-                    change,
-                    op=ChangeOp.META,
-                    path=parent,
-                    kind=EntryKind.DIR,
-                    version=0,
-                    new_path=None,
-                    size=0,
-                )
-            )
+            out.append(await self._nearest_visible(who, change))
         return out
+
+    async def _redact_rename(self, who: Principal, change: Change) -> Change:
+        """A rename as ``who`` may learn it. Into a name the site may not see, or whose
+        data may not reach it, it is the old name's removal: the site drops what it
+        holds (else a move into a restricted tree would leave its bytes cached there).
+        Out of a hidden name, it is the new name's creation."""
+        assert change.new_path is not None
+        old_hidden = await self.hidden(who, change.path)
+        new_hidden = await self.hidden(who, change.new_path)
+        if old_hidden and new_hidden:
+            return await self._nearest_visible(who, change)
+        if old_hidden:
+            return replace(change, op=ChangeOp.CREATE, path=change.new_path, new_path=None)
+        if new_hidden or await self._refused_data(who, change.new_path):
+            return replace(change, op=ChangeOp.DELETE, new_path=None)
+        return change
+
+    async def _nearest_visible(self, who: Principal, change: Change) -> Change:
+        """A change to a hidden path, as a metadata change of its nearest visible
+        directory (sequence numbers stay gap-free, so acknowledgements still settle)."""
+        parent = paths.split(change.path)[0]
+        while parent != paths.ROOT and await self.hidden(who, parent):
+            parent = paths.split(parent)[0]
+        return replace(
+            change, op=ChangeOp.META, path=parent, kind=EntryKind.DIR, version=0,
+            new_path=None, size=0,
+        )  # fmt: skip
 
     async def _refused_around(self, who: Principal, top: str) -> bool:
         """Whether some policy covering anything at or below ``top`` refuses ``who``."""

@@ -15,7 +15,7 @@ and chunks the index finds in any file, through the namespace's write: atomicall
 place, with the writer's version precondition, leases and the change feed as for any
 write. The map of the committed version is known then and stored at once.
 
-With a ``ChunkGate`` (the hub's placement wrapper) every call names its caller and is
+With a ``ChunkGate`` (the hub's governed namespace) every call names its caller and is
 decided as the namespace would: a chunk map is a read of its file, a commit a write of
 its path, and a chunk asked for by id is sent only out of a file the caller may read. A
 chunk that sits only in files refused to the caller is answered as not held (an empty
@@ -104,7 +104,7 @@ class Wanted:
 
 
 class ChunkGate(Protocol):
-    """What a caller may receive or write through chunks (``hub.placement``)."""
+    """What a caller may receive or write through chunks (the governed namespace)."""
 
     async def guarded(self, who: Principal) -> bool:
         """Whether anything may be refused to ``who`` (else no per-file checks)."""

@@ -10,6 +10,7 @@ longer the version the catalog holds (it records the new version, then serves it
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import os
@@ -54,7 +55,7 @@ from ..errors import (
     NotFound,
     PermissionDenied,
 )
-from ..namespace.base import LIST_PAGE, Namespace, Reader
+from ..namespace.base import LIST_PAGE, Reader, ResolvingNamespace
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
 
@@ -112,7 +113,7 @@ def _check_tag(key: str, value: str | None = None) -> None:
         raise InvalidArgument(f"tag value for {key!r} is longer than {MAX_TAG_VALUE} or has NUL")
 
 
-class HubNamespace(Namespace):
+class HubNamespace(ResolvingNamespace):
     def __init__(
         self,
         catalog: Catalog,
@@ -733,6 +734,34 @@ class HubNamespace(Namespace):
         if rel.startswith(os.pardir):
             return path  # out of the volume: the backend refuses to read it
         return paths.join(mounted.volume.mount, rel)
+
+    async def resolved(self, path: str) -> tuple[Entry, Entry]:
+        path = paths.normalize(path)
+        entry = await self._entry(path)
+        if entry.kind is not EntryKind.SYMLINK:
+            return entry, entry
+        target = await self.resolve(path)
+        if target == path:  # dangling or out of the volume: nothing else is read
+            return entry, entry
+        found = await self.catalog.get(target)
+        if found is None:
+            raise NotFound(f"{path} links to {target}, which is absent", path=path)
+        if found.kind is EntryKind.SYMLINK:  # the catalog has not seen the volume's change
+            raise Conflict(f"{target} changed while {path} was resolved", path=path)
+        return entry, found
+
+    async def other_names(self, entry: Entry) -> builtins.list[str]:
+        if entry.nlink < 2 or entry.inode is None:
+            return []
+        hit = self._resolve(entry.path)
+        if hit is None:
+            return []
+        mount = hit[0].volume.mount  # inode numbers are per file system: only its own
+        return [
+            other.path
+            for other in await self.catalog.hard_links(entry.inode)
+            if other.path != entry.path and paths.is_within(other.path, mount)
+        ]
 
     async def close(self) -> None:
         for mounted in self._mounts.values():

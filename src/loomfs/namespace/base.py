@@ -198,6 +198,13 @@ class Namespace(ABC):
         an implementation may answer both from one catalog read."""
         return await self.stat(who, path), await self.get_tags(who, path)
 
+    async def stat_for_read(self, who: Principal, path: str) -> Entry:
+        """The entry a read of ``path`` would read (a symlink's target's, by the link's
+        name), refused as that read would be: what a cache asks before it serves bytes
+        it holds to ``who``, since a stat needs only list. A namespace that decides
+        nothing itself (a hub's inner one) answers as ``stat``."""
+        return await self.stat(who, path)
+
     async def exists(self, who: Principal, path: str) -> bool:
         try:
             await self.stat(who, path)
@@ -223,3 +230,18 @@ class FeedNamespace(Namespace):
     ) -> Feed:
         """Changes after ``since``, held up to ``wait`` seconds until there is one; ``ack``
         says every change up to it is applied (and renews the caller's read lease)."""
+
+
+class ResolvingNamespace(Namespace):
+    """A namespace that can say what a call will really touch (a hub's, over its
+    catalog): what the governed namespace decides on, rather than the names it is given."""
+
+    @abstractmethod
+    async def resolved(self, path: str) -> tuple[Entry, Entry]:
+        """(the entry at ``path``, the entry whose bytes a read of it returns): the same
+        one for anything but a symlink, whose final target is followed inside the
+        namespace. ``NotFound`` if either is absent."""
+
+    @abstractmethod
+    async def other_names(self, entry: Entry) -> list[str]:
+        """The other paths that name ``entry``'s file (hard links), none if it has one."""

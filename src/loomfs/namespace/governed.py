@@ -1,12 +1,23 @@
-"""Governance in one place (namespace layer): every namespace call of every protocol is
-authorized here and then recorded for audit.
+"""Governance in one place (namespace layer): every call of every edge is decided here, on
+what it will really touch, and then recorded for audit.
 
-``GovernedNamespace`` wraps the hub's namespace. Each call first asks a chain of
-authorizers (ACL rules, residency and placement policies) and then records one audit
-event with the outcome; a denial is recorded as ``denied`` and raised unchanged. The REST
-API, the S3 gateway, the fabric link to spokes, in-process FUSE mounts and SFTP get the
-wrapped namespace, so no protocol module makes an authorization decision of its own;
-volume administration and the hub's own machinery keep the inner one.
+``GovernedNamespace`` wraps the hub's namespace, and every edge gets the wrapped one: the
+REST API, the S3 gateway, SFTP, FUSE mounts and the fabric link that spokes reach it by.
+None has a second way in; the hub's own machinery (imports, rescans, the change feed)
+keeps the inner one. A call is decided in three steps:
+
+1. **Resolve** what it touches, through the inner namespace (``ResolvingNamespace``): a
+   read of a symlink reads its final target, so it needs read on the target (POSIX's
+   meaning) and is served from the target's entry, not re-resolved by name afterwards; a
+   file with hard links is one file under every name, so reading or changing it through
+   one name needs the right on each; a rename or removal of a directory takes everything
+   below it along, so each authorizer checks the whole tree (``tree=True``).
+2. **Ask every authorizer** about each of those objects: ACL rules for users, residency
+   for sites (``core.placement``). Device nodes, FIFOs and set-user-ID/set-group-ID bits
+   also need an admin right held by name (``AclAuthorizer.check_privileged``): they hand
+   whoever uses them the hub process's own privileges, so no open default covers them.
+3. **Audit once**, with the outcome; a denial is recorded as ``denied`` and raised
+   unchanged.
 
 Which action a call needs: stat, list, get_tags and stat_tags need list (metadata), read
 and read_entry need read (content); write, mkdir, symlink, mknod, remove, set_attrs (mode,
@@ -14,9 +25,12 @@ mtime, atime), set_tags and taking or giving up a write lease need write; a rena
 write on both paths, and so does a hard link (writes through the new name change the
 source in place); changing a file's owner (uid, gid) needs admin. What is not a namespace
 call but hands out a path's content (the fabric link's chunk maps) goes through
-``audited`` with the action it needs. A read is recorded when its reader is closed, with
-the bytes it delivered; a listing when its first entry, its end or its error arrives (a
-failure later in a long listing is not recorded).
+``audited`` with the action it needs, resolved alike. A read is recorded when its reader
+is closed, with the bytes it delivered; a listing when its first entry, its end or its
+error arrives (a failure later in a long listing is not recorded).
+
+When every authorizer vouches that the caller may do an action anywhere (an open site,
+group admin), step 1 is skipped: nothing it could find would change the answer.
 
 Where the site keeps ACL rules (``rules``), the access rules of a path are part of this
 API too, for protocols that let their clients set them (S3 ACLs): ``access`` and
@@ -27,6 +41,7 @@ a path that is gone (write needed, as for making it anew).
 
 from __future__ import annotations
 
+import stat
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -37,21 +52,42 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Protocol, TypeVar, runtime_checkable
+from dataclasses import replace
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from ..core.acl import ANONYMOUS, AclAuthorizer
+from .. import paths
+from ..core.acl import ADMIN_GROUP, ANONYMOUS, AclAuthorizer, is_site
 from ..core.audit import AuditSink
-from ..core.types import Action, Entry, Feed, Principal
-from ..errors import AlreadyExists, LoomError, NotFound, NotSupported, PermissionDenied
-from .base import FeedNamespace, Namespace, Reader
+from ..core.types import Action, Change, ChangeOp, Entry, EntryKind, Feed, Principal
+from ..errors import (
+    AlreadyExists,
+    Conflict,
+    LoomError,
+    NotFound,
+    NotSupported,
+    PermissionDenied,
+)
+from .base import FeedNamespace, Reader, ResolvingNamespace
 
 T = TypeVar("T")
 
+#: the mode bits that make an executable run with its owner's or group's privileges
+SET_ID = stat.S_ISUID | stat.S_ISGID
+
+
+class Need(NamedTuple):
+    """One object a call touches and the action it needs there."""
+
+    action: Action
+    path: str
+    tree: bool = False
+
 
 class Authorizer(Protocol):
-    async def check(self, who: Principal, action: Action, path: str) -> None:
+    async def check(self, who: Principal, action: Action, path: str, *, tree: bool = False) -> None:
         """Return if allowed; raise ``PermissionDenied``, or ``NotFound`` where the path
-        must look absent to this caller."""
+        must look absent to this caller. ``tree``: the call takes everything below
+        ``path`` along, and must be allowed on all of it."""
 
 
 @runtime_checkable
@@ -141,7 +177,7 @@ class _Listing:
 class GovernedNamespace(FeedNamespace):
     def __init__(
         self,
-        inner: Namespace,
+        inner: ResolvingNamespace,
         authorizers: Sequence[Authorizer],
         *,
         audit: AuditSink | None = None,
@@ -157,7 +193,7 @@ class GovernedNamespace(FeedNamespace):
         subtree = [a for a in self.authorizers if isinstance(a, SubtreeAuthorizer)]
         self.vouching = subtree if len(subtree) == len(self.authorizers) else None
 
-    # -- the two steps of every call -------------------------------------------------------
+    # -- the steps of every call -----------------------------------------------------------
 
     def _record(
         self, who: Principal, op: str, path: str, result: str, *, nbytes: int = 0, detail: str = ""
@@ -165,25 +201,119 @@ class GovernedNamespace(FeedNamespace):
         if self.audit is not None:
             self.audit.record(who, op, path, result, nbytes=nbytes, detail=detail)
 
+    async def _ask(self, who: Principal, needs: Iterable[Need]) -> None:
+        for need in needs:
+            for authorizer in self.authorizers:
+                await authorizer.check(who, need.action, need.path, tree=need.tree)
+
+    async def _decide(self, who: Principal, op: str, needs: Iterable[Need]) -> None:
+        """Ask the authorizers about every need, recording a denial as ``op`` of the
+        path that was refused."""
+        for need in needs:
+            try:
+                await self._ask(who, [need])
+            except (PermissionDenied, NotFound) as exc:
+                self._record(who, op, need.path, "denied", detail=str(exc))
+                raise
+
     async def authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None:
         """Ask the authorizers about ``op`` on each target (recording a denial): for what
         is not a namespace call, such as volume administration over REST."""
-        for path in targets:
-            try:
-                for authorizer in self.authorizers:
-                    await authorizer.check(who, action, path)
-            except (PermissionDenied, NotFound) as exc:
-                self._record(who, op, path, "denied", detail=str(exc))
-                raise
+        await self._decide(who, op, [Need(action, path) for path in targets])
+
+    def _open_to(self, who: Principal, action: Action) -> bool:
+        """Whether every authorizer lets ``who`` do ``action`` anywhere: resolution could
+        change no answer then, and is skipped."""
+        vouching = self.vouching
+        return vouching is not None and all(
+            a.subtree_open(who, action, paths.ROOT) for a in vouching
+        )
+
+    async def _names(self, who: Principal, action: Action, entry: Entry) -> list[Need]:
+        """``action`` on each other name of ``entry``'s file: through any of them, it is
+        the same bytes and attributes."""
+        if entry.nlink < 2:
+            return []
+        return [Need(action, other) for other in await self.inner.other_names(entry)]
+
+    async def _reading(self, who: Principal, op: str, path: str) -> tuple[Entry, Entry] | None:
+        """Decide a read of ``path``: read on the name, then on what the name resolves to
+        (a symlink's target) and on every other name of that file. Returns the entry at
+        ``path`` and the one whose bytes are read; None when the caller may read anything
+        (nothing was resolved)."""
+        await self._decide(who, op, [Need(Action.READ, path)])
+        if self._open_to(who, Action.READ):
+            return None
+        try:
+            entry, target = await self.inner.resolved(path)
+        except LoomError as exc:
+            self._record(who, op, path, exc.code, detail=str(exc))
+            raise
+        needs = await self._names(who, Action.READ, target)
+        if target.path != entry.path:
+            needs.insert(0, Need(Action.READ, target.path))
+        await self._decide(who, op, needs)
+        return entry, target
+
+    async def _changing(
+        self, who: Principal, op: str, path: str, action: Action, *, attrs: bool = False
+    ) -> Entry | None:
+        """Decide a change of the object at ``path`` (not resolved: a change of a symlink
+        changes the link): ``action`` on it, on everything below a directory, and on the
+        other names of a file whose content or attributes (``attrs``) it changes in
+        place. Returns the entry at ``path``; None where there is none yet, or when the
+        caller may do ``action`` anywhere (nothing was looked up)."""
+        await self._decide(who, op, [Need(action, path)])
+        if self._open_to(who, action):
+            return None
+        try:
+            entry = (await self.inner.resolved(path))[0]
+        except (NotFound, Conflict):
+            return None  # made anew (or a symlink's target changing meanwhile: not followed)
+        needs = [Need(action, path, tree=True)] if entry.is_dir else []
+        if attrs or entry.kind is EntryKind.FILE:
+            needs += await self._names(who, action, entry)
+        await self._decide(who, op, needs)
+        return entry
+
+    async def _privileged(self, who: Principal, op: str, path: str, what: str) -> None:
+        """Refuse ``what`` unless ``who`` holds admin on ``path`` by name."""
+        try:
+            if self.rules is not None:
+                await self.rules.check_privileged(who, path, what)
+            elif ADMIN_GROUP not in who.groups:
+                raise PermissionDenied(f"{what} needs an admin right on {path}", path=path)
+        except PermissionDenied as exc:
+            self._record(who, op, path, "denied", detail=str(exc))
+            raise
 
     async def visible(self, who: Principal, path: str) -> bool:
         """Whether ``who`` may see ``path`` (listings and feeds leave the rest out)."""
         try:
-            for authorizer in self.authorizers:
-                await authorizer.check(who, Action.LIST, path)
+            await self._ask(who, [Need(Action.LIST, path)])
         except (PermissionDenied, NotFound):
             return False
         return True
+
+    async def visible_changes(self, who: Principal, changes: Sequence[Change]) -> list[Change]:
+        """The changes of what ``who`` may see. A rename is shown by the names it may
+        see: into a hidden name it is the old name's removal, out of one the new name's
+        creation, so neither name leaks. A site's feed comes as it is: the hub redacted it
+        for that site already, keeping its sequence gap-free (``PlacementAuthorizer``)."""
+        if is_site(who):
+            return list(changes)
+        out: list[Change] = []
+        for change in changes:
+            shown: Change | None = change if await self.visible(who, change.path) else None
+            if change.op is ChangeOp.RENAME and change.new_path is not None:
+                arrived = await self.visible(who, change.new_path)
+                if shown is not None and not arrived:
+                    shown = replace(change, op=ChangeOp.DELETE, new_path=None)
+                elif shown is None and arrived:
+                    shown = replace(change, op=ChangeOp.CREATE, path=change.new_path, new_path=None)
+            if shown is not None:
+                out.append(shown)
+        return out
 
     async def audited(
         self,
@@ -197,9 +327,32 @@ class GovernedNamespace(FeedNamespace):
         nbytes: Callable[[T], int] | None = None,
     ) -> T:
         """Govern a call that is not part of the namespace API (the fabric link's chunk
-        maps and chunked commits) as the namespace's own calls are: authorized, run, its
-        outcome recorded."""
-        return await self._governed(who, op, action, path, call, detail=detail, nbytes=nbytes)
+        maps and chunked commits) as the namespace's own calls are: decided on what it
+        touches (a read as ``read`` resolves it), run, its outcome recorded."""
+        if action is Action.READ:
+            await self._reading(who, op, path)
+        else:
+            await self._changing(who, op, path, action)
+        return await self._run(who, op, path, call, detail=detail, nbytes=nbytes)
+
+    async def _run(
+        self,
+        who: Principal,
+        op: str,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        detail: str = "",
+        nbytes: Callable[[T], int] | None = None,
+    ) -> T:
+        """Run a decided call and record its outcome."""
+        try:
+            result = await call()
+        except LoomError as exc:
+            self._record(who, op, path, exc.code, detail=str(exc))
+            raise
+        self._record(who, op, path, "ok", nbytes=nbytes(result) if nbytes else 0, detail=detail)
+        return result
 
     async def _governed(
         self,
@@ -209,19 +362,30 @@ class GovernedNamespace(FeedNamespace):
         path: str,
         call: Callable[[], Awaitable[T]],
         *,
-        also: str | None = None,
         detail: str = "",
         nbytes: Callable[[T], int] | None = None,
     ) -> T:
-        """Authorize ``op`` on ``path`` (and ``also``), run it, record the outcome."""
-        await self.authorize(who, op, action, path, *([also] if also else []))
-        try:
-            result = await call()
-        except LoomError as exc:
-            self._record(who, op, path, exc.code, detail=str(exc))
-            raise
-        self._record(who, op, path, "ok", nbytes=nbytes(result) if nbytes else 0, detail=detail)
-        return result
+        """Decide ``op`` on ``path`` by its name alone (metadata calls), run, record."""
+        await self._decide(who, op, [Need(action, path)])
+        return await self._run(who, op, path, call, detail=detail, nbytes=nbytes)
+
+    # -- the chunk service's gate (``hub.chunks.ChunkGate``) -------------------------------
+
+    async def guarded(self, who: Principal) -> bool:
+        """Whether some authorizer could refuse ``who`` the bytes of some file."""
+        return not self._open_to(who, Action.READ)
+
+    async def check_read(self, who: Principal, path: str) -> None:
+        """Refuse ``who`` the bytes of ``path`` as a read of it would (through a symlink,
+        the bytes are its target's; through a hard link, every name's)."""
+        entry, target = await self.inner.resolved(path)
+        needs = [Need(Action.READ, path), *await self._names(who, Action.READ, target)]
+        if target.path != entry.path:
+            needs.append(Need(Action.READ, target.path))
+        await self._ask(who, needs)
+
+    async def check_write(self, who: Principal, path: str) -> None:
+        await self._ask(who, [Need(Action.WRITE, path)])
 
     # -- the namespace API -----------------------------------------------------------------
 
@@ -229,6 +393,15 @@ class GovernedNamespace(FeedNamespace):
         return await self._governed(
             who, "stat", Action.LIST, path, lambda: self.inner.stat(who, path)
         )
+
+    async def stat_for_read(self, who: Principal, path: str) -> Entry:
+        async def resolve() -> Entry:
+            entry, target = await self.inner.resolved(path)
+            return target if target is entry else replace(target, path=entry.path)
+
+        # recorded as a stat: no byte moves, but the decision is the read's
+        await self._reading(who, "stat", path)
+        return await self._run(who, "stat", path, resolve, detail="for read")
 
     def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
@@ -251,21 +424,40 @@ class GovernedNamespace(FeedNamespace):
         *,
         if_version: int | None = None,
     ) -> Reader:
-        return await self._read(
-            who, path, lambda: self.inner.read(who, path, offset, length, if_version=if_version)
+        resolved = await self._reading(who, "read", path)
+        if resolved is None:
+            return await self._opened(
+                who, path, lambda: self.inner.read(who, path, offset, length, if_version=if_version)
+            )
+        entry, target = resolved
+        if if_version is not None and target.version != if_version:
+            conflict = Conflict(f"{path} is at version {target.version}, not {if_version}")
+            self._record(who, "read", path, conflict.code, detail=str(conflict))
+            raise conflict
+        reader = await self._opened(
+            who, path, lambda: self.inner.read_entry(who, target, offset, length)
         )
+        if target is not entry:  # the link's name, the target's bytes and attributes
+            reader.entry = replace(target, path=entry.path)
+        return reader
 
     async def read_entry(
         self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
     ) -> Reader:
-        return await self._read(
+        if entry.kind is EntryKind.SYMLINK:  # the bytes are its target's: read resolves
+            return await self.read(who, entry.path, offset, length)
+        await self._decide(who, "read", [Need(Action.READ, entry.path)])
+        if not self._open_to(who, Action.READ):
+            needs = await self._names(who, Action.READ, entry)
+            await self._decide(who, "read", needs)
+        return await self._opened(
             who, entry.path, lambda: self.inner.read_entry(who, entry, offset, length)
         )
 
-    async def _read(
+    async def _opened(
         self, who: Principal, path: str, open_: Callable[[], Awaitable[Reader]]
     ) -> Reader:
-        await self.authorize(who, "read", Action.READ, path)
+        """Open a decided read; its bytes are recorded when it is closed."""
         try:
             reader = await open_()
         except LoomError as exc:
@@ -285,8 +477,11 @@ class GovernedNamespace(FeedNamespace):
         exclusive: bool = False,
         mode: int | None = None,
     ) -> Entry:
-        return await self._governed(
-            who, "write", Action.WRITE, path,
+        if mode is not None and mode & SET_ID:
+            await self._privileged(who, "write", path, "a set-user-ID or set-group-ID file")
+        await self._changing(who, "write", path, Action.WRITE)
+        return await self._run(
+            who, "write", path,
             lambda: self.inner.write(
                 who, path, data, if_version=if_version, exclusive=exclusive, mode=mode
             ),
@@ -302,38 +497,47 @@ class GovernedNamespace(FeedNamespace):
         )  # fmt: skip
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
+        # the link is a name; reading through it is decided on what it resolves to
         return await self._governed(
             who, "symlink", Action.WRITE, path,
             lambda: self.inner.symlink(who, path, target), detail=f"-> {target}",
         )  # fmt: skip
 
     async def mknod(self, who: Principal, path: str, mode: int, rdev: int = 0) -> Entry:
+        await self._privileged(who, "mknod", path, "a special file (device, FIFO, socket)")
         return await self._governed(
             who, "mknod", Action.WRITE, path,
             lambda: self.inner.mknod(who, path, mode, rdev), detail=f"mode {mode:o}",
         )  # fmt: skip
 
     async def link(self, who: Principal, src: str, dst: str) -> Entry:
-        # write of the new name, and write (not only read) of the source: both names are
-        # one file, written in place through either, so a grant on the new name would
-        # otherwise be a grant on the source (Linux's protected_hardlinks asks the same)
-        return await self._governed(
-            who, "link", Action.WRITE, src,
-            lambda: self.inner.link(who, src, dst), also=dst, detail=f"-> {dst}",
-        )  # fmt: skip
+        # write of the new name, and write (not only read) of the source and its other
+        # names: all are one file, written in place through any, so a grant on the new
+        # name would otherwise be a grant on the source (Linux's protected_hardlinks asks
+        # the same)
+        await self._changing(who, "link", src, Action.WRITE, attrs=True)
+        await self._decide(who, "link", [Need(Action.WRITE, dst)])
+        return await self._run(
+            who, "link", src, lambda: self.inner.link(who, src, dst), detail=f"-> {dst}"
+        )
 
     async def rename(self, who: Principal, src: str, dst: str, *, overwrite: bool = False) -> Entry:
-        return await self._governed(
-            who, "rename", Action.WRITE, src,
-            lambda: self.inner.rename(who, src, dst, overwrite=overwrite),
-            also=dst, detail=f"-> {dst}",
+        # out of a restricted path is an escape, into one a write of its data: both names,
+        # and for a directory all that it holds, under both
+        entry = await self._changing(who, "rename", src, Action.WRITE)
+        tree = entry is not None and entry.is_dir
+        await self._decide(who, "rename", [Need(Action.WRITE, dst, tree=tree)])
+        return await self._run(
+            who, "rename", src,
+            lambda: self.inner.rename(who, src, dst, overwrite=overwrite), detail=f"-> {dst}",
         )  # fmt: skip
 
     async def remove(
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
     ) -> None:
-        await self._governed(
-            who, "remove", Action.WRITE, path,
+        await self._changing(who, "remove", path, Action.WRITE)
+        await self._run(
+            who, "remove", path,
             lambda: self.inner.remove(who, path, recursive=recursive, if_version=if_version),
         )  # fmt: skip
 
@@ -348,9 +552,13 @@ class GovernedNamespace(FeedNamespace):
         mtime_ns: int | None = None,
         atime_ns: int | None = None,
     ) -> Entry:
+        if mode is not None and mode & SET_ID:
+            await self._privileged(who, "set_attrs", path, "a set-user-ID or set-group-ID bit")
         chown = uid is not None or gid is not None
-        return await self._governed(
-            who, "set_attrs", Action.ADMIN if chown else Action.WRITE, path,
+        action = Action.ADMIN if chown else Action.WRITE
+        await self._changing(who, "set_attrs", path, action, attrs=True)
+        return await self._run(
+            who, "set_attrs", path,
             lambda: self.inner.set_attrs(
                 who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
             ),
@@ -374,12 +582,14 @@ class GovernedNamespace(FeedNamespace):
         set_: Mapping[str, str],
         remove: Sequence[str] = (),
     ) -> dict[str, str]:
+        # a site the data may not reach may not untag it out of its policy either
         return await self._governed(
             who, "set_tags", Action.WRITE, path,
             lambda: self.inner.set_tags(who, path, set_, remove),
         )  # fmt: skip
 
     async def lease_write(self, who: Principal, path: str) -> float:
+        # a site that may not write the path may not hold others off it either
         return await self._governed(
             who, "lease_write", Action.WRITE, path, lambda: self.inner.lease_write(who, path)
         )

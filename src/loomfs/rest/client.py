@@ -115,6 +115,13 @@ class RestNamespace(FeedNamespace, ChunkLink):
     async def stat(self, who: Principal, path: str) -> Entry:
         return wire.entry_from(await self._json("GET", f"{wire.API}/stat{_quoted(path)}", who=who))
 
+    async def stat_for_read(self, who: Principal, path: str) -> Entry:
+        return wire.entry_from(
+            await self._json(
+                "GET", f"{wire.API}/stat{_quoted(path)}", params={"read": "1"}, who=who
+            )
+        )
+
     async def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
     ) -> AsyncIterator[Entry]:

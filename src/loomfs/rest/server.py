@@ -242,7 +242,11 @@ class RestServer:
     # -- namespace -------------------------------------------------------------------------
 
     async def stat(self, request: web.Request) -> web.Response:
-        entry = await self.namespace.stat(self.principal(request), _path(request))
+        who, path = self.principal(request), _path(request)
+        if _flag(request, "read"):  # a cache about to serve bytes it holds to this caller
+            entry = await self.namespace.stat_for_read(who, path)
+        else:
+            entry = await self.namespace.stat(who, path)
         return _json(wire.entry_json(entry))
 
     async def list(self, request: web.Request) -> web.StreamResponse:
@@ -418,7 +422,7 @@ class RestServer:
         )
         changes = feed.changes
         if self.governance is not None:  # a user sees the changes of what they may see
-            changes = [c for c in changes if await self.governance.visible(who, c.path)]
+            changes = await self.governance.visible_changes(who, changes)
         return _json(
             {
                 "changes": [wire.change_json(c) for c in changes],

@@ -273,6 +273,13 @@ class SpokeNamespace(Namespace):
                 return self._pending_entry(pending)
         asked_at = self.seq
         entry = await self.hub.stat(who, path)
+        self._learn(entry, asked_at)  # a stat needs list only: it admits no read
+        return entry
+
+    async def stat_for_read(self, who: Principal, path: str) -> Entry:
+        path = self._inside(path)
+        asked_at = self.seq
+        entry = await self.hub.stat_for_read(who, path)
         self._admit(who, path)
         self._learn(entry, asked_at)
         return entry
@@ -304,16 +311,19 @@ class SpokeNamespace(Namespace):
             if opening is not None:  # another reader's cold open brings it: one request
                 entry = await asyncio.shield(opening)
                 if not self._is_admitted(who, path):  # that reader's right is not this one's
-                    await self.hub.stat(who, path)
+                    await self.hub.stat_for_read(who, path)
             elif known is None and not self.cache.versions(path) and path not in self._opening:
                 entry = await self._open_cold(who, path, offset, length)
             else:  # what the cache holds may be served to this user only if the hub agrees
                 cold = False
-                entry = await self.hub.stat(who, path)
+                entry = await self.hub.stat_for_read(who, path)
             self._admit(who, path)
         except BackendUnavailable:
             known = known or self._newest_cached(path)
-            if known is None:
+            # offline, the cache serves a user only what the hub let that user read (a
+            # stat, or another user's fill, is no such word); how long ago it said so
+            # can't matter while no revocation can arrive
+            if known is None or (who.user, path) not in self._admitted:
                 raise
             STALE_READS.inc()
             return known, 0.0
@@ -371,7 +381,7 @@ class SpokeNamespace(Namespace):
         return self._admitted.get((who.user, path), 0.0) > time.monotonic()
 
     def _admit(self, who: Principal, path: str) -> None:
-        """The hub just let ``who`` see ``path``: remember it for the current lease."""
+        """The hub just let ``who`` read ``path``: remember it for the current lease."""
         if self.leased:
             if len(self._admitted) > 100_000:  # answers whose lease is over
                 now = time.monotonic()
@@ -385,7 +395,7 @@ class SpokeNamespace(Namespace):
         if pending.user in (None, who.user) or self._is_admitted(who, pending.path):
             return
         with contextlib.suppress(NotFound):
-            await self.hub.stat(who, pending.path)
+            await self.hub.stat_for_read(who, pending.path)
         self._admit(who, pending.path)
 
     async def _open_chunked(self, who: Principal, path: str, asked_at: int) -> Entry:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from ... import paths
+from ...core.acl import ADMIN_GROUP
 from ...core.streams import aiter_bytes
 from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
@@ -142,16 +143,22 @@ class LoomOperations:
     # -- helpers ---------------------------------------------------------------------------
 
     def who(self, ctx: Context) -> Principal:
-        """The principal for the calling uid: ``--uid-map`` first, then the local user name."""
+        """The principal for the calling uid: ``--uid-map`` first, then the local user name.
+        An unmapped root is the administrator of the machine the mount runs on (it can
+        read and make device nodes on the volume's disk anyway), and so group admin."""
         principal = self._principals.get(ctx.uid)
         if principal is None:
             name = self.uid_map.get(ctx.uid)
+            groups: frozenset[str] = frozenset()
             if name is None:
                 try:
                     name = pwd.getpwuid(ctx.uid).pw_name
                 except KeyError:
                     name = f"uid:{ctx.uid}"
-            principal = self._principals[ctx.uid] = Principal(user=name, protocol="fuse")
+                if ctx.uid == 0:
+                    groups = frozenset({ADMIN_GROUP})
+            principal = Principal(user=name, groups=groups, protocol="fuse")
+            self._principals[ctx.uid] = principal
         return principal
 
     def _node(self, ino: int) -> Node:
