@@ -213,7 +213,9 @@ class HubChunks:
         now (one computation per version however many spokes ask at once)."""
         if self.gate is not None:
             await self.gate.check_read(who, path)  # the map names the file's bytes
-        entry = await self.namespace.stat(who, path)
+        # through a symlink, the target's bytes and version, by the link's name (the
+        # open checks the file it reaches is that target)
+        entry = await self.namespace.stat_for_read(who, path)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if entry.kind in SPECIAL_KINDS:  # nothing to cut, and opening one may block

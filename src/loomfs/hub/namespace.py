@@ -750,6 +750,10 @@ class HubNamespace(ResolvingNamespace):
             raise Conflict(f"{target} changed while {path} was resolved", path=path)
         return entry, found
 
+    async def stat_for_read(self, who: Principal, path: str) -> Entry:
+        entry, target = await self.resolved(path)
+        return target if target is entry else replace(target, path=entry.path)
+
     async def other_names(self, entry: Entry) -> builtins.list[str]:
         if entry.nlink < 2 or entry.inode is None:
             return []

@@ -395,13 +395,11 @@ class GovernedNamespace(FeedNamespace):
         )
 
     async def stat_for_read(self, who: Principal, path: str) -> Entry:
-        async def resolve() -> Entry:
-            entry, target = await self.inner.resolved(path)
-            return target if target is entry else replace(target, path=entry.path)
-
         # recorded as a stat: no byte moves, but the decision is the read's
         await self._reading(who, "stat", path)
-        return await self._run(who, "stat", path, resolve, detail="for read")
+        return await self._run(
+            who, "stat", path, lambda: self.inner.stat_for_read(who, path), detail="for read"
+        )
 
     def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None

@@ -87,12 +87,12 @@ class ChunkRoutes:
         who, path = self.server.principal(request), "/" + request.match_info["path"]
         small = _int(request.query.get("small"), "small") or 0
         namespace = self.server.namespace
-        entry = await namespace.stat(who, path)
+        # what a read would read (a symlink's target, by the link's name), decided as one
+        entry = await namespace.stat_for_read(who, path)
         if entry.kind in SPECIAL_KINDS:
             raise NotSupported(f"{path} is a special file: it has no content", path=path)
         if entry.kind is not EntryKind.FILE or entry.size <= small:
-            # small files come whole: a map would cost a round trip for one or two chunks
-            # (and what a symlink leads to is read through it, as any read does)
+            # small files come whole: a map would cost a round trip for one or two chunks,
             # as one frame (zstd where it pays) named by its BLAKE3 id, which the spoke checks
             async with await namespace.read(who, path, if_version=entry.version) as reader:
                 data = await reader.read_all()
