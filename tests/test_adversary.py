@@ -155,6 +155,7 @@ async def lay_out(w: World, traps: list[Trap]) -> Case:
     for sub in ("secret", "home/mallory", "home/sam", "pub", "eu/deep"):
         (disk / sub).mkdir(parents=True)
     (disk / TARGET["secret"]).write_bytes(secret_data)
+    (disk / "secret" / "bobs.bin").write_bytes(secret_data)  # no trap leads here
     (disk / TARGET["eu"]).write_bytes(eu_data)
     (disk / "home" / "mallory" / "own.txt").write_bytes(b"mallory's own")
     (disk / "pub" / "open.txt").write_bytes(b"for everyone")
@@ -274,8 +275,10 @@ async def attack_at_hub(w: World, case: Case) -> None:
     finally:
         await rest.close()
     assert case.secret in (case.disk / TARGET["secret"]).read_bytes()
-    # bob may read the secret: rights work, they are not just refusing everything
-    assert case.secret in await env.hub.governed.read_bytes(w.who("bob"), f"{top}/secret/f.bin")
+    # bob may read the secret: rights work, they are not just refusing everything (not
+    # through f.bin, which a hard link may have put in mallory's home too: a file is
+    # readable only where every name of it is)
+    assert case.secret in await env.hub.governed.read_bytes(w.who("bob"), f"{top}/secret/bobs.bin")
 
 
 async def attack_at_spoke(w: World, case: Case) -> None:

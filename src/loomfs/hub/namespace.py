@@ -334,22 +334,27 @@ class HubNamespace(ResolvingNamespace):
         if_version: int | None = None,
     ) -> Reader:
         path = paths.normalize(path)
-        entry = await self._entry(path)
+        # through a symlink, its target is read by its own name: its bytes, size and
+        # version (the link's are its target text's), under the link's name
+        link, entry = await self.resolved(path)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
         try:
-            return await self._open(path, entry, offset, length)
+            reader = await self._open(entry.path, entry, offset, length)
         except Conflict:
             # changed behind loomfs's back: record the new version, then serve it, since
             # this read began after the change
-            fresh = await self.refresh(path)
+            fresh = await self.refresh(entry.path)
             if fresh is None:
                 raise NotFound(f"no such file or directory: {path}", path=path) from None
             if if_version is not None or fresh.is_dir:
                 raise Conflict(f"{path} changed (now version {fresh.version})", path=path) from None
-            return await self._open(path, fresh, offset, length)
+            reader = await self._open(fresh.path, fresh, offset, length)
+        if entry is not link:
+            reader.entry = replace(reader.entry, path=link.path)
+        return reader
 
     async def read_entry(
         self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
