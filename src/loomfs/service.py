@@ -294,6 +294,17 @@ class HubService:
             anonymous=self.config.hub.anonymous,
         )
 
+    def rest_server(self) -> RestServer:
+        """The REST API as clients get it: the governed namespace, administration decided
+        by the same governance."""
+        return RestServer(
+            self.governed,
+            self,
+            site=self.config.site.name,
+            authenticate=self.authenticator(),
+            governance=self.governed,
+        )
+
     async def serve(self, ready_file: Path | None = None) -> None:
         """Run until SIGTERM or SIGINT, then stop cleanly; the S3 gateway too when
         ``[s3] listen`` is set, and the fabric link for spokes when ``[fabric] listen`` is."""
@@ -305,13 +316,7 @@ class HubService:
             )
             if made is not None:
                 log.info("made the local administrator", extra={"key_file": str(local.key_file)})
-            server = RestServer(
-                self.governed,
-                self,
-                site=self.config.site.name,
-                authenticate=self.authenticator(),
-                governance=self.governed,
-            )
+            server = self.rest_server()
             listeners = [Listener("url", server.app(), self.config.listen_host_port)]
             if self.config.s3.listen:
                 listen = host_port(self.config.s3.listen, "s3.listen")
@@ -492,6 +497,17 @@ class SpokeService:
         if self.prefetcher is not None:
             await self.prefetcher.close()
         await self.namespace.close()
+
+    def rest_server(self) -> RestServer:
+        """The REST API as clients get it: the governed namespace, administration decided
+        by the same governance."""
+        return RestServer(
+            self.governed,
+            self,
+            site=self.config.site.name,
+            authenticate=self.authenticator(),
+            governance=self.governed,
+        )
 
     async def serve(self, ready_file: Path | None = None) -> None:
         prefetcher = self.prefetcher
