@@ -498,17 +498,6 @@ class SpokeService:
             await self.prefetcher.close()
         await self.namespace.close()
 
-    def rest_server(self) -> RestServer:
-        """The REST API as clients get it: the governed namespace, administration decided
-        by the same governance."""
-        return RestServer(
-            self.governed,
-            self,
-            site=self.config.site.name,
-            authenticate=self.authenticator(),
-            governance=self.governed,
-        )
-
     async def serve(self, ready_file: Path | None = None) -> None:
         prefetcher = self.prefetcher
         # the spoke's own catalog holds its users (SFTP logins) and nothing else yet

@@ -112,9 +112,7 @@ def spoke_site(
         }
         with HubProcess(hub_dir, env) as hub:
             loop.run(
-                with_client(
-                    hub.url, lambda c: c.add_volume(mount, f"posix://{data}"), hub.admin
-                )
+                with_client(hub.url, lambda c: c.add_volume(mount, f"posix://{data}"), hub.admin)
             )
             fabric = urlsplit(hub.urls["fabric"])
             link = loop.run(
