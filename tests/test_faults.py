@@ -75,7 +75,7 @@ async def test_hub_killed_during_a_write_keeps_the_old_version(tmp_path: Path) -
         assert (data / "f").read_bytes() == b"old content"
 
         hub.start()
-        client = RestNamespace(hub.url)
+        client = RestNamespace(hub.url, credentials=hub.admin)
         try:
             after = await client.stat(WHO, "/v/f")
             assert (after.version, after.size) == (before.version, before.size)
