@@ -87,7 +87,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         Config.model_validate(
             {
                 "site": {"data_dir": str(tmp / "hub")},
-                "hub": {"rescan_interval": 0, "watch": False},
+                "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(tmp)]},
                 "audit": {"enabled": False},  # the "on" ways get a log of their own
             }
         )

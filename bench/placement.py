@@ -59,7 +59,10 @@ async def main() -> None:
         (work / "vol" / "pub" / f"f{i:05d}.bin").write_bytes(os.urandom(16384))
     hub = HubService(
         Config.model_validate(
-            {"site": {"data_dir": str(work / "hub")}, "hub": {"rescan_interval": 0, "watch": False}}
+            {
+                "site": {"data_dir": str(work / "hub")},
+                "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(work)]},
+            }
         )
     )
     best: dict[str, float] = {}

@@ -218,7 +218,7 @@ async def test_inotify_notices_changes_at_once(tmp_path: Path) -> None:
     config = Config.model_validate(
         {
             "site": {"data_dir": str(tmp_path / "site")},
-            "hub": {"rescan_interval": 0, "watch": True},
+            "hub": {"rescan_interval": 0, "watch": True, "volume_roots": [str(tmp_path)]},
         }
     )
     service = HubService(config)

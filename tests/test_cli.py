@@ -23,9 +23,14 @@ def hub(tmp_path: Path) -> Iterator[HubProcess]:
 def loomfs(
     hub: HubProcess, *args: str, stdin: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
+    """The CLI on the hub's machine, of the hub's data directory (so administration
+    commands use its local administrator's key)."""
+    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(hub.data_dir)}
+    for name in ("LOOMFS_ACCESS_KEY", "LOOMFS_SECRET_KEY"):
+        env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "loomfs.cli", "--hub", hub.url, *args],
-        input=stdin, capture_output=True, check=False, timeout=120,
+        input=stdin, capture_output=True, check=False, timeout=120, env=env,
     )  # fmt: skip
 
 

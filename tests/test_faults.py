@@ -53,7 +53,7 @@ async def test_hub_killed_during_a_write_keeps_the_old_version(tmp_path: Path) -
     (data / "f").write_bytes(b"old content")
     hub = HubProcess(tmp_path / "site").start()
     try:
-        client = RestNamespace(hub.url)
+        client = RestNamespace(hub.url, credentials=hub.admin)  # an administrator's client
         await client.add_volume("/v", f"posix://{data}")
         before = await client.stat(WHO, "/v/f")
         sent = asyncio.Event()
@@ -75,7 +75,7 @@ async def test_hub_killed_during_a_write_keeps_the_old_version(tmp_path: Path) -
         assert (data / "f").read_bytes() == b"old content"
 
         hub.start()
-        client = RestNamespace(hub.url)
+        client = RestNamespace(hub.url, credentials=hub.admin)
         try:
             after = await client.stat(WHO, "/v/f")
             assert (after.version, after.size) == (before.version, before.size)

@@ -22,7 +22,10 @@ async def watched(tmp_path: Path) -> AsyncIterator[tuple[HubService, Path]]:
     root = tmp_path / "data"
     root.mkdir()
     config = Config.model_validate(
-        {"site": {"data_dir": str(tmp_path / "site")}, "hub": {"rescan_interval": 0, "watch": True}}
+        {
+            "site": {"data_dir": str(tmp_path / "site")},
+            "hub": {"rescan_interval": 0, "watch": True, "volume_roots": [str(root)]},
+        }
     )
     service = HubService(config)
     await service.start()

@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from loomfs.core.certs import certificate_name, fingerprint
 from loomfs.errors import AlreadyExists, NotFound
-from loomfs.fabric.identity import SiteIdentity, certificate_name, fingerprint
+from loomfs.fabric.identity import SiteIdentity
 
 
 @pytest.fixture

@@ -168,12 +168,13 @@ async def test_hidden_metadata_looks_absent(env: Fabric) -> None:
 
 
 async def _copy_as_spoke_user(env: Fabric, src: str, dst: str) -> str:
-    """S3 CopyObject at the hub by a user of the us site: the error code S3 answers."""
+    """S3 CopyObject by a user of the us site, at its S3 gateway: the error code S3
+    answers."""
     users = UserRegistry(env.hub.catalog)
     await users.add_user("bob")
     key = await users.add_access_key("bob")
-    gateway = S3Gateway(
-        env.hub.governed,
+    gateway = S3Gateway(  # the us site's own: at the hub, every listener is the hub's
+        env.spokes[US],
         users,
         {"vol": "/vol"},
         staging=env.tmp / "s3-staging",
@@ -255,6 +256,9 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
     # untagging a file out of its policy
     with pytest.raises(PermissionDenied):
         await us.set_tags(WHO, "/vol/pub/tagged.bin", {}, ["residency"])
+    # S3 CopyObject by a user of the us site, out of the restricted path
+    assert await _copy_as_spoke_user(env, "eu/s.bin", "pub/copy.bin") == "AccessDenied"
+    assert not await hub.exists(WHO, "/vol/pub/copy.bin")
     # a write at the us site into the restricted path: the waiting writer hears it
     with pytest.raises(PermissionDenied):
         await us.write_bytes(WHO, "/vol/eu/new.bin", b"from the us")
@@ -271,9 +275,6 @@ async def test_every_way_into_a_noncompliant_spoke_is_refused(env: Fabric) -> No
         await asyncio.wait_for(us.sync(), 30)
     assert [p.path for p in us.journal] == ["/vol/eu/late.bin"]
     assert not await hub.exists(WHO, "/vol/eu/late.bin")
-    # S3 CopyObject by a user of the us site, out of the restricted path
-    assert await _copy_as_spoke_user(env, "eu/s.bin", "pub/copy.bin") == "AccessDenied"
-    assert not await hub.exists(WHO, "/vol/pub/copy.bin")
     assert not await hub.exists(WHO, "/vol/pub/leak.bin")
 
     assert not holding(cache_dir(env, US), marker)

@@ -36,15 +36,17 @@ from rich.table import Table
 from .chunks.metrics import REPORTED, summarize
 from .config import Config, load_config
 from .core.acl import AclStore
+from .core.admin import LocalAdmin
 from .core.audit import AuditReader, archive, load_key, parse_anchor
 from .core.catalog.base import Catalog
+from .core.certs import fingerprint
 from .core.placement import Policy, PolicyStore
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry, parse_labels
 from .core.types import KIND_BITS, SYSTEM, Entry, Feed
 from .core.users import AccessKey, UserRegistry
 from .errors import BackendUnavailable, LoomError, NotFound, NotSupported
-from .fabric.identity import SiteIdentity, fingerprint
+from .fabric.identity import SiteIdentity
 from .log import setup_logging
 from .namespace.base import Namespace
 from .rest.client import RestNamespace
@@ -76,6 +78,13 @@ class State:
     def credentials(self) -> tuple[str, str] | None:
         return self.config.client.credentials()
 
+    @property
+    def admin_credentials(self) -> tuple[str, str] | None:
+        """For administration: the caller's own credentials, or else the local
+        administrator's key where the hub addressed is the one of this data directory."""
+        given = self.credentials
+        return given or LocalAdmin(self.config.site.data_dir).credentials_for(self.hub)
+
 
 def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     """Run an async command; loomfs errors become one clear line and exit status 1."""
@@ -91,15 +100,17 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     return wrapper
 
 
-def client(ctx: click.Context) -> RestNamespace:
+def client(ctx: click.Context, *, admin: bool = False) -> RestNamespace:
+    """A client of the hub (or spoke); ``admin``: for an administration command."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    return RestNamespace(state.hub, credentials=state.credentials)
+    credentials = state.admin_credentials if admin else state.credentials
+    return RestNamespace(state.hub, credentials=credentials)
 
 
 @contextlib.asynccontextmanager
-async def connected(ctx: click.Context) -> AsyncIterator[RestNamespace]:
+async def connected(ctx: click.Context, *, admin: bool = False) -> AsyncIterator[RestNamespace]:
     """The hub (or spoke) this command talks to, closed when the command is done."""
-    ns = client(ctx)
+    ns = client(ctx, admin=admin)
     try:
         yield ns
     finally:
@@ -249,7 +260,7 @@ def _print_stats(stats: dict[str, Any]) -> None:
 async def volume_add(ctx: click.Context, mount: str, url: str) -> None:
     """Assimilate URL (posix:///dir or s3://bucket/prefix?endpoint=...) at MOUNT."""
     progress, update = _scan_progress(f"importing {mount}")
-    async with connected(ctx) as ns:
+    async with connected(ctx, admin=True) as ns:
         with progress:
             stats = await ns.add_volume(mount, url, update)
     _print_stats(stats)
@@ -262,7 +273,7 @@ async def volume_add(ctx: click.Context, mount: str, url: str) -> None:
 async def volume_rescan(ctx: click.Context, mount: str) -> None:
     """Find changes made behind loomfs's back (new versions, added and removed files)."""
     progress, update = _scan_progress(f"rescanning {mount}")
-    async with connected(ctx) as ns:
+    async with connected(ctx, admin=True) as ns:
         with progress:
             stats = await ns.rescan(mount, update)
     _print_stats(stats)
@@ -273,7 +284,7 @@ async def volume_rescan(ctx: click.Context, mount: str) -> None:
 @run
 async def volume_list(ctx: click.Context) -> None:
     """Volumes of the hub."""
-    async with connected(ctx) as ns:
+    async with connected(ctx, admin=True) as ns:
         volumes = await ns.volumes()
     table = Table("mount", "url", "state", "last scan")
     for v in volumes:
@@ -288,7 +299,7 @@ async def volume_list(ctx: click.Context) -> None:
 @run
 async def volume_remove(ctx: click.Context, mount: str) -> None:
     """Forget a volume's metadata; its files stay where they are."""
-    async with connected(ctx) as ns:
+    async with connected(ctx, admin=True) as ns:
         await ns.remove_volume(mount)
 
 
@@ -656,8 +667,15 @@ async def _with_sites(
 @click.pass_context
 @run
 async def site_add(ctx: click.Context, name: str, cert: Path, labels: tuple[str, ...]) -> None:
-    """On a hub: trust site NAME, pinned to its certificate."""
-    pinned = await _with_sites(ctx, lambda r: r.add(cert.read_bytes(), parse_labels(labels), name))
+    """On a hub: trust site NAME, pinned to its certificate (never under the hub's name)."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    config = state.config
+    own = {config.site.name}
+    with contextlib.suppress(NotFound):
+        own.add(SiteIdentity.load(config.identity_dir).name)
+    pinned = await _with_sites(
+        ctx, lambda r: r.add(cert.read_bytes(), parse_labels(labels), name, own=own)
+    )
     tags = ", ".join(f"{k}={v}" for k, v in pinned.labels.items())
     out.print(f"trusting {pinned.name} ({pinned.fingerprint[:16]}...){' ' + tags if tags else ''}")
 
@@ -976,8 +994,7 @@ async def policy_add(
     data has evicted it (the hub at --hub confirms)."""
     rule = Policy.build(name, globs, allow, tag, metadata)
     seq = await _with_policies(ctx, lambda store: store.put(rule))
-    state: State = ctx.find_object(State)  # type: ignore[assignment]
-    hub = RestNamespace(state.hub)
+    hub = client(ctx, admin=True)
     try:
         await hub.settle(seq)
     except BackendUnavailable as exc:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -51,6 +51,23 @@ class HubSection(_Section):
     #: bytes of the versions spokes hold that the hub keeps (zstd frames, LRU) in
     #: <data_dir>/delta-store.db, to send files changed in place as deltas; 0 = none
     delta_store_size: str = "2G"
+    #: directories posix volumes may be assimilated from: a volume at or under one of
+    #: them (after '..' and symlinks are resolved); none (the default): no posix volume
+    #: can be added. In the environment, joined by ':' (LOOMFS_HUB__VOLUME_ROOTS=/a:/b)
+    volume_roots: list[Path] = []
+
+    @field_validator("volume_roots", mode="before")
+    @classmethod
+    def _roots(cls, value: object) -> object:
+        return [p for p in value.split(os.pathsep) if p] if isinstance(value, str) else value
+
+    @field_validator("volume_roots")
+    @classmethod
+    def _absolute(cls, roots: list[Path]) -> list[Path]:
+        for root in roots:
+            if not root.is_absolute():
+                raise ValueError(f"a volume root is an absolute directory, not {str(root)!r}")
+        return roots
 
 
 class S3Section(_Section):
@@ -83,7 +100,9 @@ class SftpSection(_Section):
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
     #: credentials the CLI sends (HTTP Basic); env LOOMFS_ACCESS_KEY / LOOMFS_SECRET_KEY
-    #: win. Unset: the CLI is the anonymous caller.
+    #: win. Unset: the CLI is the anonymous caller, except that administration commands
+    #: sent to the hub of this data directory use its local administrator's key
+    #: (<data_dir>/admin.key, see ``core.admin``).
     access_key: str | None = None
     secret_key: SecretStr | None = None
 

@@ -101,6 +101,8 @@ def main() -> None:
             "AWS_SECRET_ACCESS_KEY": s3.secret_key,
             "AWS_DEFAULT_REGION": "us-east-1",
             "LOOMFS_SITE__DATA_DIR": str(WORK / "hub"),
+            # the directories the hub may assimilate: the demo's own data, nothing else
+            "LOOMFS_HUB__VOLUME_ROOTS": str(WORK / "data"),
         }
         step("Two sites: a hub and a GPU site, each with its key; the hub pins the spoke")
         spoke_env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(WORK / "spoke")}
@@ -119,6 +121,10 @@ def main() -> None:
             env["LOOMFS_HUB"] = hub.url
             console.print(f"hub at {hub.url}, fabric at {hub.urls['fabric']}")
             console.print(f"structured log in {hub.log_path}")
+            console.print(
+                f"local administrator's key in {WORK / 'hub/admin.key'} (mode 0600): this "
+                "machine's CLI administers the hub with it"
+            )
             run_demo(env, hub.url, sample, s3, bucket)
             run_protocols_demo(env, hub)
             run_spoke_demo(env, spoke_env, hub, sample)

@@ -26,6 +26,7 @@ from . import paths
 from .config import Config, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
+from .core.admin import LocalAdmin, check_volume_url
 from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
@@ -73,9 +74,7 @@ class HubService:
         self.config = config
         self.catalog: Catalog = open_catalog(config.catalog_url)
         self.catalog.durable = durable
-        self.placement = PlacementAuthorizer(
-            self.catalog, SiteRegistry(self.catalog), config.site.name
-        )
+        self.placement = PlacementAuthorizer(self.catalog, SiteRegistry(self.catalog))
         self.namespace = HubNamespace(
             self.catalog,
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
@@ -199,6 +198,8 @@ class HubService:
     async def add_volume(
         self, mount: str, url: str, progress: Callable[[ScanStats], None]
     ) -> ScanStats:
+        # whichever edge asked: posix volumes only from [hub] volume_roots
+        url = check_volume_url(url, self.config.hub.volume_roots)
         log.info("adding volume", extra={"mount": mount, "url": url})
         stats = await self.namespace.add_volume(mount, url, progress)
         SCANNED.inc(stats.scanned)
@@ -292,18 +293,29 @@ class HubService:
             anonymous=self.config.hub.anonymous,
         )
 
+    def rest_server(self) -> RestServer:
+        """The REST API as clients get it: the governed namespace, administration decided
+        by the same governance."""
+        return RestServer(
+            self.governed,
+            self,
+            site=self.config.site.name,
+            authenticate=self.authenticator(),
+            governance=self.governed,
+        )
+
     async def serve(self, ready_file: Path | None = None) -> None:
         """Run until SIGTERM or SIGINT, then stop cleanly; the S3 gateway too when
         ``[s3] listen`` is set, and the fabric link for spokes when ``[fabric] listen`` is."""
         await self.start()
         try:
-            server = RestServer(
-                self.governed,
-                self,
-                site=self.config.site.name,
-                authenticate=self.authenticator(),
-                governance=self.governed,
+            local = LocalAdmin(self.config.site.data_dir)
+            made = await local.bootstrap(
+                UserRegistry(self.catalog), self.audit, self.config.site.name
             )
+            if made is not None:
+                log.info("made the local administrator", extra={"key_file": str(local.key_file)})
+            server = self.rest_server()
             listeners = [Listener("url", server.app(), self.config.listen_host_port)]
             if self.config.s3.listen:
                 listen = host_port(self.config.s3.listen, "s3.listen")
@@ -313,7 +325,7 @@ class HubService:
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
             sockets = sftp_listeners(self.config, self.governed, self.catalog)  # governed
-            await serve_until_signal(listeners, ready_file, "hub", sockets)
+            await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
             await self.stop()
 
@@ -324,6 +336,7 @@ class HubService:
             self.governed, self, identity, trusted,
             chunks=self.chunks, audit=self.audit,
             users=UserRegistry(self.catalog), groups_of=self.authorizer.groups_of,
+            governance=self.governed,
         )  # fmt: skip
 
     async def _fabric_server(self) -> FabricServer:
@@ -391,9 +404,12 @@ async def serve_until_signal(
     ready_file: Path | None,
     what: str,
     sockets: Sequence[SocketListener] = (),
+    *,
+    local: LocalAdmin | None = None,
 ) -> None:
     """Serve each app (and each socket server) on its address until SIGTERM or SIGINT;
-    ``ready_file`` gets the bound URLs as JSON once all listen (port 0 picks a free port)."""
+    ``ready_file`` gets the bound URLs as JSON once all listen (port 0 picks a free port),
+    and so does ``local``'s record of where this site's hub serves, while it does."""
     runners: list[web.AppRunner] = []
     started: list[SocketServer] = []
     urls: dict[str, str] = {}
@@ -418,6 +434,8 @@ async def serve_until_signal(
             partial = ready_file.with_name(ready_file.name + ".tmp")
             partial.write_text(json.dumps(urls))
             partial.replace(ready_file)
+        if local is not None:
+            local.record_serving(urls)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -425,6 +443,8 @@ async def serve_until_signal(
         await stop.wait()
     finally:
         log.info(f"{what} stopping")
+        if local is not None:
+            local.stopped()
         for server in started:
             await server.stop()
         for runner in runners:

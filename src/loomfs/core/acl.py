@@ -13,6 +13,12 @@ private export, only what a rule grants is allowed. Group ``admin`` (and so ``SY
 do everything, and so may a spoke acting for itself (``site:NAME`` over the fabric link): a
 site that may assert any user (see ``fabric.server``) gains nothing more from that.
 
+Administration (volumes, settling a change) is decided apart (``check_admin``) and is
+never open: it needs group ``admin`` or an ``admin`` rule on the path or an ancestor,
+whatever the data rules leave open. The anonymous caller never has it, nor a spoke, for
+itself or for a user it merely names (a site may assert any user; only credentials the
+hub checked make an administrator).
+
 Directories on the way to a path a caller was granted can be stat'ed and listed, showing
 only the children that lead there, so a user can walk down to a grant in a private tree.
 
@@ -29,7 +35,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .. import paths
-from ..errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, UnsupportedScheme
+from ..errors import (
+    AlreadyExists,
+    AuthenticationFailed,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    UnsupportedScheme,
+)
 from .catalog.base import Catalog
 from .catalog.sql import Cursor, SqlCatalog
 from .types import Action, Principal
@@ -172,6 +185,13 @@ class AclPolicy:
             for subject in subjects
             for granted in self._granted.get(subject, ())
         )
+
+    def admits(self, who: Principal, path: str) -> bool:
+        """Whether ``who`` may administer ``path``: the open default never applies."""
+        if who.user == ANONYMOUS or who.user.startswith(SITE_PREFIX) or who.asserted:
+            return False
+        groups, subjects = self._subjects(who)
+        return ADMIN_GROUP in groups or bool(self._grant(subjects, path)[1] & _ADMIN)
 
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
         """Whether ``action`` is allowed on every path at or below ``path``: then a listing
@@ -488,6 +508,24 @@ class AclAuthorizer:
         for where in (path, *below):
             if not policy.allows(who, action, where):
                 raise PermissionDenied(f"{who.user} may not {action.value} {where}", path=where)
+
+    async def check_admin(self, who: Principal, path: str) -> None:
+        """Return if ``who`` may administer ``path`` (see ``AclPolicy.admits``); raise
+        ``AuthenticationFailed`` for the anonymous caller, ``PermissionDenied`` else."""
+        path = paths.normalize(path)
+        if (await self._current()).admits(who, path):
+            return
+        if who.user == ANONYMOUS:
+            raise AuthenticationFailed(
+                f"administering {path} needs the credentials of an administrator (a user in "
+                f"group {ADMIN_GROUP}, or granted admin there)",
+                path=path,
+            )
+        raise PermissionDenied(
+            f"{who.user} may not administer {path}: that needs group {ADMIN_GROUP} or an "
+            "admin grant on it (`loomfs acl grant NAME admin PATH`)",
+            path=path,
+        )
 
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
         return self.policy.subtree_open(who, action, path)

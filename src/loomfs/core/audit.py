@@ -704,8 +704,10 @@ class AuditLog:
         nbytes: int = 0,
         detail: str = "",
     ) -> None:
+        # a spoke's user is recorded with the protocol it reached the spoke by (the site
+        # column says it came over the fabric link)
         item = (
-            time.time_ns(), who.site, who.protocol, who.user, op,
+            time.time_ns(), who.site, who.forwarded or who.protocol, who.user, op,
             path[:MAX_FIELD], nbytes, result, detail[:MAX_FIELD],
         )  # fmt: skip
         with self._lock:

@@ -274,13 +274,10 @@ class PlacementAuthorizer:
     policy hides metadata) when ``who`` is a remote site the policies keep the data of
     ``path`` from. List asks only about metadata; every other action moves data."""
 
-    def __init__(
-        self, catalog: Catalog, sites: SiteRegistry, hub_site: str, *, refresh: float = REFRESH
-    ) -> None:
+    def __init__(self, catalog: Catalog, sites: SiteRegistry, *, refresh: float = REFRESH) -> None:
         self.catalog = catalog
         self.store = PolicyStore(catalog)
         self.sites = sites
-        self.hub_site = hub_site
         self.refresh = refresh
         self._policies: list[_Compiled] = []
         self._labels: dict[str, dict[str, str]] = {}
@@ -288,9 +285,10 @@ class PlacementAuthorizer:
         self._checked = float("-inf")
 
     def is_local(self, who: Principal) -> bool:
-        # "local" is a principal made inside this process (the CLI, tests, SYSTEM); whoever
-        # comes over the fabric link is remote, whatever its site is called
-        return who.protocol != "fabric" and who.site in (self.hub_site, "local")
+        # decided by the listener a call came in by, never by a name: whoever comes over
+        # the fabric link is remote (the fabric server makes every principal "fabric",
+        # whatever the site is called or says), and every other edge is this hub's own
+        return who.protocol != "fabric"
 
     async def reload(self, *, force: bool = False) -> None:
         """Follow edits made by other processes; at most one catalog read per ``refresh``

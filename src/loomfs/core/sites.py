@@ -10,14 +10,19 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ..errors import AlreadyExists, InvalidArgument, NotFound, UnsupportedScheme
-from ..fabric.identity import certificate_labels, certificate_name, fingerprint
 from .catalog.base import Catalog
 from .catalog.sql import Cursor, SqlCatalog
+from .certs import certificate_labels, certificate_name, fingerprint
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: names a spoke can't be pinned under: the site of principals made in the hub's own
+#: process and loomfs's own users. With the hub's own names (``add``'s ``own``) they
+#: would let a spoke's calls pass for the hub's own in a log or a decision keyed on names.
+RESERVED_SITES = frozenset({"local", "system", "anonymous"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +56,16 @@ class SiteRegistry:
         self._cat = catalog
 
     async def add(
-        self, cert_pem: bytes, labels: dict[str, str] | None = None, name: str | None = None
+        self,
+        cert_pem: bytes,
+        labels: dict[str, str] | None = None,
+        name: str | None = None,
+        *,
+        own: Collection[str] = (),
     ) -> Site:
         """Pin a site's certificate; its name is the certificate's (or must match it), its
-        labels those the certificate carries, overridden by ``labels``."""
+        labels those the certificate carries, overridden by ``labels``. Refused for a
+        reserved name and for ``own``, the names of the hub itself."""
         try:
             named = certificate_name(cert_pem)
             pin = fingerprint(cert_pem)
@@ -65,6 +76,12 @@ class SiteRegistry:
             raise InvalidArgument(f"the certificate names site {named!r}, not {name!r}")
         if not _NAME.match(named):
             raise InvalidArgument(f"invalid site name {named!r}")
+        if named.lower() in RESERVED_SITES | {o.lower() for o in own}:
+            raise InvalidArgument(
+                f"a spoke can't be pinned as {named!r}: that name is the hub's own or reserved "
+                f"({', '.join(sorted(RESERVED_SITES))}); give the spoke another name with "
+                "`loomfs site init --name`"
+            )
         now = time.time_ns()
 
         def fn(cur: Cursor) -> None:

@@ -78,12 +78,20 @@ class ObjectInfo(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who is calling: carried by every namespace call so that authorization and audit
-    can be decided in one place for every protocol."""
+    can be decided in one place for every protocol.
+
+    ``protocol`` is the listener's that the call came in by ("fabric" for whatever a
+    spoke sends); ``forwarded`` is the protocol a spoke says its user reached it by, and
+    ``asserted`` whether the user is the spoke's word rather than credentials the hub
+    checked. Both come from a spoke: ``forwarded`` is recorded for audit and decides
+    nothing; ``asserted`` (set by the hub, never by a header) withholds administration."""
 
     user: str
     groups: frozenset[str] = field(default_factory=frozenset)
     site: str = "local"
     protocol: str = "api"
+    forwarded: str | None = None
+    asserted: bool = False
 
 
 SYSTEM = Principal(user="system", groups=frozenset({"admin"}), protocol="internal")

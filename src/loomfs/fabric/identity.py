@@ -10,7 +10,6 @@ from that set, so a revoked site's next handshake fails.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
 import json
 import os
@@ -24,40 +23,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from ..errors import AlreadyExists, ConfigError, NotFound
+from ..core.certs import LABELS_OID, certificate_labels, certificate_name
+from ..errors import AlreadyExists, NotFound
 
-# a private extension under the UUID arc (2.25, ITU-T X.667: no registration needed) that
-# carries the site's labels, so the hub pins them with the certificate that signs them
-LABELS_OID = x509.ObjectIdentifier("2.25.301612484716367426014213916858012405113")
 KEY_FILE = "site.key"
 CERT_FILE = "site.pem"
 VALIDITY = datetime.timedelta(days=3650)
-
-
-def fingerprint(cert_pem: bytes) -> str:
-    """SHA-256 of the certificate's DER form, hex: what a site is pinned by."""
-    cert = x509.load_pem_x509_certificate(cert_pem)
-    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
-
-
-def certificate_labels(cert_pem: bytes) -> dict[str, str]:
-    cert = x509.load_pem_x509_certificate(cert_pem)
-    try:
-        ext = cert.extensions.get_extension_for_oid(LABELS_OID)
-    except x509.ExtensionNotFound:
-        return {}
-    value = ext.value
-    assert isinstance(value, x509.UnrecognizedExtension)
-    labels = json.loads(value.value)
-    return {str(k): str(v) for k, v in labels.items()}
-
-
-def certificate_name(cert_pem: bytes) -> str:
-    cert = x509.load_pem_x509_certificate(cert_pem)
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if not names:
-        raise ConfigError("certificate has no common name (site name)")
-    return str(names[0].value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,14 +5,17 @@ the change feed as a long poll), so there is one server for both; what differs i
 is calling: the site named by the pinned certificate the spoke presented.
 
 The trust model: the *site* is authenticated by its certificate; the *user* a spoke
-serves is asserted by that site (``X-Loomfs-User``, ``X-Loomfs-Protocol``) and gets the
-groups the hub's registry gives that name, so the hub's ACL rules decide for the end
-user wherever they are. A spoke authenticates its own REST users by passing their Basic
-credentials through to ``/v1/whoami`` here, where the registry checks them. A pinned
-site is therefore trusted to tell the truth about its users (it could name any user);
-revoking the site is the remedy for one that does not. A spoke's own calls (its change
-feed, cache fills of versions a user was already allowed, its journal's uploads) carry no
-user and act as ``site:NAME``.
+serves is asserted by that site (``X-Loomfs-User``) and gets the groups the hub's
+registry gives that name, so the hub's ACL rules decide for the end user wherever they
+are. Every call is remote (protocol "fabric"), whatever the site is called and whatever
+protocol it says its user came in by (``X-Loomfs-Protocol``, kept for audit only). A
+spoke authenticates its own REST users by passing their Basic credentials through to
+``/v1/whoami`` here, where the registry checks them. A pinned site is therefore trusted
+to tell the truth about its users (it could name any user); revoking the site is the
+remedy for one that does not. Administration is the exception: a user a site merely
+names is never an administrator here (``core.acl``), only one whose own credentials the
+hub checked. A spoke's own calls (its change feed, cache fills of versions a user was
+already allowed, its journal's uploads) carry no user and act as ``site:NAME``.
 """
 
 from __future__ import annotations
@@ -25,16 +28,20 @@ from aiohttp import web
 
 from ..core.acl import ANONYMOUS, SITE_PREFIX
 from ..core.audit import AuditSink
+from ..core.certs import fingerprint
 from ..core.types import Principal
 from ..core.users import RESERVED_USERS, UserRegistry, _check_name
 from ..errors import AuthenticationFailed, InvalidArgument
 from ..hub.chunks import HubChunks
 from ..namespace.base import Namespace
+from ..namespace.governed import GovernedNamespace
 from ..rest import wire
 from ..rest.auth import RegistryAuthenticator
 from ..rest.chunks import ChunkRoutes
 from ..rest.server import RestServer, VolumeAdmin
-from .identity import SiteIdentity, fingerprint
+from .identity import SiteIdentity
+
+FABRIC = "fabric"  # the protocol of every call that comes over the link
 
 
 class FabricServer(RestServer):
@@ -49,12 +56,14 @@ class FabricServer(RestServer):
         audit: AuditSink | None = None,
         users: UserRegistry | None = None,
         groups_of: Callable[[str], frozenset[str]] = lambda _: frozenset(),
+        governance: GovernedNamespace | None = None,
     ) -> None:
         """``trusted`` maps each pinned site's name to its certificate (PEM); with
         ``chunks``, spokes can move chunks instead of byte ranges; refusals are policy
         decisions and go to ``audit``; ``users`` checks the credentials spokes pass
-        through, ``groups_of`` names a user's groups."""
-        super().__init__(namespace, admin, site=identity.name)
+        through, ``groups_of`` names a user's groups; ``governance`` decides the
+        administration routes, as on the hub's REST API (without it they refuse all)."""
+        super().__init__(namespace, admin, site=identity.name, governance=governance)
         self.chunks = chunks
         self.identity = identity
         self.audit = audit
@@ -106,25 +115,37 @@ class FabricServer(RestServer):
         return site
 
     async def authenticate(self, request: web.Request) -> Principal:
+        """The caller: the pinned site, acting for itself or for the user it names. The
+        protocol is always this listener's ("fabric"): what a spoke says its user came in
+        by is kept for the audit log only, so no header can make a call look local."""
         site = self._site(request)
-        protocol = request.headers.get(wire.PROTOCOL_HEADER, "rest")
-        if not protocol.isidentifier():
-            raise AuthenticationFailed(f"site {site} forwarded an invalid protocol {protocol!r}")
+        forwarded = request.headers.get(wire.PROTOCOL_HEADER)
+        if forwarded is not None and not forwarded.isidentifier():
+            raise AuthenticationFailed(f"site {site} forwarded an invalid protocol {forwarded!r}")
         header = request.headers.get("Authorization")
         if header is not None:  # a spoke checking its user's credentials
             if self._credentials is None:
                 raise AuthenticationFailed("this hub has no user registry to check credentials")
             found = await self._credentials.identify(header)
-            return Principal(found.user, found.groups, site=site, protocol=protocol)
+            return Principal(
+                found.user, found.groups, site=site, protocol=FABRIC, forwarded=forwarded
+            )
         user = request.headers.get(wire.USER_HEADER)
         if user is None:
-            return Principal(f"{SITE_PREFIX}{site}", site=site, protocol="fabric")
+            return Principal(f"{SITE_PREFIX}{site}", site=site, protocol=FABRIC)
         if user == ANONYMOUS:
-            return Principal(user, site=site, protocol=protocol)
+            return Principal(user, site=site, protocol=FABRIC, forwarded=forwarded)
         try:
             _check_name(user, "user name")
         except InvalidArgument:
             raise AuthenticationFailed(f"site {site} forwarded an invalid user {user!r}") from None
         if user in RESERVED_USERS:
             raise AuthenticationFailed(f"site {site} may not act as {user}")
-        return Principal(user, self._groups_of(user), site=site, protocol=protocol)
+        return Principal(
+            user,
+            self._groups_of(user),
+            site=site,
+            protocol=FABRIC,
+            forwarded=forwarded,
+            asserted=True,
+        )

@@ -287,6 +287,18 @@ class GovernedNamespace(FeedNamespace):
             self._record(who, op, path, "denied", detail=str(exc))
             raise
 
+    async def authorize_admin(self, who: Principal, op: str, path: str) -> None:
+        """Administration of ``path`` (volumes, settling): an explicit admin right, never
+        the open default of the data rules (``AclAuthorizer.check_admin``); a denial is
+        recorded. Without access rules to decide by, nobody administers."""
+        try:
+            if self.rules is None:
+                raise PermissionDenied("this server keeps no access rules: nobody administers")
+            await self.rules.check_admin(who, path)
+        except PermissionDenied as exc:
+            self._record(who, op, path, "denied", detail=str(exc))
+            raise
+
     async def visible(self, who: Principal, path: str) -> bool:
         """Whether ``who`` may see ``path`` (listings and feeds leave the rest out)."""
         try:

@@ -21,8 +21,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from ..core.acl import ANONYMOUS
-from ..core.types import Action, Feed, Principal
-from ..errors import InvalidArgument, LoomError
+from ..core.types import Feed, Principal
+from ..errors import InvalidArgument, LoomError, PermissionDenied
 from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
 from ..namespace.governed import GovernedNamespace
@@ -147,7 +147,9 @@ class RestServer:
     ) -> None:
         """``authenticate`` says who a request comes from (``rest.auth``); without it
         every caller is anonymous. ``governance`` decides the administration routes
-        (admin on the volume's mount) and what of the change feed a caller sees."""
+        (an explicit admin right on the volume's mount, on "/" to list volumes or
+        settle; without it they refuse everyone) and what of the change feed a caller
+        sees."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
@@ -390,8 +392,11 @@ class RestServer:
         return _json(tags)
 
     async def _admit(self, request: web.Request, op: str, path: str) -> None:
-        if self.governance is not None:
-            await self.governance.authorize(self.principal(request), op, Action.ADMIN, path)
+        """Administration needs an explicit admin right (``core.acl``), on every server:
+        one built without governance lets nobody administer."""
+        if self.governance is None:
+            raise PermissionDenied(f"this server has no governance: {op} is refused", path=path)
+        await self.governance.authorize_admin(self.principal(request), op, path)
 
     async def whoami(self, request: web.Request) -> web.Response:
         who = self.principal(request)
@@ -474,6 +479,7 @@ class RestServer:
         seq = (await _body(request)).get("seq")
         if type(seq) is not int or seq < 0:
             raise InvalidArgument("settling needs 'seq', a change-log sequence number")
+        await self._admit(request, "settle", "/")
         await self.admin.settle(seq)
         return _json({"settled": seq})
 

@@ -133,7 +133,12 @@ async def fabric(
         Config.model_validate(
             {
                 "site": {"data_dir": str(tmp / "hub")},
-                "hub": {"rescan_interval": 0, "watch": False, "lease_ttl": lease_ttl},
+                "hub": {
+                    "rescan_interval": 0,
+                    "watch": False,
+                    "lease_ttl": lease_ttl,
+                    "volume_roots": [str(tmp)],
+                },
             }
         )
     )

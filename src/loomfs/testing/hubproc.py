@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from ..core.admin import LocalAdmin
 from ..fabric.identity import CERT_FILE
 from .ports import stop_process
 
@@ -134,15 +135,17 @@ class LoomfsProcess(ABC):
 class SiteProcess(LoomfsProcess):
     """Runs ``loomfs <command>`` with its data in ``data_dir``, listening on free loopback
     ports; ``urls`` are what it reports once ready (``url``, and ``s3``/``fabric`` where
-    those are on)."""
+    those are on). Unless ``env`` says otherwise, a hub may assimilate posix volumes from
+    the directory its data directory is in (a test's scratch directory)."""
 
     command: tuple[str, ...] = ("hub", "serve")
 
     def __init__(
         self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
     ) -> None:
+        roots = {"LOOMFS_HUB__VOLUME_ROOTS": str(data_dir.resolve().parent)}
         super().__init__(
-            {**os.environ, **(env or {}), "LOOMFS_SITE__DATA_DIR": str(data_dir)},
+            {**os.environ, **roots, **(env or {}), "LOOMFS_SITE__DATA_DIR": str(data_dir)},
             data_dir / "ready.json",
             data_dir / "service.log",
         )
@@ -154,6 +157,13 @@ class SiteProcess(LoomfsProcess):
     @property
     def url(self) -> str:
         return self.urls.get("url", "")
+
+    @property
+    def admin(self) -> tuple[str, str]:
+        """The credentials of the hub's local administrator, as its own CLI finds them."""
+        credentials = LocalAdmin(self.data_dir).credentials()
+        assert credentials is not None, f"no local administrator in {self.data_dir}"
+        return credentials
 
     def argv(self) -> list[str]:
         return [

@@ -9,6 +9,7 @@ volume in ``scratch/volume``). Stopped by its own pid, like every LoomfsProcess.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -61,5 +62,6 @@ def s3_gateway_hub(
             [sys.executable, "-m", "loomfs.cli", "--hub", hub.url, "volume", "add",
              BUCKET_ROOT, f"posix://{volume}"],
             check=True, capture_output=True,
+            env={**os.environ, "LOOMFS_SITE__DATA_DIR": str(data)},  # the hub's own CLI
         )  # fmt: skip
         yield hub

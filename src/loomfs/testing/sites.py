@@ -69,8 +69,12 @@ async def _pin(hub_dir: Path, spoke: SiteIdentity) -> None:
         await catalog.close()
 
 
-async def with_client(url: str, call: Callable[[RestNamespace], Awaitable[T]]) -> T:
-    client = RestNamespace(url)
+async def with_client(
+    url: str,
+    call: Callable[[RestNamespace], Awaitable[T]],
+    credentials: tuple[str, str] | None = None,
+) -> T:
+    client = RestNamespace(url, credentials=credentials)
     try:
         return await call(client)
     finally:
@@ -101,9 +105,15 @@ def spoke_site(
     with LoopThread() as loop:
         for identity in [spoke_id, *(SiteIdentity.create(tmp / o / "identity", o) for o in others)]:
             loop.run(_pin(hub_dir, identity))
-        env = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__WATCH": "false"}
+        env = {
+            "LOOMFS_FABRIC__LISTEN": "127.0.0.1:0",
+            "LOOMFS_HUB__WATCH": "false",
+            "LOOMFS_HUB__VOLUME_ROOTS": str(data.resolve()),
+        }
         with HubProcess(hub_dir, env) as hub:
-            loop.run(with_client(hub.url, lambda c: c.add_volume(mount, f"posix://{data}")))
+            loop.run(
+                with_client(hub.url, lambda c: c.add_volume(mount, f"posix://{data}"), hub.admin)
+            )
             fabric = urlsplit(hub.urls["fabric"])
             link = loop.run(
                 LinkEmulator(fabric.hostname or "", fabric.port or 0, rate=rate, latency=latency)
