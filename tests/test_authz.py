@@ -851,7 +851,7 @@ async def test_hard_links_and_special_files_are_governed(governed: Governed) -> 
     and over REST alike."""
     hub, who = governed.env.hub, governed.principals
     sink = Sink()
-    ns = GovernedNamespace(hub.namespace, [hub.authorizer], audit=sink)
+    ns = GovernedNamespace(hub.namespace, [hub.authorizer], audit=sink, rules=hub.authorizer)
     data = f"{PROJ}/data.bin"
     with pytest.raises(PermissionDenied):  # read only: no name to write through
         await ns.link(who["bob"], data, "/vol/bob-link")

@@ -214,15 +214,6 @@ class AclPolicy:
         """The paths strictly below ``path`` that a rule or private mark sits on."""
         return [g for g in self._governing if g != path and paths.is_within(g, path)]
 
-    def privileged(self, who: Principal, path: str) -> bool:
-        """Whether ``who`` holds admin on ``path`` by name: group admin or an admin rule
-        along the path, never by the open default (what makes device nodes and set-id
-        files, which give whoever uses them the hub's own privileges)."""
-        groups, subjects = self._subjects(who)
-        if ADMIN_GROUP in groups:
-            return True
-        return bool(self._grant(subjects, path)[1] & _ADMIN)
-
 
 class AclStore:
     """The rows behind the policy, in a SQL catalog (both engines, same SQL)."""
@@ -529,12 +520,6 @@ class AclAuthorizer:
 
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
         return self.policy.subtree_open(who, action, path)
-
-    async def check_privileged(self, who: Principal, path: str, what: str) -> None:
-        """Refuse ``what`` (a device node, a set-user-ID bit) unless ``who`` holds admin on
-        ``path`` by name (``AclPolicy.privileged``)."""
-        if not (await self._current()).privileged(who, path):
-            raise PermissionDenied(f"{what} needs an admin right on {path}", path=path)
 
     async def rules_at(self, path: str) -> tuple[frozenset[tuple[str, Action]], bool]:
         """The rules on ``path`` itself (subject, permission) and whether it is private,

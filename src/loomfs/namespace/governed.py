@@ -14,7 +14,7 @@ keeps the inner one. A call is decided in three steps:
    below it along, so each authorizer checks the whole tree (``tree=True``).
 2. **Ask every authorizer** about each of those objects: ACL rules for users, residency
    for sites (``core.placement``). Device nodes, FIFOs and set-user-ID/set-group-ID bits
-   also need an admin right held by name (``AclAuthorizer.check_privileged``): they hand
+   also need an admin right held by name (``AclAuthorizer.check_admin``): they hand
    whoever uses them the hub process's own privileges, so no open default covers them.
 3. **Audit once**, with the outcome; a denial is recorded as ``denied`` and raised
    unchanged.
@@ -56,7 +56,7 @@ from dataclasses import replace
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from .. import paths
-from ..core.acl import ADMIN_GROUP, ANONYMOUS, AclAuthorizer, is_site
+from ..core.acl import ANONYMOUS, AclAuthorizer, is_site
 from ..core.audit import AuditSink
 from ..core.types import Action, Change, ChangeOp, Entry, EntryKind, Feed, Principal
 from ..errors import (
@@ -277,15 +277,12 @@ class GovernedNamespace(FeedNamespace):
         return entry
 
     async def _privileged(self, who: Principal, op: str, path: str, what: str) -> None:
-        """Refuse ``what`` unless ``who`` holds admin on ``path`` by name."""
+        """Refuse ``what`` unless ``who`` may administer ``path`` (an admin right by name,
+        never the open default), recording the refusal."""
         try:
-            if self.rules is not None:
-                await self.rules.check_privileged(who, path, what)
-            elif ADMIN_GROUP not in who.groups:
-                raise PermissionDenied(f"{what} needs an admin right on {path}", path=path)
+            await self.authorize_admin(who, op, path)
         except PermissionDenied as exc:
-            self._record(who, op, path, "denied", detail=str(exc))
-            raise
+            raise type(exc)(f"{what} at {path}: {exc}", path=path) from None
 
     async def authorize_admin(self, who: Principal, op: str, path: str) -> None:
         """Administration of ``path`` (volumes, settling): an explicit admin right, never
@@ -624,9 +621,8 @@ class GovernedNamespace(FeedNamespace):
     async def access(self, who: Principal, path: str) -> tuple[frozenset[tuple[str, Action]], bool]:
         """The rules on ``path`` itself, as (subject, permission), and whether it is private."""
         rules = self._rules()
-        return await self._governed(
-            who, "get_access", Action.ADMIN, path, lambda: rules.rules_at(path)
-        )
+        await self.authorize_admin(who, "get_access", path)
+        return await self._run(who, "get_access", path, lambda: rules.rules_at(path))
 
     async def set_access(
         self,
@@ -646,7 +642,8 @@ class GovernedNamespace(FeedNamespace):
                 await rules.reload()
 
         detail = ", ".join(sorted(f"{s} {a.value}" for s, a in wanted))
-        await self._governed(who, "set_access", Action.ADMIN, path, change, detail=detail)
+        await self.authorize_admin(who, "set_access", path)
+        await self._run(who, "set_access", path, change, detail=detail)
 
     async def mkdir_owned(self, who: Principal, path: str) -> Entry:
         """Make the directory ``path`` (write needed, as for mkdir) private to its maker,

@@ -280,8 +280,8 @@ class RestServer:
         if_version = _int(request.headers.get("If-Match"), "If-Match")
         range_header = request.headers.get("Range")
         offset, length, status = 0, None, 200
-        if range_header:
-            entry = await self.namespace.stat(who, path)
+        if range_header:  # the range is of what the read reads (a symlink's target)
+            entry = await self.namespace.stat_for_read(who, path)
             window = parse_range(range_header, entry.size)
             if window is not None:
                 (offset, length), status = window, 206
