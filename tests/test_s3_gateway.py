@@ -32,6 +32,7 @@ import boto3
 import botocore.auth
 import botocore.awsrequest
 import botocore.credentials
+import botocore.exceptions
 import pytest
 import urllib3
 from aiohttp import web
@@ -52,6 +53,7 @@ from loomfs.protocols.s3 import S3Gateway, sigv4
 from loomfs.protocols.s3.listing import Lister
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.ports import stop_process
+from loomfs.testing.s3gateway import s3_gateway_hub
 from loomfs.testing.seaweedfs import SeaweedFS
 
 if TYPE_CHECKING:
@@ -1346,7 +1348,10 @@ SSE_KINDS: dict[str, dict[str, Any]] = {
     "sse-kms": {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/loomfs"},
     "sse-c": {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k" * 32},
 }
-SSE_C_SOURCE: dict[str, Any] = {"CopySourceSSECustomerAlgorithm": "AES256", "CopySourceSSECustomerKey": "k" * 32}
+SSE_C_SOURCE: dict[str, Any] = {
+    "CopySourceSSECustomerAlgorithm": "AES256",
+    "CopySourceSSECustomerKey": "k" * 32,
+}
 
 
 def _sse_request(s3: S3Client, op: str, key: str, sse: dict[str, Any]) -> None:
@@ -1412,3 +1417,29 @@ def test_server_side_encryption_is_refused_and_changes_nothing(
     assert sorted(str(p.relative_to(gw.root)) for p in gw.root.rglob("*")) == before
     assert gw.read("/data/src") == b"plain"
     assert s3.list_multipart_uploads(Bucket="data").get("Uploads", []) == []
+
+
+def test_boto3_over_https_with_the_sites_certificate(tmp_path: Path) -> None:
+    """``[s3] tls = "on"``: the gateway serves HTTPS with the site's self-signed
+    certificate; boto3 trusting that file (``verify=``) works, one that does not is refused
+    by its own certificate check before a byte is sent."""
+    user = ("carol", "AKIDCAROL00000000000", "s" * 40)
+    with s3_gateway_hub(tmp_path, [user], s3_config='tls = "on"\n') as hub:
+        endpoint = hub.urls["s3"]
+        assert endpoint.startswith("https://127.0.0.1:")
+        cert = hub.data_dir / "identity" / "https.pem"
+
+        def client(verify: str | bool) -> S3Client:
+            return boto3.client(
+                "s3", endpoint_url=endpoint, region_name=REGION, verify=verify,
+                aws_access_key_id=user[1], aws_secret_access_key=user[2],
+                config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+            )  # fmt: skip
+
+        trusting = client(str(cert))
+        trusting.create_bucket(Bucket="sealed")
+        trusting.put_object(Bucket="sealed", Key="k", Body=b"through tls")
+        assert trusting.get_object(Bucket="sealed", Key="k")["Body"].read() == b"through tls"
+        with pytest.raises(botocore.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
+            client(True).put_object(Bucket="sealed", Key="other", Body=b"never")
+        assert [o["Key"] for o in trusting.list_objects_v2(Bucket="sealed")["Contents"]] == ["k"]

@@ -72,9 +72,9 @@ class State:
     def hub(self) -> str:
         return self.hub_override or self.config.client.hub
 
-    @property
-    def credentials(self) -> tuple[str, str] | None:
-        return self.config.client.credentials()
+    def rest(self, url: str | None = None) -> RestNamespace:
+        """A client of ``url`` (default: the hub), with this CLI's credentials and trust."""
+        return client_of(self.config, url or self.hub)
 
 
 def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
@@ -91,9 +91,16 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     return wrapper
 
 
+def client_of(config: Config, url: str) -> RestNamespace:
+    """A REST client of ``url`` that sends ``[client]``'s credentials and checks an https
+    site against its ``ca_cert`` (the environment's LOOMFS_* win)."""
+    settings = config.client
+    return RestNamespace(url, credentials=settings.credentials(), ca_cert=settings.trusted_cert())
+
+
 def client(ctx: click.Context) -> RestNamespace:
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    return RestNamespace(state.hub, credentials=state.credentials)
+    return state.rest()
 
 
 @contextlib.asynccontextmanager
@@ -747,7 +754,7 @@ def spoke_serve(
 async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -> None:
     """Fetch PATH into a spoke's cache ahead of training; resumable."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
+    ns = state.rest(site_url)
     progress = Progress(
         SpinnerColumn(),
         TextColumn(f"warming {path}"),
@@ -780,7 +787,7 @@ async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -
 async def sync(ctx: click.Context, site_url: str | None) -> None:
     """Wait until a spoke has committed every write it acknowledged."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
+    ns = state.rest(site_url)
     try:
         await ns.sync()
     finally:
@@ -898,7 +905,7 @@ async def _mount(
     service: HubService | SpokeService | None = None
     follow: Poll | None = None
     if hub_url:
-        rest = RestNamespace(hub_url)
+        rest = client_of(config, hub_url)  # the CLI's credentials, for every local user
         ns: Namespace = rest
     elif config.spoke.hub:
         # this site is a spoke, run here: the kernel reads what its cache holds whole
@@ -977,7 +984,7 @@ async def policy_add(
     rule = Policy.build(name, globs, allow, tag, metadata)
     seq = await _with_policies(ctx, lambda store: store.put(rule))
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    hub = RestNamespace(state.hub)
+    hub = state.rest()
     try:
         await hub.settle(seq)
     except BackendUnavailable as exc:
