@@ -193,7 +193,7 @@ def test_a_listener_serves_tls_unless_told_not_to_beyond_loopback(
     )
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="loomfs.service"):
-        context = listener_tls(config, "url", config.hub, (host, 7070))
+        context = listener_tls(config, "hub", config.hub, (host, 7070))
     beyond = host in BEYOND
     assert (context is not None) == (files or mode == "on" or (mode == "auto" and beyond))
     made = site / "identity" / "https.pem"
@@ -202,7 +202,7 @@ def test_a_listener_serves_tls_unless_told_not_to_beyond_loopback(
         assert fingerprint(made.read_bytes()) in caplog.text
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert bool(warned) == (context is None and beyond)
-    assert all(getattr(r, "listener", None) == "url" for r in warned)
+    assert all(getattr(r, "listener", None) == "hub" for r in warned)
 
 
 def test_tls_files_go_in_pairs() -> None:

@@ -309,7 +309,7 @@ class HubService:
             config, listen = self.config, self.config.listen_host_port
             listeners = [
                 Listener(
-                    "url", server.app(), listen, listener_tls(config, "url", config.hub, listen)
+                    "url", server.app(), listen, listener_tls(config, "hub", config.hub, listen)
                 )
             ]
             if config.s3.listen:
@@ -368,19 +368,19 @@ def _loopback(host: str) -> bool:
 def listener_tls(
     config: Config, name: str, section: TlsSettings, address: tuple[str, int]
 ) -> ssl.SSLContext | None:
-    """The TLS that listener ``name`` on ``address`` serves with, by its section's ``tls``
-    keys; None: plain HTTP."""
+    """The TLS that the listener of config section ``name`` on ``address`` serves with, by
+    that section's ``tls`` keys; None: plain HTTP."""
     host = address[0]
     if section.tls_cert is not None and section.tls_key is not None:
         return https_server_context(section.tls_cert, section.tls_key)
     if section.tls == "on" or (section.tls == "auto" and not _loopback(host)):
-        hosts = [host, *(host_port(other, name)[0] for other in _listen_addresses(config))]
+        hosts = [host, *(host_port(other, "listen")[0] for other in _listen_addresses(config))]
         cert, key = https_certificate(config.identity_dir, config.site.name, hosts)
         sha256 = fingerprint(cert.read_bytes())
         # in the message too: a text log shows no fields, and this is what clients are told
         log.info(
-            "%s serves HTTPS with the site's self-signed certificate %s (SHA-256 %s): "
-            "clients trust that file",
+            "the [%s] listener serves HTTPS with the site's self-signed certificate %s "
+            "(SHA-256 %s): clients trust that file",
             name, cert, sha256,
             extra={"listener": name, "cert": str(cert), "sha256": sha256},
         )  # fmt: skip
@@ -388,7 +388,8 @@ def listener_tls(
     if not _loopback(host):
         where = f"{host}:{address[1]}"
         log.warning(
-            "%s listens on %s without TLS: credentials and data cross the network in clear",
+            "the [%s] listener on %s has no TLS: credentials and data cross the network in "
+            "clear",
             name, where,
             extra={"listener": name, "address": where, "tls": section.tls},
         )  # fmt: skip
@@ -548,7 +549,7 @@ class SpokeService:
             if users is not None:
                 await users.open()
                 sockets = sftp_listeners(self.config, self.namespace, users)
-            tls = listener_tls(self.config, "url", self.config.spoke, listen)
+            tls = listener_tls(self.config, "spoke", self.config.spoke, listen)
             listeners = [Listener("url", server.app(), listen, tls)]
             await serve_until_signal(listeners, ready_file, "spoke", sockets)
         finally:
