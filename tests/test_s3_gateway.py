@@ -282,11 +282,11 @@ def test_conditional_get_and_put(gw: Gateway, s3: S3Client) -> None:
     future = time.time() + 3600
     past = time.time() - 3600
     with pytest.raises(ClientError) as err:
-        s3.get_object(Bucket="data", Key="c", IfModifiedSince=future)
+        s3.get_object(Bucket="data", Key="c", IfModifiedSince=future)  # type: ignore[arg-type]
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
-    assert s3.get_object(Bucket="data", Key="c", IfModifiedSince=past)["Body"].read() == b"hello"
+    assert s3.get_object(Bucket="data", Key="c", IfModifiedSince=past)["Body"].read() == b"hello"  # type: ignore[arg-type]
     with pytest.raises(ClientError) as err:
-        s3.get_object(Bucket="data", Key="c", IfUnmodifiedSince=past)
+        s3.get_object(Bucket="data", Key="c", IfUnmodifiedSince=past)  # type: ignore[arg-type]
     assert code_of(err) == "PreconditionFailed"
     with pytest.raises(ClientError) as err:
         s3.put_object(Bucket="data", Key="c", Body=b"x", IfNoneMatch="*")
