@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import selectors
 import shutil
@@ -30,7 +31,8 @@ from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.protocols.fuse.session import PollingSelector
 from loomfs.service import HubService
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.hubproc import HubProcess, site_config
+from loomfs.testing.private import PRIVATE, private_site
 from loomfs.testing.sites import spoke_site
 
 MIB = 1 << 20
@@ -700,6 +702,35 @@ def test_mount_over_a_hub_by_rest(tmp_path: Path) -> None:
             assert os.getxattr(mnt / "renamed.txt", "user.k") == b"v"
             assert (vol / "renamed.txt").stat().st_mode & 0o777 == 0o600
         assert "Traceback" not in mount.log(), mount.log()
+
+
+def test_mount_over_an_https_hub_acts_as_the_clis_credentials(tmp_path: Path) -> None:
+    """``mount --hub https://...`` checks the hub's certificate against ``[client]
+    ca_cert`` and sends the CLI's credentials: the user's files read through it; a mount
+    without credentials is the anonymous caller, refused (EACCES), not shown nothing."""
+    _require_fuse()
+    site = private_site(
+        tmp_path / "site", {"model.bin": b"alice's weights"}, sections='tls = "on"\n'
+    )
+    cert = site.data_dir / "identity" / "https.pem"
+    trust = f"ca_cert = {json.dumps(str(cert))}\n"
+    alice = f'access_key = "{site.key}"\nsecret_key = "{site.secret}"\n'
+    with HubProcess(site.data_dir, site.env) as hub:
+        assert hub.url.startswith("https://")
+        for who, client in (("alice", alice), ("anonymous", "")):
+            config = site_config(
+                tmp_path / f"{who}.toml", tmp_path / who, f"[client]\n{trust}{client}"
+            )
+            with MountProcess(config, tmp_path / f"mnt-{who}", "--hub", hub.url) as mount:
+                private = tmp_path / f"mnt-{who}{PRIVATE}"
+                if who == "alice":
+                    assert (private / "model.bin").read_bytes() == b"alice's weights"
+                else:
+                    with pytest.raises(PermissionError):
+                        (private / "model.bin").read_bytes()
+                    with pytest.raises(PermissionError):
+                        os.listdir(private)
+            assert "Traceback" not in mount.log(), mount.log()
 
 
 def test_mount_over_a_spoke(tmp_path: Path) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -9,15 +12,27 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
+from loomfs.config import HubSection, load_config
+from loomfs.core.certs import fingerprint
 from loomfs.core.registry import open_catalog
+from loomfs.core.types import SYSTEM
+from loomfs.errors import AuthenticationFailed, ConfigError
+from loomfs.fabric.identity import https_certificate
 from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.chunks import ChunkRoutes
+from loomfs.rest.client import RestNamespace
 from loomfs.rest.openapi import spec
 from loomfs.rest.plans import routes as plan_routes
 from loomfs.rest.server import RestServer
 from loomfs.rest.wire import API
+from loomfs.sdk.fsspec import LoomFileSystem
+from loomfs.service import listener_tls
+from loomfs.testing.hubproc import HubProcess, cli_ok, run_cli
+from loomfs.testing.private import PRIVATE, private_site
 
 
 @pytest.fixture
@@ -148,3 +163,103 @@ async def test_metrics_and_health(http: TestClient[web.Request, web.Application]
     metrics = await (await http.get("/metrics")).text()
     assert "loomfs_http_requests_total" in metrics and "loomfs_read_bytes_total" in metrics
     assert (await (await http.get("/healthz")).json())["status"] == "ok"
+
+
+# -- HTTPS ----------------------------------------------------------------------------------
+
+LOOPBACK = ("127.0.0.1", "127.8.9.10", "::1", "localhost")
+BEYOND = ("0.0.0.0", "::", "10.1.2.3", "gpu-west.example")
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    host=st.sampled_from(LOOPBACK + BEYOND),
+    mode=st.sampled_from(["auto", "on", "off"]),
+    files=st.booleans(),
+)
+def test_a_listener_serves_tls_unless_told_not_to_beyond_loopback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, host: str, mode: str, files: bool
+) -> None:
+    """Files where given; else a self-signed certificate beyond loopback ("auto") or
+    everywhere ("on"); plain HTTP beyond loopback only when told ("off"), and then a
+    WARNING says so."""
+    files = files and mode != "off"
+    own = https_certificate(tmp_path / "own", "own", ["127.0.0.1"])
+    site = tmp_path / uuid.uuid4().hex
+    keys = {"tls": mode, **({"tls_cert": str(own[0]), "tls_key": str(own[1])} if files else {})}
+    config = load_config(env={"LOOMFS_SITE__DATA_DIR": str(site)}).model_copy(
+        update={"hub": HubSection(listen=f"{host}:7070", **keys)}  # type: ignore[arg-type]
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="loomfs.service"):
+        context = listener_tls(config, "hub", config.hub, (host, 7070))
+    beyond = host in BEYOND
+    assert (context is not None) == (files or mode == "on" or (mode == "auto" and beyond))
+    made = site / "identity" / "https.pem"
+    assert made.exists() == (context is not None and not files)
+    if made.exists():
+        assert fingerprint(made.read_bytes()) in caplog.text
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warned) == (context is None and beyond)
+    assert all(getattr(r, "listener", None) == "hub" for r in warned)
+
+
+def test_tls_files_go_in_pairs() -> None:
+    with pytest.raises(ConfigError, match="tls_cert and tls_key go together"):
+        load_config(env={"LOOMFS_S3__TLS_CERT": "/etc/loomfs/s3.pem"})
+    with pytest.raises(ConfigError, match='tls = "off" serves no certificate'):
+        load_config(
+            env={
+                "LOOMFS_HUB__TLS": "off",
+                "LOOMFS_HUB__TLS_CERT": "/c",
+                "LOOMFS_HUB__TLS_KEY": "/k",
+            }
+        )
+
+
+def test_rest_over_https_with_the_sites_self_signed_certificate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI, the SDK and a RestNamespace reach an HTTPS hub when they trust its
+    certificate (the file whose fingerprint it logs), and are refused with a certificate
+    error, not a network one, when they do not. The certificate survives a restart."""
+    secret = b"over tls only"
+    site = private_site(tmp_path / "site", {"a.txt": secret}, sections='tls = "on"\n')
+    cert = site.data_dir / "identity" / "https.pem"
+    alice = (site.key, site.secret)
+    for name in ("LOOMFS_ACCESS_KEY", "LOOMFS_SECRET_KEY", "LOOMFS_CA_CERT", "LOOMFS_HUB"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def read(url: str, ca_cert: Path | None) -> bytes:
+        client = RestNamespace(url, ca_cert=ca_cert, credentials=alice)
+        try:
+            return await client.read_bytes(SYSTEM, f"{PRIVATE}/a.txt")
+        finally:
+            await client.close()
+
+    for _ in range(2):  # the second start serves the certificate the first one made
+        with HubProcess(site.data_dir, site.env) as hub:
+            assert hub.url.startswith("https://127.0.0.1:")
+            assert fingerprint(cert.read_bytes()) in hub.log_path.read_text()
+            assert asyncio.run(read(hub.url, cert)) == secret
+            with pytest.raises(
+                AuthenticationFailed, match=r"certificate of https://.* not trusted"
+            ):
+                asyncio.run(read(hub.url, None))
+    with HubProcess(site.data_dir, site.env) as hub:
+        for name, value in site.credentials.items():
+            monkeypatch.setenv(name, value)
+        refused = run_cli(tmp_path / "cli", "--hub", hub.url, "cat", f"{PRIVATE}/a.txt")
+        assert refused.returncode == 1 and b"not trusted" in refused.stderr, refused.stderr
+        monkeypatch.setenv("LOOMFS_CA_CERT", str(cert))
+        assert (
+            cli_ok(tmp_path / "cli", "--hub", hub.url, "cat", f"{PRIVATE}/a.txt") == "over tls only"
+        )
+        monkeypatch.delenv("LOOMFS_CA_CERT")
+        sdk = LoomFileSystem(
+            sites={"secure": hub.url}, key=site.key, secret=site.secret, ca_cert=str(cert),
+            skip_instance_cache=True,
+        )  # fmt: skip
+        assert sdk.cat_file(f"loomfs://secure{PRIVATE}/a.txt") == secret

@@ -32,12 +32,15 @@ import boto3
 import botocore.auth
 import botocore.awsrequest
 import botocore.credentials
+import botocore.exceptions
 import pytest
 import urllib3
 from aiohttp import web
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from loomfs.core.acl import REFRESH, AclAuthorizer
 from loomfs.core.registry import open_catalog
@@ -50,6 +53,7 @@ from loomfs.protocols.s3 import S3Gateway, sigv4
 from loomfs.protocols.s3.listing import Lister
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.ports import stop_process
+from loomfs.testing.s3gateway import s3_gateway_hub
 from loomfs.testing.seaweedfs import SeaweedFS
 
 if TYPE_CHECKING:
@@ -1336,3 +1340,106 @@ def test_acl_get_bucket_acl_round_trip_and_public_read_write(acl_gw: Gateway) ->
         "FULL_CONTROL"
     ]
     assert _refused(bob.put_object, Bucket="round-trip", Key="again", Body=b"x") == "AccessDenied"
+
+
+# What each kind of server-side encryption adds to a request, as boto3 parameters
+SSE_KINDS: dict[str, dict[str, Any]] = {
+    "sse-s3": {"ServerSideEncryption": "AES256"},
+    "sse-kms": {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/loomfs"},
+    "sse-c": {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": "k" * 32},
+}
+SSE_C_SOURCE: dict[str, Any] = {
+    "CopySourceSSECustomerAlgorithm": "AES256",
+    "CopySourceSSECustomerKey": "k" * 32,
+}
+
+
+def _sse_request(s3: S3Client, op: str, key: str, sse: dict[str, Any]) -> None:
+    """One request of ``op`` for ``key`` that asks for ``sse`` (the source is 'src')."""
+    match op:
+        case "put":
+            s3.put_object(Bucket="data", Key=key, Body=b"secret", **sse)
+        case "create_upload":
+            s3.create_multipart_upload(Bucket="data", Key=key, **sse)
+        case "copy":
+            s3.copy_object(Bucket="data", Key=key, CopySource="data/src", **sse)
+        case "copy_from_sse_c":
+            s3.copy_object(Bucket="data", Key=key, CopySource="data/src", **SSE_C_SOURCE)
+        case "upload_part":
+            uid = s3.create_multipart_upload(Bucket="data", Key=key)["UploadId"]
+            try:
+                s3.upload_part(
+                    Bucket="data",
+                    Key=key,
+                    UploadId=uid,
+                    PartNumber=1,
+                    Body=b"x",
+                    **sse,
+                )
+            finally:
+                assert s3.list_parts(Bucket="data", Key=key, UploadId=uid).get("Parts", []) == []
+                s3.abort_multipart_upload(Bucket="data", Key=key, UploadId=uid)
+        case "get":
+            s3.get_object(Bucket="data", Key="src", **sse)
+        case "head":
+            s3.head_object(Bucket="data", Key="src", **sse)
+
+
+# (operation, kind): every request S3 lets carry that kind of encryption
+SSE_CASES = [
+    *((op, kind) for op in ("put", "create_upload", "copy") for kind in SSE_KINDS),
+    *((op, "sse-c") for op in ("upload_part", "get", "head")),
+    ("copy_from_sse_c", "sse-s3"),
+]
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    case=st.sampled_from(SSE_CASES),
+    key=st.text(alphabet="abcdefgh/", min_size=1, max_size=12).filter(
+        lambda k: "//" not in k and not k.startswith("/") and not k.endswith("/")
+    ),
+)
+def test_server_side_encryption_is_refused_and_changes_nothing(
+    gw: Gateway, s3: S3Client, case: tuple[str, str], key: str
+) -> None:
+    """The gateway stores bytes as they come: a request asking for SSE-S3, SSE-KMS or
+    SSE-C is NotImplemented (501), never accepted and ignored."""
+    s3.put_object(Bucket="data", Key="src", Body=b"plain")
+    before = sorted(str(p.relative_to(gw.root)) for p in gw.root.rglob("*"))
+    op, kind = case
+    with pytest.raises(ClientError) as err:
+        _sse_request(s3, op, f"new/{key}", SSE_KINDS[kind])
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
+    assert code_of(err) == ("501" if op == "head" else "NotImplemented")  # HEAD has no body
+    assert sorted(str(p.relative_to(gw.root)) for p in gw.root.rglob("*")) == before
+    assert gw.read("/data/src") == b"plain"
+    assert s3.list_multipart_uploads(Bucket="data").get("Uploads", []) == []
+
+
+def test_boto3_over_https_with_the_sites_certificate(tmp_path: Path) -> None:
+    """``[s3] tls = "on"``: the gateway serves HTTPS with the site's self-signed
+    certificate; boto3 trusting that file (``verify=``) works, one that does not is refused
+    by its own certificate check before a byte is sent."""
+    user = ("carol", "AKIDCAROL00000000000", "s" * 40)
+    with s3_gateway_hub(tmp_path, [user], s3_config='tls = "on"\n') as hub:
+        endpoint = hub.urls["s3"]
+        assert endpoint.startswith("https://127.0.0.1:")
+        cert = hub.data_dir / "identity" / "https.pem"
+
+        def client(verify: str | bool) -> S3Client:
+            return boto3.client(
+                "s3", endpoint_url=endpoint, region_name=REGION, verify=verify,
+                aws_access_key_id=user[1], aws_secret_access_key=user[2],
+                config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+            )  # fmt: skip
+
+        trusting = client(str(cert))
+        trusting.create_bucket(Bucket="sealed")
+        trusting.put_object(Bucket="sealed", Key="k", Body=b"through tls")
+        assert trusting.get_object(Bucket="sealed", Key="k")["Body"].read() == b"through tls"
+        with pytest.raises(botocore.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
+            client(True).put_object(Bucket="sealed", Key="other", Body=b"never")
+        assert [o["Key"] for o in trusting.list_objects_v2(Bucket="sealed")["Contents"]] == ["k"]

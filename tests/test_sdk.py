@@ -11,6 +11,7 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pandas as pd
@@ -34,9 +35,11 @@ from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
 import loomfs.torch as lt
 from loomfs.core.types import EntryKind
-from loomfs.errors import InvalidArgument, InvalidPath
+from loomfs.errors import ConfigError, InvalidArgument, InvalidPath
 from loomfs.prefetch.plan import Plan
 from loomfs.sdk.fsspec import FSSPEC_TYPE, LoomFileSystem
+from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.private import PRIVATE, PrivateSite, private_site
 from loomfs.testing.sites import SpokeSite, spoke_site
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -262,3 +265,77 @@ class TestFsspecAbstractSuite(  # fsspec's own suite is untyped
 def test_every_kind_has_an_fsspec_type() -> None:
     assert set(FSSPEC_TYPE) == set(EntryKind)
     assert FSSPEC_TYPE[EntryKind.FIFO] == FSSPEC_TYPE[EntryKind.SOCKET] == "other"
+
+
+# -- credentials: who the SDK and datasets are at the site --------------------------------
+
+PRIVATE_FILES = {"a.txt": b"only alice", "sub/b.txt": b"alice again"}
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateSite, str]]:
+    """A hub whose /vol/private only alice may read; (the site, its loomfs:// root)."""
+    made = private_site(tmp_path_factory.mktemp("private"), PRIVATE_FILES)
+    with HubProcess(made.data_dir, made.env) as hub:
+        yield made, f"loomfs://{hub.url.removeprefix('http://')}{PRIVATE}"
+
+
+def fresh(**options: Any) -> LoomFileSystem:
+    """A filesystem of these options only, not one fsspec made earlier for the same ones
+    (whose credentials came from the environment of then)."""
+    return LoomFileSystem(sites={}, skip_instance_cache=True, **options)
+
+
+def test_key_and_secret_read_what_the_rules_give_their_user(
+    private: tuple[PrivateSite, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site, root = private
+    for name in ("LOOMFS_ACCESS_KEY", "LOOMFS_SECRET_KEY", "LOOMFS_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    alice = fresh(key=site.key, secret=site.secret)
+    assert alice.cat_file(f"{root}/a.txt") == PRIVATE_FILES["a.txt"]
+    assert sorted(alice.find(root)) == sorted(
+        f"{root.removeprefix('loomfs://')}/{n}" for n in PRIVATE_FILES
+    )
+    # the CLI's credentials (its environment, then [client]) when no storage option says
+    for name, value in site.credentials.items():
+        monkeypatch.setenv(name, value)
+    assert fresh().cat_file(f"{root}/sub/b.txt") == PRIVATE_FILES["sub/b.txt"]
+    for name in site.credentials:
+        monkeypatch.delenv(name)
+    config = site.config.parent / "client.toml"
+    config.write_text(f'[client]\naccess_key = "{site.key}"\nsecret_key = "{site.secret}"\n')
+    monkeypatch.setenv("LOOMFS_CONFIG", str(config))
+    assert fresh().cat_file(f"{root}/a.txt") == PRIVATE_FILES["a.txt"]
+    monkeypatch.delenv("LOOMFS_CONFIG")
+    # the anonymous caller and a wrong secret are refused, never shown an empty directory
+    for refused in (fresh(), fresh(key=site.key, secret="x" * 40)):
+        with pytest.raises(PermissionError):
+            refused.cat_file(f"{root}/a.txt")
+        with pytest.raises(PermissionError):
+            refused.ls(root)
+        with pytest.raises(PermissionError):
+            refused.find(root)
+        with pytest.raises(PermissionError):
+            refused.pipe_file(f"{root}/new.txt", b"x")
+    with pytest.raises(ConfigError, match="both an access key id and its secret"):
+        fresh(key=site.key)
+    assert not (site.config.parent / "volume" / "private" / "new.txt").exists()
+
+
+def test_a_dataset_reads_with_its_credentials_in_every_worker(
+    private: tuple[PrivateSite, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site, root = private
+    for name in ("LOOMFS_ACCESS_KEY", "LOOMFS_SECRET_KEY", "LOOMFS_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    options = {"key": site.key, "secret": site.secret, "skip_instance_cache": True}
+    ds: lt.FileDataset[bytes] = lt.FileDataset(root, storage_options=options)
+    expected = [PRIVATE_FILES[n] for n in sorted(PRIVATE_FILES)]
+    assert [ds[i] for i in range(len(ds))] == expected
+    loader = DataLoader(ds, batch_size=None, num_workers=1)  # the options pickle with it
+    assert list(loader) == expected
+    with pytest.raises(PermissionError):  # a read grant: no writes
+        lt.save_checkpoint({"w": 1}, f"{root}/ckpt.pt", storage_options=options)
+    with pytest.raises(PermissionError):  # not "no files under": the listing was refused
+        lt.FileDataset(root, storage_options={"skip_instance_cache": True})

@@ -74,16 +74,16 @@ class State:
     def hub(self) -> str:
         return self.hub_override or self.config.client.hub
 
-    @property
-    def credentials(self) -> tuple[str, str] | None:
-        return self.config.client.credentials()
-
-    @property
-    def admin_credentials(self) -> tuple[str, str] | None:
-        """For administration: the caller's own credentials, or else the local
-        administrator's key where the hub addressed is the one of this data directory."""
-        given = self.credentials
-        return given or LocalAdmin(self.config.site.data_dir).credentials_for(self.hub)
+    def rest(self, url: str | None = None, *, admin: bool = False) -> RestNamespace:
+        """A client of ``url`` (default: the hub), with this CLI's credentials and trust;
+        ``admin``: for an administration command, which without credentials of its own
+        uses the local administrator's key where the hub addressed is this data
+        directory's."""
+        url = url or self.hub
+        credentials = self.config.client.credentials()
+        if admin and credentials is None:
+            credentials = LocalAdmin(self.config.site.data_dir).credentials_for(url)
+        return client_of(self.config, url, credentials=credentials)
 
 
 def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
@@ -100,11 +100,21 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     return wrapper
 
 
+def client_of(
+    config: Config, url: str, *, credentials: tuple[str, str] | None = None
+) -> RestNamespace:
+    """A REST client of ``url`` that sends ``credentials`` (default: ``[client]``'s, the
+    environment's LOOMFS_* winning) and checks an https site against its ``ca_cert``."""
+    settings = config.client
+    return RestNamespace(
+        url, credentials=credentials or settings.credentials(), ca_cert=settings.trusted_cert()
+    )
+
+
 def client(ctx: click.Context, *, admin: bool = False) -> RestNamespace:
     """A client of the hub (or spoke); ``admin``: for an administration command."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    credentials = state.admin_credentials if admin else state.credentials
-    return RestNamespace(state.hub, credentials=credentials)
+    return state.rest(admin=admin)
 
 
 @contextlib.asynccontextmanager
@@ -765,7 +775,7 @@ def spoke_serve(
 async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -> None:
     """Fetch PATH into a spoke's cache ahead of training; resumable."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
+    ns = state.rest(site_url)
     progress = Progress(
         SpinnerColumn(),
         TextColumn(f"warming {path}"),
@@ -798,7 +808,7 @@ async def warm(ctx: click.Context, path: str, site_url: str | None, pin: bool) -
 async def sync(ctx: click.Context, site_url: str | None) -> None:
     """Wait until a spoke has committed every write it acknowledged."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    ns = RestNamespace(site_url or state.hub, credentials=state.credentials)
+    ns = state.rest(site_url)
     try:
         await ns.sync()
     finally:
@@ -916,7 +926,7 @@ async def _mount(
     service: HubService | SpokeService | None = None
     follow: Poll | None = None
     if hub_url:
-        rest = RestNamespace(hub_url)
+        rest = client_of(config, hub_url)  # the CLI's credentials, for every local user
         ns: Namespace = rest
     elif config.spoke.hub:
         # this site is a spoke, run here: the kernel reads what its cache holds whole

@@ -14,9 +14,17 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 
@@ -25,6 +33,28 @@ ENV_PREFIX = "LOOMFS_"
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class TlsSettings(_Section):
+    """HTTPS for a section's listener (``[hub]``, ``[spoke]``, ``[s3]``)."""
+
+    #: "auto": HTTPS where tls_cert/tls_key are set, else, on an address beyond loopback,
+    #: with a self-signed certificate made once in <data_dir>/identity/https.pem (its
+    #: SHA-256 fingerprint is logged at start: clients trust that file), else plain HTTP;
+    #: "on": HTTPS also on loopback; "off": plain HTTP (behind a TLS proxy: a WARNING at
+    #: start beyond loopback)
+    tls: Literal["auto", "on", "off"] = "auto"
+    #: PEM files of the listener's certificate (its chain) and private key
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> Self:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_cert is not None and self.tls == "off":
+            raise ValueError('tls = "off" serves no certificate: remove tls_cert and tls_key')
+        return self
 
 
 class SiteSection(_Section):
@@ -37,7 +67,7 @@ class CatalogSection(_Section):
     url: str | None = None
 
 
-class HubSection(_Section):
+class HubSection(TlsSettings):
     listen: str = "127.0.0.1:7070"
     #: seconds between rescans of every volume (S3 changes are found this way); 0 = never
     rescan_interval: float = 600.0
@@ -70,7 +100,7 @@ class HubSection(_Section):
         return roots
 
 
-class S3Section(_Section):
+class S3Section(TlsSettings):
     #: HOST:PORT of the S3 gateway; unset = no gateway
     listen: str | None = None
     #: the region clients sign for (SigV4 credential scope)
@@ -105,22 +135,42 @@ class ClientSection(_Section):
     #: (<data_dir>/admin.key, see ``core.admin``).
     access_key: str | None = None
     secret_key: SecretStr | None = None
+    #: the certificate (PEM) that a hub's or spoke's HTTPS certificate is checked against:
+    #: its self-signed https.pem, or the CA that signed its files; env LOOMFS_CA_CERT wins.
+    #: Unset: the system's CAs
+    ca_cert: Path | None = None
 
-    def credentials(self, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
-        """(access key id, secret) the CLI authenticates with; None: anonymous."""
+    def credentials(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        key: str | None = None,
+        secret: str | None = None,
+    ) -> tuple[str, str] | None:
+        """(access key id, secret) a client authenticates with: ``key`` and ``secret``
+        where given (the SDK's storage options), else the environment's, else this
+        section's; None: anonymous."""
         env = os.environ if env is None else env
-        key = env.get("LOOMFS_ACCESS_KEY") or self.access_key
-        secret = env.get("LOOMFS_SECRET_KEY") or (
-            self.secret_key.get_secret_value() if self.secret_key else None
-        )
+        if key is None and secret is None:
+            key = env.get("LOOMFS_ACCESS_KEY") or self.access_key
+            secret = env.get("LOOMFS_SECRET_KEY") or (
+                self.secret_key.get_secret_value() if self.secret_key else None
+            )
         if not key and not secret:
             return None
         if not key or not secret:
             raise ConfigError(
                 "credentials need both an access key id and its secret ([client] access_key "
-                "and secret_key, or LOOMFS_ACCESS_KEY and LOOMFS_SECRET_KEY)"
+                "and secret_key, LOOMFS_ACCESS_KEY and LOOMFS_SECRET_KEY, or the SDK's key "
+                "and secret)"
             )
         return key, secret
+
+    def trusted_cert(self, env: Mapping[str, str] | None = None) -> Path | None:
+        """The certificate a client checks HTTPS sites against; None: the system's CAs."""
+        env = os.environ if env is None else env
+        found = env.get("LOOMFS_CA_CERT")
+        return Path(found) if found else self.ca_cert
 
     #: site name -> REST URL, for ``loomfs://SITE/path`` URLs (the Python SDK)
     sites: dict[str, str] = {}
@@ -137,7 +187,7 @@ class FabricSection(_Section):
     listen: str | None = None
 
 
-class SpokeSection(_Section):
+class SpokeSection(TlsSettings):
     #: the hub's fabric URL (https://host:port) and its pinned certificate
     hub: str | None = None
     hub_cert: Path | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import signal
@@ -23,7 +24,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import paths
-from .config import Config, host_port, parse_size
+from .config import Config, TlsSettings, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
 from .core.admin import LocalAdmin, check_volume_url
@@ -31,13 +32,14 @@ from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
+from .core.certs import fingerprint
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
 from .core.users import UserRegistry
 from .errors import ConfigError, LoomError
-from .fabric.identity import SiteIdentity
+from .fabric.identity import SiteIdentity, https_certificate, https_server_context
 from .fabric.server import FabricServer
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
@@ -316,10 +318,16 @@ class HubService:
             if made is not None:
                 log.info("made the local administrator", extra={"key_file": str(local.key_file)})
             server = self.rest_server()
-            listeners = [Listener("url", server.app(), self.config.listen_host_port)]
-            if self.config.s3.listen:
-                listen = host_port(self.config.s3.listen, "s3.listen")
-                listeners.append(Listener("s3", self.s3_gateway().app(), listen))
+            config, listen = self.config, self.config.listen_host_port
+            listeners = [
+                Listener(
+                    "url", server.app(), listen, listener_tls(config, "hub", config.hub, listen)
+                )
+            ]
+            if config.s3.listen:
+                listen = host_port(config.s3.listen, "s3.listen")
+                tls = listener_tls(config, "s3", config.s3, listen)
+                listeners.append(Listener("s3", self.s3_gateway().app(), listen, tls))
             if self.config.fabric.listen:
                 fabric = await self._fabric_server()
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
@@ -359,6 +367,52 @@ class Listener(NamedTuple):
     app: web.Application
     address: tuple[str, int]
     ssl: ssl.SSLContext | None = None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost, or a wildcard: reachable from afar
+        return False
+
+
+def listener_tls(
+    config: Config, name: str, section: TlsSettings, address: tuple[str, int]
+) -> ssl.SSLContext | None:
+    """The TLS that the listener of config section ``name`` on ``address`` serves with, by
+    that section's ``tls`` keys; None: plain HTTP."""
+    host = address[0]
+    if section.tls_cert is not None and section.tls_key is not None:
+        return https_server_context(section.tls_cert, section.tls_key)
+    if section.tls == "on" or (section.tls == "auto" and not _loopback(host)):
+        hosts = [host, *(host_port(other, "listen")[0] for other in _listen_addresses(config))]
+        cert, key = https_certificate(config.identity_dir, config.site.name, hosts)
+        sha256 = fingerprint(cert.read_bytes())
+        # in the message too: a text log shows no fields, and this is what clients are told
+        log.info(
+            "the [%s] listener serves HTTPS with the site's self-signed certificate %s "
+            "(SHA-256 %s): clients trust that file",
+            name, cert, sha256,
+            extra={"listener": name, "cert": str(cert), "sha256": sha256},
+        )  # fmt: skip
+        return https_server_context(cert, key)
+    if not _loopback(host):
+        where = f"{host}:{address[1]}"
+        log.warning(
+            "the [%s] listener on %s has no TLS: credentials and data cross the network in "
+            "clear",
+            name, where,
+            extra={"listener": name, "address": where, "tls": section.tls},
+        )  # fmt: skip
+    return None
+
+
+def _listen_addresses(config: Config) -> list[str]:
+    """Every HOST:PORT this site's HTTP listeners may bind: what its certificate names."""
+    found = [config.hub.listen, config.spoke.listen, config.s3.listen]
+    return [listen for listen in found if listen]
 
 
 class SocketServer(Protocol):
@@ -515,7 +569,8 @@ class SpokeService:
             if users is not None:
                 await users.open()
                 sockets = sftp_listeners(self.config, self.namespace, users)
-            listeners = [Listener("url", server.app(), listen)]
+            tls = listener_tls(self.config, "spoke", self.config.spoke, listen)
+            listeners = [Listener("url", server.app(), listen, tls)]
             await serve_until_signal(listeners, ready_file, "spoke", sockets)
         finally:
             await self.stop()

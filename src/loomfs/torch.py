@@ -52,8 +52,8 @@ T = TypeVar("T")
 HEARTBEAT_S = 0.2  # at most this often; a heartbeat still on its way is not doubled
 
 
-def _loomfs(url: str) -> tuple[LoomFileSystem, str]:
-    fs, path = fsspec.core.url_to_fs(url)
+def _loomfs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[LoomFileSystem, str]:
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     if not isinstance(fs, LoomFileSystem):
         raise ValueError(f"not a loomfs:// URL: {url}")
     return fs, path
@@ -61,7 +61,9 @@ def _loomfs(url: str) -> tuple[LoomFileSystem, str]:
 
 class FileDataset(Dataset[T], Generic[T]):
     """Map-style: sample ``i`` is the ``i``-th file under ``url`` in path order, as bytes or
-    as ``decode(bytes)``. The file list (with sizes) is taken once, at construction."""
+    as ``decode(bytes)``. The file list (with sizes) is taken once, at construction.
+    ``storage_options`` are the filesystem's (``key``/``secret``, ``ca_cert``, ``sites``);
+    they travel to DataLoader workers with the dataset."""
 
     def __init__(
         self,
@@ -71,8 +73,8 @@ class FileDataset(Dataset[T], Generic[T]):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.url = url
-        fs, root = _loomfs(url)
-        self._options = storage_options or dict(fs.storage_options)
+        fs, root = _loomfs(url, storage_options)
+        self._options = dict(fs.storage_options)
         found: dict[str, dict[str, Any]] = self.fs.find(root, detail=True)
         files = sorted((name, info["size"]) for name, info in found.items())
         if not files:
@@ -193,21 +195,25 @@ class PlanSampler(Sampler[int]):
         future.add_done_callback(done)
 
 
-def save_checkpoint(obj: Any, url: str, **kwargs: Any) -> None:
+def save_checkpoint(
+    obj: Any, url: str, *, storage_options: dict[str, Any] | None = None, **kwargs: Any
+) -> None:
     """``torch.save`` into a loomfs file, streamed as it is written. At a spoke with
     write-back it returns once the spoke's journal holds it; ``sync_site`` waits for the hub."""
-    with fsspec.open(url, "wb") as out:
+    with fsspec.open(url, "wb", **(storage_options or {})) as out:
         torch.save(obj, out, **kwargs)
 
 
-def load_checkpoint(url: str, **kwargs: Any) -> Any:
+def load_checkpoint(
+    url: str, *, storage_options: dict[str, Any] | None = None, **kwargs: Any
+) -> Any:
     """``torch.load`` from a loomfs file (``weights_only`` and the rest pass through)."""
-    with fsspec.open(url, "rb") as source:
+    with fsspec.open(url, "rb", **(storage_options or {})) as source:
         return torch.load(source, **kwargs)
 
 
-def sync_site(url: str) -> None:
+def sync_site(url: str, *, storage_options: dict[str, Any] | None = None) -> None:
     """Wait until the spoke behind ``url`` has committed every acknowledged write at its hub
     (after ``save_checkpoint`` with write-back: the checkpoint is then at the hub)."""
-    fs, path = _loomfs(url)
+    fs, path = _loomfs(url, storage_options)
     fs.call(fs.client(path).sync())

@@ -13,6 +13,7 @@ import json
 import ssl
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -24,7 +25,15 @@ from ..chunks.codec import decode_frame
 from ..chunks.records import read_answers
 from ..core.streams import BytesSource, StreamSource
 from ..core.types import Entry, Feed, Principal
-from ..errors import BackendUnavailable, Conflict, CorruptData, LoomError, RangeNotSatisfiable
+from ..errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    Conflict,
+    CorruptData,
+    LoomError,
+    RangeNotSatisfiable,
+)
+from ..fabric.identity import trusting
 from ..namespace.base import FeedNamespace, Reader
 from ..namespace.chunklink import ChunkLink, Opened
 from . import wire
@@ -41,16 +50,20 @@ class RestNamespace(FeedNamespace, ChunkLink):
         *,
         timeout: float = 300.0,
         ssl_context: ssl.SSLContext | None = None,
+        ca_cert: Path | None = None,
         credentials: tuple[str, str] | None = None,
         forward: bool = False,
     ) -> None:
-        """``credentials``: the (access key id, secret) to authenticate with (HTTP Basic);
-        none: the anonymous caller. ``forward``: send each call's user and protocol along,
-        as a spoke does over its mutual-TLS link (the hub trusts a site's word on them)."""
+        """``ca_cert``: the certificate an https site's is checked against (its self-signed
+        one, or its CA; default: the system's CAs); ``ssl_context`` instead: the whole TLS
+        setup (a spoke's mutual TLS). ``credentials``: the (access key id, secret) to
+        authenticate with (HTTP Basic); none: the anonymous caller. ``forward``: send each
+        call's user and protocol along, as a spoke does over its mutual-TLS link (the hub
+        trusts a site's word on them)."""
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
-        self._ssl = ssl_context
+        self._ssl = ssl_context or (trusting(ca_cert) if ca_cert is not None else None)
         self._headers = (
             {"Authorization": wire.basic_authorization(*credentials)} if credentials else {}
         )
@@ -85,6 +98,14 @@ class RestNamespace(FeedNamespace, ChunkLink):
             }
         try:
             response = await self.session.request(method, self.base_url + url, **kwargs)
+        except aiohttp.ClientConnectorCertificateError as exc:
+            # not retryable, and not the network's fault: say what to trust
+            raise AuthenticationFailed(
+                f"the TLS certificate of {self.base_url} is not trusted "
+                f"({exc.certificate_error}): trust the site's certificate (its https.pem, "
+                "whose SHA-256 fingerprint the site logs at start, or its CA) with [client] "
+                "ca_cert, LOOMFS_CA_CERT or the SDK's ca_cert"
+            ) from exc
         except aiohttp.ClientConnectionError as exc:
             raise BackendUnavailable(f"cannot reach {self.base_url}: {exc}") from exc
         if response.status >= 400:

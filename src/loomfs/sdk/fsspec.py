@@ -2,9 +2,16 @@
 anything else that opens files through fsspec reach loomfs over its REST API.
 
 A URL is ``loomfs://SITE/namespace/path``. SITE names a hub or spoke: a name from the
-config's ``[client] sites`` table (``sites = {gpu-west = "http://10.0.0.7:7071"}``), a
-``sites=`` storage option, or a literal ``host:port``. Like a bucket in s3fs, SITE is part
-of every path this filesystem hands back, so one instance serves every site.
+config's ``[client] sites`` table (``sites = {gpu-west = "https://10.0.0.7:7071"}``), a
+``sites=`` storage option, or a literal ``host:port`` (plain HTTP). Like a bucket in s3fs,
+SITE is part of every path this filesystem hands back, so one instance serves every site.
+
+The caller is who the ``key`` and ``secret`` storage options say (an access key id and its
+secret, named as in s3fs), else who the CLI is (``LOOMFS_ACCESS_KEY``/``LOOMFS_SECRET_KEY``,
+``[client] access_key``/``secret_key``), else the anonymous caller; an https site's
+certificate is checked against ``ca_cert`` (else ``LOOMFS_CA_CERT``, ``[client] ca_cert``,
+the system's CAs). A refusal is a ``PermissionError``, also inside ``find`` and ``walk``,
+never a directory that looks empty.
 
 The filesystem is an fsspec ``AsyncFileSystem``: its coroutines run on fsspec's own I/O loop
 thread, which is what its synchronous methods wait on, and async callers (zarr) can use the
@@ -21,6 +28,7 @@ import contextlib
 import os
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -35,7 +43,7 @@ from ..errors import AlreadyExists, InvalidPath, IsADirectory, NotFound
 from ..rest.client import RestNamespace
 
 PROTOCOL = "loomfs"
-WHO = SYSTEM  # the REST server decides who the caller is; the client sends no identity yet
+WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 MKDIR_TRIES = 5
 #: fsspec's ``type`` of each kind: a special file (fifo, device, socket: no bytes to read)
 #: is "other", as fsspec's local file system reports it; so is a symlink, which a loomfs
@@ -68,10 +76,20 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     protocol = (PROTOCOL,)
     root_marker = ""
 
-    def __init__(self, sites: dict[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        sites: dict[str, str] | None = None,
+        *,
+        key: str | None = None,
+        secret: str | None = None,
+        ca_cert: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        configured = load_config().client.sites if sites is None else {}
-        self.sites = {**configured, **(sites or {})}
+        settings = load_config().client
+        self.sites = {**(settings.sites if sites is None else {}), **(sites or {})}
+        self._credentials = settings.credentials(key=key, secret=secret)
+        self._ca_cert = Path(ca_cert) if ca_cert is not None else settings.trusted_cert()
         self._clients: dict[str, RestNamespace] = {}
         self._dirs: set[tuple[str, str]] = set()  # (site, directory) known to exist
         # Sessions belong to the I/O loop: close them there when this instance goes away.
@@ -93,7 +111,9 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
             raise InvalidPath(f"a loomfs URL names its site first: loomfs://SITE/path, not {path}")
         client = self._clients.get(site)
         if client is None:
-            client = self._clients[site] = RestNamespace(resolve_site(site, self.sites))
+            client = self._clients[site] = RestNamespace(
+                resolve_site(site, self.sites), credentials=self._credentials, ca_cert=self._ca_cert
+            )
         return site, "/" + rest, client
 
     def client(self, path: str) -> RestNamespace:
@@ -119,6 +139,16 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         site, name, client = self.split(path)
         return self._details(site, await client.stat(WHO, name))
+
+    async def _walk(
+        self, path: str, maxdepth: int | None = None, on_error: Any = "omit", **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """fsspec's walk, except that a refusal is raised: a directory the caller may not
+        list is not an empty one (fsspec omits every OSError; a vanished one still is)."""
+        if on_error == "omit":
+            on_error = _raise_refusals
+        async for found in super()._walk(path, maxdepth, on_error=on_error, **kwargs):
+            yield found
 
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         site, name, client = self.split(path)
@@ -372,6 +402,11 @@ class LoomFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
         if self._upload is not None:
             self.fs.loop.call_soon_threadsafe(self._upload.cancel)
         super().discard()
+
+
+def _raise_refusals(exc: BaseException) -> None:
+    if isinstance(exc, PermissionError):  # PermissionDenied, AuthenticationFailed
+        raise exc
 
 
 def _close_clients(loop: asyncio.AbstractEventLoop, clients: dict[str, RestNamespace]) -> None:

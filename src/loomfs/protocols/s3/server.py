@@ -116,6 +116,10 @@ UNSUPPORTED = frozenset(
         "intelligent-tiering",
     }
 )
+# Server-side encryption (SSE-S3, SSE-KMS, SSE-C, also for a copy's source) is not done:
+# a request asking for it is refused, so a client never believes bytes are encrypted
+# that are stored as they came
+SSE_PREFIXES = ("x-amz-server-side-encryption", "x-amz-copy-source-server-side-encryption")
 
 
 @dataclass(slots=True)
@@ -443,6 +447,13 @@ class S3Gateway:
         method, q = c.request.method, c.query
         if UNSUPPORTED & q.keys():
             raise S3Error("NotImplemented", f"{sorted(UNSUPPORTED & q.keys())[0]} is not supported")
+        sse = sorted(h.lower() for h in c.request.headers if h.lower().startswith(SSE_PREFIXES))
+        if sse:
+            raise S3Error(
+                "NotImplemented",
+                f"server-side encryption is not supported ({sse[0]}); this gateway stores "
+                "objects as they are sent",
+            )
         handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
         if "acl" in q and c.bucket:
             handler = {"GET": self.get_acl, "PUT": self.put_acl}.get(method)
