@@ -5,6 +5,9 @@ killed with kill -9 while its write-back journal holds acknowledged writes."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -88,3 +91,48 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
         direct = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/sample", "--write-back")
         with pytest.raises(RuntimeError, match="not trusted by the hub"):
             SpokeProcess(spoke_dir, args=direct).start()
+
+
+def refused_start(data_dir: Path, *args: str) -> str:
+    """``loomfs ARGS`` that must exit non-zero at once: its one line of standard error
+    (a command that keeps serving is killed after 60 s and fails the test)."""
+    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(data_dir)}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "loomfs.cli", *args],
+            capture_output=True, check=False, timeout=60, env=env,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"`loomfs {' '.join(args)}` kept running") from None
+    lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1, result.stderr.decode()
+    return lines[0]
+
+
+def test_a_spoke_that_cannot_link_says_why_and_exits(tmp_path: Path) -> None:
+    hub_dir, spoke_dir, stranger = tmp_path / "hub", tmp_path / "spoke", tmp_path / "stranger"
+    data = tmp_path / "data"
+    data.mkdir()
+    cli_ok(hub_dir, "site", "init", "--name", "hub-eu")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-west")
+    cli_ok(stranger, "site", "init", "--name", "stranger")
+    spoke_cert = str(spoke_dir / "identity/site.pem")
+    with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
+        cli_ok(hub_dir, "--hub", hub.url, "volume", "add", "/datasets/sample", f"posix://{data}")
+        fabric = hub.urls["fabric"]
+        serve = ("spoke", "serve", "--listen", "127.0.0.1:0")
+
+        unpinned = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, fabric, "/datasets"))
+        assert "refused this site's certificate" in unpinned
+        assert f"loomfs site add gpu-west --cert" in unpinned and spoke_cert in unpinned
+
+        cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", spoke_cert)
+        wrong_hub = spoke_args(hub_dir, fabric, "/datasets")
+        wrong_hub = (*wrong_hub[:2], "--hub-cert", str(stranger / "identity/site.pem"), *wrong_hub[4:])
+        assert "is not the hub pinned in" in refused_start(spoke_dir, *serve, *wrong_hub)
+
+        rest_port = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, hub.url, "/datasets"))
+        assert "does not answer TLS" in rest_port and "fabric" in rest_port
+
+        missing = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, fabric, "/nowhere"))
+        assert "the hub has no /nowhere to attach" in missing

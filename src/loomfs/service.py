@@ -30,13 +30,15 @@ from .core.audit import AuditLog, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
+from .core.dirlock import DirectoryLock
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
 from .core.users import UserRegistry
-from .errors import ConfigError, LoomError
+from .errors import BackendUnavailable, ConfigError, LoomError
 from .fabric.identity import SiteIdentity
+from .fabric.probe import check_link
 from .fabric.server import FabricServer
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
@@ -72,6 +74,7 @@ class HubService:
         """``durable=False``: changes survive a crash of the process at once and power
         loss after ``sync`` (``fsync``), as a local file system's (a mount's own hub)."""
         self.config = config
+        self.lock = DirectoryLock(config.site.data_dir, "data directory")  # one hub each
         self.catalog: Catalog = open_catalog(config.catalog_url)
         self.catalog.durable = durable
         self.placement = PlacementAuthorizer(
@@ -118,6 +121,7 @@ class HubService:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.lock.acquire()
         if self.audit is not None:
             self.audit.start()
         await self.catalog.open()
@@ -147,6 +151,7 @@ class HubService:
         await self.catalog.close()
         if self.audit is not None:  # last: whatever stopping recorded is written too
             await asyncio.to_thread(self.audit.close)
+        self.lock.release()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -443,20 +448,23 @@ class SpokeService:
         spoke = config.spoke
         if not spoke.hub or not spoke.hub_cert or not spoke.attach:
             raise ConfigError("a spoke needs the hub's URL, its certificate and what to attach")
-        identity = SiteIdentity.load(config.identity_dir)
+        self.identity = identity = SiteIdentity.load(config.identity_dir)
         try:
             hub_cert = spoke.hub_cert.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
-        client = RestNamespace(
-            spoke.hub, ssl_context=identity.client_context(hub_cert), forward=True
-        )
+        self.tls = identity.client_context(hub_cert)
+        client = RestNamespace(spoke.hub, ssl_context=self.tls, forward=True)
         self.authenticate = HubAuthenticator(client, site=identity.name, anonymous=spoke.anonymous)
         cipher = None
         if spoke.cache_key_file is not None:
             cipher = BlockCipher(load_cache_key(spoke.cache_key_file, create=True))
+        cache_dir = spoke.cache_dir or config.site.data_dir / "cache"
+        # before the journal is read: a second spoke on it would replay the same writes
+        self.lock = DirectoryLock(cache_dir, "cache directory")
+        self.lock.acquire()
         cache = Cache(
-            spoke.cache_dir or config.site.data_dir / "cache",
+            cache_dir,
             parse_size(spoke.cache_size),
             link=client,
             cipher=cipher,
@@ -468,7 +476,18 @@ class SpokeService:
 
     async def start(self) -> None:
         """Attach the hub's exports and start prefetching: all a mount that runs this
-        spoke in its own process needs (``serve`` adds the protocols)."""
+        spoke in its own process needs (``serve`` adds the protocols). A link that can't
+        be made for want of trust or at a wrong address is a ``ConfigError`` saying what to
+        fix; a hub that is only unreachable now is not: the spoke serves its cache."""
+        spoke = self.config.spoke
+        assert spoke.hub is not None and spoke.hub_cert is not None  # checked in __init__
+        try:
+            await check_link(
+                spoke.hub, self.tls, site=self.identity.name,
+                site_cert=self.identity.cert_path, hub_cert=spoke.hub_cert,
+            )  # fmt: skip
+        except BackendUnavailable as exc:
+            log.warning("starting offline: %s", exc)
         await self.namespace.start()
         if self.prefetcher is not None:
             self.prefetcher.start()
@@ -477,6 +496,7 @@ class SpokeService:
         if self.prefetcher is not None:
             await self.prefetcher.close()
         await self.namespace.close()
+        self.lock.release()
 
     async def serve(self, ready_file: Path | None = None) -> None:
         prefetcher = self.prefetcher
