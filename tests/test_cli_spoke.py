@@ -124,15 +124,31 @@ def test_a_spoke_that_cannot_link_says_why_and_exits(tmp_path: Path) -> None:
 
         unpinned = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, fabric, "/datasets"))
         assert "refused this site's certificate" in unpinned
-        assert f"loomfs site add gpu-west --cert" in unpinned and spoke_cert in unpinned
+        assert "loomfs site add gpu-west --cert" in unpinned and spoke_cert in unpinned
 
         cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", spoke_cert)
         wrong_hub = spoke_args(hub_dir, fabric, "/datasets")
-        wrong_hub = (*wrong_hub[:2], "--hub-cert", str(stranger / "identity/site.pem"), *wrong_hub[4:])
+        wrong_hub = (
+            *wrong_hub[:2],
+            "--hub-cert",
+            str(stranger / "identity/site.pem"),
+            *wrong_hub[4:],
+        )
         assert "is not the hub pinned in" in refused_start(spoke_dir, *serve, *wrong_hub)
 
-        rest_port = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, hub.url, "/datasets"))
+        rest = hub.url.replace("http://", "https://")  # the REST port, not the fabric one
+        rest_port = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, rest, "/datasets"))
         assert "does not answer TLS" in rest_port and "fabric" in rest_port
+        plain = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, hub.url, "/datasets"))
+        assert "must be https://HOST:PORT" in plain
 
         missing = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, fabric, "/nowhere"))
         assert "the hub has no /nowhere to attach" in missing
+
+        # one spoke per cache directory (one journal): a second one is refused at once
+        good = spoke_args(hub_dir, fabric, "/datasets/sample")
+        with SpokeProcess(spoke_dir, args=good) as first:
+            second = refused_start(spoke_dir, *serve, *good)
+            assert (
+                f"cache directory {spoke_dir / 'cache'} is in use by process {first.pid}" in second
+            )

@@ -11,9 +11,7 @@ from loomfs.errors import ALL_ERRORS, BackendUnavailable, LoomError, NotFound
 
 
 @settings(max_examples=50, deadline=None)
-@given(
-    first=st.floats(0.01, 10), longest=st.floats(10, 600), failures=st.integers(1, 40)
-)
+@given(first=st.floats(0.01, 10), longest=st.floats(10, 600), failures=st.integers(1, 40))
 def test_waits_grow_within_their_bounds(first: float, longest: float, failures: int) -> None:
     now = [0.0]
     backoff: Backoff[str] = Backoff(first, longest, clock=lambda: now[0])

@@ -54,7 +54,7 @@ from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console(highlight=False, soft_wrap=True)
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -22,7 +23,7 @@ from typing import Any, NamedTuple, Protocol
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from . import paths
+from . import health, paths
 from .config import Config, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
@@ -309,6 +310,7 @@ class HubService:
                 site=self.config.site.name,
                 authenticate=self.authenticator(),
                 governance=self.governed,
+                health=self.health,
             )
             listeners = [Listener("url", server.app(), self.config.listen_host_port)]
             if self.config.s3.listen:
@@ -322,6 +324,9 @@ class HubService:
             await serve_until_signal(listeners, ready_file, "hub", sockets)
         finally:
             await self.stop()
+
+    async def health(self) -> dict[str, health.Check]:
+        return await health.hub_checks(self.catalog, self.namespace, self.config.site.data_dir)
 
     def fabric_server(self, identity: SiteIdentity, trusted: Mapping[str, bytes]) -> FabricServer:
         """The fabric link as spokes get it: placement policies for their site, ACL rules
@@ -498,19 +503,24 @@ class SpokeService:
         await self.namespace.close()
         self.lock.release()
 
-    async def serve(self, ready_file: Path | None = None) -> None:
+    def rest_server(self) -> RestServer:
+        """The spoke's REST API (its prefetcher's plan routes where it prefetches)."""
         prefetcher = self.prefetcher
+        return RestServer(
+            self.namespace,
+            spoke=self.namespace,
+            site=self.namespace.site,
+            authenticate=self.authenticate,
+            routes=plan_routes(prefetcher) if prefetcher is not None else (),
+            health=functools.partial(health.spoke_checks, self.namespace),
+        )
+
+    async def serve(self, ready_file: Path | None = None) -> None:
         # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
         users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
         try:
             await self.start()
-            server = RestServer(
-                self.namespace,
-                spoke=self.namespace,
-                site=self.namespace.site,
-                authenticate=self.authenticate,
-                routes=plan_routes(prefetcher) if prefetcher is not None else (),
-            )
+            server = self.rest_server()
             listen = host_port(self.config.spoke.listen, "spoke.listen")
             sockets: list[SocketListener] = []
             if users is not None:
