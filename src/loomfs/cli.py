@@ -239,6 +239,11 @@ def _print_stats(stats: dict[str, Any]) -> None:
         f"{stats['deleted']:,} removed in {stats['elapsed']:.2f}s"
         + (f" (resumed after {stats['resumed_after']!r})" if stats.get("resumed_after") else "")
     )
+    if stats.get("skipped"):  # named, the first of them: what to fix, or to know is missing
+        out.print(
+            f"{stats['skipped']:,} could not be read and were skipped: "
+            + ", ".join(stats.get("skipped_paths", []))
+        )
 
 
 @volume.command("add")
