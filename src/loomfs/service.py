@@ -408,6 +408,7 @@ async def serve_until_signal(
     runners: list[web.AppRunner] = []
     started: list[SocketServer] = []
     urls: dict[str, str] = {}
+    listening = False
     try:
         for listener in listeners:
             runner = web.AppRunner(listener.app, access_log=None)
@@ -425,6 +426,7 @@ async def serve_until_signal(
             started.append(socket.server)
             urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
+        listening = True
         if ready_file is not None:  # whole or not at all: a watcher may read it at once
             partial = ready_file.with_name(ready_file.name + ".tmp")
             partial.write_text(json.dumps(urls))
@@ -435,7 +437,8 @@ async def serve_until_signal(
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
-        log.info(f"{what} stopping")
+        if listening:  # else the error that stopped it says it all
+            log.info(f"{what} stopping")
         for server in started:
             await server.stop()
         for runner in runners:

@@ -14,7 +14,7 @@ import ssl
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 
@@ -24,7 +24,14 @@ from ..chunks.codec import decode_frame
 from ..chunks.records import read_answers
 from ..core.streams import BytesSource, StreamSource
 from ..core.types import Entry, Feed, Principal
-from ..errors import BackendUnavailable, Conflict, CorruptData, LoomError, RangeNotSatisfiable
+from ..errors import (
+    BackendUnavailable,
+    ConfigError,
+    Conflict,
+    CorruptData,
+    LoomError,
+    RangeNotSatisfiable,
+)
 from ..namespace.base import FeedNamespace, Reader
 from ..namespace.chunklink import ChunkLink, Opened
 from . import wire
@@ -47,6 +54,8 @@ class RestNamespace(FeedNamespace, ChunkLink):
         """``credentials``: the (access key id, secret) to authenticate with (HTTP Basic);
         none: the anonymous caller. ``forward``: send each call's user and protocol along,
         as a spoke does over its mutual-TLS link (the hub trusts a site's word on them)."""
+        if urlsplit(base_url).scheme not in ("http", "https"):
+            raise ConfigError(f"a hub URL starts with http:// or https://, unlike {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
@@ -106,9 +115,15 @@ class RestNamespace(FeedNamespace, ChunkLink):
 
     async def _lines(self, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
         async with response:
-            async for line in response.content:
-                if line.strip():
-                    yield json.loads(line)
+            try:
+                async for line in response.content:
+                    if line.strip():
+                        yield json.loads(line)
+            except aiohttp.ClientError as exc:  # say the hub was killed mid-job
+                raise BackendUnavailable(
+                    f"{self.base_url} ended its answer before the last line: did it stop? "
+                    "(see its log)"
+                ) from exc
 
     # -- the namespace API -----------------------------------------------------------------
 
