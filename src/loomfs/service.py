@@ -40,7 +40,7 @@ from .core.users import UserRegistry
 from .errors import BackendUnavailable, ConfigError, LoomError
 from .fabric.identity import SiteIdentity
 from .fabric.probe import check_link
-from .fabric.server import FabricServer
+from .fabric.server import FabricServer, TlsSite
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
 from .hub.coherence import Leases
@@ -415,7 +415,9 @@ async def serve_until_signal(
             await runner.setup()
             runners.append(runner)
             host, port = listener.address
-            site = web.TCPSite(runner, host, port, ssl_context=listener.ssl)
+            # TLS (the fabric link): a site that logs the handshakes it refuses
+            site_class = web.TCPSite if listener.ssl is None else TlsSite
+            site = site_class(runner, host, port, ssl_context=listener.ssl)
             await site.start()
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             scheme = "https" if listener.ssl is not None else "http"

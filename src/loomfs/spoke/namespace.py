@@ -218,6 +218,8 @@ class SpokeNamespace(Namespace):
     def _set_online(self, online: bool) -> None:
         if online != self.online:
             log.warning("link to the hub is %s", "up" if online else "down")
+            if online and len(self.journal):  # the uploader may be backing off: replay now
+                self._wake.set()
         self.online = online
         LINK_UP.set(int(online))
 
