@@ -143,3 +143,18 @@ async def test_a_hub_that_dies_during_volume_add_is_one_line(tmp_path: Path) -> 
         args = ("--hub", url, "volume", "add", "/x", f"posix://{tmp_path}")
         line = await asyncio.to_thread(one_line_failure, tmp_path / "site", *args)
     assert "before the last line" in line
+
+
+async def test_healthz_is_503_when_a_volumes_directory_is_gone(tmp_path: Path) -> None:
+    hub = HubService(hub_config(tmp_path / "hub"))
+    await hub.start()
+    try:
+        (tmp_path / "data").mkdir()
+        await hub.add_volume("/x", f"posix://{tmp_path / 'data'}", lambda _: None)
+        checks = await hub.health()
+        assert checks["volumes"] == {"ok": True, "states": {"/x": "ready"}}
+        (tmp_path / "data").rmdir()  # an NFS mount gone, say
+        checks = await hub.health()
+        assert not checks["volumes"]["ok"] and "/x" in checks["volumes"]["error"]
+    finally:
+        await hub.stop()

@@ -43,14 +43,16 @@ async def catalog(engine: Catalog) -> Check:
         return {"ok": False, "error": str(exc)}
 
 
-def volumes(namespace: HubNamespace) -> Check:
-    states: dict[str, str] = {}
-    missing: list[str] = []
-    for mount, mounted in namespace.mounts.items():
-        states[mount] = mounted.volume.state.value
-        backend = mounted.backend
-        if isinstance(backend, PosixBackend) and not os.path.isdir(backend.root):
-            missing.append(mount)
+async def volumes(engine: Catalog, namespace: HubNamespace) -> Check:
+    try:  # the catalog's states: an import that finished is ready there first
+        states = {volume.mount: volume.state.value for volume in await engine.volumes()}
+    except LoomError as exc:
+        return {"ok": False, "error": str(exc)}
+    missing = [
+        mount
+        for mount, mounted in namespace.mounts.items()
+        if isinstance(mounted.backend, PosixBackend) and not os.path.isdir(mounted.backend.root)
+    ]
     check: Check = {"ok": not missing, "states": states}
     if missing:
         check["error"] = f"the directories of {', '.join(missing)} are gone or unreachable"
@@ -67,7 +69,7 @@ def link(spoke: SpokeNamespace) -> Check:
 async def hub_checks(engine: Catalog, namespace: HubNamespace, data_dir: Path) -> dict[str, Check]:
     return {
         "catalog": await catalog(engine),
-        "volumes": volumes(namespace),
+        "volumes": await volumes(engine, namespace),
         "disk": disk(data_dir),
     }
 
