@@ -1,6 +1,7 @@
 """A hub and a spoke as real processes, set up with the commands a user types: site
-identities, pinning, attach, reads and writes at the spoke, warm-up, sync, and a spoke
-killed with kill -9 while its write-back journal holds acknowledged writes."""
+identities, pinning, attach, reads and writes at the spoke, warm-up, sync, /healthz with the
+link cut, a spoke killed with kill -9 while its write-back journal holds acknowledged
+writes; and spokes that cannot link (or share a cache directory) refused with one line."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import asyncio
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -15,6 +18,15 @@ import pytest
 
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, run_cli, spoke_args
 from loomfs.testing.wan import LinkEmulator
+
+
+def health_status(url: str) -> int:
+    """The HTTP status of ``url``'s /healthz, asked with no credentials (as a probe asks)."""
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
 
 
 async def aok(data_dir: Path, *args: str, stdin: bytes | None = None) -> str:
@@ -64,8 +76,15 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
                 await aok(spoke_dir, "sync", "--site", spoke.url)
                 assert (data / "out.txt").read_bytes() == b"result"
 
+                assert await asyncio.to_thread(health_status, spoke.url) == 200
                 # with the link cut, writes are acknowledged from the journal...
                 link.cut()
+                for _ in range(1500):  # /healthz says so once the spoke noticed
+                    if await asyncio.to_thread(health_status, spoke.url) == 503:
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError("/healthz never said the link is down")
                 for i in range(3):
                     await aok(spoke_dir, *at_spoke, "put", "-", f"/datasets/sample/ck-{i}.pt",
                        stdin=f"checkpoint {i}".encode())  # fmt: skip
