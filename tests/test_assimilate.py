@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import sqlite3
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -342,3 +344,36 @@ async def test_a_slow_writer_does_not_hold_up_others(hub: HubNamespace, tmp_path
     last = await slow
     assert last.version > fast.version
     assert await hub.read_bytes(WHO, "/v/f") == b"slow!"
+
+
+async def test_an_unreadable_directory_is_skipped_and_the_import_ends_ready(
+    hub: HubNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EACCES is simulated where the posix backend lists a directory (``os.scandir``):
+    as root, which these tests may run as, permission bits do not stop a read."""
+    root = tmp_path / "data"
+    made = make_tree(root)
+    real_scandir = os.scandir
+    unreadable = {str(root / "d1")}
+
+    def scandir(fd: Any) -> Any:
+        if isinstance(fd, int) and os.readlink(f"/proc/self/fd/{fd}") in unreadable:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real_scandir(fd)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    stats = await hub.add_volume("/datasets/x", f"posix://{root}")
+    assert stats.skipped == 1 and stats.skipped_paths == ["/datasets/x/d1"]
+    assert stats.as_dict()["skipped_paths"] == ["/datasets/x/d1"]
+    assert [v.state for v in await hub.catalog.volumes()] == [VolumeState.READY]
+    below = {p for p in made if p.startswith("d1/")}
+    assert set(await tree_of(hub, "/datasets/x")) == made - below  # d1 itself is known
+
+    # readable again: a rescan brings what was below it; unreadable once more, a rescan
+    # keeps what the catalog knows of it rather than taking it for deleted
+    unreadable.clear()
+    assert (await hub.sync_volume("/datasets/x")).created == len(below)
+    unreadable.add(str(root / "d1" / "nested"))
+    again = await hub.sync_volume("/datasets/x")
+    assert again.skipped == 1 and again.deleted == 0
+    assert set(await tree_of(hub, "/datasets/x")) == made

@@ -1,10 +1,16 @@
 """A hub and a spoke as real processes, set up with the commands a user types: site
-identities, pinning, attach, reads and writes at the spoke, warm-up, sync, and a spoke
-killed with kill -9 while its write-back journal holds acknowledged writes."""
+identities, pinning, attach, reads and writes at the spoke, warm-up, sync, /healthz with the
+link cut, a spoke killed with kill -9 while its write-back journal holds acknowledged
+writes; and spokes that cannot link (or share a cache directory) refused with one line."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -12,6 +18,15 @@ import pytest
 
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, run_cli, spoke_args
 from loomfs.testing.wan import LinkEmulator
+
+
+def health_status(url: str) -> int:
+    """The HTTP status of ``url``'s /healthz, asked with no credentials (as a probe asks)."""
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
 
 
 async def aok(data_dir: Path, *args: str, stdin: bytes | None = None) -> str:
@@ -61,8 +76,15 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
                 await aok(spoke_dir, "sync", "--site", spoke.url)
                 assert (data / "out.txt").read_bytes() == b"result"
 
+                assert await asyncio.to_thread(health_status, spoke.url) == 200
                 # with the link cut, writes are acknowledged from the journal...
                 link.cut()
+                for _ in range(1500):  # /healthz says so once the spoke noticed
+                    if await asyncio.to_thread(health_status, spoke.url) == 503:
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError("/healthz never said the link is down")
                 for i in range(3):
                     await aok(spoke_dir, *at_spoke, "put", "-", f"/datasets/sample/ck-{i}.pt",
                        stdin=f"checkpoint {i}".encode())  # fmt: skip
@@ -88,3 +110,64 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
         direct = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/sample", "--write-back")
         with pytest.raises(RuntimeError, match="not trusted by the hub"):
             SpokeProcess(spoke_dir, args=direct).start()
+
+
+def refused_start(data_dir: Path, *args: str) -> str:
+    """``loomfs ARGS`` that must exit non-zero at once: its one line of standard error
+    (a command that keeps serving is killed after 60 s and fails the test)."""
+    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(data_dir)}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "loomfs.cli", *args],
+            capture_output=True, check=False, timeout=60, env=env,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"`loomfs {' '.join(args)}` kept running") from None
+    lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1, result.stderr.decode()
+    return lines[0]
+
+
+def test_a_spoke_that_cannot_link_says_why_and_exits(tmp_path: Path) -> None:
+    hub_dir, spoke_dir, stranger = tmp_path / "hub", tmp_path / "spoke", tmp_path / "stranger"
+    data = tmp_path / "data"
+    data.mkdir()
+    cli_ok(hub_dir, "site", "init", "--name", "hub-eu")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-west")
+    cli_ok(stranger, "site", "init", "--name", "stranger")
+    spoke_cert = str(spoke_dir / "identity/site.pem")
+    with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
+        cli_ok(hub_dir, "--hub", hub.url, "volume", "add", "/datasets/sample", f"posix://{data}")
+        fabric = hub.urls["fabric"]
+        serve = ("spoke", "serve", "--listen", "127.0.0.1:0")
+
+        unpinned = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, fabric, "/datasets"))
+        assert "refused this site's certificate" in unpinned
+        assert "loomfs site add gpu-west --cert" in unpinned and spoke_cert in unpinned
+
+        cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", spoke_cert)
+        wrong_hub = spoke_args(hub_dir, fabric, "/datasets")
+        wrong_hub = (
+            *wrong_hub[:2],
+            "--hub-cert",
+            str(stranger / "identity/site.pem"),
+            *wrong_hub[4:],
+        )
+        assert "is not the hub pinned in" in refused_start(spoke_dir, *serve, *wrong_hub)
+
+        rest = hub.url.replace("http://", "https://")  # the REST port, not the fabric one
+        rest_port = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, rest, "/datasets"))
+        assert "does not answer TLS" in rest_port and "fabric" in rest_port
+        plain = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, hub.url, "/datasets"))
+        assert "must be https://HOST:PORT" in plain
+
+        missing = refused_start(spoke_dir, *serve, *spoke_args(hub_dir, fabric, "/nowhere"))
+        assert "the hub has no /nowhere to attach" in missing
+
+        # one spoke per cache directory (one journal): a second one is refused at once
+        good = spoke_args(hub_dir, fabric, "/datasets/sample")
+        with SpokeProcess(spoke_dir, args=good) as first:
+            second = refused_start(spoke_dir, *serve, *good)
+            assert (
+                f"cache directory {spoke_dir / 'cache'} is in use by process {first.pid}" in second
+            )

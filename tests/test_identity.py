@@ -1,7 +1,10 @@
-"""Site identities and mutual TLS: pinned sites get in, unknown and revoked ones don't."""
+"""Site identities and mutual TLS: pinned sites get in, unknown and revoked ones don't, and
+the hub logs each handshake it refuses, with the peer and the reason."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import ssl
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +17,7 @@ from aiohttp import web
 from loomfs.core.certs import certificate_name, fingerprint
 from loomfs.errors import AlreadyExists, NotFound
 from loomfs.fabric.identity import SiteIdentity
+from loomfs.fabric.server import TlsSite
 
 
 @pytest.fixture
@@ -37,7 +41,7 @@ async def hub_server(
         app.router.add_get("/", peer_name)
         runner = web.AppRunner(app)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=sites["hub"].server_context(trusted))
+        site = TlsSite(runner, "127.0.0.1", 0, ssl_context=sites["hub"].server_context(trusted))
         await site.start()
         runners.append(runner)
         return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
@@ -56,13 +60,35 @@ async def get(port: int, context: ssl.SSLContext) -> int:
 
 
 async def test_pinned_spoke_gets_in_others_do_not(
-    sites: dict[str, SiteIdentity], hub_server: Callable[[list[bytes]], Awaitable[int]]
+    sites: dict[str, SiteIdentity],
+    hub_server: Callable[[list[bytes]], Awaitable[int]],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     hub, spoke, intruder = sites["hub"], sites["gpu-west"], sites["intruder"]
     port = await hub_server([spoke.cert_pem])
+    caplog.set_level(logging.WARNING, "loomfs.fabric.server")
     assert await get(port, spoke.client_context(hub.cert_pem)) == 200
+    assert not caplog.records  # a pinned site's handshake is no news
     with pytest.raises(aiohttp.ClientError):
         await get(port, intruder.client_context(hub.cert_pem))
+    for _ in range(500):  # the hub's side of the handshake ends as the client gives up
+        if caplog.records:
+            break
+        await asyncio.sleep(0.01)
+    refused = caplog.records  # one per try: the client tries a GET again on a new link
+    assert refused and all(r.getMessage() == "refused a TLS handshake" for r in refused)
+    assert all(r.peer.startswith("127.0.0.1:") for r in refused)  # type: ignore[attr-defined]
+    assert all("CERTIFICATE_VERIFY_FAILED" in r.reason for r in refused)  # type: ignore[attr-defined]
+    # plain HTTP on the TLS port: refused and logged too
+    before = len(refused)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            await session.get(f"http://127.0.0.1:{port}/")
+    for _ in range(500):
+        if len(caplog.records) > before:
+            break
+        await asyncio.sleep(0.01)
+    assert len(caplog.records) > before
     # a spoke that pins another hub refuses this one
     with pytest.raises(aiohttp.ClientError):
         await get(port, spoke.client_context(intruder.cert_pem))

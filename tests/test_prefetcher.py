@@ -1,6 +1,7 @@
 """The spoke's prefetcher in-process over a real hub and fabric link: eviction follows the
 plans while any is active, prefetched files dropped unread count as waste, bad plans change
-nothing, and the link model counts overlapping fetches once."""
+nothing, the link model counts overlapping fetches once, and files the hub refuses or lost
+are not asked for again until they change."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import random
 import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from loomfs.core.placement import Policy
 from loomfs.core.types import Principal
 from loomfs.errors import InvalidArgument
 from loomfs.prefetch.adaptive import AdaptivePolicy
@@ -21,6 +25,7 @@ from loomfs.prefetch.plan import Plan
 from loomfs.prefetch.planned import PlanPolicy
 from loomfs.prefetch.policy import LRUPolicy
 from loomfs.spoke.cache import PREFETCHING
+from loomfs.spoke.predict import Target
 from loomfs.spoke.prefetcher import PREDICT_WINDOW, Bandwidth, Prefetcher, SpokePolicy
 from loomfs.testing.fabric import Fabric, fabric
 
@@ -319,3 +324,65 @@ def test_predicted_files_not_yet_read_are_evicted_last() -> None:
         policy.insert(key, 1)
     assert policy.evict(1) == [2]  # the least recently used, 1, is fetched for a guess
     assert policy.evict(10) == [3, 1]  # and goes when nothing else is left
+
+
+async def test_refused_and_deleted_files_are_asked_for_once_until_they_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory read in order, with a file a placement policy keeps from this spoke and
+    a file deleted at the hub in the predictors' reach: each is asked for at most twice
+    (once more if the feed's news of the change crossed the request), however often the
+    prefetcher's loop turns; a change at the hub lifts the memory of the absence."""
+    labels = {"gpu-us": {"region": "us"}}
+    async with fabric(tmp_path, ("gpu-us",), capacity=32 * SIZE, labels=labels) as made:
+        hub = made.hub.namespace
+        await hub.mkdir(WHO, "/vol/d")
+        names = [f"/vol/d/f{i:02}.bin" for i in range(30)]
+        for name in names:
+            await hub.write_bytes(WHO, name, os.urandom(SIZE))
+        refused, deleted = names[21], names[22]  # a look-ahead beyond the reads
+        policy = Policy.build("eu-only", [refused], ["region=eu"])
+        await made.hub.settle(await made.hub.placement.store.put(policy))
+        asked: list[str] = []  # every request on the spoke's link, by URL
+        link = made.spoke.hub
+        real_request = link._request  # type: ignore[attr-defined]
+
+        async def counted(method: str, url: str, **kwargs: Any) -> Any:
+            asked.append(url)
+            return await real_request(method, url, **kwargs)
+
+        monkeypatch.setattr(link, "_request", counted)
+        prefetcher = Prefetcher(made.spoke)
+        prefetcher.start()
+        try:
+            await read_settled(made, prefetcher, names[0])
+            listings = prefetcher.predict._directories.values()
+            await until(lambda: any(len(d.files) == len(names) for d in listings))  # f22 too
+            await hub.remove(WHO, deleted)
+            head = await made.hub.catalog.head_seq()
+            await until(lambda: made.spoke.seq >= head)
+            for name in names[1:20]:
+                await read_settled(made, prefetcher, name)
+            assert prefetcher.report()["predicted_files"] > 0  # the predictors were trusted
+            turns = 0
+            real_choose = prefetcher._choose_predicted
+
+            def counting() -> list[Target]:
+                nonlocal turns
+                turns += 1
+                return real_choose()
+
+            monkeypatch.setattr(prefetcher, "_choose_predicted", counting)
+            for _ in range(100):  # a hundred turns of the loop, each woken at once
+                before = turns
+                prefetcher._wake.set()
+                await until(lambda: turns > before)  # noqa: B023 - read at once
+            await until(lambda: not prefetcher._predicting)
+            for name in (refused, deleted):
+                assert sum(quote(name) in url for url in asked) <= 2, (name, asked)
+            assert prefetcher._held(refused) and prefetcher._held(deleted)
+            await hub.write_bytes(WHO, deleted, b"back")  # the feed says it changed
+            await until(lambda: not prefetcher._held(deleted))
+            assert prefetcher._held(refused)
+        finally:
+            await prefetcher.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -20,6 +21,7 @@ from pathlib import Path
 from stat import filemode
 from typing import Any, TypeVar
 
+import aiohttp
 import click
 from rich.console import Console
 from rich.progress import (
@@ -56,7 +58,7 @@ from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console(highlight=False, soft_wrap=True)
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 
@@ -111,6 +113,54 @@ def client_of(
     )
 
 
+def explain(exc: BaseException) -> str | None:
+    """One line for an error a user can act on (the cause, and the fix where there is
+    one); None for a bug, whose traceback is what helps."""
+    if isinstance(exc, LoomError):
+        return f"{exc.code}: {exc}"
+    if isinstance(exc, aiohttp.InvalidURL):
+        return f"not a URL: {exc}; give one as http://HOST:PORT (--hub, client.hub)"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return (
+            f"cannot reach {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}; "
+            "is the hub running there? (--hub, client.hub)"
+        )
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        return "the hub's answer ended early (it stopped, or dropped the link): see its log"
+    if isinstance(exc, aiohttp.ClientError):
+        return f"the link to the hub failed: {exc}"
+    if isinstance(exc, OSError):
+        where = f" {exc.filename}" if exc.filename else ""
+        if exc.errno == errno.EADDRINUSE:  # asyncio's strerror names the address
+            return (
+                f"{exc.strerror}: another process listens there; stop it, or choose another "
+                "address (--listen, or the section's listen in the config)"
+            )
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return (
+                f"{exc.strerror}:{where}: make it writable by this user, or point the config "
+                "elsewhere ([site] data_dir, [spoke] cache_dir)"
+            )
+        if exc.strerror:
+            return f"{exc.strerror}:{where}" if where else exc.strerror
+    return None
+
+
+class OneLineErrors(click.Group):
+    """Errors a user can act on end a command as one line and exit status 1, whichever
+    command raised them (``explain``)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            line = explain(exc)
+            if line is None:
+                raise
+            console.print(f"[red]loomfs:[/red] {line}", highlight=False)
+            sys.exit(1)
+
+
 def client(ctx: click.Context, *, admin: bool = False) -> RestNamespace:
     """A client of the hub (or spoke); ``admin``: for an administration command."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
@@ -127,7 +177,7 @@ async def connected(ctx: click.Context, *, admin: bool = False) -> AsyncIterator
         await ns.close()
 
 
-@click.group()
+@click.group(cls=OneLineErrors)
 @click.option(
     "--config", "config_path", type=click.Path(path_type=Path), help="loomfs.toml to use."
 )
@@ -260,6 +310,11 @@ def _print_stats(stats: dict[str, Any]) -> None:
         f"{stats['deleted']:,} removed in {stats['elapsed']:.2f}s"
         + (f" (resumed after {stats['resumed_after']!r})" if stats.get("resumed_after") else "")
     )
+    if stats.get("skipped"):  # named, the first of them: what to fix, or to know is missing
+        out.print(
+            f"{stats['skipped']:,} could not be read and were skipped: "
+            + ", ".join(stats.get("skipped_paths", []))
+        )
 
 
 @volume.command("add")

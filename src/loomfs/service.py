@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
@@ -23,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from . import paths
+from . import health, paths
 from .config import Config, TlsSettings, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
@@ -33,14 +34,16 @@ from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
 from .core.certs import fingerprint
+from .core.dirlock import DirectoryLock
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
 from .core.users import UserRegistry
-from .errors import ConfigError, LoomError
+from .errors import BackendUnavailable, ConfigError, LoomError
 from .fabric.identity import SiteIdentity, https_certificate, https_server_context
-from .fabric.server import FabricServer
+from .fabric.probe import check_link
+from .fabric.server import FabricServer, TlsSite
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
 from .hub.coherence import Leases
@@ -74,6 +77,7 @@ class HubService:
         """``durable=False``: changes survive a crash of the process at once and power
         loss after ``sync`` (``fsync``), as a local file system's (a mount's own hub)."""
         self.config = config
+        self.lock = DirectoryLock(config.site.data_dir, "data directory")  # one hub each
         self.catalog: Catalog = open_catalog(config.catalog_url)
         self.catalog.durable = durable
         self.placement = PlacementAuthorizer(self.catalog, SiteRegistry(self.catalog))
@@ -118,6 +122,7 @@ class HubService:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.lock.acquire()
         if self.audit is not None:
             self.audit.start()
         await self.catalog.open()
@@ -147,6 +152,7 @@ class HubService:
         await self.catalog.close()
         if self.audit is not None:  # last: whatever stopping recorded is written too
             await asyncio.to_thread(self.audit.close)
+        self.lock.release()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -304,6 +310,7 @@ class HubService:
             site=self.config.site.name,
             authenticate=self.authenticator(),
             governance=self.governed,
+            health=self.health,
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
@@ -336,6 +343,9 @@ class HubService:
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
             await self.stop()
+
+    async def health(self) -> dict[str, health.Check]:
+        return await health.hub_checks(self.catalog, self.namespace, self.config.site.data_dir)
 
     def fabric_server(self, identity: SiteIdentity, trusted: Mapping[str, bytes]) -> FabricServer:
         """The fabric link as spokes get it: placement policies for their site, ACL rules
@@ -467,13 +477,16 @@ async def serve_until_signal(
     runners: list[web.AppRunner] = []
     started: list[SocketServer] = []
     urls: dict[str, str] = {}
+    listening = False
     try:
         for listener in listeners:
             runner = web.AppRunner(listener.app, access_log=None)
             await runner.setup()
             runners.append(runner)
             host, port = listener.address
-            site = web.TCPSite(runner, host, port, ssl_context=listener.ssl)
+            # TLS (the fabric link): a site that logs the handshakes it refuses
+            site_class = web.TCPSite if listener.ssl is None else TlsSite
+            site = site_class(runner, host, port, ssl_context=listener.ssl)
             await site.start()
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             scheme = "https" if listener.ssl is not None else "http"
@@ -484,6 +497,7 @@ async def serve_until_signal(
             started.append(socket.server)
             urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
+        listening = True
         if ready_file is not None:  # whole or not at all: a watcher may read it at once
             partial = ready_file.with_name(ready_file.name + ".tmp")
             partial.write_text(json.dumps(urls))
@@ -496,7 +510,8 @@ async def serve_until_signal(
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
-        log.info(f"{what} stopping")
+        if listening:  # else the error that stopped it says it all
+            log.info(f"{what} stopping")
         if local is not None:
             local.stopped()
         for server in started:
@@ -516,20 +531,23 @@ class SpokeService:
         spoke = config.spoke
         if not spoke.hub or not spoke.hub_cert or not spoke.attach:
             raise ConfigError("a spoke needs the hub's URL, its certificate and what to attach")
-        identity = SiteIdentity.load(config.identity_dir)
+        self.identity = identity = SiteIdentity.load(config.identity_dir)
         try:
             hub_cert = spoke.hub_cert.read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read the hub certificate {spoke.hub_cert}: {exc}") from None
-        client = RestNamespace(
-            spoke.hub, ssl_context=identity.client_context(hub_cert), forward=True
-        )
+        self.tls = identity.client_context(hub_cert)
+        client = RestNamespace(spoke.hub, ssl_context=self.tls, forward=True)
         self.authenticate = HubAuthenticator(client, site=identity.name, anonymous=spoke.anonymous)
         cipher = None
         if spoke.cache_key_file is not None:
             cipher = BlockCipher(load_cache_key(spoke.cache_key_file, create=True))
+        cache_dir = spoke.cache_dir or config.site.data_dir / "cache"
+        # before the journal is read: a second spoke on it would replay the same writes
+        self.lock = DirectoryLock(cache_dir, "cache directory")
+        self.lock.acquire()
         cache = Cache(
-            spoke.cache_dir or config.site.data_dir / "cache",
+            cache_dir,
             parse_size(spoke.cache_size),
             link=client,
             cipher=cipher,
@@ -541,7 +559,18 @@ class SpokeService:
 
     async def start(self) -> None:
         """Attach the hub's exports and start prefetching: all a mount that runs this
-        spoke in its own process needs (``serve`` adds the protocols)."""
+        spoke in its own process needs (``serve`` adds the protocols). A link that can't
+        be made for want of trust or at a wrong address is a ``ConfigError`` saying what to
+        fix; a hub that is only unreachable now is not: the spoke serves its cache."""
+        spoke = self.config.spoke
+        assert spoke.hub is not None and spoke.hub_cert is not None  # checked in __init__
+        try:
+            await check_link(
+                spoke.hub, self.tls, site=self.identity.name,
+                site_cert=self.identity.cert_path, hub_cert=spoke.hub_cert,
+            )  # fmt: skip
+        except BackendUnavailable as exc:
+            log.warning("starting offline: %s", exc)
         await self.namespace.start()
         if self.prefetcher is not None:
             self.prefetcher.start()
@@ -550,20 +579,26 @@ class SpokeService:
         if self.prefetcher is not None:
             await self.prefetcher.close()
         await self.namespace.close()
+        self.lock.release()
+
+    def rest_server(self) -> RestServer:
+        """The spoke's REST API (its prefetcher's plan routes where it prefetches)."""
+        prefetcher = self.prefetcher
+        return RestServer(
+            self.namespace,
+            spoke=self.namespace,
+            site=self.namespace.site,
+            authenticate=self.authenticate,
+            routes=plan_routes(prefetcher) if prefetcher is not None else (),
+            health=functools.partial(health.spoke_checks, self.namespace),
+        )
 
     async def serve(self, ready_file: Path | None = None) -> None:
-        prefetcher = self.prefetcher
         # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
         users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
         try:
             await self.start()
-            server = RestServer(
-                self.namespace,
-                spoke=self.namespace,
-                site=self.namespace.site,
-                authenticate=self.authenticate,
-                routes=plan_routes(prefetcher) if prefetcher is not None else (),
-            )
+            server = self.rest_server()
             listen = host_port(self.config.spoke.listen, "spoke.listen")
             sockets: list[SocketListener] = []
             if users is not None:

@@ -16,15 +16,23 @@ remedy for one that does not. Administration is the exception: a user a site mer
 names is never an administrator here (``core.acl``), only one whose own credentials the
 hub checked. A spoke's own calls (its change feed, cache fills of versions a user was
 already allowed, its journal's uploads) carry no user and act as ``site:NAME``.
+
+``TlsSite`` serves it: a handshake the hub refuses (a site not pinned, a wrong address, plain
+HTTP on the fabric port) is logged with the peer's address and the reason, which asyncio's
+own TLS server keeps to its debug log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import ssl
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from ..core.acl import ANONYMOUS, SITE_PREFIX
 from ..core.audit import AuditSink
@@ -42,6 +50,13 @@ from ..rest.server import RestServer, VolumeAdmin
 from .identity import SiteIdentity
 
 FABRIC = "fabric"  # the protocol of every call that comes over the link
+
+log = logging.getLogger(__name__)
+
+REFUSED_HANDSHAKES = Counter(
+    "loomfs_fabric_refused_handshakes_total", "TLS handshakes the fabric link refused"
+)
+HANDSHAKE_TIMEOUT = 30.0
 
 
 class FabricServer(RestServer):
@@ -149,3 +164,96 @@ class FabricServer(RestServer):
             forwarded=forwarded,
             asserted=True,
         )
+
+
+class TlsSite(web.TCPSite):
+    """An aiohttp site that does the TLS handshake itself (``loop.start_tls``) so that a
+    refused one is seen: logged as a warning with the peer and the reason, and counted."""
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site; TCPSite.start would listen
+        loop = asyncio.get_running_loop()
+        serve, context = self._runner.server, self._ssl_context
+        assert serve is not None and context is not None
+        self._server = await loop.create_server(
+            lambda: _Handshake(serve, context),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )
+        self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+class _Handshake(asyncio.Protocol):
+    """One accepted connection until its handshake is done; then the HTTP server's own
+    protocol takes it over, with the bytes that came with the end of the handshake."""
+
+    def __init__(self, serve: Callable[[], asyncio.BaseProtocol], context: ssl.SSLContext):
+        self._serve = serve
+        self._context = context
+        self._inner: Any = None  # aiohttp's RequestHandler, once the handshake is done
+        self._early: list[bytes] = []
+        self._lost = False
+        self._task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # the handshake's bytes are start_tls's to read
+        self._task = asyncio.get_running_loop().create_task(self._handshake(transport))
+
+    async def _handshake(self, transport: asyncio.Transport) -> None:
+        peer = transport.get_extra_info("peername")
+        try:
+            tls = await asyncio.get_running_loop().start_tls(
+                transport, self, self._context, server_side=True,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+            )  # fmt: skip
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            REFUSED_HANDSHAKES.inc()
+            address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            log.warning("refused a TLS handshake", extra={"peer": address, "reason": _reason(exc)})
+            transport.close()
+            return
+        if tls is None or self._lost:
+            return
+        self._inner = self._serve()
+        tls.set_protocol(self._inner)
+        self._inner.connection_made(tls)
+        for data in self._early:
+            self._inner.data_received(data)
+        self._early.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            self._early.append(data)
+        else:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+
+def _reason(exc: BaseException) -> str:
+    """What OpenSSL said, in its words: the reason code, and why a certificate failed."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"{exc.reason}: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        return str(exc.reason or exc)
+    if isinstance(exc, TimeoutError):
+        return "no handshake within the time allowed"
+    return str(exc) or type(exc).__name__

@@ -7,11 +7,14 @@ version), changed only in mode/owner, or unchanged. While a volume is first impo
 last committed sort key is stored in the same transaction as the batch, so a killed import
 resumes right after it. A scan from the start ends with a sweep: rows that existed before
 the scan and were not seen by it are gone from the volume, and are deleted (after a final
-stat confirms it, since a rename through the hub may have moved one meanwhile).
+stat confirms it, since a rename through the hub may have moved one meanwhile). What the
+scan cannot read (a directory without permission) is skipped, counted and named in the
+stats, and left in the catalog as it was: one unreadable directory does not stop an import.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,11 +23,14 @@ from .. import paths
 from ..core.backends.base import Backend
 from ..core.catalog.base import Catalog, Delete, Put, ScanRow, VolumeUpdate
 from ..core.types import EntryKind, ObjectInfo, Volume, VolumeState
-from ..errors import NotFound
+from ..errors import LoomError, NotFound
 
 _DEFAULT_MODE = {EntryKind.FILE: 0o100644, EntryKind.DIR: 0o40755, EntryKind.SYMLINK: 0o120777}
 _SWEEP_PAGE = 10000
 _DELETE_BATCH = 1000
+SKIPPED_KEPT = 100  # unreadable paths a scan names (it counts them all)
+
+log = logging.getLogger(__name__)
 
 
 def path_of(mount: str, key: str) -> str:
@@ -73,6 +79,13 @@ class ScanStats:
     started: float = field(default_factory=time.monotonic)
     elapsed: float = 0.0
     done: bool = False
+    skipped: int = 0  # directories and entries that could not be read, left as they were
+    skipped_paths: list[str] = field(default_factory=list)  # the first SKIPPED_KEPT of them
+
+    def skip(self, path: str) -> None:
+        self.skipped += 1
+        if len(self.skipped_paths) < SKIPPED_KEPT:
+            self.skipped_paths.append(path)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -85,6 +98,8 @@ class ScanStats:
             "resumed_after": self.resumed_after,
             "elapsed": round(self.elapsed, 3),
             "rate": round(self.scanned / self.elapsed) if self.elapsed > 0 else 0,
+            "skipped": self.skipped,
+            "skipped_paths": list(self.skipped_paths),
             "done": self.done,
         }
 
@@ -117,7 +132,15 @@ class Assimilator:
 
         root = await backend.stat(prefix)
         await self.catalog.apply([put_for(volume.mount, root)])
-        async for batch in backend.scan(prefix, start_after=resume_after):
+
+        def skipped(key: str, exc: LoomError) -> None:  # in the scan's thread
+            log.warning(
+                "cannot read; left out of the scan",
+                extra={"mount": volume.mount, "key": key, "error": str(exc)},
+            )
+            stats.skip(path_of(volume.mount, key))
+
+        async for batch in backend.scan(prefix, start_after=resume_after, skipped=skipped):
             update = VolumeUpdate(volume.id, checkpoint=batch[-1].sort_key) if importing else None
             applied = await self.catalog.apply_scan(scan_rows(volume.mount, batch), update)
             for row_id in applied.seen:
@@ -129,7 +152,7 @@ class Assimilator:
             stats.scanned += len(batch)
             self._report(stats, progress)
         if sweeping:
-            stats.deleted += await self._sweep(volume, backend, top, max_id, seen)
+            stats.deleted += await self._sweep(volume, backend, top, max_id, seen, stats)
         if not prefix:
             await self.catalog.update_volume(
                 VolumeUpdate(
@@ -150,13 +173,27 @@ class Assimilator:
             progress(stats)
 
     async def _sweep(
-        self, volume: Volume, backend: Backend, top: str, max_id: int, seen: bytearray
+        self,
+        volume: Volume,
+        backend: Backend,
+        top: str,
+        max_id: int,
+        seen: bytearray,
+        stats: ScanStats,
     ) -> int:
-        """Delete rows below ``top`` that existed before the scan and that it did not see."""
+        """Delete rows below ``top`` that existed before the scan and that it did not see
+        (what it could not read, and what is below that, stays as it was)."""
+        unread = set(stats.skipped_paths)
         gone: set[str] = set()
         after: tuple[str, str] | None = None
         while rows := await self.catalog.subtree_ids(top, after, _SWEEP_PAGE, max_id):
-            gone.update(path for row_id, path in rows if not seen[row_id])
+            gone.update(
+                path
+                for row_id, path in rows
+                if not seen[row_id]
+                and path not in unread
+                and not any(a in unread for a in paths.ancestors(path))
+            )
             after = paths.split(rows[-1][1])
         # a vanished directory takes its children with it: confirm and delete only the tops
         tops = sorted(p for p in gone if not any(a in gone for a in paths.ancestors(p)))
@@ -166,6 +203,8 @@ class Assimilator:
                 await backend.stat(paths.relative(path, volume.mount))
             except NotFound:
                 confirmed.append(path)
+            except LoomError:  # can't tell (past SKIPPED_KEPT unreadable ones): keep it
+                pass
         for i in range(0, len(confirmed), _DELETE_BATCH):
             await self.catalog.apply(
                 [

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 
@@ -28,6 +28,7 @@ from ..core.types import Entry, Feed, Principal
 from ..errors import (
     AuthenticationFailed,
     BackendUnavailable,
+    ConfigError,
     Conflict,
     CorruptData,
     LoomError,
@@ -60,6 +61,8 @@ class RestNamespace(FeedNamespace, ChunkLink):
         authenticate with (HTTP Basic); none: the anonymous caller. ``forward``: send each
         call's user and protocol along, as a spoke does over its mutual-TLS link (the hub
         trusts a site's word on them)."""
+        if urlsplit(base_url).scheme not in ("http", "https"):
+            raise ConfigError(f"a hub URL starts with http:// or https://, unlike {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
@@ -127,9 +130,15 @@ class RestNamespace(FeedNamespace, ChunkLink):
 
     async def _lines(self, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
         async with response:
-            async for line in response.content:
-                if line.strip():
-                    yield json.loads(line)
+            try:
+                async for line in response.content:
+                    if line.strip():
+                        yield json.loads(line)
+            except aiohttp.ClientError as exc:  # say the hub was killed mid-job
+                raise BackendUnavailable(
+                    f"{self.base_url} ended its answer before the last line: did it stop? "
+                    "(see its log)"
+                ) from exc
 
     # -- the namespace API -----------------------------------------------------------------
 

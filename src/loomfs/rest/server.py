@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from email.utils import formatdate
 from typing import Any, Protocol
 
@@ -144,12 +144,13 @@ class RestServer:
         authenticate: Callable[[web.Request], Awaitable[Principal]] | None = None,
         governance: GovernedNamespace | None = None,
         routes: Sequence[web.RouteDef] = (),
+        health: Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]] | None = None,
     ) -> None:
         """``authenticate`` says who a request comes from (``rest.auth``); without it
         every caller is anonymous. ``governance`` decides the administration routes
         (an explicit admin right on the volume's mount, on "/" to list volumes or
         settle; without it they refuse everyone) and what of the change feed a caller
-        sees."""
+        sees. ``health`` checks the parts of the site for ``/healthz`` (each with ``ok``)."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
@@ -157,6 +158,7 @@ class RestServer:
         self._authenticate = authenticate
         self.governance = governance
         self.routes = routes  # more routes behind the same middleware (a spoke's prefetcher)
+        self._health = health
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
@@ -549,4 +551,8 @@ class RestServer:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return _json({"status": "ok", "site": self.site})
+        """Open to every caller (a probe has no credentials): 503 while any part is down."""
+        checks = dict(await self._health()) if self._health is not None else {}
+        ok = all(check.get("ok") for check in checks.values())
+        body = {"status": "ok" if ok else "degraded", "site": self.site, "checks": checks}
+        return _json(body, 200 if ok else 503)

@@ -36,6 +36,7 @@ import blake3
 from prometheus_client import Counter, Gauge
 
 from .. import paths
+from ..core.retry import Backoff
 from ..core.streams import clamp_range
 from ..core.types import SPECIAL_KINDS, SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
 from ..errors import (
@@ -94,8 +95,10 @@ FEED_WAIT = 5.0
 COLD_FETCH = 8 * BLOCK  # what the first request for a file brings along with its entry
 WARM_FILES = 3  # files a warm-up fetches at once (see ``warm``)
 LEASE_MARGIN = 1.0
-RETRY = 1.0
-STUCK_RETRY = 5.0  # a write the hub refused is tried again this often
+RETRY = 0.5  # the first wait after the link failed; then twice as long each time...
+RETRY_MAX = 15.0  # ...up to this (a refusal waits this long at once: see core.retry)
+STUCK_RETRY = 5.0  # a write the hub refused is tried again after this, then less often...
+STUCK_RETRY_MAX = 300.0  # ...or when the change feed says its path changed
 #: refusals that stand until someone acts (a policy, a path): sync() reports them
 _FINAL = (PermissionDenied, NotFound, NotADirectory, IsADirectory, InvalidPath, InvalidArgument)
 
@@ -127,6 +130,7 @@ class SpokeNamespace(Namespace):
         self._known: dict[str, Entry] = {}  # what the hub said of each path, until changed
         # path -> (seq, was a content change) of the last change that dropped what we knew
         self._forgotten: dict[str, tuple[int, bool]] = {}
+        self._below: dict[str, int] = {}  # path -> seq of the last change of all below it
         self.lease_until = 0.0
         self.lease_term = 0.0
         self._tasks: list[asyncio.Task[None]] = []
@@ -143,14 +147,31 @@ class SpokeNamespace(Namespace):
         self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
         self.seq = 0
         self.online = True
+        self._link_retry: Backoff[str] = Backoff(RETRY, RETRY_MAX)  # the feed, the uploads
+        self._stuck_retry: Backoff[int] = Backoff(STUCK_RETRY, STUCK_RETRY_MAX)  # by seq
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Join the change feed at its head (the cache keeps only versions it can check)."""
+        """Join the change feed at its head (the cache keeps only versions it can check).
+        With the hub reachable, what is attached must exist there (``NotFound`` names it)."""
         self.cache.open()
-        with contextlib.suppress(BackendUnavailable):
+        try:
             self.seq = (await self.hub.changes(0, 1)).head
+        except BackendUnavailable:
+            self._set_online(False)
+        else:
+            for top in self.attached:
+                try:
+                    await self.hub.stat(SYSTEM, top)
+                except NotFound:
+                    raise NotFound(
+                        f"the hub has no {top} to attach: check --attach ([spoke] attach); "
+                        "`loomfs ls` at the hub lists what it has",
+                        path=top,
+                    ) from None
+                except PermissionDenied:  # it exists; its users' rights decide the rest
+                    pass
         self._tasks = [
             asyncio.create_task(self._follow()),
             asyncio.create_task(self._upload_forever()),
@@ -174,14 +195,14 @@ class SpokeNamespace(Namespace):
             wait = min(FEED_WAIT, self.lease_term / 3) if self.lease_term else FEED_WAIT
             try:
                 feed = await self.hub.changes(self.seq, 1000, wait=wait, ack=self.seq)
-            except BackendUnavailable:
-                self._set_online(False)
-                await asyncio.sleep(RETRY)
-                continue
             except LoomError as exc:  # say a hub shutting down: the lease lapses meanwhile
-                log.warning("the change feed failed: %s", exc)
-                await asyncio.sleep(RETRY)
+                if isinstance(exc, BackendUnavailable):
+                    self._set_online(False)
+                elif not self._link_retry.failures("feed"):  # once, not at every retry
+                    log.warning("the change feed failed: %s", exc)
+                await asyncio.sleep(self._link_retry.failed("feed", exc))
                 continue
+            self._link_retry.succeeded("feed")
             self._set_online(True)
             for change in feed.changes:
                 self.apply_change(change)
@@ -197,6 +218,8 @@ class SpokeNamespace(Namespace):
     def _set_online(self, online: bool) -> None:
         if online != self.online:
             log.warning("link to the hub is %s", "up" if online else "down")
+            if online and len(self.journal):  # the uploader may be backing off: replay now
+                self._wake.set()
         self.online = online
         LINK_UP.set(int(online))
 
@@ -227,16 +250,31 @@ class SpokeNamespace(Namespace):
             self._forget(change.path, change.seq, content=content, below=below)
         if change.new_path:
             self._forget(change.new_path, change.seq, below=True)
+        if self._stuck and any(
+            paths.is_within(p.path, change.path) for p in self.journal if p.seq in self._stuck
+        ):  # a refused write may commit now (its directory came back, say): try it again
+            self._wake.set()
         self.seq = max(self.seq, change.seq)
         FEED_SEQ.set(self.seq)
 
     def _forget(self, path: str, seq: int, *, content: bool = False, below: bool = False) -> None:
         self._known.pop(path, None)
         if below:
+            self._below[path] = seq
             prefix = path.rstrip("/") + "/"
             for known in [p for p in self._known if p.startswith(prefix)]:
                 del self._known[known]
         self._forgotten[path] = (seq, content)
+
+    def changed_since(self, path: str, seq: int) -> bool:
+        """Whether the change feed changed ``path``, or a directory above it, after change
+        ``seq``: a refusal or an absence the hub answered at ``seq`` may be answered
+        otherwise now (and until then, asking again costs the link for nothing). Of the
+        directories above, only changes of all below them count (a move, a delete, an
+        eviction), not a directory's own (its mtime moves with its listing)."""
+        if self._forgotten.get(path, (0, False))[0] > seq:
+            return True
+        return any(self._below.get(at, 0) > seq for at in (path, *paths.ancestors(path)))
 
     def _learn(self, entry: Entry, asked_at: int) -> None:
         """Remember an answer from the hub, unless the feed changed the path while the
@@ -684,11 +722,12 @@ class SpokeNamespace(Namespace):
                 waiter = self._waiters.get(pending.seq)
                 try:
                     entry = await self._commit(pending, waiting=waiter is not None)
-                except BackendUnavailable:
+                except BackendUnavailable as exc:
                     self._set_online(False)
                     for waiting in list(self.journal):  # none of them can commit for now
                         self._release_early(waiting)
-                    asyncio.get_running_loop().call_later(RETRY, self._wake.set)
+                    retry = self._link_retry.failed("upload", exc)
+                    asyncio.get_running_loop().call_later(retry, self._wake.set)
                     break
                 except Exception as exc:
                     if waiter is not None:  # the writer is there to hear it
@@ -704,8 +743,10 @@ class SpokeNamespace(Namespace):
                                       extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
                         self._stuck[pending.seq] = exc
                         blocked.add(pending.path)
-                        asyncio.get_running_loop().call_later(STUCK_RETRY, self._wake.set)
+                        retry = self._stuck_retry.failed(pending.seq, exc)
+                        asyncio.get_running_loop().call_later(retry, self._wake.set)
                     continue
+                self._link_retry.succeeded("upload")
                 self._set_online(True)
                 if entry.path == pending.path:
                     self.journal.rebase(pending, entry.version)
@@ -724,6 +765,7 @@ class SpokeNamespace(Namespace):
                     log.exception("could not keep a written file in the cache")
                 self.journal.remove(pending)
                 self._stuck.pop(pending.seq, None)
+                self._stuck_retry.succeeded(pending.seq)
                 self._learn(entry, entry.version)
                 waiter = self._waiters.pop(pending.seq, None)
                 if waiter is not None:

@@ -12,6 +12,10 @@ a key is ``group << GROUP_BITS | position`` where a group is
 History of earlier runs over the same data follows the same keys. A read of a file from its
 start counts as a read of its place in the directory; a large file's reads count block by
 block. Reads a plan covers are not observed: the plan already says what comes next.
+
+A listing the hub refuses (or of a directory gone) is not asked for again until the change
+feed changes that directory; one that failed for a moment (the link) is asked again with
+backoff (``core.retry``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .. import paths
+from ..core.retry import Backoff, retryable
 from ..core.types import SYSTEM, Entry, EntryKind
 from ..errors import LoomError
 from ..prefetch.adaptive import (
@@ -42,6 +47,7 @@ LARGE = 2 * BLOCK  # files above this are read ahead block by block, and fetched
 LISTING_MAX = 1 << 16  # files of a directory listed for sibling prediction; beyond that none
 DIRECTORIES = 64  # listings kept (least recently read first out): memory stays bounded
 RELIST_S = 1.0  # a read of a file the listing lacks lists again, at most this often
+RELIST_MAX_S = 60.0  # a listing that failed for a moment: asked again at most this late
 RECENT = 16  # a unit seen again within this many observations is the same read (FUSE pieces)
 
 
@@ -73,6 +79,7 @@ class _Directory:
     files: list[Entry]
     position: dict[str, int]
     listed_at: float
+    refused_at: int | None = None  # the feed position where the hub refused the listing
 
 
 class Predictions:
@@ -80,6 +87,7 @@ class Predictions:
 
     def __init__(self, spoke: SpokeNamespace) -> None:
         self.spoke = spoke
+        self._relist: Backoff[str] = Backoff(RELIST_S, RELIST_MAX_S)
         predictors = (
             SequentialPredictor(),
             StridePredictor(lambda key: key >> GROUP_BITS),
@@ -155,9 +163,7 @@ class Predictions:
         parent, name = paths.split(path)
         group = self._group(True, parent)
         directory = self._directories.get(group)
-        if directory is None or (
-            name not in directory.position and time.monotonic() - directory.listed_at > RELIST_S
-        ):
+        if directory is None or (name not in directory.position and self._stale(parent, directory)):
             directory = self._directories[group] = await self._list(parent)
             if len(self._directories) > DIRECTORIES:
                 self._directories.popitem(last=False)
@@ -166,14 +172,24 @@ class Predictions:
         if position is not None:
             self._see(group << GROUP_BITS | position)
 
+    def _stale(self, parent: str, directory: _Directory) -> bool:
+        """Whether a listing that lacks a file just read may be asked for again."""
+        if directory.refused_at is not None:
+            return self.spoke.changed_since(parent, directory.refused_at)
+        return time.monotonic() - directory.listed_at > RELIST_S and self._relist.ready(parent)
+
     async def _list(self, parent: str) -> _Directory:
         files: list[Entry] = []
+        asked_at = self.spoke.seq
         try:
             async for entry in self.spoke.list(SYSTEM, parent, limit=LISTING_MAX + 1):
                 if entry.kind is EntryKind.FILE:
                     files.append(entry)
-        except LoomError:  # link down, not attached: no siblings now, ask again later
-            files = []
+        except LoomError as exc:  # link down, not attached: no siblings now
+            self._relist.failed(parent, exc)
+            refused = None if retryable(exc) else asked_at  # until the directory changes
+            return _Directory([], {}, time.monotonic(), refused)
+        self._relist.succeeded(parent)
         listed_at = time.monotonic()
         if len(files) > LISTING_MAX:
             # too many to keep for one guess: no sibling prediction, and no listing again

@@ -25,6 +25,11 @@ Eviction follows the plans too: with a plan active the cache's policy is ``PlanP
 prefetch would evict the one before it, unread: LFU drops the newest once-read first).
 Metrics: demand hit ratio, bytes fetched, prefetched bytes evicted unread (wasted), time
 demand reads stalled; prefetch bytes, hits and waste labelled by source (plan, predict).
+
+A prefetch the hub refuses (a placement policy, an ACL) or finds nothing for (the file was
+deleted) is not asked again until the change feed changes the path or a demand read of it
+succeeds: a plan or a guess that names it would otherwise ask for it at every turn of the
+loop. One that failed for a moment (the link) is asked again with backoff (``core.retry``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from .. import paths
+from ..core.retry import Backoff, retryable
 from ..core.types import SYSTEM, Entry
 from ..errors import InvalidArgument, LoomError
 from ..prefetch.adaptive import AdaptivePolicy, HistoryPredictor
@@ -75,6 +81,8 @@ TICK_S = 0.05  # longest the loop sleeps when nothing wakes it
 BANDWIDTH_WINDOW_S = 5.0
 SLACK_S = 1.0  # how late a job may run before eviction stops counting on a read
 PREDICT_WINDOW = 0.25  # of the cache's capacity, the most predicted bytes held unread
+RETRY_S = 1.0  # a prefetch that failed for a moment waits this long, then longer...
+RETRY_MAX_S = 60.0  # ...up to this
 
 
 class Bandwidth:
@@ -277,6 +285,9 @@ class Prefetcher:
         self.predict = Predictions(spoke)
         self._predicting: dict[Key, tuple[asyncio.Task[None], int]] = {}  # unit keys, as above
         self._predicted: dict[int, Key] = {}  # cache file id -> unit fetched for it, unread
+        # path -> the feed position its prefetch was refused at (or found it gone)
+        self._refused: dict[str, int] = {}
+        self._retry: Backoff[str] = Backoff(RETRY_S, RETRY_MAX_S, clock=clock)  # by path
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.policy = SpokePolicy(
@@ -380,6 +391,8 @@ class Prefetcher:
         STALL.inc(stall_s)
         for watch in self._watched.get(entry.path, ()):
             watch.update(blocks)
+        self._refused.pop(entry.path, None)  # read by someone: the hub lets it come here
+        self._retry.succeeded(entry.path)
         unread = self._unread.get(entry.id)
         if unread is not None and not unread.isdisjoint(blocks):
             unread.difference_update(blocks)
@@ -461,7 +474,7 @@ class Prefetcher:
             if window < 0:
                 break
             done = any(job.reads[key] > job.passed[key] for job in self.jobs.values())
-            if key in self._in_flight or done or self._cached(key):
+            if key in self._in_flight or done or self._cached(key) or self._held(self.paths[key]):
                 continue
             if size > budget and (chosen or self._busy()):
                 break
@@ -500,7 +513,7 @@ class Prefetcher:
         room -= sum(booked for _, booked in self._predicting.values())
         chosen: list[Target] = []
         for target in self.predict.targets():
-            if target.key in self._predicting or self._holds(target):
+            if target.key in self._predicting or self._holds(target) or self._held(target.path):
                 continue
             if target.length > room or (target.length > budget and (chosen or self._busy())):
                 break
@@ -513,6 +526,22 @@ class Prefetcher:
         entry = self.cache.get(target.path, target.version)
         blocks = block_span(target.offset, target.length)
         return entry is not None and all(block in entry.hashes for block in blocks)
+
+    def _held(self, path: str) -> bool:
+        """Whether a prefetch of ``path`` waits: refused (or gone) with no change since, or
+        failed a moment ago."""
+        asked_at = self._refused.get(path)
+        if asked_at is not None:
+            if not self.spoke.changed_since(path, asked_at):
+                return True
+            del self._refused[path]
+        return not self._retry.ready(path)
+
+    def _failed(self, path: str, asked_at: int, exc: LoomError) -> None:
+        if retryable(exc):
+            self._retry.failed(path, exc)
+        else:
+            self._refused[path] = asked_at
 
     async def _run(self) -> None:
         while True:
@@ -530,9 +559,11 @@ class Prefetcher:
                 for target in self._choose_predicted():
                     task = asyncio.create_task(self._fetch_predicted(target))
                     self._predicting[target.key] = (task, target.length)
-            except Exception:
+            except Exception as exc:
                 log.exception("prefetch planning failed")
-                await asyncio.sleep(1)
+                await asyncio.sleep(self._retry.failed("", exc))  # "": the planning itself
+            else:
+                self._retry.succeeded("")
 
     async def _read_ahead(
         self, path: str, offset: int = 0, length: int | None = None
@@ -569,21 +600,26 @@ class Prefetcher:
 
     async def _fetch(self, key: Key) -> None:
         path = self.paths[key]
+        asked_at = self.spoke.seq
         try:
             entry, _, fetched = await self._read_ahead(path)
             self.sizes[key] = entry.size
             self.versions[key] = entry.version
             self.stats.prefetched_files += 1
             PREFETCHED.labels("plan").inc(fetched)
+            self._retry.succeeded(path)
         except LoomError as exc:  # the demand read will say what is wrong, if it matters
             log.info("prefetch failed", extra={"path": path, "error": str(exc)})
+            self._failed(path, asked_at, exc)
         finally:
             self._in_flight.pop(key, None)
             self._wake.set()
 
     async def _fetch_predicted(self, target: Target) -> None:
+        asked_at = self.spoke.seq
         try:
             _, cached, fetched = await self._read_ahead(target.path, target.offset, target.length)
+            self._retry.succeeded(target.path)
             self.stats.predicted_files += 1
             self.stats.predicted_bytes += fetched
             PREFETCHED.labels("predict").inc(fetched)
@@ -591,6 +627,7 @@ class Prefetcher:
                 self._predicted[cached.id] = target.key
         except LoomError as exc:
             log.info("predicted prefetch failed", extra={"path": target.path, "error": str(exc)})
+            self._failed(target.path, asked_at, exc)
         finally:
             self._predicting.pop(target.key, None)
             self._wake.set()

@@ -18,6 +18,7 @@ from aiohttp import web
 from ..config import Config
 from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
+from ..fabric.server import TlsSite
 from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
@@ -82,7 +83,7 @@ class Fabric:
         server = self.hub.fabric_server(self.hub_id, trusted)
         self.runner = web.AppRunner(server.app())
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
+        site = TlsSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
         await site.start()
         self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
 

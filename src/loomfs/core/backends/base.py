@@ -25,6 +25,8 @@ from ..types import EntryKind, ObjectInfo
 Commit = Callable[[], Awaitable[ObjectInfo]]
 #: what a writer wraps around that step (see ``Backend.write``)
 Gate = Callable[[Commit], Awaitable[ObjectInfo]]
+#: told of each key a scan could not read, and why (see ``Backend.scan``)
+Skipped = Callable[[str, LoomError], None]
 
 
 async def ungated(commit: Commit) -> ObjectInfo:
@@ -78,10 +80,14 @@ class Backend(ABC):
 
     @abstractmethod
     def scan(
-        self, prefix: str = "", start_after: str | None = None
+        self, prefix: str = "", start_after: str | None = None, *, skipped: Skipped | None = None
     ) -> AsyncGenerator[list[ObjectInfo], None]:
         """Every object and directory below directory ``prefix`` (not ``prefix`` itself), in
         batches; nothing if there is no such directory.
+
+        A directory or entry that cannot be read (permissions) is passed to ``skipped`` with
+        the error, and the scan goes on without it (and what is below it); without
+        ``skipped`` such an error ends the scan. ``skipped`` may be called from a thread.
 
         Items come in ascending byte order of ``ObjectInfo.sort_key``; with ``start_after``
         only items whose sort key is greater are produced, so a killed scan can resume.

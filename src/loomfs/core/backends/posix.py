@@ -47,7 +47,7 @@ from ...errors import (
 )
 from ..streams import ByteSource, LocalFileSource, clamp_range, file_fingerprint
 from ..types import KIND_BITS, KIND_OF_BITS, EntryKind, ObjectInfo
-from .base import Backend, Capability, Gate, ungated
+from .base import Backend, Capability, Gate, Skipped, ungated
 from .common import batches_from_thread, check_key, child_key, ordered_walk
 
 #: names of loomfs's own in-flight files; hidden from scans and listings
@@ -355,13 +355,18 @@ class PosixBackend(Backend):
         # a stat takes microseconds, else one thread hand-off
         return await self._meta(self._stat_many, keys)
 
-    def _list_children(self, dir_key: str) -> list[ObjectInfo]:
+    def _list_children(self, dir_key: str, skipped: Skipped | None = None) -> list[ObjectInfo]:
         try:
             # O_NOFOLLOW: a walk never enters a symlinked directory.
             fd = self._open_dir(dir_key, os.O_NOFOLLOW)
         except (NotFound, NotADirectory, InvalidPath):
             # Gone since its parent was listed, or not a directory (ELOOP for a symlink):
             # nothing below it.
+            return []
+        except LoomError as exc:  # say no permission: the scan goes on without it
+            if skipped is None:
+                raise
+            skipped(dir_key, exc)
             return []
         base = child_key(dir_key, "")
         items: list[ObjectInfo] = []
@@ -370,24 +375,37 @@ class PosixBackend(Backend):
                 for entry in entries:
                     if entry.name.startswith(TEMP_PREFIX):
                         continue
-                    info = _info(
-                        base + entry.name, entry.stat(follow_symlinks=False), entry.name, fd
-                    )
+                    try:
+                        found = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # gone since it was listed
+                        continue
+                    except OSError as exc:
+                        if skipped is None:
+                            raise
+                        skipped(base + entry.name, from_oserror(exc, base + entry.name))
+                        continue
+                    info = _info(base + entry.name, found, entry.name, fd)
                     if info is not None:
                         items.append(info)
         except OSError as exc:
-            raise from_oserror(exc, dir_key) from exc
+            err = from_oserror(exc, dir_key)
+            if skipped is None:
+                raise err from exc
+            skipped(dir_key, err)  # nothing of it: a part of a listing is no listing
+            return []
         finally:
             os.close(fd)
         items.sort(key=_by_sort_key)
         return items
 
     def scan(
-        self, prefix: str = "", start_after: str | None = None
+        self, prefix: str = "", start_after: str | None = None, *, skipped: Skipped | None = None
     ) -> AsyncGenerator[list[ObjectInfo], None]:
         check_key(prefix)
         return batches_from_thread(
-            lambda: ordered_walk(self._list_children, prefix, start_after),
+            lambda: ordered_walk(
+                functools.partial(self._list_children, skipped=skipped), prefix, start_after
+            ),
             name=f"loomfs-scan {self.root}",
         )
 

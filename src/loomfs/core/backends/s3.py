@@ -54,7 +54,7 @@ from ...errors import (
 )
 from ..streams import BUFFER_SIZE, ByteSource, BytesSource, StreamSource
 from ..types import EntryKind, ObjectInfo
-from .base import Backend, Gate, ungated
+from .base import Backend, Gate, Skipped, ungated
 from .common import (
     PrefetchingLister,
     batches_from_thread,
@@ -310,8 +310,9 @@ class S3Backend(Backend):
         raise NotFound(f"no such object: s3://{self.bucket}/{self._obj(key)}", path=key)
 
     def scan(
-        self, prefix: str = "", start_after: str | None = None
+        self, prefix: str = "", start_after: str | None = None, *, skipped: Skipped | None = None
     ) -> AsyncGenerator[list[ObjectInfo], None]:
+        # a listing refused is the whole bucket's (no per-prefix rights here): it ends the scan
         check_key(prefix)
         return batches_from_thread(
             lambda: ordered_walk(
