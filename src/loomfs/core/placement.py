@@ -397,19 +397,16 @@ class PlacementAuthorizer:
     async def redact(self, site: str, changes: list[Change]) -> list[Change]:
         """The change feed as ``site`` may see it: a change to a path hidden from it
         becomes a metadata change of its nearest visible directory (sequence numbers stay
-        gap-free, so acknowledgements still settle). Evictions go out as they are to the
-        sites they concern (they name what the site could see before); a site every policy
-        there allows gets a metadata change instead, and keeps its cache."""
+        gap-free, so acknowledgements still settle). Evictions go out to the sites they
+        concern (``_redact_eviction``), renames by the names the site may see
+        (``_redact_rename``)."""
         who = Principal(user=f"site:{site}", site=site, protocol="fabric")
         if self.is_local(who):
             return changes
         out: list[Change] = []
         for change in changes:
             if change.op is ChangeOp.EVICT:
-                if await self._refused_around(who, change.path):
-                    out.append(change)
-                else:
-                    out.append(replace(change, op=ChangeOp.META))
+                out.append(await self._redact_eviction(who, change))
                 continue
             if change.op is ChangeOp.RENAME and change.new_path is not None:
                 out.append(await self._redact_rename(who, change))
@@ -435,6 +432,34 @@ class PlacementAuthorizer:
         if new_hidden or await self._refused_data(who, change.new_path):
             return replace(change, op=ChangeOp.DELETE, new_path=None)
         return change
+
+    async def _redact_eviction(self, who: Principal, change: Change) -> Change:
+        """An eviction for the sites it concerns; a site every policy there allows gets
+        a metadata change instead. One naming a path hidden from the site (a move into
+        the policy, a name new to it) names the policy's own root instead: the site
+        drops what it holds there, and learns no name."""
+        if await self.hidden(who, change.path):
+            change = replace(change, path=await self._hidden_root(who, change.path))
+        if await self._refused_around(who, change.path):
+            return change
+        return replace(change, op=ChangeOp.META)
+
+    async def _hidden_root(self, who: Principal, path: str) -> str:
+        """The deepest literal root of a glob of a policy that hides ``path`` from
+        ``who``, or (a tag's policy) the nearest directory above it that is visible."""
+        roots = [
+            glob_prefix(g)
+            for policy in await self._refusing(who, path)
+            if policy.metadata is Visibility.HIDDEN
+            for g in policy.paths
+            if paths.is_within(path, glob_prefix(g))
+        ]
+        if roots:
+            return max(roots, key=len)
+        parent = paths.split(path)[0]
+        while parent != paths.ROOT and await self.hidden(who, parent):
+            parent = paths.split(parent)[0]
+        return parent
 
     async def _nearest_visible(self, who: Principal, change: Change) -> Change:
         """A change to a hidden path, as a metadata change of its nearest visible

@@ -768,7 +768,7 @@ class HubNamespace(ResolvingNamespace):
         mount = hit[0].volume.mount  # inode numbers are per file system: only its own
         return [
             other.path
-            for other in await self.catalog.hard_links(entry.inode)
+            for other in await self.catalog.by_inode(entry.inode)
             if other.path != entry.path and paths.is_within(other.path, mount)
         ]
 

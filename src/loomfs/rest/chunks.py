@@ -77,11 +77,11 @@ class ChunkRoutes:
 
     def register(self, app: web.Application) -> None:
         api = wire.API
-        app.router.add_get(f"{api}/chunkmap/{{path:.*}}", self.chunk_map)
+        app.router.add_get(f"{api}/chunkmap/{wire.PATH}", self.chunk_map)
         app.router.add_post(f"{api}/chunks", self.frames)
         app.router.add_post(f"{api}/chunks/missing", self.missing)
         app.router.add_post(f"{api}/chunks/upload", self.upload)
-        app.router.add_post(f"{api}/chunks/commit/{{path:.*}}", self.commit)
+        app.router.add_post(f"{api}/chunks/commit/{wire.PATH}", self.commit)
 
     async def chunk_map(self, request: web.Request) -> web.Response:
         who, path = self.server.principal(request), "/" + request.match_info["path"]

@@ -174,7 +174,7 @@ class RestServer:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=1 << 20)
-        p = "/{path:.*}"
+        p = "/" + wire.PATH
         app.router.add_get(f"{wire.API}/stat{p}", self.stat)
         app.router.add_get(f"{wire.API}/list{p}", self.list)
         app.router.add_get(f"{wire.API}/files{p}", self.get_file, allow_head=True)

@@ -33,6 +33,9 @@ from ..errors import (
 )
 
 API = "/v1"
+#: the route variable a namespace path is matched by: any character, a newline too (a
+#: name may hold one; aiohttp's default ``.*`` would leave such a path unreachable)
+PATH = "{path:[\\s\\S]*}"
 # a spoke forwards the end user it serves to its hub with these (see fabric.server)
 USER_HEADER = "X-Loomfs-User"
 PROTOCOL_HEADER = "X-Loomfs-Protocol"

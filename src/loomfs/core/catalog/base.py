@@ -179,6 +179,12 @@ class Catalog(ABC):
         of them makes stale."""
 
     @abstractmethod
+    async def by_inode(self, inode: int) -> list[Entry]:
+        """Every entry recorded with ``inode``, in every volume, whatever link count it
+        was last seen with: a hard link made behind loomfs's back may be known under its
+        new name before the old name's row is refreshed."""
+
+    @abstractmethod
     async def subdirs(self, path: str) -> int:
         """How many directories ``path`` holds: a directory's link count is 2 more (its
         name, its '.', and each subdirectory's '..')."""

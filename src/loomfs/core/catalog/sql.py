@@ -588,6 +588,15 @@ class SqlCatalog(Catalog):
 
         return await self._run(self._read, fn)
 
+    async def by_inode(self, inode: int) -> list[Entry]:
+        def fn(cur: Cursor) -> list[Entry]:
+            rows = self._q(
+                cur, f"SELECT {ENTRY_COLUMNS} FROM entries WHERE inode = ?", (inode,)
+            ).fetchall()
+            return [_entry(r) for r in rows]
+
+        return await self._run(self._read, fn)
+
     async def subdirs(self, path: str) -> int:
         def fn(cur: Cursor) -> int:
             row = self._q(
