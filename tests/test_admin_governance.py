@@ -300,7 +300,7 @@ async def test_a_spoke_named_like_the_hub_or_forwarding_rest_is_still_remote(
         assert env.hub.audit is not None
         await asyncio.to_thread(env.hub.audit.flush, 30)
         reads = [r for r in AuditReader(env.hub.config.audit_dir).query() if r.user == "bob"]
-        assert reads and {(r.protocol, r.result) for r in reads} == {("rest", "PermissionDenied")}
+        assert reads and {(r.protocol, r.result) for r in reads} == {("rest", "denied")}
         assert {r.site for r in reads} == {"gpu-us", "local", hub_name}
 
 

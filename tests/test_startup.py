@@ -26,9 +26,10 @@ from loomfs.testing.hubproc import run_cli
 
 
 def hub_config(data_dir: Path) -> Config:
+    """A hub that may assimilate what lies beside its data directory."""
     return Config.model_validate(
         {"site": {"data_dir": str(data_dir)}, "audit": {"enabled": False},
-         "hub": {"rescan_interval": 0, "watch": False}}
+         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(data_dir.parent)]}}
     )  # fmt: skip
 
 
