@@ -33,7 +33,7 @@ from ..core.backends.posix import PosixBackend
 from ..core.catalog.base import Applied, Catalog, Delete, Put
 from ..core.placement import PlacementAuthorizer
 from ..core.registry import open_backend
-from ..core.streams import aiter_bytes, chained, clamp_range
+from ..core.streams import LocalFile, aiter_bytes, chained, clamp_range
 from ..core.types import (
     KIND_OF_BITS,
     SPECIAL_KINDS,
@@ -385,16 +385,22 @@ class HubNamespace(Namespace):
     ) -> Entry:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
-        chunks = aiter(data)
-        first = await anext(chunks, None)
-        if first is not None:
+        body: AsyncIterable[bytes]
+        if isinstance(data, LocalFile):
+            # handed on whole: a posix volume copies it by ranges, keeping its holes
+            body, empty = data, data.size == 0
+        else:
+            chunks = aiter(data)
+            first = await anext(chunks, None)
+            body = aiter_bytes(b"") if first is None else chained(first, chunks)
+            empty = first is None
+        if not empty:
             # checked before the body streams in (a doomed write fails fast), and again
             # under the path's lock, where the staged bytes become visible and are
             # recorded: the lock is never held while a client streams, however slowly. An
             # empty file (a FUSE create) has nothing to stream: only the second check.
             self.write_leases.check(path, who.site)
             await self._writable(path, if_version, exclusive)
-        body = aiter_bytes(b"") if first is None else chained(first, chunks)
         committed: list[Entry] = []
 
         async def gate(commit: Commit) -> ObjectInfo:
