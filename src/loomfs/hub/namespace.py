@@ -15,7 +15,7 @@ import logging
 import os
 import stat
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -61,6 +61,8 @@ from .coherence import Leases, WriteLeases
 log = logging.getLogger(__name__)
 
 MAX_TAG_KEY = 128
+#: as Linux (MAXSYMLINKS): the most symlinks one path is followed through
+_MAX_HOPS = 40
 MAX_TAG_VALUE = 1024
 #: how many of its own writes the hub remembers to recognise their inotify echo: far more
 #: than one debounced batch of events holds
@@ -332,8 +334,9 @@ class HubNamespace(Namespace):
         *,
         if_version: int | None = None,
     ) -> Reader:
-        path = paths.normalize(path)
-        entry = await self._entry(path)
+        # POSIX: a read through a symlink reads its target, whose entry (size, version)
+        # the reader carries
+        path, entry = await self._follow(paths.normalize(path))
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if if_version is not None and entry.version != if_version:
@@ -355,7 +358,10 @@ class HubNamespace(Namespace):
     ) -> Reader:
         # the caller's entry saves a catalog read; the open checks the file against it
         # (an S3 GET stats, then reads: two trips to the catalog thread were one too many)
-        if entry.kind is not EntryKind.FILE:  # a symlink reads its target: read decides
+        if entry.kind is EntryKind.SYMLINK:
+            # its target is read, which is not at the link's version
+            return await self.read(who, entry.path, offset, length)
+        if entry.kind is not EntryKind.FILE:  # read refuses it, as it should be refused
             return await self.read(who, entry.path, offset, length, if_version=entry.version)
         path = paths.normalize(entry.path)
         try:
@@ -721,24 +727,90 @@ class HubNamespace(Namespace):
 
     async def resolve(self, path: str) -> str:
         """The namespace path whose bytes a read of ``path`` returns: a symlink's final
-        target (relative, absolute or through linked directories), as the volume's
-        backend resolves it; ``path`` itself for anything else."""
-        path = paths.normalize(path)
+        target (relative, absolute or through linked directories); ``path`` itself for
+        anything else, or where nothing is there."""
+        try:
+            return (await self._follow(paths.normalize(path)))[0]
+        except NotFound:
+            return paths.normalize(path)
+
+    async def _follow(self, path: str) -> tuple[str, Entry]:
+        """The path and entry a read of ``path`` reaches, following symlinks in the
+        namespace as the kernel follows them on disk: relative targets from the link's
+        directory, absolute ones inside a volume's root, chains and linked directories on
+        the way. A loop, or a target outside every volume, is an error, not a guess."""
         entry = await self.catalog.get(path)
-        hit = self._resolve(path)
-        if entry is None or entry.kind is not EntryKind.SYMLINK or hit is None:
-            return path
-        mounted, key = hit
-        if not isinstance(mounted.backend, PosixBackend):
-            return path  # only posix volumes hold symlinks
-        root = mounted.backend.root
-        real = await asyncio.to_thread(os.path.realpath, os.path.join(root, key))
-        rel = os.path.relpath(real, root)
-        if rel == os.curdir:
-            return mounted.volume.mount
-        if rel.startswith(os.pardir):
-            return path  # out of the volume: the backend refuses to read it
-        return paths.join(mounted.volume.mount, rel)
+        if entry is not None and entry.kind is not EntryKind.SYMLINK:
+            return path, entry  # the common case: one catalog read, as without links
+        if entry is None:
+            # a linked directory on the way? The catalog holds nothing below a symlink,
+            # so it is the deepest ancestor it holds.
+            found = await self.catalog.get_many(paths.ancestors(path))
+            held = [p for p in paths.ancestors(path) if p in found]
+            link = found[held[-1]] if held else None
+            if link is None or link.kind is not EntryKind.SYMLINK:
+                raise NotFound(f"no such file or directory: {path}", path=path)
+            pending = deque(paths.relative(path, link.path).split("/"))
+        else:
+            link, pending = entry, deque()
+        hops = 0
+        while True:
+            hops += 1
+            if hops > _MAX_HOPS:
+                raise InvalidPath(f"too many levels of symbolic links: {path}", path=path)
+            current, steps = self._target_of(link)
+            pending.extendleft(reversed(steps))
+            reached: Entry | None = None
+            while pending:
+                step = pending.popleft()
+                if step in ("", "."):
+                    continue
+                if step == ".." and current in self._mounts:
+                    # up out of a volume's root: on to wherever that leads on the host,
+                    # which may be inside a volume again (``../vol/f`` from its root)
+                    backend = self._mounts[current].backend
+                    if not isinstance(backend, PosixBackend):
+                        raise PermissionDenied(f"{link.path} leads out of its volume", path=path)
+                    host = os.path.join(os.path.dirname(backend.root), *pending)
+                    current, steps = self._on_host(host, link)
+                    pending = deque(steps)
+                    reached = None
+                    continue
+                if step == "..":
+                    current, reached = paths.split(current)[0], None
+                    continue
+                current = paths.join(current, step)
+                reached = await self.catalog.get(current)
+                if reached is None:
+                    raise NotFound(f"no such file or directory: {current} ({path})", path=path)
+                if reached.kind is EntryKind.SYMLINK:
+                    link = reached
+                    break
+                if pending and not reached.is_dir:
+                    raise NotADirectory(f"not a directory: {current} ({path})", path=path)
+            else:
+                return current, reached or await self._entry(current)
+
+    def _target_of(self, link: Entry) -> tuple[str, Sequence[str]]:
+        """Where the symlink ``link`` points: a directory in the namespace to start from and
+        the steps to take from it."""
+        target = link.link_target or ""
+        if not target.startswith("/"):
+            return paths.split(link.path)[0], target.split("/")
+        return self._on_host(target, link)
+
+    def _on_host(self, target: str, link: Entry) -> tuple[str, Sequence[str]]:
+        """An absolute path on the host's file system that ``link`` leads to, as a volume's
+        mount and the steps below it: only a volume's root holds what a link may reach."""
+        target = os.path.normpath(target)
+        for mount, mounted in self._mounts.items():
+            backend = mounted.backend
+            if isinstance(backend, PosixBackend) and paths.is_within(target, backend.root):
+                return mount, target[len(backend.root) :].split("/")
+        raise PermissionDenied(
+            f"the symlink {link.path} points outside every volume ({link.link_target})",
+            path=link.path,
+        )
 
     async def close(self) -> None:
         for mounted in self._mounts.values():

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from types import TracebackType
 
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
-from ..core.types import Entry, Feed, Principal
+from ..core.types import Entry, EntryKind, Feed, Principal
 
 LIST_PAGE = 1000
 
@@ -192,6 +192,17 @@ class Namespace(ABC):
         version: an implementation may take the entry instead of looking it up again, and
         then checks on open that the file is still that version (``Conflict`` if not)."""
         return await self.read(who, entry.path, offset, length, if_version=entry.version)
+
+    async def followed(self, who: Principal, entry: Entry) -> Entry:
+        """What a read of ``entry`` reads: ``entry`` itself, or a symlink's final target's
+        entry (its size, version, etag), found the way a read finds it, since every
+        namespace's read follows links (a dangling link is ``NotFound``, a loop
+        ``InvalidPath``, a link to a directory ``IsADirectory``). For the edges that
+        report sizes and ETags of what they serve (S3 HEAD and listings, fsspec)."""
+        if entry.kind is not EntryKind.SYMLINK:
+            return entry
+        async with await self.read(who, entry.path) as reader:  # opened, never read
+            return reader.entry
 
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
         """``stat`` and ``get_tags`` of one path, for callers that need both (an S3 GET);

@@ -275,7 +275,8 @@ class RestServer:
         range_header = request.headers.get("Range")
         offset, length, status = 0, None, 200
         if range_header:
-            entry = await self.namespace.stat(who, path)
+            # of what the read reads: a symlink's target
+            entry = await self.namespace.followed(who, await self.namespace.stat(who, path))
             window = parse_range(range_header, entry.size)
             if window is not None:
                 (offset, length), status = window, 206
