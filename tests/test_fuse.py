@@ -210,6 +210,55 @@ def test_truncate(work: tuple[Path, Path, str]) -> None:
     assert (disk / "t").read_bytes() == b"z"
 
 
+def _allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def _data_ranges(path: Path) -> list[tuple[int, int]]:
+    """The file's data extents on disk, by SEEK_DATA/SEEK_HOLE."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size, pos, found = os.fstat(fd).st_size, 0, []
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO
+                break
+            pos = os.lseek(fd, start, os.SEEK_HOLE)
+            found.append((start, pos))
+        return found
+    finally:
+        os.close(fd)
+
+
+def test_holes_stay_holes(work: tuple[Path, Path, str]) -> None:
+    """Truncating a file up through the mount writes no zeros, nor does a small write into
+    it afterwards: the volume's file stays sparse, and reads give zeros in the holes."""
+    mnt, disk, _ = work
+    (mnt / "s").write_bytes(b"head")
+    os.truncate(mnt / "s", 1 << 30)
+    assert (disk / "s").stat().st_size == 1 << 30
+    assert _allocated(disk / "s") < MIB
+    middle = 600 * MIB + 7
+    with (mnt / "s").open("r+b") as f:
+        f.seek(middle)
+        f.write(b"0123456789abcdef")
+    assert (disk / "s").stat().st_size == 1 << 30
+    assert _allocated(disk / "s") < MIB
+    # the data sits where it was written, and nowhere else
+    ranges = _data_ranges(disk / "s")
+    assert ranges[0][0] == 0 and any(a <= middle < middle + 16 <= b for a, b in ranges)
+    assert sum(b - a for a, b in ranges) < MIB
+    for view in (mnt / "s", disk / "s"):
+        with view.open("rb") as f:
+            assert f.read(8) == b"head\0\0\0\0"
+            f.seek(middle - 4)
+            assert f.read(24) == b"\0" * 4 + b"0123456789abcdef" + b"\0" * 4
+            f.seek((1 << 30) - 3)
+            assert f.read() == b"\0" * 3
+
+
 def test_rename(work: tuple[Path, Path, str]) -> None:
     mnt, disk, _ = work
     (mnt / "a").write_bytes(b"a")

@@ -629,7 +629,7 @@ class PosixBackend(Backend):
             return await asyncio.shield(committing)
 
         try:
-            if local is not None:
+            if local is not None and not empty:
                 await asyncio.to_thread(copy_sparse, local.fd, _fd(staged), local.size)
             elif first is not None and chunks is not None:
                 await asyncio.to_thread(_write_all, _fd(staged), first)
