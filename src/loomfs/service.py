@@ -286,6 +286,15 @@ class HubService:
             max_part_size=s3.max_part_size,
         )
 
+    def rest_server(self) -> RestServer:
+        return RestServer(
+            self.governed,
+            self,
+            site=self.config.site.name,
+            authenticate=self.authenticator(),
+            governance=self.governed,
+        )
+
     def authenticator(self) -> RegistryAuthenticator:
         return RegistryAuthenticator(
             UserRegistry(self.catalog),
@@ -298,14 +307,7 @@ class HubService:
         ``[s3] listen`` is set, and the fabric link for spokes when ``[fabric] listen`` is."""
         await self.start()
         try:
-            server = RestServer(
-                self.governed,
-                self,
-                site=self.config.site.name,
-                authenticate=self.authenticator(),
-                governance=self.governed,
-            )
-            listeners = [Listener("url", server.app(), self.config.listen_host_port)]
+            listeners = [Listener("url", self.rest_server().app(), self.config.listen_host_port)]
             if self.config.s3.listen:
                 listen = host_port(self.config.s3.listen, "s3.listen")
                 listeners.append(Listener("s3", self.s3_gateway().app(), listen))
