@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API
 from loomfs.service import HubService
+from loomfs.testing.fixtures import filled, tmpfs
 from loomfs.testing.hubproc import HubProcess, site_config
 from loomfs.testing.s3gateway import register_users
 
@@ -113,33 +113,6 @@ MIB = 1 << 20
 S3_USER = ("fay", "FAYACCESSKEY00000000", "fay-secret-" + "s" * 29)
 BUCKET = "faults"
 OLD = os.urandom(300_000)
-
-
-@contextlib.contextmanager
-def _tmpfs(where: Path, size: str) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.fail("this test mounts tmpfs file systems and must run as root (CI does)")
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=True)
-
-
-@contextlib.contextmanager
-def _filled(fs: Path) -> Iterator[None]:
-    """``fs`` full to the last page, by a file outside what loomfs uses of it."""
-    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for block in (MIB, 64 << 10, 4096):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, bytes(block))
-        yield
-    finally:
-        os.close(fd)
-        os.unlink(fs / "filler")
 
 
 class Hub:
@@ -238,10 +211,10 @@ class Hub:
         failing (as SQLite's on a full data directory), the data directory full (S3's
         multipart staging)."""
         if stage == "volume":
-            with _filled(self.volume_fs):
+            with filled(self.volume_fs):
                 yield
         elif stage == "staging":
-            with _filled(self.data_fs):
+            with filled(self.data_fs):
                 yield
         elif stage == "rename":
             real = PosixBackend._commit
@@ -272,7 +245,7 @@ class Hub:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     tmp = tmp_path_factory.mktemp("faults")
-    with _tmpfs(tmp / "data", "48m") as data_fs, _tmpfs(tmp / "volume", "12m") as volume_fs:
+    with tmpfs(tmp / "data", "48m") as data_fs, tmpfs(tmp / "volume", "12m") as volume_fs:
         made = Hub(tmp, data_fs, volume_fs)
         try:
             yield made

@@ -29,6 +29,7 @@ from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
 from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.protocols.fuse.session import PollingSelector
 from loomfs.service import HubService
+from loomfs.testing.fixtures import tmpfs
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.sites import spoke_site
@@ -798,6 +799,32 @@ def test_mount_of_a_spoke_running_in_the_mount(tmp_path: Path) -> None:
         assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) >= len(data)
     log = mount.log()
     assert "Traceback" not in log and "unanswered" not in log, log
+
+
+def test_a_write_the_spool_has_no_room_for_leaves_the_volume_as_it_was(tmp_path: Path) -> None:
+    """The mount's spool (in the site's data directory) fills up in the middle of a
+    30 MB write: the write fails with ENOSPC, and no piece of it reaches the volume, over
+    an existing file or in a new one; once the spool is released, writes work again."""
+    _require_fuse()
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    old = os.urandom(MIB)
+    (vol / "kept.bin").write_bytes(old)
+    with tmpfs(tmp_path / "data", "12m"):
+        config = prepare_site(tmp_path, {"/vol": vol})
+        with MountProcess(config, tmp_path / "mnt") as mount:
+            mnt = mount.mountpoint / "vol"
+            for name in ("kept.bin", "new.bin"):
+                with pytest.raises(OSError) as failed, (mnt / name).open("wb") as f:
+                    for _ in range(30):
+                        f.write(os.urandom(MIB))
+                assert failed.value.errno == errno.ENOSPC, name
+            assert (vol / "kept.bin").read_bytes() == old
+            assert (vol / "new.bin").read_bytes() == b""  # made by the create, nothing more
+            assert sorted(os.listdir(vol)) == ["kept.bin", "new.bin"]
+            assert (mnt / "kept.bin").read_bytes() == old
+            (mnt / "kept.bin").write_bytes(b"room again")
+            assert (vol / "kept.bin").read_bytes() == b"room again"
 
 
 def test_write_buffer_makes_its_spool_file_at_first_use(tmp_path: Path) -> None:
