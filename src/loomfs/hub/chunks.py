@@ -213,7 +213,8 @@ class HubChunks:
         now (one computation per version however many spokes ask at once)."""
         if self.gate is not None:
             await self.gate.check_read(who, path)  # the map names the file's bytes
-        entry = await self.namespace.stat(who, path)
+        # a symlink's map is its target's (the bytes a read of it returns)
+        entry = await self.namespace.followed(who, await self.namespace.stat(who, path))
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if entry.kind in SPECIAL_KINDS:  # nothing to cut, and opening one may block
