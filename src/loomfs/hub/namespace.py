@@ -407,15 +407,20 @@ class HubNamespace(Namespace):
             # empty file (a FUSE create) has nothing to stream: only the second check.
             self.write_leases.check(path, who.site)
             await self._writable(path, if_version, exclusive)
-        committed: list[Entry] = []
+        committed: list[Applied] = []
+        cancelled = False
 
         async def gate(commit: Commit) -> ObjectInfo:
+            nonlocal cancelled
             async with self._lock(path):
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 info = await commit()
-                committed.append(
-                    await self._record(
+                # The volume's write fails (and is undone) if this gate does; once the
+                # catalog is recording it, a cancel (its client gone) waits for that, so
+                # that a write the catalog holds is never undone on the volume.
+                recording = asyncio.ensure_future(
+                    self._apply_record(
                         mounted,
                         info,
                         force_version=True,
@@ -423,11 +428,23 @@ class HubNamespace(Namespace):
                         expect_version=current.version if current else None,
                     )
                 )
-                return info
+                while True:
+                    try:
+                        committed.append(await asyncio.shield(recording))
+                        return info
+                    except asyncio.CancelledError:
+                        if recording.done():
+                            raise
+                        cancelled = True
 
         await mounted.backend.write(key, body, mode=mode, gate=gate)
-        await self._links_changed(mounted, committed[0], path)
-        return committed[0]
+        if cancelled:
+            raise asyncio.CancelledError
+        # acknowledged once the spokes have applied it: waited for outside the path's
+        # lock and after the volume's write is final
+        entry = self._noted(await self._settled(committed[0]))
+        await self._links_changed(mounted, entry, path)
+        return entry
 
     async def _writable(self, path: str, if_version: int | None, exclusive: bool) -> Entry | None:
         """The entry a write would replace (None: a new file), or why it may not."""
@@ -544,6 +561,14 @@ class HubNamespace(Namespace):
     async def _record(
         self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
     ) -> Entry:
+        """Commit what this namespace just wrote to the volume (``_apply_record``), and
+        acknowledge it once the spokes have applied it."""
+        applied = await self._apply_record(mounted, info, **preconditions)
+        return self._noted(await self._settled(applied))
+
+    async def _apply_record(
+        self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
+    ) -> Applied:
         """Commit what this namespace just wrote to the volume, with the preconditions
         checked before the write. A sweep (inotify or a rescan) may have recorded this very
         object between the volume write and now, which fails the preconditions although
@@ -559,8 +584,8 @@ class HubNamespace(Namespace):
                 put.inode,
             ):
                 raise
-            return seen
-        return self._noted(await self._settled(applied))
+            return Applied(None, seen, None)
+        return applied
 
     async def _settled(self, applied: Applied) -> Entry:
         """Acknowledge a commit only once the spokes holding leases have applied it."""
