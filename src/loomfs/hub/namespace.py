@@ -1,10 +1,13 @@
 """The hub's namespace (hub layer): the namespace API over a catalog and its volumes.
 
-Reads go to the volume in place, by range. Writes land in the volume atomically (the
-backend's job) and are then committed to the catalog with a new version; a write is
-acknowledged only after that commit. Changes made behind loomfs's back are noticed three
-ways: rescans, inotify on posix volumes, and lazily, when a read finds the object is no
-longer the version the catalog holds (it records the new version, then serves it).
+Reads go to the volume in place, by range; a read through a symlink reads its target,
+found by following links in the catalog as the kernel would on disk. Writes land in the
+volume atomically (the backend's job) and are then committed to the catalog with a new
+version; a write is acknowledged only after that commit, and one that fails at any step
+leaves the volume as it was (the backend puts back what it replaced). Changes made
+behind loomfs's back are noticed three ways: rescans, inotify on posix volumes, and
+lazily, when a read finds the object is no longer the version the catalog holds (it
+records the new version, then serves it).
 """
 
 from __future__ import annotations
@@ -753,7 +756,8 @@ class HubNamespace(Namespace):
     async def resolve(self, path: str) -> str:
         """The namespace path whose bytes a read of ``path`` returns: a symlink's final
         target (relative, absolute or through linked directories); ``path`` itself for
-        anything else, or where nothing is there."""
+        anything else, or where nothing is there. A loop or a link out of every volume
+        raises, as a read of it would."""
         try:
             return (await self._follow(paths.normalize(path)))[0]
         except NotFound:

@@ -6,10 +6,14 @@ last component relative to it without following a symlink there; a read resolves
 opens it with ``O_NOFOLLOW`` and checks the descriptor the same way. So neither a symlink
 nor a race that swaps one in leads out of the volume. Symlinks are reported as what they
 are and never followed by a scan.
-Writes go to a hidden temp file in the target's directory, are fsynced and renamed over
-the target, so readers see the old or the new file, never a partial one. A file with hard
-links is the exception: a rename would cut it off from its other names, so the staged
-bytes are copied into it in place (readers of it may see a mix while that copy runs).
+Writes go to a hidden temp file in the target's directory, are fsynced and swapped with
+the target (RENAME_EXCHANGE), so readers see the old or the new file, never a partial one,
+and the old one stays aside under the temp name until the writer's gate (the catalog's
+commit) has succeeded; if it fails, the old file is put back (a new one removed), so a
+failed write leaves the directory as it was. A file with hard links is the exception: a
+rename would cut it off from its other names, so its old bytes are copied aside and the
+staged bytes into it in place (readers of it may see a mix while that copy runs). A body
+handed over as a local file (``LocalFile``) is copied by its data ranges: holes stay holes.
 Special files (fifos, devices, sockets) are recorded and made with mknod, never opened.
 """
 
