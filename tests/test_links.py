@@ -30,6 +30,7 @@ from loomfs.rest.client import RestNamespace
 from loomfs.sdk.fsspec import LoomFileSystem
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.s3gateway import BUCKET_ROOT, s3_gateway_hub
+from loomfs.torch import FileDataset
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -89,6 +90,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         (root / "outside").symlink_to(str(scratch / "secret"))
         (scratch / "secret").write_bytes(b"not in the namespace")
         (root / "dangling").symlink_to("d/nothing")
+        (root / "dataset").mkdir()  # samples that are links, and one that is not
+        (root / "dataset" / "a-plain.bin").write_bytes(b"plain sample")
+        (root / "dataset" / "b-link.bin").symlink_to("../d/target.bin")
+        (root / "dataset" / "c-chain.bin").symlink_to("b-link.bin")
         asyncio.run(_rescan(hub.url))
         yield Site(hub, root)
 
@@ -185,6 +190,13 @@ def test_fsspec_reads_and_sizes_the_target(site: Site) -> None:
         for i in fs.ls(f"{host}{_path('')}".rstrip("/"), detail=True)
     }
     assert sizes["relative"] == sizes["chain"] == sizes["absolute"] == len(TARGET)
+
+
+def test_a_file_dataset_of_links_yields_and_sizes_the_targets(site: Site) -> None:
+    host = site.hub.url.removeprefix("http://")
+    dataset = FileDataset(f"loomfs://{host}{_path('dataset')}")
+    assert dataset.sizes == [len(b"plain sample"), len(TARGET), len(TARGET)]
+    assert [dataset[i] for i in range(len(dataset))] == [b"plain sample", TARGET, TARGET]
 
 
 # -- random chains, in process -------------------------------------------------------------
