@@ -194,7 +194,7 @@ def test_fsspec_reads_and_sizes_the_target(site: Site) -> None:
 
 def test_a_file_dataset_of_links_yields_and_sizes_the_targets(site: Site) -> None:
     host = site.hub.url.removeprefix("http://")
-    dataset = FileDataset(f"loomfs://{host}{_path('dataset')}")
+    dataset: FileDataset[bytes] = FileDataset(f"loomfs://{host}{_path('dataset')}")
     assert dataset.sizes == [len(b"plain sample"), len(TARGET), len(TARGET)]
     assert [dataset[i] for i in range(len(dataset))] == [b"plain sample", TARGET, TARGET]
 
