@@ -651,7 +651,8 @@ class PosixBackend(Backend):
             if isinstance(exc, OSError):
                 raise self._oserror(exc, key) from exc
             raise
-        self._settle(staged)
+        # what it replaced is dropped (a cancel meanwhile leaves that to the thread)
+        await self._meta(self._settle, staged)
         return info
 
     def _discard(self, creating: asyncio.Future[_Staged]) -> None:
