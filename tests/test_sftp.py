@@ -337,7 +337,7 @@ async def _upload_into_a_full_spool(site: Site, name: str) -> None:
             for _ in range(30):
                 await f.write(os.urandom(1 << 20))
         # SFTP 3 has no "no space" status (asyncssh sends FX_FAILURE): the message says it
-        assert "spool is full" in failed.value.reason
+        assert f"spool {site.tmp / 'site' / 'sftp-spool'} is full" in failed.value.reason
         with contextlib.suppress(asyncssh.SFTPError):
             await f.close()
 

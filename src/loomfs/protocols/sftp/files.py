@@ -137,6 +137,7 @@ class WriteHandle:
         exclusive: bool,
         append: bool,
         mode: int | None,
+        spool: Path,
     ) -> None:
         self.ns = ns
         self.who = who
@@ -147,6 +148,7 @@ class WriteHandle:
         self.exclusive = exclusive
         self.append = append
         self.mode = mode
+        self.spool = spool  # the directory of its spool file: named when its disk is full
         self.pending = Pending()
         self._sent = 0  # spool bytes handed to the streaming write
         self._end = 0  # end of what was written front to back
@@ -195,14 +197,14 @@ class WriteHandle:
             raise
         except OSError as exc:
             os.close(fd)
-            raise from_oserror(exc, path, disk="the SFTP spool") from exc
+            raise from_oserror(exc, path, disk=f"the SFTP spool {spool}") from exc
         except BaseException:
             os.close(fd)
             raise
         # a new file exists once opened and a truncation happens even if nothing is written
         handle = cls(
             ns, who, path, fd, base=existing, dirty=not keep, exclusive=exclusive,
-            append=append, mode=mode,
+            append=append, mode=mode, spool=spool,
         )  # fmt: skip
         if not keep:
             handle._stream = asyncio.create_task(handle._commit(handle._follow()))
@@ -240,7 +242,7 @@ class WriteHandle:
         try:
             change(*args)
         except OSError as exc:
-            self._broken = from_oserror(exc, self.path, disk="the SFTP spool")
+            self._broken = from_oserror(exc, self.path, disk=f"the SFTP spool {self.spool}")
             await self._abandon()
             raise self._broken from exc
 
