@@ -234,9 +234,14 @@ class PosixBackend(Backend):
         several times that (each FUSE create and unlink paid it: bench/ns_meta.py), so it
         is made right here, on the event loop. A durable volume's fsyncs and a network file
         system's round trips (or stalls) are waited for in a thread."""
-        if not self.durable and self._local:
+        if self._inline:
             return fn(*args, **kwargs)
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    @property
+    def _inline(self) -> bool:
+        """Whether a metadata call is made right on the event loop (see ``_meta``)."""
+        return not self.durable and self._local
 
     # -- paths -----------------------------------------------------------------
 
@@ -626,10 +631,10 @@ class PosixBackend(Backend):
 
         async def commit() -> ObjectInfo:
             nonlocal committing
-            if empty:
-                committing = asyncio.ensure_future(self._meta(self._commit, staged, mode))
-            else:
-                committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode))
+            if empty and self._inline:
+                return self._commit(staged, mode)  # no await: a cancel can't split it
+            # in a thread, which a cancel does not stop: the undo waits for it
+            committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode))
             return await asyncio.shield(committing)
 
         try:
