@@ -8,17 +8,20 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from loomfs.core.backends import posix as posix_backend
 from loomfs.core.backends import s3 as s3_backend
-from loomfs.core.backends.base import Backend, Commit
+from loomfs.core.backends.base import Backend, Commit, ungated
 from loomfs.core.backends.common import (
     PrefetchingLister,
     batches_from_thread,
@@ -28,7 +31,7 @@ from loomfs.core.backends.common import (
 from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend, fs_type
 from loomfs.core.backends.s3 import PART_SIZE, S3Backend
 from loomfs.core.registry import open_backend
-from loomfs.core.streams import aiter_bytes
+from loomfs.core.streams import LocalFile, aiter_bytes
 from loomfs.core.types import EntryKind, ObjectInfo
 from loomfs.errors import (
     AlreadyExists,
@@ -285,6 +288,83 @@ async def test_posix_empty_write_is_staged_under_the_gate(
     assert (emptied.size, (emptied.mode or 0) & 0o777) == (0, 0o640)
     assert emptied.inode != info.inode and (volume / "e").read_bytes() == b""
     assert names(volume) == ["d", "e"]
+
+
+class GateFailed(Exception):
+    """What a gate raises after the commit ran: the catalog's commit failing, say."""
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes | str, int]]:
+    """Every name below ``root`` (hidden ones too): its content (a link's target) and its
+    inode, so that a name pointing at another file is a difference too."""
+    found: dict[str, tuple[bytes | str, int]] = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(top) / name
+            st = path.lstat()
+            content: bytes | str = b"" if name in dirs else path.read_bytes()
+            if path.is_symlink():
+                content = os.readlink(path)
+            found[str(path.relative_to(root))] = (content, st.st_ino)
+    return found
+
+
+@given(
+    target=st.sampled_from(["new", "file", "hard-linked", "symlink"]),
+    body=st.sampled_from(["stream", "empty", "local-file", "sparse-local-file"]),
+    after_commit=st.booleans(),
+)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_posix_a_failed_gate_leaves_the_volume_as_it_was(
+    tmp_path: Path, target: str, body: str, after_commit: bool
+) -> None:
+    """Whatever is written over whatever is there, a gate that fails, before the commit
+    (a precondition) or after it (the catalog's commit), leaves every name with the file
+    and the bytes it had, and no temp file; a gate that succeeds leaves no temp file
+    either."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    (root / "other").write_bytes(b"other file")
+    if target == "file":
+        (root / "k").write_bytes(b"old content")
+    elif target == "hard-linked":
+        (root / "k").write_bytes(b"old content, two names")
+        os.link(root / "k", root / "twin")
+    elif target == "symlink":
+        (root / "k").symlink_to("other")
+    spool = root.parent / f"{root.name}.spool"
+    spool.write_bytes(b"local bytes")
+    if body == "sparse-local-file":
+        with spool.open("r+b") as f:
+            f.truncate(64 << 20)
+    backend = PosixBackend(str(root))
+    before = _tree(root)
+
+    async def failing(commit: Commit) -> ObjectInfo:
+        if after_commit:
+            await commit()
+        raise GateFailed("refused")
+
+    async def write(gate: Callable[[Commit], Awaitable[ObjectInfo]]) -> ObjectInfo:
+        if body in ("local-file", "sparse-local-file"):
+            with spool.open("rb") as f:
+                return await backend.write("k", LocalFile(f.fileno()), gate=gate)
+        data = b"" if body == "empty" else b"new bytes"
+        return await backend.write("k", aiter_bytes(data), gate=gate)
+
+    with pytest.raises(GateFailed):
+        asyncio.run(write(failing))
+    assert _tree(root) == before
+    info = asyncio.run(write(ungated))
+    expected = {"empty": b"", "stream": b"new bytes"}.get(body, spool.read_bytes())
+    assert (root / "k").read_bytes() == expected
+    assert info.size == len(expected)
+    assert not [n for n in _tree(root) if TEMP_PREFIX in n]
+    if target == "hard-linked":  # written through: both names have the new bytes
+        assert (root / "twin").read_bytes() == expected
+    if body == "sparse-local-file":
+        assert (root / "k").stat().st_blocks * 512 < 1 << 20
 
 
 def endless_batches() -> Iterator[list[ObjectInfo]]:

@@ -30,6 +30,7 @@ from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
 from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.protocols.fuse.session import PollingSelector
 from loomfs.service import HubService
+from loomfs.testing.fixtures import tmpfs
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess, site_config
 from loomfs.testing.private import PRIVATE, private_site
@@ -210,6 +211,55 @@ def test_truncate(work: tuple[Path, Path, str]) -> None:
     with (mnt / "t").open("wb") as f:  # O_TRUNC
         f.write(b"z")
     assert (disk / "t").read_bytes() == b"z"
+
+
+def _allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def _data_ranges(path: Path) -> list[tuple[int, int]]:
+    """The file's data extents on disk, by SEEK_DATA/SEEK_HOLE."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size, pos, found = os.fstat(fd).st_size, 0, []
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO
+                break
+            pos = os.lseek(fd, start, os.SEEK_HOLE)
+            found.append((start, pos))
+        return found
+    finally:
+        os.close(fd)
+
+
+def test_holes_stay_holes(work: tuple[Path, Path, str]) -> None:
+    """Truncating a file up through the mount writes no zeros, nor does a small write into
+    it afterwards: the volume's file stays sparse, and reads give zeros in the holes."""
+    mnt, disk, _ = work
+    (mnt / "s").write_bytes(b"head")
+    os.truncate(mnt / "s", 1 << 30)
+    assert (disk / "s").stat().st_size == 1 << 30
+    assert _allocated(disk / "s") < MIB
+    middle = 600 * MIB + 7
+    with (mnt / "s").open("r+b") as f:
+        f.seek(middle)
+        f.write(b"0123456789abcdef")
+    assert (disk / "s").stat().st_size == 1 << 30
+    assert _allocated(disk / "s") < MIB
+    # the data sits where it was written, and nowhere else
+    ranges = _data_ranges(disk / "s")
+    assert ranges[0][0] == 0 and any(a <= middle < middle + 16 <= b for a, b in ranges)
+    assert sum(b - a for a, b in ranges) < MIB
+    for view in (mnt / "s", disk / "s"):
+        with view.open("rb") as f:
+            assert f.read(8) == b"head\0\0\0\0"
+            f.seek(middle - 4)
+            assert f.read(24) == b"\0" * 4 + b"0123456789abcdef" + b"\0" * 4
+            f.seek((1 << 30) - 3)
+            assert f.read() == b"\0" * 3
 
 
 def test_rename(work: tuple[Path, Path, str]) -> None:
@@ -780,6 +830,32 @@ def test_mount_of_a_spoke_running_in_the_mount(tmp_path: Path) -> None:
         assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) >= len(data)
     log = mount.log()
     assert "Traceback" not in log and "unanswered" not in log, log
+
+
+def test_a_write_the_spool_has_no_room_for_leaves_the_volume_as_it_was(tmp_path: Path) -> None:
+    """The mount's spool (in the site's data directory) fills up in the middle of a
+    30 MB write: the write fails with ENOSPC, and no piece of it reaches the volume, over
+    an existing file or in a new one; once the spool is released, writes work again."""
+    _require_fuse()
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    old = os.urandom(MIB)
+    (vol / "kept.bin").write_bytes(old)
+    with tmpfs(tmp_path / "data", "12m"):
+        config = prepare_site(tmp_path, {"/vol": vol})
+        with MountProcess(config, tmp_path / "mnt") as mount:
+            mnt = mount.mountpoint / "vol"
+            for name in ("kept.bin", "new.bin"):
+                with pytest.raises(OSError) as failed, (mnt / name).open("wb") as f:
+                    for _ in range(30):
+                        f.write(os.urandom(MIB))
+                assert failed.value.errno == errno.ENOSPC, name
+            assert (vol / "kept.bin").read_bytes() == old
+            assert (vol / "new.bin").read_bytes() == b""  # made by the create, nothing more
+            assert sorted(os.listdir(vol)) == ["kept.bin", "new.bin"]
+            assert (mnt / "kept.bin").read_bytes() == old
+            (mnt / "kept.bin").write_bytes(b"room again")
+            assert (vol / "kept.bin").read_bytes() == b"room again"
 
 
 def test_write_buffer_makes_its_spool_file_at_first_use(tmp_path: Path) -> None:

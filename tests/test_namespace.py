@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from loomfs.core.acl import AclAuthorizer
 from loomfs.core.registry import open_catalog
+from loomfs.core.streams import LocalFile
 from loomfs.core.types import Principal
 from loomfs.hub.namespace import HubNamespace
 from loomfs.namespace.base import Namespace
@@ -127,3 +128,32 @@ class Recorder:
         self, who: Principal, op: str, path: str, result: str, *, nbytes: int = 0, detail: str = ""
     ) -> None:
         self.events.append((op, path, result))
+
+
+async def test_a_local_file_body_keeps_its_holes_on_a_posix_volume(tmp_path: Path) -> None:
+    """What FUSE and SFTP hand over (their spool, as a ``LocalFile``) lands sparse: a file
+    truncated up to 1 GiB with 16 bytes written into it takes blocks for those bytes only,
+    replacing a file or making a new one."""
+    root = tmp_path / "vol"
+    root.mkdir()
+    (root / "old").write_bytes(b"old content")
+    middle = 700 << 20
+    async with hub_over(f"sqlite://{tmp_path / 'c.db'}", f"posix://{root}") as hub:
+        await hub.sync_volume("/vol")
+        with (tmp_path / "spool").open("w+b") as spool:
+            spool.write(b"head")
+            spool.truncate(1 << 30)
+            spool.seek(middle)
+            spool.write(b"0123456789abcdef")
+            spool.flush()
+            for name in ("old", "new"):
+                entry = await hub.write(WHO, f"/vol/{name}", LocalFile(spool.fileno()))
+                assert entry.size == 1 << 30
+                assert (root / name).stat().st_blocks * 512 < 1 << 20, name
+                got = await hub.read_bytes(WHO, f"/vol/{name}", middle - 2, 20)
+                assert got == b"\0\0" + b"0123456789abcdef" + b"\0\0"
+                assert await hub.read_bytes(WHO, f"/vol/{name}", 0, 6) == b"head\0\0"
+        with (tmp_path / "empty").open("w+b") as empty:
+            entry = await hub.write(WHO, "/vol/old", LocalFile(empty.fileno()))
+        assert entry.size == 0 and (root / "old").read_bytes() == b""
+        assert sorted(p.name for p in root.iterdir()) == ["new", "old"]  # no temp left

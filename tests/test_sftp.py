@@ -8,6 +8,7 @@ over S3 (boto3) and over the REST API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.sftp.errors import to_sftp
 from loomfs.rest.client import RestNamespace
+from loomfs.testing.fixtures import tmpfs
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, spoke_args
 from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
@@ -94,19 +96,14 @@ async def _prepare(tmp: Path, vol: Path) -> AccessKey:
         await catalog.close()
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    openssh_sftp()  # fails with how to install it
-    tmp = tmp_path_factory.mktemp("sftp")
-    vol = tmp / "vol"
-    (vol / "many").mkdir(parents=True)
-    for i in range(MANY):
-        (vol / "many" / f"f{i:04d}").write_bytes(b"x" * i)
+@contextlib.contextmanager
+def _serving(tmp: Path, vol: Path) -> Iterator[Site]:
+    """A hub with its data in ``tmp``/site serving ``vol`` as /data over SFTP and S3."""
     keys = tmp / "keys"
     keys.mkdir()
     for name in ("alice", "bob", "stranger"):
         make_key(keys / name)
-    (tmp / "site").mkdir()
+    (tmp / "site").mkdir(exist_ok=True)
     s3key = asyncio.run(_prepare(tmp, vol))
     config = tmp / "loomfs.toml"
     config.write_text(
@@ -116,6 +113,18 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     )
     with HubProcess(tmp / "site", env={"LOOMFS_CONFIG": str(config)}) as hub:
         yield Site(hub, vol, tmp, keys, s3key)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    openssh_sftp()  # fails with how to install it
+    tmp = tmp_path_factory.mktemp("sftp")
+    vol = tmp / "vol"
+    (vol / "many").mkdir(parents=True)
+    for i in range(MANY):
+        (vol / "many" / f"f{i:04d}").write_bytes(b"x" * i)
+    with _serving(tmp, vol) as made:
+        yield made
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
@@ -317,6 +326,47 @@ async def test_an_upload_cut_short_is_not_committed(site: Site) -> None:
     assert [p.name for p in site.vol.iterdir() if p.name.startswith(".")] == []
     async with await site.connect() as again, again.start_sftp_client() as check:
         assert not await check.exists("/cut.bin")
+
+
+async def _upload_into_a_full_spool(site: Site, name: str) -> None:
+    """Write 30 MB until the hub refuses, then close the file as a client that goes on
+    would: the close must not commit what the spool took."""
+    async with await site.connect() as conn, conn.start_sftp_client() as sftp:
+        f = await sftp.open(f"/{name}", "wb")
+        with pytest.raises(asyncssh.SFTPError) as failed:
+            for _ in range(30):
+                await f.write(os.urandom(1 << 20))
+        # SFTP 3 has no "no space" status (asyncssh sends FX_FAILURE): the message says it
+        assert f"spool {site.tmp / 'site' / 'sftp-spool'} is full" in failed.value.reason
+        with contextlib.suppress(asyncssh.SFTPError):
+            await f.close()
+
+
+def test_an_upload_the_spool_has_no_room_for_leaves_the_volume_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """The hub's SFTP spool (in its data directory) fills up in the middle of a 30 MB
+    upload: the write fails with "no space", and no piece of it reaches the volume, over an
+    existing file or as a new one, with OpenSSH's put or a client that closes the file
+    after the error; once the spool is released, uploads work again."""
+    openssh_sftp()
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    old = os.urandom(1 << 20)
+    (vol / "kept.bin").write_bytes(old)
+    (tmp_path / "big.bin").write_bytes(os.urandom(30 << 20))
+    (tmp_path / "small.bin").write_bytes(b"room again")
+    with tmpfs(tmp_path / "site", "12m"), _serving(tmp_path, vol) as site:
+        for name in ("kept.bin", "new.bin"):
+            done = sftp_batch(
+                site.port, "alice", site.keys / "alice", f"put big.bin {name}\n", cwd=tmp_path
+            )
+            assert done.returncode != 0, name
+            asyncio.run(_upload_into_a_full_spool(site, name))
+        assert (vol / "kept.bin").read_bytes() == old
+        assert sorted(os.listdir(vol)) == ["kept.bin"]  # no piece, no temp file
+        site.sftp("put small.bin kept.bin\n")
+        assert (vol / "kept.bin").read_bytes() == b"room again"
 
 
 async def _prepare_hub_and_spoke(hub_dir: Path, spoke_dir: Path, data: Path, key: str) -> None:

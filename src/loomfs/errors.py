@@ -106,6 +106,10 @@ class NotSupported(LoomError, OSError):
 
 
 class InsufficientStorage(LoomError, OSError):
+    """A disk (a volume's, or the site's data directory) is full. Not retryable: it stays
+    full until someone frees space, and a client retrying for seconds only delays the
+    error; the message names the disk so that someone knows which."""
+
     code = "InsufficientStorage"
     errno = _errno.ENOSPC
 
@@ -154,8 +158,10 @@ ALL_ERRORS: tuple[type[LoomError], ...] = (
 BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in ALL_ERRORS}
 
 
-def from_oserror(exc: OSError, path: str | None = None) -> LoomError:
-    """Translate an OSError from a local file system into the hierarchy, keeping the cause."""
+def from_oserror(exc: OSError, path: str | None = None, *, disk: str | None = None) -> LoomError:
+    """Translate an OSError from a local file system into the hierarchy, keeping the cause.
+    ``disk`` says where ``path`` lies ("volume /srv/data", "data directory /var/lib/x"):
+    a full disk is named by it, since the path alone does not tell which disk is full."""
     table: dict[int, type[LoomError]] = {
         _errno.ENOENT: NotFound,
         _errno.EEXIST: AlreadyExists,
@@ -172,6 +178,10 @@ def from_oserror(exc: OSError, path: str | None = None) -> LoomError:
         _errno.EROFS: PermissionDenied,
     }
     cls = table.get(exc.errno or 0, LoomError)
-    err = cls(f"{exc.strerror or exc}" + (f": {path}" if path else ""), path=path)
+    if cls is InsufficientStorage and disk is not None:
+        message = f"{disk} is full ({exc.strerror or exc})" + (f", writing {path}" if path else "")
+    else:
+        message = f"{exc.strerror or exc}" + (f": {path}" if path else "")
+    err = cls(message, path=path)
     err.__cause__ = exc
     return err

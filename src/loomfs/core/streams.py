@@ -9,6 +9,7 @@ a reader gets a clear error instead of a mix of two versions.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -153,6 +154,76 @@ class BytesSource(ByteSource):
 
     async def aclose(self) -> None:
         return None
+
+
+class LocalFile:
+    """A whole local file as the body of a write (a FUSE or SFTP spool). A backend on a
+    local file system copies it by ranges inside the kernel, data only, so that its holes
+    stay holes (a file truncated up to gigabytes is not gigabytes of zeros written); any
+    other consumer iterates it as a stream of its bytes, holes read as zeros."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        pos = 0
+        while data := await asyncio.to_thread(os.pread, self.fd, BUFFER_SIZE, pos):
+            pos += len(data)
+            yield data
+
+
+#: copy_file_range's refusals that mean "not between these two files", not a failure
+_NO_COPY_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+
+
+def copy_sparse(src: int, dst: int, size: int) -> None:
+    """Make the empty file ``dst`` the first ``size`` bytes of ``src``: the size set by
+    ftruncate, then only the data extents (SEEK_DATA/SEEK_HOLE) copied to the same
+    offsets, so holes stay holes. copy_file_range shares blocks where the file system can
+    (reflink on XFS, btrfs) and never passes the bytes through this process; between file
+    systems that refuse it, sendfile copies."""
+    os.ftruncate(dst, size)
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(src, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                return  # nothing but a hole from here on
+            raise
+        if start >= size:
+            return
+        end = min(os.lseek(src, start, os.SEEK_HOLE), size)
+        _copy_range(src, dst, start, end - start)
+        pos = end
+
+
+def _copy_range(src: int, dst: int, offset: int, count: int) -> None:
+    end = offset + count
+    pos = offset
+    try:
+        while pos < end:
+            copied = os.copy_file_range(src, dst, end - pos, pos, pos)
+            if copied == 0:
+                return  # src ended early: it shrank meanwhile
+            pos += copied
+        return
+    except OSError as exc:
+        if exc.errno not in _NO_COPY_RANGE:
+            raise
+    os.lseek(dst, pos, os.SEEK_SET)  # sendfile writes at dst's position
+    while pos < end:
+        sent = os.sendfile(dst, src, pos, end - pos)
+        if sent == 0:
+            return
+        pos += sent
 
 
 def clamp_range(size: int, offset: int, length: int | None) -> tuple[int, int]:

@@ -213,8 +213,7 @@ class HubChunks:
         now (one computation per version however many spokes ask at once)."""
         if self.gate is not None:
             await self.gate.check_read(who, path)  # the map names the file's bytes
-        # through a symlink, the target's bytes and version, by the link's name (the
-        # open checks the file it reaches is that target)
+        # a symlink's map is its target's (the bytes a read of it returns)
         entry = await self.namespace.stat_for_read(who, path)
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)

@@ -1,10 +1,13 @@
 """The hub's namespace (hub layer): the namespace API over a catalog and its volumes.
 
-Reads go to the volume in place, by range. Writes land in the volume atomically (the
-backend's job) and are then committed to the catalog with a new version; a write is
-acknowledged only after that commit. Changes made behind loomfs's back are noticed three
-ways: rescans, inotify on posix volumes, and lazily, when a read finds the object is no
-longer the version the catalog holds (it records the new version, then serves it).
+Reads go to the volume in place, by range; a read through a symlink reads its target,
+found by following links in the catalog as the kernel would on disk. Writes land in the
+volume atomically (the backend's job) and are then committed to the catalog with a new
+version; a write is acknowledged only after that commit, and one that fails at any step
+leaves the volume as it was (the backend puts back what it replaced). Changes made
+behind loomfs's back are noticed three ways: rescans, inotify on posix volumes, and
+lazily, when a read finds the object is no longer the version the catalog holds (it
+records the new version, then serves it).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import os
 import stat
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -34,7 +37,7 @@ from ..core.backends.posix import PosixBackend
 from ..core.catalog.base import Applied, Catalog, Delete, Put
 from ..core.placement import PlacementAuthorizer
 from ..core.registry import open_backend
-from ..core.streams import aiter_bytes, chained, clamp_range
+from ..core.streams import LocalFile, aiter_bytes, chained, clamp_range
 from ..core.types import (
     KIND_OF_BITS,
     SPECIAL_KINDS,
@@ -62,6 +65,8 @@ from .coherence import Leases, WriteLeases
 log = logging.getLogger(__name__)
 
 MAX_TAG_KEY = 128
+#: as Linux (MAXSYMLINKS): the most symlinks one path is followed through
+_MAX_HOPS = 40
 MAX_TAG_VALUE = 1024
 #: how many of its own writes the hub remembers to recognise their inotify echo: far more
 #: than one debounced batch of events holds
@@ -333,35 +338,34 @@ class HubNamespace(ResolvingNamespace):
         *,
         if_version: int | None = None,
     ) -> Reader:
-        path = paths.normalize(path)
-        # through a symlink, its target is read by its own name: its bytes, size and
-        # version (the link's are its target text's), under the link's name
-        link, entry = await self.resolved(path)
+        # POSIX: a read through a symlink reads its target, whose entry (size, version)
+        # the reader carries
+        path, entry = await self._follow(paths.normalize(path))
         if entry.is_dir:
             raise IsADirectory(f"is a directory: {path}", path=path)
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
         try:
-            reader = await self._open(entry.path, entry, offset, length)
+            return await self._open(path, entry, offset, length)
         except Conflict:
             # changed behind loomfs's back: record the new version, then serve it, since
             # this read began after the change
-            fresh = await self.refresh(entry.path)
+            fresh = await self.refresh(path)
             if fresh is None:
                 raise NotFound(f"no such file or directory: {path}", path=path) from None
             if if_version is not None or fresh.is_dir:
                 raise Conflict(f"{path} changed (now version {fresh.version})", path=path) from None
-            reader = await self._open(fresh.path, fresh, offset, length)
-        if entry is not link:
-            reader.entry = replace(reader.entry, path=link.path)
-        return reader
+            return await self._open(path, fresh, offset, length)
 
     async def read_entry(
         self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
     ) -> Reader:
         # the caller's entry saves a catalog read; the open checks the file against it
         # (an S3 GET stats, then reads: two trips to the catalog thread were one too many)
-        if entry.kind is not EntryKind.FILE:  # a symlink reads its target: read decides
+        if entry.kind is EntryKind.SYMLINK:
+            # its target is read, which is not at the link's version
+            return await self.read(who, entry.path, offset, length)
+        if entry.kind is not EntryKind.FILE:  # read refuses it, as it should be refused
             return await self.read(who, entry.path, offset, length, if_version=entry.version)
         path = paths.normalize(entry.path)
         try:
@@ -391,25 +395,36 @@ class HubNamespace(ResolvingNamespace):
     ) -> Entry:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
-        chunks = aiter(data)
-        first = await anext(chunks, None)
-        if first is not None:
+        body: AsyncIterable[bytes]
+        if isinstance(data, LocalFile):
+            # handed on whole: a posix volume copies it by ranges, keeping its holes
+            body, empty = data, data.size == 0
+        else:
+            chunks = aiter(data)
+            first = await anext(chunks, None)
+            body = aiter_bytes(b"") if first is None else chained(first, chunks)
+            empty = first is None
+        if not empty:
             # checked before the body streams in (a doomed write fails fast), and again
             # under the path's lock, where the staged bytes become visible and are
             # recorded: the lock is never held while a client streams, however slowly. An
             # empty file (a FUSE create) has nothing to stream: only the second check.
             self.write_leases.check(path, who.site)
             await self._writable(path, if_version, exclusive)
-        body = aiter_bytes(b"") if first is None else chained(first, chunks)
-        committed: list[Entry] = []
+        committed: list[Applied] = []
+        cancelled = False
 
         async def gate(commit: Commit) -> ObjectInfo:
+            nonlocal cancelled
             async with self._lock(path):
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 info = await commit()
-                committed.append(
-                    await self._record(
+                # The volume's write fails (and is undone) if this gate does; once the
+                # catalog is recording it, a cancel (its client gone) waits for that, so
+                # that a write the catalog holds is never undone on the volume.
+                recording = asyncio.ensure_future(
+                    self._apply_record(
                         mounted,
                         info,
                         force_version=True,
@@ -417,11 +432,23 @@ class HubNamespace(ResolvingNamespace):
                         expect_version=current.version if current else None,
                     )
                 )
-                return info
+                while True:
+                    try:
+                        committed.append(await asyncio.shield(recording))
+                        return info
+                    except asyncio.CancelledError:
+                        if recording.done():
+                            raise
+                        cancelled = True
 
         await mounted.backend.write(key, body, mode=mode, gate=gate)
-        await self._links_changed(mounted, committed[0], path)
-        return committed[0]
+        if cancelled:
+            raise asyncio.CancelledError
+        # acknowledged once the spokes have applied it: waited for outside the path's
+        # lock and after the volume's write is final
+        entry = self._noted(await self._settled(committed[0]))
+        await self._links_changed(mounted, entry, path)
+        return entry
 
     async def _writable(self, path: str, if_version: int | None, exclusive: bool) -> Entry | None:
         """The entry a write would replace (None: a new file), or why it may not."""
@@ -538,6 +565,14 @@ class HubNamespace(ResolvingNamespace):
     async def _record(
         self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
     ) -> Entry:
+        """Commit what this namespace just wrote to the volume (``_apply_record``), and
+        acknowledge it once the spokes have applied it."""
+        applied = await self._apply_record(mounted, info, **preconditions)
+        return self._noted(await self._settled(applied))
+
+    async def _apply_record(
+        self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
+    ) -> Applied:
         """Commit what this namespace just wrote to the volume, with the preconditions
         checked before the write. A sweep (inotify or a rescan) may have recorded this very
         object between the volume write and now, which fails the preconditions although
@@ -553,8 +588,8 @@ class HubNamespace(ResolvingNamespace):
                 put.inode,
             ):
                 raise
-            return seen
-        return self._noted(await self._settled(applied))
+            return Applied(None, seen, None)
+        return applied
 
     async def _settled(self, applied: Applied) -> Entry:
         """Acknowledge a commit only once the spokes holding leases have applied it."""
@@ -721,43 +756,103 @@ class HubNamespace(ResolvingNamespace):
 
     async def resolve(self, path: str) -> str:
         """The namespace path whose bytes a read of ``path`` returns: a symlink's final
-        target (relative, absolute or through linked directories), as the volume's
-        backend resolves it; ``path`` itself for anything else."""
-        path = paths.normalize(path)
+        target (relative, absolute or through linked directories); ``path`` itself for
+        anything else, or where nothing is there. A loop or a link out of every volume
+        raises, as a read of it would."""
+        try:
+            return (await self._follow(paths.normalize(path)))[0]
+        except NotFound:
+            return paths.normalize(path)
+
+    async def _follow(self, path: str) -> tuple[str, Entry]:
+        """The path and entry a read of ``path`` reaches, following symlinks in the
+        namespace as the kernel follows them on disk: relative targets from the link's
+        directory, absolute ones inside a volume's root, chains and linked directories on
+        the way. A loop, or a target outside every volume, is an error, not a guess."""
         entry = await self.catalog.get(path)
-        hit = self._resolve(path)
-        if entry is None or entry.kind is not EntryKind.SYMLINK or hit is None:
-            return path
-        mounted, key = hit
-        if not isinstance(mounted.backend, PosixBackend):
-            return path  # only posix volumes hold symlinks
-        root = mounted.backend.root
-        real = await asyncio.to_thread(os.path.realpath, os.path.join(root, key))
-        rel = os.path.relpath(real, root)
-        if rel == os.curdir:
-            return mounted.volume.mount
-        if rel.startswith(os.pardir):
-            return path  # out of the volume: the backend refuses to read it
-        return paths.join(mounted.volume.mount, rel)
+        if entry is not None and entry.kind is not EntryKind.SYMLINK:
+            return path, entry  # the common case: one catalog read, as without links
+        if entry is None:
+            # a linked directory on the way? The catalog holds nothing below a symlink,
+            # so it is the deepest ancestor it holds.
+            found = await self.catalog.get_many(paths.ancestors(path))
+            held = [p for p in paths.ancestors(path) if p in found]
+            link = found[held[-1]] if held else None
+            if link is None or link.kind is not EntryKind.SYMLINK:
+                raise NotFound(f"no such file or directory: {path}", path=path)
+            pending = deque(paths.relative(path, link.path).split("/"))
+        else:
+            link, pending = entry, deque()
+        hops = 0
+        while True:
+            hops += 1
+            if hops > _MAX_HOPS:
+                raise InvalidPath(f"too many levels of symbolic links: {path}", path=path)
+            current, steps = self._target_of(link)
+            pending.extendleft(reversed(steps))
+            reached: Entry | None = None
+            while pending:
+                step = pending.popleft()
+                if step in ("", "."):
+                    continue
+                if step == ".." and current in self._mounts:
+                    # up out of a volume's root: on to wherever that leads on the host,
+                    # which may be inside a volume again (``../vol/f`` from its root)
+                    backend = self._mounts[current].backend
+                    if not isinstance(backend, PosixBackend):
+                        raise PermissionDenied(f"{link.path} leads out of its volume", path=path)
+                    host = os.path.join(os.path.dirname(backend.root), *pending)
+                    current, steps = self._on_host(host, link)
+                    pending = deque(steps)
+                    reached = None
+                    continue
+                if step == "..":
+                    current, reached = paths.split(current)[0], None
+                    continue
+                current = paths.join(current, step)
+                reached = await self.catalog.get(current)
+                if reached is None:
+                    raise NotFound(f"no such file or directory: {current} ({path})", path=path)
+                if reached.kind is EntryKind.SYMLINK:
+                    link = reached
+                    break
+                if pending and not reached.is_dir:
+                    raise NotADirectory(f"not a directory: {current} ({path})", path=path)
+            else:
+                return current, reached or await self._entry(current)
+
+    def _target_of(self, link: Entry) -> tuple[str, Sequence[str]]:
+        """Where the symlink ``link`` points: a directory in the namespace to start from and
+        the steps to take from it."""
+        target = link.link_target or ""
+        if not target.startswith("/"):
+            return paths.split(link.path)[0], target.split("/")
+        return self._on_host(target, link)
+
+    def _on_host(self, target: str, link: Entry) -> tuple[str, Sequence[str]]:
+        """An absolute path on the host's file system that ``link`` leads to, as a volume's
+        mount and the steps below it: only a volume's root holds what a link may reach."""
+        target = os.path.normpath(target)
+        for mount, mounted in self._mounts.items():
+            backend = mounted.backend
+            if isinstance(backend, PosixBackend) and paths.is_within(target, backend.root):
+                return mount, target[len(backend.root) :].split("/")
+        raise PermissionDenied(
+            f"the symlink {link.path} points outside every volume ({link.link_target})",
+            path=link.path,
+        )
 
     async def resolved(self, path: str) -> tuple[Entry, Entry]:
         path = paths.normalize(path)
-        entry = await self._entry(path)
-        if entry.kind is not EntryKind.SYMLINK:
-            return entry, entry
-        target = await self.resolve(path)
-        if target == path:  # dangling or out of the volume: nothing else is read
-            return entry, entry
-        found = await self.catalog.get(target)
-        if found is None:
-            raise NotFound(f"{path} links to {target}, which is absent", path=path)
-        if found.kind is EntryKind.SYMLINK:  # the catalog has not seen the volume's change
-            raise Conflict(f"{target} changed while {path} was resolved", path=path)
-        return entry, found
+        entry = await self.catalog.get(path)
+        if entry is not None and entry.kind is not EntryKind.SYMLINK:
+            return entry, entry  # the common case: one catalog read
+        target = (await self._follow(path))[1]
+        # a linked directory on the way: no row of its own, the target's by its name
+        return entry or replace(target, path=path), target
 
     async def stat_for_read(self, who: Principal, path: str) -> Entry:
-        entry, target = await self.resolved(path)
-        return target if target is entry else replace(target, path=entry.path)
+        return (await self._follow(paths.normalize(path)))[1]
 
     async def other_names(self, entry: Entry) -> builtins.list[str]:
         if entry.nlink < 2 or entry.inode is None:

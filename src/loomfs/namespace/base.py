@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from types import TracebackType
 
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
-from ..core.types import Entry, Feed, Principal
+from ..core.types import Entry, EntryKind, Feed, Principal
 
 LIST_PAGE = 1000
 
@@ -193,16 +193,26 @@ class Namespace(ABC):
         then checks on open that the file is still that version (``Conflict`` if not)."""
         return await self.read(who, entry.path, offset, length, if_version=entry.version)
 
+    async def followed(self, who: Principal, entry: Entry) -> Entry:
+        """What a read of ``entry`` reads: ``entry`` itself, or a symlink's final target's
+        entry (its size, version, etag), found and decided the way a read finds it
+        (``stat_for_read``: a dangling link is ``NotFound``, a loop ``InvalidPath``, a
+        link to a directory that directory). For the edges that report sizes and ETags of
+        what they serve (S3 HEAD and listings, fsspec)."""
+        if entry.kind is not EntryKind.SYMLINK:
+            return entry
+        return await self.stat_for_read(who, entry.path)
+
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
         """``stat`` and ``get_tags`` of one path, for callers that need both (an S3 GET);
         an implementation may answer both from one catalog read."""
         return await self.stat(who, path), await self.get_tags(who, path)
 
     async def stat_for_read(self, who: Principal, path: str) -> Entry:
-        """The entry a read of ``path`` would read (a symlink's target's, by the link's
-        name), refused as that read would be: what a cache asks before it serves bytes
-        it holds to ``who``, since a stat needs only list. A namespace that decides
-        nothing itself (a hub's inner one) answers as ``stat``."""
+        """The entry of what a read of ``path`` reads (a symlink's final target), refused
+        as that read would be: what a cache asks before it serves bytes it holds to
+        ``who``, since a stat needs only list. This default, for a namespace that follows
+        no links itself, answers as ``stat``."""
         return await self.stat(who, path)
 
     async def exists(self, who: Principal, path: str) -> bool:

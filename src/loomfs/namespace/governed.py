@@ -436,17 +436,16 @@ class GovernedNamespace(FeedNamespace):
             return await self._opened(
                 who, path, lambda: self.inner.read(who, path, offset, length, if_version=if_version)
             )
-        entry, target = resolved
+        target = resolved[1]
         if if_version is not None and target.version != if_version:
             conflict = Conflict(f"{path} is at version {target.version}, not {if_version}")
             self._record(who, "read", path, conflict.code, detail=str(conflict))
             raise conflict
-        reader = await self._opened(
+        # the decided object itself is opened, by its own name: a link changed since is
+        # not followed again
+        return await self._opened(
             who, path, lambda: self.inner.read_entry(who, target, offset, length)
         )
-        if target is not entry:  # the link's name, the target's bytes and attributes
-            reader.entry = replace(target, path=entry.path)
-        return reader
 
     async def read_entry(
         self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None

@@ -87,14 +87,16 @@ class ChunkRoutes:
         who, path = self.server.principal(request), "/" + request.match_info["path"]
         small = _int(request.query.get("small"), "small") or 0
         namespace = self.server.namespace
-        # what a read would read (a symlink's target, by the link's name), decided as one
-        entry = await namespace.stat_for_read(who, path)
+        # a symlink is what it leads to, as any read of it: the target's size and version,
+        # and its bytes read by the target's own path (so that what guards the target
+        # decides)
+        entry = await namespace.stat_for_read(who, path)  # decided as a read
         if entry.kind in SPECIAL_KINDS:
             raise NotSupported(f"{path} is a special file: it has no content", path=path)
         if entry.kind is not EntryKind.FILE or entry.size <= small:
-            # small files come whole: a map would cost a round trip for one or two chunks,
+            # small files come whole: a map would cost a round trip for one or two chunks
             # as one frame (zstd where it pays) named by its BLAKE3 id, which the spoke checks
-            async with await namespace.read(who, path, if_version=entry.version) as reader:
+            async with await namespace.read(who, entry.path, if_version=entry.version) as reader:
                 data = await reader.read_all()
             digest = chunk_id(data)
             body = await asyncio.to_thread(encode_chunk, data)

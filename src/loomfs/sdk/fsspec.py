@@ -39,7 +39,7 @@ from .. import paths
 from ..config import load_config
 from ..core.streams import BUFFER_SIZE
 from ..core.types import SYSTEM, Entry, EntryKind
-from ..errors import AlreadyExists, InvalidPath, IsADirectory, NotFound
+from ..errors import AlreadyExists, InvalidPath, IsADirectory, LoomError, NotFound
 from ..rest.client import RestNamespace
 
 PROTOCOL = "loomfs"
@@ -120,13 +120,22 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         return self.split(path)[2]
 
     @staticmethod
-    def _details(site: str, entry: Entry) -> dict[str, Any]:
+    async def _details(site: str, client: RestNamespace, link: Entry) -> dict[str, Any]:
+        """fsspec's info of an entry; a symlink to a file has its target's (size, type,
+        version), as fsspec's local file system reports it, since reading it reads the
+        target (a buffered file reads no further than that size). Any other link is
+        itself: a listing does not go through links to directories."""
+        entry = link
+        if link.kind is EntryKind.SYMLINK:
+            with contextlib.suppress(LoomError):
+                target = await client.followed(WHO, link)
+                entry = target if target.kind is EntryKind.FILE else link
         return {
-            "name": site + entry.path.rstrip("/") if entry.path != "/" else site,
+            "name": site + link.path.rstrip("/") if link.path != "/" else site,
             "size": entry.size,
             "type": FSSPEC_TYPE[entry.kind],
             "kind": entry.kind.value,  # which "other" it is
-            "islink": entry.kind is EntryKind.SYMLINK,
+            "islink": link.kind is EntryKind.SYMLINK,
             "nlink": entry.nlink,
             "version": entry.version,
             "mtime": entry.mtime_ns / 1e9,
@@ -138,7 +147,7 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         site, name, client = self.split(path)
-        return self._details(site, await client.stat(WHO, name))
+        return await self._details(site, client, await client.stat(WHO, name))
 
     async def _walk(
         self, path: str, maxdepth: int | None = None, on_error: Any = "omit", **kwargs: Any
@@ -152,10 +161,10 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         site, name, client = self.split(path)
-        entries = [self._details(site, e) async for e in client.list(WHO, name)]
+        entries = [await self._details(site, client, e) async for e in client.list(WHO, name)]
         if not entries:
             # an empty directory lists nothing; a file lists itself, as in fsspec's others
-            info = self._details(site, await client.stat(WHO, name))
+            info = await self._details(site, client, await client.stat(WHO, name))
             if info["type"] != "directory":
                 entries = [info]
         return entries if detail else [e["name"] for e in entries]
@@ -171,7 +180,7 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
         """Bytes [start, end) (negative counts from the end), of ``version`` if given."""
         _, name, client = self.split(path)
         if (start is not None and start < 0) or (end is not None and end < 0):
-            size = (await client.stat(WHO, name)).size
+            size = (await client.followed(WHO, await client.stat(WHO, name))).size
             start = None if start is None else max(0, size + start) if start < 0 else start
             end = None if end is None else max(0, size + end) if end < 0 else end
         offset = start or 0

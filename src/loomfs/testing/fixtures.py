@@ -5,6 +5,7 @@ Servers start once per session on free ports and stop by their own process id.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -54,15 +55,38 @@ async def catalog(catalog_url: str) -> AsyncIterator[Catalog]:
     await cat.close()
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs: a real ENOSPC, not a simulated one (mounting it needs root)."""
+@contextlib.contextmanager
+def tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` ("4m") mounted at the new directory ``where``, unmounted after:
+    a real ENOSPC, not a simulated one (mounting it needs root)."""
     if os.geteuid() != 0:
         pytest.fail("this test mounts a tmpfs and must run as root (CI and make test do)")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
     try:
-        yield mnt
+        yield where
     finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+        subprocess.run(["umount", str(where)], check=True)
+
+
+@contextlib.contextmanager
+def filled(fs: Path) -> Iterator[None]:
+    """The file system ``fs`` full to its last page while inside, by a file of its own
+    (``fs``/filler, removed after)."""
+    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for block in (1 << 20, 64 << 10, 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, bytes(block))
+        yield
+    finally:
+        os.close(fd)
+        os.unlink(fs / "filler")
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs."""
+    with tmpfs(tmp_path / "tiny", "1m") as mnt:
+        yield mnt

@@ -126,7 +126,10 @@ class Backend(ABC):
 
         The bytes are staged first, then ``gate`` is handed the step that makes them
         visible: it may take a lock, check preconditions and record the result around that
-        step, or raise, in which case the staged bytes are dropped and nothing changed."""
+        step, or raise, in which case the staged bytes are dropped and nothing changed
+        (posix: even after the step ran, what it replaced is put back; S3 cannot: its PUT
+        replaced the object). ``data`` may be a ``LocalFile``: a backend on local disks
+        copies it by ranges, keeping its holes."""
 
     @abstractmethod
     async def mkdir(self, key: str) -> ObjectInfo:

@@ -6,10 +6,14 @@ last component relative to it without following a symlink there; a read resolves
 opens it with ``O_NOFOLLOW`` and checks the descriptor the same way. So neither a symlink
 nor a race that swaps one in leads out of the volume. Symlinks are reported as what they
 are and never followed by a scan.
-Writes go to a hidden temp file in the target's directory, are fsynced and renamed over
-the target, so readers see the old or the new file, never a partial one. A file with hard
-links is the exception: a rename would cut it off from its other names, so the staged
-bytes are copied into it in place (readers of it may see a mix while that copy runs).
+Writes go to a hidden temp file in the target's directory, are fsynced and swapped with
+the target (RENAME_EXCHANGE), so readers see the old or the new file, never a partial one,
+and the old one stays aside under the temp name until the writer's gate (the catalog's
+commit) has succeeded; if it fails, the old file is put back (a new one removed), so a
+failed write leaves the directory as it was. A file with hard links is the exception: a
+rename would cut it off from its other names, so its old bytes are copied aside and the
+staged bytes into it in place (readers of it may see a mix while that copy runs). A body
+handed over as a local file (``LocalFile``) is copied by its data ranges: holes stay holes.
 Special files (fifos, devices, sockets) are recorded and made with mknod, never opened.
 """
 
@@ -21,15 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import functools
+import logging
 import os
 import re
 import secrets
 import stat
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterator, Sequence
 from operator import attrgetter
-from typing import NoReturn, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from ...errors import (
@@ -45,7 +51,14 @@ from ...errors import (
     PermissionDenied,
     from_oserror,
 )
-from ..streams import ByteSource, LocalFileSource, clamp_range, file_fingerprint
+from ..streams import (
+    ByteSource,
+    LocalFile,
+    LocalFileSource,
+    clamp_range,
+    copy_sparse,
+    file_fingerprint,
+)
 from ..types import KIND_BITS, KIND_OF_BITS, EntryKind, ObjectInfo
 from .base import Backend, Capability, Gate, Skipped, ungated
 from .common import batches_from_thread, check_key, child_key, ordered_walk
@@ -57,10 +70,12 @@ TEMP_PREFIX = ".loomfs-tmp-"
 _SYSCALL_PATH_MAX = 4095
 
 _RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
 
 _by_sort_key = attrgetter("sort_key")
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -219,9 +234,14 @@ class PosixBackend(Backend):
         several times that (each FUSE create and unlink paid it: bench/ns_meta.py), so it
         is made right here, on the event loop. A durable volume's fsyncs and a network file
         system's round trips (or stalls) are waited for in a thread."""
-        if not self.durable and self._local:
+        if self._inline:
             return fn(*args, **kwargs)
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    @property
+    def _inline(self) -> bool:
+        """Whether a metadata call is made right on the event loop (see ``_meta``)."""
+        return not self.durable and self._local
 
     # -- paths -----------------------------------------------------------------
 
@@ -468,78 +488,138 @@ class PosixBackend(Backend):
     ) -> ByteSource:
         return await asyncio.to_thread(self._open_read, key, offset, length, expect)
 
-    def _create_temp(self, key: str, mode: int | None) -> tuple[int, str, str, int]:
-        """Open a new temp file beside ``key``: (parent descriptor, name, temp name,
-        temp descriptor); the caller closes both descriptors."""
+    def _stage(self, key: str, mode: int | None, *, temp: bool) -> _Staged:
+        """Open the directory a write of ``key`` lands in and, with ``temp``, a new temp
+        file beside it (an empty write makes its file in place at commit instead)."""
         if not check_key(key):
             raise IsADirectory("the volume root is a directory", path=key)
         parent_name, _, name = key.rpartition("/")
-        parent = self._open_dir(parent_name)
-        temp = TEMP_PREFIX + secrets.token_hex(8)
+        staged = _Staged(key, self._open_dir(parent_name), name)
+        if temp:
+            try:
+                self._make_temp(staged, mode)
+            except BaseException:
+                self._undo(staged)
+                raise
+        return staged
+
+    def _make_temp(self, staged: _Staged, mode: int | None) -> None:
+        parent, name = staged.parent, staged.name
         try:
             try:
                 old: os.stat_result | None = os.lstat(name, dir_fd=parent)
             except FileNotFoundError:
                 old = None
+            staged.temp = TEMP_PREFIX + secrets.token_hex(8)
             # readable too: a commit into a hard-linked file copies from it
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            fd = os.open(temp, flags, 0o666, dir_fd=parent)
-        except OSError as exc:
-            os.close(parent)
-            raise from_oserror(exc, key) from exc
-        try:
+            staged.fd = os.open(staged.temp, flags, 0o666, dir_fd=parent)
             if old is not None and stat.S_ISREG(old.st_mode):
                 # A replace keeps the file's owner and permissions: for the tools whose
                 # data this is, loomfs rewriting a file must not also chown or chmod it.
                 if os.geteuid() == 0:
-                    os.fchown(fd, old.st_uid, old.st_gid)
+                    os.fchown(staged.fd, old.st_uid, old.st_gid)
                 if mode is None:
                     mode = stat.S_IMODE(old.st_mode)
             if mode is not None:
-                os.fchmod(fd, mode)  # after fchown, which clears set-id bits
+                os.fchmod(staged.fd, mode)  # after fchown, which clears set-id bits
         except OSError as exc:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=parent)
-            os.close(parent)
-            raise from_oserror(exc, key) from exc
-        return parent, name, temp, fd
+            raise self._oserror(exc, staged.key) from exc
 
-    def _commit(self, key: str, parent: int, name: str, temp: str, fd: int) -> ObjectInfo:
+    def _oserror(self, exc: OSError, key: str) -> LoomError:
+        return from_oserror(exc, key, disk=f"volume {self.root}")
+
+    def _commit(self, staged: _Staged, mode: int | None) -> ObjectInfo:
+        """Put the staged file at its name, keeping what it replaces aside (``_settle``
+        removes that, ``_undo`` puts it back)."""
+        key, parent, name = staged.key, staged.parent, staged.name
+        if staged.temp is None:
+            made = self._create_empty(staged, mode)
+            if made is not None:
+                return made
+            # something is there already: it is replaced whole, as any write replaces it
+            self._make_temp(staged, mode)
+        assert staged.temp is not None and staged.fd is not None
         try:
             old = os.lstat(name, dir_fd=parent)
         except FileNotFoundError:
             old = None
+        if old is not None and stat.S_ISDIR(old.st_mode):
+            raise IsADirectory(f"is a directory: {key}", path=key)
         if old is not None and stat.S_ISREG(old.st_mode) and old.st_nlink > 1:
-            return self._commit_in_place(key, parent, name, temp, fd)
+            return self._commit_in_place(staged)
         if self.durable:
-            os.fsync(fd)
-        # Onto a directory this fails with EISDIR, reported as IsADirectory.
-        os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            os.fsync(staged.fd)
+        placed = os.fstat(staged.fd).st_ino
+        if old is None:
+            os.rename(staged.temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        else:
+            staged.aside = _exchange(parent, staged.temp, name)
+        staged.placed = placed
         if self.durable:
             os.fsync(parent)  # the rename itself, not only the file's bytes
-        info = _info(key, os.fstat(fd), name, parent)
+        info = _info(key, os.fstat(staged.fd), name, parent)
         assert info is not None
         return info
 
-    def _commit_in_place(self, key: str, parent: int, name: str, temp: str, fd: int) -> ObjectInfo:
-        """Copy the staged bytes into the existing file, which keeps every name it has."""
-        size = os.fstat(fd).st_size
-        target = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    def _commit_in_place(self, staged: _Staged) -> ObjectInfo:
+        """Copy the staged bytes into the existing file, which keeps every name it has;
+        its old bytes are copied aside first (blocks shared where the file system can),
+        to be copied back should the write fail after this."""
+        assert staged.temp is not None and staged.fd is not None
+        parent, name = staged.parent, staged.name
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        target = os.open(name, flags, dir_fd=parent)
         try:
-            pos = 0
-            while pos < size:
-                pos += os.sendfile(target, fd, pos, size - pos)
-            os.ftruncate(target, size)
+            staged.aside = TEMP_PREFIX + secrets.token_hex(8)
+            staged.in_place = True
+            _copy_into(target, staged.aside, parent, create=True)
+            staged.placed = os.fstat(target).st_ino
+            os.ftruncate(target, 0)
+            copy_sparse(staged.fd, target, os.fstat(staged.fd).st_size)
             if self.durable:
                 os.fsync(target)
             st = os.fstat(target)
         finally:
             os.close(target)
-        os.unlink(temp, dir_fd=parent)
-        info = _info(key, st, name, parent)
+        info = _info(staged.key, st, name, parent)
         assert info is not None
         return info
+
+    def _settle(self, staged: _Staged) -> None:
+        """A write's commit was recorded: drop what it replaced and its temp file."""
+        for leftover in (staged.aside, staged.temp):
+            if leftover is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover, dir_fd=staged.parent)
+        staged.close()
+
+    def _undo(self, staged: _Staged) -> None:
+        """A write failed, at whatever step: leave the name as it was before it."""
+        parent, name = staged.parent, staged.name
+        try:
+            if staged.in_place and staged.placed is not None and staged.aside is not None:
+                flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+                source = os.open(staged.aside, flags, dir_fd=parent)
+                try:
+                    _copy_into(source, name, parent, create=False)
+                finally:
+                    os.close(source)
+            elif staged.placed is not None and staged.aside is not None:
+                # the old file back at its name, atomically; the new one goes with it
+                os.rename(staged.aside, name, src_dir_fd=parent, dst_dir_fd=parent)
+                staged.aside = None
+            elif (
+                staged.placed is not None and os.lstat(name, dir_fd=parent).st_ino == staged.placed
+            ):
+                # a new file: removed, if it is still the one this write made
+                os.unlink(name, dir_fd=parent)
+            if self.durable and staged.placed is not None:
+                os.fsync(parent)
+        except OSError:
+            log.exception("could not undo the failed write of %s", staged.key)
+        finally:
+            self._settle(staged)
 
     async def write(
         self,
@@ -549,73 +629,86 @@ class PosixBackend(Backend):
         mode: int | None = None,
         gate: Gate = ungated,
     ) -> ObjectInfo:
-        chunks = aiter(data)
-        first = await anext(chunks, None)
-        if first is None:
-            # nothing to stream (a FUSE create): the empty file is made in one metadata
-            # call, under the gate, instead of a temp file staged, then renamed
-            return await gate(lambda: self._meta(self._write_empty, key, mode))
-        # a cancel must not lose a temp file the thread goes on to create
-        creating = asyncio.ensure_future(asyncio.to_thread(self._create_temp, key, mode))
+        local = data if isinstance(data, LocalFile) else None
+        chunks = aiter(data) if local is None else None
+        first = await anext(chunks, None) if chunks is not None else None
+        empty = first is None and (local is None or local.size == 0)
+        if empty:
+            # nothing to stream (a FUSE create): a new empty file is made in place at
+            # commit, in one metadata call, instead of a temp file staged, then renamed
+            staged = await self._meta(self._stage, key, mode, temp=False)
+        else:
+            # a cancel must not lose a temp file the thread goes on to create
+            creating = asyncio.ensure_future(asyncio.to_thread(self._stage, key, mode, temp=True))
+            try:
+                staged = await asyncio.shield(creating)
+            except asyncio.CancelledError:
+                creating.add_done_callback(self._discard)
+                raise
+        committing: asyncio.Future[ObjectInfo] | None = None
+
+        async def commit() -> ObjectInfo:
+            nonlocal committing
+            if empty and self._inline:
+                return self._commit(staged, mode)  # no await: a cancel can't split it
+            # in a thread, which a cancel does not stop: the undo waits for it
+            committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode))
+            return await asyncio.shield(committing)
+
         try:
-            parent, name, temp, fd = await asyncio.shield(creating)
-        except asyncio.CancelledError:
-            creating.add_done_callback(_discard_temp)
+            if local is not None and not empty:
+                await asyncio.to_thread(copy_sparse, local.fd, _fd(staged), local.size)
+            elif first is not None and chunks is not None:
+                await asyncio.to_thread(_write_all, _fd(staged), first)
+                async for chunk in chunks:
+                    await asyncio.to_thread(_write_all, _fd(staged), chunk)
+            info = await gate(commit)
+        except BaseException as exc:
+            if committing is not None and not committing.done():
+                # cancelled while the commit runs in its thread: undone once it is done
+                committing.add_done_callback(lambda _: self._undo(staged))
+            else:
+                self._undo(staged)
+            if isinstance(exc, LoomError):
+                raise
+            if isinstance(exc, OSError):
+                raise self._oserror(exc, key) from exc
             raise
-        try:
-            await asyncio.to_thread(_write_all, fd, first)
-            async for chunk in chunks:
-                await asyncio.to_thread(_write_all, fd, chunk)
-            return await gate(lambda: asyncio.to_thread(self._commit, key, parent, name, temp, fd))
-        except BaseException as exc:
-            _unstage(exc, key, parent, temp)
-        finally:
-            os.close(fd)
-            os.close(parent)
+        # what it replaced is dropped (a cancel meanwhile leaves that to the thread)
+        await self._meta(self._settle, staged)
+        return info
 
-    def _write_empty(self, key: str, mode: int | None) -> ObjectInfo:
-        made = self._create_empty(key, mode)
-        if made is not None:
-            return made
-        # something is there already: it is replaced whole, as any write replaces it
-        parent, name, temp, fd = self._create_temp(key, mode)
-        try:
-            return self._commit(key, parent, name, temp, fd)
-        except BaseException as exc:
-            _unstage(exc, key, parent, temp)
-        finally:
-            os.close(fd)
-            os.close(parent)
+    def _discard(self, creating: asyncio.Future[_Staged]) -> None:
+        """Remove the temp file of a write cancelled while it was being created."""
+        if not creating.cancelled() and creating.exception() is None:
+            self._undo(creating.result())
 
-    def _create_empty(self, key: str, mode: int | None) -> ObjectInfo | None:
+    def _create_empty(self, staged: _Staged, mode: int | None) -> ObjectInfo | None:
         """Make a new empty file at ``key`` in place (None: the name is taken). An empty
         file is whole the moment it exists, so it needs no temp file and rename, which
         cost the file system a second journal update (half of a FUSE create's time)."""
-        if not check_key(key):
-            raise IsADirectory("the volume root is a directory", path=key)
-        with self._parent(key) as (parent, name):
-            # read-only: nothing is written through it, and its close is no IN_CLOSE_WRITE
-            # for the volume's watcher to take for a change (one event less per create)
-            flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                fd = os.open(name, flags, 0o666 if mode is None else mode, dir_fd=parent)
-            except FileExistsError:
-                return None
-            except OSError as exc:
-                raise from_oserror(exc, key) from exc
-            try:
-                if mode is not None and not _as_created(mode):
-                    os.fchmod(fd, mode)  # exactly that, whatever the umask took away
-                if self.durable:
-                    os.fsync(fd)
-                    os.fsync(parent)
-                info = _info(key, os.fstat(fd), name, parent)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=parent)
-                raise from_oserror(exc, key) from exc
-            finally:
-                os.close(fd)
+        key, parent, name = staged.key, staged.parent, staged.name
+        # read-only: nothing is written through it, and its close is no IN_CLOSE_WRITE
+        # for the volume's watcher to take for a change (one event less per create)
+        flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, 0o666 if mode is None else mode, dir_fd=parent)
+        except FileExistsError:
+            return None
+        except OSError as exc:
+            raise self._oserror(exc, key) from exc
+        try:
+            staged.placed = os.fstat(fd).st_ino
+            if mode is not None and not _as_created(mode):
+                os.fchmod(fd, mode)  # exactly that, whatever the umask took away
+            if self.durable:
+                os.fsync(fd)
+                os.fsync(parent)
+            info = _info(key, os.fstat(fd), name, parent)
+        except OSError as exc:
+            raise self._oserror(exc, key) from exc
+        finally:
+            os.close(fd)
         assert info is not None
         return info
 
@@ -825,23 +918,65 @@ def _too_long(path: str) -> bool:
     return len(os.fsencode(path)) > _SYSCALL_PATH_MAX
 
 
-def _unstage(exc: BaseException, key: str, parent: int, temp: str) -> NoReturn:
-    """Remove the temp file of a write that failed with ``exc``, and raise it as loomfs's."""
-    with contextlib.suppress(OSError):
-        os.unlink(temp, dir_fd=parent)
-    if isinstance(exc, LoomError):
-        raise exc
-    if isinstance(exc, OSError):
-        raise from_oserror(exc, key) from exc
-    raise exc
+@dataclasses.dataclass(slots=True)
+class _Staged:
+    """One write in progress: its directory, its temp file, and what its commit did to the
+    name, so that a failure after the commit (the catalog's, under the gate) can leave
+    the name as it was. Owns the descriptors."""
+
+    key: str
+    parent: int
+    name: str
+    temp: str | None = None
+    fd: int | None = None
+    #: the inode the commit put at (or wrote through) ``name``; None: not committed
+    placed: int | None = None
+    #: a temp name holding what the commit replaced: the old file (or, ``in_place``, a
+    #: copy of its old bytes); None: nothing to put back
+    aside: str | None = None
+    in_place: bool = False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.parent >= 0:
+            os.close(self.parent)
+            self.parent = -1
 
 
-def _discard_temp(creating: asyncio.Future[tuple[int, str, str, int]]) -> None:
-    """Remove a temp file whose write was cancelled while it was being created."""
-    if creating.cancelled() or creating.exception() is not None:
-        return
-    parent, _, temp, fd = creating.result()
-    with contextlib.suppress(OSError):
-        os.unlink(temp, dir_fd=parent)
-    os.close(fd)
-    os.close(parent)
+def _fd(staged: _Staged) -> int:
+    assert staged.fd is not None
+    return staged.fd
+
+
+def _exchange(parent: int, temp: str, name: str) -> str | None:
+    """Put ``temp`` at ``name`` and keep the file it replaces: the name that holds the old
+    file now (None where the file system can keep nothing aside). One atomic
+    RENAME_EXCHANGE where the kernel and file system have it, else a hard link aside and
+    a rename over."""
+    if _renameat2 is not None:
+        if _renameat2(parent, os.fsencode(temp), parent, os.fsencode(name), _RENAME_EXCHANGE) == 0:
+            return temp
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), name)
+    aside = TEMP_PREFIX + secrets.token_hex(8)
+    try:
+        os.link(name, aside, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        return None  # no hard links here: the replace cannot be undone
+    os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    return aside
+
+
+def _copy_into(source: int, name: str, parent: int, *, create: bool) -> None:
+    """Make the file ``name`` in ``parent`` hold exactly the bytes of ``source``."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+    target = os.open(name, flags, 0o600, dir_fd=parent)
+    try:
+        os.ftruncate(target, 0)
+        copy_sparse(source, target, os.fstat(source).st_size)
+    finally:
+        os.close(target)

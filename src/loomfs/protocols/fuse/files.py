@@ -4,7 +4,10 @@ Reads of a version whose bytes sit in a local file (a posix volume) are ``pread`
 descriptor the namespace handed back, so no byte passes through a stream; other reads
 (S3 volumes, a hub over REST) follow the namespace's stream and reopen it, pinned to the
 opened version, when the kernel seeks. Writes go to an anonymous temp file per inode and
-reach the namespace as one atomic write, conditional on the version they started from.
+reach the namespace as one atomic write, conditional on the version they started from,
+handed on as a local file so that a posix volume copies its data ranges and its holes stay
+holes. A change that could not be made in full (the spool's disk full) is never committed:
+the file keeps its last committed content.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 
-from ...core.streams import BUFFER_SIZE
+from ...core.streams import LocalFile, aiter_bytes, copy_sparse
 from ...core.types import Principal
+from ...errors import LoomError, from_oserror
 from ...namespace.base import Namespace, Reader
 from .inodes import Node
 
@@ -91,6 +95,8 @@ class WriteBuffer:
         self.generation = 0
         self.committed_generation = 0
         self.commit_lock = asyncio.Lock()
+        #: why a change to it failed: it holds part of one, and must never be committed
+        self.broken: LoomError | None = None
 
     @property
     def fd(self) -> int:
@@ -110,8 +116,9 @@ class WriteBuffer:
         buffer = cls(spool_dir, version)
         try:
             async with await ns.read(who, path, if_version=version) as reader:
-                if reader.region is not None:
-                    await asyncio.to_thread(_copy_region, reader.region.fd, buffer.fd)
+                region = reader.region
+                if region is not None and region.offset == 0:
+                    await asyncio.to_thread(copy_sparse, region.fd, buffer.fd, region.length)
                 else:
                     async for chunk in reader.chunks():
                         await asyncio.to_thread(os.write, buffer.fd, chunk)
@@ -128,23 +135,32 @@ class WriteBuffer:
         self.generation += 1
         self.mtime_ns = time.time_ns()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        pos = 0
-        if self._fd is None:
-            return  # never written: empty
-        while data := await asyncio.to_thread(os.pread, self._fd, BUFFER_SIZE, pos):
-            pos += len(data)
-            yield data
+    def write(self, data: bytes | memoryview, offset: int) -> int:
+        try:
+            written = os.pwrite(self.fd, data, offset)
+        except OSError as exc:
+            raise self._broke(exc) from exc
+        self.changed()
+        return written
+
+    def truncate(self, size: int) -> None:
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as exc:
+            raise self._broke(exc) from exc
+        self.changed()
+
+    def _broke(self, exc: OSError) -> LoomError:
+        self.broken = from_oserror(exc, disk=f"the FUSE spool {self._spool_dir}")
+        return self.broken
+
+    def body(self) -> AsyncIterable[bytes]:
+        """The content, for a namespace write."""
+        if self.broken is not None:
+            raise self.broken
+        return aiter_bytes(b"") if self._fd is None else LocalFile(self._fd)
 
     def close(self) -> None:
         if self._fd is not None and self._fd >= 0:
             os.close(self._fd)
         self._fd = -1
-
-
-def _copy_region(src: int, dst: int) -> None:
-    """Copy a whole local file inside the kernel: sendfile works between any two file
-    systems, where copy_file_range refuses to cross them."""
-    pos = 0
-    while sent := os.sendfile(dst, src, pos, 1 << 30):
-        pos += sent

@@ -291,7 +291,7 @@ class LoomOperations:
                 return
             try:
                 entry = await self.ns.write(
-                    who, node.path, buffer.chunks(), if_version=buffer.base_version
+                    who, node.path, buffer.body(), if_version=buffer.base_version
                 )
             except Conflict:
                 log.warning(
@@ -375,8 +375,7 @@ class LoomOperations:
             handle = self._files.get(fh) if fh is not None else None
             version = handle.version if handle is not None else node.entry.version
             buffer = await self._buffer(node, who, version, empty=attr.st_size == 0)
-            os.ftruncate(buffer.fd, attr.st_size)
-            buffer.changed()
+            buffer.truncate(attr.st_size)
             if fh is None:
                 # truncate(2) by path has no close to wait for: it is done when it returns
                 await self._commit(node, who)
@@ -628,8 +627,7 @@ class LoomOperations:
         node.cached_version = version
         if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
             buffer = await self._buffer(node, who, version, empty=True)
-            os.ftruncate(buffer.fd, 0)
-            buffer.changed()
+            buffer.truncate(0)
         fh = self._fh()
         self._files[fh] = FileHandle(node, who, version, stream, passthrough=backing is not None)
         node.opens += 1
@@ -708,9 +706,7 @@ class LoomOperations:
     async def write(self, fh: int, off: int, buf: bytes | memoryview) -> int:
         handle = self._files[fh]
         buffer = await self._buffer(handle.node, handle.who, handle.version, empty=False)
-        written = os.pwrite(buffer.fd, buf, off)
-        buffer.changed()
-        return written
+        return buffer.write(buf, off)
 
     @translated
     async def flush(self, fh: int) -> None:

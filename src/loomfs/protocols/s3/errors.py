@@ -65,6 +65,7 @@ STATUS: dict[str, int] = {
     "SignatureDoesNotMatch": 403,
     "XAmzContentSHA256Mismatch": 400,
     "NotModified": 304,
+    "XMinioStorageFull": 507,
 }
 
 # The one table from the loomfs hierarchy to S3 codes; subclasses not listed use their
@@ -84,7 +85,11 @@ CODES: dict[type[LoomError], str] = {
     InvalidPath: "InvalidArgument",
     InvalidArgument: "InvalidArgument",
     NotSupported: "NotImplemented",
-    InsufficientStorage: "ServiceUnavailable",
+    # A full disk stays full until someone frees space: not 503 (ServiceUnavailable),
+    # which SDKs retry (botocore: 500, 502, 503, 504, 509) for seconds before failing.
+    # AWS has no such error; MinIO's code and status are the ones S3 clients and tools
+    # already know, and 507 is in no SDK's retry list.
+    InsufficientStorage: "XMinioStorageFull",
     BackendUnavailable: "ServiceUnavailable",
     LoomError: "InternalError",
 }

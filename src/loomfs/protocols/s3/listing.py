@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ...core.types import SPECIAL_KINDS, Entry, Principal
+from ...errors import LoomError
 from ...namespace.base import Namespace
 from .errors import S3Error
 
@@ -134,7 +135,13 @@ class Lister:
             elif entry.kind in SPECIAL_KINDS:
                 continue  # a fifo, device or socket has no bytes: no object
             elif after is None or rel + entry.name > after:
-                yield Item(rel + entry.name, entry)
+                try:
+                    # a symlink lists as the object a GET of it returns (size, ETag)
+                    target = await self.ns.followed(self.who, entry)
+                except LoomError:
+                    continue  # dangling, looping, or out of reach: no object
+                if not target.is_dir:
+                    yield Item(rel + entry.name, target)
         while pending:
             async for item in self._descend(rel, heapq.heappop(pending)[1], after):
                 yield item

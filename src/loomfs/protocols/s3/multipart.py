@@ -6,6 +6,8 @@ file per part, written to a temporary name and renamed once complete, so a part 
 whole or not at all); completion streams them in order into one namespace write, which
 commits the object atomically, then removes the upload's directory and leaves a small
 marker, so that a client that repeats Complete (after a lost reply) gets the same answer.
+The site's data directory filling up is an error naming it (``InsufficientStorage``), and a
+part or an upload that could not be stored whole leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -25,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from ...core.streams import BUFFER_SIZE
+from ...errors import LoomError, from_oserror
 from .errors import S3Error
+
+log = logging.getLogger(__name__)
 
 MIN_PART_SIZE = 5 << 20  # as AWS: every part but the last
 DONE_TTL_S = 3600  # how long a completed upload answers a repeated Complete
@@ -55,6 +61,9 @@ class Staging:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def _failed(self, exc: OSError) -> LoomError:
+        return from_oserror(exc, disk=f"the data directory's upload staging {self.root}")
+
     def _dir(self, upload_id: str) -> Path:
         # the id comes from the client: only our own shape may become a path
         if not _UPLOAD_ID.match(upload_id):
@@ -68,9 +77,16 @@ class Staging:
         def make() -> None:
             self._sweep_markers()
             folder.mkdir(parents=True)
-            (folder / "upload.json").write_text(json.dumps(_as_dict(upload)))
+            try:
+                (folder / "upload.json").write_text(json.dumps(_as_dict(upload)))
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
 
-        await asyncio.to_thread(make)
+        try:
+            await asyncio.to_thread(make)
+        except OSError as exc:
+            raise self._failed(exc) from exc
         return upload
 
     async def get(self, upload_id: str, bucket: str, key: str) -> Upload:
@@ -110,7 +126,10 @@ class Staging:
         temp = folder / f".{number:05d}.{secrets.token_hex(4)}"
         digest = hashlib.md5()
         size = 0
-        fobj = await asyncio.to_thread(open, temp, "xb")
+        try:
+            fobj = await asyncio.to_thread(open, temp, "xb")
+        except OSError as exc:
+            raise self._failed(exc) from exc
         try:
             async for chunk in data:
                 size += len(chunk)
@@ -123,9 +142,14 @@ class Staging:
             fobj.close()
             etag = f'"{digest.hexdigest()}"'
             await asyncio.to_thread(_write_then_rename, temp, final, etag)
-        except BaseException:
-            fobj.close()
+        except BaseException as exc:
+            with contextlib.suppress(OSError):  # its buffer may not fit either
+                fobj.close()
             temp.unlink(missing_ok=True)
+            if isinstance(exc, LoomError):
+                raise
+            if isinstance(exc, OSError):
+                raise self._failed(exc) from exc
             raise
         return Part(number, size, etag, time.time_ns())
 
@@ -187,7 +211,14 @@ class Staging:
         """Remove a completed upload's parts, remembering its ETag for a while."""
         marker = self.root / f"{upload.upload_id}.done"
         data = json.dumps({"bucket": upload.bucket, "key": upload.key, "etag": etag})
-        await asyncio.to_thread(marker.write_text, data)
+        try:
+            await asyncio.to_thread(marker.write_text, data)
+        except OSError:
+            # the object is committed whatever happens here: a full data directory must
+            # not turn that into an error; a repeated Complete then finds no such upload
+            log.warning("upload %s completed without its marker", upload.upload_id, exc_info=True)
+            with contextlib.suppress(OSError):
+                marker.unlink(missing_ok=True)
         await self.remove(upload)
 
     async def completed(self, upload_id: str, bucket: str, key: str) -> str | None:

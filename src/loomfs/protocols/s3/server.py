@@ -34,12 +34,13 @@ from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ANONYMOUS
-from ...core.types import SPECIAL_KINDS, Action, Entry, Principal
+from ...core.types import SPECIAL_KINDS, Action, Entry, EntryKind, Principal
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
     DirectoryNotEmpty,
     InvalidPath,
+    IsADirectory,
     LoomError,
     NotADirectory,
     NotFound,
@@ -808,6 +809,13 @@ class S3Gateway:
         except NotFound:
             await self._bucket_entry(c)  # NoSuchBucket before NoSuchKey
             raise S3Error("NoSuchKey", "the specified key does not exist") from None
+        if entry.kind is EntryKind.SYMLINK:
+            # a symlink is the object it leads to: its bytes, size, version and tags
+            try:
+                entry = await self.ns.followed(c.who, entry)
+            except (NotFound, IsADirectory):
+                raise S3Error("NoSuchKey", "the specified key does not exist") from None
+            tags = await self.ns.get_tags(c.who, entry.path)
         if entry.is_dir != c.key.endswith("/") or entry.kind in SPECIAL_KINDS:
             # 'a/' names a directory, 'a' a file; a fifo, device or socket is no object
             raise S3Error("NoSuchKey", "the specified key does not exist")

@@ -6,7 +6,9 @@ and writes whole files atomically. So a read handle fetches windows of a few MiB
 ranged namespace reads, pinned to the version it opened, and fetches the next windows
 ahead while the client consumes the current one; a write handle spools to a local file
 (unlinked at once, so a crash leaves nothing behind) and commits it with one namespace
-write when the client closes it.
+write when the client closes it, handed on as a local file (a posix volume copies its data
+ranges, so holes stay holes). A spool that failed to take a write (its disk full) is never
+committed: the file stays as it was.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...core.streams import BUFFER_SIZE, LocalFileSource
+from ...core.streams import BUFFER_SIZE, LocalFile, copy_sparse
 from ...core.types import Entry, Principal
 from ...errors import LoomError, from_oserror
 from ...namespace.base import Namespace
@@ -135,6 +137,7 @@ class WriteHandle:
         exclusive: bool,
         append: bool,
         mode: int | None,
+        spool: Path,
     ) -> None:
         self.ns = ns
         self.who = who
@@ -145,6 +148,7 @@ class WriteHandle:
         self.exclusive = exclusive
         self.append = append
         self.mode = mode
+        self.spool = spool  # the directory of its spool file: named when its disk is full
         self.pending = Pending()
         self._sent = 0  # spool bytes handed to the streaming write
         self._end = 0  # end of what was written front to back
@@ -152,6 +156,8 @@ class WriteHandle:
         self._eof = False
         self._abandoned = False
         self._stream: asyncio.Task[Entry] | None = None
+        #: why a write to the spool failed: it holds part of one, never to be committed
+        self._broken: LoomError | None = None
 
     @classmethod
     async def open(
@@ -179,16 +185,26 @@ class WriteHandle:
         try:
             if keep and existing is not None and existing.size:
                 async with await ns.read(who, path, if_version=existing.version) as reader:
-                    async for chunk in reader.chunks():
-                        os.write(fd, chunk)
+                    region = reader.region
+                    if region is not None and region.offset == 0:
+                        await asyncio.to_thread(copy_sparse, region.fd, fd, region.length)
+                    else:
+                        async for chunk in reader.chunks():
+                            os.write(fd, chunk)
                     await reader.verify()
+        except LoomError:
+            os.close(fd)
+            raise
+        except OSError as exc:
+            os.close(fd)
+            raise from_oserror(exc, path, disk=f"the SFTP spool {spool}") from exc
         except BaseException:
             os.close(fd)
             raise
         # a new file exists once opened and a truncation happens even if nothing is written
         handle = cls(
             ns, who, path, fd, base=existing, dirty=not keep, exclusive=exclusive,
-            append=append, mode=mode,
+            append=append, mode=mode, spool=spool,
         )  # fmt: skip
         if not keep:
             handle._stream = asyncio.create_task(handle._commit(handle._follow()))
@@ -204,7 +220,7 @@ class WriteHandle:
         if self.append:
             offset = self.size()
         # a page-cache write of at most a few hundred KiB: cheaper inline than a thread hop
-        os.pwrite(self.fd, data, offset)
+        await self._spooled(os.pwrite, self.fd, data, offset)
         self.dirty = True
         if self._stream is not None:
             if self._sent <= offset <= self._end:
@@ -216,10 +232,19 @@ class WriteHandle:
         return len(data)
 
     async def truncate(self, size: int) -> None:
-        os.ftruncate(self.fd, size)
+        await self._spooled(os.ftruncate, self.fd, size)
         self.dirty = True
         if self._stream is not None and size != self._end:
             await self._abandon()
+
+    async def _spooled(self, change: Callable[..., object], *args: object) -> None:
+        """Make a change to the spool; one that fails breaks the handle for good."""
+        try:
+            change(*args)
+        except OSError as exc:
+            self._broken = from_oserror(exc, self.path, disk=f"the SFTP spool {self.spool}")
+            await self._abandon()
+            raise self._broken from exc
 
     async def _follow(self) -> AsyncIterator[bytes]:
         """The spool front to back, as the client writes it, until close."""
@@ -238,7 +263,7 @@ class WriteHandle:
                 self._more.clear()
                 await self._more.wait()
 
-    async def _commit(self, data: AsyncIterator[bytes]) -> Entry:
+    async def _commit(self, data: AsyncIterable[bytes]) -> Entry:
         return await self.ns.write(
             self.who,
             self.path,
@@ -270,15 +295,16 @@ class WriteHandle:
         attributes set meanwhile; the spool is released either way."""
         if self._stream is not None and self._end != self.size():
             await self._abandon()  # a hole, or bytes past what was written in order
-        source = LocalFileSource(self.fd, 0, self.size(), self.path)
         try:
+            if self._broken is not None:
+                raise self._broken
             entry = None
             if self._stream is not None:
                 self._eof = True
                 self._more.set()
                 entry = await self._stream
             elif self.dirty:
-                entry = await self._commit(source.chunks())
+                entry = await self._commit(LocalFile(self.fd))
             p = self.pending
             if (p.mode, p.uid, p.gid, p.mtime_ns) != (None, None, None, None):
                 entry = await self.ns.set_attrs(
@@ -286,6 +312,6 @@ class WriteHandle:
                 )
             return entry
         finally:
-            self.fd = -1
             with contextlib.suppress(OSError):
-                await source.aclose()
+                os.close(self.fd)
+            self.fd = -1
