@@ -67,8 +67,8 @@ class Site:
         )
 
 
-async def _rescan(url: str) -> None:
-    client = RestNamespace(url)
+async def _rescan(url: str, admin: tuple[str, str]) -> None:
+    client = RestNamespace(url, credentials=admin)  # a rescan is administration
     try:
         await client.rescan(BUCKET_ROOT)
     finally:
@@ -94,7 +94,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         (root / "dataset" / "a-plain.bin").write_bytes(b"plain sample")
         (root / "dataset" / "b-link.bin").symlink_to("../d/target.bin")
         (root / "dataset" / "c-chain.bin").symlink_to("b-link.bin")
-        asyncio.run(_rescan(hub.url))
+        asyncio.run(_rescan(hub.url, hub.admin))
         yield Site(hub, root)
 
 
