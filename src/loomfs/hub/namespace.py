@@ -106,6 +106,10 @@ def _recorded(entry: Entry, put: Put) -> bool:
     return _facts(entry) == _facts(put)
 
 
+class _Repeated(Exception):
+    """Drops the staged bytes of a write found, under the path's lock, already made."""
+
+
 def _check_tag(key: str, value: str | None = None) -> None:
     if not key or len(key) > MAX_TAG_KEY or any(ord(c) < 32 for c in key):
         raise InvalidArgument(f"invalid tag key {key!r}: 1-{MAX_TAG_KEY} printable characters")
@@ -388,9 +392,14 @@ class HubNamespace(ResolvingNamespace):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
     ) -> Entry:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
+        # a key is the caller site's own: another site can't learn or spoil its answers
+        remembered = None if write_id is None else f"{who.site}:{write_id}"
+        if remembered is not None and (done := await self.catalog.written(remembered)):
+            return done  # a repeat (its answer was lost): the first answer, nothing written
         chunks = aiter(data)
         first = await anext(chunks, None)
         if first is not None:
@@ -405,6 +414,10 @@ class HubNamespace(ResolvingNamespace):
 
         async def gate(commit: Commit) -> ObjectInfo:
             async with self._lock(path):
+                if remembered is not None and (done := await self.catalog.written(remembered)):
+                    # the same write, sent again while this one streamed: it stands
+                    committed.append(done)
+                    raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 info = await commit()
@@ -415,11 +428,15 @@ class HubNamespace(ResolvingNamespace):
                         force_version=True,
                         exclusive=current is None,
                         expect_version=current.version if current else None,
+                        write_id=remembered,
                     )
                 )
                 return info
 
-        await mounted.backend.write(key, body, mode=mode, gate=gate)
+        try:
+            await mounted.backend.write(key, body, mode=mode, gate=gate)
+        except _Repeated:
+            return committed[0]
         await self._links_changed(mounted, committed[0], path)
         return committed[0]
 
@@ -536,15 +553,20 @@ class HubNamespace(ResolvingNamespace):
             await self.leases.settle(await self.catalog.head_seq())
 
     async def _record(
-        self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
+        self,
+        mounted: Mounted,
+        info: ObjectInfo,
+        write_id: str | None = None,
+        **preconditions: bool | int | None,
     ) -> Entry:
         """Commit what this namespace just wrote to the volume, with the preconditions
-        checked before the write. A sweep (inotify or a rescan) may have recorded this very
-        object between the volume write and now, which fails the preconditions although
-        nothing else changed; that is told apart by the object's etag and inode."""
+        checked before the write (and the write's idempotency key, in the same
+        transaction). A sweep (inotify or a rescan) may have recorded this very object
+        between the volume write and now, which fails the preconditions although nothing
+        else changed; that is told apart by the object's etag and inode."""
         put = put_for(mounted.volume.mount, info, **preconditions)
         try:
-            [applied] = await self.catalog.apply([put])
+            [applied] = await self.catalog.apply([replace(put, write_id=write_id)])
         except (AlreadyExists, Conflict):
             seen = await self.catalog.get(put.path)
             if seen is None or (seen.kind, seen.etag, seen.inode) != (
@@ -553,6 +575,8 @@ class HubNamespace(ResolvingNamespace):
                 put.inode,
             ):
                 raise
+            if write_id is not None:
+                await self.catalog.remember_write(write_id, seen)
             return seen
         return self._noted(await self._settled(applied))
 
