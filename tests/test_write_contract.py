@@ -15,6 +15,7 @@ import pytest
 
 from loomfs.core.types import Entry, Principal
 from loomfs.errors import BackendUnavailable, Conflict
+from loomfs.rest.client import RestNamespace
 from loomfs.spoke.cache import SMALL_FILE
 from loomfs.spoke.namespace import REFUSED, SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
@@ -125,7 +126,8 @@ async def test_a_replay_whose_answer_was_lost_lands_once(
     replay is that same write (no conflict copy), not a second one."""
     await hub_write(env, "/vol/ck", b"step 0")
     assert await env.spoke.read_bytes(WHO, "/vol/ck") == b"step 0"
-    link = env.spoke.hub
+    link = env.spoke.cache.chunks.link if env.spoke.cache.chunks else None
+    assert isinstance(link, RestNamespace) and link is env.spoke.hub
     lost: list[str] = []
     committed, changed = asyncio.Event(), asyncio.Event()
 

@@ -603,7 +603,11 @@ class SpokeNamespace(Namespace):
             self._wake.set()
             if waiter is None:
                 return self._pending_entry(pending)
-            return await waiter
+            try:
+                return await waiter
+            except asyncio.CancelledError:  # the writer went away: it stays journaled,
+                self._waiters.pop(seq, None)  # replayed as one nobody waits for
+                raise
 
     @contextlib.asynccontextmanager
     async def _write_lease(self, who: Principal, path: str) -> AsyncIterator[None]:
@@ -730,9 +734,8 @@ class SpokeNamespace(Namespace):
                         ),
                     )
                     continue
-                waiter = self._waiters.get(pending.seq)
                 try:
-                    entry = await self._commit(pending, waiting=waiter is not None)
+                    entry = await self._commit(pending, waiting=pending.seq in self._waiters)
                 except BackendUnavailable as exc:
                     self._set_online(False)
                     for waiting in list(self.journal):  # none of them can commit for now
@@ -740,8 +743,8 @@ class SpokeNamespace(Namespace):
                     asyncio.get_running_loop().call_later(RETRY, self._wake.set)
                     break
                 except Exception as exc:
+                    waiter = self._waiters.pop(pending.seq, None)
                     if waiter is not None:  # the writer is there to hear it
-                        del self._waiters[pending.seq]
                         self.journal.remove(pending)
                         waiter.set_exception(exc)
                     elif await self._precondition_failed(pending, exc):
