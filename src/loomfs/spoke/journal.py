@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..core.streams import ByteSource, LocalFileSource, fsync_dir
-from ..errors import CorruptData
+from ..errors import BackendUnavailable, CorruptData
 from .sealed import (
     BlockCipher,
     SealedFile,
@@ -127,6 +127,7 @@ class Journal:
         self._records: dict[int, Pending] = {}
         self._rebased: dict[tuple[str, int | None], int] = {}
         self._lock = threading.Lock()  # commits run in worker threads
+        self._closed = False
         for record in sorted(directory.glob("*.json")):
             pending = Pending(**json.loads(record.read_text()))
             if not self.data_path(pending).exists():
@@ -223,6 +224,8 @@ class Journal:
         finally:
             os.close(fd)
         with self._lock:  # against a rebase between resolving the base and recording it
+            if self._closed:
+                raise BackendUnavailable("the spoke is stopping: the write is not journaled")
             base = pending.base_version
             while (pending.path, base) in self._rebased:
                 base = self._rebased[(pending.path, base)]
@@ -262,6 +265,12 @@ class Journal:
         (self.directory / f"{pending.seq:012d}.json").unlink(missing_ok=True)
         self.data_path(pending).unlink(missing_ok=True)
         fsync_dir(self.directory)
+
+    def close(self) -> None:
+        """Take no more writes: one still spooling when its spoke stops fails, and is
+        never recorded behind the back of the next spoke over this journal."""
+        with self._lock:
+            self._closed = True
 
     def discard(self, seq: int) -> None:
         """Drop a spool that never became a record (the write failed before commit)."""

@@ -177,6 +177,7 @@ class SpokeNamespace(Namespace):
             self._wake.set()  # writes acknowledged before a restart
 
     async def close(self) -> None:
+        self.journal.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
