@@ -157,6 +157,24 @@ async def test_a_replay_whose_answer_was_lost_lands_once(
     assert (env.volume / "ck").read_bytes() == b"changed at the hub"
 
 
+async def test_a_clients_key_at_a_spoke_makes_its_retries_one_write(env: Fabric) -> None:
+    """A REST client's Idempotency-Key at a spoke: a retry while the write is journaled
+    is answered from the journal, one after the commit by the hub, and a retry that
+    carries other bytes puts none of them in the spoke's cache."""
+    env.spoke.write_back = True
+    env.link.cut()  # it stays journaled meanwhile
+    first = await env.spoke.write_bytes(WHO, "/vol/k", b"the write", write_id="client-1")
+    again = await env.spoke.write_bytes(WHO, "/vol/k", b"the write", write_id="client-1")
+    assert first == again and len(env.spoke.journal) == 1
+    env.link.restore()
+    await synced(env.spoke)
+    committed = await env.hub.namespace.stat(WHO, "/vol/k")
+    await env.spoke.write_bytes(WHO, "/vol/k", b"other bytes", write_id="client-1")
+    await synced(env.spoke)
+    assert await env.hub.namespace.stat(WHO, "/vol/k") == committed
+    assert await env.spoke.read_bytes(OTHER, "/vol/k") == b"the write"
+
+
 # -- 3. no dirty reads ----------------------------------------------------------------------
 
 

@@ -4,9 +4,10 @@ Reads go to the volume in place, by range. Writes land in the volume atomically 
 backend's job) and are then committed to the catalog with a new version; a write is
 acknowledged only after that commit. A write with an idempotency key (a spoke's journaled
 write) has the entry it made kept under the key in the same transaction, and a repeat of
-the key is answered with that entry, writing nothing. Changes made behind loomfs's back are noticed three
-ways: rescans, inotify on posix volumes, and lazily, when a read finds the object is no
-longer the version the catalog holds (it records the new version, then serves it).
+the key is answered with that entry, writing nothing. Changes made behind loomfs's back
+are noticed three ways: rescans, inotify on posix volumes, and lazily, when a read finds
+the object is no longer the version the catalog holds (it records the new version, then
+serves it).
 """
 
 from __future__ import annotations

@@ -64,6 +64,9 @@ class Pending:
     #: the write's idempotency key, sent with every try (journals written before keys
     #: were kept get one when loaded)
     write_id: str = ""
+    #: the key is the writer's client's (a repeat of a request), not one made here: the
+    #: hub may answer it with an earlier write of other bytes, so these fill no cache
+    client_key: bool = False
 
     @property
     def conditional(self) -> bool:
@@ -156,6 +159,10 @@ class Journal:
         """The newest write of ``path`` not yet committed at the hub."""
         found = self.of_path(path)
         return found[-1] if found else None
+
+    def keyed(self, write_id: str) -> Pending | None:
+        """The write journaled under ``write_id``, if one is."""
+        return next((p for p in self._records.values() if p.write_id == write_id), None)
 
     def of_path(self, path: str) -> list[Pending]:
         """The writes of ``path`` not yet committed at the hub, oldest first."""

@@ -575,6 +575,11 @@ class SpokeNamespace(Namespace):
         write_id: str | None = None,
     ) -> Entry:
         path = self._inside(path)
+        repeated = None if write_id is None else self.journal.keyed(write_id)
+        if repeated is not None:  # a client's retry of a write journaled here
+            if repeated.seq in self._waiters:
+                raise Conflict(f"a write with this key is under way: {path}", path=path)
+            return self._pending_entry(repeated)
         conditional = if_version is not None or exclusive
         async with self._write_lease(who, path):
             base = await self._base_version(who, path)
@@ -595,6 +600,7 @@ class SpokeNamespace(Namespace):
                     early=early, sealed=self.journal.sealed,
                     user=None if who.protocol == "internal" else who.user,
                     protocol=who.protocol, write_id=write_id or new_write_id(),
+                    client_key=write_id is not None,
                 )  # fmt: skip
                 pending = await asyncio.to_thread(self.journal.commit, pending)
             except BaseException:
@@ -765,24 +771,27 @@ class SpokeNamespace(Namespace):
                 if entry.path == pending.path:
                     self.journal.rebase(pending, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
-                try:
-                    if pending.sealed:  # opened frame by frame, sealed again as blocks
-                        await self.cache.adopt_stream(
-                            entry.path, entry.version, self.journal.size(pending),
-                            self.journal.source(pending),
-                        )  # fmt: skip
-                    else:
-                        await self.cache.adopt(
-                            entry.path, entry.version, self.journal.data_path(pending)
-                        )
-                except Exception:  # only a missed cache fill: the hub has the write
-                    log.exception("could not keep a written file in the cache")
+                if not pending.client_key:  # else the version may hold another request's
+                    await self._keep_written(pending, entry)
                 self.journal.remove(pending)
                 self._stuck.pop(pending.seq, None)
                 self._learn(entry, entry.version)
                 waiter = self._waiters.pop(pending.seq, None)
                 if waiter is not None:
                     waiter.set_result(entry)
+
+    async def _keep_written(self, pending: Pending, entry: Entry) -> None:
+        """The committed bytes become the cached copy of the version ``entry`` names."""
+        try:
+            if pending.sealed:  # opened frame by frame, sealed again as blocks
+                await self.cache.adopt_stream(
+                    entry.path, entry.version, self.journal.size(pending),
+                    self.journal.source(pending),
+                )  # fmt: skip
+            else:
+                await self.cache.adopt(entry.path, entry.version, self.journal.data_path(pending))
+        except Exception:  # only a missed cache fill: the hub has the write
+            log.exception("could not keep a written file in the cache")
 
     async def _commit(self, pending: Pending, *, waiting: bool) -> Entry:
         """Upload one journaled write. A conflict fails a waiting writer, and refuses a
