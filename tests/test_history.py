@@ -1,6 +1,6 @@
 """The consistency contract, checked on recorded histories (``loomfs.testing.history``):
 clients at a hub and two spokes (one acknowledging writes once journaled), unique values
-with and without preconditions, links cut at random, spokes restarted.
+with and without preconditions, links cut at random, spokes and the hub restarted.
 
 Bounded for ``make test``; longer runs with ``LOOMFS_HISTORY_OPS`` (calls per run) and
 ``LOOMFS_HISTORY_RUNS`` (runs, each with its own seed); ``LOOMFS_HISTORY_SEED`` replays one.
@@ -44,9 +44,13 @@ async def test_histories_under_link_cuts_hold_the_contract(tmp_path: Path, seed:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-async def test_histories_across_spoke_restarts_hold_the_contract(tmp_path: Path, seed: int) -> None:
+async def test_histories_across_restarts_hold_the_contract(tmp_path: Path, seed: int) -> None:
     workload = Workload(
-        ops=OPS // 2, write_back=frozenset({"east"}), restart_spokes=True, cut_every=0.2
+        ops=OPS // 2,
+        write_back=frozenset({"east"}),
+        restart_spokes=True,
+        restart_hub=True,
+        cut_every=0.2,
     )
     history = await checked(tmp_path, seed, workload)
     assert history.restarts

@@ -80,7 +80,7 @@ class History:
 
 def observe(hub: HubNamespace, history: History) -> None:
     """Record every write the hub commits: the value it holds and the version it made
-    (a repeat answered from its idempotency key makes no version: it was recorded once)."""
+    (a repeat of an idempotency key makes no version: the first was recorded)."""
     real = hub.write
 
     async def write(who: Principal, path: str, data: Any, **kwargs: Any) -> Entry:
@@ -91,12 +91,19 @@ def observe(hub: HubNamespace, history: History) -> None:
                 seen.extend(chunk)
                 yield chunk
 
-        entry = await real(who, path, captured(), **kwargs)
-        value = seen.decode(errors="replace")
-        places = history.commits.setdefault(value, [])
-        if seen and (entry.path, entry.version) not in places:
-            places.append((entry.path, entry.version))
-        return entry
+        def record(done: asyncio.Future[Entry]) -> None:
+            if done.cancelled() or done.exception() is not None or not seen:
+                return  # not made, or answered from its key unread (recorded when made)
+            entry = done.result()
+            places = history.commits.setdefault(seen.decode(errors="replace"), [])
+            if (entry.path, entry.version) not in places:
+                places.append((entry.path, entry.version))
+
+        writing = asyncio.ensure_future(real(who, path, captured(), **kwargs))
+        writing.add_done_callback(record)
+        # a caller that goes away (a request whose client hung up) leaves the write to
+        # finish and be recorded: a commit it made must not go unrecorded
+        return await asyncio.shield(writing)
 
     hub.write = write  # type: ignore[method-assign]
 
@@ -106,8 +113,10 @@ class Workload:
     """What the clients do: ``ops`` calls in all over ``files`` files, by
     ``clients_per_site`` clients at each site; a cut every ``cut_every`` seconds on
     average, for up to ``cut_for``; ``restart_spokes``: now and then a spoke dies and
-    starts again over its journal (a fault like a cut, for the stale-read check); the
-    spokes named in ``write_back`` acknowledge writes once journaled."""
+    starts again over its journal (a fault like a cut, for the stale-read check);
+    ``restart_hub``: now and then the hub stops and starts again over its catalog (every
+    link is cut meanwhile); the spokes named in ``write_back`` acknowledge writes once
+    journaled."""
 
     ops: int = 200
     files: int = 3
@@ -116,6 +125,7 @@ class Workload:
     cut_for: float = 1.5
     think: float = 0.05  # the most a client waits between two calls
     restart_spokes: bool = False
+    restart_hub: bool = False
     write_back: frozenset[str] = frozenset()
     write_lease: float = 5.0
 
@@ -125,9 +135,13 @@ async def run(env: Fabric, workload: Workload, seed: int) -> History:
     the spokes commit their journals, and return the history."""
     rng = random.Random(seed)
     history = History()
-    observe(env.hub.namespace, history)
-    # a cut spoke's write lease outlives its writes by this much (60 s by default)
-    env.hub.namespace.write_leases.ttl = workload.write_lease
+
+    def watch(hub: HubNamespace) -> None:
+        observe(hub, history)
+        # a cut spoke's write lease outlives its writes by this much (60 s by default)
+        hub.write_leases.ttl = workload.write_lease
+
+    watch(env.hub.namespace)
     refused_before = REFUSED._value.get()
     files = [f"{TOP}/f{i}" for i in range(workload.files)]
     setup = Principal("setup", site=HUB, protocol="test")
@@ -183,6 +197,23 @@ async def run(env: Fabric, workload: Workload, seed: int) -> History:
                 fresh if crng.random() < 0.5 else path, value, exclusive=True,
             )  # fmt: skip
 
+    async def restart(site: str) -> None:
+        """Kill a spoke (its callers' calls go unanswered) or stop the hub (its own
+        callers' calls finish first, as its requests do), and start it again."""
+        restarting[site] = asyncio.Event()
+        for call in list(calling[site]):
+            if site != HUB:
+                call.cancel()
+        await asyncio.gather(*calling[site], return_exceptions=True)
+        if site == HUB:
+            await env.restart_hub()
+            watch(env.hub.namespace)
+        else:
+            restarted = await env.restart_spoke(site)
+            restarted.write_back = site in workload.write_back
+        history.restarts += 1
+        restarting.pop(site).set()
+
     async def faults() -> None:
         spokes = list(env.spokes)
         pause = 0.1  # the first fault comes early: a short run has one too
@@ -196,15 +227,13 @@ async def run(env: Fabric, workload: Workload, seed: int) -> History:
             site = rng.choice(spokes)
             began = time.monotonic()
             # the first fault of a run with restarts is one: a short run has one too
+            if workload.restart_hub and (not history.restarts or rng.random() < 0.1):
+                await restart(HUB)
+                for spoke in spokes:  # the hub's death cuts every link
+                    history.cuts.setdefault(spoke, []).append((began, time.monotonic()))
+                continue
             if workload.restart_spokes and (not history.restarts or rng.random() < 0.15):
-                restarting[site] = asyncio.Event()
-                for call in list(calling[site]):
-                    call.cancel()
-                await asyncio.gather(*calling[site], return_exceptions=True)
-                restarted = await env.restart_spoke(site)
-                restarted.write_back = site in workload.write_back
-                history.restarts += 1
-                restarting.pop(site).set()
+                await restart(site)
             else:
                 env.links[site].cut()
                 await asyncio.sleep(rng.uniform(0.05, workload.cut_for))
