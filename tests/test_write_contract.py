@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from loomfs.core.types import Entry, Principal
-from loomfs.errors import BackendUnavailable, Conflict
+from loomfs.errors import BackendUnavailable, Conflict, InvalidArgument
 from loomfs.rest.client import RestNamespace
 from loomfs.spoke.cache import SMALL_FILE
+from loomfs.spoke.journal import Journal, Pending
 from loomfs.spoke.namespace import REFUSED, SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
 
@@ -173,6 +174,28 @@ async def test_a_clients_key_at_a_spoke_makes_its_retries_one_write(env: Fabric)
     await synced(env.spoke)
     assert await env.hub.namespace.stat(WHO, "/vol/k") == committed
     assert await env.spoke.read_bytes(OTHER, "/vol/k") == b"the write"
+
+
+async def test_a_malformed_key_is_refused(env: Fabric) -> None:
+    client = env.client(env.first)
+    try:
+        with pytest.raises(InvalidArgument, match="Idempotency-Key"):
+            await client.write_bytes(WHO, "/vol/f", b"x", write_id="k" * 129)
+    finally:
+        await client.close()
+    assert not (env.volume / "f").exists()
+
+
+def test_a_journal_written_before_keys_gets_one_per_write(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    seq, spool = journal.reserve()
+    spool.write(b"old")
+    spool.close()
+    journal.commit(Pending(seq, "/vol/f", None, None, False, None, 0, early=True))
+    [reloaded] = Journal(tmp_path)
+    assert len(reloaded.write_id) == 32 and [p.write_id for p in Journal(tmp_path)] == [
+        reloaded.write_id
+    ]  # given once, kept
 
 
 # -- 3. no dirty reads ----------------------------------------------------------------------
