@@ -185,10 +185,13 @@ async def test_restart_replays_acknowledged_writes_exactly_once(env: Fabric) -> 
     env.link.cut()
     for i in range(3):
         await env.spoke.write_bytes(WHO, f"/vol/ck{i}", f"checkpoint {i}".encode())
-    # the upload of ck0 reached the hub just before the spoke died
+    # the upload of ck0 reached the hub just before the spoke died, and ck0 changed since
     [first, *_] = list(env.spoke.journal)
-    env.spoke.journal.mark_sending(first)
-    committed = await hub_write(env, "/vol/ck0", b"checkpoint 0")
+    at_spoke = Principal(WHO.user, site=env.spoke.site, protocol=WHO.protocol)
+    await env.hub.namespace.write_bytes(
+        at_spoke, "/vol/ck0", b"checkpoint 0", write_id=first.write_id
+    )
+    committed = await hub_write(env, "/vol/ck0", b"checkpoint 0, then changed")
     for task in env.spoke._tasks:  # a crash: no orderly shutdown of the journal
         task.cancel()
     await env.spoke.hub.close()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
+import struct
 from collections.abc import AsyncIterator
 
 import pytest
@@ -61,6 +64,45 @@ async def test_cut_drops_and_refuses_until_restored(echo: int) -> None:
             await r2.readexactly(1)
         link.restore()
         assert await roundtrip(link.port, b"back again") == b"back again"
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Drop a connection as a killed process's is dropped: a reset, not an end of file."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def test_a_reset_on_either_side_drops_the_other_at_once() -> None:
+    """A killed hub resets its connections: the client behind the link hears it then,
+    not at its read timeout (and the same for a client that resets)."""
+    server_side: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+    server_side = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await server_side.put((reader, writer))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    try:
+        async with LinkEmulator("127.0.0.1", port) as link:
+            for upstream_resets in (True, False):
+                reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
+                writer.write(b"ping")
+                far_reader, far_writer = await server_side.get()
+                assert await far_reader.readexactly(4) == b"ping"
+                resetting, waiting = (
+                    (far_writer, reader) if upstream_resets else (writer, far_reader)
+                )
+                reset(resetting)
+                async with asyncio.timeout(30):  # a hang guard: today's bug waited forever
+                    with contextlib.suppress(ConnectionError):
+                        assert await waiting.read() == b""
+                for w in (writer, far_writer):
+                    w.close()
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_unreachable_target_closes_the_client(echo: int) -> None:

@@ -543,6 +543,7 @@ class HubChunks:
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
         transfer: Transfer | None = None,
     ) -> Entry:
         """Write ``path`` assembled from ``cmap``'s chunks through the namespace. Every
@@ -574,8 +575,9 @@ class HubChunks:
                 yield data
 
         entry = await self.namespace.write(
-            who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode
-        )
+            who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode,
+            write_id=write_id,
+        )  # fmt: skip
         with contextlib.suppress(Conflict, NotFound):
             await self.remember(entry, cmap)
         for cid in staged:

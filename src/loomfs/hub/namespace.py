@@ -4,10 +4,12 @@ Reads go to the volume in place, by range; a read through a symlink reads its ta
 found by following links in the catalog as the kernel would on disk. Writes land in the
 volume atomically (the backend's job) and are then committed to the catalog with a new
 version; a write is acknowledged only after that commit, and one that fails at any step
-leaves the volume as it was (the backend puts back what it replaced). Changes made
-behind loomfs's back are noticed three ways: rescans, inotify on posix volumes, and
-lazily, when a read finds the object is no longer the version the catalog holds (it
-records the new version, then serves it).
+leaves the volume as it was (the backend puts back what it replaced). A write with an
+idempotency key (a spoke's journaled write) has the entry it made kept under the key in
+the same transaction, and a repeat of the key is answered with that entry, writing
+nothing. Changes made behind loomfs's back are noticed three ways: rescans, inotify on
+posix volumes, and lazily, when a read finds the object is no longer the version the
+catalog holds (it records the new version, then serves it).
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ def _facts(row: Entry | Put) -> tuple[object, ...]:
 def _recorded(entry: Entry, put: Put) -> bool:
     """Whether the catalog's ``entry`` already holds every fact ``put`` would record."""
     return _facts(entry) == _facts(put)
+
+
+class _Repeated(Exception):
+    """Drops the staged bytes of a write found, under the path's lock, already made."""
 
 
 def _check_tag(key: str, value: str | None = None) -> None:
@@ -392,9 +398,14 @@ class HubNamespace(ResolvingNamespace):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
     ) -> Entry:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
+        # a key is the caller site's own: another site can't learn or spoil its answers
+        remembered = None if write_id is None else f"{who.site}:{write_id}"
+        if remembered is not None and (done := await self.catalog.written(remembered)):
+            return done  # a repeat (its answer was lost): the first answer, nothing written
         body: AsyncIterable[bytes]
         if isinstance(data, LocalFile):
             # handed on whole: a posix volume copies it by ranges, keeping its holes
@@ -412,11 +423,16 @@ class HubNamespace(ResolvingNamespace):
             self.write_leases.check(path, who.site)
             await self._writable(path, if_version, exclusive)
         committed: list[Applied] = []
+        repeated: list[Entry] = []
         cancelled = False
 
         async def gate(commit: Commit) -> ObjectInfo:
             nonlocal cancelled
             async with self._lock(path):
+                if remembered is not None and (done := await self.catalog.written(remembered)):
+                    # the same write, sent again while this one streamed: it stands
+                    repeated.append(done)
+                    raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 info = await commit()
@@ -427,6 +443,7 @@ class HubNamespace(ResolvingNamespace):
                     self._apply_record(
                         mounted,
                         info,
+                        remembered,
                         force_version=True,
                         exclusive=current is None,
                         expect_version=current.version if current else None,
@@ -441,7 +458,10 @@ class HubNamespace(ResolvingNamespace):
                             raise
                         cancelled = True
 
-        await mounted.backend.write(key, body, mode=mode, gate=gate)
+        try:
+            await mounted.backend.write(key, body, mode=mode, gate=gate)
+        except _Repeated:
+            return repeated[0]
         if cancelled:
             raise asyncio.CancelledError
         # acknowledged once the spokes have applied it: waited for outside the path's
@@ -567,19 +587,25 @@ class HubNamespace(ResolvingNamespace):
     ) -> Entry:
         """Commit what this namespace just wrote to the volume (``_apply_record``), and
         acknowledge it once the spokes have applied it."""
-        applied = await self._apply_record(mounted, info, **preconditions)
+        applied = await self._apply_record(mounted, info, None, **preconditions)
         return self._noted(await self._settled(applied))
 
     async def _apply_record(
-        self, mounted: Mounted, info: ObjectInfo, **preconditions: bool | int | None
+        self,
+        mounted: Mounted,
+        info: ObjectInfo,
+        write_id: str | None,
+        /,
+        **preconditions: bool | int | None,
     ) -> Applied:
         """Commit what this namespace just wrote to the volume, with the preconditions
-        checked before the write. A sweep (inotify or a rescan) may have recorded this very
-        object between the volume write and now, which fails the preconditions although
-        nothing else changed; that is told apart by the object's etag and inode."""
+        checked before the write (and the write's idempotency key, in the same
+        transaction). A sweep (inotify or a rescan) may have recorded this very object
+        between the volume write and now, which fails the preconditions although nothing
+        else changed; that is told apart by the object's etag and inode."""
         put = put_for(mounted.volume.mount, info, **preconditions)
         try:
-            [applied] = await self.catalog.apply([put])
+            [applied] = await self.catalog.apply([replace(put, write_id=write_id)])
         except (AlreadyExists, Conflict):
             seen = await self.catalog.get(put.path)
             if seen is None or (seen.kind, seen.etag, seen.inode) != (
@@ -588,6 +614,8 @@ class HubNamespace(ResolvingNamespace):
                 put.inode,
             ):
                 raise
+            if write_id is not None:
+                await self.catalog.remember_write(write_id, seen)
             return Applied(None, seen, None)
         return applied
 

@@ -86,10 +86,14 @@ class Namespace(ABC):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
     ) -> Entry:
         """Create or replace a file from a stream, atomically: readers see the old or the new
         content, never a mix. ``if_version``: replace only that version (else Conflict);
-        ``exclusive``: create only (else AlreadyExists). The parent must exist."""
+        ``exclusive``: create only (else AlreadyExists). The parent must exist.
+        ``write_id``: the write's idempotency key (a spoke's journaled write has one): a hub
+        remembers the entry a write with a key made, and answers a repeat of it (sent again
+        after its answer was lost) with that entry, writing nothing."""
 
     @abstractmethod
     async def mkdir(

@@ -66,7 +66,9 @@ class ChunkLink(ABC):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
         who: Principal | None = None,
     ) -> Entry:
         """Write ``path`` at the hub from chunks it holds or was sent, with the same
-        preconditions as a namespace write, as ``who`` (None: as the spoke itself)."""
+        preconditions and idempotency key as a namespace write, as ``who`` (None: as the
+        spoke itself)."""

@@ -482,6 +482,7 @@ class GovernedNamespace(FeedNamespace):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
     ) -> Entry:
         if mode is not None and mode & SET_ID:
             await self._privileged(who, "write", path, "a set-user-ID or set-group-ID file")
@@ -489,7 +490,8 @@ class GovernedNamespace(FeedNamespace):
         return await self._run(
             who, "write", path,
             lambda: self.inner.write(
-                who, path, data, if_version=if_version, exclusive=exclusive, mode=mode
+                who, path, data, if_version=if_version, exclusive=exclusive, mode=mode,
+                write_id=write_id,
             ),
             nbytes=lambda entry: entry.size,
         )  # fmt: skip

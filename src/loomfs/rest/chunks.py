@@ -35,7 +35,7 @@ from ..errors import CorruptData, InvalidArgument, NotSupported, PermissionDenie
 from ..hub.chunks import HubChunks, Wanted
 from ..namespace.governed import GovernedNamespace
 from . import wire
-from .server import RestServer, _body, _int
+from .server import RestServer, _body, _int, write_id_of
 
 WHOLE_HEADER = "X-Loomfs-Whole"
 MAX_MAP = 256 << 20  # a serialized map of a ~700 GB file
@@ -180,6 +180,7 @@ class ChunkRoutes:
         cmap = ChunkMap.deserialize(await request.content.readexactly(length))
         transfer = Transfer("hub", "up", path, wire=length)
         exclusive = request.headers.get("If-None-Match", "").strip() == "*"
+        write_id = write_id_of(request)
 
         def commit() -> Awaitable[Entry]:
             return self.chunks.commit(
@@ -189,6 +190,7 @@ class ChunkRoutes:
                 if_version=if_version,
                 exclusive=exclusive,
                 mode=mode,
+                write_id=write_id,
                 transfer=transfer,
             )
 

@@ -218,8 +218,9 @@ class RestNamespace(FeedNamespace, ChunkLink):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
     ) -> Entry:
-        headers = self._write_headers(if_version, exclusive, mode)
+        headers = self._write_headers(if_version, exclusive, mode, write_id)
         return wire.entry_from(
             await self._json(
                 "PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers, who=who
@@ -227,9 +228,14 @@ class RestNamespace(FeedNamespace, ChunkLink):
         )
 
     @staticmethod
-    def _write_headers(if_version: int | None, exclusive: bool, mode: int | None) -> dict[str, str]:
-        """A write's preconditions, the same for a streamed body and a chunked commit."""
+    def _write_headers(
+        if_version: int | None, exclusive: bool, mode: int | None, write_id: str | None
+    ) -> dict[str, str]:
+        """A write's preconditions and key, the same for a streamed body and a chunked
+        commit."""
         headers = {"Content-Type": "application/octet-stream"}
+        if write_id is not None:
+            headers[wire.WRITE_ID_HEADER] = write_id
         if if_version is not None:
             headers["If-Match"] = f'"{if_version}"'
         if exclusive:
@@ -507,9 +513,10 @@ class RestNamespace(FeedNamespace, ChunkLink):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
         who: Principal | None = None,
     ) -> Entry:
-        headers = self._write_headers(if_version, exclusive, mode)
+        headers = self._write_headers(if_version, exclusive, mode, write_id)
         return wire.entry_from(
             await self._json(
                 "POST",

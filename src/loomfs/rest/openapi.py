@@ -88,6 +88,7 @@ def spec() -> dict[str, Any]:
                         if_match,
                         {"name": "If-None-Match", "in": "header", "schema": {"const": "*"}},
                         {"name": "X-Loomfs-Mode", "in": "header", "schema": {"type": "integer"}},
+                        _WRITE_ID,
                     ],
                     requestBody={
                         "content": {"application/octet-stream": {"schema": {}}},
@@ -394,6 +395,14 @@ def _octets(description: str) -> dict[str, Any]:
     }
 
 
+_WRITE_ID = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "schema": {"type": "string", "maxLength": 128},
+    "description": "the write's key: a repeat of it is answered with the first write's entry",
+}
+
+
 def _chunk_paths(if_match: dict[str, Any]) -> dict[str, Any]:
     """The fabric link's chunk routes (served to spokes by the hub's fabric listener)."""
     ids = {"type": "array", "items": {"type": "string", "description": "BLAKE3, hex"}}
@@ -454,6 +463,7 @@ def _chunk_paths(if_match: dict[str, Any]) -> dict[str, Any]:
                     if_match,
                     {"name": "If-None-Match", "in": "header", "schema": {"type": "string"}},
                     {"name": "X-Loomfs-Mode", "in": "header", "schema": {"type": "integer"}},
+                    _WRITE_ID,
                 ],
                 requestBody={"content": {"application/octet-stream": {"schema": {}}}},
             ),

@@ -107,6 +107,14 @@ def _int(value: str | None, name: str) -> int | None:
         raise InvalidArgument(f"{name} must be an integer, not {value!r}") from None
 
 
+def write_id_of(request: web.Request) -> str | None:
+    """A write's idempotency key, if it has one (at most 128 printable characters)."""
+    key = request.headers.get(wire.WRITE_ID_HEADER)
+    if key is not None and not (0 < len(key) <= 128 and key.isprintable()):
+        raise InvalidArgument(f"{wire.WRITE_ID_HEADER} must be 1-128 printable characters")
+    return key
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
@@ -307,8 +315,9 @@ class RestServer:
                 yield chunk
 
         entry = await self.namespace.write(
-            who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode
-        )
+            who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode,
+            write_id=write_id_of(request),
+        )  # fmt: skip
         return _json(wire.entry_json(entry), 201)
 
     async def delete(self, request: web.Request) -> web.Response:

@@ -39,6 +39,8 @@ PATH = "{path:[\\s\\S]*}"
 # a spoke forwards the end user it serves to its hub with these (see fabric.server)
 USER_HEADER = "X-Loomfs-User"
 PROTOCOL_HEADER = "X-Loomfs-Protocol"
+# a write's idempotency key (the IETF draft's name): its repeat gets the first answer
+WRITE_ID_HEADER = "Idempotency-Key"
 
 # The one table from error class to HTTP status; subclasses not listed use their base's.
 STATUS: dict[type[LoomError], int] = {

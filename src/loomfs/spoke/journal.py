@@ -2,10 +2,13 @@
 
 A write at a spoke is durable here before it is acknowledged: the bytes go to a journal
 file and are fsynced, then a small record naming the path, the version the writer based
-its change on, and the options is written atomically (temp, fsync, rename, fsync of the
-directory). Only then does ``append`` return. Records are replayed in order by the
-uploader; a record is removed only after the hub committed it. A spoke killed at any
-point therefore either never acknowledged a write or still holds it on restart.
+its change on, the writer's own preconditions, the options and the write's idempotency
+key is written atomically (temp, fsync, rename, fsync of the directory). Only then does
+``commit`` return. Records are replayed in order by the uploader; a record is removed only
+after the hub committed it (or finally refused it). A spoke killed at any point therefore
+either never acknowledged a write or still holds it on restart, and the key lets the hub
+answer a replay of a write it already committed (its answer lost) instead of landing it
+twice.
 
 With a ``BlockCipher`` (a sealed cache) the journaled bytes are sealed too, frame by frame
 (``loomfs.spoke.sealed``); each record says whether its data is, so a journal written
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..core.streams import ByteSource, LocalFileSource, fsync_dir
-from ..errors import CorruptData
+from ..errors import BackendUnavailable, CorruptData
 from .sealed import (
     BlockCipher,
     SealedFile,
@@ -44,7 +48,7 @@ class Pending:
     path: str
     #: the hub version the change was made against (None: the path did not exist then)
     base_version: int | None
-    #: the writer's own preconditions, used while it waits for the commit
+    #: the writer's own preconditions: the hub's commit checks them, in every mode
     if_version: int | None
     exclusive: bool
     mode: int | None
@@ -57,9 +61,25 @@ class Pending:
     #: who wrote it (None: the spoke itself; journals written before users were kept)
     user: str | None = None
     protocol: str = "internal"
+    #: the write's idempotency key, sent with every try (journals written before keys
+    #: were kept get one when loaded)
+    write_id: str = ""
+    #: the key is the writer's client's (a repeat of a request), not one made here: the
+    #: hub may answer it with an earlier write of other bytes, so these fill no cache
+    client_key: bool = False
+
+    @property
+    def conditional(self) -> bool:
+        """Whether the writer gave a precondition (its refusal is final, never a copy)."""
+        return self.if_version is not None or self.exclusive
 
     def data_name(self) -> str:
         return f"{self.seq:012d}.data"
+
+
+def new_write_id() -> str:
+    """A write's idempotency key: 128 random bits."""
+    return secrets.token_hex(16)
 
 
 class Spool(Protocol):
@@ -110,12 +130,19 @@ class Journal:
         self._records: dict[int, Pending] = {}
         self._rebased: dict[tuple[str, int | None], int] = {}
         self._lock = threading.Lock()  # commits run in worker threads
+        self._closed = False
         for record in sorted(directory.glob("*.json")):
             pending = Pending(**json.loads(record.read_text()))
-            if self.data_path(pending).exists():
-                self._records[pending.seq] = pending
-            else:  # committed at the hub and adopted into the cache just before a crash
+            if not self.data_path(pending).exists():
+                # committed at the hub and adopted into the cache just before a crash
                 record.unlink()
+                continue
+            if not pending.write_id:
+                pending = replace(pending, write_id=new_write_id())
+                self._write_record(pending)
+            self._records[pending.seq] = pending
+        for sending in directory.glob("*.sending"):  # marks of journals before keys
+            sending.unlink()
         spools = [int(p.stem) for p in directory.glob("*.data")]
         self._next = max([*self._records, *spools], default=0) + 1
 
@@ -129,9 +156,17 @@ class Journal:
         return self._records.get(seq)
 
     def pending(self, path: str) -> Pending | None:
-        """The newest unsent write of ``path``: what a read at this spoke must see."""
-        found = [p for p in self._records.values() if p.path == path]
-        return max(found, key=lambda p: p.seq) if found else None
+        """The newest write of ``path`` not yet committed at the hub."""
+        found = self.of_path(path)
+        return found[-1] if found else None
+
+    def keyed(self, write_id: str) -> Pending | None:
+        """The write journaled under ``write_id``, if one is."""
+        return next((p for p in self._records.values() if p.write_id == write_id), None)
+
+    def of_path(self, path: str) -> list[Pending]:
+        """The writes of ``path`` not yet committed at the hub, oldest first."""
+        return sorted((p for p in self._records.values() if p.path == path), key=lambda p: p.seq)
 
     def data_path(self, pending: Pending) -> Path:
         return self.directory / pending.data_name()
@@ -196,6 +231,8 @@ class Journal:
         finally:
             os.close(fd)
         with self._lock:  # against a rebase between resolving the base and recording it
+            if self._closed:
+                raise BackendUnavailable("the spoke is stopping: the write is not journaled")
             base = pending.base_version
             while (pending.path, base) in self._rebased:
                 base = self._rebased[(pending.path, base)]
@@ -234,17 +271,13 @@ class Journal:
         self._records.pop(pending.seq, None)
         (self.directory / f"{pending.seq:012d}.json").unlink(missing_ok=True)
         self.data_path(pending).unlink(missing_ok=True)
-        (self.directory / f"{pending.seq:012d}.sending").unlink(missing_ok=True)
         fsync_dir(self.directory)
 
-    def mark_sending(self, pending: Pending) -> None:
-        """Note that an upload is under way: after a crash the hub may or may not have
-        committed it, and replay has to find out before sending it again."""
-        (self.directory / f"{pending.seq:012d}.sending").touch()
-        fsync_dir(self.directory)
-
-    def was_sending(self, pending: Pending) -> bool:
-        return (self.directory / f"{pending.seq:012d}.sending").exists()
+    def close(self) -> None:
+        """Take no more writes: one still spooling when its spoke stops fails, and is
+        never recorded behind the back of the next spoke over this journal."""
+        with self._lock:
+            self._closed = True
 
     def discard(self, seq: int) -> None:
         """Drop a spool that never became a record (the write failed before commit)."""

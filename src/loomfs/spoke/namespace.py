@@ -10,16 +10,26 @@ a commit to its writer only after every leased spoke has acknowledged it (or the
 expired). So while its lease lasts the spoke opens files from what it already knows, with
 no round trip; without a live lease every open asks the hub for the current version.
 
-Writes land in the durable journal first. By default a write then waits until the hub has
-committed it (with the writer's version precondition, so a conflicting writer elsewhere
-gets a clear ``Conflict``); with ``write_back=True`` (checkpoints) it returns once the
-journal is durable and uploads in the background, and ``sync()`` waits for the upload.
-With the link down, writes are journaled and acknowledged, and replayed in order on
-reconnect against the version they were based on; a conflict then keeps both versions
-(``name.conflict-<site>-<time>``). The written bytes become the cached copy of the new
-version, and reads at this spoke see journaled writes at once. With the link down, cached
-versions are still served (counted as possibly stale); anything else not journaled is
-``BackendUnavailable``.
+Writes land in the durable journal first, each with an idempotency key that goes with
+every try, so the hub answers a write it already committed (its answer lost to a cut or a
+crash) with that commit instead of landing it again. By default a write then waits until
+the hub has committed it (with the writer's version precondition, so a conflicting writer
+elsewhere gets a clear ``Conflict``); with ``write_back=True`` (checkpoints) it returns
+once the journal is durable and uploads in the background, and ``sync()`` waits for the
+upload. With the link down, writes are journaled and acknowledged, and replayed in order
+on reconnect: an unconditional one against the version it was based on, where a conflict
+keeps both versions (``name.conflict-<site>-<time>``); a conditional one (``if_version``,
+``exclusive``) with the writer's own precondition, whatever the mode, and a refusal is
+final and reported (the log, a metric, ``sync()``), never committed over a newer version.
+The default mode acknowledges a conditional write only once the hub has checked it: if the
+hub can't be reached, the writer hears ``BackendUnavailable`` (and, the write perhaps
+committed with its answer lost, may find it done).
+
+A write acknowledged but not yet committed at the hub is read back by its writer (the same
+user over the same protocol) at once; anyone else reads what the hub acknowledged, since
+the hub may still refuse it. The written bytes become the cached copy of the new version.
+With the link down, cached versions are still served (counted as possibly stale); anything
+else not journaled is ``BackendUnavailable``.
 """
 
 from __future__ import annotations
@@ -29,10 +39,9 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
-import blake3
 from prometheus_client import Counter, Gauge
 
 from .. import paths
@@ -55,7 +64,7 @@ from ..errors import (
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
 from .cache import BLOCK, SMALL_FILE, Cache
-from .journal import Journal, Pending
+from .journal import Journal, Pending, new_write_id
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,10 @@ LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub")
 FEED_SEQ = Gauge("loomfs_spoke_feed_seq", "The last change-feed sequence number applied")
 EVICTED = Counter(
     "loomfs_spoke_placement_evicted_total", "Cached file versions dropped by placement policies"
+)
+REFUSED = Counter(
+    "loomfs_spoke_refused_writes_total",
+    "Acknowledged conditional writes whose precondition the hub's commit refused",
 )
 
 
@@ -105,9 +118,12 @@ _FINAL = (PermissionDenied, NotFound, NotADirectory, IsADirectory, InvalidPath, 
 
 @dataclass
 class _Held:
-    """A write lease this spoke holds, kept alive by ``renewer`` while writers use it."""
+    """The write lease of one path for the writers of it at this spoke: taken by the
+    first, kept alive by ``renewer`` while any writes, given up by the last; ``lock``
+    orders taking and giving up."""
 
-    renewer: asyncio.Task[None]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    renewer: asyncio.Task[None] | None = None
     writers: int = 0
 
 
@@ -137,6 +153,8 @@ class SpokeNamespace(Namespace):
         self._wake = asyncio.Event()
         self._waiters: dict[int, asyncio.Future[Entry]] = {}
         self._stuck: dict[int, Exception] = {}  # journaled writes the hub refuses, and why
+        # acknowledged conditional writes the hub refused for good, for sync() to report
+        self._refused: list[LoomError] = []
         # cold opens in flight, with the feed position each was asked at
         self._opening: dict[str, tuple[asyncio.Future[Entry], int]] = {}
         self._evicted: dict[str, int] = {}  # path -> seq of the last eviction at or below it
@@ -180,6 +198,7 @@ class SpokeNamespace(Namespace):
             self._wake.set()  # writes acknowledged before a restart
 
     async def close(self) -> None:
+        self.journal.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -304,9 +323,8 @@ class SpokeNamespace(Namespace):
         path = paths.normalize(path)
         if not self._visible(path):
             raise PermissionDenied(f"{path} is not attached at this spoke", path=path)
-        pending = self.journal.pending(path)
+        pending = self._own_pending(who, path)
         if pending is not None:
-            await self._may_see_pending(who, pending)
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
                 return self._pending_entry(pending)
         asked_at = self.seq
@@ -426,15 +444,17 @@ class SpokeNamespace(Namespace):
                 self._admitted = {k: t for k, t in self._admitted.items() if t > now}
             self._admitted[(who.user, path)] = self.lease_until - LEASE_MARGIN
 
-    async def _may_see_pending(self, who: Principal, pending: Pending) -> None:
-        """A journaled write not yet at the hub is served to its writer, and to others
-        the hub lets read its path (absent there still means allowed: a governed hub
-        refuses before it looks). With the link down, only to its writer."""
-        if pending.user in (None, who.user) or self._is_admitted(who, pending.path):
-            return
-        with contextlib.suppress(NotFound):
-            await self.hub.stat_for_read(who, pending.path)
-        self._admit(who, pending.path)
+    def _own_pending(self, who: Principal, path: str) -> Pending | None:
+        """The newest write of ``path`` that ``who`` made and was told is done, not yet
+        committed at the hub: its writer reads it back (the same user over the same
+        protocol, as a session). Nobody else sees it, nor a write whose writer still waits
+        for the hub: the hub may yet refuse it, and a read of it would be a dirty read."""
+        user = None if who.protocol == "internal" else who.user
+        for pending in reversed(self.journal.of_path(path)):
+            acknowledged = pending.seq not in self._waiters
+            if acknowledged and (pending.user, pending.protocol) == (user, who.protocol):
+                return pending
+        return None
 
     async def _open_chunked(self, who: Principal, path: str, asked_at: int) -> Entry:
         assert self.cache.chunks is not None
@@ -467,9 +487,8 @@ class SpokeNamespace(Namespace):
         if_version: int | None = None,
     ) -> Reader:
         path = self._inside(path)
-        pending = self.journal.pending(path)
-        if pending is not None and not if_version:  # version 0: what stat said of it
-            await self._may_see_pending(who, pending)
+        pending = None if if_version else self._own_pending(who, path)
+        if pending is not None:  # version 0: what stat said of it
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: read as usual
                 return self._read_pending(pending, offset, length)
         entry, opened_s = await self._open_entry(who, path, offset, length)
@@ -591,11 +610,23 @@ class SpokeNamespace(Namespace):
         if_version: int | None = None,
         exclusive: bool = False,
         mode: int | None = None,
+        write_id: str | None = None,
     ) -> Entry:
         path = self._inside(path)
+        repeated = None if write_id is None else self.journal.keyed(write_id)
+        if repeated is not None:  # a client's retry of a write journaled here
+            if repeated.seq in self._waiters:
+                raise Conflict(f"a write with this key is under way: {path}", path=path)
+            return self._pending_entry(repeated)
+        conditional = if_version is not None or exclusive
         async with self._write_lease(who, path):
             base = await self._base_version(who, path)
+            # the default mode acknowledges a conditional write only once the hub checked it
+            early = self.write_back or not (self.online or conditional)
             seq, spool = self.journal.reserve()
+            waiter: asyncio.Future[Entry] | None = None
+            if not early:  # before the record exists: until answered, it is nobody's to read
+                waiter = self._waiters[seq] = asyncio.get_running_loop().create_future()
             try:
                 try:
                     async for chunk in data:
@@ -604,45 +635,60 @@ class SpokeNamespace(Namespace):
                     await asyncio.to_thread(spool.close)
                 pending = Pending(
                     seq, path, base, if_version, exclusive, mode, time.time_ns(),
-                    early=self.write_back or not self.online, sealed=self.journal.sealed,
+                    early=early, sealed=self.journal.sealed,
                     user=None if who.protocol == "internal" else who.user,
-                    protocol=who.protocol,
+                    protocol=who.protocol, write_id=write_id or new_write_id(),
+                    client_key=write_id is not None,
                 )  # fmt: skip
                 pending = await asyncio.to_thread(self.journal.commit, pending)
             except BaseException:
+                self._waiters.pop(seq, None)
                 self.journal.discard(seq)
                 raise
-            if pending.early:
-                self._wake.set()
-                return self._pending_entry(pending)
-            waiter: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-            self._waiters[seq] = waiter
             self._wake.set()
-            return await waiter
+            if waiter is None:
+                return self._pending_entry(pending)
+            try:
+                return await waiter
+            except asyncio.CancelledError:  # the writer went away: it stays journaled,
+                self._waiters.pop(seq, None)  # replayed as one nobody waits for
+                raise
 
     @contextlib.asynccontextmanager
     async def _write_lease(self, who: Principal, path: str) -> AsyncIterator[None]:
         """Hold the hub's write lease of ``path`` while a write streams in and commits, so
-        a writer at another site is refused at once. Offline there is none to take: the
-        write is journaled and replayed with its version precondition instead."""
+        a writer at another site is refused at once. Writers of one path at this spoke
+        share it: the first takes it, the last gives it up. Offline there is none to take:
+        the write is journaled and replayed with its version precondition instead."""
         held = self._writing.get(path)
         if held is None:
-            try:
-                term = await self.lease_write(who, path)
-            except BackendUnavailable:
-                yield
-                return
-            held = self._writing[path] = _Held(asyncio.create_task(self._renew(who, path, term)))
+            held = self._writing[path] = _Held()
         held.writers += 1
         try:
+            async with held.lock:
+                if held.renewer is None:
+                    with contextlib.suppress(BackendUnavailable):
+                        term = await self.lease_write(who, path)
+                        held.renewer = asyncio.create_task(self._renew(who, path, term))
             yield
         finally:
             held.writers -= 1
-            if not held.writers:
-                del self._writing[path]
-                held.renewer.cancel()
+            if not held.writers:  # shielded: a cancelled writer still ends the renewals
+                await asyncio.shield(self._give_up(who, path, held))
+
+    async def _give_up(self, who: Principal, path: str, held: _Held) -> None:
+        """The last writer of ``path`` here is done: stop renewing, release the lease, and
+        forget it, unless a writer came meanwhile (it keeps or takes the lease anew)."""
+        async with held.lock:
+            if held.writers:
+                return
+            renewer, held.renewer = held.renewer, None
+            if renewer is not None:
+                renewer.cancel()
                 with contextlib.suppress(LoomError):
                     await self.release_write(who, path)
+            if not held.writers and self._writing.get(path) is held:
+                del self._writing[path]
 
     async def _renew(self, who: Principal, path: str, term: float) -> None:
         while True:
@@ -682,8 +728,15 @@ class SpokeNamespace(Namespace):
         ``asyncio.timeout`` where the link may stay down); raise the hub's refusal of the
         first write it will not take as things stand (``_FINAL``: a placement policy, a
         directory gone); the write stays journaled and retried. Other refusals (a hub
-        shutting down) are waited through."""
+        shutting down) are waited through. Acknowledged conditional writes the hub refused
+        since the last ``sync()`` are reported here once (``Conflict``), and are gone."""
         await self._drain()
+        if self._refused:
+            refused, self._refused = self._refused, []
+            if len(refused) > 1:
+                raise Conflict(f"{len(refused)} acknowledged writes were refused; the first: "
+                               f"{refused[0]}", path=refused[0].path)  # fmt: skip
+            raise refused[0]
         for pending in self.journal:
             stuck = self._stuck.get(pending.seq)
             if isinstance(stuck, _FINAL):
@@ -717,23 +770,31 @@ class SpokeNamespace(Namespace):
                 if pending is None:
                     continue
                 if pending.path in blocked:  # never overtakes an earlier write of its path
-                    self._release_early(pending)
+                    self._release_early(
+                        pending,
+                        Conflict(
+                            f"an earlier write of {pending.path} at this spoke is refused by "
+                            "the hub; a conditional write is not checked behind it",
+                            path=pending.path,
+                        ),
+                    )
                     continue
-                waiter = self._waiters.get(pending.seq)
                 try:
-                    entry = await self._commit(pending, waiting=waiter is not None)
+                    entry = await self._commit(pending, waiting=pending.seq in self._waiters)
                 except BackendUnavailable as exc:
                     self._set_online(False)
                     for waiting in list(self.journal):  # none of them can commit for now
-                        self._release_early(waiting)
+                        self._release_early(waiting, exc)
                     retry = self._link_retry.failed("upload", exc)
                     asyncio.get_running_loop().call_later(retry, self._wake.set)
                     break
                 except Exception as exc:
+                    waiter = self._waiters.pop(pending.seq, None)
                     if waiter is not None:  # the writer is there to hear it
-                        del self._waiters[pending.seq]
                         self.journal.remove(pending)
                         waiter.set_exception(exc)
+                    elif await self._precondition_failed(pending, exc):
+                        self._refuse(pending, exc)
                     else:
                         # acknowledged, and the hub refuses it (say its directory is gone,
                         # it is shutting down, or a placement policy keeps this site out):
@@ -751,18 +812,8 @@ class SpokeNamespace(Namespace):
                 if entry.path == pending.path:
                     self.journal.rebase(pending, entry.version)
                 self.cache.invalidate(entry.path, keep_version=entry.version)
-                try:
-                    if pending.sealed:  # opened frame by frame, sealed again as blocks
-                        await self.cache.adopt_stream(
-                            entry.path, entry.version, self.journal.size(pending),
-                            self.journal.source(pending),
-                        )  # fmt: skip
-                    else:
-                        await self.cache.adopt(
-                            entry.path, entry.version, self.journal.data_path(pending)
-                        )
-                except Exception:  # only a missed cache fill: the hub has the write
-                    log.exception("could not keep a written file in the cache")
+                if not pending.client_key:  # else the version may hold another request's
+                    await self._keep_written(pending, entry)
                 self.journal.remove(pending)
                 self._stuck.pop(pending.seq, None)
                 self._stuck_retry.succeeded(pending.seq)
@@ -771,32 +822,80 @@ class SpokeNamespace(Namespace):
                 if waiter is not None:
                     waiter.set_result(entry)
 
+    async def _keep_written(self, pending: Pending, entry: Entry) -> None:
+        """The committed bytes become the cached copy of the version ``entry`` names."""
+        try:
+            if pending.sealed:  # opened frame by frame, sealed again as blocks
+                await self.cache.adopt_stream(
+                    entry.path, entry.version, self.journal.size(pending),
+                    self.journal.source(pending),
+                )  # fmt: skip
+            else:
+                await self.cache.adopt(entry.path, entry.version, self.journal.data_path(pending))
+        except Exception:  # only a missed cache fill: the hub has the write
+            log.exception("could not keep a written file in the cache")
+
     async def _commit(self, pending: Pending, *, waiting: bool) -> Entry:
-        """Upload one journaled write. A conflict fails a waiting writer; an early write
-        that conflicts is kept beside the hub's version instead."""
+        """Upload one journaled write. A conflict fails a waiting writer, and refuses a
+        conditional write (its precondition is the writer's word); an unconditional early
+        write that conflicts is kept beside the hub's version instead."""
         try:
             return await self._upload(pending, waiting=waiting)
         except (Conflict, AlreadyExists) as exc:
-            if waiting:
+            if waiting or pending.conditional:
                 raise
             return await self._keep_both(pending, exc)
 
-    def _release_early(self, pending: Pending) -> None:
+    def _release_early(self, pending: Pending, why: LoomError) -> None:
         """A waiting writer whose write can't commit now (the link is down, or an earlier
-        write of its path is stuck): it is durable, so it is acknowledged now and replayed
-        like any early write."""
+        write of its path is stuck). An unconditional write is durable, so it is
+        acknowledged now and replayed like any early write. A conditional one is not
+        acknowledged unchecked: its writer hears ``why`` and the write is dropped (with
+        the link down the hub may still have committed it, its answer lost)."""
         waiter = self._waiters.pop(pending.seq, None)
-        if waiter is not None:
+        if waiter is None:
+            return
+        if pending.conditional:
+            self.journal.remove(pending)
+            waiter.set_exception(why)
+        else:
             waiter.set_result(self._pending_entry(pending))
 
+    async def _precondition_failed(self, pending: Pending, exc: Exception) -> bool:
+        """Whether an acknowledged conditional write was refused for good: its version
+        precondition fails at the hub (rather than, say, another site's write lease, which
+        passes)."""
+        if not pending.conditional or not isinstance(exc, (Conflict, AlreadyExists)):
+            return False
+        try:
+            current: Entry | None = await self.hub.stat(SYSTEM, pending.path)
+        except NotFound:
+            current = None
+        except LoomError:
+            return False  # asked again at the next try
+        if pending.exclusive:
+            return current is not None
+        return current is None or current.version != pending.if_version
+
+    def _refuse(self, pending: Pending, exc: Exception) -> None:
+        """Drop an acknowledged conditional write whose precondition the hub refuses; it
+        is reported (the log, a metric, the next ``sync()``), never committed over the
+        newer version, nor kept as a copy (its writer asked for that version only)."""
+        log.error("an acknowledged conditional write is refused by the hub: %s", exc,
+                  extra={"path": pending.path, "seq": pending.seq})  # fmt: skip
+        REFUSED.inc()
+        self.journal.remove(pending)
+        self._stuck.pop(pending.seq, None)
+        self._refused.append(
+            Conflict(f"an acknowledged write of {pending.path} was refused: {exc}",
+                     path=pending.path)
+        )  # fmt: skip
+
     async def _upload(self, pending: Pending, *, waiting: bool) -> Entry:
-        if self.journal.was_sending(pending) and await self._holds(pending.path, pending):
-            return await self.hub.stat(SYSTEM, pending.path)
-        if waiting:  # the writer waits: its own preconditions apply
+        if waiting or pending.conditional:  # the writer's own preconditions apply
             if_version, exclusive = pending.if_version, pending.exclusive
-        else:  # acknowledged already: commit only over the version it was based on
+        else:  # acknowledged unconditionally: commit only over the version it was based on
             if_version, exclusive = pending.base_version, pending.base_version is None
-        self.journal.mark_sending(pending)
         return await self._send(
             self._writer(pending),
             pending.path,
@@ -824,10 +923,10 @@ class SpokeNamespace(Namespace):
         exclusive: bool = False,
         mode: int | None = None,
     ) -> Entry:
-        """Upload one journaled write to ``path`` as ``who``: as chunks the hub lacks where
-        the link moves chunks and the file is not small, else (or if the hub could not
-        assemble it) its bytes. Either way the hub gets the plaintext (opened here where
-        sealed)."""
+        """Upload one journaled write to ``path`` as ``who``, with its idempotency key: as
+        chunks the hub lacks where the link moves chunks and the file is not small, else
+        (or if the hub could not assemble it) its bytes. Either way the hub gets the
+        plaintext (opened here where sealed)."""
         chunks = self.cache.chunks
         if chunks is not None and self.journal.size(pending) > SMALL_FILE:
             try:
@@ -837,6 +936,7 @@ class SpokeNamespace(Namespace):
                     if_version=if_version,
                     exclusive=exclusive,
                     mode=mode,
+                    write_id=pending.write_id,
                     who=who,
                 )
             except CorruptData as exc:
@@ -848,25 +948,8 @@ class SpokeNamespace(Namespace):
             if_version=if_version,
             exclusive=exclusive,
             mode=mode,
+            write_id=pending.write_id,
         )
-
-    async def _holds(self, path: str, pending: Pending) -> bool:
-        """Whether the hub's ``path`` already holds the journaled bytes: an upload that was
-        in flight when the link or the spoke died may have been committed. Compared by
-        content, and only for such uploads."""
-        try:
-            entry = await self.hub.stat(SYSTEM, path)
-        except NotFound:
-            return False
-        if entry.is_dir or entry.size != self.journal.size(pending):
-            return False
-        local, remote = blake3.blake3(), blake3.blake3()
-        async for chunk in self._journaled(pending):
-            local.update(chunk)
-        async with await self.hub.read(SYSTEM, path) as reader:
-            async for chunk in reader.chunks():
-                remote.update(chunk)
-        return local.digest() == remote.digest()
 
     async def _journaled(self, pending: Pending) -> AsyncIterator[bytes]:
         """The bytes of a journaled write, opened where sealed."""
@@ -875,18 +958,16 @@ class SpokeNamespace(Namespace):
                 yield chunk
 
     async def _keep_both(self, pending: Pending, exc: Exception) -> Entry:
+        """Keep a conflicting write beside the hub's version, under the write's own key:
+        the write lands once, as the copy, and a try after a lost answer is told so even
+        where it names the path (the hub answers a key with where it landed)."""
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(pending.time_ns / 1e9))
         name = f"{pending.path}.conflict-{self.site}-{stamp}-{pending.seq}"
         log.warning(
             "write conflicted at the hub; keeping both versions",
             extra={"path": pending.path, "kept_as": name, "reason": str(exc)},
         )
-        try:
-            return await self._send(self._writer(pending), name, pending, exclusive=True)
-        except AlreadyExists:
-            if await self._holds(name, pending):  # kept before a lost answer
-                return await self.hub.stat(SYSTEM, name)
-            raise
+        return await self._send(self._writer(pending), name, pending, exclusive=True)
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False

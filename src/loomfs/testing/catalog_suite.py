@@ -203,6 +203,29 @@ class CatalogSuite:
         with pytest.raises(NotFound):
             await catalog.apply([f("/absent", expect_version=1)])
 
+    async def test_a_write_id_keeps_what_its_put_made(
+        self, catalog: Catalog, reopen: Reopen
+    ) -> None:
+        [made] = await catalog.apply([f("/x", size=3, force_version=True, write_id="site:k1")])
+        await catalog.apply([f("/x", size=4, force_version=True)])  # the path moves on
+        assert made.entry is not None and await catalog.written("site:k1") == made.entry
+        assert await catalog.written("site:other") is None
+        # a rolled-back put keeps no key
+        with pytest.raises(Conflict):
+            await catalog.apply([f("/x", size=5, expect_version=1, write_id="site:k2")])
+        assert await catalog.written("site:k2") is None
+        # the first answer stands; keys live in the catalog, for every connection
+        current = await catalog.get("/x")
+        assert current is not None
+        await catalog.remember_write("site:k1", current)
+        await catalog.remember_write("site:k3", current)
+        other = await reopen()
+        try:
+            assert await other.written("site:k1") == made.entry
+            assert await other.written("site:k3") == current
+        finally:
+            await other.close()
+
     async def test_list_is_bytewise_and_paged(self, catalog: Catalog) -> None:
         names = ["b", "B", "a-c", "a", "é", "a.b", "z" * 200, "_", "0"]
         await catalog.apply([d("/dir"), *[f(f"/dir/{n}") for n in names]])

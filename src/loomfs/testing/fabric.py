@@ -103,8 +103,10 @@ class Fabric:
 
     async def restart_spoke(self, name: str) -> SpokeNamespace:
         """A spoke that dies without an orderly shutdown and starts again over its cache
-        and journal."""
+        and journal. Its journal takes no more writes first, as a dead process writes
+        none: here its callers' calls may still be under way."""
         old = self.spokes[name]
+        old.journal.close()
         for task in old._tasks:
             task.cancel()
         await old.hub.close()

@@ -154,18 +154,28 @@ class LinkEmulator:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: Direction
     ) -> None:
         """Copy one direction: a reader task stamps chunks as they arrive, this one sends
-        each when its latency has passed and the bucket allows, keeping the order."""
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
+        each when its latency has passed and the bucket allows, keeping the order. The
+        end of the stream passes on the same way: an end of file as an end of file, a reset
+        (say a killed process's) as a ``ConnectionResetError`` that ends the connection,
+        both sides dropped at once (``_accept``), instead of leaving the other side waiting
+        for bytes that never come."""
+        queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue(maxsize=256)
 
         async def receive() -> None:
-            while data := await reader.read(CHUNK):
-                await queue.put((time.monotonic() + way.latency, data))
+            try:
+                while data := await reader.read(CHUNK):
+                    await queue.put((time.monotonic() + way.latency, data))
+            except OSError:
+                await queue.put((time.monotonic() + way.latency, None))
+                return
             await queue.put((0.0, b""))
 
         receiver = asyncio.create_task(receive())
         try:
             while True:
                 due, data = await queue.get()
+                if data is None:
+                    raise ConnectionResetError("the other side reset the connection")
                 if not data:
                     with contextlib.suppress(OSError):
                         writer.write_eof()

@@ -49,6 +49,9 @@ class Put:
     check_parent: bool = False
     #: a content change even if size/mtime/etag happen to match (an explicit write)
     force_version: bool = False
+    #: the idempotency key of the write this records (``HubNamespace.write``): the entry
+    #: it makes is remembered under it in the same transaction (``written``)
+    write_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,10 @@ class Delete:
 
 
 Op = Put | Delete
+
+#: how long a write's idempotency key is remembered: a spoke replays a write whose answer
+#: was lost when its link comes back, which may be days for a site cut off that long
+WRITE_ID_DAYS = 14
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +209,16 @@ class Catalog(ABC):
         ``Put`` of the same facts would: new, content change, META change, or nothing; in
         the order given, so sequence numbers follow the scan. The bulk path of assimilation:
         it returns counts instead of an ``Applied`` per row."""
+
+    @abstractmethod
+    async def written(self, write_id: str) -> Entry | None:
+        """The entry a ``Put`` with this ``write_id`` made (as it was then), or None: none
+        did, or too long ago (keys are kept ``WRITE_ID_DAYS``)."""
+
+    @abstractmethod
+    async def remember_write(self, write_id: str, entry: Entry) -> None:
+        """Remember ``entry`` under ``write_id`` on its own: for a write whose row a sweep
+        recorded first (the ``Put`` carrying the key then had nothing left to do)."""
 
     @abstractmethod
     async def rename(self, src: str, dst: str) -> Applied:

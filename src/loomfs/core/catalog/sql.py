@@ -10,6 +10,8 @@ which is what makes the change log gap-free and in commit order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +30,17 @@ from ...errors import (
     NotFound,
 )
 from ..types import Change, ChangeOp, Entry, EntryKind, Volume, VolumeState
-from .base import Applied, Catalog, Delete, Op, Put, ScanApplied, ScanRow, VolumeUpdate
+from .base import (
+    WRITE_ID_DAYS,
+    Applied,
+    Catalog,
+    Delete,
+    Op,
+    Put,
+    ScanApplied,
+    ScanRow,
+    VolumeUpdate,
+)
 
 T = TypeVar("T")
 
@@ -37,6 +49,8 @@ ENTRY_COLUMNS = (
     "rdev, nlink, atime_ns, ctime_ns"
 )
 _BATCH = 400  # rows per IN (...) lookup: far below both engines' parameter limits
+_WRITE_ID_NS = WRITE_ID_DAYS * 86400 * 10**9
+_PRUNE_EVERY_NS = 3600 * 10**9  # expired write ids are deleted at most this often
 _SMALL = 4  # ops of a small write (``_change``): what one namespace call applies
 
 
@@ -215,6 +229,16 @@ def _migrations(d: Dialect) -> list[str]:
         # every mkdir, rmdir and rename of a directory would have to change
         """
         CREATE INDEX entries_subdirs ON entries (parent) WHERE kind = 'dir'
+        """,
+        # migration 9: writes' idempotency keys (``Put.write_id``), each with the entry its
+        # write made (JSON), aged out by time (``WRITE_ID_DAYS``)
+        f"""
+        CREATE TABLE write_ids (
+            write_id {d.text} PRIMARY KEY,
+            entry TEXT NOT NULL,
+            time_ns BIGINT NOT NULL
+        );
+        CREATE INDEX write_ids_time ON write_ids (time_ns)
         """,
     ]
 
@@ -396,6 +420,7 @@ class SqlCatalog(Catalog):
         self.url = url
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="loomfs-catalog")
         self._conn: Any = None
+        self._pruned_ns = 0  # when expired write ids were last deleted
 
     # -- engine hooks ----------------------------------------------------------------------
 
@@ -681,6 +706,8 @@ class SqlCatalog(Catalog):
                 change_op, version, change_seq = None, old.version, 0  # recorded, not logged
             else:
                 results.append(Applied(old_id, old, None))
+                if op.write_id is not None:
+                    self._remember(cur, op.write_id, old)
                 continue
             entry = Entry(
                 op.path,
@@ -721,12 +748,43 @@ class SqlCatalog(Catalog):
                 updates.append((*row, old_id))
             change = None if change_op is None else seq.log(change_seq, change_op, entry)
             results.append(Applied(old_id, entry, change))
+            if op.write_id is not None:
+                self._remember(cur, op.write_id, entry)
             existing[op.path] = (old_id if old_id is not None else -1, entry)
         self._flush(cur, inserts, updates)
         seq.flush()
         if volume is not None:
             self._update_volume(cur, volume)
         return results
+
+    def _remember(self, cur: Cursor, write_id: str, entry: Entry) -> None:
+        """Keep what a write made under its key; now and then forget keys past their days
+        (a repeat of a key already kept changes nothing: the first answer stands)."""
+        now = time.time_ns()
+        self._q(
+            cur,
+            "INSERT INTO write_ids (write_id, entry, time_ns) VALUES (?, ?, ?) "
+            "ON CONFLICT (write_id) DO NOTHING",
+            (write_id, json.dumps(dataclasses.asdict(entry)), now),
+        )
+        if now - self._pruned_ns > _PRUNE_EVERY_NS:
+            self._pruned_ns = now
+            self._q(cur, "DELETE FROM write_ids WHERE time_ns < ?", (now - _WRITE_ID_NS,))
+
+    async def written(self, write_id: str) -> Entry | None:
+        def fn(cur: Cursor) -> Entry | None:
+            row = self._q(
+                cur, "SELECT entry, time_ns FROM write_ids WHERE write_id = ?", (write_id,)
+            ).fetchone()
+            if row is None or row[1] < time.time_ns() - _WRITE_ID_NS:
+                return None
+            data = json.loads(row[0])
+            return Entry(**{**data, "kind": EntryKind(data["kind"])})
+
+        return await self._lookup(fn)
+
+    async def remember_write(self, write_id: str, entry: Entry) -> None:
+        await self._change(lambda cur: self._remember(cur, write_id, entry))
 
     async def apply_scan(
         self, rows: Sequence[ScanRow], volume: VolumeUpdate | None = None
