@@ -128,7 +128,8 @@ class Hub:
         self.config = site_config(
             tmp / "loomfs.toml",
             data_fs / "site",
-            '[hub]\nrescan_interval = 0\n[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "/s3"\n',
+            f'[hub]\nrescan_interval = 0\nvolume_roots = ["{volume_fs}"]\n'
+            '[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "/s3"\n',
         )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -145,7 +146,11 @@ class Hub:
         await register_users(config.catalog_url, [S3_USER])
         self.service = HubService(config)
         await self.service.start()
-        await self.service.add_volume("/s3", f"posix://{self.vol}", lambda _: None)
+        try:
+            await self.service.add_volume("/s3", f"posix://{self.vol}", lambda _: None)
+        except BaseException:
+            await self.service.stop()  # else its files keep the tmpfs busy
+            raise
         urls = {}
         for name, app in (
             ("url", self.service.rest_server().app()),
