@@ -220,9 +220,10 @@ async def test_cache_survives_restart_and_corruption_is_refetched(env: Fabric) -
     before = env.link.down.bytes
     assert await env.spoke.read_bytes(WHO, "/vol/p.bin") == data
     assert CORRUPT._value.get() == corrupt_before + 1
-    # only the chunks under the damage came again: the rest of the bad block was still
+    # only the chunks under the damage came again (at most the two the damage straddles,
+    # with their requests' framing and TLS records): the rest of the bad block was still
     # there, verified chunk by chunk
-    assert 0 < env.link.down.bytes - before < 2 * DEFAULT_WINDOW.max_size + 64 * 1024
+    assert 0 < env.link.down.bytes - before < 2 * DEFAULT_WINDOW.max_size + 256 * 1024
     # a truncated data file is dropped at start and fetched whole
     await env.spoke.close()
     os.truncate(data_file, 100)
