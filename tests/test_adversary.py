@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 import boto3
 import botocore.exceptions
-from aiohttp import web
 from botocore.config import Config as BotoConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,6 +44,7 @@ from loomfs.rest.client import RestNamespace
 from loomfs.rest.server import RestServer
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.loop import LoopThread
+from loomfs.testing.ports import serving
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -98,18 +98,6 @@ class World:
 
     def who(self, user: str) -> Principal:
         return Principal(user, protocol="api")
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager

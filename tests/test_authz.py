@@ -55,6 +55,7 @@ from loomfs.service import HubService
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
 from loomfs.testing.hubproc import HubProcess, cli_ok
+from loomfs.testing.ports import serving
 from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
 if TYPE_CHECKING:
@@ -322,18 +323,6 @@ async def run_matrix(actor: Actor, users: list[str] | None = None) -> list[str]:
 
 
 # -- sites to run the matrix against ---------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
 
 
 @dataclass

@@ -245,15 +245,22 @@ class GovernedNamespace(FeedNamespace):
         if self._open_to(who, Action.READ):
             return None
         try:
-            entry, target = await self.inner.resolved(path)
+            entry, target, needs = await self._beyond_the_name(who, path)
         except LoomError as exc:
             self._record(who, op, path, exc.code, detail=str(exc))
             raise
+        await self._decide(who, op, needs)
+        return entry, target
+
+    async def _beyond_the_name(self, who: Principal, path: str) -> tuple[Entry, Entry, list[Need]]:
+        """What a read of ``path`` needs besides read on the name: read on the target a
+        symlink resolves to and on every other name of that file; with the entry at
+        ``path`` and the target's."""
+        entry, target = await self.inner.resolved(path)
         needs = await self._names(who, Action.READ, target)
         if target.path != entry.path:
             needs.insert(0, Need(Action.READ, target.path))
-        await self._decide(who, op, needs)
-        return entry, target
+        return entry, target, needs
 
     async def _changing(
         self, who: Principal, op: str, path: str, action: Action, *, attrs: bool = False
@@ -387,11 +394,8 @@ class GovernedNamespace(FeedNamespace):
     async def check_read(self, who: Principal, path: str) -> None:
         """Refuse ``who`` the bytes of ``path`` as a read of it would (through a symlink,
         the bytes are its target's; through a hard link, every name's)."""
-        entry, target = await self.inner.resolved(path)
-        needs = [Need(Action.READ, path), *await self._names(who, Action.READ, target)]
-        if target.path != entry.path:
-            needs.append(Need(Action.READ, target.path))
-        await self._ask(who, needs)
+        needs = (await self._beyond_the_name(who, path))[2]
+        await self._ask(who, [Need(Action.READ, path), *needs])
 
     async def check_write(self, who: Principal, path: str) -> None:
         await self._ask(who, [Need(Action.WRITE, path)])

@@ -1,7 +1,8 @@
 """Free loopback ports and process handling for test servers (testing layer).
 
 Servers started by tests, the demo and benchmarks bind to ports the kernel hands out and
-are stopped by their own process id, never by name.
+are stopped by their own process id, never by name; an aiohttp app in the test's own
+process is served on a free port by ``serving``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
 
 
 def free_port() -> int:
@@ -49,3 +53,16 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """Serve ``app`` on a free loopback port for the block; yields its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
