@@ -24,9 +24,10 @@ from loomfs.chunks.metrics import CORRUPT
 from loomfs.core.catalog.base import Catalog
 from loomfs.core.types import Principal
 from loomfs.hub import chunks as hub_chunks
-from loomfs.hub.chunks import MAPS_COMPUTED, HubChunks, Wanted
+from loomfs.hub.chunks import MAPS_COMPUTED, HubChunks
 from loomfs.hub.deltastore import BASES, DeltaStore
 from loomfs.hub.namespace import HubNamespace
+from loomfs.namespace.chunklink import Wanted
 from loomfs.rest.server import RestServer
 from loomfs.spoke import chunkfill as spoke_chunkfill
 from loomfs.testing.fabric import Fabric, fabric

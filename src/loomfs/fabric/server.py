@@ -40,8 +40,8 @@ from ..core.certs import fingerprint
 from ..core.types import Principal
 from ..core.users import RESERVED_USERS, UserRegistry, _check_name
 from ..errors import AuthenticationFailed, InvalidArgument
-from ..hub.chunks import HubChunks
 from ..namespace.base import Namespace
+from ..namespace.chunklink import ChunkService
 from ..namespace.governed import GovernedNamespace
 from ..rest import wire
 from ..rest.auth import RegistryAuthenticator
@@ -67,7 +67,7 @@ class FabricServer(RestServer):
         identity: SiteIdentity,
         trusted: Mapping[str, bytes],
         *,
-        chunks: HubChunks | None = None,
+        chunks: ChunkService | None = None,
         audit: AuditSink | None = None,
         users: UserRegistry | None = None,
         groups_of: Callable[[str], frozenset[str]] = lambda _: frozenset(),

@@ -68,6 +68,7 @@ from ..errors import (
     UnsupportedScheme,
 )
 from ..namespace.base import Reader
+from ..namespace.chunklink import Wanted
 from .deltastore import DeltaStore
 from .namespace import HubNamespace
 
@@ -92,15 +93,6 @@ class Source:
     version: int
     offset: int
     length: int
-
-
-@dataclass(frozen=True, slots=True)
-class Wanted:
-    """One chunk a receiver asks for, and where its bytes likely sit in the base file it
-    holds (a delta estimate), if any."""
-
-    id: bytes
-    delta_from: int | None = None
 
 
 class ChunkGate(Protocol):

@@ -1,7 +1,9 @@
 """What a spoke needs of its hub to move chunks instead of byte ranges (namespace layer).
 
 The fabric client implements it over HTTP; the spoke's cache (downloads) and journal
-uploader (uploads) call it. Frames are verified by the receiver, never trusted.
+uploader (uploads) call it. Frames are verified by the receiver, never trusted. At the
+other end, ``ChunkService`` is what the fabric's chunk routes call (the hub's
+``hub.chunks.HubChunks``), so the protocol edge imports no hub module.
 
 Who: a file's first open and a commit name the user they are for (``who``), so the hub's
 rules decide for that user; ``None`` is the spoke acting for itself (cache fills of a
@@ -12,11 +14,56 @@ site's own: an id is only learnt from a map or from the bytes themselves.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..chunks.chunkmap import ChunkMap
+from ..chunks.metrics import Transfer
 from ..core.types import Entry, Principal
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """One chunk a receiver asks for, and where its bytes likely sit in the base file it
+    holds (a delta estimate), if any."""
+
+    id: bytes
+    delta_from: int | None = None
+
+
+class ChunkService(Protocol):
+    """The hub's end of the chunk link, as its routes call it (``hub.chunks.HubChunks``
+    says what each call does and decides)."""
+
+    async def chunk_map(self, who: Principal, path: str) -> tuple[Entry, ChunkMap]: ...
+
+    def frames(
+        self,
+        wanted: Sequence[Wanted],
+        base: tuple[str, int] | None = None,
+        transfer: Transfer | None = None,
+        who: Principal | None = None,
+    ) -> AsyncGenerator[list[bytes], None]: ...
+
+    async def missing(self, ids: Sequence[bytes], who: Principal | None = None) -> list[bytes]: ...
+
+    async def receive(
+        self, records: AsyncIterator[tuple[bytes, bytes]], transfer: Transfer | None = None
+    ) -> int: ...
+
+    async def commit(
+        self,
+        who: Principal,
+        path: str,
+        cmap: ChunkMap,
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+        write_id: str | None = None,
+        transfer: Transfer | None = None,
+    ) -> Entry: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from ..core.acl import is_site
 from ..core.audit import AuditSink
 from ..core.types import SPECIAL_KINDS, Action, Entry, EntryKind, Principal
 from ..errors import CorruptData, InvalidArgument, NotSupported, PermissionDenied
-from ..hub.chunks import HubChunks, Wanted
+from ..namespace.chunklink import ChunkService, Wanted
 from ..namespace.governed import GovernedNamespace
 from . import wire
 from .server import RestServer, _body, _int, write_id_of
@@ -57,7 +57,7 @@ class ChunkRoutes:
     """Added to a server's app by the server that has chunks to offer (the fabric's)."""
 
     def __init__(
-        self, server: RestServer, chunks: HubChunks, *, audit: AuditSink | None = None
+        self, server: RestServer, chunks: ChunkService, *, audit: AuditSink | None = None
     ) -> None:
         self.server = server
         self.chunks = chunks

@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from ..errors import InvalidArgument
-from ..spoke.prefetcher import Prefetcher
+from ..prefetch.plan import Plan
 from . import wire
 from .server import _body, _json
 
 PLANS = f"{wire.API}/plans"
+
+
+class Plans(Protocol):
+    """What the routes call: a spoke's prefetcher (``spoke.prefetcher.Prefetcher``)."""
+
+    def publish(self, blob: bytes, files: bytes, sizes: list[int] | None = None) -> Plan: ...
+
+    def heartbeat(self, job_id: str, position: int) -> None: ...
+
+    def end(self, job_id: str) -> None: ...
+
+    def report(self) -> dict[str, Any]: ...
 
 
 def _blob(body: dict[str, Any], name: str) -> bytes:
@@ -39,7 +51,7 @@ def _job(body: dict[str, Any]) -> str:
     return job
 
 
-def routes(prefetcher: Prefetcher) -> list[web.RouteDef]:
+def routes(prefetcher: Plans) -> list[web.RouteDef]:
     async def publish(request: web.Request) -> web.Response:
         body = await _body(request)
         sizes = body.get("sizes")

@@ -23,7 +23,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from ..core.acl import ANONYMOUS
 from ..core.types import Feed, Principal
 from ..errors import InvalidArgument, LoomError, PermissionDenied
-from ..hub.assimilate import ScanStats
 from ..namespace.base import Namespace, Reader
 from ..namespace.governed import GovernedNamespace
 from ..protocols.http import parse_range, serve_reader
@@ -44,14 +43,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WHO = web.RequestKey("who", Principal)  # the authenticated caller of a request
 
 
+class Reportable(Protocol):
+    """A long job's progress or result (an import's scan counts), streamed as JSON."""
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
 class VolumeAdmin(Protocol):
     """What the hub offers beyond the namespace: volumes and the change log."""
 
     async def add_volume(
-        self, mount: str, url: str, progress: Callable[[ScanStats], None]
-    ) -> ScanStats: ...
+        self, mount: str, url: str, progress: Callable[[Reportable], None]
+    ) -> Reportable: ...
 
-    async def rescan(self, mount: str, progress: Callable[[ScanStats], None]) -> ScanStats: ...
+    async def rescan(self, mount: str, progress: Callable[[Reportable], None]) -> Reportable: ...
 
     async def remove_volume(self, mount: str) -> None: ...
 
@@ -69,10 +74,6 @@ class VolumeAdmin(Protocol):
     ) -> Feed: ...
 
     async def settle(self, seq: int) -> None: ...
-
-
-class Reportable(Protocol):
-    def as_dict(self) -> dict[str, Any]: ...
 
 
 class SpokeAdmin(Protocol):
