@@ -23,9 +23,9 @@ from loomfs.core.types import SYSTEM
 from loomfs.errors import AuthenticationFailed, ConfigError
 from loomfs.fabric.identity import https_certificate
 from loomfs.hub.namespace import HubNamespace
+from loomfs.rest.admin import routes as admin_routes
 from loomfs.rest.chunks import ChunkRoutes
 from loomfs.rest.client import RestNamespace
-from loomfs.rest.admin import routes as admin_routes
 from loomfs.rest.openapi import spec
 from loomfs.rest.plans import routes as plan_routes
 from loomfs.rest.server import RestServer
