@@ -309,10 +309,12 @@ async def test_site_add_refuses_reserved_names_and_the_hubs_own(tmp_path: Path) 
     cli_ok(hub_dir, "site", "init", "--name", "hub-eu")
     for name in ("local", "system", "anonymous", "LOCAL", "hub-eu", "hub"):  # hub: config's
         cert = SiteIdentity.create(tmp_path / f"id-{name}", name).cert_path
-        refused = run_cli(hub_dir, "site", "add", name, "--cert", str(cert))
+        refused = run_cli(hub_dir, "site", "add", name, "--cert", str(cert), "--offline")
         assert refused.returncode == 1 and b"can't be pinned" in refused.stderr, name
     fine = SiteIdentity.create(tmp_path / "id-ok", "gpu-west").cert_path
-    assert "trusting gpu-west" in cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", str(fine))
+    assert "trusting gpu-west" in cli_ok(
+        hub_dir, "site", "add", "gpu-west", "--cert", str(fine), "--offline"
+    )
     # the registry itself refuses them, whoever calls it
     hub = HubService(Config.model_validate({"site": {"data_dir": str(hub_dir)}}))
     await hub.start()

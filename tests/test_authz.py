@@ -470,7 +470,16 @@ def test_matrix_sftp(tmp_path: Path) -> None:
     for user in users:
         make_key(keys / user)
         groups = [a for g in sorted(USERS[user][0]) for a in ("--group", g)]
-        cli_ok(data_dir, "user", "add", user, *groups, "--ssh-key", str(keys / f"{user}.pub"))
+        cli_ok(
+            data_dir,
+            "user",
+            "add",
+            user,
+            *groups,
+            "--ssh-key",
+            str(keys / f"{user}.pub"),
+            "--offline",
+        )
 
     async def matrix(port: int) -> list[str]:
         async with sftp_actor(port, keys) as actor:

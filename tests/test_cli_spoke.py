@@ -42,10 +42,18 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
     cli_ok(hub_dir, "site", "init", "--name", "hub-eu", "--label", "region=eu")
     cli_ok(spoke_dir, "site", "init", "--name", "gpu-west", "--label", "region=us-west")
     pinned = cli_ok(
-        hub_dir, "site", "add", "gpu-west", "--cert", str(spoke_dir / "identity/site.pem")
+        hub_dir,
+        "site",
+        "add",
+        "gpu-west",
+        "--offline",
+        "--cert",
+        str(spoke_dir / "identity/site.pem"),
     )
     assert "region=us-west" in pinned  # the labels travel in the certificate
-    wrong = run_cli(hub_dir, "site", "add", "other", "--cert", str(spoke_dir / "identity/site.pem"))
+    wrong = run_cli(
+        hub_dir, "site", "add", "other", "--offline", "--cert", str(spoke_dir / "identity/site.pem")
+    )
     assert wrong.returncode == 1 and b"names site 'gpu-west'" in wrong.stderr
 
     with HubProcess(
@@ -103,8 +111,8 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
                 await asyncio.to_thread(spoke.stop)
 
         # a revoked spoke is refused (its next request, without a restart of the hub)
-        cli_ok(hub_dir, "site", "revoke", "gpu-west")
-        listed = cli_ok(hub_dir, "site", "list")
+        cli_ok(hub_dir, "--hub", hub.url, "site", "revoke", "gpu-west")
+        listed = cli_ok(hub_dir, "--hub", hub.url, "site", "list")
         assert "revoked" in listed
         await asyncio.sleep(2.5)  # the hub re-reads the pinned set every 2 s
         direct = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/sample", "--write-back")

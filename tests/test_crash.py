@@ -31,7 +31,15 @@ async def test_kill_spoke_and_hub_mid_write_back(tmp_path: Path) -> None:
     data.mkdir()
     cli_ok(hub_dir, "site", "init", "--name", "hub")
     cli_ok(spoke_dir, "site", "init", "--name", "gpu-west")
-    cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", str(spoke_dir / "identity/site.pem"))
+    cli_ok(
+        hub_dir,
+        "site",
+        "add",
+        "gpu-west",
+        "--cert",
+        str(spoke_dir / "identity/site.pem"),
+        "--offline",
+    )
     # the hub comes back on the same fabric port, behind the same link
     hub = HubProcess(
         hub_dir,

@@ -402,7 +402,15 @@ async def test_policy_cli_returns_once_the_spoke_evicted(tmp_path: Path) -> None
     (data / "eu" / "x.bin").write_bytes(secret)
     await aok(hub_dir, "site", "init", "--name", "hub-eu", "--label", "region=eu")
     await aok(spoke_dir, "site", "init", "--name", "gpu-us", "--label", "region=us")
-    await aok(hub_dir, "site", "add", "gpu-us", "--cert", str(spoke_dir / "identity/site.pem"))
+    await aok(
+        hub_dir,
+        "site",
+        "add",
+        "gpu-us",
+        "--offline",
+        "--cert",
+        str(spoke_dir / "identity/site.pem"),
+    )
     env = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0", "LOOMFS_HUB__LEASE_TTL": "3"}
     with HubProcess(hub_dir, env) as hub:
         at_hub = ("--hub", hub.url)
@@ -432,10 +440,12 @@ async def test_policy_cli_returns_once_the_spoke_evicted(tmp_path: Path) -> None
                 loomfs, spoke_dir, *at_spoke, "cat", "/datasets/s/eu/x.bin"
             )
             assert refused.returncode == 1 and b"PermissionDenied" in refused.stderr
-            listed = await aok(hub_dir, "policy", "list")
+            listed = await aok(hub_dir, *at_hub, "policy", "list")
             assert "residency-eu" in listed and "region=eu" in listed and " p " not in listed
-            await aok(hub_dir, "policy", "remove", "residency-eu")
-            gone = await asyncio.to_thread(loomfs, hub_dir, "policy", "remove", "residency-eu")
+            await aok(hub_dir, *at_hub, "policy", "remove", "residency-eu")
+            gone = await asyncio.to_thread(
+                loomfs, hub_dir, *at_hub, "policy", "remove", "residency-eu"
+            )
             assert gone.returncode == 1 and b"NotFound" in gone.stderr
         finally:
             await asyncio.to_thread(spoke.stop)

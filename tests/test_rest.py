@@ -23,6 +23,7 @@ from loomfs.core.types import SYSTEM
 from loomfs.errors import AuthenticationFailed, ConfigError
 from loomfs.fabric.identity import https_certificate
 from loomfs.hub.namespace import HubNamespace
+from loomfs.rest.admin import routes as admin_routes
 from loomfs.rest.chunks import ChunkRoutes
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.openapi import spec
@@ -60,7 +61,7 @@ def test_openapi_is_valid_and_covers_every_route() -> None:
         namespace=None,  # type: ignore[arg-type]
         admin=object(),  # type: ignore[arg-type]
         spoke=object(),  # type: ignore[arg-type]
-        routes=plan_routes(None),  # type: ignore[arg-type]
+        routes=[*plan_routes(None), *admin_routes(None, None)],  # type: ignore[arg-type]
     ).app()
     ChunkRoutes(RestServer(namespace=None), chunks=None).register(app)  # type: ignore[arg-type]
     routes = {

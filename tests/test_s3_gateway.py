@@ -751,7 +751,7 @@ def test_users_cli_and_hub_serve_s3(tmp_path: Path) -> None:
     env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(tmp_path / "hub")}
     cli = [sys.executable, "-m", "loomfs.cli"]
     added = subprocess.run(
-        [*cli, "user", "add", "bob", "--group", "ml"],
+        [*cli, "user", "add", "bob", "--group", "ml", "--offline"],
         env=env,
         capture_output=True,
         text=True,
@@ -760,7 +760,7 @@ def test_users_cli_and_hub_serve_s3(tmp_path: Path) -> None:
     lines = dict(line.split(":", 1) for line in added.stdout.splitlines())
     key, secret = lines["access key id"].strip(), lines["secret access key"].strip()
     listed = subprocess.run(
-        [*cli, "user", "list"], env=env, capture_output=True, text=True, check=True
+        [*cli, "user", "list", "--offline"], env=env, capture_output=True, text=True, check=True
     )
     assert "bob" in listed.stdout and key in listed.stdout and secret not in listed.stdout
     volume = tmp_path / "vol"
@@ -781,7 +781,11 @@ def test_users_cli_and_hub_serve_s3(tmp_path: Path) -> None:
         client.put_object(Bucket="vol", Key="hello.txt", Body=b"hi bob")
         assert (volume / "hello.txt").read_bytes() == b"hi bob"
         removed = subprocess.run(
-            [*cli, "user", "remove", "bob"], env=env, capture_output=True, text=True, check=False
+            [*cli, "--hub", hub.url, "user", "remove", "bob"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert removed.returncode == 0, removed.stderr
         # the gateway remembers a key it found for as long as ACL rules (another

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import getpass
 import json
 import logging
 import os
@@ -37,23 +38,22 @@ from rich.table import Table
 
 from .chunks.metrics import REPORTED, summarize
 from .config import Config, load_config
-from .core.acl import AclStore
 from .core.admin import LocalAdmin
 from .core.audit import AuditReader, archive, load_key, parse_anchor
-from .core.catalog.base import Catalog
 from .core.certs import fingerprint
-from .core.placement import Policy, PolicyStore
+from .core.directory import Directory
+from .core.dirlock import DirectoryLock
+from .core.placement import Policy
 from .core.registry import open_catalog
-from .core.sites import SiteRegistry, parse_labels
-from .core.types import KIND_BITS, SYSTEM, Entry, Feed
-from .core.users import AccessKey, UserRegistry
-from .errors import BackendUnavailable, LoomError, NotFound, NotSupported
+from .core.sites import parse_labels
+from .core.types import KIND_BITS, SYSTEM, Entry, Feed, Principal
+from .errors import BackendUnavailable, ConfigError, LoomError, NotFound, NotSupported
 from .fabric.identity import SiteIdentity
 from .log import setup_logging
 from .namespace.base import Namespace
-from .rest.client import RestNamespace
+from .rest.client import RestDirectory, RestNamespace
 from .rest.wire import entry_json
-from .service import HubService, SpokeService
+from .service import HubService, SpokeService, audit_log, own_names
 from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
@@ -556,32 +556,64 @@ async def changes(ctx: click.Context, since: int | None, limit: int) -> None:
 # -- users -------------------------------------------------------------------------------
 
 
-def registry(ctx: click.Context) -> tuple[Catalog, UserRegistry]:
-    """The site catalog opened from the config: admin commands run on the hub's machine."""
+Administration = Directory | RestDirectory
+
+
+def offline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--offline``: for a hub that is not serving (before its first ``hub serve``, or
+    to recover one), change its catalog directly instead of through the admin API."""
+
+    def remember(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+        ctx.meta["offline"] = value
+
+    return click.option(
+        "--offline", is_flag=True, expose_value=False, callback=remember,
+        help="The hub is stopped: change its catalog directly (bootstrap, recovery).",
+    )(fn)  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def administering(ctx: click.Context) -> AsyncIterator[Administration]:
+    """The records this administration command changes: the hub's admin API (it decides
+    and audits, ``rest.admin``), or with ``--offline`` the stopped hub's own catalog,
+    the command's outcome recorded in its audit log."""
+    if not ctx.meta.get("offline"):
+        async with connected(ctx, admin=True) as ns:
+            yield RestDirectory(ns)
+        return
     state: State = ctx.find_object(State)  # type: ignore[assignment]
-    catalog = open_catalog(state.config.catalog_url)
-    return catalog, UserRegistry(catalog)
-
-
-async def _with_catalog(ctx: click.Context, fn: Callable[[Catalog], Coroutine[Any, Any, T]]) -> T:
-    catalog, _ = registry(ctx)
-    await catalog.open()
+    config = state.config
+    lock = DirectoryLock(config.site.data_dir, "data directory")
     try:
-        return await fn(catalog)
+        lock.acquire()  # no hub serves from it meanwhile: its admin API is the way then
+    except ConfigError as exc:
+        raise ConfigError(f"--offline is for a stopped hub: {exc}") from None
+    audit, catalog = audit_log(config), open_catalog(config.catalog_url)
+    who = Principal(getpass.getuser(), site=config.site.name, protocol="offline")
+    try:
+        if audit is not None:
+            audit.start()
+        await catalog.open()
+        op = ctx.command_path.removeprefix(ctx.find_root().info_name or "").strip()
+        try:
+            yield Directory(catalog, own_names(config))
+        except LoomError as exc:
+            if audit is not None:
+                audit.record(who, op, "/", exc.code, detail=str(exc))
+            raise
+        if audit is not None:
+            audit.record(who, op, "/", "ok")
     finally:
         await catalog.close()
+        if audit is not None:
+            await asyncio.to_thread(audit.close)
+        lock.release()
 
 
-async def _with_registry(
-    ctx: click.Context, fn: Callable[[UserRegistry], Coroutine[Any, Any, T]]
-) -> T:
-    return await _with_catalog(ctx, lambda catalog: fn(UserRegistry(catalog)))
-
-
-def _print_secret(key: AccessKey) -> None:
+def _print_secret(key: dict[str, Any]) -> None:
     # the only time the secret is shown; it is never logged
-    out.print(f"access key id:     {key.access_key}")
-    out.print(f"secret access key: {key.secret}")
+    out.print(f"access key id:     {key['access_key']}")
+    out.print(f"secret access key: {key['secret']}")
 
 
 @main.group()
@@ -593,46 +625,46 @@ def user() -> None:
 @click.argument("name")
 @click.option("--group", "groups", multiple=True, help="A group of the user (repeatable).")
 @click.option("--ssh-key", "ssh_key", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@offline_option
 @click.pass_context
 @run
 async def user_add(
     ctx: click.Context, name: str, groups: tuple[str, ...], ssh_key: Path | None
 ) -> None:
     """Add a user with a new S3 access key (shown once) and optionally an SSH key."""
-
-    async def fn(users: UserRegistry) -> AccessKey:
-        await users.add_user(name, frozenset(groups))
-        if ssh_key is not None:
-            await users.add_ssh_key(name, ssh_key.read_text())
-        return await users.add_access_key(name)
-
-    _print_secret(await _with_registry(ctx, fn))
+    line = None if ssh_key is None else ssh_key.read_text()
+    async with administering(ctx) as admin:
+        _print_secret(await admin.add_user(name, groups, line))
 
 
 @user.command("list")
+@offline_option
 @click.pass_context
 @run
 async def user_list(ctx: click.Context) -> None:
     """Users, their groups and key ids (never secrets)."""
-    users = await _with_registry(ctx, lambda r: r.list_users())
+    async with administering(ctx) as admin:
+        users = await admin.list_users()
     table = Table("user", "groups", "access keys", "ssh keys")
     for u in users:
         table.add_row(
-            u.name,
-            ",".join(sorted(u.groups)),
-            " ".join(u.access_keys),
-            "\n".join(f"{k.key_type} {k.comment}".strip() for k in u.ssh_keys),
+            u["user"],
+            ",".join(u["groups"]),
+            " ".join(u["access_keys"]),
+            "\n".join(f"{k['key_type']} {k['comment']}".strip() for k in u["ssh_keys"]),
         )
     out.print(table)
 
 
 @user.command("remove")
 @click.argument("name")
+@offline_option
 @click.pass_context
 @run
 async def user_remove(ctx: click.Context, name: str) -> None:
     """Remove a user and all their keys."""
-    await _with_registry(ctx, lambda r: r.remove_user(name))
+    async with administering(ctx) as admin:
+        await admin.remove_user(name)
 
 
 @user.group("key")
@@ -644,14 +676,16 @@ def user_key() -> None:
 @click.argument("name")
 @click.option("--ssh-key", "ssh_key", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="Add this public key file instead of a new S3 access key.")  # fmt: skip
+@offline_option
 @click.pass_context
 @run
 async def user_key_add(ctx: click.Context, name: str, ssh_key: Path | None) -> None:
     """A new S3 access key for NAME (shown once), or an SSH public key."""
-    if ssh_key is not None:
-        await _with_registry(ctx, lambda r: r.add_ssh_key(name, ssh_key.read_text()))
-        return
-    _print_secret(await _with_registry(ctx, lambda r: r.add_access_key(name)))
+    async with administering(ctx) as admin:
+        if ssh_key is not None:
+            await admin.add_ssh_key(name, ssh_key.read_text())
+            return
+        _print_secret(await admin.add_access_key(name))
 
 
 @user_key.command("remove")
@@ -659,6 +693,7 @@ async def user_key_add(ctx: click.Context, name: str, ssh_key: Path | None) -> N
 @click.option("--access-key", help="The S3 access key id to revoke.")
 @click.option("--ssh-key", "ssh_key", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="The public key file to revoke.")  # fmt: skip
+@offline_option
 @click.pass_context
 @run
 async def user_key_remove(
@@ -667,17 +702,12 @@ async def user_key_remove(
     """Revoke one of NAME's keys."""
     if (access_key is None) == (ssh_key is None):
         raise click.UsageError("give exactly one of --access-key and --ssh-key")
-    if ssh_key is not None:
-        await _with_registry(ctx, lambda r: r.remove_ssh_key(name, ssh_key.read_text()))
-        return
-    assert access_key is not None
-
-    async def fn(users: UserRegistry) -> None:
-        if access_key not in (await users.get_user(name)).access_keys:
-            raise NotFound(f"user {name} has no access key {access_key}")
-        await users.remove_access_key(access_key)
-
-    await _with_registry(ctx, fn)
+    async with administering(ctx) as admin:
+        if ssh_key is not None:
+            await admin.remove_ssh_key(name, ssh_key.read_text())
+        else:
+            assert access_key is not None
+            await admin.remove_access_key(name, access_key)
 
 
 # -- sites and spokes --------------------------------------------------------------------
@@ -719,60 +749,59 @@ def site_init(
             out.print(f'seal the cache with it: [spoke] cache_key_file = "{key_file}"')
 
 
-async def _with_sites(
-    ctx: click.Context, fn: Callable[[SiteRegistry], Coroutine[Any, Any, T]]
-) -> T:
-    return await _with_catalog(ctx, lambda catalog: fn(SiteRegistry(catalog)))
-
-
 @site.command("add")
 @click.argument("name")
 @click.option("--cert", type=click.Path(path_type=Path, exists=True), required=True)
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE, beside the certificate's.")
+@offline_option
 @click.pass_context
 @run
 async def site_add(ctx: click.Context, name: str, cert: Path, labels: tuple[str, ...]) -> None:
     """On a hub: trust site NAME, pinned to its certificate (never under the hub's name)."""
-    state: State = ctx.find_object(State)  # type: ignore[assignment]
-    config = state.config
-    own = {config.site.name}
-    with contextlib.suppress(NotFound):
-        own.add(SiteIdentity.load(config.identity_dir).name)
-    pinned = await _with_sites(
-        ctx, lambda r: r.add(cert.read_bytes(), parse_labels(labels), name, own=own)
+    async with administering(ctx) as admin:
+        pinned = await admin.add_site(cert.read_bytes(), parse_labels(labels), name)
+    tags = ", ".join(f"{k}={v}" for k, v in pinned["labels"].items())
+    out.print(
+        f"trusting {pinned['site']} ({pinned['fingerprint'][:16]}...){' ' + tags if tags else ''}"
     )
-    tags = ", ".join(f"{k}={v}" for k, v in pinned.labels.items())
-    out.print(f"trusting {pinned.name} ({pinned.fingerprint[:16]}...){' ' + tags if tags else ''}")
 
 
 @site.command("list")
+@offline_option
 @click.pass_context
 @run
 async def site_list(ctx: click.Context) -> None:
     """Sites this hub trusts (and those it revoked)."""
     table = Table("site", "labels", "fingerprint", "state")
-    for s in await _with_sites(ctx, lambda r: r.list()):
-        labels = ", ".join(f"{k}={v}" for k, v in s.labels.items())
-        table.add_row(s.name, labels, s.fingerprint[:16], "trusted" if s.trusted else "revoked")
+    async with administering(ctx) as admin:
+        sites = await admin.list_sites()
+    for s in sites:
+        labels = ", ".join(f"{k}={v}" for k, v in s["labels"].items())
+        state = "trusted" if s["trusted"] else "revoked"
+        table.add_row(s["site"], labels, s["fingerprint"][:16], state)
     out.print(table)
 
 
 @site.command("revoke")
 @click.argument("name")
+@offline_option
 @click.pass_context
 @run
 async def site_revoke(ctx: click.Context, name: str) -> None:
     """Stop trusting a site: its next request is refused."""
-    await _with_sites(ctx, lambda r: r.revoke(name))
+    async with administering(ctx) as admin:
+        await admin.revoke_site(name)
 
 
 @site.command("remove")
 @click.argument("name")
+@offline_option
 @click.pass_context
 @run
 async def site_remove(ctx: click.Context, name: str) -> None:
     """Forget a site entirely (to pin a new certificate for it)."""
-    await _with_sites(ctx, lambda r: r.remove(name))
+    async with administering(ctx) as admin:
+        await admin.remove_site(name)
 
 
 @main.group()
@@ -1026,12 +1055,6 @@ def policy() -> None:
     """Residency: which sites (by label) may hold or receive the data of which paths."""
 
 
-async def _with_policies(
-    ctx: click.Context, fn: Callable[[PolicyStore], Coroutine[Any, Any, T]]
-) -> T:
-    return await _with_catalog(ctx, lambda catalog: fn(PolicyStore(catalog)))
-
-
 @policy.command("add")
 @click.argument("name")
 @click.option("--paths", "globs", multiple=True, required=True, help="A path glob, /a/b/**.")
@@ -1045,6 +1068,7 @@ async def _with_policies(
     default="visible",
     help="Whether refused sites see names and sizes (visible) or nothing (hidden).",
 )
+@offline_option
 @click.pass_context
 @run
 async def policy_add(
@@ -1056,52 +1080,50 @@ async def policy_add(
     metadata: str,
 ) -> None:
     """Add (or replace) policy NAME; returns once every spoke that may no longer hold its
-    data has evicted it (the hub at --hub confirms)."""
+    data has evicted it (the hub at --hub confirms; --offline: once they reconnect)."""
     rule = Policy.build(name, globs, allow, tag, metadata)
-    seq = await _with_policies(ctx, lambda store: store.put(rule))
-    hub = client(ctx, admin=True)
-    try:
-        await hub.settle(seq)
-    except BackendUnavailable as exc:
-        raise BackendUnavailable(
-            f"policy {name} is stored, but no spoke's eviction is confirmed: {exc}"
-        ) from None
-    finally:
-        await hub.close()
+    async with administering(ctx) as admin:
+        seq = await admin.put_policy(rule)
+        if isinstance(admin, Directory):  # no hub serves: spokes evict as they come back
+            out.print(f"policy {name} stored; spokes apply it when their hub serves again")
+            return
+        try:
+            await admin.rest.settle(seq)
+        except BackendUnavailable as exc:
+            raise BackendUnavailable(
+                f"policy {name} is stored, but no spoke's eviction is confirmed: {exc}"
+            ) from None
     out.print(f"policy {name} in force; spokes it refuses hold none of its data")
 
 
 @policy.command("list")
+@offline_option
 @click.pass_context
 @run
 async def policy_list(ctx: click.Context) -> None:
     """The placement policies of this hub."""
     table = Table("policy", "paths", "tag", "allowed sites", "metadata")
-    for p in await _with_policies(ctx, lambda store: store.list()):
+    async with administering(ctx) as admin:
+        policies = await admin.list_policies()
+    for p in policies:
         table.add_row(
-            p.name,
-            " ".join(p.paths),
-            "" if p.tag is None else "=".join(p.tag),
-            " ".join(f"{k}={v}" for k, v in p.allow),
-            p.metadata.value,
+            p["policy"], " ".join(p["paths"]), p["tag"] or "", " ".join(p["allow"]), p["metadata"]
         )
     out.print(table)
 
 
 @policy.command("remove")
 @click.argument("name")
+@offline_option
 @click.pass_context
 @run
 async def policy_remove(ctx: click.Context, name: str) -> None:
     """Remove policy NAME (a loosening: nothing to evict)."""
-    await _with_policies(ctx, lambda store: store.remove(name))
+    async with administering(ctx) as admin:
+        await admin.remove_policy(name)
 
 
 # -- access control ----------------------------------------------------------------------
-
-
-async def _with_acl(ctx: click.Context, fn: Callable[[AclStore], Coroutine[Any, Any, T]]) -> T:
-    return await _with_catalog(ctx, lambda catalog: fn(AclStore(catalog)))
 
 
 @main.group()
@@ -1111,42 +1133,51 @@ def group() -> None:
 
 @group.command("add")
 @click.argument("name")
+@offline_option
 @click.pass_context
 @run
 async def group_add(ctx: click.Context, name: str) -> None:
     """Create a group (add users with `loomfs user add --group` or `group member`)."""
-    await _with_acl(ctx, lambda acl: acl.add_group(name))
+    async with administering(ctx) as admin:
+        await admin.add_group(name)
 
 
 @group.command("list")
+@offline_option
 @click.pass_context
 @run
 async def group_list(ctx: click.Context) -> None:
     """Groups and their members."""
     table = Table("group", "members")
-    for g in await _with_acl(ctx, lambda acl: acl.list_groups()):
-        table.add_row(g.name, ",".join(g.members))
+    async with administering(ctx) as admin:
+        groups = await admin.list_groups()
+    for g in groups:
+        table.add_row(g["group"], ",".join(g["members"]))
     out.print(table)
 
 
 @group.command("remove")
 @click.argument("name")
+@offline_option
 @click.pass_context
 @run
 async def group_remove(ctx: click.Context, name: str) -> None:
     """Remove a group and its memberships (refused while an ACL rule names it)."""
-    await _with_acl(ctx, lambda acl: acl.remove_group(name))
+    async with administering(ctx) as admin:
+        await admin.remove_group(name)
 
 
 @group.command("member")
 @click.argument("name")
 @click.argument("user_name", metavar="USER")
 @click.option("--remove", is_flag=True, help="Take USER out of the group instead.")
+@offline_option
 @click.pass_context
 @run
 async def group_member(ctx: click.Context, name: str, user_name: str, remove: bool) -> None:
     """Put USER in group NAME (or take them out)."""
-    await _with_acl(ctx, lambda acl: acl.set_member(name, user_name, member=not remove))
+    async with administering(ctx) as admin:
+        await admin.set_member(name, user_name, member=not remove)
 
 
 @main.group()
@@ -1157,47 +1188,48 @@ def acl() -> None:
     to everyone; once a rule governs it, only what rules grant is allowed."""
 
 
+PERMISSIONS = click.Choice(["list", "read", "put", "write", "admin"])
+
+
 @acl.command("grant")
 @click.argument("subject")
-@click.argument("permission", type=click.Choice(["list", "read", "put", "write", "admin"]))
+@click.argument("permission", type=PERMISSIONS)
 @click.argument("path")
+@offline_option
 @click.pass_context
 @run
 async def acl_grant(ctx: click.Context, subject: str, permission: str, path: str) -> None:
     """Give SUBJECT (user:NAME, group:NAME or a group's name) PERMISSION on PATH and below."""
-
-    async def fn(store: AclStore) -> None:
-        rule = await store.grant(await store.resolve(subject), permission, path)
-        out.print(f"{rule.subject} may {rule.permission.value} {rule.path}")
-
-    await _with_acl(ctx, fn)
+    async with administering(ctx) as admin:
+        rule = await admin.grant(subject, permission, path)
+    out.print(f"{rule['subject']} may {rule['permission']} {rule['path']}")
 
 
 @acl.command("revoke")
 @click.argument("subject")
-@click.argument("permission", type=click.Choice(["list", "read", "put", "write", "admin"]))
+@click.argument("permission", type=PERMISSIONS)
 @click.argument("path")
+@offline_option
 @click.pass_context
 @run
 async def acl_revoke(ctx: click.Context, subject: str, permission: str, path: str) -> None:
     """Take back a rule made with `acl grant`."""
-
-    async def fn(store: AclStore) -> None:
-        await store.revoke(await store.resolve(subject), permission, path)
-
-    await _with_acl(ctx, fn)
+    async with administering(ctx) as admin:
+        await admin.revoke(subject, permission, path)
 
 
 @acl.command("list")
+@offline_option
 @click.pass_context
 @run
 async def acl_list(ctx: click.Context) -> None:
     """Every rule and every private export."""
-    rules, private, _ = await _with_acl(ctx, lambda store: store.snapshot())
+    async with administering(ctx) as admin:
+        found = await admin.list_rules()
     table = Table("path", "subject", "permission")
-    for rule in rules:
-        table.add_row(rule.path, rule.subject, rule.permission.value)
-    for path in private:
+    for rule in found["rules"]:
+        table.add_row(rule["path"], rule["subject"], rule["permission"])
+    for path in found["private"]:
         table.add_row(path, "(private export)", "")
     out.print(table)
 
@@ -1205,11 +1237,13 @@ async def acl_list(ctx: click.Context) -> None:
 @acl.command("private")
 @click.argument("path")
 @click.option("--off", is_flag=True, help="Make PATH open again (where no rule governs it).")
+@offline_option
 @click.pass_context
 @run
 async def acl_private(ctx: click.Context, path: str, off: bool) -> None:
     """Mark an export private: below PATH only what rules grant is allowed."""
-    await _with_acl(ctx, lambda store: store.set_private(path, not off))
+    async with administering(ctx) as admin:
+        await admin.set_private(path, not off)
 
 
 @main.command("whoami")

@@ -108,7 +108,8 @@ def main() -> None:
         spoke_env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(WORK / "spoke")}
         sh("site", "init", "--name", "hub-eu", "--label", "region=eu-west", env=env)
         sh("site", "init", "--name", "gpu-west", "--label", "region=us-west", env=spoke_env)
-        sh("site", "add", "gpu-west", "--cert", str(WORK / "spoke/identity/site.pem"), env=env)
+        pem = str(WORK / "spoke/identity/site.pem")
+        sh("site", "add", "gpu-west", "--cert", pem, "--offline", env=env)  # hub not up yet
         step("Starting the hub (SQLite catalog, embedded default; fabric link on mutual TLS)")
         listeners = {
             "LOOMFS_FABRIC__LISTEN": "127.0.0.1:0",

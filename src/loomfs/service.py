@@ -34,13 +34,14 @@ from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
 from .core.certs import fingerprint
+from .core.directory import Directory
 from .core.dirlock import DirectoryLock
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
 from .core.types import Feed, VolumeState
 from .core.users import UserRegistry
-from .errors import BackendUnavailable, ConfigError, LoomError
+from .errors import BackendUnavailable, ConfigError, LoomError, NotFound
 from .fabric.identity import SiteIdentity, https_certificate, https_server_context
 from .fabric.probe import check_link
 from .fabric.server import FabricServer, TlsSite
@@ -53,6 +54,7 @@ from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
 from .protocols.s3 import S3Gateway
+from .rest.admin import routes as admin_routes
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
 from .rest.plans import routes as plan_routes
@@ -72,6 +74,27 @@ HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
 
 
+def audit_log(config: Config) -> AuditLog | None:
+    """The site's audit log, if ``[audit] enabled`` (not started)."""
+    if not config.audit.enabled:
+        return None
+    return AuditLog(
+        config.audit_dir,
+        site=config.site.name,
+        key=load_key(config.audit.key_file),
+        segment_size=parse_size(config.audit.segment_size),
+    )
+
+
+def own_names(config: Config) -> set[str]:
+    """The names of this site, which no spoke may be pinned under: its configured name
+    and its certificate's."""
+    own = {config.site.name}
+    with contextlib.suppress(NotFound):
+        own.add(SiteIdentity.load(config.identity_dir).name)
+    return own
+
+
 class HubService:
     def __init__(self, config: Config, *, durable: bool = True) -> None:
         """``durable=False``: changes survive a crash of the process at once and power
@@ -88,14 +111,7 @@ class HubService:
         )
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
         #: from ``start`` on, so the namespace can be given it before the hub starts
-        self.audit: AuditLog | None = None
-        if config.audit.enabled:
-            self.audit = AuditLog(
-                config.audit_dir,
-                site=config.site.name,
-                key=load_key(config.audit.key_file),
-                segment_size=parse_size(config.audit.segment_size),
-            )
+        self.audit = audit_log(config)
         # what every edge gets, the fabric link to spokes too: the namespace behind one
         # chain of authorizers (ACL rules for users, residency for sites) and audit; volume
         # administration and the hub's own machinery use the inner one, and every governed
@@ -310,6 +326,7 @@ class HubService:
             site=self.config.site.name,
             authenticate=self.authenticator(),
             governance=self.governed,
+            routes=admin_routes(Directory(self.catalog, own_names(self.config)), self.governed),
             health=self.health,
         )
 

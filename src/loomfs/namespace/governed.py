@@ -303,6 +303,21 @@ class GovernedNamespace(FeedNamespace):
             self._record(who, op, path, "denied", detail=str(exc))
             raise
 
+    async def administered(
+        self,
+        who: Principal,
+        op: str,
+        path: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        detail: str = "",
+    ) -> T:
+        """Administration that is not a namespace call (users, groups, rules, sites,
+        policies over the admin API): an explicit admin right on ``path``, then the call,
+        its outcome recorded; ``detail`` says what was done (never a secret)."""
+        await self.authorize_admin(who, op, path)
+        return await self._run(who, op, path, call, detail=detail)
+
     async def visible(self, who: Principal, path: str) -> bool:
         """Whether ``who`` may see ``path`` (listings and feeds leave the rest out)."""
         try:

@@ -23,6 +23,8 @@ from .. import paths
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.codec import decode_frame
 from ..chunks.records import read_answers
+from ..core.directory import policy_json
+from ..core.placement import Policy
 from ..core.streams import BytesSource, StreamSource
 from ..core.types import Entry, Feed, Principal
 from ..errors import (
@@ -526,3 +528,113 @@ class RestNamespace(FeedNamespace, ChunkLink):
                 who=who,
             )
         )
+
+
+class RestDirectory:
+    """The hub's admin API (``rest.admin``) through ``rest``'s session and credentials:
+    the calls of ``core.directory.Directory``, with the same results, decided at the hub."""
+
+    def __init__(self, rest: RestNamespace) -> None:
+        self.rest = rest
+
+    async def _call(self, method: str, route: str, **kwargs: Any) -> Any:
+        return await self.rest._json(method, f"{wire.ADMIN}{route}", **kwargs)
+
+    async def _done(self, method: str, route: str, **kwargs: Any) -> None:
+        (await self.rest._request(method, f"{wire.ADMIN}{route}", **kwargs)).release()
+
+    async def add_user(
+        self, name: str, groups: Sequence[str] = (), ssh_key: str | None = None
+    ) -> dict[str, Any]:
+        body = {"user": name, "groups": list(groups), "ssh_key": ssh_key}
+        made: dict[str, Any] = await self._call("POST", "/users", json=body)
+        return made
+
+    async def list_users(self) -> list[dict[str, Any]]:
+        users: list[dict[str, Any]] = await self._call("GET", "/users")
+        return users
+
+    async def remove_user(self, name: str) -> None:
+        await self._done("DELETE", f"/users/{quote(name, safe='')}")
+
+    async def add_access_key(self, name: str) -> dict[str, Any]:
+        route = f"/users/{quote(name, safe='')}/keys"
+        key: dict[str, Any] = await self._call("POST", route, json={})
+        return key
+
+    async def remove_access_key(self, name: str, access_key: str) -> None:
+        await self._done(
+            "DELETE", f"/users/{quote(name, safe='')}/keys", params={"access_key": access_key}
+        )
+
+    async def add_ssh_key(self, name: str, line: str) -> dict[str, Any]:
+        body = {"ssh_key": line}
+        key: dict[str, Any] = await self._call(
+            "POST", f"/users/{quote(name, safe='')}/keys", json=body
+        )
+        return key
+
+    async def remove_ssh_key(self, name: str, line: str) -> None:
+        await self._done("DELETE", f"/users/{quote(name, safe='')}/keys", params={"ssh_key": line})
+
+    async def add_group(self, name: str) -> None:
+        await self._done("POST", "/groups", json={"group": name})
+
+    async def list_groups(self) -> list[dict[str, Any]]:
+        groups: list[dict[str, Any]] = await self._call("GET", "/groups")
+        return groups
+
+    async def remove_group(self, name: str) -> None:
+        await self._done("DELETE", f"/groups/{quote(name, safe='')}")
+
+    async def set_member(self, group: str, user: str, *, member: bool) -> None:
+        body = {"user": user, "member": member}
+        await self._done("POST", f"/groups/{quote(group, safe='')}/members", json=body)
+
+    async def grant(self, subject: str, permission: str, path: str) -> dict[str, Any]:
+        body = {"subject": subject, "permission": permission, "path": path}
+        rule: dict[str, Any] = await self._call("POST", "/acl/grant", json=body)
+        return rule
+
+    async def revoke(self, subject: str, permission: str, path: str) -> None:
+        body = {"subject": subject, "permission": permission, "path": path}
+        await self._done("POST", "/acl/revoke", json=body)
+
+    async def list_rules(self) -> dict[str, Any]:
+        rules: dict[str, Any] = await self._call("GET", "/acl")
+        return rules
+
+    async def set_private(self, path: str, private: bool) -> None:
+        await self._done("POST", "/acl/private", json={"path": path, "private": private})
+
+    async def add_site(
+        self, cert_pem: bytes, labels: dict[str, str], name: str | None = None
+    ) -> dict[str, Any]:
+        body = {
+            "cert": cert_pem.decode(errors="replace"),
+            "labels": [f"{k}={v}" for k, v in labels.items()],
+            "site": name,
+        }
+        pinned: dict[str, Any] = await self._call("POST", "/sites", json=body)
+        return pinned
+
+    async def list_sites(self) -> list[dict[str, Any]]:
+        sites: list[dict[str, Any]] = await self._call("GET", "/sites")
+        return sites
+
+    async def revoke_site(self, name: str) -> None:
+        await self._done("POST", f"/sites/{quote(name, safe='')}/revoke")
+
+    async def remove_site(self, name: str) -> None:
+        await self._done("DELETE", f"/sites/{quote(name, safe='')}")
+
+    async def put_policy(self, policy: Policy) -> int:
+        body = policy_json(policy)
+        return int((await self._call("POST", "/policies", json=body))["seq"])
+
+    async def list_policies(self) -> list[dict[str, Any]]:
+        policies: list[dict[str, Any]] = await self._call("GET", "/policies")
+        return policies
+
+    async def remove_policy(self, name: str) -> None:
+        await self._done("DELETE", f"/policies/{quote(name, safe='')}")

@@ -294,6 +294,7 @@ def spec() -> dict[str, Any]:
                 ),
             },
             **_chunk_paths(if_match),
+            **_admin_paths(),
             "/v1/plans": {
                 "post": _op(
                     "At a spoke: publish a data loader's plan (its files and read order)",
@@ -467,5 +468,104 @@ def _chunk_paths(if_match: dict[str, Any]) -> dict[str, Any]:
                 ],
                 requestBody={"content": {"application/octet-stream": {"schema": {}}}},
             ),
+        },
+    }
+
+
+def _admin_paths() -> dict[str, Any]:
+    """The hub's admin API (``rest.admin``): every route needs an explicit admin right."""
+    s, strings = {"type": "string"}, {"type": "array", "items": {"type": "string"}}
+    name = {"name": "name", "in": "path", "required": True, "schema": s}
+    done = {"204": {"description": "done"}}
+    listed = {"200": _json_ok({"type": "array"})}
+    obj: dict[str, Any] = {"type": "object"}
+    made = {"201": _json_ok(obj, "made")}
+    query = [
+        {"name": "access_key", "in": "query", "schema": s},
+        {"name": "ssh_key", "in": "query", "schema": s, "description": "the public key line"},
+    ]
+    rule = _json_body(["subject", "permission", "path"], subject=s, permission=s, path=s)
+    a = "/v1/admin"
+    return {
+        f"{a}/users": {
+            "get": _op("Users, their groups and key ids (never secrets)", listed),
+            "post": _op(
+                "Add a user with a new access key (its secret in this answer only)",
+                made,
+                requestBody=_json_body(["user"], user=s, groups=strings, ssh_key=s),
+            ),
+        },
+        f"{a}/users/{{name}}": {
+            "parameters": [name],
+            "delete": _op("Remove a user and all their keys", done),
+        },
+        f"{a}/users/{{name}}/keys": {
+            "parameters": [name],
+            "post": _op(
+                "A new access key (secret shown once), or with ssh_key an SSH public key",
+                made,
+                requestBody=_json_body([], ssh_key=s),
+            ),
+            "delete": _op("Revoke one key (exactly one query parameter)", done, parameters=query),
+        },
+        f"{a}/groups": {
+            "get": _op("Groups and their members", listed),
+            "post": _op("Create a group", done, requestBody=_json_body(["group"], group=s)),
+        },
+        f"{a}/groups/{{name}}": {
+            "parameters": [name],
+            "delete": _op("Remove a group (refused while a rule names it)", done),
+        },
+        f"{a}/groups/{{name}}/members": {
+            "parameters": [name],
+            "post": _op(
+                "Put a user in the group, or with member false take them out",
+                done,
+                requestBody=_json_body(["user"], user=s, member={"type": "boolean"}),
+            ),
+        },
+        f"{a}/acl": {"get": _op("Every rule and private export", {"200": _json_ok(obj)})},
+        f"{a}/acl/grant": {
+            "post": _op("Grant a right on a path (admin right on the path)", made, requestBody=rule)
+        },
+        f"{a}/acl/revoke": {"post": _op("Take back a rule", done, requestBody=rule)},
+        f"{a}/acl/private": {
+            "post": _op(
+                "Mark an export private (or with private false open again)",
+                done,
+                requestBody=_json_body(["path"], path=s, private={"type": "boolean"}),
+            )
+        },
+        f"{a}/sites": {
+            "get": _op("Sites trusted (and revoked)", listed),
+            "post": _op(
+                "Trust a site, pinned to its PEM certificate",
+                made,
+                requestBody=_json_body(["cert"], cert=s, site=s, labels=strings),
+            ),
+        },
+        f"{a}/sites/{{name}}": {"parameters": [name], "delete": _op("Forget a site", done)},
+        f"{a}/sites/{{name}}/revoke": {
+            "parameters": [name],
+            "post": _op("Stop trusting a site", done),
+        },
+        f"{a}/policies": {
+            "get": _op("Placement policies", listed),
+            "post": _op(
+                "Add or replace a policy; settle on the answer's seq (/v1/settle)",
+                made,
+                requestBody=_json_body(
+                    ["policy", "paths", "allow"],
+                    policy=s,
+                    paths=strings,
+                    allow=strings,
+                    tag=s,
+                    metadata=s,
+                ),
+            ),
+        },
+        f"{a}/policies/{{name}}": {
+            "parameters": [name],
+            "delete": _op("Remove a policy (a loosening)", done),
         },
     }

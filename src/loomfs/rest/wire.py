@@ -33,6 +33,7 @@ from ..errors import (
 )
 
 API = "/v1"
+ADMIN = f"{API}/admin"  # the hub's admin API (``rest.admin``)
 #: the route variable a namespace path is matched by: any character, a newline too (a
 #: name may hold one; aiohttp's default ``.*`` would leave such a path unreachable)
 PATH = "{path:[\\s\\S]*}"
