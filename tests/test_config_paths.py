@@ -82,3 +82,19 @@ def test_listen_must_be_host_port() -> None:
     config = load_config(env={"LOOMFS_HUB__LISTEN": "nonsense"})
     with pytest.raises(ConfigError, match="HOST:PORT"):
         _ = config.listen_host_port
+
+
+def test_the_sftp_umask_is_octal_in_toml_and_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "loomfs.toml"
+    for written, env, umask in (
+        ("", None, 0o022),
+        ("[sftp]\numask = 0o077\n", None, 0o077),
+        ('[sftp]\numask = "027"\n', None, 0o027),
+        ("", "002", 0o002),
+    ):
+        config.write_text(written)
+        environ = {} if env is None else {"LOOMFS_SFTP__UMASK": env}
+        assert load_config(config, environ).sftp.umask == umask
+    config.write_text("[sftp]\numask = 0o1777\n")
+    with pytest.raises(ConfigError, match="umask"):
+        load_config(config, {})

@@ -125,6 +125,22 @@ class SftpSection(_Section):
     #: the namespace directory each user sees as '/' (users cannot leave it); '{user}'
     #: is replaced by the user's name, for per-user homes such as /home/{user}
     root: str = "/"
+    #: permission bits taken away from what clients create (the modes they send, or
+    #: 0777 for a directory and 0666 for a file when they send none), as a local umask
+    #: does; octal: 0o022 in TOML, "022" in TOML or the environment. chmod is not masked
+    umask: int = 0o022
+
+    @field_validator("umask", mode="before")
+    @classmethod
+    def _octal(cls, value: object) -> object:
+        return int(value, 8) if isinstance(value, str) else value
+
+    @field_validator("umask")
+    @classmethod
+    def _bits(cls, umask: int) -> int:
+        if not 0 <= umask <= 0o777:
+            raise ValueError(f"a umask is permission bits, 0 to 0o777, not {umask:#o}")
+        return umask
 
 
 class ClientSection(_Section):
