@@ -163,8 +163,9 @@ def from_oserror(exc: OSError, path: str | None = None, *, disk: str | None = No
     ``disk`` says where ``path`` lies ("volume /srv/data", "data directory /var/lib/x"):
     a full disk is named by it, since the path alone does not tell which disk is full.
     One of ours (several are OSErrors, so an ``except OSError`` meets them) stays itself."""
-    if isinstance(exc, LoomError):
-        return exc
+    ours: object = exc  # mypy holds that no class can be both (their errno attributes differ)
+    if isinstance(ours, LoomError):
+        return ours
     table: dict[int, type[LoomError]] = {
         _errno.ENOENT: NotFound,
         _errno.EEXIST: AlreadyExists,
