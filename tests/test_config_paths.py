@@ -98,3 +98,25 @@ def test_the_sftp_umask_is_octal_in_toml_and_the_environment(tmp_path: Path) -> 
     config.write_text("[sftp]\numask = 0o1777\n")
     with pytest.raises(ConfigError, match="umask"):
         load_config(config, {})
+
+
+def test_list_and_table_keys_from_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "loomfs.toml"
+    config.write_text('[s3]\nbuckets = { old = "/old" }\n')
+    loaded = load_config(
+        config,
+        {
+            "LOOMFS_SPOKE__ATTACH": "/datasets:/models",
+            "LOOMFS_S3__BUCKETS": '{"data": "/data", "logs": "/var/logs"}',
+            "LOOMFS_HUB__VOLUME_ROOTS": '["/srv/a", "/srv/b"]',
+            "LOOMFS_HUB__LISTEN": "[::1]:7070",  # a plain key stays as written
+        },
+    )
+    assert loaded.spoke.attach == ["/datasets", "/models"]
+    assert loaded.s3.buckets == {"data": "/data", "logs": "/var/logs"}
+    assert loaded.hub.volume_roots == [Path("/srv/a"), Path("/srv/b")]
+    assert loaded.hub.listen == "[::1]:7070"
+    json_list = load_config(config, {"LOOMFS_SPOKE__ATTACH": '["/a:b", "/c"]'})
+    assert json_list.spoke.attach == ["/a:b", "/c"]  # JSON holds a ':' in a path
+    with pytest.raises(ConfigError, match="LOOMFS_S3__BUCKETS is not JSON"):
+        load_config(config, {"LOOMFS_S3__BUCKETS": "data=/data"})
