@@ -10,7 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from loomfs.cli import _shown
+from loomfs.core.types import KIND_BITS, Entry, EntryKind
 from loomfs.testing.hubproc import HubProcess
 
 
@@ -58,7 +62,9 @@ def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
     assert (data / "up.bin").read_bytes() == local.read_bytes()  # in place, original form
     ok(hub, "put", "-", "/datasets/sample/stdin.txt", stdin=b"from stdin")
     assert (data / "stdin.txt").read_bytes() == b"from stdin"
-    version = json.loads(ok(hub, "stat", "/datasets/sample/stdin.txt"))["version"]
+    shown = json.loads(ok(hub, "stat", "/datasets/sample/stdin.txt"))
+    version = shown["version"]
+    assert (shown["mode"], shown["permissions"]) == ("0644", "-rw-r--r--")
     stale = loomfs(
         hub, "put", "-", "/datasets/sample/stdin.txt", "--if-version", str(version - 1), stdin=b"x"
     )
@@ -95,3 +101,18 @@ def test_errors_are_one_clear_line(hub: HubProcess, tmp_path: Path) -> None:
         capture_output=True, check=False, timeout=60,
     )  # fmt: skip
     assert down.returncode == 1 and b"BackendUnavailable" in down.stderr
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(list(EntryKind)), st.integers(0, 0o7777), st.booleans())
+def test_stat_shows_a_mode_the_same_with_or_without_its_type_bits(
+    kind: EntryKind, bits: int, typed: bool
+) -> None:
+    mode = KIND_BITS[kind] | bits if typed else bits
+    shown = _shown(Entry("/v/x", kind, 0, 0, mode, 1, 0, 0))
+    assert shown["mode"] == f"{bits:04o}"
+    permissions = shown["permissions"]
+    assert isinstance(permissions, str) and len(permissions) == 10
+    assert permissions == _shown(Entry("/v/x", kind, 0, 0, bits, 1, 0, 0))["permissions"]
+    letters = {"file": "-", "dir": "d", "symlink": "l", "fifo": "p", "chardev": "c"}
+    assert permissions[0] == {**letters, "blockdev": "b", "socket": "s"}[kind.value]

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from stat import filemode
+from stat import S_IMODE, filemode
 from typing import Any, TypeVar
 
 import aiohttp
@@ -395,15 +395,27 @@ async def ls(ctx: click.Context, path: str, long: bool) -> None:
             out.print(_long(entry) if long else entry.name + ("/" if entry.is_dir else ""))
 
 
+def _shown(entry: Entry) -> dict[str, object]:
+    """An entry as ``stat`` shows it: the mode as octal permission bits and as ``ls -l``
+    does, the same whether the entry's mode holds its file-type bits or not."""
+    bits = S_IMODE(entry.mode)
+    return {
+        **entry_json(entry),
+        "mode": f"{bits:04o}",
+        "permissions": filemode(KIND_BITS[entry.kind] | bits),
+    }
+
+
 @main.command("stat")
 @click.argument("path")
 @click.pass_context
 @run
 async def stat(ctx: click.Context, path: str) -> None:
-    """An entry's metadata as JSON (version, size, etag...)."""
+    """An entry's metadata as JSON (version, size, etag...; mode as '0644' and
+    '-rw-r--r--')."""
     async with connected(ctx) as ns:
         entry = await ns.stat(WHO, path)
-    out.print_json(json.dumps(entry_json(entry)))
+    out.print_json(json.dumps(_shown(entry)))
 
 
 @main.command("cat")
