@@ -482,7 +482,13 @@ async def put(
         if progress is not None:
             progress.stop()
         await ns.close()
-    out.print(f"{entry.path}: {entry.size:,} bytes, version {entry.version}")
+    if entry.version == 0:  # a write-back spoke acknowledged it from its journal
+        out.print(
+            f"{entry.path}: {entry.size:,} bytes, journaled at the spoke; "
+            "the hub's version follows on upload"
+        )
+    else:
+        out.print(f"{entry.path}: {entry.size:,} bytes, version {entry.version}")
 
 
 @main.command("rm")
