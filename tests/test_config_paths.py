@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loomfs import paths
 from loomfs.config import load_config
 from loomfs.errors import ConfigError, InvalidPath
+from loomfs.log import TextFormatter, setup_logging
 
 
 @pytest.mark.parametrize(
@@ -120,3 +126,36 @@ def test_list_and_table_keys_from_the_environment(tmp_path: Path) -> None:
     assert json_list.spoke.attach == ["/a:b", "/c"]  # JSON holds a ':' in a path
     with pytest.raises(ConfigError, match="LOOMFS_S3__BUCKETS is not JSON"):
         load_config(config, {"LOOMFS_S3__BUCKETS": "data=/data"})
+
+
+_RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_FIELD = re.compile(r' (\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.from_regex(r"[a-z][a-z_]{0,9}", fullmatch=True).filter(lambda k: k not in _RESERVED),
+        st.one_of(st.text(max_size=12), st.integers()),
+        max_size=4,
+    )
+)
+def test_the_text_log_format_keeps_every_field(fields: dict[str, object]) -> None:
+    record = logging.makeLogRecord({"name": "loomfs.x", "msg": "mounted", "levelname": "INFO"})
+    record.__dict__.update(fields)
+    line = TextFormatter().format(record)
+    assert "\n" not in line and "INFO loomfs.x: mounted" in line
+    tail = line.partition(": mounted")[2]
+    parsed = {k: json.loads(v) if v.startswith('"') else v for k, v in _FIELD.findall(tail)}
+    assert parsed == {k: str(v) for k, v in fields.items()}
+
+
+def test_log_format_text_is_what_setup_logging_installs() -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    setup_logging("INFO", "text")
+    try:
+        assert isinstance(root.handlers[0].formatter, TextFormatter)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
