@@ -80,6 +80,18 @@ def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
     assert "up.bin" in listing and "300,000" in listing
     changes = ok(hub, "changes", "--since", "0", "--limit", "1000")
     assert "rename" in changes and "delete" in changes
+    # --json: what programs read, one object a line
+    lines = ok(hub, "ls", "--json", "/datasets/sample").splitlines()
+    sizes = {e["path"]: e["size"] for e in map(json.loads, lines)}
+    assert sizes["/datasets/sample/up.bin"] == 300_000
+    assert json.loads(ok(hub, "stat", "--json", "/datasets/sample/up.bin"))["size"] == 300_000
+    feed = json.loads(ok(hub, "changes", "--json", "--since", "0", "--limit", "1000"))
+    assert {"rename", "delete"} <= {c["op"] for c in feed["changes"]} and feed["head"] > 0
+    deep = tmp_path / ("a-long-directory-name-" * 4)
+    deep.mkdir()
+    ok(hub, "volume", "add", "/datasets/deep", f"posix://{deep}")
+    volumes = [json.loads(line) for line in ok(hub, "volume", "list", "--json").splitlines()]
+    assert {v["mount"]: v["url"] for v in volumes}["/datasets/deep"] == f"posix://{deep}"
     (data / "train" / "b.jsonl").write_text("{}\n")
     # inotify may already have seen it; after a rescan it is there either way
     assert "scanned" in ok(hub, "volume", "rescan", "/datasets/sample")

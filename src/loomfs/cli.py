@@ -52,7 +52,7 @@ from .fabric.identity import SiteIdentity
 from .log import setup_logging
 from .namespace.base import Namespace
 from .rest.client import RestNamespace
-from .rest.wire import entry_json
+from .rest.wire import change_json, entry_json
 from .service import HubService, SpokeService
 from .spoke.sealed import load_key as load_cache_key
 
@@ -60,6 +60,15 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console(highlight=False, soft_wrap=True)
+JSON_LINES = click.option(
+    "--json", "as_json", is_flag=True, help="JSON, one object a line, for programs."
+)
+
+
+def _json_line(value: object) -> None:
+    sys.stdout.write(json.dumps(value) + "\n")
+
+
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 
 
@@ -345,12 +354,17 @@ async def volume_rescan(ctx: click.Context, mount: str) -> None:
 
 
 @volume.command("list")
+@JSON_LINES
 @click.pass_context
 @run
-async def volume_list(ctx: click.Context) -> None:
+async def volume_list(ctx: click.Context, as_json: bool) -> None:
     """Volumes of the hub."""
     async with connected(ctx, admin=True) as ns:
         volumes = await ns.volumes()
+    if as_json:
+        for v in volumes:
+            _json_line(v)
+        return
     table = Table("mount", "url", "state", "last scan")
     for v in volumes:
         last = v["last_scan_ns"]
@@ -386,13 +400,17 @@ def _long(entry: Entry) -> str:
 @main.command("ls")
 @click.argument("path", default="/")
 @click.option("-l", "long", is_flag=True, help="Size, time and version too.")
+@JSON_LINES
 @click.pass_context
 @run
-async def ls(ctx: click.Context, path: str, long: bool) -> None:
+async def ls(ctx: click.Context, path: str, long: bool, as_json: bool) -> None:
     """List a directory (streamed: fine for millions of entries)."""
     async with connected(ctx) as ns:
         async for entry in ns.list(WHO, path):
-            out.print(_long(entry) if long else entry.name + ("/" if entry.is_dir else ""))
+            if as_json:
+                _json_line(_shown(entry))
+            else:
+                out.print(_long(entry) if long else entry.name + ("/" if entry.is_dir else ""))
 
 
 def _shown(entry: Entry) -> dict[str, object]:
@@ -408,14 +426,18 @@ def _shown(entry: Entry) -> dict[str, object]:
 
 @main.command("stat")
 @click.argument("path")
+@JSON_LINES
 @click.pass_context
 @run
-async def stat(ctx: click.Context, path: str) -> None:
+async def stat(ctx: click.Context, path: str, as_json: bool) -> None:
     """An entry's metadata as JSON (version, size, etag...; mode as '0644' and
-    '-rw-r--r--')."""
+    '-rw-r--r--'), indented; --json: on one line."""
     async with connected(ctx) as ns:
         entry = await ns.stat(WHO, path)
-    out.print_json(json.dumps(_shown(entry)))
+    if as_json:
+        _json_line(_shown(entry))
+    else:
+        out.print_json(json.dumps(_shown(entry)))
 
 
 @main.command("cat")
@@ -557,14 +579,20 @@ async def tag(
 @main.command("changes")
 @click.option("--since", type=int, help="Changes after this sequence number (default: the newest).")
 @click.option("--limit", type=int, default=20, show_default=True)
+@click.option(
+    "--json", "as_json", is_flag=True, help='One JSON object: {"head": N, "changes": [...]}.'
+)
 @click.pass_context
 @run
-async def changes(ctx: click.Context, since: int | None, limit: int) -> None:
+async def changes(ctx: click.Context, since: int | None, limit: int, as_json: bool) -> None:
     """The hub's change log (what spokes follow)."""
     async with connected(ctx) as ns:
         if since is None:
             since = max(0, (await ns.changes(0, 1)).head - limit)
         feed = await ns.changes(since, limit)
+    if as_json:
+        _json_line({"head": feed.head, "changes": [change_json(c) for c in feed.changes]})
+        return
     for c in feed.changes:
         target = f" -> {c.new_path}" if c.new_path else ""
         out.print(f"{c.seq:>8} {_time(c.time_ns)} {c.op.value:<7} v{c.version:<6} {c.path}{target}")
@@ -1344,7 +1372,7 @@ def audit_query(
     )  # fmt: skip
     if as_json:
         for r in records:
-            sys.stdout.write(json.dumps(r.as_dict()) + "\n")
+            _json_line(r.as_dict())
         return
     table = Table("seq", "time", "site", "protocol", "user", "op", "path", "bytes", "result")
     for r in records:
