@@ -87,11 +87,14 @@ def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
     assert json.loads(ok(hub, "stat", "--json", "/datasets/sample/up.bin"))["size"] == 300_000
     feed = json.loads(ok(hub, "changes", "--json", "--since", "0", "--limit", "1000"))
     assert {"rename", "delete"} <= {c["op"] for c in feed["changes"]} and feed["head"] > 0
+    # a table piped is not cut to 80 columns
     deep = tmp_path / ("a-long-directory-name-" * 4)
     deep.mkdir()
     ok(hub, "volume", "add", "/datasets/deep", f"posix://{deep}")
     volumes = [json.loads(line) for line in ok(hub, "volume", "list", "--json").splitlines()]
     assert {v["mount"]: v["url"] for v in volumes}["/datasets/deep"] == f"posix://{deep}"
+    table = ok(hub, "volume", "list")
+    assert f"posix://{deep}" in table and "…" not in table
     (data / "train" / "b.jsonl").write_text("{}\n")
     # inotify may already have seen it; after a rescan it is there either way
     assert "scanned" in ok(hub, "volume", "rescan", "/datasets/sample")

@@ -59,7 +59,8 @@ from .spoke.sealed import load_key as load_cache_key
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
-out = Console(highlight=False, soft_wrap=True)
+# piped or redirected, a table is as wide as its rows: never cut to a terminal's 80 columns
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1 << 20)
 JSON_LINES = click.option(
     "--json", "as_json", is_flag=True, help="JSON, one object a line, for programs."
 )
