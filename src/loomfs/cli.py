@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 # piped or redirected, a table is as wide as its rows: never cut to a terminal's 80 columns
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1 << 20)
+WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 JSON_LINES = click.option(
     "--json", "as_json", is_flag=True, help="JSON, one object a line, for programs."
 )
@@ -68,9 +69,6 @@ JSON_LINES = click.option(
 
 def _json_line(value: object) -> None:
     sys.stdout.write(json.dumps(value) + "\n")
-
-
-WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 
 
 class State:

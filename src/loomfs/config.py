@@ -198,7 +198,8 @@ class ClientSection(_Section):
 
 class LogSection(_Section):
     level: str = "INFO"
-    #: "json" (one structured line per event) or "text"
+    #: "json" (one structured line per event) or "text" (for humans: the message, then
+    #: the event's fields as key=value)
     format: str = "json"
 
 
@@ -314,7 +315,7 @@ def _env_value(name: str, section: str, key: str, value: str) -> object:
     field = Config.model_fields.get(section)
     model = field.annotation if field is not None else None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return value  # unknown: validation names it
+        return value  # an unknown section or key: validation names it
     if key not in model.model_fields:
         return value
     kind = get_origin(model.model_fields[key].annotation)
