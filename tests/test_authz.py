@@ -804,6 +804,25 @@ async def test_bad_rules_are_refused_and_change_nothing(tmp_path: Path) -> None:
         await catalog.close()
 
 
+async def test_a_bare_name_resolves_to_a_built_in_group_too(tmp_path: Path) -> None:
+    catalog = open_catalog(f"sqlite://{tmp_path / 'catalog.db'}")
+    await catalog.open()
+    try:
+        store = AclStore(catalog)
+        await UserRegistry(catalog).add_user("carol", frozenset({"research"}))
+        resolved = {n: await store.resolve(n) for n in ("everyone", "authenticated", "research")}
+        assert resolved == {
+            "everyone": "group:everyone",
+            "authenticated": "group:authenticated",
+            "research": "group:research",
+        }
+        assert await store.resolve("carol") == "user:carol"
+        with pytest.raises(NotFound, match="no group or user named 'nobody'"):
+            await store.resolve("nobody")
+    finally:
+        await catalog.close()
+
+
 class Sink:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str, str, int]] = []

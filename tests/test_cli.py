@@ -10,7 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from loomfs.cli import _shown
+from loomfs.core.types import KIND_BITS, Entry, EntryKind
 from loomfs.testing.hubproc import HubProcess
 
 
@@ -58,7 +62,9 @@ def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
     assert (data / "up.bin").read_bytes() == local.read_bytes()  # in place, original form
     ok(hub, "put", "-", "/datasets/sample/stdin.txt", stdin=b"from stdin")
     assert (data / "stdin.txt").read_bytes() == b"from stdin"
-    version = json.loads(ok(hub, "stat", "/datasets/sample/stdin.txt"))["version"]
+    shown = json.loads(ok(hub, "stat", "/datasets/sample/stdin.txt"))
+    version = shown["version"]
+    assert (shown["mode"], shown["permissions"]) == ("0644", "-rw-r--r--")
     stale = loomfs(
         hub, "put", "-", "/datasets/sample/stdin.txt", "--if-version", str(version - 1), stdin=b"x"
     )
@@ -74,6 +80,21 @@ def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
     assert "up.bin" in listing and "300,000" in listing
     changes = ok(hub, "changes", "--since", "0", "--limit", "1000")
     assert "rename" in changes and "delete" in changes
+    # --json: what programs read, one object a line
+    lines = ok(hub, "ls", "--json", "/datasets/sample").splitlines()
+    sizes = {e["path"]: e["size"] for e in map(json.loads, lines)}
+    assert sizes["/datasets/sample/up.bin"] == 300_000
+    assert json.loads(ok(hub, "stat", "--json", "/datasets/sample/up.bin"))["size"] == 300_000
+    feed = json.loads(ok(hub, "changes", "--json", "--since", "0", "--limit", "1000"))
+    assert {"rename", "delete"} <= {c["op"] for c in feed["changes"]} and feed["head"] > 0
+    # a table piped is not cut to 80 columns
+    deep = tmp_path / ("a-long-directory-name-" * 4)
+    deep.mkdir()
+    ok(hub, "volume", "add", "/datasets/deep", f"posix://{deep}")
+    volumes = [json.loads(line) for line in ok(hub, "volume", "list", "--json").splitlines()]
+    assert {v["mount"]: v["url"] for v in volumes}["/datasets/deep"] == f"posix://{deep}"
+    table = ok(hub, "volume", "list")
+    assert f"posix://{deep}" in table and "…" not in table
     (data / "train" / "b.jsonl").write_text("{}\n")
     # inotify may already have seen it; after a rescan it is there either way
     assert "scanned" in ok(hub, "volume", "rescan", "/datasets/sample")
@@ -95,3 +116,18 @@ def test_errors_are_one_clear_line(hub: HubProcess, tmp_path: Path) -> None:
         capture_output=True, check=False, timeout=60,
     )  # fmt: skip
     assert down.returncode == 1 and b"BackendUnavailable" in down.stderr
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(list(EntryKind)), st.integers(0, 0o7777), st.booleans())
+def test_stat_shows_a_mode_the_same_with_or_without_its_type_bits(
+    kind: EntryKind, bits: int, typed: bool
+) -> None:
+    mode = KIND_BITS[kind] | bits if typed else bits
+    shown = _shown(Entry("/v/x", kind, 0, 0, mode, 1, 0, 0))
+    assert shown["mode"] == f"{bits:04o}"
+    permissions = shown["permissions"]
+    assert isinstance(permissions, str) and len(permissions) == 10
+    assert permissions == _shown(Entry("/v/x", kind, 0, 0, bits, 1, 0, 0))["permissions"]
+    letters = {"file": "-", "dir": "d", "symlink": "l", "fifo": "p", "chardev": "c"}
+    assert permissions[0] == {**letters, "blockdev": "b", "socket": "s"}[kind.value]

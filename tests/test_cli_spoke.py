@@ -94,8 +94,9 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
                 else:
                     raise AssertionError("/healthz never said the link is down")
                 for i in range(3):
-                    await aok(spoke_dir, *at_spoke, "put", "-", f"/datasets/sample/ck-{i}.pt",
+                    put = await aok(spoke_dir, *at_spoke, "put", "-", f"/datasets/sample/ck-{i}.pt",
                        stdin=f"checkpoint {i}".encode())  # fmt: skip
+                    assert "journaled at the spoke" in put and "version 0" not in put, put
                 # ...and survive kill -9 of the spoke
                 spoke.kill()
                 link.restore()

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loomfs import paths
 from loomfs.config import load_config
 from loomfs.errors import ConfigError, InvalidPath
+from loomfs.log import TextFormatter, setup_logging
 
 
 @pytest.mark.parametrize(
@@ -82,3 +88,74 @@ def test_listen_must_be_host_port() -> None:
     config = load_config(env={"LOOMFS_HUB__LISTEN": "nonsense"})
     with pytest.raises(ConfigError, match="HOST:PORT"):
         _ = config.listen_host_port
+
+
+def test_the_sftp_umask_is_octal_in_toml_and_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "loomfs.toml"
+    for written, env, umask in (
+        ("", None, 0o022),
+        ("[sftp]\numask = 0o077\n", None, 0o077),
+        ('[sftp]\numask = "027"\n', None, 0o027),
+        ("", "002", 0o002),
+    ):
+        config.write_text(written)
+        environ = {} if env is None else {"LOOMFS_SFTP__UMASK": env}
+        assert load_config(config, environ).sftp.umask == umask
+    config.write_text("[sftp]\numask = 0o1777\n")
+    with pytest.raises(ConfigError, match="umask"):
+        load_config(config, {})
+
+
+def test_list_and_table_keys_from_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "loomfs.toml"
+    config.write_text('[s3]\nbuckets = { old = "/old" }\n')
+    loaded = load_config(
+        config,
+        {
+            "LOOMFS_SPOKE__ATTACH": "/datasets:/models",
+            "LOOMFS_S3__BUCKETS": '{"data": "/data", "logs": "/var/logs"}',
+            "LOOMFS_HUB__VOLUME_ROOTS": '["/srv/a", "/srv/b"]',
+            "LOOMFS_HUB__LISTEN": "[::1]:7070",  # a plain key stays as written
+        },
+    )
+    assert loaded.spoke.attach == ["/datasets", "/models"]
+    assert loaded.s3.buckets == {"data": "/data", "logs": "/var/logs"}
+    assert loaded.hub.volume_roots == [Path("/srv/a"), Path("/srv/b")]
+    assert loaded.hub.listen == "[::1]:7070"
+    json_list = load_config(config, {"LOOMFS_SPOKE__ATTACH": '["/a:b", "/c"]'})
+    assert json_list.spoke.attach == ["/a:b", "/c"]  # JSON holds a ':' in a path
+    with pytest.raises(ConfigError, match="LOOMFS_S3__BUCKETS is not JSON"):
+        load_config(config, {"LOOMFS_S3__BUCKETS": "data=/data"})
+
+
+_RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_FIELD = re.compile(r' (\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.from_regex(r"[a-z][a-z_]{0,9}", fullmatch=True).filter(lambda k: k not in _RESERVED),
+        st.one_of(st.text(max_size=12), st.integers()),
+        max_size=4,
+    )
+)
+def test_the_text_log_format_keeps_every_field(fields: dict[str, object]) -> None:
+    record = logging.makeLogRecord({"name": "loomfs.x", "msg": "mounted", "levelname": "INFO"})
+    record.__dict__.update(fields)
+    line = TextFormatter().format(record)
+    assert "\n" not in line and "INFO loomfs.x: mounted" in line
+    tail = line.partition(": mounted")[2]
+    parsed = {k: json.loads(v) if v.startswith('"') else v for k, v in _FIELD.findall(tail)}
+    assert parsed == {k: str(v) for k, v in fields.items()}
+
+
+def test_log_format_text_is_what_setup_logging_installs() -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    setup_logging("INFO", "text")
+    try:
+        assert isinstance(root.handlers[0].formatter, TextFormatter)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)

@@ -3,12 +3,15 @@ volumes, driven with ordinary file APIs and real tools (cat, ls, cp -a, rsync)."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import selectors
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -726,6 +729,40 @@ def test_stale_mount_is_reported_and_sigterm_unmounts(tmp_path: Path) -> None:
         assert "unmounted" in mount.log()
     finally:
         mount.stop()
+
+
+def test_ctrl_c_saves_files_open_for_writing(tmp_path: Path) -> None:
+    _require_fuse()
+    config, vol, _ = _make_site(tmp_path)
+    mnt = tmp_path / "mnt"
+    mount = MountProcess(config, mnt).start()
+    try:
+        kept = os.open(mnt / "vol/kept.txt", os.O_WRONLY | os.O_CREAT, 0o644)
+        lost = os.open(mnt / "vol/hello.txt", os.O_WRONLY)
+        os.write(kept, b"written before Ctrl-C")
+        os.write(lost, b"mine")
+
+        async def change_elsewhere() -> None:  # this writer can't be saved; the log says so
+            service = HubService(load_config(config))
+            await service.catalog.open()
+            await service.namespace.load_volumes()
+            try:
+                await service.namespace.write_bytes(SYSTEM, "/vol/hello.txt", b"theirs")
+            finally:
+                await service.namespace.close()
+                await service.catalog.close()
+
+        asyncio.run(change_elsewhere())
+        assert mount.stop(signal.SIGINT) == 0
+        for fd in (kept, lost):
+            with contextlib.suppress(OSError):  # the mount is gone under it
+                os.close(fd)
+    finally:
+        mount.stop()
+    assert not os.path.ismount(mnt)
+    assert (vol / "kept.txt").read_bytes() == b"written before Ctrl-C"
+    assert (vol / "hello.txt").read_bytes() == b"theirs"
+    assert "could not save /vol/hello.txt at unmount" in mount.log()
 
 
 def test_mount_over_a_hub_by_rest(tmp_path: Path) -> None:

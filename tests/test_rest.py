@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -126,6 +127,23 @@ async def test_errors_map_to_statuses(
     response = await http.request(method, url, skip_auto_headers=["Content-Type"])
     assert response.status == status
     assert (await response.json())["error"]["code"] == code
+
+
+async def test_what_a_special_file_or_symlink_cannot_do_is_a_clear_4xx(
+    http: TestClient[web.Request, web.Application], tmp_path: Path
+) -> None:
+    made = (
+        await http.post(f"{API}/symlink/v/link", json={"target": "data.bin"}),
+        await http.post(f"{API}/mknod/v/fifo", json={"mode": stat.S_IFIFO | 0o644}),
+    )
+    assert [response.status for response in made] == [201, 201]
+    chmod = await http.patch(f"{API}/attrs/v/link", json={"mode": 0o600})  # Linux: no lchmod
+    read = await http.get(f"{API}/files/v/fifo")
+    for response, says in ((chmod, "a symlink has no mode"), (read, "special file")):
+        assert response.status == 409
+        error = (await response.json())["error"]
+        assert error["code"] == "NotSupported" and says in error["message"]
+    assert (tmp_path / "vol/data.bin").stat().st_mode & 0o777 != 0o600
 
 
 async def test_malformed_bodies(http: TestClient[web.Request, web.Application]) -> None:

@@ -98,7 +98,7 @@ class Gateway:
         if self.governed:
             await self.users.add_user("bob")
             self.bob: AccessKey = await self.users.add_access_key("bob")
-            authorizer = AclAuthorizer(self.catalog)
+            self.authorizer = authorizer = AclAuthorizer(self.catalog)
             served = GovernedNamespace(self.ns, [authorizer], rules=authorizer)
         self.gateway = S3Gateway(
             served,
@@ -1232,6 +1232,16 @@ def _refused(call: Any, **kwargs: Any) -> str:
     with pytest.raises(ClientError) as err:
         call(**kwargs)
     return code_of(err)
+
+
+def test_list_buckets_leaves_out_the_buckets_the_caller_may_not_see(acl_gw: Gateway) -> None:
+    alice, bob = acl_gw.client(), acl_gw.client(acl_gw.bob.access_key, acl_gw.bob.secret)
+    alice.create_bucket(Bucket="mine")
+    acl_gw.call(acl_gw.authorizer.store.grant("user:alice", "write", "/data"))
+    acl_gw.call(acl_gw.authorizer.reload())  # /data and all below it: alice's alone now
+    assert _refused(bob.head_bucket, Bucket="data") == "403"
+    for caller, sees in ((alice, ["data", "mine"]), (bob, []), (_anonymous(acl_gw), [])):
+        assert [b["Name"] for b in caller.list_buckets()["Buckets"]] == sees
 
 
 def test_acl_a_new_bucket_is_private_to_its_creator(acl_gw: Gateway) -> None:

@@ -301,6 +301,23 @@ async def test_asyncssh_client_operations(site: Site) -> None:
         assert len(list((site.vol / "many").iterdir())) == MANY
 
 
+async def test_what_clients_create_gets_the_umask_and_chmod_does_not(site: Site) -> None:
+    async with await site.connect() as conn, conn.start_sftp_client() as sftp:
+        await sftp.mkdir("/umask-d")  # no mode sent: 0777 implied
+        await sftp.mkdir("/umask-d/sent", asyncssh.SFTPAttrs(permissions=0o777))
+        async with sftp.open("/umask-d/f", "wb") as f:  # asyncssh sends no mode
+            await f.write(b"x")
+        async with sftp.open("/umask-d/g", "wb", asyncssh.SFTPAttrs(permissions=0o666)):
+            pass
+        await sftp.chmod("/umask-d/g", 0o777)
+        got = {n: (await sftp.stat(f"/umask-d/{n}")).permissions for n in ("sent", "f", "g")}
+        got[""] = (await sftp.stat("/umask-d")).permissions
+    assert {name: mode & 0o7777 for name, mode in got.items() if mode is not None} == {
+        "": 0o755, "sent": 0o755, "f": 0o644, "g": 0o777,
+    }  # fmt: skip
+    assert stat.S_IMODE((site.vol / "umask-d").stat().st_mode) == 0o755
+
+
 async def test_sessions_are_their_users_and_errors_name_client_paths(site: Site) -> None:
     async with await site.connect("bob", "bob") as conn, conn.start_sftp_client() as sftp:
         assert "many" in await sftp.listdir("/")

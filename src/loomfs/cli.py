@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from stat import filemode
+from stat import S_IMODE, filemode
 from typing import Any, TypeVar
 
 import aiohttp
@@ -52,15 +52,23 @@ from .fabric.identity import SiteIdentity
 from .log import setup_logging
 from .namespace.base import Namespace
 from .rest.client import RestDirectory, RestNamespace
-from .rest.wire import entry_json
+from .rest.wire import change_json, entry_json
 from .service import HubService, SpokeService, audit_log, own_names
 from .spoke.sealed import load_key as load_cache_key
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
-out = Console(highlight=False, soft_wrap=True)
+# piped or redirected, a table is as wide as its rows: never cut to a terminal's 80 columns
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1 << 20)
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
+JSON_LINES = click.option(
+    "--json", "as_json", is_flag=True, help="JSON, one object a line, for programs."
+)
+
+
+def _json_line(value: object) -> None:
+    sys.stdout.write(json.dumps(value) + "\n")
 
 
 class State:
@@ -345,12 +353,17 @@ async def volume_rescan(ctx: click.Context, mount: str) -> None:
 
 
 @volume.command("list")
+@JSON_LINES
 @click.pass_context
 @run
-async def volume_list(ctx: click.Context) -> None:
+async def volume_list(ctx: click.Context, as_json: bool) -> None:
     """Volumes of the hub."""
     async with connected(ctx, admin=True) as ns:
         volumes = await ns.volumes()
+    if as_json:
+        for v in volumes:
+            _json_line(v)
+        return
     table = Table("mount", "url", "state", "last scan")
     for v in volumes:
         last = v["last_scan_ns"]
@@ -386,24 +399,44 @@ def _long(entry: Entry) -> str:
 @main.command("ls")
 @click.argument("path", default="/")
 @click.option("-l", "long", is_flag=True, help="Size, time and version too.")
+@JSON_LINES
 @click.pass_context
 @run
-async def ls(ctx: click.Context, path: str, long: bool) -> None:
+async def ls(ctx: click.Context, path: str, long: bool, as_json: bool) -> None:
     """List a directory (streamed: fine for millions of entries)."""
     async with connected(ctx) as ns:
         async for entry in ns.list(WHO, path):
-            out.print(_long(entry) if long else entry.name + ("/" if entry.is_dir else ""))
+            if as_json:
+                _json_line(_shown(entry))
+            else:
+                out.print(_long(entry) if long else entry.name + ("/" if entry.is_dir else ""))
+
+
+def _shown(entry: Entry) -> dict[str, object]:
+    """An entry as ``stat`` shows it: the mode as octal permission bits and as ``ls -l``
+    does, the same whether the entry's mode holds its file-type bits or not."""
+    bits = S_IMODE(entry.mode)
+    return {
+        **entry_json(entry),
+        "mode": f"{bits:04o}",
+        "permissions": filemode(KIND_BITS[entry.kind] | bits),
+    }
 
 
 @main.command("stat")
 @click.argument("path")
+@JSON_LINES
 @click.pass_context
 @run
-async def stat(ctx: click.Context, path: str) -> None:
-    """An entry's metadata as JSON (version, size, etag...)."""
+async def stat(ctx: click.Context, path: str, as_json: bool) -> None:
+    """An entry's metadata as JSON (version, size, etag...; mode as '0644' and
+    '-rw-r--r--'), indented; --json: on one line."""
     async with connected(ctx) as ns:
         entry = await ns.stat(WHO, path)
-    out.print_json(json.dumps(entry_json(entry)))
+    if as_json:
+        _json_line(_shown(entry))
+    else:
+        out.print_json(json.dumps(_shown(entry)))
 
 
 @main.command("cat")
@@ -470,7 +503,13 @@ async def put(
         if progress is not None:
             progress.stop()
         await ns.close()
-    out.print(f"{entry.path}: {entry.size:,} bytes, version {entry.version}")
+    if entry.version == 0:  # a write-back spoke acknowledged it from its journal
+        out.print(
+            f"{entry.path}: {entry.size:,} bytes, journaled at the spoke; "
+            "the hub's version follows on upload"
+        )
+    else:
+        out.print(f"{entry.path}: {entry.size:,} bytes, version {entry.version}")
 
 
 @main.command("rm")
@@ -539,14 +578,20 @@ async def tag(
 @main.command("changes")
 @click.option("--since", type=int, help="Changes after this sequence number (default: the newest).")
 @click.option("--limit", type=int, default=20, show_default=True)
+@click.option(
+    "--json", "as_json", is_flag=True, help='One JSON object: {"head": N, "changes": [...]}.'
+)
 @click.pass_context
 @run
-async def changes(ctx: click.Context, since: int | None, limit: int) -> None:
+async def changes(ctx: click.Context, since: int | None, limit: int, as_json: bool) -> None:
     """The hub's change log (what spokes follow)."""
     async with connected(ctx) as ns:
         if since is None:
             since = max(0, (await ns.changes(0, 1)).head - limit)
         feed = await ns.changes(since, limit)
+    if as_json:
+        _json_line({"head": feed.head, "changes": [change_json(c) for c in feed.changes]})
+        return
     for c in feed.changes:
         target = f" -> {c.new_path}" if c.new_path else ""
         out.print(f"{c.seq:>8} {_time(c.time_ns)} {c.op.value:<7} v{c.version:<6} {c.path}{target}")
@@ -1360,7 +1405,7 @@ def audit_query(
     )  # fmt: skip
     if as_json:
         for r in records:
-            sys.stdout.write(json.dumps(r.as_dict()) + "\n")
+            _json_line(r.as_dict())
         return
     table = Table("seq", "time", "site", "protocol", "user", "op", "path", "bytes", "result")
     for r in records:

@@ -1,6 +1,7 @@
 """Site configuration (core layer): one TOML file, overridable from the environment.
 
-Every key can be set as ``LOOMFS_<SECTION>__<KEY>`` (``LOOMFS_HUB__LISTEN=0.0.0.0:7070``);
+Every key can be set as ``LOOMFS_<SECTION>__<KEY>`` (``LOOMFS_HUB__LISTEN=0.0.0.0:7070``;
+a list or table key as JSON, a list of paths also joined by ':');
 the file is found through ``--config``, ``LOOMFS_CONFIG`` or ``./loomfs.toml``. Secrets do
 not belong here: S3 credentials come from the AWS credential chain, database passwords
 from ``~/.pgpass``, so this file can be shown and logged. The one exception, a CLI user's
@@ -10,11 +11,12 @@ the better place for it.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_origin
 
 from pydantic import (
     BaseModel,
@@ -33,6 +35,11 @@ ENV_PREFIX = "LOOMFS_"
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _joined(cls: type, value: object) -> object:
+    """A list of paths as the environment gives it: joined by ':'."""
+    return [p for p in value.split(os.pathsep) if p] if isinstance(value, str) else value
 
 
 class TlsSettings(_Section):
@@ -86,10 +93,7 @@ class HubSection(TlsSettings):
     #: can be added. In the environment, joined by ':' (LOOMFS_HUB__VOLUME_ROOTS=/a:/b)
     volume_roots: list[Path] = []
 
-    @field_validator("volume_roots", mode="before")
-    @classmethod
-    def _roots(cls, value: object) -> object:
-        return [p for p in value.split(os.pathsep) if p] if isinstance(value, str) else value
+    _roots = field_validator("volume_roots", mode="before")(_joined)
 
     @field_validator("volume_roots")
     @classmethod
@@ -125,6 +129,22 @@ class SftpSection(_Section):
     #: the namespace directory each user sees as '/' (users cannot leave it); '{user}'
     #: is replaced by the user's name, for per-user homes such as /home/{user}
     root: str = "/"
+    #: permission bits taken away from what clients create (the modes they send, or
+    #: 0777 for a directory and 0666 for a file when they send none), as a local umask
+    #: does; octal: 0o022 in TOML, "022" in TOML or the environment. chmod is not masked
+    umask: int = 0o022
+
+    @field_validator("umask", mode="before")
+    @classmethod
+    def _octal(cls, value: object) -> object:
+        return int(value, 8) if isinstance(value, str) else value
+
+    @field_validator("umask")
+    @classmethod
+    def _bits(cls, umask: int) -> int:
+        if not 0 <= umask <= 0o777:
+            raise ValueError(f"a umask is permission bits, 0 to 0o777, not {umask:#o}")
+        return umask
 
 
 class ClientSection(_Section):
@@ -178,7 +198,8 @@ class ClientSection(_Section):
 
 class LogSection(_Section):
     level: str = "INFO"
-    #: "json" (one structured line per event) or "text"
+    #: "json" (one structured line per event) or "text" (for humans: the message, then
+    #: the event's fields as key=value)
     format: str = "json"
 
 
@@ -191,7 +212,8 @@ class SpokeSection(TlsSettings):
     #: the hub's fabric URL (https://host:port) and its pinned certificate
     hub: str | None = None
     hub_cert: Path | None = None
-    #: namespace paths of the hub that this spoke serves
+    #: namespace paths of the hub that this spoke serves; in the environment, joined by
+    #: ':' or as JSON (LOOMFS_SPOKE__ATTACH=/a:/b)
     attach: list[str] = []
     cache_dir: Path | None = None  # default: <data_dir>/cache
     cache_size: str = "10G"
@@ -205,6 +227,8 @@ class SpokeSection(TlsSettings):
     anonymous: bool = True
     #: follow the plans data loaders publish (prefetch, evict by next use); off = LRU only
     prefetch: bool = True
+
+    _attached = field_validator("attach", mode="before")(_joined)
 
 
 class AuditSection(_Section):
@@ -281,7 +305,27 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
         if not name.startswith(ENV_PREFIX) or "__" not in name or name == "LOOMFS_CONFIG":
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
-        data.setdefault(section, {})[key] = value
+        data.setdefault(section, {})[key] = _env_value(name, section, key, value)
+
+
+def _env_value(name: str, section: str, key: str, value: str) -> object:
+    """A list or table key's value from the environment: JSON (LOOMFS_S3__BUCKETS=
+    '{"data": "/data"}'); a list that isn't JSON is left to its key's validator (paths
+    joined by ':')."""
+    field = Config.model_fields.get(section)
+    model = field.annotation if field is not None else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return value  # an unknown section or key: validation names it
+    if key not in model.model_fields:
+        return value
+    kind = get_origin(model.model_fields[key].annotation)
+    if kind is dict or (kind is list and value.lstrip().startswith("[")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            shape = '{"name": "value"}' if kind is dict else '["a", "b"]'
+            raise ConfigError(f"{name} is not JSON ({exc}); say {shape}") from None
+    return value
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> Config:

@@ -161,7 +161,11 @@ BY_CODE: dict[str, type[LoomError]] = {cls.code: cls for cls in ALL_ERRORS}
 def from_oserror(exc: OSError, path: str | None = None, *, disk: str | None = None) -> LoomError:
     """Translate an OSError from a local file system into the hierarchy, keeping the cause.
     ``disk`` says where ``path`` lies ("volume /srv/data", "data directory /var/lib/x"):
-    a full disk is named by it, since the path alone does not tell which disk is full."""
+    a full disk is named by it, since the path alone does not tell which disk is full.
+    One of ours (several are OSErrors, so an ``except OSError`` meets them) stays itself."""
+    ours: object = exc  # mypy holds that no class can be both (their errno attributes differ)
+    if isinstance(ours, LoomError):
+        return ours
     table: dict[int, type[LoomError]] = {
         _errno.ENOENT: NotFound,
         _errno.EEXIST: AlreadyExists,

@@ -475,6 +475,7 @@ def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> li
         sftp.host_key or config.identity_dir / "ssh_host_ed25519_key",
         spool=config.site.data_dir / "sftp-spool",
         root=sftp.root,
+        umask=sftp.umask,
         site=config.site.name,
     )
     return [SocketListener("sftp", "sftp", server, host_port(sftp.listen, "sftp.listen"))]

@@ -312,10 +312,13 @@ class AclStore:
     # -- rules -----------------------------------------------------------------------------
 
     async def resolve(self, subject: str) -> str:
-        """user:NAME and group:NAME as given; a bare NAME is the group of that name, or
-        else the user, and an error when neither exists (a typo must not become a rule)."""
+        """user:NAME and group:NAME as given; a bare NAME is the group of that name (a
+        built-in one too), or else the user, and an error when neither exists (a typo must
+        not become a rule)."""
         if ":" in subject:
             return parse_subject(subject)
+        if subject in BUILT_IN_GROUPS:
+            return f"group:{subject}"
 
         def fn(cur: Cursor) -> str:
             q = self._cat._q

@@ -57,7 +57,9 @@ STATUS: dict[type[LoomError], int] = {
     RangeNotSatisfiable: 416,
     InvalidPath: 400,
     InvalidArgument: 400,
-    NotSupported: 501,
+    # what the target can't do (a symlink's mode, a special file's content, a volume
+    # without symlinks) is about the target, like IsADirectory, not a method the server lacks
+    NotSupported: 409,
     InsufficientStorage: 507,
     BackendUnavailable: 503,
     LoomError: 500,

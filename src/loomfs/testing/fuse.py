@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,10 +60,11 @@ class MountProcess(LoomfsProcess):
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         return super().start(timeout)
 
-    def stop(self) -> int | None:
-        """SIGTERM (which unmounts), then make sure nothing is left mounted; the exit code.
-        After ``kill`` (kill -9, as in a crash) the mount is left behind, stale, until this."""
-        code = super().stop()
+    def stop(self, how: int = signal.SIGTERM) -> int | None:
+        """SIGTERM or ``how`` (SIGINT: as Ctrl-C; both unmount), then make sure nothing is
+        left mounted; the exit code. After ``kill`` (kill -9, as in a crash) the mount is
+        left behind, stale, until this."""
+        code = super().stop(how)
         if os.path.ismount(self.mountpoint) or _stale(self.mountpoint):
             unmount(self.mountpoint)
         return code

@@ -111,11 +111,11 @@ class LoomfsProcess(ABC):
             self._proc.wait()
             self._proc = None
 
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL if it lingers; the exit code."""
+    def stop(self, how: int = signal.SIGTERM) -> int | None:
+        """SIGTERM (or ``how``), then SIGKILL if it lingers; the exit code."""
         if self._proc is None:
             return None
-        stop_process(self._proc, timeout=30)
+        stop_process(self._proc, timeout=30, how=how)
         code = self._proc.returncode
         self._proc = None
         return code

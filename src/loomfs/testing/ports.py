@@ -41,12 +41,14 @@ def wait_for_port(
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """Stop a process we started (and its process group) by pid: TERM, then KILL."""
+def stop_process(
+    proc: subprocess.Popen[bytes], timeout: float = 10.0, how: int = signal.SIGTERM
+) -> None:
+    """Stop a process we started (and its process group) by pid: ``how`` (TERM), then KILL."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, how)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:

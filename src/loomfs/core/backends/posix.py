@@ -324,7 +324,7 @@ class PosixBackend(Backend):
             except OSError as exc:
                 raise from_oserror(exc, key) from exc
         if info is None:
-            raise NotSupported(f"{key} is a special file", path=key)
+            raise NotSupported(f"{key} is a special file: it has no content", path=key)
         return info
 
     async def stat(self, key: str) -> ObjectInfo:
@@ -446,7 +446,7 @@ class PosixBackend(Backend):
             if stat.S_ISDIR(st.st_mode):
                 raise IsADirectory(f"is a directory: {key}", path=key)
             if not stat.S_ISREG(st.st_mode):
-                raise NotSupported(f"{key} is a special file", path=key)
+                raise NotSupported(f"{key} is a special file: it has no content", path=key)
             if expect is not None and expect.etag != posix_etag(st):
                 raise Conflict(f"{key} changed since it was listed", path=key)
             start, count = clamp_range(st.st_size, offset, length)

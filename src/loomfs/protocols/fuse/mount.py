@@ -2,7 +2,8 @@
 
 A crashed daemon leaves its mount point answering "Transport endpoint is not connected";
 that is found before mounting and reported with the command that clears it. SIGTERM and
-SIGINT end the request loop, and the mount is always taken down on the way out.
+SIGINT end the request loop; files still open for writing are saved, and the mount is
+always taken down on the way out.
 """
 
 from __future__ import annotations

@@ -797,7 +797,13 @@ class LoomOperations:
         return out
 
     async def aclose(self) -> None:
-        """Drop what open handles still hold when the mount ends."""
+        """Save what files still open for writing hold, then drop what open handles hold,
+        when the mount ends (SIGINT or SIGTERM with a writer open: its data is kept)."""
+        for handle in self._files.values():
+            try:
+                await self._commit(handle.node, handle.who)
+            except LoomError as exc:
+                log.error("could not save %s at unmount: %s", handle.node.path, exc)
         for handle in self._files.values():
             if handle.stream is not None:
                 await handle.stream.aclose()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import logging
 import random
@@ -527,22 +528,21 @@ class S3Gateway:
         return self.bucket_dir(c.bucket) + "/" + (c.key if key is None else key)
 
     async def list_buckets(self, c: Call) -> web.Response:
+        # a bucket that isn't there (yet) or that the caller may not see is left out: one
+        # such bucket must not fail the whole listing
         found: dict[str, int] = {}
         for name, folder in self.buckets.items():
-            try:
+            with contextlib.suppress(NotFound, PermissionDenied):
                 found[name] = (await self.ns.stat(c.who, folder)).mtime_ns
-            except NotFound:
-                continue  # configured, but not (yet) there
         if self.bucket_root is not None:
             # as S3: the buckets the caller owns, not those others let them see
-            try:
+            with contextlib.suppress(NotFound, PermissionDenied):
                 async for entry in self.ns.list(c.who, self.bucket_root):
                     if entry.is_dir and _valid_bucket_name(entry.name):
-                        owner = (await self.ns.get_tags(c.who, entry.path)).get(OWNER_TAG)
-                        if owner in (None, c.who.user):
-                            found.setdefault(entry.name, entry.mtime_ns)
-            except NotFound:
-                pass
+                        with contextlib.suppress(NotFound, PermissionDenied):
+                            tags = await self.ns.get_tags(c.who, entry.path)
+                            if tags.get(OWNER_TAG) in (None, c.who.user):
+                                found.setdefault(entry.name, entry.mtime_ns)
         after = c.query.get("continuation-token", "")
         prefix = c.query.get("prefix", "")
         limit = _int_param(c.query.get("max-buckets"), "max-buckets", 10000) or 10000

@@ -147,12 +147,20 @@ class Session(asyncssh.SFTPServer):
         who: Principal,
         root: str,
         spool: Path,
+        umask: int = 0o022,
     ) -> None:
         super().__init__(chan)
         self.ns = ns
         self.who = who
         self.root = root
         self.spool = spool
+        self.umask = umask
+
+    def _created(self, attrs: asyncssh.SFTPAttrs, implied: int) -> int:
+        """The mode of something a client creates: what it sent (or ``implied``), less
+        the umask."""
+        sent = implied if attrs.permissions is None else attrs.permissions & 0o7777
+        return sent & ~self.umask
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -208,7 +216,6 @@ class Session(asyncssh.SFTPServer):
             raise NotADirectory(f"not a directory: {paths.split(target)[0]}", path=target)
         if existing is not None and pflags & asyncssh.FXF_EXCL:
             raise AlreadyExists(f"already exists: {target}", path=target)
-        mode = attrs.permissions & 0o7777 if attrs.permissions is not None else None
         return await WriteHandle.open(
             self.ns,
             self.who,
@@ -218,7 +225,7 @@ class Session(asyncssh.SFTPServer):
             truncate=bool(pflags & asyncssh.FXF_TRUNC),
             exclusive=bool(pflags & asyncssh.FXF_EXCL),
             append=bool(pflags & asyncssh.FXF_APPEND),
-            mode=mode if existing is None else None,
+            mode=self._created(attrs, 0o666) if existing is None else None,
         )
 
     @translated
@@ -352,9 +359,10 @@ class Session(asyncssh.SFTPServer):
     @translated
     async def mkdir(self, path: bytes, attrs: asyncssh.SFTPAttrs) -> None:
         target = self._path(path)
-        await self.ns.mkdir(self.who, target)
-        if attrs.permissions is not None:
-            await self.ns.set_attrs(self.who, target, mode=attrs.permissions & 0o7777)
+        entry = await self.ns.mkdir(self.who, target)
+        mode = self._created(attrs, 0o777)
+        if entry.mode & 0o7777 != mode:  # the namespace's mkdir takes no mode
+            await self.ns.set_attrs(self.who, target, mode=mode)
 
     @translated
     async def rmdir(self, path: bytes) -> None:
@@ -408,6 +416,7 @@ class SftpServer:
         *,
         spool: Path,
         root: str = "/",
+        umask: int = 0o022,
         site: str = "hub",
     ) -> None:
         self.ns = namespace
@@ -415,6 +424,7 @@ class SftpServer:
         self.host_key = host_key
         self.spool = spool
         self.root = root
+        self.umask = umask
         self.site = site
         self._acceptor: asyncssh.SSHAcceptor | None = None
 
@@ -422,7 +432,7 @@ class SftpServer:
         who: Principal = chan.get_connection().get_extra_info(PRINCIPAL)
         root = paths.normalize(self.root.replace("{user}", who.user))
         log.info("sftp session", extra={"user": who.user, "root": root})
-        return Session(chan, self.ns, who, root, self.spool)
+        return Session(chan, self.ns, who, root, self.spool, self.umask)
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); the bound port."""
