@@ -154,7 +154,7 @@ def test_a_spoke_that_cannot_link_says_why_and_exits(tmp_path: Path) -> None:
         assert "refused this site's certificate" in unpinned
         assert "loomfs site add gpu-west --cert" in unpinned and spoke_cert in unpinned
 
-        cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", spoke_cert)
+        cli_ok(hub_dir, "--hub", hub.url, "site", "add", "gpu-west", "--cert", spoke_cert)
         wrong_hub = spoke_args(hub_dir, fabric, "/datasets")
         wrong_hub = (
             *wrong_hub[:2],
