@@ -22,6 +22,7 @@ from loomfs.core.placement import Policy
 from loomfs.core.types import SYSTEM, ChangeOp, Principal
 from loomfs.core.users import UserRegistry
 from loomfs.errors import NotFound, PermissionDenied
+from loomfs.namespace import governed
 from loomfs.testing.fabric import Fabric, fabric
 
 EU, US = "gpu-eu", "gpu-us"
@@ -171,3 +172,47 @@ async def test_renames_into_hidden_names_leak_no_name(env: Fabric) -> None:
     assert (moved.op, moved.path) == (ChangeOp.DELETE, "/vol/open/going")
     # what it held of the old name goes: the policy's root is evicted, naming no file
     assert [c.path for c in for_us if c.op is ChangeOp.EVICT] == ["/vol/hidden"]
+
+
+async def test_an_open_stream_stops_when_its_right_goes(
+    env: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A right revoked while a read streams stops it at its next chunk (asked again each
+    time here), and a read served from the file region fails its verification."""
+    monkeypatch.setattr(governed, "RECHECK", 0.0)
+    hub, gov = env.hub.namespace, env.hub.governed
+    await hub.write_bytes(SYSTEM, "/vol/bob/big.bin", os.urandom(8 << 20))
+    streaming = await gov.read(BOB, "/vol/bob/big.bin")
+    by_region = await gov.read(BOB, "/vol/bob/big.bin")
+    chunks = streaming.chunks()
+    assert await anext(chunks)  # served while the right holds
+    await AclStore(env.hub.catalog).revoke("user:bob", "write", "/vol/bob")
+    await env.hub.authorizer.reload()
+    with pytest.raises(PermissionDenied):
+        async for _ in chunks:
+            pass
+    with pytest.raises(PermissionDenied):
+        await by_region.verify()
+    await streaming.aclose()
+    await by_region.aclose()
+
+
+async def test_a_read_of_the_cache_stops_when_its_eviction_lands(env: Fabric) -> None:
+    """Tightened while a spoke reads a cached file: the read stops at its next chunk, and
+    one served from the cache file's region fails its verification."""
+    hub, us = env.hub.namespace, env.spokes[US]
+    await hub.write_bytes(SYSTEM, "/vol/open/later-eu.bin", os.urandom(4 << 20))
+    assert len(await us.read_bytes(ALICE, "/vol/open/later-eu.bin")) == 4 << 20  # cached
+    streaming = await us.read(ALICE, "/vol/open/later-eu.bin")
+    by_region = await us.read(ALICE, "/vol/open/later-eu.bin")
+    chunks = streaming.chunks()
+    assert await anext(chunks)
+    policy = Policy.build("later", ["/vol/open/later-eu.bin"], ["region=eu"])
+    await env.hub.settle(await env.hub.placement.store.put(policy))  # the spoke applied it
+    with pytest.raises(PermissionDenied):
+        async for _ in chunks:
+            pass
+    with pytest.raises(PermissionDenied):
+        await by_region.verify()
+    await streaming.aclose()
+    await by_region.aclose()

@@ -42,6 +42,7 @@ a path that is gone (write needed, as for making it anew).
 from __future__ import annotations
 
 import stat
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -53,6 +54,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import replace
+from functools import partial
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from .. import paths
@@ -70,6 +72,10 @@ from ..errors import (
 from .base import FeedNamespace, Reader, ResolvingNamespace
 
 T = TypeVar("T")
+
+#: seconds between the decisions a streaming read asks again (the decisions are held in
+#: memory: asking again costs a few dict lookups)
+RECHECK = 0.5
 
 #: the mode bits that make an executable run with its owner's or group's privileges
 SET_ID = stat.S_ISUID | stat.S_ISGID
@@ -98,21 +104,43 @@ class SubtreeAuthorizer(Protocol):
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool: ...
 
 
-class _AuditedReader(Reader):
-    """A reader that records its read when closed, with the bytes it handed out: those
-    streamed, or its whole range when the consumer took the local file region instead."""
+class _GovernedReader(Reader):
+    """A decided read, kept decided while it streams: the decision is asked again before
+    a chunk once ``RECHECK`` seconds have passed since the last time, and before the read
+    is verified (a REST body's last byte waits for that, so a consumer of the local file
+    region learns it too). A right revoked, or a policy tightened, while a stream is open
+    stops it there, with the denial recorded. Its read is recorded when it is closed, with
+    the bytes it handed out: those streamed, or its whole range when the consumer took the
+    local file region instead."""
 
-    def __init__(self, reader: Reader, done: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        reader: Reader,
+        decide: Callable[[], Awaitable[None]],
+        done: Callable[[int], None] | None,
+    ) -> None:
         super().__init__(reader.entry, reader.offset, reader)
-        self._done: Callable[[int], None] | None = done
+        self._decide = decide
+        self._decided = time.monotonic()
+        self._done = done
         self._sent = 0
         self._streamed = False
+
+    async def _still(self) -> None:
+        await self._decide()
+        self._decided = time.monotonic()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         self._streamed = True
         async for chunk in self.source.chunks():
+            if time.monotonic() - self._decided >= RECHECK:
+                await self._still()
             self._sent += len(chunk)
             yield chunk
+
+    async def verify(self) -> None:
+        await self._still()
+        await self.source.verify()
 
     async def aclose(self) -> None:
         done, self._done = self._done, None
@@ -236,21 +264,22 @@ class GovernedNamespace(FeedNamespace):
             return []
         return [Need(action, other) for other in await self.inner.other_names(entry)]
 
-    async def _reading(self, who: Principal, op: str, path: str) -> tuple[Entry, Entry] | None:
+    async def _reading(self, who: Principal, op: str, path: str) -> tuple[Entry | None, list[Need]]:
         """Decide a read of ``path``: read on the name, then on what the name resolves to
-        (a symlink's target) and on every other name of that file. Returns the entry at
-        ``path`` and the one whose bytes are read; None when the caller may read anything
-        (nothing was resolved)."""
-        await self._decide(who, op, [Need(Action.READ, path)])
+        (a symlink's target) and on every other name of that file. Returns the entry
+        whose bytes are read (None when the caller may read anything: nothing was
+        resolved) and every need decided, for the stream to ask again."""
+        needs = [Need(Action.READ, path)]
+        await self._decide(who, op, needs)
         if self._open_to(who, Action.READ):
-            return None
+            return None, needs
         try:
-            entry, target, needs = await self._beyond_the_name(who, path)
+            target, beyond = (await self._beyond_the_name(who, path))[1:]
         except LoomError as exc:
             self._record(who, op, path, exc.code, detail=str(exc))
             raise
-        await self._decide(who, op, needs)
-        return entry, target
+        await self._decide(who, op, beyond)
+        return target, needs + beyond
 
     async def _beyond_the_name(self, who: Principal, path: str) -> tuple[Entry, Entry, list[Need]]:
         """What a read of ``path`` needs besides read on the name: read on the target a
@@ -450,12 +479,14 @@ class GovernedNamespace(FeedNamespace):
         *,
         if_version: int | None = None,
     ) -> Reader:
-        resolved = await self._reading(who, "read", path)
-        if resolved is None:
+        target, needs = await self._reading(who, "read", path)
+        if target is None:
             return await self._opened(
-                who, path, lambda: self.inner.read(who, path, offset, length, if_version=if_version)
+                who,
+                path,
+                lambda: self.inner.read(who, path, offset, length, if_version=if_version),
+                needs,
             )
-        target = resolved[1]
         if if_version is not None and target.version != if_version:
             conflict = Conflict(f"{path} is at version {target.version}, not {if_version}")
             self._record(who, "read", path, conflict.code, detail=str(conflict))
@@ -463,7 +494,7 @@ class GovernedNamespace(FeedNamespace):
         # the decided object itself is opened, by its own name: a link changed since is
         # not followed again
         return await self._opened(
-            who, path, lambda: self.inner.read_entry(who, target, offset, length)
+            who, path, lambda: self.inner.read_entry(who, target, offset, length), needs
         )
 
     async def read_entry(
@@ -471,26 +502,37 @@ class GovernedNamespace(FeedNamespace):
     ) -> Reader:
         if entry.kind is EntryKind.SYMLINK:  # the bytes are its target's: read resolves
             return await self.read(who, entry.path, offset, length)
-        await self._decide(who, "read", [Need(Action.READ, entry.path)])
+        needs = [Need(Action.READ, entry.path)]
+        await self._decide(who, "read", needs)
         if not self._open_to(who, Action.READ):
-            needs = await self._names(who, Action.READ, entry)
-            await self._decide(who, "read", needs)
+            beyond = await self._names(who, Action.READ, entry)
+            await self._decide(who, "read", beyond)
+            needs += beyond
         return await self._opened(
-            who, entry.path, lambda: self.inner.read_entry(who, entry, offset, length)
+            who, entry.path, lambda: self.inner.read_entry(who, entry, offset, length), needs
         )
 
     async def _opened(
-        self, who: Principal, path: str, open_: Callable[[], Awaitable[Reader]]
+        self,
+        who: Principal,
+        path: str,
+        open_: Callable[[], Awaitable[Reader]],
+        needs: Sequence[Need],
     ) -> Reader:
-        """Open a decided read; its bytes are recorded when it is closed."""
+        """Open a decided read, kept decided while it streams (``_GovernedReader``); its
+        bytes are recorded when it is closed."""
         try:
             reader = await open_()
         except LoomError as exc:
             self._record(who, "read", path, exc.code, detail=str(exc))
             raise
-        if self.audit is None:
-            return reader
-        return _AuditedReader(reader, lambda n: self._record(who, "read", path, "ok", nbytes=n))
+        done = None
+        if self.audit is not None:
+            done = partial(self._done_reading, who, path)
+        return _GovernedReader(reader, partial(self._decide, who, "read", needs), done)
+
+    def _done_reading(self, who: Principal, path: str, nbytes: int) -> None:
+        self._record(who, "read", path, "ok", nbytes=nbytes)
 
     async def write(
         self,

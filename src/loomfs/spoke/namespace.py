@@ -46,7 +46,7 @@ from prometheus_client import Counter, Gauge
 
 from .. import paths
 from ..core.retry import Backoff
-from ..core.streams import clamp_range
+from ..core.streams import ByteSource, clamp_range
 from ..core.types import SPECIAL_KINDS, SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
 from ..errors import (
     AlreadyExists,
@@ -499,10 +499,11 @@ class SpokeNamespace(Namespace):
         if if_version is not None and entry.version != if_version:
             raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
         start, count = clamp_range(entry.size, offset, length)
+        opened_at = self.seq
         source = await self.cache.read(
             path, entry.version, entry.size, start, count, self._fetch, opened_s=opened_s
         )
-        return Reader(entry, start, source)
+        return Reader(entry, start, _UntilEvicted(source, self, path, opened_at))
 
     def _read_pending(self, pending: Pending, offset: int, length: int | None) -> Reader:
         entry = self._pending_entry(pending)
@@ -1048,6 +1049,36 @@ class SpokeNamespace(Namespace):
         remove: Sequence[str] = (),
     ) -> dict[str, str]:
         return await self.hub.set_tags(who, self._inside(path), set_, remove)
+
+
+class _UntilEvicted(ByteSource):
+    """A read of the cache that stops once a placement eviction covering its path lands
+    (a policy no longer lets this site hold it): at its next chunk, or, for a consumer of
+    the file region, when the read is verified. The descriptors it holds would otherwise
+    go on serving a file the cache has already dropped."""
+
+    def __init__(self, source: ByteSource, spoke: SpokeNamespace, path: str, seq: int) -> None:
+        self.source, self.spoke, self.path, self.seq = source, spoke, path, seq
+        self.length, self.region = source.length, source.region
+
+    def _check(self) -> None:
+        if self.spoke._evicted_since(self.path, self.seq):
+            raise PermissionDenied(
+                f"{self.path} was evicted by a placement policy while it was read",
+                path=self.path,
+            )
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self.source.chunks():
+            self._check()
+            yield chunk
+
+    async def verify(self) -> None:
+        self._check()
+        await self.source.verify()
+
+    async def aclose(self) -> None:
+        await self.source.aclose()
 
 
 async def _first_done(tasks: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
