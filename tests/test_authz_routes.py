@@ -23,6 +23,9 @@ from loomfs.core.types import SYSTEM, ChangeOp, Principal
 from loomfs.core.users import UserRegistry
 from loomfs.errors import NotFound, PermissionDenied
 from loomfs.namespace import governed
+from loomfs.rest import wire
+from loomfs.rest.auth import HubAuthenticator
+from loomfs.rest.server import RestServer
 from loomfs.testing.fabric import Fabric, fabric
 
 EU, US = "gpu-eu", "gpu-us"
@@ -216,3 +219,30 @@ async def test_a_read_of_the_cache_stops_when_its_eviction_lands(env: Fabric) ->
         await by_region.verify()
     await streaming.aclose()
     await by_region.aclose()
+
+
+async def test_a_user_reads_at_a_cut_off_spoke_what_the_hub_let_them_read(env: Fabric) -> None:
+    """With the link down, a spoke's user with credentials reads what the hub admitted
+    them to before (credentials and admission as the hub last said), and nothing else."""
+    hub = env.hub.namespace
+    await hub.write_bytes(SYSTEM, "/vol/home/alice/notes.txt", b"alice's notes")
+    await hub.write_bytes(SYSTEM, "/vol/home/alice/never.txt", b"never read here")
+    key = await UserRegistry(env.hub.catalog).add_access_key("alice")
+    basic = {"Authorization": wire.basic_authorization(key.access_key, key.secret)}
+    # ttl 0: every request asks the hub, so the offline ones find no fresh answer
+    check = HubAuthenticator(env.client(env.first), site=env.first, anonymous=False, ttl=0.0)
+    server = RestServer(env.spoke, spoke=env.spoke, site=env.first, authenticate=check)
+    try:
+        async with TestClient(TestServer(server.app())) as http:
+            online = await http.get("/v1/files/vol/home/alice/notes.txt", headers=basic)
+            assert (online.status, await online.read()) == (200, b"alice's notes")
+            env.link.cut()
+            try:
+                offline = await http.get("/v1/files/vol/home/alice/notes.txt", headers=basic)
+                assert (offline.status, await offline.read()) == (200, b"alice's notes")
+                never = await http.get("/v1/files/vol/home/alice/never.txt", headers=basic)
+                assert never.status == 503  # never admitted here: the hub is needed
+            finally:
+                env.link.restore()
+    finally:
+        await check.hub.close()

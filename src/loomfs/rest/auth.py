@@ -9,7 +9,8 @@ A hub checks credentials against its user registry; a spoke has no registry and 
 hub (``GET /v1/whoami`` over the fabric link, the credentials passed through), so a user
 is the same user at every site. Either way a verified pair is remembered for ``ttl``
 seconds, so a client's requests cost one check per ``ttl``, and a removed key stops
-working within that time.
+working within that time; a spoke that cannot reach its hub keeps the identities the hub
+gave it, so its users go on reading what the hub let them read while the link is down.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from aiohttp import web
 from ..core.acl import ANONYMOUS
 from ..core.types import Principal
 from ..core.users import UserRegistry
-from ..errors import AuthenticationFailed
+from ..errors import AuthenticationFailed, BackendUnavailable
 from .client import RestNamespace
 
 CHALLENGE = 'Basic realm="loomfs"'
@@ -86,7 +87,15 @@ class Authenticator(ABC):
         now = time.monotonic()
         if known is not None and known[1] > now:
             return known[0]
-        identity = await self._verify(*parse_basic(header))
+        try:
+            identity = await self._verify(*parse_basic(header))
+        except BackendUnavailable:
+            # a spoke cut off from its hub: whoever the hub last said these credentials
+            # are, they still are (no revocation can arrive meanwhile); what that user may
+            # read is still the hub's earlier word (the spoke's admissions)
+            if known is None:
+                raise
+            return known[0]
         if len(self._known) > 10000:  # expired pairs of clients long gone
             self._known = {k: v for k, v in self._known.items() if v[1] > now}
         self._known[header] = (identity, now + self.ttl)
