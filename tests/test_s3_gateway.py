@@ -36,6 +36,7 @@ import botocore.exceptions
 import pytest
 import urllib3
 from aiohttp import web
+from awscrt import checksums as crt
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
@@ -1133,7 +1134,8 @@ def test_signature_v2_headers_and_presigned_urls(gw: Gateway) -> None:
 
 
 def test_additional_checksums_are_checked(gw: Gateway, s3: S3Client) -> None:
-    for algorithm in ("CRC32", "SHA1", "SHA256"):
+    # botocore computes CRC32C and CRC64NVME with awscrt, as the gateway checks them
+    for algorithm in ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256"):
         s3.put_object(
             Bucket="data", Key=f"sum/{algorithm}", Body=b"abc", ChecksumAlgorithm=algorithm
         )
@@ -1152,6 +1154,17 @@ def test_additional_checksums_are_checked(gw: Gateway, s3: S3Client) -> None:
         "PUT", f"{gw.endpoint}/data/sum/bad", gw, b"abc", {"x-amz-checksum-crc32": wrong}
     )
     assert bad.status == 400 and b"BadDigest" in bad.data
+    for name, crc, width in (("crc32c", crt.crc32c, 4), ("crc64nvme", crt.crc64nvme, 8)):
+        other = base64.b64encode(crc(b"other", 0).to_bytes(width, "big")).decode()
+        refused = _signed_with_body(
+            "PUT",
+            f"{gw.endpoint}/data/sum/bad-{name}",
+            gw,
+            b"abc",
+            {f"x-amz-checksum-{name}": other},
+        )
+        assert refused.status == 400 and b"BadDigest" in refused.data, name
+        assert not gw.call(gw.ns.exists(SYSTEM, f"/data/sum/bad-{name}"))
     junk = _signed_with_body(
         "PUT", f"{gw.endpoint}/data/sum/bad", gw, b"abc", {"x-amz-checksum-sha256": "AAAA"}
     )

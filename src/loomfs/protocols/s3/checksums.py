@@ -4,9 +4,9 @@ SDKs send one by default with every upload (botocore since 1.36: x-amz-checksum-
 S3 refuses the upload with BadDigest when the body it received does not match: a body cut
 short behind a Content-Length that says less, a proxy that changed bytes. The checksum
 comes in a header, or for an aws-chunked body in the trailer that x-amz-trailer names (what
-SDKs send over HTTPS). The gateway checks CRC32, SHA-1 and SHA-256, which the standard
-library computes at memory speed; CRC32C and CRC64NVME have no such implementation here
-and are accepted unchecked (a pure Python CRC would cost more than the transfer).
+SDKs send over HTTPS). The gateway checks every algorithm S3 has: CRC32, SHA-1 and
+SHA-256 with the standard library, CRC32C and CRC64NVME with ``awscrt`` (the AWS common
+runtime botocore itself uses for them), all at memory speed.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
+from awscrt import checksums as crt
+
 from .errors import S3Error
 
 PREFIX = "x-amz-checksum-"
-UNCHECKED = frozenset({"crc32c", "crc64nvme"})
 NOT_DIGESTS = frozenset({"type", "algorithm", "mode"})  # x-amz-checksum-* that name, not carry
 
 
@@ -30,30 +31,37 @@ class _Hash(Protocol):
     def digest(self) -> bytes: ...
 
 
-class _Crc32:
-    def __init__(self) -> None:
-        self.value = 0
+class _Crc:
+    """A running CRC of ``width`` bytes, as S3 encodes it (big-endian)."""
+
+    def __init__(self, step: Callable[[bytes, int], int], width: int) -> None:
+        self.step, self.width, self.value = step, width, 0
 
     def update(self, data: bytes, /) -> None:
-        self.value = zlib.crc32(data, self.value)
+        self.value = self.step(data, self.value)
 
     def digest(self) -> bytes:
-        return self.value.to_bytes(4, "big")
+        return self.value.to_bytes(self.width, "big")
+
+
+CRCS: dict[str, tuple[Callable[[bytes, int], int], int]] = {
+    "crc32": (zlib.crc32, 4),
+    "crc32c": (crt.crc32c, 4),
+    "crc64nvme": (crt.crc64nvme, 8),
+}
 
 
 def _hash(algorithm: str) -> _Hash | None:
-    if algorithm == "crc32":
-        return _Crc32()
+    if algorithm in CRCS:
+        return _Crc(*CRCS[algorithm])
     if algorithm in ("sha1", "sha256"):
         return hashlib.new(algorithm)
     return None
 
 
-def _algorithm(name: str) -> str | None:
-    """The algorithm an x-amz-checksum-* name carries, None if not checked here."""
+def _algorithm(name: str) -> str:
+    """The algorithm an x-amz-checksum-* name carries."""
     algorithm = name[len(PREFIX) :]
-    if algorithm in UNCHECKED:
-        return None
     if _hash(algorithm) is None:
         raise S3Error("InvalidRequest", f"{name} is not a checksum S3 knows")
     return algorithm
@@ -77,17 +85,19 @@ def declared(
 ) -> tuple[str, Callable[[], bytes]] | None:
     """The checksum an upload declares (names lower-case) in a header or, named by
     x-amz-trailer, in the ``trailers`` after an aws-chunked body: (algorithm, the expected
-    digest, to be asked once the body has ended). None when there is none checked here."""
+    digest, to be asked once the body has ended). None when there is none."""
     trailer = headers.get("x-amz-trailer", "").strip().lower()
     if trailer:
-        if not trailer.startswith(PREFIX) or (algorithm := _algorithm(trailer)) is None:
+        if not trailer.startswith(PREFIX):
             return None
+        algorithm = _algorithm(trailer)
         return algorithm, lambda: decode(algorithm, trailers.get(trailer))
     name = next(
         (n for n in headers if n.startswith(PREFIX) and n[len(PREFIX) :] not in NOT_DIGESTS), None
     )
-    if name is None or (algorithm := _algorithm(name)) is None:
+    if name is None:
         return None
+    algorithm = _algorithm(name)
     digest = decode(algorithm, headers[name])
     return algorithm, lambda: digest
 
