@@ -158,6 +158,7 @@ class SpokeNamespace(Namespace):
         # cold opens in flight, with the feed position each was asked at
         self._opening: dict[str, tuple[asyncio.Future[Entry], int]] = {}
         self._evicted: dict[str, int] = {}  # path -> seq of the last eviction at or below it
+        self._last_eviction = 0  # the newest of them: most reads need not look further
         # (user, path) -> until when (monotonic) the hub's "yes, this user may read it"
         # holds here: the lease current at that answer, never extended by later renewals,
         # so a revoked right stops serving cached data within one lease term
@@ -252,7 +253,7 @@ class SpokeNamespace(Namespace):
             # versions being read (their open descriptors finish; nothing stays on disk)
             dropped = self.cache.invalidate(change.path, below=True, evict=True)
             EVICTED.inc(dropped)
-            self._evicted[change.path] = change.seq
+            self._evicted[change.path] = self._last_eviction = change.seq
             log.info("evicted by placement policy", extra={"path": change.path, "files": dropped})
         elif below:
             self.cache.invalidate(change.path, below=True)
@@ -431,6 +432,8 @@ class SpokeNamespace(Namespace):
     def _evicted_since(self, path: str, seq: int) -> bool:
         """Whether a placement eviction covering ``path`` arrived after ``seq``: bytes
         the hub sent before it are for the reader that asked, not for the cache."""
+        if self._last_eviction <= seq:  # every read's chunks ask: no walk over them all
+            return False
         return any(at > seq and paths.is_within(path, top) for top, at in self._evicted.items())
 
     def _is_admitted(self, who: Principal, path: str) -> bool:
