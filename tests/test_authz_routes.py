@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from loomfs.core.types import SYSTEM, ChangeOp, Principal
 from loomfs.core.users import UserRegistry
 from loomfs.errors import NotFound, PermissionDenied
 from loomfs.namespace import governed
+from loomfs.namespace.base import Reader
 from loomfs.rest import wire
 from loomfs.rest.auth import HubAuthenticator
 from loomfs.rest.server import RestServer
@@ -177,6 +178,27 @@ async def test_renames_into_hidden_names_leak_no_name(env: Fabric) -> None:
     assert [c.path for c in for_us if c.op is ChangeOp.EVICT] == ["/vol/hidden"]
 
 
+async def stopped_by(
+    open_read: Callable[[], Awaitable[Reader]], change: Callable[[], Awaitable[None]]
+) -> None:
+    """Two reads open, one streaming (a chunk already served), one to be served from its
+    file region; after ``change`` the stream stops at its next chunk and the other fails
+    its verification, each with PermissionDenied."""
+    streaming, by_region = await open_read(), await open_read()
+    try:
+        chunks = streaming.chunks()
+        assert await anext(chunks)  # served while the right holds
+        await change()
+        with pytest.raises(PermissionDenied):
+            async for _ in chunks:
+                pass
+        with pytest.raises(PermissionDenied):
+            await by_region.verify()
+    finally:
+        await streaming.aclose()
+        await by_region.aclose()
+
+
 async def test_an_open_stream_stops_when_its_right_goes(
     env: Fabric, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -185,19 +207,12 @@ async def test_an_open_stream_stops_when_its_right_goes(
     monkeypatch.setattr(governed, "RECHECK", 0.0)
     hub, gov = env.hub.namespace, env.hub.governed
     await hub.write_bytes(SYSTEM, "/vol/bob/big.bin", os.urandom(8 << 20))
-    streaming = await gov.read(BOB, "/vol/bob/big.bin")
-    by_region = await gov.read(BOB, "/vol/bob/big.bin")
-    chunks = streaming.chunks()
-    assert await anext(chunks)  # served while the right holds
-    await AclStore(env.hub.catalog).revoke("user:bob", "write", "/vol/bob")
-    await env.hub.authorizer.reload()
-    with pytest.raises(PermissionDenied):
-        async for _ in chunks:
-            pass
-    with pytest.raises(PermissionDenied):
-        await by_region.verify()
-    await streaming.aclose()
-    await by_region.aclose()
+
+    async def revoke() -> None:
+        await AclStore(env.hub.catalog).revoke("user:bob", "write", "/vol/bob")
+        await env.hub.authorizer.reload()
+
+    await stopped_by(partial(gov.read, BOB, "/vol/bob/big.bin"), revoke)
 
 
 async def test_a_read_of_the_cache_stops_when_its_eviction_lands(env: Fabric) -> None:
@@ -206,19 +221,12 @@ async def test_a_read_of_the_cache_stops_when_its_eviction_lands(env: Fabric) ->
     hub, us = env.hub.namespace, env.spokes[US]
     await hub.write_bytes(SYSTEM, "/vol/open/later-eu.bin", os.urandom(4 << 20))
     assert len(await us.read_bytes(ALICE, "/vol/open/later-eu.bin")) == 4 << 20  # cached
-    streaming = await us.read(ALICE, "/vol/open/later-eu.bin")
-    by_region = await us.read(ALICE, "/vol/open/later-eu.bin")
-    chunks = streaming.chunks()
-    assert await anext(chunks)
     policy = Policy.build("later", ["/vol/open/later-eu.bin"], ["region=eu"])
-    await env.hub.settle(await env.hub.placement.store.put(policy))  # the spoke applied it
-    with pytest.raises(PermissionDenied):
-        async for _ in chunks:
-            pass
-    with pytest.raises(PermissionDenied):
-        await by_region.verify()
-    await streaming.aclose()
-    await by_region.aclose()
+
+    async def tighten() -> None:  # settled: the spoke applied the eviction
+        await env.hub.settle(await env.hub.placement.store.put(policy))
+
+    await stopped_by(partial(us.read, ALICE, "/vol/open/later-eu.bin"), tighten)
 
 
 async def test_a_user_reads_at_a_cut_off_spoke_what_the_hub_let_them_read(env: Fabric) -> None:

@@ -683,8 +683,7 @@ class GovernedNamespace(FeedNamespace):
     async def access(self, who: Principal, path: str) -> tuple[frozenset[tuple[str, Action]], bool]:
         """The rules on ``path`` itself, as (subject, permission), and whether it is private."""
         rules = self._rules()
-        await self.authorize_admin(who, "get_access", path)
-        return await self._run(who, "get_access", path, lambda: rules.rules_at(path))
+        return await self.administered(who, "get_access", path, lambda: rules.rules_at(path))
 
     async def set_access(
         self,
@@ -704,8 +703,7 @@ class GovernedNamespace(FeedNamespace):
                 await rules.reload()
 
         detail = ", ".join(sorted(f"{s} {a.value}" for s, a in wanted))
-        await self.authorize_admin(who, "set_access", path)
-        await self._run(who, "set_access", path, change, detail=detail)
+        await self.administered(who, "set_access", path, change, detail=detail)
 
     async def mkdir_owned(self, who: Principal, path: str) -> Entry:
         """Make the directory ``path`` (write needed, as for mkdir) private to its maker,
