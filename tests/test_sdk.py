@@ -39,6 +39,7 @@ from loomfs.errors import ConfigError, InvalidArgument, InvalidPath
 from loomfs.prefetch.plan import Plan
 from loomfs.sdk.fsspec import FSSPEC_TYPE, LoomFileSystem
 from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.ports import free_port
 from loomfs.testing.private import PRIVATE, PrivateSite, private_site
 from loomfs.testing.sites import SpokeSite, spoke_site
 
@@ -260,6 +261,15 @@ class TestFsspecAbstractSuite(  # fsspec's own suite is untyped
         fs().makedirs(root, exist_ok=True)
         yield root
         fs().rm(root, recursive=True)
+
+
+def test_a_walk_that_cannot_reach_its_site_fails_rather_than_finding_nothing() -> None:
+    """fsspec omits every OSError in a walk; a dataset over a hub that is down would then
+    be "no files" (or, mid-walk, a silently short one)."""
+    gone = f"127.0.0.1:{free_port()}/data"  # nothing listens there
+    with pytest.raises(OSError) as refused:
+        fresh().find(gone)
+    assert not isinstance(refused.value, FileNotFoundError)
 
 
 def test_every_kind_has_an_fsspec_type() -> None:

@@ -152,10 +152,11 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
     async def _walk(
         self, path: str, maxdepth: int | None = None, on_error: Any = "omit", **kwargs: Any
     ) -> AsyncIterator[Any]:
-        """fsspec's walk, except that a refusal is raised: a directory the caller may not
-        list is not an empty one (fsspec omits every OSError; a vanished one still is)."""
+        """fsspec's walk, except that only a directory that vanished on the way is omitted:
+        fsspec omits every OSError, which makes a refused listing, a timeout or a lost hub
+        look like an empty directory."""
         if on_error == "omit":
-            on_error = _raise_refusals
+            on_error = _raise_unless_vanished
         async for found in super()._walk(path, maxdepth, on_error=on_error, **kwargs):
             yield found
 
@@ -413,8 +414,8 @@ class LoomFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec is untyped
         super().discard()
 
 
-def _raise_refusals(exc: BaseException) -> None:
-    if isinstance(exc, PermissionError):  # PermissionDenied, AuthenticationFailed
+def _raise_unless_vanished(exc: BaseException) -> None:
+    if not isinstance(exc, FileNotFoundError):
         raise exc
 
 
@@ -424,9 +425,11 @@ def _close_clients(loop: asyncio.AbstractEventLoop, clients: dict[str, RestNames
             await client.close()
 
     if clients and loop.is_running():
-        # at interpreter exit the loop may stop first: then the OS closes the sockets
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(close_all(), loop).result(5)
+        # Not waited for: the collector may run this on the I/O loop's own thread, which a
+        # wait would block (and every request with it). At interpreter exit the loop may
+        # stop first: then the OS closes the sockets.
+        with contextlib.suppress(RuntimeError):
+            asyncio.run_coroutine_threadsafe(close_all(), loop)
 
 
 def register() -> None:
