@@ -9,6 +9,11 @@ SYSTEM_PACKAGES := fuse3 attr postgresql rsync restic ca-certificates
 # OpenSSH's sftp client for the SFTP tests; its sftp-server is bench/sftp.py's peer (which
 # also wants sshd from openssh-server: not installed here, since it would start a daemon)
 SYSTEM_PACKAGES += openssh-client openssh-sftp-server
+# The NFS and SMB edges: libnfs's command-line client, Samba (smbd, smbclient, smbtorture,
+# and nss_wrapper for its users' accounts), the reference NFS server, and what the QEMU guest
+# (a real Linux NFS/SMB client, loomfs.testing.guest) is built from
+SYSTEM_PACKAGES += libnfs-utils samba smbclient samba-testsuite libnss-wrapper
+SYSTEM_PACKAGES += nfs-ganesha nfs-ganesha-vfs rpcbind qemu-system-x86 busybox-static kmod
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
@@ -22,8 +27,16 @@ system:
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  guard=""; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    guard=/usr/sbin/policy-rc.d; \
+	    printf '#!/bin/sh\nexit 101\n' | $$sudo tee $$guard >/dev/null && $$sudo chmod +x $$guard; \
+	  fi; \
 	  $$sudo apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+	    --no-install-recommends $$missing; rc=$$?; \
+	  [ -z "$$guard" ] || $$sudo rm -f $$guard; \
+	  exit $$rc; \
 	fi
 
 $(STAMP): pyproject.toml
