@@ -354,24 +354,26 @@ def test_forged_handles_are_badhandle(site: Site, position: int, flip: int) -> N
     assert not (site.vol / "x").exists()
 
 
-def test_handles_of_an_export_the_client_may_not_use_are_refused(site: Site) -> None:
+def test_inner_exports_keep_their_rules_whichever_export_reached_them(site: Site) -> None:
     async def other() -> None:
         async with site.client() as c:
             root = await c.mount("/data")
             _, far = await c.lookup(root, "far")
             assert far is not None
-            # through /data the directory is /data's; its own export's handle is another
-            assert await c.status_of(GETATTR, handle_args(far)) == e.NFS3_OK
+            # reached through /data, /data/far still admits 10.0.0.0/8 only
+            assert await c.status_of(GETATTR, handle_args(far)) == e.NFS3ERR_ACCES
+            _, pub_via_data = await c.lookup(root, "pub")
             pub = await c.mount("/data/pub")
-            _, r = await c.lookup(pub, "r.txt")
-            assert r is not None
-            p = Packer()
-            p.uhyper(0)
-            p.uint(3)
-            p.uint(FILE_SYNC)
-            p.opaque(b"new")
-            # a handle of the read-only export stays read-only
-            assert await c.status_of(WRITE, handle_args(r, p.value())) == e.NFS3ERR_ROFS
+            write = Packer()
+            write.uhyper(0)
+            write.uint(3)
+            write.uint(FILE_SYNC)
+            write.opaque(b"new")
+            for directory in (pub_via_data, pub):  # read-only, by either way in
+                assert directory is not None
+                _, r = await c.lookup(directory, "r.txt")
+                assert r is not None
+                assert await c.status_of(WRITE, handle_args(r, write.value())) == e.NFS3ERR_ROFS
 
     asyncio.run(other())
     assert (site.vol / "pub" / "r.txt").read_bytes() == b"read only"

@@ -90,9 +90,12 @@ class Export:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """What a handle names: its export, object id and current path."""
+    """What a handle names: the export it was handed out through (the client's file
+    system: fsid), the innermost export holding it (whose rules hold), its object id
+    and its current path."""
 
     export: Export
+    rules: Export
     object_id: int
     path: str
 
@@ -295,7 +298,11 @@ class NfsServer:
         known = self.handles.known(object_id)
         if known is None or not known.live or not paths.is_within(known.path, export.path):
             raise NfsError(e.NFS3ERR_STALE, "the object is gone")
-        return Target(export, object_id, known.path)
+        # an export inside the one mounted keeps its own rules for what is below it
+        rules = self._export_of(known.path) or export
+        if not rules.admits(call.peer):
+            raise NfsError(e.NFS3ERR_ACCES, f"{call.peer} may not use {rules.path}")
+        return Target(export, rules, object_id, known.path)
 
     def _handle(self, export: Export, entry: Entry) -> tuple[bytes, int]:
         object_id = self.handles.id(entry.path)
@@ -318,12 +325,12 @@ class NfsServer:
             return None
 
     def _writable(self, target: Target) -> None:
-        if target.export.read_only:
-            raise NfsError(e.NFS3ERR_ROFS, f"{target.export.path} is exported read-only")
+        if target.export.read_only or target.rules.read_only:
+            raise NfsError(e.NFS3ERR_ROFS, f"{target.rules.path} is exported read-only")
 
     def _args(self, call: Call) -> tuple[Target, Principal]:
         target = self._target(call, call.args.opaque(FHSIZE3))
-        return target, self.who(call, target.export)
+        return target, self.who(call, target.rules)
 
     def _dirop(self, call: Call) -> tuple[Target, Principal, str]:
         """A diropargs3 (directory handle and name)."""
@@ -332,13 +339,19 @@ class NfsServer:
 
     # -- attributes ------------------------------------------------------------------------
 
-    def _fattr(self, p: Packer, entry: Entry, object_id: int, export: Export) -> None:
-        size, mtime_ns = entry.size, entry.mtime_ns
+    def _sizes(self, entry: Entry, object_id: int) -> tuple[int, int, int]:
+        """(size, mtime, ctime) as the client sees them: a file with uncommitted writes
+        has its spool's size and the time of its last write."""
         spool = self.spools.dirty(object_id)
         if spool is not None:
-            size, mtime_ns = spool.size, spool.mtime_ns
+            return spool.size, spool.mtime_ns, spool.mtime_ns
+        size = entry.size
         if entry.kind is EntryKind.SYMLINK and entry.link_target is not None:
             size = len(entry.link_target.encode())
+        return size, entry.mtime_ns, entry.ctime_ns or entry.mtime_ns
+
+    def _fattr(self, p: Packer, entry: Entry, object_id: int, export: Export) -> None:
+        size, mtime_ns, ctime_ns = self._sizes(entry, object_id)
         p.uint(_FTYPE[entry.kind])
         p.uint(entry.mode & 0o7777)
         p.uint(max(entry.nlink, 2 if entry.is_dir else 1))
@@ -353,7 +366,7 @@ class NfsServer:
         p.uhyper(object_id)
         _nfstime(p, entry.atime_ns or mtime_ns)
         _nfstime(p, mtime_ns)
-        _nfstime(p, mtime_ns if spool is not None else (entry.ctime_ns or mtime_ns))
+        _nfstime(p, ctime_ns)
 
     def _post_op(self, p: Packer, entry: Entry | None, export: Export) -> None:
         if entry is None:
@@ -362,18 +375,26 @@ class NfsServer:
         p.boolean(True)
         self._fattr(p, entry, self.handles.id(entry.path), export)
 
-    def _pre_op(self, p: Packer, entry: Entry | None) -> None:
-        if entry is None:
+    def _pre_op(self, p: Packer, before: tuple[int, int, int] | None) -> None:
+        if before is None:
             p.boolean(False)
             return
         p.boolean(True)
-        p.uhyper(entry.size)
-        _nfstime(p, entry.mtime_ns)
-        _nfstime(p, entry.ctime_ns or entry.mtime_ns)
+        size, mtime_ns, ctime_ns = before
+        p.uhyper(size)
+        _nfstime(p, mtime_ns)
+        _nfstime(p, ctime_ns)
 
     async def _wcc(
-        self, p: Packer, who: Principal, before: Entry | None, path: str, export: Export
+        self,
+        p: Packer,
+        who: Principal,
+        before: tuple[int, int, int] | None,
+        path: str,
+        export: Export,
     ) -> None:
+        """wcc_data: ``before`` (``_sizes`` of the object before the change) and its
+        attributes now."""
         self._pre_op(p, before)
         self._post_op(p, await self._stat_quiet(who, path), export)
 
@@ -398,7 +419,8 @@ class NfsServer:
         guard_ns = call.args.uint() * 1_000_000_000 + call.args.uint() if guard else None
         self._writable(target)
         before = await self._stat(who, target)
-        if guard_ns is not None and guard_ns != (before.ctime_ns or before.mtime_ns):
+        pre = self._sizes(before, target.object_id)
+        if guard_ns is not None and guard_ns != pre[2]:
             raise NfsError(e.NFS3ERR_NOT_SYNC, "the object changed since the client looked")
         if s.size is not None:
             if before.is_dir:
@@ -415,7 +437,7 @@ class NfsServer:
                 mtime_ns=s.mtime_ns, atime_ns=s.atime_ns,
             )  # fmt: skip
         p = Packer()
-        await self._wcc(p, who, before, target.path, target.export)
+        await self._wcc(p, who, pre, target.path, target.export)
         return p
 
     @nfs_procedure(1)
@@ -456,7 +478,8 @@ class NfsServer:
         wanted = call.args.uint()
         entry = await self._stat(who, target)
         # the namespace decides each call as it comes; this is what the export allows
-        allowed = wanted & ~_WRITE_ACCESS if target.export.read_only else wanted
+        read_only = target.export.read_only or target.rules.read_only
+        allowed = wanted & ~_WRITE_ACCESS if read_only else wanted
         p = Packer()
         self._post_op(p, entry, target.export)
         p.uint(allowed)
@@ -515,13 +538,14 @@ class NfsServer:
             raise NfsError(e.NFS3ERR_ISDIR, target.path)
         if before.kind is not EntryKind.FILE:
             raise NfsError(e.NFS3ERR_INVAL, f"{target.path} has no content")
+        pre = self._sizes(before, target.object_id)
         await self.spools.write(who, target.object_id, before, offset, data)
         committed = UNSTABLE
         if stable != UNSTABLE:
             await self.spools.commit(target.object_id)
             committed = FILE_SYNC
         p = Packer()
-        await self._wcc(p, who, before, target.path, target.export)
+        await self._wcc(p, who, pre, target.path, target.export)
         p.uint(len(data))
         p.uint(committed)
         p.fixed(self.write_verifier)
@@ -532,10 +556,10 @@ class NfsServer:
         target, who = self._args(call)
         call.args.uhyper()  # offset and count: a commit here is always of the whole file
         call.args.uint()
-        before = await self._stat(who, target)
+        pre = self._sizes(await self._stat(who, target), target.object_id)
         await self.spools.commit(target.object_id)
         p = Packer()
-        await self._wcc(p, who, before, target.path, target.export)
+        await self._wcc(p, who, pre, target.path, target.export)
         p.fixed(self.write_verifier)
         return p
 
@@ -548,7 +572,7 @@ class NfsServer:
         p.opaque(handle)
         p.boolean(True)
         self._fattr(p, entry, object_id, target.export)
-        await self._wcc(p, who, before, target.path, target.export)
+        await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
 
     async def _directory(self, who: Principal, target: Target) -> Entry:
         self._writable(target)
@@ -646,7 +670,7 @@ class NfsServer:
         self.spools.discard(known)
         self.handles.removed(path)
         p = Packer()
-        await self._wcc(p, who, before, target.path, target.export)
+        await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
         return p
 
     @nfs_procedure(2)
@@ -670,15 +694,14 @@ class NfsServer:
         src = paths.join(source.path, _check_name(src_name))
         dst = paths.join(dest.path, _check_name(dst_name))
         await self.ns.stat(who, src)  # NOENT before anything is committed
-        moved = self.handles.id(src)
-        await self.spools.commit(moved)  # what was written under the old name is kept
+        await self.spools.commit_within(src)  # what was written under the old names is kept
         if src != dst:
             await self.ns.rename(who, src, dst, overwrite=True)
             self.handles.renamed(src, dst)
-            self.spools.moved(moved, dst)
         p = Packer()
-        await self._wcc(p, who, src_before, source.path, source.export)
-        await self._wcc(p, who, dst_before, dest.path, dest.export)
+        src_pre = self._sizes(src_before, source.object_id)
+        await self._wcc(p, who, src_pre, source.path, source.export)
+        await self._wcc(p, who, self._sizes(dst_before, dest.object_id), dest.path, dest.export)
         return p
 
     @nfs_procedure(3)
@@ -696,7 +719,8 @@ class NfsServer:
         await self.ns.link(who, target.path, dst)
         p = Packer()
         self._post_op(p, await self._stat_quiet(who, target.path), target.export)
-        await self._wcc(p, who, before, directory.path, directory.export)
+        pre = self._sizes(before, directory.object_id)
+        await self._wcc(p, who, pre, directory.path, directory.export)
         return p
 
     async def _listing(self, call: Call, *, plus: bool) -> Packer:

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ... import paths
 from ...core.streams import LocalFile
 from ...core.types import Entry, Principal
 from ...errors import LoomError, from_oserror
@@ -172,10 +173,12 @@ class Spools:
             spool.dirty, spool.version = False, entry.version
             return entry
 
-    def moved(self, object_id: int, path: str) -> None:
-        spool = self._spools.get(object_id)
-        if spool is not None:
-            spool.path = path
+    async def commit_within(self, top: str) -> None:
+        """Commit every file at or below ``top`` (before it is renamed: a spool keeps
+        the name it was written under until its next write)."""
+        for spool in list(self._spools.values()):
+            if spool.dirty and paths.is_within(spool.path, top):
+                await self.commit(spool.object_id)
 
     def discard(self, object_id: int) -> None:
         """The file is gone: what was not committed of it goes too."""
