@@ -40,11 +40,22 @@ from loomfs.protocols.nfs.rpc import (
 from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM
 from loomfs.protocols.nfs.xdr import Packer
 from loomfs.testing.hubproc import HubProcess, SiteProcess, cli_ok
-from loomfs.testing.nfs import RpcClient, handle_args, libnfs, libnfs_tool, nfs_url
+from loomfs.testing.nfs import (
+    RpcClient,
+    diropargs,
+    handle_args,
+    libnfs,
+    libnfs_tool,
+    nfs_url,
+    post_op,
+    sattr,
+    wcc,
+)
 
 MANY = 300  # files in one directory: more than one READDIRPLUS reply of libnfs's size
-GETATTR, SETATTR, LOOKUP, READ, WRITE, CREATE, REMOVE, RENAME = 1, 2, 3, 6, 7, 8, 12, 14
-READDIR, COMMIT = 16, 21
+GETATTR, SETATTR, LOOKUP, ACCESS, READLINK, READ, WRITE, CREATE = 1, 2, 3, 4, 5, 6, 7, 8
+MKDIR, SYMLINK, MKNOD, REMOVE, RMDIR, RENAME, LINK = 9, 10, 11, 12, 13, 14, 15
+READDIR, READDIRPLUS, FSSTAT, FSINFO, PATHCONF, COMMIT = 16, 17, 18, 19, 20, 21
 UNSTABLE, FILE_SYNC = 0, 2
 #: the module's one server serves every example (nothing an example does lasts)
 FIXTURE = [HealthCheck.function_scoped_fixture]
@@ -379,6 +390,139 @@ def test_inner_exports_keep_their_rules_whichever_export_reached_them(site: Site
     assert (site.vol / "pub" / "r.txt").read_bytes() == b"read only"
 
 
+async def _made(c: RpcClient, proc: int, args: bytes) -> tuple[bytes, int]:
+    """CREATE, MKDIR or SYMLINK that must succeed: the new handle and its type."""
+    body = await c.nfs(proc, args)
+    assert body.uint() == e.NFS3_OK
+    assert body.boolean()
+    handle = body.opaque(64)
+    attrs = post_op(body)
+    assert attrs is not None
+    return handle, attrs.type
+
+
+def _uint(value: int) -> bytes:
+    p = Packer()
+    p.uint(value)
+    return p.value()
+
+
+def _readdirplus(handle: bytes) -> bytes:
+    p = Packer()
+    p.opaque(handle)
+    p.uhyper(0)
+    p.fixed(bytes(8))
+    p.uint(8192)
+    p.uint(65536)
+    return p.value()
+
+
+async def test_every_procedure_does_to_the_volume_what_posix_would(site: Site) -> None:
+    work = site.vol / "work"
+    async with site.client() as c:
+        root = await c.mount("/data")
+        _, wh = await c.lookup(root, "work")
+        assert wh is not None
+        d, kind = await _made(c, MKDIR, diropargs(wh, "d") + sattr(mode=0o750))
+        assert kind == 2 and (work / "d").stat().st_mode & 0o777 == 0o750
+        f, kind = await _made(c, CREATE, diropargs(d, "f") + _uint(0) + sattr(mode=0o640))
+        assert kind == 1 and (work / "d" / "f").stat().st_mode & 0o777 == 0o640
+        await _write(c, f, 0, b"hello", FILE_SYNC)
+        assert (work / "d" / "f").read_bytes() == b"hello"
+        when = 1_600_000_000 * 1_000_000_000
+        setattr_args = handle_args(f, sattr(size=2, mtime_ns=when) + _uint(0))
+        body = await c.nfs(SETATTR, setattr_args)
+        assert body.uint() == e.NFS3_OK
+        after = wcc(body)
+        assert after is not None and (after.size, after.mtime_ns) == (2, when)
+        assert (work / "d" / "f").read_bytes() == b"he"
+        assert (work / "d" / "f").stat().st_mtime_ns == when
+        p = Packer()
+        p.string("f")
+        link, kind = await _made(c, SYMLINK, diropargs(d, "l") + sattr() + p.value())
+        assert kind == 5 and os.readlink(work / "d" / "l") == "f"
+        body = await c.nfs(READLINK, handle_args(link))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        assert body.string(255) == "f"
+        assert await c.status_of(LINK, handle_args(f, diropargs(wh, "hard"))) == e.NFS3_OK
+        assert (work / "hard").read_bytes() == b"he"
+        rename = diropargs(wh, "hard") + diropargs(wh, "moved")
+        assert await c.status_of(RENAME, rename) == e.NFS3_OK
+        assert not (work / "hard").exists() and (work / "moved").read_bytes() == b"he"
+        body = await c.nfs(READDIRPLUS, _readdirplus(d))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        body.fixed(8)
+        names = []
+        while body.boolean():
+            body.uhyper()
+            names.append(body.string(255))
+            body.uhyper()
+            post_op(body)
+            if body.boolean():
+                body.opaque(64)
+        assert body.boolean()  # eof
+        assert sorted(names) == [".", "..", "f", "l"]
+        assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3ERR_NOTEMPTY
+        assert await c.status_of(RMDIR, diropargs(d, "f")) == e.NFS3ERR_NOTDIR
+        assert await c.status_of(REMOVE, diropargs(wh, "d")) == e.NFS3ERR_ISDIR
+        for name in ("f", "l"):
+            assert await c.status_of(REMOVE, diropargs(d, name)) == e.NFS3_OK
+        assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3_OK
+        assert not (work / "d").exists()
+        assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
+        # special files hand out the hub's own privileges: they need admin, alice has none
+        fifo = diropargs(wh, "fifo") + _uint(7) + sattr(mode=0o644)
+        assert await c.status_of(MKNOD, fifo) == e.NFS3ERR_ACCES
+        assert not (work / "fifo").exists()
+        body = await c.nfs(FSINFO, handle_args(root))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        rtmax, _, _, wtmax = (body.uint() for _ in range(4))
+        assert rtmax == wtmax == 1 << 20
+        body = await c.nfs(PATHCONF, handle_args(root))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        body.uint()
+        assert body.uint() == 255
+        assert await c.status_of(FSSTAT, handle_args(root)) == e.NFS3_OK
+        body = await c.nfs(ACCESS, handle_args(root, _uint(0x3F)))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        assert body.uint() == 0x3F
+
+
+def test_mount_lists_exports_and_mounts(site: Site) -> None:
+    async def mount() -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]]]:
+        async with site.client() as c:
+            await c.mount("/data/work")
+            exports = await c.call(MOUNT_PROGRAM, 3, 5)
+            found = []
+            while exports.body.boolean():
+                found.append(exports.body.string(1024))
+                while exports.body.boolean():
+                    exports.body.string(1024)
+
+            async def dump() -> list[tuple[str, str]]:
+                body = (await c.call(MOUNT_PROGRAM, 3, 2)).body
+                out = []
+                while body.boolean():
+                    out.append((body.string(255), body.string(1024)))
+                return out
+
+            mounted = await dump()
+            p = Packer()
+            p.string("/data/work")
+            await c.call(MOUNT_PROGRAM, 3, 3, p.value())
+            return found, mounted, await dump()
+
+    exports, mounted, unmounted = asyncio.run(mount())
+    assert exports == ["/data", "/data/pub"]  # not /data/far: this client may not mount it
+    assert ("127.0.0.1", "/data/work") in mounted
+    assert ("127.0.0.1", "/data/work") not in unmounted
+
+
 # -- writes, COMMIT and handles over restarts ------------------------------------------------
 
 
@@ -463,7 +607,7 @@ def test_an_idle_unstable_write_is_committed_after_a_delay(site: Site) -> None:
     asyncio.run(write())
 
 
-def test_handles_cookies_survive_a_restart_and_the_verifier_changes(tmp_path: Path) -> None:
+def test_handles_and_cookies_survive_kill_9_and_the_verifier_changes(tmp_path: Path) -> None:
     vol = _new_site(tmp_path)
 
     async def before(site: Site) -> tuple[bytes, bytes, bytes, int]:
@@ -495,7 +639,8 @@ def test_handles_cookies_survive_a_restart_and_the_verifier_changes(tmp_path: Pa
 
     with _serving(tmp_path, vol) as site:
         hello, handle, verifier, cookie = asyncio.run(before(site))
-    assert (vol / "work" / "stable.txt").read_bytes() == b"stable"  # FILE_SYNC: committed
+        site.hub.kill()  # kill -9: what was acknowledged as stable is on disk
+    assert (vol / "work" / "stable.txt").read_bytes() == b"stable"
 
     async def after(site: Site) -> None:
         async with site.client() as c:

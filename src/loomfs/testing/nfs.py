@@ -175,3 +175,69 @@ def handle_args(handle: bytes, *more: bytes) -> bytes:
     p = Packer()
     p.opaque(handle)
     return p.value() + b"".join(more)
+
+
+@dataclass(frozen=True)
+class Fattr:
+    """The fields of an fattr3 the tests look at."""
+
+    type: int
+    mode: int
+    nlink: int
+    size: int
+    fileid: int
+    mtime_ns: int
+
+
+def fattr(body: Unpacker) -> Fattr:
+    kind, mode, nlink = body.uint(), body.uint(), body.uint()
+    body.uint()  # uid
+    body.uint()  # gid
+    size = body.uhyper()
+    body.uhyper()  # used
+    body.uhyper()  # rdev
+    body.uhyper()  # fsid
+    fileid = body.uhyper()
+    body.uhyper()  # atime
+    mtime_ns = body.uint() * 1_000_000_000 + body.uint()
+    body.uhyper()  # ctime
+    return Fattr(kind, mode, nlink, size, fileid, mtime_ns)
+
+
+def post_op(body: Unpacker) -> Fattr | None:
+    return fattr(body) if body.boolean() else None
+
+
+def wcc(body: Unpacker) -> Fattr | None:
+    """Skip a wcc_data's pre-op part; its post-op attributes."""
+    if body.boolean():
+        body.fixed(24)
+    return post_op(body)
+
+
+def sattr(
+    *, mode: int | None = None, size: int | None = None, mtime_ns: int | None = None
+) -> bytes:
+    p = Packer()
+    for value in (mode, None, None):  # mode, uid, gid
+        p.boolean(value is not None)
+        if value is not None:
+            p.uint(value)
+    p.boolean(size is not None)
+    if size is not None:
+        p.uhyper(size)
+    p.uint(0)  # atime: don't change
+    if mtime_ns is None:
+        p.uint(0)
+    else:
+        p.uint(2)  # set to the client's time
+        p.uint(mtime_ns // 1_000_000_000)
+        p.uint(mtime_ns % 1_000_000_000)
+    return p.value()
+
+
+def diropargs(directory: bytes, name: str) -> bytes:
+    p = Packer()
+    p.opaque(directory)
+    p.string(name)
+    return p.value()
