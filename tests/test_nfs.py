@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from loomfs.core.acl import AclStore
 from loomfs.core.registry import open_catalog
+from loomfs.core.sites import SiteRegistry
 from loomfs.core.users import UserRegistry
+from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.nfs import errors as e
 from loomfs.protocols.nfs.rpc import (
@@ -39,7 +41,7 @@ from loomfs.protocols.nfs.rpc import (
 )
 from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM
 from loomfs.protocols.nfs.xdr import Packer
-from loomfs.testing.hubproc import HubProcess, SiteProcess, cli_ok
+from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.nfs import (
     RpcClient,
     diropargs,
@@ -666,6 +668,37 @@ def test_handles_and_cookies_survive_kill_9_and_the_verifier_changes(tmp_path: P
         asyncio.run(after(site))
     assert (vol / "work" / "stable.txt").read_bytes() == b"stable!"
     assert not (vol / "hello.txt").exists()
+
+
+async def _prepare_hub(hub_dir: Path, spoke_dir: Path, data: Path) -> None:
+    catalog = open_catalog(f"sqlite://{hub_dir / 'catalog.db'}")
+    await catalog.open()
+    try:
+        await HubNamespace(catalog).add_volume("/datasets/d", f"posix://{data}")
+        await SiteRegistry(catalog).add((spoke_dir / "identity" / "site.pem").read_bytes())
+    finally:
+        await catalog.close()
+
+
+def test_a_spoke_serves_its_namespace_over_nfs(tmp_path: Path) -> None:
+    hub_dir, spoke_dir, data = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    data.mkdir()
+    (data / "in.txt").write_bytes(b"from the hub\n" * 1000)
+    SiteIdentity.create(hub_dir / "identity", "hub-eu")
+    SiteIdentity.create(spoke_dir / "identity", "gpu-west")
+    asyncio.run(_prepare_hub(hub_dir, spoke_dir, data))
+    (tmp_path / "out.txt").write_bytes(b"written at the spoke")
+    with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
+        env = {"LOOMFS_NFS__LISTEN": "127.0.0.1:0", "LOOMFS_NFS__UID_MAP": '{"1000": "carol"}'}
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/d")
+        with SpokeProcess(spoke_dir, env, args=args) as spoke:
+            port = int(spoke.urls["nfs"].rpartition(":")[2])
+            cat = libnfs("nfs-cat", nfs_url(port, "/datasets/d/in.txt"))
+            assert (cat.returncode, cat.stdout) == (0, (data / "in.txt").read_bytes())
+            put = libnfs("nfs-cp", str(tmp_path / "out.txt"), nfs_url(port, "/datasets/d/out.txt"))
+            assert put.returncode == 0, put.stderr
+    # without write-back a spoke's write is the hub's before it is acknowledged
+    assert (data / "out.txt").read_bytes() == b"written at the spoke"
 
 
 class ServeNfs(SiteProcess):
