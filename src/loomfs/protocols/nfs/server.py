@@ -30,7 +30,7 @@ from ... import paths
 from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
 from ...core.types import Entry, EntryKind, Principal
-from ...errors import AlreadyExists, LoomError, NotFound, PermissionDenied
+from ...errors import AlreadyExists, Conflict, LoomError, NotFound, PermissionDenied
 from ...namespace.base import Namespace
 from . import errors as e
 from .errors import NfsError, to_nfsstat
@@ -51,6 +51,7 @@ FHSIZE3 = 64
 MNTPATHLEN, NAME_MAX = 1024, 255
 MAX_IO = 1 << 20  # FSINFO's rtmax and wtmax
 UNSTABLE, DATA_SYNC, FILE_SYNC = 0, 1, 2
+READ_ATTEMPTS = 3
 MNT3_OK = 0
 
 _FTYPE = {
@@ -425,15 +426,20 @@ class NfsServer:
         if s.size is not None:
             if before.is_dir:
                 raise NfsError(e.NFS3ERR_ISDIR, target.path)
-            if s.size == 0 and self.spools.dirty(target.object_id) is None:
-                self.spools.discard(target.object_id)
-                await self.ns.write(who, target.path, aiter_bytes(b""))
-            elif s.size != before.size or self.spools.dirty(target.object_id) is not None:
+            dirty = self.spools.dirty(target.object_id) is not None
+            if s.size == 0 and not dirty:  # O_TRUNC: no copy of what goes anyway
+                if before.size:
+                    self.spools.discard(target.object_id)
+                    await self.ns.write(who, target.path, aiter_bytes(b""))
+            elif s.size != before.size or dirty:
                 await self.spools.truncate(who, target.object_id, before, s.size)
-        if (s.mode, s.uid, s.gid, s.mtime_ns, s.atime_ns) != (None,) * 5:
+        # an owner sent back unchanged (cp -p, tar) is no change of owner, which needs admin
+        uid = None if s.uid == before.uid else s.uid
+        gid = None if s.gid == before.gid else s.gid
+        if (s.mode, uid, gid, s.mtime_ns, s.atime_ns) != (None,) * 5:
             await self.spools.commit(target.object_id)  # a new mtime is the committed one's
             await self.ns.set_attrs(
-                who, target.path, mode=s.mode, uid=s.uid, gid=s.gid,
+                who, target.path, mode=s.mode, uid=uid, gid=gid,
                 mtime_ns=s.mtime_ns, atime_ns=s.atime_ns,
             )  # fmt: skip
         p = Packer()
@@ -515,8 +521,7 @@ class NfsServer:
             await (await self.ns.read_entry(who, entry, min(offset, entry.size), 0)).aclose()
             data, size = b"", entry.size
         else:
-            async with await self.ns.read_entry(who, entry, offset, count) as reader:
-                data = await reader.read_all()
+            data, entry = await self._read(who, target, entry, offset, count)
             size = entry.size
         p = Packer()
         self._post_op(p, entry, target.export)
@@ -524,6 +529,21 @@ class NfsServer:
         p.boolean(offset + len(data) >= size)
         p.opaque(data)
         return p
+
+    async def _read(
+        self, who: Principal, target: Target, entry: Entry, offset: int, count: int
+    ) -> tuple[bytes, Entry]:
+        """A range of the file's current version. NFS has no open to pin a version to: a
+        file replaced between the stat and the read (over another protocol) is read again
+        as it is now rather than failed."""
+        for _ in range(READ_ATTEMPTS - 1):
+            try:
+                async with await self.ns.read_entry(who, entry, offset, count) as reader:
+                    return await reader.read_all(), entry
+            except Conflict:
+                entry = await self._stat(who, target)
+        async with await self.ns.read_entry(who, entry, offset, count) as reader:
+            return await reader.read_all(), entry
 
     @nfs_procedure(2)
     async def write(self, call: Call) -> Packer:
@@ -604,7 +624,8 @@ class NfsServer:
                 entry = await self.ns.set_attrs(who, path, mtime_ns=stamp)
         except AlreadyExists:
             entry = await self.ns.stat(who, path)
-            if how == 1 or (stamp is not None and entry.mtime_ns != stamp):
+            retransmitted = stamp is None or entry.mtime_ns == stamp
+            if how == 1 or entry.kind is not EntryKind.FILE or not retransmitted:
                 raise
             if how == 0 and entry.kind is EntryKind.FILE and s.size == 0 and entry.size:
                 self.spools.discard(self.handles.id(path))
