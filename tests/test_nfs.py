@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from loomfs.core.acl import AclStore
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
+from loomfs.core.types import SYSTEM
 from loomfs.core.users import UserRegistry
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
@@ -41,10 +42,12 @@ from loomfs.protocols.nfs.rpc import (
 )
 from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM
 from loomfs.protocols.nfs.xdr import Packer
+from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.nfs import (
     RpcClient,
     diropargs,
+    fattr,
     handle_args,
     libnfs,
     libnfs_tool,
@@ -523,6 +526,119 @@ def test_mount_lists_exports_and_mounts(site: Site) -> None:
     assert exports == ["/data", "/data/pub"]  # not /data/far: this client may not mount it
     assert ("127.0.0.1", "/data/work") in mounted
     assert ("127.0.0.1", "/data/work") not in unmounted
+
+
+def _readdir_args(handle: bytes, cookie: int, verifier: bytes, count: int) -> bytes:
+    p = Packer()
+    p.uhyper(cookie)
+    p.fixed(verifier)
+    p.uint(count)
+    return handle_args(handle, p.value())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=FIXTURE)
+@given(count=st.integers(200, 6000))
+def test_readdir_pages_list_every_name_once_within_the_count(site: Site, count: int) -> None:
+    async def pages() -> list[str]:
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, many = await c.lookup(root, "many")
+            assert many is not None
+            names: list[str] = []
+            cookie, verifier, eof = 0, bytes(8), False
+            while not eof:
+                reply = await c.call(
+                    NFS_PROGRAM, 3, READDIR, _readdir_args(many, cookie, verifier, count)
+                )
+                body = reply.body
+                assert len(body.data) - body.pos <= count  # the reply fits what was asked
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                verifier = body.fixed(8)
+                while body.boolean():
+                    body.uhyper()
+                    names.append(body.string(255))
+                    cookie = body.uhyper()
+                eof = body.boolean()
+            return names
+
+    names = asyncio.run(pages())
+    assert sorted(names) == sorted([".", "..", *(f"f{i:04d}" for i in range(MANY))])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=FIXTURE)
+@given(
+    writes=st.lists(
+        st.tuples(st.integers(0, 300_000), st.binary(min_size=1, max_size=70_000), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_writes_anywhere_then_commit_are_the_file_a_local_disk_would_hold(
+    site: Site, writes: list[tuple[int, bytes, bool]]
+) -> None:
+    """Each write is UNSTABLE or FILE_SYNC; after COMMIT the volume holds what the same
+    writes at the same offsets give on a local file (holes read as zeros)."""
+    model = bytearray(b"seed" * 10)
+    path = site.vol / "work" / "model.bin"
+
+    async def write() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:  # over another protocol: the first write starts from it
+            await rest.write_bytes(SYSTEM, "/data/work/model.bin", bytes(model))
+        finally:
+            await rest.close()
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, work = await c.lookup(root, "work")
+            assert work is not None
+            _, handle = await c.lookup(work, "model.bin")
+            assert handle is not None
+            for offset, data, stable in writes:
+                await _write(c, handle, offset, data, FILE_SYNC if stable else UNSTABLE)
+                if len(model) < offset:
+                    model.extend(bytes(offset - len(model)))
+                model[offset : offset + len(data)] = data
+            assert await _commit(c, handle) == e.NFS3_OK
+
+    asyncio.run(write())
+    assert path.read_bytes() == bytes(model)
+
+
+def test_a_change_over_another_protocol_shows_in_attributes_and_reads(site: Site) -> None:
+    async def change() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.write_bytes(SYSTEM, "/data/work/shared.txt", b"first")
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, work = await c.lookup(root, "work")
+                assert work is not None
+                _, handle = await c.lookup(work, "shared.txt")
+                assert handle is not None
+                body = await c.nfs(GETATTR, handle_args(handle))
+                assert body.uint() == e.NFS3_OK
+                first = fattr(body)
+                await rest.write_bytes(SYSTEM, "/data/work/shared.txt", b"second, longer")
+                body = await c.nfs(GETATTR, handle_args(handle))
+                assert body.uint() == e.NFS3_OK
+                second = fattr(body)
+                # same file (handle and fileid), new size and mtime: a client's cache drops it
+                assert second.fileid == first.fileid
+                assert (second.size, second.mtime_ns > first.mtime_ns) == (14, True)
+                p = Packer()
+                p.uhyper(0)
+                p.uint(100)
+                body = await c.nfs(READ, handle_args(handle, p.value()))
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                body.uint()
+                assert body.boolean()  # eof
+                assert body.opaque(100) == b"second, longer"
+        finally:
+            await rest.close()
+
+    asyncio.run(change())
 
 
 # -- writes, COMMIT and handles over restarts ------------------------------------------------

@@ -52,6 +52,8 @@ MNTPATHLEN, NAME_MAX = 1024, 255
 MAX_IO = 1 << 20  # FSINFO's rtmax and wtmax
 UNSTABLE, DATA_SYNC, FILE_SYNC = 0, 1, 2
 READ_ATTEMPTS = 3
+#: a READDIR reply's own part: status, directory attributes, verifier, end of list, eof
+LISTING_HEADER = 4 + 88 + 8 + 4 + 4
 MNT3_OK = 0
 
 _FTYPE = {
@@ -757,34 +759,32 @@ class NfsServer:
         if cookie and verifier != self.cookie_verifier and verifier != bytes(8):
             raise NfsError(e.NFS3ERR_BAD_COOKIE, "a cookie of another listing")
         start_after = self._resume(cookie, target.path)
-        body = Packer()
-        used, names = 0, 0
-        budget = maxcount - 128  # the reply's fixed part, with the directory's attributes
-        eof = True
+        body, used, names = Packer(), 0, 0
+        budget = maxcount - LISTING_HEADER
+
+        def add(entry: Entry, name: str, cookie: int | None = None) -> bool:
+            nonlocal used, names
+            item, name_size = self._dir_entry(entry, name, cookie, target.export, plus)
+            if used + item.size > budget or names + name_size > dircount:
+                return False
+            body.extend(item)
+            used, names = used + item.size, names + name_size
+            return True
+
+        dots: list[tuple[Entry, str, int]] = []
         if cookie == 0:
-            dot = [(".", directory, 1)]
+            dots.append((directory, ".", 1))
+        if cookie <= 1:
+            parent = None
             if target.path != target.export.path:
                 parent = await self._stat_quiet(who, paths.split(target.path)[0])
-                dot.append(("..", parent or directory, 2))
-            else:
-                dot.append(("..", directory, 2))
-            for name, entry, dot_cookie in dot:
-                used, names = self._dir_entry(
-                    body, entry, name, dot_cookie, target.export, plus, used, names
-                )
-        elif cookie == 1:
-            used, names = self._dir_entry(
-                body, directory, "..", 2, target.export, plus, used, names
-            )
-        async for entry in self.ns.list(who, target.path, start_after=start_after):
-            object_id = self.handles.id(entry.path)
-            size = 24 + len(entry.name.encode()) + 4 + (120 if plus else 0)
-            if used + size > budget or (plus and names + 24 + len(entry.name) > dircount):
-                eof = False
-                break
-            used, names = self._dir_entry(
-                body, entry, entry.name, object_id + 2, target.export, plus, used, names
-            )
+            dots.append((parent or directory, "..", 2))
+        eof = all(add(*dot) for dot in dots)
+        if eof:
+            async for entry in self.ns.list(who, target.path, start_after=start_after):
+                if not add(entry, entry.name):
+                    eof = False
+                    break
         if used == 0 and not eof:
             raise NfsError(e.NFS3ERR_TOOSMALL, "not even one entry fits")
         p = Packer()
@@ -806,29 +806,23 @@ class NfsServer:
         return paths.split(known.path)[1]
 
     def _dir_entry(
-        self,
-        p: Packer,
-        entry: Entry,
-        name: str,
-        cookie: int,
-        export: Export,
-        plus: bool,
-        used: int,
-        names: int,
-    ) -> tuple[int, int]:
-        start = p.size
+        self, entry: Entry, name: str, cookie: int | None, export: Export, plus: bool
+    ) -> tuple[Packer, int]:
+        """One entry3 (or entryplus3) and the size of its name part, which is what
+        READDIRPLUS's dircount counts; the cookie is the object id plus 2 unless given."""
+        p = Packer()
         object_id = self.handles.id(entry.path)
         p.boolean(True)
         p.uhyper(object_id)
         p.string(name)
-        p.uhyper(cookie)
-        names += p.size - start
+        p.uhyper(object_id + 2 if cookie is None else cookie)
+        name_size = p.size
         if plus:
             p.boolean(True)
             self._fattr(p, entry, object_id, export)
             p.boolean(True)
             p.opaque(self.handles.encode(export.id, object_id))
-        return used + p.size - start, names
+        return p, name_size
 
     @nfs_procedure(1)
     async def readdir(self, call: Call) -> Packer:
