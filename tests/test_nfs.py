@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loomfs.core.acl import AclStore
+from loomfs.core.acl import ANONYMOUS, AclStore
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
@@ -38,9 +39,11 @@ from loomfs.protocols.nfs.rpc import (
     PROG_UNAVAIL,
     RPC_MISMATCH,
     SUCCESS,
+    AuthSys,
+    RpcDenied,
     record,
 )
-from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM
+from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM, Export, principal_of
 from loomfs.protocols.nfs.xdr import Packer
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
@@ -260,6 +263,34 @@ def test_a_user_the_acl_denies_gets_acces_and_no_bytes(site: Site) -> None:
     rows = recorded()
     assert rows and {r["protocol"] for r in rows} == {"nfs"}
     assert any(r["path"] == "/data/secret/s.txt" for r in rows)
+
+
+def _export(squash: str, anonymous: bool = False) -> Export:
+    return Export("/x", 1, (ipaddress.ip_network("127.0.0.0/8"),), False, squash, anonymous)
+
+
+@given(
+    uid=st.integers(0, 3000) | st.just(0),
+    squash=st.sampled_from(["root", "all", "none"]),
+    mapped=st.dictionaries(st.integers(0, 3000), st.sampled_from(["alice", "bob"])),
+)
+def test_uids_map_to_users_and_squash_as_the_export_says(
+    uid: int, squash: str, mapped: dict[int, str]
+) -> None:
+    who = principal_of(AuthSys(uid, uid, (), "client"), _export(squash), mapped, "west")
+    assert (who.protocol, who.site) == ("nfs", "west")
+    if squash == "all" or (uid == 0 and squash == "root"):
+        assert (who.user, who.groups) == (ANONYMOUS, frozenset())
+    elif uid in mapped:
+        assert (who.user, who.groups) == (mapped[uid], frozenset())
+    elif uid == 0:  # unsquashed, unmapped root: the administrator
+        assert (who.user, who.groups) == ("root", frozenset({"admin"}))
+    else:
+        assert who.user == ANONYMOUS
+    # AUTH_NONE: anonymous where the export allows it, refused where it does not
+    assert principal_of(None, _export(squash, anonymous=True), mapped, "west").user == ANONYMOUS
+    with pytest.raises(RpcDenied):
+        principal_of(None, _export(squash), mapped, "west")
 
 
 # -- the RPC layer under bad input -----------------------------------------------------------

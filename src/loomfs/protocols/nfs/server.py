@@ -35,7 +35,7 @@ from ...namespace.base import Namespace
 from . import errors as e
 from .errors import NfsError, to_nfsstat
 from .handles import HandleTable, export_id
-from .rpc import AUTH_NONE, AUTH_SYS, Call, Program, RpcDenied, RpcServer
+from .rpc import AUTH_NONE, AUTH_SYS, AuthSys, Call, Program, RpcDenied, RpcServer
 from .spool import Spools
 from .xdr import Packer, Unpacker, XdrError
 
@@ -154,6 +154,27 @@ def _check_name(name: str) -> str:
     return name
 
 
+def principal_of(
+    cred: AuthSys | None, export: Export, uid_map: Mapping[int, str], site: str
+) -> Principal:
+    """Who a call runs as: the loomfs user its AUTH_SYS uid maps to, else ``anonymous``;
+    root (or everyone) squashed to ``anonymous`` as the export says. AUTH_NONE is
+    ``anonymous`` where the export allows it, else refused (AUTH_TOOWEAK)."""
+    anonymous = Principal(ANONYMOUS, site=site, protocol="nfs")
+    if cred is None:
+        if not export.anonymous:
+            raise RpcDenied()
+        return anonymous
+    if export.squash == "all" or (cred.uid == 0 and export.squash == "root"):
+        return anonymous
+    name = uid_map.get(cred.uid)
+    if name is not None:
+        return Principal(name, site=site, protocol="nfs")
+    if cred.uid == 0:  # squash "none": root is the administrator, as on its own disk
+        return Principal("root", frozenset({ADMIN_GROUP}), site=site, protocol="nfs")
+    return anonymous
+
+
 class _Answered(NfsError):
     """A failure whose body the procedure built itself (LOOKUP's directory attributes)."""
 
@@ -244,8 +265,6 @@ class NfsServer:
         #: READDIR cookies are object ids, which outlive restarts; so does this
         self.cookie_verifier = self.handles._mac(b"cookies")[:8]
         self.mounts: set[tuple[str, str]] = set()
-        self.anonymous = Principal(ANONYMOUS, site=site, protocol="nfs")
-        self._principals: dict[tuple[int, str], Principal] = {}
         nfs = {
             0: self.null, 1: self.getattr, 2: self.setattr, 3: self.lookup, 4: self.access,
             5: self.readlink, 6: self.read, 7: self.write, 8: self.create, 9: self.mkdir,
@@ -270,26 +289,7 @@ class NfsServer:
     # -- identity and handles --------------------------------------------------------------
 
     def who(self, call: Call, export: Export) -> Principal:
-        cred = call.cred
-        if cred is None:
-            if not export.anonymous:
-                raise RpcDenied()
-            return self.anonymous
-        if export.squash == "all" or (cred.uid == 0 and export.squash == "root"):
-            return self.anonymous
-        key = (cred.uid, export.squash)
-        principal = self._principals.get(key)
-        if principal is None:
-            name = self.uid_map.get(cred.uid)
-            if name is not None:
-                principal = Principal(name, site=self.site, protocol="nfs")
-            elif cred.uid == 0:  # squash "none": root is the administrator, as on a disk
-                groups = frozenset({ADMIN_GROUP})
-                principal = Principal("root", groups, site=self.site, protocol="nfs")
-            else:
-                principal = self.anonymous
-            self._principals[key] = principal
-        return principal
+        return principal_of(call.cred, export, self.uid_map, self.site)
 
     def _target(self, call: Call, handle: bytes) -> Target:
         export_number, object_id = self.handles.decode(handle)
