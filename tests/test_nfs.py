@@ -4,7 +4,8 @@ REST and NFS on the same namespace.
 
 /data is a posix volume exported read-write to loopback; /data/pub is exported read-only,
 /data/far only to 10.0.0.0/8. AUTH_SYS uid 1000 is alice, 1001 bob; /data/secret is private
-to alice. What NFS does is checked on the volume's disk.
+to alice; on /data/shelf alice may write and bob only read. What NFS does is checked on the
+volume's disk.
 """
 
 from __future__ import annotations
@@ -116,18 +117,22 @@ async def _prepare(tmp: Path, vol: Path) -> None:
         acl = AclStore(catalog)
         await acl.set_private("/data/secret", True)
         await acl.grant("user:alice", "write", "/data/secret")
+        await acl.set_private("/data/shelf", True)
+        await acl.grant("user:alice", "write", "/data/shelf")
+        await acl.grant("user:bob", "read", "/data/shelf")
     finally:
         await catalog.close()
 
 
 def _volume(vol: Path) -> None:
-    for d in ("many", "pub", "far", "secret", "work"):
+    for d in ("many", "pub", "far", "secret", "work", "shelf"):
         (vol / d).mkdir(parents=True)
     for i in range(MANY):
         (vol / "many" / f"f{i:04d}").write_bytes(b"x" * i)
     (vol / "hello.txt").write_bytes(b"hello over nfs\n")
     (vol / "pub" / "r.txt").write_bytes(b"read only")
     (vol / "secret" / "s.txt").write_bytes(b"alice's secret")
+    (vol / "shelf" / "book.txt").write_bytes(b"alice writes, bob reads")
 
 
 @contextlib.contextmanager
@@ -291,6 +296,36 @@ def test_uids_map_to_users_and_squash_as_the_export_says(
     assert principal_of(None, _export(squash, anonymous=True), mapped, "west").user == ANONYMOUS
     with pytest.raises(RpcDenied):
         principal_of(None, _export(squash), mapped, "west")
+
+
+def test_access_answers_what_the_namespace_would_decide(site: Site) -> None:
+    book = site.vol / "shelf" / "book.txt"
+
+    async def ask() -> dict[int, int]:
+        answers = {}
+        async with site.client(1000) as alice, site.client(1001) as bob:
+            root = await alice.mount("/data")
+            _, shelf = await alice.lookup(root, "shelf")
+            assert shelf is not None
+            _, handle = await alice.lookup(shelf, "book.txt")
+            assert handle is not None
+            for uid, c in ((1000, alice), (1001, bob)):
+                body = await c.nfs(ACCESS, handle_args(handle, _uint(0x1F)))
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                answers[uid] = body.uint()
+            # bob's first WRITE is refused at once, not when the client commits
+            p = Packer()
+            p.uhyper(0)
+            p.uint(3)
+            p.uint(UNSTABLE)
+            p.opaque(b"bob")
+            assert await bob.status_of(WRITE, handle_args(handle, p.value())) == e.NFS3ERR_ACCES
+        return answers
+
+    answers = asyncio.run(ask())
+    assert answers == {1000: 0x1F, 1001: 0x03}  # bob: READ and LOOKUP, nothing that writes
+    assert book.read_bytes() == b"alice writes, bob reads"
 
 
 # -- the RPC layer under bad input -----------------------------------------------------------

@@ -53,6 +53,7 @@ from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
+from .protocols.nfs import AccessGate, NfsServer
 from .protocols.s3 import S3Gateway
 from .rest.admin import routes as admin_routes
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
@@ -357,7 +358,7 @@ class HubService:
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
             sockets = sftp_listeners(self.config, self.governed, self.catalog)  # governed
-            sockets += nfs_listeners(self.config, self.governed)
+            sockets += nfs_listeners(self.config, self.governed, gate=self.governed)
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
             await self.stop()
@@ -482,14 +483,14 @@ def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> li
     return [SocketListener("sftp", "sftp", server, host_port(sftp.listen, "sftp.listen"))]
 
 
-def nfs_listeners(config: Config, namespace: Namespace) -> list[SocketListener]:
+def nfs_listeners(
+    config: Config, namespace: Namespace, *, gate: AccessGate | None = None
+) -> list[SocketListener]:
     """The NFSv3 server where ``[nfs] listen`` is set; no exports configured: '/' to
-    loopback clients only."""
+    loopback clients only. ``gate`` answers ACCESS (a hub's governed namespace)."""
     nfs = config.nfs
     if not nfs.listen:
         return []
-    from .protocols.nfs import NfsServer  # noqa: PLC0415 - only a site serving NFS loads it
-
     server = NfsServer(
         namespace,
         nfs.exports or {"/": NfsExport()},
@@ -498,6 +499,7 @@ def nfs_listeners(config: Config, namespace: Namespace) -> list[SocketListener]:
         uid_map=nfs.uid_map,
         site=config.site.name,
         commit_delay=nfs.commit_delay,
+        gate=gate,
     )
     return [SocketListener("nfs", "nfs", server, host_port(nfs.listen, "nfs.listen"))]
 

@@ -22,14 +22,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
-from ...core.types import Entry, EntryKind, Principal
+from ...core.types import Action, Entry, EntryKind, Principal
 from ...errors import AlreadyExists, Conflict, LoomError, NotFound, PermissionDenied
 from ...namespace.base import Namespace
 from . import errors as e
@@ -70,6 +70,25 @@ ACCESS_READ, ACCESS_LOOKUP, ACCESS_MODIFY = 0x01, 0x02, 0x04
 ACCESS_EXTEND, ACCESS_DELETE, ACCESS_EXECUTE = 0x08, 0x10, 0x20
 _WRITE_ACCESS = ACCESS_MODIFY | ACCESS_EXTEND | ACCESS_DELETE
 FSF3_LINK, FSF3_SYMLINK, FSF3_HOMOGENEOUS, FSF3_CANSETTIME = 0x1, 0x2, 0x8, 0x10
+
+
+class AccessGate(Protocol):
+    """What may be asked of the governed namespace without doing anything: ACCESS's
+    answers, and whether a first WRITE of a file may go ahead (recorded when refused)."""
+
+    async def check_read(self, who: Principal, path: str) -> None: ...
+
+    async def check_write(self, who: Principal, path: str) -> None: ...
+
+    async def authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None: ...
+
+
+async def _allows(check: Awaitable[None]) -> bool:
+    try:
+        await check
+    except (PermissionDenied, NotFound):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -230,7 +249,8 @@ def nfs_procedure(fail_words: int) -> Callable[[Handler], Handler]:
 
 
 class NfsServer:
-    """NFSv3 and MOUNT v3 on one port over ``ns`` (the governed namespace)."""
+    """NFSv3 and MOUNT v3 on one port over ``ns`` (the governed namespace; ``gate``: the
+    same, where it can answer ACCESS ahead of the calls)."""
 
     def __init__(
         self,
@@ -242,8 +262,10 @@ class NfsServer:
         uid_map: Mapping[int, str] | None = None,
         site: str = "local",
         commit_delay: float = 2.0,
+        gate: AccessGate | None = None,
     ) -> None:
         self.ns = ns
+        self.gate = gate
         self.site = site
         self.uid_map = dict(uid_map or {})
         self.exports: dict[int, Export] = {}
@@ -485,9 +507,18 @@ class NfsServer:
         target, who = self._args(call)
         wanted = call.args.uint()
         entry = await self._stat(who, target)
-        # the namespace decides each call as it comes; this is what the export allows
         read_only = target.export.read_only or target.rules.read_only
         allowed = wanted & ~_WRITE_ACCESS if read_only else wanted
+        # what the namespace would decide (a directory's entries: write on the directory);
+        # without a gate (a spoke: its hub decides) each call is decided as it comes
+        gate = self.gate
+        if gate is not None:
+            path = target.path
+            reading = allowed & ACCESS_READ and not entry.is_dir
+            if reading and not await _allows(gate.check_read(who, path)):
+                allowed &= ~ACCESS_READ
+            if allowed & _WRITE_ACCESS and not await _allows(gate.check_write(who, path)):
+                allowed &= ~_WRITE_ACCESS
         p = Packer()
         self._post_op(p, entry, target.export)
         p.uint(allowed)
@@ -561,6 +592,9 @@ class NfsServer:
         if before.kind is not EntryKind.FILE:
             raise NfsError(e.NFS3ERR_INVAL, f"{target.path} has no content")
         pre = self._sizes(before, target.object_id)
+        if self.gate is not None and self.spools.dirty(target.object_id) is None:
+            # refused now rather than at COMMIT, when the client has thrown the data away
+            await self.gate.authorize(who, "write", Action.WRITE, target.path)
         await self.spools.write(who, target.object_id, before, offset, data)
         committed = UNSTABLE
         if stable != UNSTABLE:
