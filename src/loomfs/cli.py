@@ -269,6 +269,18 @@ def serve_sftp(
     _serve_protocol(ctx, "sftp", listen, port, ready_file, "127.0.0.1:2222")
 
 
+@serve.command("nfs")
+@click.option("--listen", help="HOST:PORT of the NFSv3 and MOUNT server (default: nfs.listen).")
+@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
+@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.pass_context
+def serve_nfs(
+    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
+) -> None:
+    """Serve the hub over NFSv3 (MOUNT on the same port: mount with port=N,mountport=N)."""
+    _serve_protocol(ctx, "nfs", listen, port, ready_file, "127.0.0.1:2049")
+
+
 def _serve_protocol(
     ctx: click.Context,
     section: str,

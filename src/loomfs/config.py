@@ -262,6 +262,28 @@ class FuseSection(_Section):
     poll_us: int = Field(default=100, ge=0, le=10_000)
 
 
+class NfsExport(_Section):
+    #: addresses or networks that may mount the export and use its handles; others get
+    #: MNT3ERR_ACCES / NFS3ERR_ACCES
+    clients: list[str] = ["127.0.0.0/8", "::1/128"]
+    access: Literal["rw", "ro"] = "rw"
+    #: "root": uid 0 is the anonymous user; "all": everyone is; "none": root is root
+    squash: Literal["root", "all", "none"] = "root"
+    #: AUTH_NONE calls are served (as the anonymous user); false: AUTH_SYS only
+    anonymous: bool = False
+
+
+class NfsSection(_Section):
+    #: HOST:PORT of the NFSv3 and MOUNT server (one port, no portmapper); unset = no NFS
+    listen: str | None = None
+    #: namespace directory -> who may mount it and how; none: "/" to loopback only
+    exports: dict[str, NfsExport] = {}
+    #: AUTH_SYS uid -> loomfs user; an unmapped uid is the anonymous user
+    uid_map: dict[int, str] = {}
+    #: seconds after its last write that an uncommitted (UNSTABLE) write is committed
+    commit_delay: float = Field(default=2.0, gt=0)
+
+
 class Config(_Section):
     site: SiteSection = SiteSection()
     catalog: CatalogSection = CatalogSection()
@@ -271,6 +293,7 @@ class Config(_Section):
     spoke: SpokeSection = SpokeSection()
     client: ClientSection = ClientSection()
     sftp: SftpSection = SftpSection()
+    nfs: NfsSection = NfsSection()
     log: LogSection = LogSection()
     audit: AuditSection = AuditSection()
     fuse: FuseSection = FuseSection()

@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import health, paths
-from .config import Config, TlsSettings, host_port, parse_size
+from .config import Config, NfsExport, TlsSettings, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
 from .core.admin import LocalAdmin, check_volume_url
@@ -53,6 +53,7 @@ from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
+from .protocols.nfs import AccessGate, NfsServer
 from .protocols.s3 import S3Gateway
 from .rest.admin import routes as admin_routes
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
@@ -357,6 +358,7 @@ class HubService:
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
             sockets = sftp_listeners(self.config, self.governed, self.catalog)  # governed
+            sockets += nfs_listeners(self.config, self.governed, gate=self.governed)
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
             await self.stop()
@@ -479,6 +481,27 @@ def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> li
         site=config.site.name,
     )
     return [SocketListener("sftp", "sftp", server, host_port(sftp.listen, "sftp.listen"))]
+
+
+def nfs_listeners(
+    config: Config, namespace: Namespace, *, gate: AccessGate | None = None
+) -> list[SocketListener]:
+    """The NFSv3 server where ``[nfs] listen`` is set; no exports configured: '/' to
+    loopback clients only. ``gate`` answers ACCESS (a hub's governed namespace)."""
+    nfs = config.nfs
+    if not nfs.listen:
+        return []
+    server = NfsServer(
+        namespace,
+        nfs.exports or {"/": NfsExport()},
+        state_dir=config.site.data_dir / "nfs",
+        spool_dir=config.site.data_dir / "nfs-spool",
+        uid_map=nfs.uid_map,
+        site=config.site.name,
+        commit_delay=nfs.commit_delay,
+        gate=gate,
+    )
+    return [SocketListener("nfs", "nfs", server, host_port(nfs.listen, "nfs.listen"))]
 
 
 async def serve_until_signal(
@@ -622,6 +645,7 @@ class SpokeService:
             if users is not None:
                 await users.open()
                 sockets = sftp_listeners(self.config, self.namespace, users)
+            sockets += nfs_listeners(self.config, self.namespace)
             tls = listener_tls(self.config, "spoke", self.config.spoke, listen)
             listeners = [Listener("url", server.app(), listen, tls)]
             await serve_until_signal(listeners, ready_file, "spoke", sockets)

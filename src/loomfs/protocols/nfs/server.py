@@ -1,0 +1,988 @@
+"""The NFSv3 and MOUNT v3 server (protocol layer): RFC 1813 calls as namespace calls.
+
+MOUNT (program 100005) and NFS (100003) share one TCP port, so clients need no
+portmapper (``mountport`` = ``port``). Exports are namespace directories
+(``[nfs.exports]``), each with the client networks that may use it, rw or ro, and how
+root is squashed. Every call runs as a ``Principal`` with protocol "nfs": an AUTH_SYS uid
+mapped through ``[nfs] uid_map``, anyone else the anonymous user, so the governed
+namespace decides and audits NFS calls as every other protocol's; this module only
+translates. File handles are in ``handles.py``, writes gathered until COMMIT in
+``spool.py``, and errors translated by the one table in ``errors.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import os
+import secrets
+import stat as stat_mod
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import Counter
+
+from ... import paths
+from ...core.acl import ADMIN_GROUP, ANONYMOUS
+from ...core.streams import aiter_bytes
+from ...core.types import Action, Entry, EntryKind, Principal
+from ...errors import AlreadyExists, Conflict, LoomError, NotFound, PermissionDenied
+from ...namespace.base import Namespace
+from . import errors as e
+from .errors import NfsError, to_nfsstat
+from .handles import HandleTable, export_id
+from .rpc import AUTH_NONE, AUTH_SYS, AuthSys, Call, Program, RpcDenied, RpcServer
+from .spool import Spools
+from .xdr import Packer, Unpacker, XdrError
+
+if TYPE_CHECKING:
+    from ...config import NfsExport
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter("loomfs_nfs_requests_total", "NFS requests", ["op", "status"])
+
+MOUNT_PROGRAM, NFS_PROGRAM = 100005, 100003
+FHSIZE3 = 64
+MNTPATHLEN, NAME_MAX = 1024, 255
+MAX_IO = 1 << 20  # FSINFO's rtmax and wtmax
+UNSTABLE, DATA_SYNC, FILE_SYNC = 0, 1, 2
+READ_ATTEMPTS = 3
+#: a READDIR reply's own part: status, directory attributes, verifier, end of list, eof
+LISTING_HEADER = 4 + 88 + 8 + 4 + 4
+MNT3_OK = 0
+
+_FTYPE = {
+    EntryKind.FILE: 1,
+    EntryKind.DIR: 2,
+    EntryKind.BLOCK_DEVICE: 3,
+    EntryKind.CHAR_DEVICE: 4,
+    EntryKind.SYMLINK: 5,
+    EntryKind.SOCKET: 6,
+    EntryKind.FIFO: 7,
+}
+_MKNOD_BITS = {3: stat_mod.S_IFBLK, 4: stat_mod.S_IFCHR, 6: stat_mod.S_IFSOCK, 7: stat_mod.S_IFIFO}
+ACCESS_READ, ACCESS_LOOKUP, ACCESS_MODIFY = 0x01, 0x02, 0x04
+ACCESS_EXTEND, ACCESS_DELETE, ACCESS_EXECUTE = 0x08, 0x10, 0x20
+_WRITE_ACCESS = ACCESS_MODIFY | ACCESS_EXTEND | ACCESS_DELETE
+FSF3_LINK, FSF3_SYMLINK, FSF3_HOMOGENEOUS, FSF3_CANSETTIME = 0x1, 0x2, 0x8, 0x10
+
+
+class AccessGate(Protocol):
+    """What may be asked of the governed namespace without doing anything: ACCESS's
+    answers, and whether a first WRITE of a file may go ahead (recorded when refused)."""
+
+    async def check_read(self, who: Principal, path: str) -> None: ...
+
+    async def check_write(self, who: Principal, path: str) -> None: ...
+
+    async def authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None: ...
+
+
+async def _allows(check: Awaitable[None]) -> bool:
+    try:
+        await check
+    except (PermissionDenied, NotFound):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Export:
+    path: str
+    id: int
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    read_only: bool
+    squash: str
+    anonymous: bool
+
+    def admits(self, host: str) -> bool:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self.networks)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a handle names: the export it was handed out through (the client's file
+    system: fsid), the innermost export holding it (whose rules hold), its object id
+    and its current path."""
+
+    export: Export
+    rules: Export
+    object_id: int
+    path: str
+
+
+@dataclass(slots=True)
+class Sattr:
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+
+
+def _time(u: Unpacker) -> int | None:
+    how = u.uint()
+    if how == 0:
+        return None
+    if how == 1:
+        return time.time_ns()
+    if how == 2:
+        seconds, nanos = u.uint(), u.uint()
+        return seconds * 1_000_000_000 + nanos
+    raise e.NfsError(e.NFS3ERR_INVAL, f"time_how {how}")
+
+
+def _sattr(u: Unpacker) -> Sattr:
+    s = Sattr()
+    if u.boolean():
+        s.mode = u.uint() & 0o7777
+    if u.boolean():
+        s.uid = u.uint()
+    if u.boolean():
+        s.gid = u.uint()
+    if u.boolean():
+        s.size = u.uhyper()
+    s.atime_ns = _time(u)
+    s.mtime_ns = _time(u)
+    return s
+
+
+def _nfstime(p: Packer, ns: int) -> None:
+    seconds, nanos = divmod(max(ns, 0), 1_000_000_000)
+    p.uint(seconds)
+    p.uint(nanos)
+
+
+def _check_name(name: str) -> str:
+    if len(name.encode()) > NAME_MAX:
+        raise NfsError(e.NFS3ERR_NAMETOOLONG, name)
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise NfsError(e.NFS3ERR_INVAL, f"not a file name: {name!r}")
+    return name
+
+
+def principal_of(
+    cred: AuthSys | None, export: Export, uid_map: Mapping[int, str], site: str
+) -> Principal:
+    """Who a call runs as: the loomfs user its AUTH_SYS uid maps to, else ``anonymous``;
+    root (or everyone) squashed to ``anonymous`` as the export says. AUTH_NONE is
+    ``anonymous`` where the export allows it, else refused (AUTH_TOOWEAK)."""
+    anonymous = Principal(ANONYMOUS, site=site, protocol="nfs")
+    if cred is None:
+        if not export.anonymous:
+            raise RpcDenied()
+        return anonymous
+    if export.squash == "all" or (cred.uid == 0 and export.squash == "root"):
+        return anonymous
+    name = uid_map.get(cred.uid)
+    if name is not None:
+        return Principal(name, site=site, protocol="nfs")
+    if cred.uid == 0:  # squash "none": root is the administrator, as on its own disk
+        return Principal("root", frozenset({ADMIN_GROUP}), site=site, protocol="nfs")
+    return anonymous
+
+
+class _Answered(NfsError):
+    """A failure whose body the procedure built itself (LOOKUP's directory attributes)."""
+
+    def __init__(self, body: Packer) -> None:
+        super().__init__(e.NFS3ERR_IO)
+        self.body = body
+
+
+Handler = Callable[["NfsServer", Call], Awaitable[Packer]]
+
+
+def nfs_procedure(fail_words: int) -> Callable[[Handler], Handler]:
+    """Run one NFS procedure: its result body after NFS3_OK, or a status and ``fail_words``
+    absent optional attributes (post_op_attr, wcc_data: as many FALSE words as the
+    procedure's failure body has) for an error, through the one table in ``errors.py``."""
+
+    def wrap(fn: Handler) -> Handler:
+        @functools.wraps(fn)
+        async def run(self: NfsServer, call: Call) -> Packer:
+            try:
+                body = await fn(self, call)
+            except _Answered as exc:
+                REQUESTS.labels(fn.__name__, "refused").inc()
+                return exc.body
+            except NfsError as exc:
+                status = exc.status
+            except LoomError as exc:
+                level = logging.DEBUG if isinstance(exc, NotFound) else logging.INFO
+                extra = {"op": fn.__name__, "code": exc.code, "reason": exc.message}
+                log.log(level, "nfs request refused", extra=extra)
+                status = to_nfsstat(exc)
+            except (XdrError, RpcDenied):
+                raise  # the RPC layer answers GARBAGE_ARGS or AUTH_ERROR
+            except Exception:
+                log.exception("unexpected error in an nfs request", extra={"op": fn.__name__})
+                status = e.NFS3ERR_SERVERFAULT
+            else:
+                out = Packer()
+                out.uint(e.NFS3_OK)
+                out.extend(body)
+                REQUESTS.labels(fn.__name__, "ok").inc()
+                return out
+            REQUESTS.labels(fn.__name__, str(status)).inc()
+            out = Packer()
+            out.uint(status)
+            for _ in range(fail_words):
+                out.uint(0)
+            return out
+
+        return run
+
+    return wrap
+
+
+class NfsServer:
+    """NFSv3 and MOUNT v3 on one port over ``ns`` (the governed namespace; ``gate``: the
+    same, where it can answer ACCESS ahead of the calls)."""
+
+    def __init__(
+        self,
+        ns: Namespace,
+        exports: Mapping[str, NfsExport],
+        *,
+        state_dir: Path,
+        spool_dir: Path,
+        uid_map: Mapping[int, str] | None = None,
+        site: str = "local",
+        commit_delay: float = 2.0,
+        gate: AccessGate | None = None,
+    ) -> None:
+        self.ns = ns
+        self.gate = gate
+        self.site = site
+        self.uid_map = dict(uid_map or {})
+        self.exports: dict[int, Export] = {}
+        for name, config in exports.items():
+            path = paths.normalize(name)
+            export = Export(
+                path,
+                export_id(path),
+                tuple(ipaddress.ip_network(c, strict=False) for c in config.clients),
+                config.access == "ro",
+                config.squash,
+                config.anonymous,
+            )
+            self.exports[export.id] = export
+        self.handles = HandleTable(state_dir)
+        self.spools = Spools(ns, spool_dir, commit_delay)
+        #: a new one each start: clients resend the UNSTABLE writes of an earlier one
+        self.write_verifier = secrets.token_bytes(8)
+        #: READDIR cookies are object ids, which outlive restarts; so does this
+        self.cookie_verifier = self.handles._mac(b"cookies")[:8]
+        self.mounts: set[tuple[str, str]] = set()
+        nfs = {
+            0: self.null, 1: self.getattr, 2: self.setattr, 3: self.lookup, 4: self.access,
+            5: self.readlink, 6: self.read, 7: self.write, 8: self.create, 9: self.mkdir,
+            10: self.symlink, 11: self.mknod, 12: self.remove, 13: self.rmdir,
+            14: self.rename, 15: self.link, 16: self.readdir, 17: self.readdirplus,
+            18: self.fsstat, 19: self.fsinfo, 20: self.pathconf, 21: self.commit,
+        }  # fmt: skip
+        mount = {
+            0: self.null, 1: self.mnt, 2: self.dump, 3: self.umnt, 4: self.umntall,
+            5: self.export,
+        }  # fmt: skip
+        self.rpc = RpcServer([Program(NFS_PROGRAM, 3, nfs), Program(MOUNT_PROGRAM, 3, mount)])
+
+    async def start(self, host: str, port: int) -> int:
+        return await self.rpc.start(host, port)
+
+    async def stop(self) -> None:
+        await self.rpc.stop()
+        await self.spools.close()
+        self.handles.close()
+
+    # -- identity and handles --------------------------------------------------------------
+
+    def who(self, call: Call, export: Export) -> Principal:
+        return principal_of(call.cred, export, self.uid_map, self.site)
+
+    def _target(self, call: Call, handle: bytes) -> Target:
+        export_number, object_id = self.handles.decode(handle)
+        export = self.exports.get(export_number)
+        if export is None:  # an export taken out of the configuration
+            raise NfsError(e.NFS3ERR_STALE, "no such export")
+        if not export.admits(call.peer):
+            raise NfsError(e.NFS3ERR_ACCES, f"{call.peer} may not use {export.path}")
+        known = self.handles.known(object_id)
+        if known is None or not known.live or not paths.is_within(known.path, export.path):
+            raise NfsError(e.NFS3ERR_STALE, "the object is gone")
+        # an export inside the one mounted keeps its own rules for what is below it
+        rules = self._export_of(known.path) or export
+        if not rules.admits(call.peer):
+            raise NfsError(e.NFS3ERR_ACCES, f"{call.peer} may not use {rules.path}")
+        return Target(export, rules, object_id, known.path)
+
+    def _handle(self, export: Export, entry: Entry) -> tuple[bytes, int]:
+        object_id = self.handles.id(entry.path)
+        return self.handles.encode(export.id, object_id), object_id
+
+    async def _stat(self, who: Principal, target: Target) -> Entry:
+        """The entry a handle names now; STALE if it is gone."""
+        try:
+            entry = await self.ns.stat(who, target.path)
+        except NotFound:
+            self.handles.removed(target.path)
+            self.spools.discard(target.object_id)
+            raise NfsError(e.NFS3ERR_STALE, f"{target.path} is gone") from None
+        return entry
+
+    async def _stat_quiet(self, who: Principal, path: str) -> Entry | None:
+        try:
+            return await self.ns.stat(who, path)
+        except LoomError:
+            return None
+
+    def _writable(self, target: Target) -> None:
+        if target.export.read_only or target.rules.read_only:
+            raise NfsError(e.NFS3ERR_ROFS, f"{target.rules.path} is exported read-only")
+
+    def _args(self, call: Call) -> tuple[Target, Principal]:
+        target = self._target(call, call.args.opaque(FHSIZE3))
+        return target, self.who(call, target.rules)
+
+    def _dirop(self, call: Call) -> tuple[Target, Principal, str]:
+        """A diropargs3 (directory handle and name)."""
+        target, who = self._args(call)
+        return target, who, call.args.string(NAME_MAX * 4)
+
+    # -- attributes ------------------------------------------------------------------------
+
+    def _sizes(self, entry: Entry, object_id: int) -> tuple[int, int, int]:
+        """(size, mtime, ctime) as the client sees them: a file with uncommitted writes
+        has its spool's size and the time of its last write."""
+        spool = self.spools.dirty(object_id)
+        if spool is not None:
+            return spool.size, spool.mtime_ns, spool.mtime_ns
+        size = entry.size
+        if entry.kind is EntryKind.SYMLINK and entry.link_target is not None:
+            size = len(entry.link_target.encode())
+        return size, entry.mtime_ns, entry.ctime_ns or entry.mtime_ns
+
+    def _fattr(self, p: Packer, entry: Entry, object_id: int, export: Export) -> None:
+        size, mtime_ns, ctime_ns = self._sizes(entry, object_id)
+        p.uint(_FTYPE[entry.kind])
+        p.uint(entry.mode & 0o7777)
+        p.uint(max(entry.nlink, 2 if entry.is_dir else 1))
+        p.uint(entry.uid)
+        p.uint(entry.gid)
+        p.uhyper(size)
+        p.uhyper((size + 4095) // 4096 * 4096)
+        rdev = entry.rdev or 0
+        p.uint(os.major(rdev))
+        p.uint(os.minor(rdev))
+        p.uhyper(export.id)
+        p.uhyper(object_id)
+        _nfstime(p, entry.atime_ns or mtime_ns)
+        _nfstime(p, mtime_ns)
+        _nfstime(p, ctime_ns)
+
+    def _post_op(self, p: Packer, entry: Entry | None, export: Export) -> None:
+        if entry is None:
+            p.boolean(False)
+            return
+        p.boolean(True)
+        self._fattr(p, entry, self.handles.id(entry.path), export)
+
+    def _pre_op(self, p: Packer, before: tuple[int, int, int] | None) -> None:
+        if before is None:
+            p.boolean(False)
+            return
+        p.boolean(True)
+        size, mtime_ns, ctime_ns = before
+        p.uhyper(size)
+        _nfstime(p, mtime_ns)
+        _nfstime(p, ctime_ns)
+
+    async def _wcc(
+        self,
+        p: Packer,
+        who: Principal,
+        before: tuple[int, int, int] | None,
+        path: str,
+        export: Export,
+    ) -> None:
+        """wcc_data: ``before`` (``_sizes`` of the object before the change) and its
+        attributes now."""
+        self._pre_op(p, before)
+        self._post_op(p, await self._stat_quiet(who, path), export)
+
+    # -- NFS procedures --------------------------------------------------------------------
+
+    async def null(self, call: Call) -> Packer:
+        return Packer()
+
+    @nfs_procedure(0)
+    async def getattr(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        entry = await self._stat(who, target)
+        p = Packer()
+        self._fattr(p, entry, target.object_id, target.export)
+        return p
+
+    @nfs_procedure(2)
+    async def setattr(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        s = _sattr(call.args)
+        guard = call.args.boolean()
+        guard_ns = call.args.uint() * 1_000_000_000 + call.args.uint() if guard else None
+        self._writable(target)
+        before = await self._stat(who, target)
+        pre = self._sizes(before, target.object_id)
+        if guard_ns is not None and guard_ns != pre[2]:
+            raise NfsError(e.NFS3ERR_NOT_SYNC, "the object changed since the client looked")
+        if s.size is not None:
+            if before.is_dir:
+                raise NfsError(e.NFS3ERR_ISDIR, target.path)
+            dirty = self.spools.dirty(target.object_id) is not None
+            if s.size == 0 and not dirty:  # O_TRUNC: no copy of what goes anyway
+                if before.size:
+                    self.spools.discard(target.object_id)
+                    await self.ns.write(who, target.path, aiter_bytes(b""))
+            elif s.size != before.size or dirty:
+                await self.spools.truncate(who, target.object_id, before, s.size)
+        # an owner sent back unchanged (cp -p, tar) is no change of owner, which needs admin
+        uid = None if s.uid == before.uid else s.uid
+        gid = None if s.gid == before.gid else s.gid
+        if (s.mode, uid, gid, s.mtime_ns, s.atime_ns) != (None,) * 5:
+            await self.spools.commit(target.object_id)  # a new mtime is the committed one's
+            await self.ns.set_attrs(
+                who, target.path, mode=s.mode, uid=uid, gid=gid,
+                mtime_ns=s.mtime_ns, atime_ns=s.atime_ns,
+            )  # fmt: skip
+        p = Packer()
+        await self._wcc(p, who, pre, target.path, target.export)
+        return p
+
+    @nfs_procedure(1)
+    async def lookup(self, call: Call) -> Packer:
+        target, who, name = self._dirop(call)
+        directory = await self._stat(who, target)
+        if not directory.is_dir:
+            raise NfsError(e.NFS3ERR_NOTDIR, target.path)
+        if name == ".":
+            path = target.path
+        elif name == "..":
+            parent = paths.split(target.path)[0]
+            within = target.path != target.export.path and paths.is_within(
+                parent, target.export.path
+            )
+            path = parent if within else target.path
+        else:
+            path = paths.join(target.path, _check_name(name))
+        try:
+            entry = await self.ns.stat(who, path)
+        except LoomError as exc:
+            status = to_nfsstat(exc)
+            p = Packer()
+            p.uint(status)
+            self._post_op(p, directory, target.export)
+            raise _Answered(p) from None
+        handle, object_id = self._handle(target.export, entry)
+        p = Packer()
+        p.opaque(handle)
+        p.boolean(True)
+        self._fattr(p, entry, object_id, target.export)
+        self._post_op(p, directory, target.export)
+        return p
+
+    @nfs_procedure(1)
+    async def access(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        wanted = call.args.uint()
+        entry = await self._stat(who, target)
+        read_only = target.export.read_only or target.rules.read_only
+        allowed = wanted & ~_WRITE_ACCESS if read_only else wanted
+        # what the namespace would decide (a directory's entries: write on the directory);
+        # without a gate (a spoke: its hub decides) each call is decided as it comes
+        gate = self.gate
+        if gate is not None:
+            path = target.path
+            reading = allowed & ACCESS_READ and not entry.is_dir
+            if reading and not await _allows(gate.check_read(who, path)):
+                allowed &= ~ACCESS_READ
+            if allowed & _WRITE_ACCESS and not await _allows(gate.check_write(who, path)):
+                allowed &= ~_WRITE_ACCESS
+        p = Packer()
+        self._post_op(p, entry, target.export)
+        p.uint(allowed)
+        return p
+
+    @nfs_procedure(1)
+    async def readlink(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        entry = await self._stat(who, target)
+        if entry.kind is not EntryKind.SYMLINK or entry.link_target is None:
+            raise NfsError(e.NFS3ERR_INVAL, f"{target.path} is not a symlink")
+        p = Packer()
+        self._post_op(p, entry, target.export)
+        p.string(entry.link_target)
+        return p
+
+    @nfs_procedure(1)
+    async def read(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        offset, count = call.args.uhyper(), min(call.args.uint(), MAX_IO)
+        entry = await self._stat(who, target)
+        if entry.is_dir:
+            raise NfsError(e.NFS3ERR_ISDIR, target.path)
+        if entry.kind is not EntryKind.FILE:
+            raise NfsError(e.NFS3ERR_INVAL, f"{target.path} has no content")
+        spool = self.spools.dirty(target.object_id)
+        if spool is not None:
+            await self.ns.stat_for_read(who, target.path)  # refused as a read would be
+            data = os.pread(spool.fd, count, offset)
+            size = spool.size
+        elif offset >= entry.size or count == 0:
+            # still a read: the namespace decides (and audits) it like any other
+            await (await self.ns.read_entry(who, entry, min(offset, entry.size), 0)).aclose()
+            data, size = b"", entry.size
+        else:
+            data, entry = await self._read(who, target, entry, offset, count)
+            size = entry.size
+        p = Packer()
+        self._post_op(p, entry, target.export)
+        p.uint(len(data))
+        p.boolean(offset + len(data) >= size)
+        p.opaque(data)
+        return p
+
+    async def _read(
+        self, who: Principal, target: Target, entry: Entry, offset: int, count: int
+    ) -> tuple[bytes, Entry]:
+        """A range of the file's current version. NFS has no open to pin a version to: a
+        file replaced between the stat and the read (over another protocol) is read again
+        as it is now rather than failed."""
+        for _ in range(READ_ATTEMPTS - 1):
+            try:
+                async with await self.ns.read_entry(who, entry, offset, count) as reader:
+                    return await reader.read_all(), entry
+            except Conflict:
+                entry = await self._stat(who, target)
+        async with await self.ns.read_entry(who, entry, offset, count) as reader:
+            return await reader.read_all(), entry
+
+    @nfs_procedure(2)
+    async def write(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        offset, count, stable = call.args.uhyper(), call.args.uint(), call.args.uint()
+        data = call.args.view(MAX_IO)
+        if count != len(data) or stable > FILE_SYNC:
+            raise NfsError(e.NFS3ERR_INVAL, "the count is not the data's length")
+        self._writable(target)
+        before = await self._stat(who, target)
+        if before.is_dir:
+            raise NfsError(e.NFS3ERR_ISDIR, target.path)
+        if before.kind is not EntryKind.FILE:
+            raise NfsError(e.NFS3ERR_INVAL, f"{target.path} has no content")
+        pre = self._sizes(before, target.object_id)
+        if self.gate is not None and self.spools.dirty(target.object_id) is None:
+            # refused now rather than at COMMIT, when the client has thrown the data away
+            await self.gate.authorize(who, "write", Action.WRITE, target.path)
+        await self.spools.write(who, target.object_id, before, offset, data)
+        committed = UNSTABLE
+        if stable != UNSTABLE:
+            await self.spools.commit(target.object_id)
+            committed = FILE_SYNC
+        p = Packer()
+        await self._wcc(p, who, pre, target.path, target.export)
+        p.uint(len(data))
+        p.uint(committed)
+        p.fixed(self.write_verifier)
+        return p
+
+    @nfs_procedure(1)
+    async def commit(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        call.args.uhyper()  # offset and count: a commit here is always of the whole file
+        call.args.uint()
+        pre = self._sizes(await self._stat(who, target), target.object_id)
+        await self.spools.commit(target.object_id)
+        p = Packer()
+        await self._wcc(p, who, pre, target.path, target.export)
+        p.fixed(self.write_verifier)
+        return p
+
+    async def _created(
+        self, p: Packer, who: Principal, target: Target, before: Entry, entry: Entry
+    ) -> None:
+        """A post_op_fh3, its post_op_attr and the directory's wcc_data."""
+        handle, object_id = self._handle(target.export, entry)
+        p.boolean(True)
+        p.opaque(handle)
+        p.boolean(True)
+        self._fattr(p, entry, object_id, target.export)
+        await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
+
+    async def _directory(self, who: Principal, target: Target) -> Entry:
+        self._writable(target)
+        entry = await self._stat(who, target)
+        if not entry.is_dir:
+            raise NfsError(e.NFS3ERR_NOTDIR, target.path)
+        return entry
+
+    @nfs_procedure(2)
+    async def create(self, call: Call) -> Packer:
+        target, who, name = self._dirop(call)
+        how = call.args.uint()
+        s, verifier = Sattr(), None
+        if how in (0, 1):
+            s = _sattr(call.args)
+        elif how == 2:
+            verifier = call.args.fixed(8)
+        else:
+            raise NfsError(e.NFS3ERR_INVAL, f"createmode {how}")
+        before = await self._directory(who, target)
+        path = paths.join(target.path, _check_name(name))
+        mode = 0o644 if s.mode is None else s.mode
+        # an exclusive create keeps its verifier as the mtime, so a retransmission of it
+        # is told from another client's file (RFC 1813 3.3.8); the client then sets the times
+        stamp = None if verifier is None else _verifier_ns(verifier)
+        try:
+            entry = await self.ns.write(who, path, aiter_bytes(b""), exclusive=True, mode=mode)
+            if stamp is not None:
+                entry = await self.ns.set_attrs(who, path, mtime_ns=stamp)
+        except AlreadyExists:
+            entry = await self.ns.stat(who, path)
+            retransmitted = stamp is None or entry.mtime_ns == stamp
+            if how == 1 or entry.kind is not EntryKind.FILE or not retransmitted:
+                raise
+            if how == 0 and entry.kind is EntryKind.FILE and s.size == 0 and entry.size:
+                self.spools.discard(self.handles.id(path))
+                entry = await self.ns.write(who, path, aiter_bytes(b""))
+        p = Packer()
+        await self._created(p, who, target, before, entry)
+        return p
+
+    @nfs_procedure(2)
+    async def mkdir(self, call: Call) -> Packer:
+        target, who, name = self._dirop(call)
+        s = _sattr(call.args)
+        before = await self._directory(who, target)
+        path = paths.join(target.path, _check_name(name))
+        entry = await self.ns.mkdir(who, path)
+        if s.mode is not None and s.mode != entry.mode & 0o7777:
+            entry = await self.ns.set_attrs(who, path, mode=s.mode)
+        p = Packer()
+        await self._created(p, who, target, before, entry)
+        return p
+
+    @nfs_procedure(2)
+    async def symlink(self, call: Call) -> Packer:
+        target, who, name = self._dirop(call)
+        _sattr(call.args)  # a symlink's own mode means nothing
+        link_target = call.args.string(MNTPATHLEN * 4)
+        before = await self._directory(who, target)
+        path = paths.join(target.path, _check_name(name))
+        entry = await self.ns.symlink(who, path, link_target)
+        p = Packer()
+        await self._created(p, who, target, before, entry)
+        return p
+
+    @nfs_procedure(2)
+    async def mknod(self, call: Call) -> Packer:
+        target, who, name = self._dirop(call)
+        kind = call.args.uint()
+        if kind not in _MKNOD_BITS:
+            raise NfsError(e.NFS3ERR_BADTYPE, f"mknod of type {kind}")
+        s = _sattr(call.args)
+        rdev = 0
+        if kind in (3, 4):
+            rdev = os.makedev(call.args.uint(), call.args.uint())
+        before = await self._directory(who, target)
+        path = paths.join(target.path, _check_name(name))
+        mode = _MKNOD_BITS[kind] | (0o644 if s.mode is None else s.mode)
+        entry = await self.ns.mknod(who, path, mode, rdev)
+        p = Packer()
+        await self._created(p, who, target, before, entry)
+        return p
+
+    async def _unlink(self, call: Call, *, directory: bool) -> Packer:
+        target, who, name = self._dirop(call)
+        before = await self._directory(who, target)
+        path = paths.join(target.path, _check_name(name))
+        entry = await self.ns.stat(who, path)
+        if directory and not entry.is_dir:
+            raise NfsError(e.NFS3ERR_NOTDIR, path)
+        if not directory and entry.is_dir:
+            raise NfsError(e.NFS3ERR_ISDIR, path)
+        await self.ns.remove(who, path, recursive=False)
+        known = self.handles.id(path)
+        self.spools.discard(known)
+        self.handles.removed(path)
+        p = Packer()
+        await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
+        return p
+
+    @nfs_procedure(2)
+    async def remove(self, call: Call) -> Packer:
+        return await self._unlink(call, directory=False)
+
+    @nfs_procedure(2)
+    async def rmdir(self, call: Call) -> Packer:
+        return await self._unlink(call, directory=True)
+
+    @nfs_procedure(4)
+    async def rename(self, call: Call) -> Packer:
+        source, who, src_name = self._dirop(call)
+        dest_handle = call.args.opaque(FHSIZE3)
+        dst_name = call.args.string(NAME_MAX * 4)
+        dest = self._target(call, dest_handle)
+        if dest.export.id != source.export.id:
+            raise NfsError(e.NFS3ERR_XDEV, "a rename between exports")
+        src_before = await self._directory(who, source)
+        dst_before = await self._directory(who, dest)
+        src = paths.join(source.path, _check_name(src_name))
+        dst = paths.join(dest.path, _check_name(dst_name))
+        await self.ns.stat(who, src)  # NOENT before anything is committed
+        await self.spools.commit_within(src)  # what was written under the old names is kept
+        if src != dst:
+            await self.ns.rename(who, src, dst, overwrite=True)
+            self.handles.renamed(src, dst)
+        p = Packer()
+        src_pre = self._sizes(src_before, source.object_id)
+        await self._wcc(p, who, src_pre, source.path, source.export)
+        await self._wcc(p, who, self._sizes(dst_before, dest.object_id), dest.path, dest.export)
+        return p
+
+    @nfs_procedure(3)
+    async def link(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        dir_handle = call.args.opaque(FHSIZE3)
+        name = call.args.string(NAME_MAX * 4)
+        directory = self._target(call, dir_handle)
+        if directory.export.id != target.export.id:
+            raise NfsError(e.NFS3ERR_XDEV, "a link between exports")
+        before = await self._directory(who, directory)
+        await self._stat(who, target)
+        await self.spools.commit(target.object_id)
+        dst = paths.join(directory.path, _check_name(name))
+        await self.ns.link(who, target.path, dst)
+        p = Packer()
+        self._post_op(p, await self._stat_quiet(who, target.path), target.export)
+        pre = self._sizes(before, directory.object_id)
+        await self._wcc(p, who, pre, directory.path, directory.export)
+        return p
+
+    async def _listing(self, call: Call, *, plus: bool) -> Packer:
+        target, who = self._args(call)
+        cookie, verifier = call.args.uhyper(), call.args.fixed(8)
+        if plus:
+            dircount, maxcount = call.args.uint(), call.args.uint()
+        else:
+            dircount = maxcount = call.args.uint()
+        directory = await self._stat(who, target)
+        if not directory.is_dir:
+            raise NfsError(e.NFS3ERR_NOTDIR, target.path)
+        if cookie and verifier != self.cookie_verifier and verifier != bytes(8):
+            raise NfsError(e.NFS3ERR_BAD_COOKIE, "a cookie of another listing")
+        start_after = self._resume(cookie, target.path)
+        body, used, names = Packer(), 0, 0
+        budget = maxcount - LISTING_HEADER
+
+        def add(entry: Entry, name: str, cookie: int | None = None) -> bool:
+            nonlocal used, names
+            item, name_size = self._dir_entry(entry, name, cookie, target.export, plus)
+            if used + item.size > budget or names + name_size > dircount:
+                return False
+            body.extend(item)
+            used, names = used + item.size, names + name_size
+            return True
+
+        dots: list[tuple[Entry, str, int]] = []
+        if cookie == 0:
+            dots.append((directory, ".", 1))
+        if cookie <= 1:
+            parent = None
+            if target.path != target.export.path:
+                parent = await self._stat_quiet(who, paths.split(target.path)[0])
+            dots.append((parent or directory, "..", 2))
+        eof = all(add(*dot) for dot in dots)
+        if eof:
+            async for entry in self.ns.list(who, target.path, start_after=start_after):
+                if not add(entry, entry.name):
+                    eof = False
+                    break
+        if used == 0 and not eof:
+            raise NfsError(e.NFS3ERR_TOOSMALL, "not even one entry fits")
+        p = Packer()
+        self._post_op(p, directory, target.export)
+        p.fixed(self.cookie_verifier)
+        p.extend(body)
+        p.boolean(False)
+        p.boolean(eof)
+        return p
+
+    def _resume(self, cookie: int, directory: str) -> str | None:
+        """The name a listing resumes after: cookies 1 and 2 are '.' and '..', the others
+        object ids (plus 2), so a cookie outlives a restart."""
+        if cookie <= 2:
+            return None
+        known = self.handles.known(cookie - 2)
+        if known is None or paths.split(known.path)[0] != directory:
+            raise NfsError(e.NFS3ERR_BAD_COOKIE, f"cookie {cookie}")
+        return paths.split(known.path)[1]
+
+    def _dir_entry(
+        self, entry: Entry, name: str, cookie: int | None, export: Export, plus: bool
+    ) -> tuple[Packer, int]:
+        """One entry3 (or entryplus3) and the size of its name part, which is what
+        READDIRPLUS's dircount counts; the cookie is the object id plus 2 unless given."""
+        p = Packer()
+        object_id = self.handles.id(entry.path)
+        p.boolean(True)
+        p.uhyper(object_id)
+        p.string(name)
+        p.uhyper(object_id + 2 if cookie is None else cookie)
+        name_size = p.size
+        if plus:
+            p.boolean(True)
+            self._fattr(p, entry, object_id, export)
+            p.boolean(True)
+            p.opaque(self.handles.encode(export.id, object_id))
+        return p, name_size
+
+    @nfs_procedure(1)
+    async def readdir(self, call: Call) -> Packer:
+        return await self._listing(call, plus=False)
+
+    @nfs_procedure(1)
+    async def readdirplus(self, call: Call) -> Packer:
+        return await self._listing(call, plus=True)
+
+    @nfs_procedure(1)
+    async def fsstat(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        entry = await self._stat(who, target)
+        p = Packer()
+        self._post_op(p, entry, target.export)
+        # the namespace spans volumes and sites: no one figure is its free space
+        for value in (1 << 50, 1 << 49, 1 << 49, 1 << 32, 1 << 31, 1 << 31):
+            p.uhyper(value)
+        p.uint(0)  # invarsec: the figures may change at any time
+        return p
+
+    @nfs_procedure(1)
+    async def fsinfo(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        entry = await self._stat(who, target)
+        p = Packer()
+        self._post_op(p, entry, target.export)
+        for value in (MAX_IO, MAX_IO, 4096, MAX_IO, MAX_IO, 4096, 64 << 10):
+            p.uint(value)
+        p.uhyper((1 << 63) - 1)
+        p.uint(0)
+        p.uint(1)  # time_delta: nanoseconds
+        p.uint(FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME)
+        return p
+
+    @nfs_procedure(1)
+    async def pathconf(self, call: Call) -> Packer:
+        target, who = self._args(call)
+        entry = await self._stat(who, target)
+        p = Packer()
+        self._post_op(p, entry, target.export)
+        p.uint(32000)  # linkmax
+        p.uint(NAME_MAX)
+        for flag in (True, True, False, True):  # no_trunc, chown_restricted, case_*
+            p.boolean(flag)
+        return p
+
+    # -- MOUNT procedures ------------------------------------------------------------------
+
+    def _export_of(self, path: str) -> Export | None:
+        found = [x for x in self.exports.values() if paths.is_within(path, x.path)]
+        return max(found, key=lambda x: len(x.path), default=None)
+
+    async def mnt(self, call: Call) -> Packer:
+        raw = call.args.string(MNTPATHLEN)
+        p = Packer()
+        try:
+            path = paths.normalize(raw)
+        except LoomError:
+            p.uint(e.NFS3ERR_NOENT)
+            return p
+        export = self._export_of(path)
+        if export is None:
+            p.uint(e.NFS3ERR_NOENT)
+            return p
+        if not export.admits(call.peer):
+            log.info("nfs mount refused", extra={"peer": call.peer, "path": path})
+            p.uint(e.NFS3ERR_ACCES)
+            return p
+        who = self.who(call, export)
+        try:
+            entry = await self.ns.stat(who, path)
+        except PermissionDenied:
+            # mounting is not reading: each call through the handle is decided on its own
+            entry = None
+        except LoomError as exc:
+            p.uint(to_nfsstat(exc))
+            return p
+        if entry is not None and not entry.is_dir:
+            p.uint(e.NFS3ERR_NOTDIR)
+            return p
+        object_id = self.handles.id(path)
+        self.mounts.add((call.peer, path))
+        p.uint(MNT3_OK)
+        p.opaque(self.handles.encode(export.id, object_id))
+        flavors = [AUTH_SYS, AUTH_NONE] if export.anonymous else [AUTH_SYS]
+        p.uint(len(flavors))
+        for flavor in flavors:
+            p.uint(flavor)
+        return p
+
+    async def dump(self, call: Call) -> Packer:
+        p = Packer()
+        for host, path in sorted(self.mounts):
+            p.boolean(True)
+            p.string(host)
+            p.string(path)
+        p.boolean(False)
+        return p
+
+    async def umnt(self, call: Call) -> Packer:
+        raw = call.args.string(MNTPATHLEN)
+        self.mounts.discard((call.peer, raw))
+        return Packer()
+
+    async def umntall(self, call: Call) -> Packer:
+        self.mounts = {(h, path) for h, path in self.mounts if h != call.peer}
+        return Packer()
+
+    async def export(self, call: Call) -> Packer:
+        """The exports the caller may mount (a client such as libnfs mounts every one below
+        the one it was asked for, and fails as a whole if one refuses it)."""
+        p = Packer()
+        mine = [x for x in self.exports.values() if x.admits(call.peer)]
+        for export in sorted(mine, key=lambda x: x.path):
+            p.boolean(True)
+            p.string(export.path)
+            for network in export.networks:
+                p.boolean(True)
+                p.string(str(network))
+            p.boolean(False)
+        p.boolean(False)
+        return p
+
+
+def _verifier_ns(verifier: bytes) -> int:
+    seconds = int.from_bytes(verifier[:4], "big")
+    nanos = int.from_bytes(verifier[4:], "big") % 1_000_000_000
+    return seconds * 1_000_000_000 + nanos

@@ -1,0 +1,901 @@
+"""The NFSv3 server with a real second client (libnfs's nfs-ls, nfs-cat, nfs-cp) and a raw
+RPC client (``loomfs.testing.nfs``) in front of a ``loomfs hub serve`` process that serves
+REST and NFS on the same namespace.
+
+/data is a posix volume exported read-write to loopback; /data/pub is exported read-only,
+/data/far only to 10.0.0.0/8. AUTH_SYS uid 1000 is alice, 1001 bob; /data/secret is private
+to alice; on /data/shelf alice may write and bob only read. What NFS does is checked on the
+volume's disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loomfs.core.acl import ANONYMOUS, AclStore
+from loomfs.core.registry import open_catalog
+from loomfs.core.sites import SiteRegistry
+from loomfs.core.types import SYSTEM
+from loomfs.core.users import UserRegistry
+from loomfs.fabric.identity import SiteIdentity
+from loomfs.hub.namespace import HubNamespace
+from loomfs.protocols.nfs import errors as e
+from loomfs.protocols.nfs.rpc import (
+    AUTH_ERROR,
+    AUTH_TOOWEAK,
+    GARBAGE_ARGS,
+    PROC_UNAVAIL,
+    PROG_MISMATCH,
+    PROG_UNAVAIL,
+    RPC_MISMATCH,
+    SUCCESS,
+    AuthSys,
+    RpcDenied,
+    record,
+)
+from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM, Export, principal_of
+from loomfs.protocols.nfs.xdr import Packer
+from loomfs.rest.client import RestNamespace
+from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
+from loomfs.testing.nfs import (
+    RpcClient,
+    diropargs,
+    fattr,
+    handle_args,
+    libnfs,
+    libnfs_tool,
+    nfs_url,
+    post_op,
+    sattr,
+    wcc,
+)
+
+MANY = 300  # files in one directory: more than one READDIRPLUS reply of libnfs's size
+GETATTR, SETATTR, LOOKUP, ACCESS, READLINK, READ, WRITE, CREATE = 1, 2, 3, 4, 5, 6, 7, 8
+MKDIR, SYMLINK, MKNOD, REMOVE, RMDIR, RENAME, LINK = 9, 10, 11, 12, 13, 14, 15
+READDIR, READDIRPLUS, FSSTAT, FSINFO, PATHCONF, COMMIT = 16, 17, 18, 19, 20, 21
+UNSTABLE, FILE_SYNC = 0, 2
+#: the module's one server serves every example (nothing an example does lasts)
+FIXTURE = [HealthCheck.function_scoped_fixture]
+CONFIG = """
+[site]
+name = "west"
+[hub]
+rescan_interval = 0
+[log]
+format = "text"
+[nfs]
+listen = "127.0.0.1:0"
+commit_delay = 0.5
+[nfs.uid_map]
+1000 = "alice"
+1001 = "bob"
+[nfs.exports."/data"]
+[nfs.exports."/data/pub"]
+access = "ro"
+[nfs.exports."/data/far"]
+clients = ["10.0.0.0/8"]
+"""
+
+
+@dataclass
+class Site:
+    hub: HubProcess
+    vol: Path
+    tmp: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.hub.urls["nfs"].rpartition(":")[2])
+
+    def url(self, path: str, uid: int = 1000) -> str:
+        return nfs_url(self.port, path, uid=uid, gid=uid)
+
+    def client(self, uid: int | None = 1000) -> RpcClient:
+        return RpcClient(self.port, uid=uid, gid=uid or 0)
+
+
+async def _prepare(tmp: Path, vol: Path) -> None:
+    catalog = open_catalog(f"sqlite://{tmp / 'site' / 'catalog.db'}")
+    await catalog.open()
+    try:
+        await HubNamespace(catalog).add_volume("/data", f"posix://{vol}")
+        users = UserRegistry(catalog)
+        for name in ("alice", "bob"):
+            await users.add_user(name)
+        acl = AclStore(catalog)
+        await acl.set_private("/data/secret", True)
+        await acl.grant("user:alice", "write", "/data/secret")
+        await acl.set_private("/data/shelf", True)
+        await acl.grant("user:alice", "write", "/data/shelf")
+        await acl.grant("user:bob", "read", "/data/shelf")
+    finally:
+        await catalog.close()
+
+
+def _volume(vol: Path) -> None:
+    for d in ("many", "pub", "far", "secret", "work", "shelf"):
+        (vol / d).mkdir(parents=True)
+    for i in range(MANY):
+        (vol / "many" / f"f{i:04d}").write_bytes(b"x" * i)
+    (vol / "hello.txt").write_bytes(b"hello over nfs\n")
+    (vol / "pub" / "r.txt").write_bytes(b"read only")
+    (vol / "secret" / "s.txt").write_bytes(b"alice's secret")
+    (vol / "shelf" / "book.txt").write_bytes(b"alice writes, bob reads")
+
+
+@contextlib.contextmanager
+def _serving(tmp: Path, vol: Path) -> Iterator[Site]:
+    config = tmp / "loomfs.toml"
+    config.write_text(CONFIG)
+    with HubProcess(tmp / "site", env={"LOOMFS_CONFIG": str(config)}) as hub:
+        yield Site(hub, vol, tmp)
+
+
+def _new_site(tmp: Path) -> Path:
+    vol = tmp / "vol"
+    _volume(vol)
+    (tmp / "site").mkdir()
+    asyncio.run(_prepare(tmp, vol))
+    return vol
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    for tool in ("nfs-ls", "nfs-cat", "nfs-cp"):
+        libnfs_tool(tool)  # fails with how to install it
+    tmp = tmp_path_factory.mktemp("nfs")
+    with _serving(tmp, _new_site(tmp)) as made:
+        yield made
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def _ok(done: object) -> str:
+    assert getattr(done, "returncode", 1) == 0, done
+    return getattr(done, "stdout", b"").decode()
+
+
+# -- libnfs: a second client implementation ------------------------------------------------
+
+
+def test_libnfs_lists_and_reads(site: Site) -> None:
+    listing = _ok(libnfs("nfs-ls", site.url("/data")))
+    names = {line.split()[-1] for line in listing.splitlines()}
+    assert {"hello.txt", "many", "pub", "secret"} <= names
+    many = _ok(libnfs("nfs-ls", site.url("/data/many")))
+    sizes = {line.split()[-1]: int(line.split()[-2]) for line in many.splitlines()}
+    assert sizes == {f"f{i:04d}": i for i in range(MANY)}  # every page, nothing twice
+    assert _ok(libnfs("nfs-cat", site.url("/data/hello.txt"))) == "hello over nfs\n"
+
+
+def test_libnfs_copies_a_large_file_both_ways(site: Site) -> None:
+    data = os.urandom(5 << 20) + b"tail"
+    local = site.tmp / "up.bin"
+    local.write_bytes(data)
+    _ok(libnfs("nfs-cp", str(local), site.url("/data/work/big.bin")))
+    assert (site.vol / "work" / "big.bin").read_bytes() == data
+    back = site.tmp / "down.bin"
+    _ok(libnfs("nfs-cp", site.url("/data/work/big.bin"), str(back)))
+    assert back.read_bytes() == data
+    cat = libnfs("nfs-cat", site.url("/data/work/big.bin"))
+    assert (cat.returncode, cat.stdout) == (0, data)
+
+
+def test_a_read_only_export_refuses_writes_and_keeps_its_files(site: Site) -> None:
+    local = site.tmp / "ro.txt"
+    local.write_bytes(b"nope")
+    before = _tree(site.vol / "pub")
+    done = libnfs("nfs-cp", str(local), site.url("/data/pub/new.txt"))
+    assert done.returncode != 0
+    assert b"ROFS" in done.stderr + done.stdout
+    assert _tree(site.vol / "pub") == before
+    assert _ok(libnfs("nfs-cat", site.url("/data/pub/r.txt"))) == "read only"
+
+
+def test_a_client_outside_an_exports_networks_cannot_mount_it(site: Site) -> None:
+    done = libnfs("nfs-ls", site.url("/data/far"))
+    assert done.returncode != 0
+
+    async def mnt() -> int:
+        async with site.client() as c:
+            p = Packer()
+            p.string("/data/far")
+            reply = await c.call(MOUNT_PROGRAM, 3, 1, p.value())
+            assert reply.accepted and reply.stat == SUCCESS
+            return reply.body.uint()
+
+    assert asyncio.run(mnt()) == e.NFS3ERR_ACCES
+
+
+# -- governance ----------------------------------------------------------------------------
+
+
+def _audit(site: Site, user: str) -> list[dict[str, object]]:
+    out = cli_ok(site.hub.data_dir, "audit", "query", "--user", user, "--json")
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_a_user_the_acl_denies_gets_acces_and_no_bytes(site: Site) -> None:
+    assert _ok(libnfs("nfs-cat", site.url("/data/secret/s.txt"))) == "alice's secret"
+    denied = libnfs("nfs-cat", site.url("/data/secret/s.txt", uid=1001))
+    assert denied.returncode != 0
+    assert b"alice's secret" not in denied.stdout
+    # an unmapped uid is the anonymous user, who may not see it either
+    assert b"alice's secret" not in libnfs("nfs-cat", site.url("/data/secret/s.txt", 4242)).stdout
+
+    async def raw() -> tuple[int, int]:
+        async with site.client(1000) as alice, site.client(1001) as bob:
+            root = await alice.mount("/data")
+            _, secret = await alice.lookup(root, "secret")
+            assert secret is not None
+            _, handle = await alice.lookup(secret, "s.txt")
+            assert handle is not None
+            p = Packer()
+            p.uhyper(0)
+            p.uint(100)
+            read = handle_args(handle, p.value())
+            body = await bob.nfs(READ, read)
+            bob_status = body.uint()
+            return bob_status, await alice.status_of(READ, read)
+
+    bob_status, alice_status = asyncio.run(raw())
+    assert (bob_status, alice_status) == (e.NFS3ERR_ACCES, e.NFS3_OK)
+
+    def recorded() -> list[dict[str, object]]:
+        return [r for r in _audit(site, "bob") if r["result"] == "denied"]
+
+    for _ in range(100):  # the audit log is written behind the requests
+        if recorded():
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    rows = recorded()
+    assert rows and {r["protocol"] for r in rows} == {"nfs"}
+    assert any(r["path"] == "/data/secret/s.txt" for r in rows)
+
+
+def _export(squash: str, anonymous: bool = False) -> Export:
+    return Export("/x", 1, (ipaddress.ip_network("127.0.0.0/8"),), False, squash, anonymous)
+
+
+@given(
+    uid=st.integers(0, 3000) | st.just(0),
+    squash=st.sampled_from(["root", "all", "none"]),
+    mapped=st.dictionaries(st.integers(0, 3000), st.sampled_from(["alice", "bob"])),
+)
+def test_uids_map_to_users_and_squash_as_the_export_says(
+    uid: int, squash: str, mapped: dict[int, str]
+) -> None:
+    who = principal_of(AuthSys(uid, uid, (), "client"), _export(squash), mapped, "west")
+    assert (who.protocol, who.site) == ("nfs", "west")
+    if squash == "all" or (uid == 0 and squash == "root"):
+        assert (who.user, who.groups) == (ANONYMOUS, frozenset())
+    elif uid in mapped:
+        assert (who.user, who.groups) == (mapped[uid], frozenset())
+    elif uid == 0:  # unsquashed, unmapped root: the administrator
+        assert (who.user, who.groups) == ("root", frozenset({"admin"}))
+    else:
+        assert who.user == ANONYMOUS
+    # AUTH_NONE: anonymous where the export allows it, refused where it does not
+    assert principal_of(None, _export(squash, anonymous=True), mapped, "west").user == ANONYMOUS
+    with pytest.raises(RpcDenied):
+        principal_of(None, _export(squash), mapped, "west")
+
+
+def test_access_answers_what_the_namespace_would_decide(site: Site) -> None:
+    book = site.vol / "shelf" / "book.txt"
+
+    async def ask() -> dict[int, int]:
+        answers = {}
+        async with site.client(1000) as alice, site.client(1001) as bob:
+            root = await alice.mount("/data")
+            _, shelf = await alice.lookup(root, "shelf")
+            assert shelf is not None
+            _, handle = await alice.lookup(shelf, "book.txt")
+            assert handle is not None
+            for uid, c in ((1000, alice), (1001, bob)):
+                body = await c.nfs(ACCESS, handle_args(handle, _uint(0x1F)))
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                answers[uid] = body.uint()
+            # bob's first WRITE is refused at once, not when the client commits
+            p = Packer()
+            p.uhyper(0)
+            p.uint(3)
+            p.uint(UNSTABLE)
+            p.opaque(b"bob")
+            assert await bob.status_of(WRITE, handle_args(handle, p.value())) == e.NFS3ERR_ACCES
+        return answers
+
+    answers = asyncio.run(ask())
+    assert answers == {1000: 0x1F, 1001: 0x03}  # bob: READ and LOOKUP, nothing that writes
+    assert book.read_bytes() == b"alice writes, bob reads"
+
+
+# -- the RPC layer under bad input -----------------------------------------------------------
+
+
+def test_unknown_programs_versions_and_procedures_are_clean_rpc_errors(site: Site) -> None:
+    async def calls() -> None:
+        async with site.client() as c:
+            assert (await c.call(NFS_PROGRAM, 3, 0)).stat == SUCCESS
+            assert (await c.call(200000, 1, 0)).stat == PROG_UNAVAIL
+            mismatch = await c.call(NFS_PROGRAM, 4, 0)
+            assert mismatch.stat == PROG_MISMATCH
+            assert (mismatch.body.uint(), mismatch.body.uint()) == (3, 3)
+            assert (await c.call(NFS_PROGRAM, 3, 22)).stat == PROC_UNAVAIL
+            assert (await c.call(MOUNT_PROGRAM, 3, 6)).stat == PROC_UNAVAIL
+            old = await c.call(NFS_PROGRAM, 3, 0, rpcvers=3)
+            assert (old.accepted, old.stat) == (False, RPC_MISMATCH)
+            assert (await c.call(NFS_PROGRAM, 3, GETATTR, b"\0\0")).stat == GARBAGE_ARGS
+            root = await c.mount("/data")
+        async with site.client(uid=None) as anonymous:  # AUTH_NONE: the export allows none
+            assert (await anonymous.call(NFS_PROGRAM, 3, 0)).stat == SUCCESS  # NULL: no one
+            refused = await anonymous.call(NFS_PROGRAM, 3, GETATTR, handle_args(root))
+            assert (refused.accepted, refused.stat) == (False, AUTH_ERROR)
+            assert refused.body.uint() == AUTH_TOOWEAK
+
+    asyncio.run(calls())
+
+
+async def _still_serves(site: Site) -> None:
+    async with site.client() as c:
+        root = await c.mount("/data")
+        assert (await c.lookup(root, "hello.txt"))[0] == e.NFS3_OK
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(proc=st.integers(0, 21), args=st.binary(max_size=200))
+def test_random_arguments_are_garbage_or_an_nfs_error_and_change_nothing(
+    site: Site, proc: int, args: bytes
+) -> None:
+    before = _tree(site.vol / "many")
+
+    async def call() -> None:
+        async with site.client() as c:
+            reply = await c.call(NFS_PROGRAM, 3, proc, args)
+            assert reply.accepted
+            assert reply.stat in (SUCCESS, GARBAGE_ARGS)
+            if reply.stat == SUCCESS and proc:
+                # random bytes are never one of this server's handles
+                assert reply.body.uint() in (e.NFS3ERR_BADHANDLE, e.NFS3ERR_INVAL)
+        await _still_serves(site)
+
+    asyncio.run(call())
+    assert _tree(site.vol / "many") == before
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    payload=st.binary(min_size=0, max_size=64),
+    cut=st.integers(0, 63),
+    length=st.sampled_from([0x7FFFFFFF, 0xFFFFFFFF, 1 << 30, 5 << 20]),
+)
+def test_truncated_records_and_huge_lengths_do_not_hurt_the_server(
+    site: Site, payload: bytes, cut: int, length: int
+) -> None:
+    async def abuse() -> None:
+        async with site.client() as c:  # a record cut short, then the connection closed
+            await c.send_raw(record(payload)[: min(cut, len(payload) + 3)])
+        async with site.client() as c:  # a length far past what anyone may send
+            await c.send_raw(length.to_bytes(4, "big") + payload)
+            assert await c.receive() is None  # closed, nothing allocated for it
+        async with site.client() as c:  # fragments that add up past the limit
+            with contextlib.suppress(ConnectionError):  # closed while it still sends
+                for _ in range(3):
+                    await c.send_raw((600 << 10).to_bytes(4, "big") + b"\0" * (600 << 10))
+            assert await c.receive() is None
+        await _still_serves(site)
+
+    asyncio.run(abuse())
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(position=st.integers(0, 29), flip=st.integers(1, 255))
+def test_forged_handles_are_badhandle(site: Site, position: int, flip: int) -> None:
+    async def forge() -> None:
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, handle = await c.lookup(root, "hello.txt")
+            assert handle is not None
+            forged = bytearray(handle)
+            forged[position] ^= flip
+            assert await c.status_of(GETATTR, handle_args(bytes(forged))) == e.NFS3ERR_BADHANDLE
+            p = Packer()
+            p.string("x")
+            p.uint(0)
+            p.uint(0)  # CREATE UNCHECKED, no attributes
+            for _ in range(6):
+                p.uint(0)
+            create = handle_args(bytes(forged), p.value())
+            assert await c.status_of(CREATE, create) == e.NFS3ERR_BADHANDLE
+
+    asyncio.run(forge())
+    assert not (site.vol / "x").exists()
+
+
+def test_inner_exports_keep_their_rules_whichever_export_reached_them(site: Site) -> None:
+    async def other() -> None:
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, far = await c.lookup(root, "far")
+            assert far is not None
+            # reached through /data, /data/far still admits 10.0.0.0/8 only
+            assert await c.status_of(GETATTR, handle_args(far)) == e.NFS3ERR_ACCES
+            _, pub_via_data = await c.lookup(root, "pub")
+            pub = await c.mount("/data/pub")
+            write = Packer()
+            write.uhyper(0)
+            write.uint(3)
+            write.uint(FILE_SYNC)
+            write.opaque(b"new")
+            for directory in (pub_via_data, pub):  # read-only, by either way in
+                assert directory is not None
+                _, r = await c.lookup(directory, "r.txt")
+                assert r is not None
+                assert await c.status_of(WRITE, handle_args(r, write.value())) == e.NFS3ERR_ROFS
+
+    asyncio.run(other())
+    assert (site.vol / "pub" / "r.txt").read_bytes() == b"read only"
+
+
+async def _made(c: RpcClient, proc: int, args: bytes) -> tuple[bytes, int]:
+    """CREATE, MKDIR or SYMLINK that must succeed: the new handle and its type."""
+    body = await c.nfs(proc, args)
+    assert body.uint() == e.NFS3_OK
+    assert body.boolean()
+    handle = body.opaque(64)
+    attrs = post_op(body)
+    assert attrs is not None
+    return handle, attrs.type
+
+
+def _uint(value: int) -> bytes:
+    p = Packer()
+    p.uint(value)
+    return p.value()
+
+
+def _readdirplus(handle: bytes) -> bytes:
+    p = Packer()
+    p.opaque(handle)
+    p.uhyper(0)
+    p.fixed(bytes(8))
+    p.uint(8192)
+    p.uint(65536)
+    return p.value()
+
+
+async def test_every_procedure_does_to_the_volume_what_posix_would(site: Site) -> None:
+    work = site.vol / "work"
+    async with site.client() as c:
+        root = await c.mount("/data")
+        _, wh = await c.lookup(root, "work")
+        assert wh is not None
+        d, kind = await _made(c, MKDIR, diropargs(wh, "d") + sattr(mode=0o750))
+        assert kind == 2 and (work / "d").stat().st_mode & 0o777 == 0o750
+        f, kind = await _made(c, CREATE, diropargs(d, "f") + _uint(0) + sattr(mode=0o640))
+        assert kind == 1 and (work / "d" / "f").stat().st_mode & 0o777 == 0o640
+        await _write(c, f, 0, b"hello", FILE_SYNC)
+        assert (work / "d" / "f").read_bytes() == b"hello"
+        when = 1_600_000_000 * 1_000_000_000
+        setattr_args = handle_args(f, sattr(size=2, mtime_ns=when) + _uint(0))
+        body = await c.nfs(SETATTR, setattr_args)
+        assert body.uint() == e.NFS3_OK
+        after = wcc(body)
+        assert after is not None and (after.size, after.mtime_ns) == (2, when)
+        assert (work / "d" / "f").read_bytes() == b"he"
+        assert (work / "d" / "f").stat().st_mtime_ns == when
+        p = Packer()
+        p.string("f")
+        link, kind = await _made(c, SYMLINK, diropargs(d, "l") + sattr() + p.value())
+        assert kind == 5 and os.readlink(work / "d" / "l") == "f"
+        body = await c.nfs(READLINK, handle_args(link))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        assert body.string(255) == "f"
+        assert await c.status_of(LINK, handle_args(f, diropargs(wh, "hard"))) == e.NFS3_OK
+        assert (work / "hard").read_bytes() == b"he"
+        rename = diropargs(wh, "hard") + diropargs(wh, "moved")
+        assert await c.status_of(RENAME, rename) == e.NFS3_OK
+        assert not (work / "hard").exists() and (work / "moved").read_bytes() == b"he"
+        body = await c.nfs(READDIRPLUS, _readdirplus(d))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        body.fixed(8)
+        names = []
+        while body.boolean():
+            body.uhyper()
+            names.append(body.string(255))
+            body.uhyper()
+            post_op(body)
+            if body.boolean():
+                body.opaque(64)
+        assert body.boolean()  # eof
+        assert sorted(names) == [".", "..", "f", "l"]
+        assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3ERR_NOTEMPTY
+        assert await c.status_of(RMDIR, diropargs(d, "f")) == e.NFS3ERR_NOTDIR
+        assert await c.status_of(REMOVE, diropargs(wh, "d")) == e.NFS3ERR_ISDIR
+        for name in ("f", "l"):
+            assert await c.status_of(REMOVE, diropargs(d, name)) == e.NFS3_OK
+        assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3_OK
+        assert not (work / "d").exists()
+        assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
+        # special files hand out the hub's own privileges: they need admin, alice has none
+        fifo = diropargs(wh, "fifo") + _uint(7) + sattr(mode=0o644)
+        assert await c.status_of(MKNOD, fifo) == e.NFS3ERR_ACCES
+        assert not (work / "fifo").exists()
+        body = await c.nfs(FSINFO, handle_args(root))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        rtmax, _, _, wtmax = (body.uint() for _ in range(4))
+        assert rtmax == wtmax == 1 << 20
+        body = await c.nfs(PATHCONF, handle_args(root))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        body.uint()
+        assert body.uint() == 255
+        assert await c.status_of(FSSTAT, handle_args(root)) == e.NFS3_OK
+        body = await c.nfs(ACCESS, handle_args(root, _uint(0x3F)))
+        assert body.uint() == e.NFS3_OK
+        post_op(body)
+        assert body.uint() == 0x3F
+
+
+def test_mount_lists_exports_and_mounts(site: Site) -> None:
+    async def mount() -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]]]:
+        async with site.client() as c:
+            await c.mount("/data/work")
+            exports = await c.call(MOUNT_PROGRAM, 3, 5)
+            found = []
+            while exports.body.boolean():
+                found.append(exports.body.string(1024))
+                while exports.body.boolean():
+                    exports.body.string(1024)
+
+            async def dump() -> list[tuple[str, str]]:
+                body = (await c.call(MOUNT_PROGRAM, 3, 2)).body
+                out = []
+                while body.boolean():
+                    out.append((body.string(255), body.string(1024)))
+                return out
+
+            mounted = await dump()
+            p = Packer()
+            p.string("/data/work")
+            await c.call(MOUNT_PROGRAM, 3, 3, p.value())
+            return found, mounted, await dump()
+
+    exports, mounted, unmounted = asyncio.run(mount())
+    assert exports == ["/data", "/data/pub"]  # not /data/far: this client may not mount it
+    assert ("127.0.0.1", "/data/work") in mounted
+    assert ("127.0.0.1", "/data/work") not in unmounted
+
+
+def _readdir_args(handle: bytes, cookie: int, verifier: bytes, count: int) -> bytes:
+    p = Packer()
+    p.uhyper(cookie)
+    p.fixed(verifier)
+    p.uint(count)
+    return handle_args(handle, p.value())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=FIXTURE)
+@given(count=st.integers(200, 6000))
+def test_readdir_pages_list_every_name_once_within_the_count(site: Site, count: int) -> None:
+    async def pages() -> list[str]:
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, many = await c.lookup(root, "many")
+            assert many is not None
+            names: list[str] = []
+            cookie, verifier, eof = 0, bytes(8), False
+            while not eof:
+                reply = await c.call(
+                    NFS_PROGRAM, 3, READDIR, _readdir_args(many, cookie, verifier, count)
+                )
+                body = reply.body
+                assert len(body.data) - body.pos <= count  # the reply fits what was asked
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                verifier = body.fixed(8)
+                while body.boolean():
+                    body.uhyper()
+                    names.append(body.string(255))
+                    cookie = body.uhyper()
+                eof = body.boolean()
+            return names
+
+    names = asyncio.run(pages())
+    assert sorted(names) == sorted([".", "..", *(f"f{i:04d}" for i in range(MANY))])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=FIXTURE)
+@given(
+    writes=st.lists(
+        st.tuples(st.integers(0, 300_000), st.binary(min_size=1, max_size=70_000), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_writes_anywhere_then_commit_are_the_file_a_local_disk_would_hold(
+    site: Site, writes: list[tuple[int, bytes, bool]]
+) -> None:
+    """Each write is UNSTABLE or FILE_SYNC; after COMMIT the volume holds what the same
+    writes at the same offsets give on a local file (holes read as zeros)."""
+    model = bytearray(b"seed" * 10)
+    path = site.vol / "work" / "model.bin"
+
+    async def write() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:  # over another protocol: the first write starts from it
+            await rest.write_bytes(SYSTEM, "/data/work/model.bin", bytes(model))
+        finally:
+            await rest.close()
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, work = await c.lookup(root, "work")
+            assert work is not None
+            _, handle = await c.lookup(work, "model.bin")
+            assert handle is not None
+            for offset, data, stable in writes:
+                await _write(c, handle, offset, data, FILE_SYNC if stable else UNSTABLE)
+                if len(model) < offset:
+                    model.extend(bytes(offset - len(model)))
+                model[offset : offset + len(data)] = data
+            assert await _commit(c, handle) == e.NFS3_OK
+
+    asyncio.run(write())
+    assert path.read_bytes() == bytes(model)
+
+
+def test_a_change_over_another_protocol_shows_in_attributes_and_reads(site: Site) -> None:
+    async def change() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.write_bytes(SYSTEM, "/data/work/shared.txt", b"first")
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, work = await c.lookup(root, "work")
+                assert work is not None
+                _, handle = await c.lookup(work, "shared.txt")
+                assert handle is not None
+                body = await c.nfs(GETATTR, handle_args(handle))
+                assert body.uint() == e.NFS3_OK
+                first = fattr(body)
+                await rest.write_bytes(SYSTEM, "/data/work/shared.txt", b"second, longer")
+                body = await c.nfs(GETATTR, handle_args(handle))
+                assert body.uint() == e.NFS3_OK
+                second = fattr(body)
+                # same file (handle and fileid), new size and mtime: a client's cache drops it
+                assert second.fileid == first.fileid
+                assert (second.size, second.mtime_ns > first.mtime_ns) == (14, True)
+                p = Packer()
+                p.uhyper(0)
+                p.uint(100)
+                body = await c.nfs(READ, handle_args(handle, p.value()))
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                body.uint()
+                assert body.boolean()  # eof
+                assert body.opaque(100) == b"second, longer"
+        finally:
+            await rest.close()
+
+    asyncio.run(change())
+
+
+# -- writes, COMMIT and handles over restarts ------------------------------------------------
+
+
+async def _create(c: RpcClient, directory: bytes, name: str) -> bytes:
+    p = Packer()
+    p.string(name)
+    p.uint(1)  # GUARDED
+    for _ in range(6):
+        p.uint(0)
+    body = await c.nfs(CREATE, handle_args(directory, p.value()))
+    assert body.uint() == e.NFS3_OK
+    assert body.boolean()
+    return body.opaque(64)
+
+
+async def _write(c: RpcClient, handle: bytes, offset: int, data: bytes, stable: int) -> bytes:
+    """WRITE; the write verifier."""
+    p = Packer()
+    p.uhyper(offset)
+    p.uint(len(data))
+    p.uint(stable)
+    p.opaque(data)
+    body = await c.nfs(WRITE, handle_args(handle, p.value()))
+    assert body.uint() == e.NFS3_OK
+    for _ in range(2):  # wcc_data: pre_op_attr and post_op_attr
+        if body.boolean():
+            body.fixed(24 if _ == 0 else 84)
+    assert body.uint() == len(data)
+    body.uint()
+    return body.fixed(8)
+
+
+async def _commit(c: RpcClient, handle: bytes) -> int:
+    p = Packer()
+    p.uhyper(0)
+    p.uint(0)
+    return await c.status_of(COMMIT, handle_args(handle, p.value()))
+
+
+def test_unstable_writes_land_as_one_version_on_commit(site: Site) -> None:
+    path = site.vol / "work" / "unstable.bin"
+
+    async def writes() -> None:
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, work = await c.lookup(root, "work")
+            assert work is not None
+            handle = await _create(c, work, "unstable.bin")
+            await _write(c, handle, 0, b"a" * 1000, UNSTABLE)
+            await _write(c, handle, 1000, b"b" * 1000, UNSTABLE)
+            # nothing committed yet: the file on the volume is still the empty one
+            assert path.read_bytes() == b""
+            p = Packer()
+            p.uhyper(500)
+            p.uint(1000)
+            body = await c.nfs(READ, handle_args(handle, p.value()))  # reads see the writes
+            assert body.uint() == e.NFS3_OK
+            if body.boolean():
+                body.fixed(84)
+            assert body.uint() == 1000
+            body.boolean()
+            assert body.opaque(1000) == b"a" * 500 + b"b" * 500
+            assert await _commit(c, handle) == e.NFS3_OK
+            assert path.read_bytes() == b"a" * 1000 + b"b" * 1000
+
+    asyncio.run(writes())
+
+
+def test_an_idle_unstable_write_is_committed_after_a_delay(site: Site) -> None:
+    path = site.vol / "work" / "idle.txt"
+
+    async def write() -> None:
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, work = await c.lookup(root, "work")
+            assert work is not None
+            handle = await _create(c, work, "idle.txt")
+            await _write(c, handle, 0, b"left alone", UNSTABLE)
+            while path.read_bytes() != b"left alone":  # noqa: ASYNC110 - [nfs] commit_delay
+                await asyncio.sleep(0.1)
+
+    asyncio.run(write())
+
+
+def test_handles_and_cookies_survive_kill_9_and_the_verifier_changes(tmp_path: Path) -> None:
+    vol = _new_site(tmp_path)
+
+    async def before(site: Site) -> tuple[bytes, bytes, bytes, int]:
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, hello = await c.lookup(root, "hello.txt")
+            _, work = await c.lookup(root, "work")
+            assert hello is not None and work is not None
+            handle = await _create(c, work, "stable.txt")
+            verifier = await _write(c, handle, 0, b"stable", FILE_SYNC)
+            # a READDIR page of /data/many, to resume from after the restart
+            _, many = await c.lookup(root, "many")
+            assert many is not None
+            p = Packer()
+            p.uhyper(0)
+            p.fixed(bytes(8))
+            p.uint(1024)
+            body = await c.nfs(READDIR, handle_args(many, p.value()))
+            assert body.uint() == e.NFS3_OK
+            if body.boolean():
+                body.fixed(84)
+            body.fixed(8)
+            cookie = 0
+            while body.boolean():
+                body.uhyper()
+                body.string(255)
+                cookie = body.uhyper()
+            return hello, handle, verifier, cookie
+
+    with _serving(tmp_path, vol) as site:
+        hello, handle, verifier, cookie = asyncio.run(before(site))
+        site.hub.kill()  # kill -9: what was acknowledged as stable is on disk
+    assert (vol / "work" / "stable.txt").read_bytes() == b"stable"
+
+    async def after(site: Site) -> None:
+        async with site.client() as c:
+            assert await c.status_of(GETATTR, handle_args(hello)) == e.NFS3_OK
+            assert await _write(c, handle, 6, b"!", UNSTABLE) != verifier
+            assert await _commit(c, handle) == e.NFS3_OK
+            root = await c.mount("/data")
+            _, many = await c.lookup(root, "many")
+            assert many is not None
+            p = Packer()
+            p.uhyper(cookie)
+            p.fixed(bytes(8))
+            p.uint(1 << 16)
+            body = await c.nfs(READDIR, handle_args(many, p.value()))
+            assert body.uint() == e.NFS3_OK
+            p = Packer()
+            p.opaque(root)
+            p.string("hello.txt")
+            assert await c.status_of(REMOVE, p.value()) == e.NFS3_OK
+            assert await c.status_of(GETATTR, handle_args(hello)) == e.NFS3ERR_STALE
+
+    with _serving(tmp_path, vol) as site:
+        asyncio.run(after(site))
+    assert (vol / "work" / "stable.txt").read_bytes() == b"stable!"
+    assert not (vol / "hello.txt").exists()
+
+
+async def _prepare_hub(hub_dir: Path, spoke_dir: Path, data: Path) -> None:
+    catalog = open_catalog(f"sqlite://{hub_dir / 'catalog.db'}")
+    await catalog.open()
+    try:
+        await HubNamespace(catalog).add_volume("/datasets/d", f"posix://{data}")
+        await SiteRegistry(catalog).add((spoke_dir / "identity" / "site.pem").read_bytes())
+    finally:
+        await catalog.close()
+
+
+def test_a_spoke_serves_its_namespace_over_nfs(tmp_path: Path) -> None:
+    hub_dir, spoke_dir, data = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    data.mkdir()
+    (data / "in.txt").write_bytes(b"from the hub\n" * 1000)
+    SiteIdentity.create(hub_dir / "identity", "hub-eu")
+    SiteIdentity.create(spoke_dir / "identity", "gpu-west")
+    asyncio.run(_prepare_hub(hub_dir, spoke_dir, data))
+    (tmp_path / "out.txt").write_bytes(b"written at the spoke")
+    with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
+        env = {"LOOMFS_NFS__LISTEN": "127.0.0.1:0", "LOOMFS_NFS__UID_MAP": '{"1000": "carol"}'}
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/d")
+        with SpokeProcess(spoke_dir, env, args=args) as spoke:
+            port = int(spoke.urls["nfs"].rpartition(":")[2])
+            cat = libnfs("nfs-cat", nfs_url(port, "/datasets/d/in.txt"))
+            assert (cat.returncode, cat.stdout) == (0, (data / "in.txt").read_bytes())
+            put = libnfs("nfs-cp", str(tmp_path / "out.txt"), nfs_url(port, "/datasets/d/out.txt"))
+            assert put.returncode == 0, put.stderr
+    # without write-back a spoke's write is the hub's before it is acknowledged
+    assert (data / "out.txt").read_bytes() == b"written at the spoke"
+
+
+class ServeNfs(SiteProcess):
+    command = ("serve", "nfs")  # its --listen is the NFS address
+
+
+def test_serve_nfs_command(tmp_path: Path) -> None:
+    env = {"LOOMFS_HUB__LISTEN": "127.0.0.1:0"}
+    with ServeNfs(tmp_path / "site", env) as served:
+        assert served.urls["nfs"].startswith("nfs://127.0.0.1:")
+        port = int(served.urls["nfs"].rpartition(":")[2])
+
+        async def null() -> int:
+            async with RpcClient(port) as c:
+                return (await c.call(MOUNT_PROGRAM, 3, 0)).stat
+
+        assert asyncio.run(null()) == SUCCESS
+    assert (tmp_path / "site" / "nfs" / "handle.key").stat().st_mode & 0o077 == 0
