@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import health, paths
-from .config import Config, TlsSettings, host_port, parse_size
+from .config import Config, SmbShare, TlsSettings, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
 from .core.admin import LocalAdmin, check_volume_url
@@ -54,6 +54,7 @@ from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
 from .protocols.s3 import S3Gateway
+from .protocols.smb import SmbServer
 from .rest.admin import routes as admin_routes
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
@@ -356,7 +357,10 @@ class HubService:
                 fabric = await self._fabric_server()
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
-            sockets = sftp_listeners(self.config, self.governed, self.catalog)  # governed
+            sockets = [  # governed
+                *sftp_listeners(self.config, self.governed, self.catalog),
+                *smb_listeners(self.config, self.governed, self.catalog),
+            ]
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
             await self.stop()
@@ -479,6 +483,20 @@ def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> li
         site=config.site.name,
     )
     return [SocketListener("sftp", "sftp", server, host_port(sftp.listen, "sftp.listen"))]
+
+
+def smb_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> list[SocketListener]:
+    """Samba's smbd over a mount of ``namespace`` where ``[smb] listen`` is set (users and
+    their SMB passwords from ``catalog``'s registry)."""
+    smb = config.smb
+    if not smb.listen:
+        return []
+    shares = smb.shares or {"loomfs": SmbShare(path="/")}
+    server = SmbServer(
+        namespace, UserRegistry(catalog), shares,
+        state_dir=config.site.data_dir / "smb", site=config.site.name, smbd=smb.smbd,
+    )  # fmt: skip
+    return [SocketListener("smb", "smb", server, host_port(smb.listen, "smb.listen"))]
 
 
 async def serve_until_signal(
@@ -612,8 +630,9 @@ class SpokeService:
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
-        # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
-        users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
+        # the spoke's own catalog holds its users (SFTP and SMB logins) and nothing else yet
+        logins = self.config.sftp.listen or self.config.smb.listen
+        users = open_catalog(self.config.catalog_url) if logins else None
         try:
             await self.start()
             server = self.rest_server()
@@ -621,7 +640,10 @@ class SpokeService:
             sockets: list[SocketListener] = []
             if users is not None:
                 await users.open()
-                sockets = sftp_listeners(self.config, self.namespace, users)
+                sockets = [
+                    *sftp_listeners(self.config, self.namespace, users),
+                    *smb_listeners(self.config, self.namespace, users),
+                ]
             tls = listener_tls(self.config, "spoke", self.config.spoke, listen)
             listeners = [Listener("url", server.app(), listen, tls)]
             await serve_until_signal(listeners, ready_file, "spoke", sockets)

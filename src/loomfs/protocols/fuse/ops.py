@@ -17,7 +17,7 @@ import pwd
 import stat
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from ... import paths
@@ -91,6 +91,28 @@ def _fail(code: int) -> FUSEError:
     return FUSEError(code)
 
 
+@dataclass(frozen=True, slots=True)
+class Callers:
+    """Who calls a mount, and who decides what they may do.
+
+    ``uid_map`` names the loomfs user of a uid; ``mapped_only``: a uid it does not name
+    is no one in particular (``uid:N``, root too), as for a mount that serves another
+    server's sessions (SMB), whose own uids are not users. ``kernel_checks``: the kernel
+    checks mode bits before a request reaches loomfs (``default_permissions``); without,
+    the namespace alone decides, and the modes reported are open to all, so that a server
+    checking modes itself (Samba) leaves the decision to the namespace too."""
+
+    uid_map: Mapping[int, str] = field(default_factory=dict)
+    protocol: str = "fuse"
+    site: str = "local"
+    mapped_only: bool = False
+    kernel_checks: bool = True
+
+
+#: the mode bits a mount without kernel checks adds to what it reports
+_OPEN_DIR, _OPEN_FILE = 0o777, 0o666
+
+
 @dataclass(slots=True, eq=False)
 class FileHandle:
     node: Node
@@ -120,10 +142,10 @@ class LoomOperations:
         ns: Namespace,
         kernel: Session,
         spool_dir: str,
-        uid_map: Mapping[int, str] | None = None,
         cache_timeout: float = CACHE_TIMEOUT,
         *,
         following: bool = False,
+        callers: Callers | None = None,
     ) -> None:
         self.ns = ns
         self.kernel = kernel
@@ -131,7 +153,7 @@ class LoomOperations:
         #: the change feed is followed (``follow.py``): what it has not flagged is current
         self.following = following
         self.spool_dir = spool_dir
-        self.uid_map = dict(uid_map or {})
+        self.callers = callers or Callers()
         self.inodes = InodeTable()
         #: what this mount changed, for the change feed's follower to pass over
         self.own = OwnChanges()
@@ -145,21 +167,32 @@ class LoomOperations:
     def who(self, ctx: Context) -> Principal:
         """The principal for the calling uid: ``--uid-map`` first, then the local user name.
         An unmapped root is the administrator of the machine the mount runs on (it can
-        read and make device nodes on the volume's disk anyway), and so group admin."""
+        read and make device nodes on the volume's disk anyway), and so group admin;
+        under ``Callers.mapped_only`` neither holds."""
         principal = self._principals.get(ctx.uid)
         if principal is None:
-            name = self.uid_map.get(ctx.uid)
+            callers = self.callers
+            name = callers.uid_map.get(ctx.uid)
             groups: frozenset[str] = frozenset()
-            if name is None:
+            if name is None and callers.mapped_only:
+                name = f"uid:{ctx.uid}"
+            elif name is None:
                 try:
                     name = pwd.getpwuid(ctx.uid).pw_name
                 except KeyError:
                     name = f"uid:{ctx.uid}"
                 if ctx.uid == 0:
                     groups = frozenset({ADMIN_GROUP})
-            principal = Principal(user=name, groups=groups, protocol="fuse")
+            principal = Principal(
+                user=name, groups=groups, site=callers.site, protocol=callers.protocol
+            )
             self._principals[ctx.uid] = principal
         return principal
+
+    def remap(self, uid_map: Mapping[int, str]) -> None:
+        """Callers' uids name these users from now on (the registry changed)."""
+        self.callers = replace(self.callers, uid_map=dict(uid_map))
+        self._principals.clear()
 
     def _node(self, ino: int) -> Node:
         node = self.inodes.get(ino)
@@ -193,6 +226,8 @@ class LoomOperations:
         hard_linked = entry.nlink > 1 and not entry.is_dir
         out.attr_timeout = 0 if hard_linked else self.cache_timeout
         out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
+        if not self.callers.kernel_checks:
+            out.st_mode |= _OPEN_DIR if entry.is_dir else _OPEN_FILE
         if node.unlinked:
             # open, but this name is gone: one link less (none for a directory)
             out.st_nlink = 0 if entry.is_dir else max(entry.nlink - 1, 0)
@@ -816,4 +851,4 @@ class LoomOperations:
         self._dirs.clear()
 
 
-__all__ = ["LoomOperations", "errno_of"]
+__all__ = ["Callers", "LoomOperations", "errno_of"]
