@@ -124,15 +124,13 @@ def smb_conf(
         "short preserve case": "yes",
         "mangled names": "no",
         "wide links": "no",
-        "log file": str(state / "log" / "smbd.log"),
-        "logging": "file",
-        "max log size": "10000",
     }
     if not wildcard:
         settings["interfaces"] = host
-    for what in ("lock", "state", "cache", "pid", "ncalrpc"):
+    for what in ("lock", "state", "cache", "pid"):
         settings[f"{what} directory"] = str(state / what)
     settings["private dir"] = str(state / "private")
+    settings["ncalrpc dir"] = str(state / "ncalrpc")
     out = ["[global]", *_lines(settings)]
     for share in shares:
         out += [

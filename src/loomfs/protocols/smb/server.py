@@ -11,7 +11,10 @@ Who else could reach the mount: it is served to every uid (``allow_other``, as s
 sessions run as many), so the kernel's own check guards the way in. Its directory is
 ``root:loomfs-smb`` mode 0710: only root and members of that group, which exists only in
 the account files smbd is given (nss_wrapper), pass. Any other caller that gets in (root)
-is ``uid:N`` to the namespace, no one in particular, never the administrator.
+is ``uid:N`` to the namespace, no one in particular, never the administrator. smbd enters
+a share as the user, so every directory above the mount must let her pass: the mount is
+not in the data directory (often 0700) but in ``RUN_DIR``, under a name derived from the
+data directory, so that a later start finds what a crash left there.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import ctypes.util
 import errno
+import hashlib
 import logging
 import os
 import shutil
@@ -48,6 +52,8 @@ START_TIMEOUT = STOP_TIMEOUT = 30.0
 #: the pause before a dead smbd is started again (one that dies at once must not spin)
 RESTART_DELAY = 1.0
 NSS_WRAPPER = "libnss_wrapper.so"
+#: where the mounts of SMB servers are (root's, traversable, not listable)
+RUN_DIR = Path("/run/loomfs-smb")
 
 
 class SmbServer:
@@ -69,7 +75,8 @@ class SmbServer:
         self.site = site
         self.state_dir = state_dir
         self.samba_dir = state_dir / "samba"
-        self.fs_dir = state_dir / "fs"
+        digest = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
+        self.fs_dir = RUN_DIR / digest
         self.mountpoint = self.fs_dir / "mnt"
         self.conf_path = state_dir / "smb.conf"
         self.passdb = self.samba_dir / "private" / "smbpasswd"
@@ -141,10 +148,11 @@ class SmbServer:
             (self.samba_dir / name).mkdir(parents=True, exist_ok=True)
         os.chmod(self.samba_dir / "private", 0o700)
         self.accounts[0].parent.mkdir(parents=True, exist_ok=True)
-        self.fs_dir.mkdir(parents=True, exist_ok=True)
+        RUN_DIR.mkdir(mode=0o711, exist_ok=True)
+        os.chmod(RUN_DIR, 0o711)
+        self.fs_dir.mkdir(exist_ok=True)
         os.chown(self.fs_dir, 0, conf.GID)
         os.chmod(self.fs_dir, 0o710)
-        self.mountpoint.mkdir(exist_ok=True)
 
     def _stop_leftovers(self) -> None:
         """What a hub killed without a chance to stop left: its smbd (found by the pid file
@@ -164,6 +172,7 @@ class SmbServer:
         if stale:
             subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)],
                            capture_output=True, check=False)  # fmt: skip
+        self.mountpoint.mkdir(exist_ok=True)
 
     # -- the mount ---------------------------------------------------------------------------
 
