@@ -225,20 +225,11 @@ class SmbServer:
     # -- smbd --------------------------------------------------------------------------------
 
     async def _spawn(self, smbd: str) -> asyncio.subprocess.Process:
-        passwd, group = self.accounts
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-            "LD_PRELOAD": NSS_WRAPPER,
-            "NSS_WRAPPER_PASSWD": str(passwd),
-            "NSS_WRAPPER_GROUP": str(group),
-        }
-        out = (self.samba_dir / "log" / "smbd.out").open("ab")
-        with out:
+        argv, env = smbd_command(smbd, self.conf_path, self.accounts)
+        with (self.samba_dir / "log" / "smbd.out").open("ab") as out:
             return await asyncio.create_subprocess_exec(
-                smbd, "--foreground", "--no-process-group", "--debug-stdout",
-                "--configfile", str(self.conf_path),
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
+                *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
             )  # fmt: skip
 
     async def _supervise(self, smbd: str) -> None:
@@ -269,6 +260,24 @@ class SmbServer:
                 continue
             writer.close()
             return
+
+
+def smbd_command(
+    smbd: str, conf_path: Path, accounts: tuple[Path, Path]
+) -> tuple[list[str], dict[str, str]]:
+    """smbd's command line and environment: in the foreground, no process group of its
+    own making (it is started in a session of its own), its accounts from ``accounts``
+    (passwd, group) through nss_wrapper. Start it with ``start_new_session``."""
+    passwd, group = accounts
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "LD_PRELOAD": NSS_WRAPPER,
+        "NSS_WRAPPER_PASSWD": str(passwd),
+        "NSS_WRAPPER_GROUP": str(group),
+    }
+    argv = [smbd, "--foreground", "--no-process-group", "--debug-stdout",
+            "--configfile", str(conf_path)]  # fmt: skip
+    return argv, env
 
 
 def _uid_map(logins: list[SmbLogin]) -> dict[int, str]:
