@@ -121,11 +121,15 @@ class SmbServer:
         )  # fmt: skip
         mounted_now: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks.append(asyncio.create_task(self._serve_mount(logins, mounted_now)))
-        await mounted_now
-        self.proc = await self._spawn(smbd)
-        self._tasks.append(asyncio.create_task(self._supervise(smbd)))
-        self._tasks.append(asyncio.create_task(self._follow_registry()))
-        await self._listening(host, port)
+        try:
+            await mounted_now
+            self.proc = await self._spawn(smbd)
+            self._tasks.append(asyncio.create_task(self._supervise(smbd)))
+            self._tasks.append(asyncio.create_task(self._follow_registry()))
+            await self._listening(host, port)
+        except BaseException:
+            await self.stop()  # nothing half started stays: no caller will stop it
+            raise
         log.info("smbd serving", extra={"port": port, "pid": self.proc.pid})
         return port
 
@@ -254,7 +258,6 @@ class SmbServer:
                 if self.proc.returncode is not None or loop.time() > deadline:
                     log_file = self.samba_dir / "log" / "smbd.out"
                     tail = log_file.read_text(errors="replace")[-2000:]
-                    await self.stop()
                     raise ConfigError(f"smbd did not start listening on {port}: {tail}") from None
                 await asyncio.sleep(0.05)
                 continue
