@@ -34,14 +34,17 @@ from smbprotocol.header import NtStatus
 from loomfs.core.acl import AclStore
 from loomfs.core.audit import AuditReader
 from loomfs.core.nthash import md4, nt_hash
+from loomfs.core.placement import Policy, PolicyStore
 from loomfs.core.registry import open_catalog
+from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import SMB_UID_BASE, AccessKey, SmbLogin, UserRegistry
 from loomfs.errors import ConfigError
+from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.smb import conf
 from loomfs.rest.client import RestNamespace
-from loomfs.testing.hubproc import HubProcess, cli_ok
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -251,6 +254,7 @@ def _serving(tmp: Path, vol: Path) -> Iterator[Site]:
         '[s3]\nlisten = "127.0.0.1:0"\n[s3.buckets]\ndata = "/data"\n'
         '[smb]\nlisten = "127.0.0.1:0"\n'
         '[smb.shares]\ndata = { path = "/data" }\nfrozen = { path = "/data", access = "ro" }\n'
+        'private = { path = "/data/private" }\n'
     )
     with HubProcess(tmp / "site", env={"LOOMFS_CONFIG": str(config)}) as hub:
         yield Site(hub, vol, tmp, s3key)
@@ -330,6 +334,13 @@ def test_a_user_denied_by_an_acl_gets_access_denied_and_no_bytes(site: Site) -> 
             pass
         assert denied.value.ntstatus == NtStatus.STATUS_ACCESS_DENIED
     assert not (site.vol / "private" / "bob.txt").exists()
+
+
+def test_a_private_directory_is_a_share_for_those_it_is_granted_to(site: Site) -> None:
+    assert "plans.txt" in site.ok("ls", share="private")  # smbd resolves it as root first
+    done = site.smbclient("get plans.txt plans-bob2.txt", user="bob", share="private")
+    assert "NT_STATUS_ACCESS_DENIED" in done.stdout + done.stderr
+    assert not (site.tmp / "plans-bob2.txt").exists()
 
 
 def test_a_read_only_share_refuses_changes(site: Site) -> None:
@@ -480,3 +491,64 @@ def test_smbd_is_started_again_when_it_dies(site: Site) -> None:
         return site.ok("ls")
 
     assert "private" in _eventually(serving_again)
+
+
+# -- a spoke serving SMB -------------------------------------------------------------------------
+
+
+async def _prepare_hub_and_spoke(hub_dir: Path, spoke_dir: Path, data: Path) -> None:
+    hub_catalog = open_catalog(f"sqlite://{hub_dir / 'catalog.db'}")
+    await hub_catalog.open()
+    try:
+        await HubNamespace(hub_catalog).add_volume("/datasets/d", f"posix://{data}")
+        await SiteRegistry(hub_catalog).add((spoke_dir / "identity" / "site.pem").read_bytes())
+        # the spoke has no region=eu label: what is below eu/ may not go there
+        await PolicyStore(hub_catalog).put(
+            Policy.build("eu-only", ["/datasets/d/eu/**"], ["region=eu"])
+        )
+    finally:
+        await hub_catalog.close()
+    # a spoke's logins are its own: its users live in its own site catalog
+    spoke_catalog = open_catalog(f"sqlite://{spoke_dir / 'catalog.db'}")
+    await spoke_catalog.open()
+    try:
+        users = UserRegistry(spoke_catalog)
+        await users.add_user("carol")
+        await users.set_smb_password("carol", nt_hash("carol-Secret-4"))
+    finally:
+        await spoke_catalog.close()
+
+
+def test_a_spoke_serves_smb_and_refuses_what_may_not_go_there(tmp_path: Path) -> None:
+    hub_dir, spoke_dir, data = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    (data / "eu").mkdir(parents=True)
+    (data / "in.txt").write_bytes(b"from the hub\n" * 1000)
+    (data / "eu" / "resident.txt").write_bytes(b"stays in the EU")
+    SiteIdentity.create(hub_dir / "identity", "hub-eu")
+    SiteIdentity.create(spoke_dir / "identity", "gpu-west")
+    asyncio.run(_prepare_hub_and_spoke(hub_dir, spoke_dir, data))
+    (tmp_path / "out.txt").write_bytes(b"written at the spoke over SMB")
+    with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
+        env = {"LOOMFS_SMB__LISTEN": "127.0.0.1:0",
+               "LOOMFS_SMB__SHARES": '{"d": {"path": "/datasets/d"}}'}  # fmt: skip
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/d")
+        with SpokeProcess(spoke_dir, env, args=args) as spoke:
+            port = str(int(spoke.urls["smb"].rpartition(":")[2]))
+
+            def smb(commands: str) -> str:
+                done = subprocess.run(
+                    ["smbclient", "//127.0.0.1/d", "-p", port, "-m", "SMB3",
+                     "-U", "carol%carol-Secret-4", "-c", commands],
+                    capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+                )  # fmt: skip
+                return done.stdout + done.stderr
+
+            out = smb("get in.txt in.txt; put out.txt out.txt")
+            assert "NT_STATUS" not in out, out
+            refused = smb("get eu\\resident.txt resident.txt")
+    assert (tmp_path / "in.txt").read_bytes() == (data / "in.txt").read_bytes()
+    # without write-back a spoke's write is the hub's before it is acknowledged
+    assert (data / "out.txt").read_bytes() == b"written at the spoke over SMB"
+    assert "NT_STATUS_ACCESS_DENIED" in refused or "NT_STATUS_OBJECT_NAME_NOT_FOUND" in refused
+    got = tmp_path / "resident.txt"
+    assert not got.exists() or got.read_bytes() == b""

@@ -18,6 +18,7 @@ import signal
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -39,7 +40,7 @@ from .core.dirlock import DirectoryLock
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
-from .core.types import Feed, VolumeState
+from .core.types import SYSTEM, Feed, VolumeState
 from .core.users import UserRegistry
 from .errors import BackendUnavailable, ConfigError, LoomError, NotFound
 from .fabric.identity import SiteIdentity, https_certificate, https_server_context
@@ -359,7 +360,7 @@ class HubService:
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
             sockets = [  # governed
                 *sftp_listeners(self.config, self.governed, self.catalog),
-                *smb_listeners(self.config, self.governed, self.catalog),
+                *smb_listeners(self.config, self.governed, self.catalog, hub=True),
             ]
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
@@ -485,9 +486,13 @@ def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> li
     return [SocketListener("sftp", "sftp", server, host_port(sftp.listen, "sftp.listen"))]
 
 
-def smb_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> list[SocketListener]:
+def smb_listeners(
+    config: Config, namespace: Namespace, catalog: Catalog, *, hub: bool
+) -> list[SocketListener]:
     """Samba's smbd over a mount of ``namespace`` where ``[smb] listen`` is set (users and
-    their SMB passwords from ``catalog``'s registry)."""
+    their SMB passwords from ``catalog``'s registry). At a hub, smbd resolves share paths
+    (as root, before it becomes the user) as the site itself, so a share may be private;
+    a spoke's calls go to its hub as their users, and loomfs itself is none of them."""
     smb = config.smb
     if not smb.listen:
         return []
@@ -495,6 +500,7 @@ def smb_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> lis
     server = SmbServer(
         namespace, UserRegistry(catalog), shares,
         state_dir=config.site.data_dir / "smb", site=config.site.name, smbd=smb.smbd,
+        resolver=replace(SYSTEM, site=config.site.name, protocol="smb") if hub else None,
     )  # fmt: skip
     return [SocketListener("smb", "smb", server, host_port(smb.listen, "smb.listen"))]
 
@@ -642,7 +648,7 @@ class SpokeService:
                 await users.open()
                 sockets = [
                     *sftp_listeners(self.config, self.namespace, users),
-                    *smb_listeners(self.config, self.namespace, users),
+                    *smb_listeners(self.config, self.namespace, users, hub=False),
                 ]
             tls = listener_tls(self.config, "spoke", self.config.spoke, listen)
             listeners = [Listener("url", server.app(), listen, tls)]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from ... import paths
-from ...core.acl import ADMIN_GROUP
+from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
 from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
@@ -96,8 +96,9 @@ class Callers:
     """Who calls a mount, and who decides what they may do.
 
     ``uid_map`` names the loomfs user of a uid; ``mapped_only``: a uid it does not name
-    is no one in particular (``uid:N``, root too), as for a mount that serves another
-    server's sessions (SMB), whose own uids are not users. ``kernel_checks``: the kernel
+    is no one in particular (the caller without credentials, ``anonymous``), root too,
+    as for a mount that serves another server's sessions (SMB), whose own uids are not
+    users. ``kernel_checks``: the kernel
     checks mode bits before a request reaches loomfs (``default_permissions``); without,
     the namespace alone decides, and the modes reported are open to all, so that a server
     checking modes itself (Samba) leaves the decision to the namespace too."""
@@ -107,6 +108,10 @@ class Callers:
     site: str = "local"
     mapped_only: bool = False
     kernel_checks: bool = True
+    #: who root's lookups and stats run as, where that is not root's principal: smbd
+    #: resolves each share's path as root before it becomes the user, and a share may be
+    #: a private directory
+    resolver: Principal | None = None
 
 
 #: the mode bits a mount without kernel checks adds to what it reports
@@ -175,7 +180,7 @@ class LoomOperations:
             name = callers.uid_map.get(ctx.uid)
             groups: frozenset[str] = frozenset()
             if name is None and callers.mapped_only:
-                name = f"uid:{ctx.uid}"
+                name = ANONYMOUS
             elif name is None:
                 try:
                     name = pwd.getpwuid(ctx.uid).pw_name
@@ -188,6 +193,11 @@ class LoomOperations:
             )
             self._principals[ctx.uid] = principal
         return principal
+
+    def resolving(self, ctx: Context) -> Principal:
+        """The principal of a lookup or stat (see ``Callers.resolver``)."""
+        resolver = self.callers.resolver
+        return resolver if resolver is not None and ctx.uid == 0 else self.who(ctx)
 
     def remap(self, uid_map: Mapping[int, str]) -> None:
         """Callers' uids name these users from now on (the registry changed)."""
@@ -367,7 +377,7 @@ class LoomOperations:
             path = paths.split(self._node(parent_inode).path)[0]
         else:
             path = self._child(parent_inode, name)
-        return self._learned(await self.ns.stat(self.who(ctx), path))
+        return self._learned(await self.ns.stat(self.resolving(ctx), path))
 
     @translated
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -387,7 +397,7 @@ class LoomOperations:
             # mount's own changes are in ``attrs`` already (listing_changed_ns), anyone
             # else's would have been flagged by the feed.
             return self.attrs(node)
-        node.entry = await self.ns.stat(self.who(ctx), node.path)
+        node.entry = await self.ns.stat(self.resolving(ctx), node.path)
         self._fetched(node)
         return self.attrs(node)
 
@@ -446,7 +456,7 @@ class LoomOperations:
     @translated
     async def readlink(self, inode: int, ctx: Context) -> bytes:
         node = self._node(inode)
-        entry = await self.ns.stat(self.who(ctx), node.path)
+        entry = await self.ns.stat(self.resolving(ctx), node.path)
         if entry.kind is not EntryKind.SYMLINK or entry.link_target is None:
             raise _fail(errno.EINVAL)
         return os.fsencode(entry.link_target)

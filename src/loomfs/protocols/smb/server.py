@@ -10,8 +10,11 @@ the namespace decides and audits each call as hers, protocol ``smb``.
 Who else could reach the mount: it is served to every uid (``allow_other``, as smbd's
 sessions run as many), so the kernel's own check guards the way in. Its directory is
 ``root:loomfs-smb`` mode 0710: only root and members of that group, which exists only in
-the account files smbd is given (nss_wrapper), pass. Any other caller that gets in (root)
-is ``uid:N`` to the namespace, no one in particular, never the administrator. smbd enters
+the account files smbd is given (nss_wrapper), pass. Root (smbd before it becomes the
+user, and any other root process, which could read the volumes' disks anyway) looks
+names up and stats them as ``resolver`` (at a hub: loomfs itself), since smbd resolves
+each share's path as root; for anything else it is ``anonymous`` to the namespace,
+never the administrator. smbd enters
 a share as the user, so every directory above the mount must let her pass: the mount is
 not in the data directory (often 0700) but in ``RUN_DIR``, under a name derived from the
 data directory, so that a later start finds what a crash left there.
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from ... import paths
 from ...config import SmbShare
+from ...core.types import Principal
 from ...core.users import SmbLogin, UserRegistry
 from ...errors import ConfigError, NotSupported
 from ...namespace.base import Namespace
@@ -69,8 +73,11 @@ class SmbServer:
         state_dir: Path,
         site: str,
         smbd: str = "smbd",
+        resolver: Principal | None = None,
     ) -> None:
         self.namespace = namespace
+        #: who smbd's lookups as root run as (``fuse.ops.Callers.resolver``)
+        self.resolver = resolver
         self.users = users
         self.site = site
         self.state_dir = state_dir
@@ -183,7 +190,7 @@ class SmbServer:
     async def _serve_mount(self, logins: list[SmbLogin], ready: asyncio.Future[None]) -> None:
         callers = Callers(
             uid_map=_uid_map(logins), protocol="smb", site=self.site,
-            mapped_only=True, kernel_checks=False,
+            mapped_only=True, kernel_checks=False, resolver=self.resolver,
         )  # fmt: skip
         try:
             async with mounted(
