@@ -79,8 +79,8 @@ def plain_samba(scratch: Path) -> Iterator[int]:
     state, share = scratch / "plain-state", scratch / "plain-share"
     for name in conf.STATE_DIRS:
         (state / name).mkdir(parents=True, exist_ok=True)
-    share.mkdir(mode=0o777)
-    os.chmod(share, 0o777)
+    share.mkdir()
+    os.chown(share, SMB_UID_BASE, conf.GID)  # the share's directory is its user's
     login = SmbLogin(USER, SMB_UID_BASE, nt_hash(PASSWORD), time.time_ns())
     passwd, group = scratch / "passwd", scratch / "group"
     passwd.write_text(conf.passwd_file([login]))
@@ -116,6 +116,7 @@ def loomfs_samba(scratch: Path) -> Iterator[int]:
     """A hub serving a posix volume as the share "torture" over SMB; its smbd's port."""
     vol = scratch / "vol"
     vol.mkdir()
+    os.chown(vol, SMB_UID_BASE, conf.GID)  # as the plain share's (the user gets that uid)
     site = scratch / "site"
     site.mkdir()
     asyncio.run(_add_volume(site, vol))

@@ -14,10 +14,10 @@ the account files smbd is given (nss_wrapper), pass. Root (smbd before it become
 user, and any other root process, which could read the volumes' disks anyway) looks
 names up and stats them as ``resolver`` (at a hub: loomfs itself), since smbd resolves
 each share's path as root; for anything else it is ``anonymous`` to the namespace,
-never the administrator. smbd enters
-a share as the user, so every directory above the mount must let her pass: the mount is
-not in the data directory (often 0700) but in ``RUN_DIR``, under a name derived from the
-data directory, so that a later start finds what a crash left there.
+never the administrator. smbd enters a share as the user, so every directory above the
+mount must let her pass: the mount is not in the data directory (often 0700) but in
+``RUN_DIR``, under a name derived from the data directory, so that a later start finds
+what a crash left there.
 """
 
 from __future__ import annotations
