@@ -116,6 +116,12 @@ ROUTES: dict[str, tuple[Call, Callable[[str], str]]] = {
         ),
         lambda w: "/",
     ),
+    "smb password": (
+        lambda c, h, s, w: c.put(
+            f"{A}/users/alice/smb-password", json={"nt_hash": "0" * 32}, headers=h
+        ),
+        lambda w: "/",
+    ),
     "groups": (lambda c, h, s, w: c.get(f"{A}/groups", headers=h), lambda w: "/"),
     "add group": (
         lambda c, h, s, w: c.post(f"{A}/groups", json={"group": f"g-{w}"}, headers=h),

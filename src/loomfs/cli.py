@@ -43,6 +43,7 @@ from .core.audit import AuditReader, archive, load_key, parse_anchor
 from .core.certs import fingerprint
 from .core.directory import Directory
 from .core.dirlock import DirectoryLock
+from .core.nthash import nt_hash
 from .core.placement import Policy
 from .core.registry import open_catalog
 from .core.sites import parse_labels
@@ -279,6 +280,18 @@ def serve_nfs(
 ) -> None:
     """Serve the hub over NFSv3 (MOUNT on the same port: mount with port=N,mountport=N)."""
     _serve_protocol(ctx, "nfs", listen, port, ready_file, "127.0.0.1:2049")
+
+
+@serve.command("smb")
+@click.option("--listen", help="HOST:PORT of smbd (default: smb.listen).")
+@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
+@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+@click.pass_context
+def serve_smb(
+    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
+) -> None:
+    """Serve the hub over SMB (Samba, run by loomfs); logins by `loomfs user passwd`."""
+    _serve_protocol(ctx, "smb", listen, port, ready_file, "127.0.0.1:445")
 
 
 def _serve_protocol(
@@ -722,6 +735,25 @@ async def user_remove(ctx: click.Context, name: str) -> None:
     """Remove a user and all their keys."""
     async with administering(ctx) as admin:
         await admin.remove_user(name)
+
+
+@user.command("passwd")
+@click.argument("name")
+@click.option("--stdin", "from_stdin", is_flag=True, help="Read the password from stdin.")
+@offline_option
+@click.pass_context
+@run
+async def user_passwd(ctx: click.Context, name: str, from_stdin: bool) -> None:
+    """Set NAME's SMB password (only its NT hash is sent and kept)."""
+    if from_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = click.prompt("SMB password", hide_input=True, confirmation_prompt=True)
+    if not password:
+        raise click.UsageError("the password is empty")
+    async with administering(ctx) as admin:
+        login = await admin.set_smb_password(name, nt_hash(password))
+    out.print(f"user {login['user']}: SMB password set (runs as uid {login['uid']})")
 
 
 @user.group("key")

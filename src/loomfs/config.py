@@ -147,6 +147,22 @@ class SftpSection(_Section):
         return umask
 
 
+class SmbShare(_Section):
+    #: the namespace directory the share is
+    path: str
+    #: "ro": the share refuses changes whatever the user's rights; "rw": her rights decide
+    access: Literal["rw", "ro"] = "rw"
+
+
+class SmbSection(_Section):
+    #: HOST:PORT Samba's smbd listens on (run by loomfs as a child); unset = no SMB
+    listen: str | None = None
+    #: share name -> namespace directory; none: one share "loomfs" of the whole namespace
+    shares: dict[str, SmbShare] = {}
+    #: the smbd binary (Debian's samba package)
+    smbd: str = "smbd"
+
+
 class ClientSection(_Section):
     hub: str = "http://127.0.0.1:7070"
     #: credentials the CLI sends (HTTP Basic); env LOOMFS_ACCESS_KEY / LOOMFS_SECRET_KEY
@@ -294,6 +310,7 @@ class Config(_Section):
     client: ClientSection = ClientSection()
     sftp: SftpSection = SftpSection()
     nfs: NfsSection = NfsSection()
+    smb: SmbSection = SmbSection()
     log: LogSection = LogSection()
     audit: AuditSection = AuditSection()
     fuse: FuseSection = FuseSection()

@@ -18,6 +18,7 @@ import signal
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -25,7 +26,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import health, paths
-from .config import Config, NfsExport, TlsSettings, host_port, parse_size
+from .config import Config, NfsExport, SmbShare, TlsSettings, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
 from .core.admin import LocalAdmin, check_volume_url
@@ -39,7 +40,7 @@ from .core.dirlock import DirectoryLock
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
-from .core.types import Feed, VolumeState
+from .core.types import SYSTEM, Feed, VolumeState
 from .core.users import UserRegistry
 from .errors import BackendUnavailable, ConfigError, LoomError, NotFound
 from .fabric.identity import SiteIdentity, https_certificate, https_server_context
@@ -55,6 +56,7 @@ from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
 from .protocols.nfs import AccessGate, NfsServer
 from .protocols.s3 import S3Gateway
+from .protocols.smb import SmbServer
 from .rest.admin import routes as admin_routes
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
@@ -357,8 +359,11 @@ class HubService:
                 fabric = await self._fabric_server()
                 listen = host_port(self.config.fabric.listen, "fabric.listen")
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
-            sockets = sftp_listeners(self.config, self.governed, self.catalog)  # governed
-            sockets += nfs_listeners(self.config, self.governed, gate=self.governed)
+            sockets = [  # governed
+                *sftp_listeners(self.config, self.governed, self.catalog),
+                *nfs_listeners(self.config, self.governed, gate=self.governed),
+                *smb_listeners(self.config, self.governed, self.catalog, hub=True),
+            ]
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
             await self.stop()
@@ -504,6 +509,25 @@ def nfs_listeners(
     return [SocketListener("nfs", "nfs", server, host_port(nfs.listen, "nfs.listen"))]
 
 
+def smb_listeners(
+    config: Config, namespace: Namespace, catalog: Catalog, *, hub: bool
+) -> list[SocketListener]:
+    """Samba's smbd over a mount of ``namespace`` where ``[smb] listen`` is set (users and
+    their SMB passwords from ``catalog``'s registry). At a hub, smbd resolves share paths
+    (as root, before it becomes the user) as the site itself, so a share may be private;
+    a spoke's calls go to its hub as their users, and loomfs itself is none of them."""
+    smb = config.smb
+    if not smb.listen:
+        return []
+    shares = smb.shares or {"loomfs": SmbShare(path="/")}
+    server = SmbServer(
+        namespace, UserRegistry(catalog), shares,
+        state_dir=config.site.data_dir / "smb", site=config.site.name, smbd=smb.smbd,
+        resolver=replace(SYSTEM, site=config.site.name, protocol="smb") if hub else None,
+    )  # fmt: skip
+    return [SocketListener("smb", "smb", server, host_port(smb.listen, "smb.listen"))]
+
+
 async def serve_until_signal(
     listeners: list[Listener],
     ready_file: Path | None,
@@ -635,8 +659,9 @@ class SpokeService:
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
-        # the spoke's own catalog holds its users (SFTP logins) and nothing else yet
-        users = open_catalog(self.config.catalog_url) if self.config.sftp.listen else None
+        # the spoke's own catalog holds its users (SFTP and SMB logins) and nothing else yet
+        logins = self.config.sftp.listen or self.config.smb.listen
+        users = open_catalog(self.config.catalog_url) if logins else None
         try:
             await self.start()
             server = self.rest_server()
@@ -644,7 +669,10 @@ class SpokeService:
             sockets: list[SocketListener] = []
             if users is not None:
                 await users.open()
-                sockets = sftp_listeners(self.config, self.namespace, users)
+                sockets = [
+                    *sftp_listeners(self.config, self.namespace, users),
+                    *smb_listeners(self.config, self.namespace, users, hub=False),
+                ]
             sockets += nfs_listeners(self.config, self.namespace)
             tls = listener_tls(self.config, "spoke", self.config.spoke, listen)
             listeners = [Listener("url", server.app(), listen, tls)]

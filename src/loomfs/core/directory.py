@@ -106,6 +106,11 @@ class Directory:
     async def remove_ssh_key(self, name: str, line: str) -> None:
         await self.users.remove_ssh_key(name, line)
 
+    async def set_smb_password(self, name: str, nt_hash: str) -> dict[str, Any]:
+        """``nt_hash``: the NT hash of the new password; the password never travels."""
+        login = await self.users.set_smb_password(name, nt_hash)
+        return {"user": login.user, "uid": login.uid}
+
     # -- groups and rules ------------------------------------------------------------------
 
     async def add_group(self, name: str) -> None:

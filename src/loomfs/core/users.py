@@ -1,7 +1,9 @@
-"""The user registry (core layer): users, their groups, S3 access keys and SSH public keys.
+"""The user registry (core layer): users, their groups, S3 access keys, SSH public keys and
+SMB passwords.
 
 Every protocol authenticates against this one registry (S3 by access key, SFTP by public
-key) and turns the result into a ``Principal``, so a user is the same user everywhere. The
+key, SMB by the NT hash of a password that Samba checks) and turns the result into a
+``Principal``, so a user is the same user everywhere. The
 rows live in the site catalog (both engines, same SQL), reached through the catalog's own
 connection thread. An S3 secret must be stored as it is, since SigV4 verification needs
 it as the HMAC key; it is shown once when created and never logged or listed.
@@ -24,6 +26,9 @@ _ACCESS_KEY = re.compile(r"^[A-Za-z0-9]{16,128}$")
 # the caller without credentials and loomfs itself (see core.acl): no one may log in as them
 RESERVED_USERS = frozenset({"anonymous", "system"})
 MAX_REMEMBERED = 10000  # access keys a registry remembers at most (see ``remember``)
+#: the local uids SMB sessions run as (``SmbLogin.uid``): above any distribution's users
+SMB_UID_BASE = 70001
+_NT_HASH = re.compile(r"^[0-9A-F]{32}$")
 _KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # as AWS key ids: upper case and digits
 SSH_KEY_TYPES = (
     "ssh-ed25519",
@@ -55,6 +60,17 @@ class SshKey:
     @property
     def line(self) -> str:
         return f"{self.key_type} {self.key_data} {self.comment}".rstrip()
+
+
+@dataclass(frozen=True, slots=True)
+class SmbLogin:
+    """What Samba needs to log ``user`` in and run her session: her NT hash and the
+    local uid it runs as."""
+
+    user: str
+    uid: int
+    nt_hash: str = field(repr=False)  # a password equivalent for NTLM: never in a log
+    changed_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,5 +322,51 @@ class UserRegistry:
                 (key_type, key_data),
             ).fetchone()
             return None if row is None else self._load(cur, row[0])
+
+        return await self._cat._run(self._cat._read, fn)
+
+    # -- SMB passwords ---------------------------------------------------------------------
+
+    async def set_smb_password(self, user: str, nt_hash: str) -> SmbLogin:
+        """Set ``user``'s SMB password by its NT hash (``nthash.nt_hash``); her first one
+        also gives her the next free uid of the SMB range, kept from then on."""
+        nt_hash = nt_hash.upper()
+        if not _NT_HASH.match(nt_hash):
+            raise InvalidArgument("an NT hash is 32 hexadecimal digits")
+        now = time.time_ns()
+
+        def fn(cur: Cursor) -> int:
+            q = self._cat._q
+            self._user_row(cur, user)
+            row = q(cur, "SELECT uid FROM smb_passwords WHERE user_name = ?", (user,)).fetchone()
+            if row is not None:
+                q(
+                    cur,
+                    "UPDATE smb_passwords SET nt_hash = ?, changed_ns = ? WHERE user_name = ?",
+                    (nt_hash, now, user),
+                )
+                return int(row[0])
+            top = q(cur, "SELECT max(uid) FROM smb_passwords").fetchone()
+            uid = max(SMB_UID_BASE, (top[0] or 0) + 1)
+            q(
+                cur,
+                "INSERT INTO smb_passwords (user_name, uid, nt_hash, changed_ns) "
+                "VALUES (?, ?, ?, ?)",
+                (user, uid, nt_hash, now),
+            )
+            return uid
+
+        uid = await self._cat._run(self._cat._write, fn)
+        return SmbLogin(user, uid, nt_hash, now)
+
+    async def smb_logins(self) -> list[SmbLogin]:
+        """Every user with an SMB password, by uid."""
+
+        def fn(cur: Cursor) -> list[SmbLogin]:
+            rows = self._cat._q(
+                cur,
+                "SELECT user_name, uid, nt_hash, changed_ns FROM smb_passwords ORDER BY uid",
+            ).fetchall()
+            return [SmbLogin(r[0], int(r[1]), r[2], int(r[3])) for r in rows]
 
         return await self._cat._run(self._cat._read, fn)

@@ -80,6 +80,7 @@ class AdminRoutes:
             web.delete(f"{ADMIN}/users/{{name}}", self.remove_user),
             web.post(f"{ADMIN}/users/{{name}}/keys", self.add_key),
             web.delete(f"{ADMIN}/users/{{name}}/keys", self.remove_key),
+            web.put(f"{ADMIN}/users/{{name}}/smb-password", self.set_smb_password),
             web.get(f"{ADMIN}/groups", self.list_groups),
             web.post(f"{ADMIN}/groups", self.add_group),
             web.delete(f"{ADMIN}/groups/{{name}}", self.remove_group),
@@ -141,6 +142,16 @@ class AdminRoutes:
             detail=f"user {name}",
         )  # fmt: skip
         return _json(key, 201)
+
+    async def set_smb_password(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        nt_hash = _text(await _body(request), "nt_hash", "setting an SMB password")
+        login = await self._do(
+            request, "set_smb_password", "/",
+            lambda: self.directory.set_smb_password(name, nt_hash),
+            detail=f"user {name}",
+        )  # fmt: skip
+        return _json(login)
 
     async def remove_key(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -577,6 +577,11 @@ class RestDirectory:
     async def remove_ssh_key(self, name: str, line: str) -> None:
         await self._done("DELETE", f"/users/{quote(name, safe='')}/keys", params={"ssh_key": line})
 
+    async def set_smb_password(self, name: str, nt_hash: str) -> dict[str, Any]:
+        route = f"/users/{quote(name, safe='')}/smb-password"
+        login: dict[str, Any] = await self._call("PUT", route, json={"nt_hash": nt_hash})
+        return login
+
     async def add_group(self, name: str) -> None:
         await self._done("POST", "/groups", json={"group": name})
 

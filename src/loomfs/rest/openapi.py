@@ -508,6 +508,14 @@ def _admin_paths() -> dict[str, Any]:
             ),
             "delete": _op("Revoke one key (exactly one query parameter)", done, parameters=query),
         },
+        f"{a}/users/{{name}}/smb-password": {
+            "parameters": [name],
+            "put": _op(
+                "Set the user's SMB password by its NT hash (the password is never sent)",
+                {"200": _json_ok(obj)},
+                requestBody=_json_body(["nt_hash"], nt_hash=s),
+            ),
+        },
         f"{a}/groups": {
             "get": _op("Groups and their members", listed),
             "post": _op("Create a group", done, requestBody=_json_body(["group"], group=s)),

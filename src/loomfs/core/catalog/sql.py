@@ -240,6 +240,17 @@ def _migrations(d: Dialect) -> list[str]:
         );
         CREATE INDEX write_ids_time ON write_ids (time_ns)
         """,
+        # migration 10: SMB logons (loomfs.core.users): a user's NT hash, never the
+        # password, and the local uid Samba runs her sessions as (unique, from a fixed
+        # range), which the SMB edge's mount maps back to her
+        f"""
+        CREATE TABLE smb_passwords (
+            user_name {d.text} PRIMARY KEY REFERENCES users(name) ON DELETE CASCADE,
+            uid INTEGER NOT NULL UNIQUE,
+            nt_hash TEXT NOT NULL,
+            changed_ns BIGINT NOT NULL
+        )
+        """,
     ]
 
 

@@ -15,13 +15,13 @@ import logging
 import os
 import signal
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 from ...errors import AlreadyExists, InvalidArgument, LoomError, NotADirectory, NotSupported
 from ...namespace.base import Namespace
 from .follow import FOLLOWING_TIMEOUT, FeedInvalidator, Poll
-from .ops import CACHE_TIMEOUT, LoomOperations
+from .ops import CACHE_TIMEOUT, Callers, LoomOperations
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,56 @@ def check_mountpoint(mountpoint: Path) -> None:
         raise AlreadyExists(f"{mountpoint} is already a mount point; unmount it first")
 
 
-def mount_options(*, allow_other: bool) -> set[str]:
-    options = {"fsname=loomfs", "subtype=loomfs", "default_permissions", "nosuid", "nodev"}
+def mount_options(*, allow_other: bool, kernel_checks: bool = True) -> set[str]:
+    options = {"fsname=loomfs", "subtype=loomfs", "nosuid", "nodev"}
+    if kernel_checks:
+        options.add("default_permissions")
     if allow_other:
         options.add("allow_other")
     return options
+
+
+@contextlib.asynccontextmanager
+async def mounted(
+    ns: Namespace,
+    mountpoint: Path,
+    *,
+    spool_dir: Path,
+    allow_other: bool = False,
+    callers: Callers | None = None,
+    follow: Poll | None = None,
+    passthrough: bool = True,
+) -> AsyncIterator[tuple[Session, LoomOperations]]:
+    """``ns`` mounted at ``mountpoint`` for as long as the block runs; the block serves it
+    (``session.serve(ops)``) until ``session.terminate()``. With ``follow`` (the site's
+    change feed) the kernel caches names and attributes for long and is told at once when
+    they go stale. ``passthrough``: the kernel reads files whose bytes sit whole in a
+    local file from that file, where it can."""
+    check_mountpoint(mountpoint)
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
+    callers = callers or Callers()
+    options = mount_options(allow_other=allow_other, kernel_checks=callers.kernel_checks)
+    session = Session(mountpoint, options, passthrough=passthrough)
+    ops = LoomOperations(
+        ns, session, str(spool_dir), timeout, following=follow is not None, callers=callers
+    )
+    session.mount()
+    follower = None
+    if follow is not None:
+        invalidator = FeedInvalidator(session, ops.inodes, follow, ops.own)
+        follower = asyncio.create_task(invalidator.run())
+    log.info("mounted", extra={"mountpoint": str(mountpoint)})
+    try:
+        yield session, ops
+    finally:
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        await ops.aclose()
+        session.unmount()
+        log.info("unmounted", extra={"mountpoint": str(mountpoint)})
 
 
 async def serve(
@@ -81,37 +126,19 @@ async def serve(
     follow: Poll | None = None,
     passthrough: bool = True,
 ) -> None:
-    """Mount ``ns`` at ``mountpoint`` and serve until unmounted, SIGTERM or SIGINT. With
-    ``follow`` (the site's change feed) the kernel caches names and attributes for long
-    and is told at once when they go stale. ``passthrough``: the kernel reads files whose
-    bytes sit whole in a local file from that file, where it can."""
-    check_mountpoint(mountpoint)
-    spool_dir.mkdir(parents=True, exist_ok=True)
-    timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
-    session = Session(mountpoint, mount_options(allow_other=allow_other), passthrough=passthrough)
-    ops = LoomOperations(
-        ns, session, str(spool_dir), uid_map, timeout, following=follow is not None
-    )
-    session.mount()
-    follower = None
-    if follow is not None:
-        invalidator = FeedInvalidator(session, ops.inodes, follow, ops.own)
-        follower = asyncio.create_task(invalidator.run())
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, session.terminate)
-    log.info("mounted", extra={"mountpoint": str(mountpoint)})
-    try:
-        if on_ready is not None:
-            on_ready()
-        await session.serve(ops)
-    finally:
+    """Mount ``ns`` at ``mountpoint`` (see ``mounted``) and serve until unmounted,
+    SIGTERM or SIGINT."""
+    async with mounted(
+        ns, mountpoint, spool_dir=spool_dir, allow_other=allow_other,
+        callers=Callers(uid_map=dict(uid_map or {})), follow=follow, passthrough=passthrough,
+    ) as (session, ops):  # fmt: skip
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        if follower is not None:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
-        await ops.aclose()
-        session.unmount()
-        log.info("unmounted", extra={"mountpoint": str(mountpoint)})
+            loop.add_signal_handler(sig, session.terminate)
+        try:
+            if on_ready is not None:
+                on_ready()
+            await session.serve(ops)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)

@@ -17,11 +17,11 @@ import pwd
 import stat
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from ... import paths
-from ...core.acl import ADMIN_GROUP
+from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
 from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
 from ...errors import Conflict, LoomError
@@ -91,6 +91,33 @@ def _fail(code: int) -> FUSEError:
     return FUSEError(code)
 
 
+@dataclass(frozen=True, slots=True)
+class Callers:
+    """Who calls a mount, and who decides what they may do.
+
+    ``uid_map`` names the loomfs user of a uid; ``mapped_only``: a uid it does not name
+    is no one in particular (the caller without credentials, ``anonymous``), root too,
+    as for a mount that serves another server's sessions (SMB), whose own uids are not
+    users. ``kernel_checks``: the kernel
+    checks mode bits before a request reaches loomfs (``default_permissions``); without,
+    the namespace alone decides, and the modes reported are open to all, so that a server
+    checking modes itself (Samba) leaves the decision to the namespace too."""
+
+    uid_map: Mapping[int, str] = field(default_factory=dict)
+    protocol: str = "fuse"
+    site: str = "local"
+    mapped_only: bool = False
+    kernel_checks: bool = True
+    #: who root's lookups and stats run as, where that is not root's principal: smbd
+    #: resolves each share's path as root before it becomes the user, and a share may be
+    #: a private directory
+    resolver: Principal | None = None
+
+
+#: the mode bits a mount without kernel checks adds to what it reports
+_OPEN_DIR, _OPEN_FILE = 0o777, 0o666
+
+
 @dataclass(slots=True, eq=False)
 class FileHandle:
     node: Node
@@ -120,10 +147,10 @@ class LoomOperations:
         ns: Namespace,
         kernel: Session,
         spool_dir: str,
-        uid_map: Mapping[int, str] | None = None,
         cache_timeout: float = CACHE_TIMEOUT,
         *,
         following: bool = False,
+        callers: Callers | None = None,
     ) -> None:
         self.ns = ns
         self.kernel = kernel
@@ -131,7 +158,7 @@ class LoomOperations:
         #: the change feed is followed (``follow.py``): what it has not flagged is current
         self.following = following
         self.spool_dir = spool_dir
-        self.uid_map = dict(uid_map or {})
+        self.callers = callers or Callers()
         self.inodes = InodeTable()
         #: what this mount changed, for the change feed's follower to pass over
         self.own = OwnChanges()
@@ -145,21 +172,37 @@ class LoomOperations:
     def who(self, ctx: Context) -> Principal:
         """The principal for the calling uid: ``--uid-map`` first, then the local user name.
         An unmapped root is the administrator of the machine the mount runs on (it can
-        read and make device nodes on the volume's disk anyway), and so group admin."""
+        read and make device nodes on the volume's disk anyway), and so group admin;
+        under ``Callers.mapped_only`` neither holds."""
         principal = self._principals.get(ctx.uid)
         if principal is None:
-            name = self.uid_map.get(ctx.uid)
+            callers = self.callers
+            name = callers.uid_map.get(ctx.uid)
             groups: frozenset[str] = frozenset()
-            if name is None:
+            if name is None and callers.mapped_only:
+                name = ANONYMOUS
+            elif name is None:
                 try:
                     name = pwd.getpwuid(ctx.uid).pw_name
                 except KeyError:
                     name = f"uid:{ctx.uid}"
                 if ctx.uid == 0:
                     groups = frozenset({ADMIN_GROUP})
-            principal = Principal(user=name, groups=groups, protocol="fuse")
+            principal = Principal(
+                user=name, groups=groups, site=callers.site, protocol=callers.protocol
+            )
             self._principals[ctx.uid] = principal
         return principal
+
+    def resolving(self, ctx: Context) -> Principal:
+        """The principal of a lookup or stat (see ``Callers.resolver``)."""
+        resolver = self.callers.resolver
+        return resolver if resolver is not None and ctx.uid == 0 else self.who(ctx)
+
+    def remap(self, uid_map: Mapping[int, str]) -> None:
+        """Callers' uids name these users from now on (the registry changed)."""
+        self.callers = replace(self.callers, uid_map=dict(uid_map))
+        self._principals.clear()
 
     def _node(self, ino: int) -> Node:
         node = self.inodes.get(ino)
@@ -193,6 +236,8 @@ class LoomOperations:
         hard_linked = entry.nlink > 1 and not entry.is_dir
         out.attr_timeout = 0 if hard_linked else self.cache_timeout
         out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
+        if not self.callers.kernel_checks:
+            out.st_mode |= _OPEN_DIR if entry.is_dir else _OPEN_FILE
         if node.unlinked:
             # open, but this name is gone: one link less (none for a directory)
             out.st_nlink = 0 if entry.is_dir else max(entry.nlink - 1, 0)
@@ -332,7 +377,7 @@ class LoomOperations:
             path = paths.split(self._node(parent_inode).path)[0]
         else:
             path = self._child(parent_inode, name)
-        return self._learned(await self.ns.stat(self.who(ctx), path))
+        return self._learned(await self.ns.stat(self.resolving(ctx), path))
 
     @translated
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -352,7 +397,7 @@ class LoomOperations:
             # mount's own changes are in ``attrs`` already (listing_changed_ns), anyone
             # else's would have been flagged by the feed.
             return self.attrs(node)
-        node.entry = await self.ns.stat(self.who(ctx), node.path)
+        node.entry = await self.ns.stat(self.resolving(ctx), node.path)
         self._fetched(node)
         return self.attrs(node)
 
@@ -411,7 +456,7 @@ class LoomOperations:
     @translated
     async def readlink(self, inode: int, ctx: Context) -> bytes:
         node = self._node(inode)
-        entry = await self.ns.stat(self.who(ctx), node.path)
+        entry = await self.ns.stat(self.resolving(ctx), node.path)
         if entry.kind is not EntryKind.SYMLINK or entry.link_target is None:
             raise _fail(errno.EINVAL)
         return os.fsencode(entry.link_target)
@@ -816,4 +861,4 @@ class LoomOperations:
         self._dirs.clear()
 
 
-__all__ = ["LoomOperations", "errno_of"]
+__all__ = ["Callers", "LoomOperations", "errno_of"]

@@ -1,0 +1,324 @@
+"""Samba over the namespace (protocol layer): a private loomfs mount, smbd as a child.
+
+``SmbServer`` mounts the namespace in a directory of its own (FUSE, in this process), in
+which each share is a directory, and runs ``smbd`` over it: in a session of its own
+(smbd signals its whole process group when it exits), stopped by its pid, started again
+if it dies. Samba logs a user in against the NT hash in the registry and runs her session
+as her uid of the SMB range (``users.SmbLogin``); the mount maps that uid back to her, so
+the namespace decides and audits each call as hers, protocol ``smb``.
+
+Who else could reach the mount: it is served to every uid (``allow_other``, as smbd's
+sessions run as many), so the kernel's own check guards the way in. Its directory is
+``root:loomfs-smb`` mode 0710: only root and members of that group, which exists only in
+the account files smbd is given (nss_wrapper), pass. Root (smbd before it becomes the
+user, and any other root process, which could read the volumes' disks anyway) looks
+names up and stats them as ``resolver`` (at a hub: loomfs itself), since smbd resolves
+each share's path as root; for anything else it is ``anonymous`` to the namespace,
+never the administrator. smbd enters a share as the user, so every directory above the
+mount must let her pass: the mount is not in the data directory (often 0700) but in
+``RUN_DIR``, under a name derived from the data directory, so that a later start finds
+what a crash left there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes.util
+import errno
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from ... import paths
+from ...config import SmbShare
+from ...core.types import Principal
+from ...core.users import SmbLogin, UserRegistry
+from ...errors import ConfigError, NotSupported
+from ...namespace.base import Namespace
+from ..fuse.mount import mounted
+from ..fuse.ops import Callers, LoomOperations
+from ..fuse.session import Session
+from . import conf
+
+log = logging.getLogger(__name__)
+
+#: how often the registry is read for new and changed SMB passwords
+REFRESH = 2.0
+#: how long smbd may take to listen, and to go on SIGTERM before it is killed
+START_TIMEOUT = STOP_TIMEOUT = 30.0
+#: the pause before a dead smbd is started again (one that dies at once must not spin)
+RESTART_DELAY = 1.0
+NSS_WRAPPER = "libnss_wrapper.so"
+#: where the mounts of SMB servers are (root's, traversable, not listable)
+RUN_DIR = Path("/run/loomfs-smb")
+
+
+class SmbServer:
+    """smbd serving ``shares`` (name -> namespace directory) of ``namespace`` to the users
+    with an SMB password in ``users``; its files under ``state_dir``."""
+
+    def __init__(
+        self,
+        namespace: Namespace,
+        users: UserRegistry,
+        shares: Mapping[str, SmbShare],
+        *,
+        state_dir: Path,
+        site: str,
+        smbd: str = "smbd",
+        resolver: Principal | None = None,
+    ) -> None:
+        self.namespace = namespace
+        #: who smbd's lookups as root run as (``fuse.ops.Callers.resolver``)
+        self.resolver = resolver
+        self.users = users
+        self.site = site
+        self.state_dir = state_dir
+        self.samba_dir = state_dir / "samba"
+        digest = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
+        self.fs_dir = RUN_DIR / digest
+        self.mountpoint = self.fs_dir / "mnt"
+        self.conf_path = state_dir / "smb.conf"
+        self.passdb = self.samba_dir / "private" / "smbpasswd"
+        self.accounts = (state_dir / "accounts" / "passwd", state_dir / "accounts" / "group")
+        self.shares = [
+            conf.Share(
+                conf.check_share_name(name),
+                self.mountpoint / paths.normalize(share.path).lstrip("/"),
+                share.access == "ro",
+            )
+            for name, share in sorted(shares.items())
+        ]
+        self.smbd = smbd
+        self.proc: asyncio.subprocess.Process | None = None
+        self._logins: list[SmbLogin] | None = None
+        self._ops: LoomOperations | None = None
+        self._session: Session | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- start and stop ----------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Mount, write Samba's files, start smbd on ``host``:``port`` (0: a free one) and
+        return the port once it listens."""
+        smbd = shutil.which(self.smbd)
+        if smbd is None:
+            raise NotSupported(f"[smb] needs {self.smbd}: apt-get install samba")
+        if ctypes.util.find_library("nss_wrapper") is None:
+            raise NotSupported("[smb] needs nss_wrapper: apt-get install libnss-wrapper")
+        if os.geteuid() != 0:
+            raise NotSupported("[smb] runs smbd as root (it switches to each user's uid)")
+        port = port or _free_port(host)
+        self._prepare_dirs()
+        self._stop_leftovers()
+        logins = await self.users.smb_logins()
+        self._write_accounts(logins)
+        self.conf_path.write_text(
+            conf.smb_conf(
+                host=host, port=port, state=self.samba_dir, passdb=self.passdb,
+                shares=self.shares,
+            )
+        )  # fmt: skip
+        mounted_now: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tasks.append(asyncio.create_task(self._serve_mount(logins, mounted_now)))
+        try:
+            await mounted_now
+            self.proc = await self._spawn(smbd)
+            self._tasks.append(asyncio.create_task(self._supervise(smbd)))
+            self._tasks.append(asyncio.create_task(self._follow_registry()))
+            await self._listening(host, port)
+        except BaseException:
+            await self.stop()  # nothing half started stays: no caller will stop it
+            raise
+        log.info("smbd serving", extra={"port": port, "pid": self.proc.pid})
+        return port
+
+    async def stop(self) -> None:
+        """Stop smbd (by its pid, then what is left of its process group), then unmount."""
+        supervisor = self._tasks[1:]
+        for task in supervisor:
+            task.cancel()
+        await asyncio.gather(*supervisor, return_exceptions=True)
+        if self.proc is not None:
+            await _stop(self.proc)
+            self.proc = None
+        if self._session is not None:
+            self._session.terminate()
+        await asyncio.gather(*self._tasks[:1], return_exceptions=True)
+        self._tasks.clear()
+
+    def _prepare_dirs(self) -> None:
+        for name in conf.STATE_DIRS:
+            (self.samba_dir / name).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.samba_dir / "private", 0o700)
+        self.accounts[0].parent.mkdir(parents=True, exist_ok=True)
+        RUN_DIR.mkdir(mode=0o711, exist_ok=True)
+        os.chmod(RUN_DIR, 0o711)
+        self.fs_dir.mkdir(exist_ok=True)
+        os.chown(self.fs_dir, 0, conf.GID)
+        os.chmod(self.fs_dir, 0o710)
+
+    def _stop_leftovers(self) -> None:
+        """What a hub killed without a chance to stop left: its smbd (found by the pid file
+        in this state directory, and only if it runs this config) and a dead mount."""
+        pid_file = self.samba_dir / "pid" / "smbd.pid"
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text().split()[0])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if os.fsencode(self.conf_path) in cmdline:
+                log.warning("stopping smbd %d left by a loomfs that did not stop", pid)
+                os.killpg(pid, signal.SIGKILL)
+        try:
+            os.stat(self.mountpoint)
+            stale = os.path.ismount(self.mountpoint)
+        except OSError as exc:
+            stale = exc.errno == errno.ENOTCONN
+        if stale:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)],
+                           capture_output=True, check=False)  # fmt: skip
+        self.mountpoint.mkdir(exist_ok=True)
+
+    # -- the mount ---------------------------------------------------------------------------
+
+    async def _serve_mount(self, logins: list[SmbLogin], ready: asyncio.Future[None]) -> None:
+        callers = Callers(
+            uid_map=_uid_map(logins), protocol="smb", site=self.site,
+            mapped_only=True, kernel_checks=False, resolver=self.resolver,
+        )  # fmt: skip
+        try:
+            async with mounted(
+                self.namespace, self.mountpoint, spool_dir=self.state_dir / "spool",
+                allow_other=True, callers=callers,
+            ) as (session, ops):  # fmt: skip
+                self._session, self._ops = session, ops
+                ready.set_result(None)
+                await session.serve(ops)
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+        finally:
+            self._session = self._ops = None
+
+    # -- accounts ----------------------------------------------------------------------------
+
+    def _write_accounts(self, logins: list[SmbLogin]) -> None:
+        """Samba's password file and the accounts nss_wrapper answers with; each replaced
+        whole (smbd reads the password file at each logon and nss_wrapper its files when
+        they change, so no restart)."""
+        passwd, group = self.accounts
+        _replace(passwd, conf.passwd_file(logins), 0o644)
+        _replace(group, conf.group_file(logins), 0o644)
+        _replace(self.passdb, conf.smbpasswd_file(logins), 0o600)
+        self._logins = logins
+
+    async def _follow_registry(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            try:
+                logins = await self.users.smb_logins()
+            except Exception:
+                log.exception("could not read the SMB logins; keeping the last ones")
+                continue
+            if logins != self._logins:
+                self._write_accounts(logins)
+                if self._ops is not None:
+                    self._ops.remap(_uid_map(logins))
+                log.info("SMB logins changed", extra={"users": len(logins)})
+
+    # -- smbd --------------------------------------------------------------------------------
+
+    async def _spawn(self, smbd: str) -> asyncio.subprocess.Process:
+        argv, env = smbd_command(smbd, self.conf_path, self.accounts)
+        with (self.samba_dir / "log" / "smbd.out").open("ab") as out:
+            return await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+            )  # fmt: skip
+
+    async def _supervise(self, smbd: str) -> None:
+        while True:
+            assert self.proc is not None
+            code = await self.proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its sessions die with it
+            log.warning("smbd exited (%s): starting it again", code, extra={"code": code})
+            await asyncio.sleep(RESTART_DELAY)
+            self.proc = await self._spawn(smbd)
+
+    async def _listening(self, host: str, port: int) -> None:
+        target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(target, port)
+            except OSError:
+                assert self.proc is not None
+                if self.proc.returncode is not None or loop.time() > deadline:
+                    log_file = self.samba_dir / "log" / "smbd.out"
+                    tail = log_file.read_text(errors="replace")[-2000:]
+                    raise ConfigError(f"smbd did not start listening on {port}: {tail}") from None
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            return
+
+
+def smbd_command(
+    smbd: str, conf_path: Path, accounts: tuple[Path, Path]
+) -> tuple[list[str], dict[str, str]]:
+    """smbd's command line and environment: in the foreground, no process group of its
+    own making (it is started in a session of its own), its accounts from ``accounts``
+    (passwd, group) through nss_wrapper. Start it with ``start_new_session``."""
+    passwd, group = accounts
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "LD_PRELOAD": NSS_WRAPPER,
+        "NSS_WRAPPER_PASSWD": str(passwd),
+        "NSS_WRAPPER_GROUP": str(group),
+    }
+    argv = [smbd, "--foreground", "--no-process-group", "--debug-stdout",
+            "--configfile", str(conf_path)]  # fmt: skip
+    return argv, env
+
+
+def _uid_map(logins: list[SmbLogin]) -> dict[int, str]:
+    return {login.uid: login.user for login in conf.users_of(logins)}
+
+
+def _replace(path: Path, text: str, mode: int) -> None:
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    os.chmod(partial, mode)
+    partial.replace(path)
+
+
+def _free_port(host: str) -> int:
+    """A port free now on ``host``: smbd takes a number, never 0."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM smbd by its pid, SIGKILL if it lingers, then whatever of its process group
+    (its sessions, samba-dcerpcd) is left."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
