@@ -1637,3 +1637,100 @@ def test_multipart_upload_over_the_limit_is_entity_too_large(gw: Gateway, s3: S3
         Bucket="data", Key="huge", UploadId=uid, MultipartUpload={"Parts": listed[:2]}
     )
     assert done["ETag"].endswith('-2"') and (gw.root / "huge").stat().st_size == 10 << 20
+
+
+TAG_TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=300
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    pairs=st.lists(st.tuples(TAG_TEXT.filter(len), TAG_TEXT), max_size=12),
+)
+def test_object_tagging_round_trips_within_s3s_limits(
+    gw: Gateway, s3: S3Client, pairs: list[tuple[str, str]]
+) -> None:
+    """A tag set S3 accepts (at most 10, keys 1-128, values up to 256 characters, keys
+    unique and not 'aws:') reads back as sent, in key order, and is the namespace's tags
+    of the file; any other is InvalidTag and leaves the tags as they were."""
+    s3.put_object(Bucket="data", Key="tagged", Body=b"x")
+    s3.put_object_tagging(
+        Bucket="data", Key="tagged", Tagging={"TagSet": [{"Key": "old", "Value": "1"}]}
+    )
+    keys = [k for k, _ in pairs]
+    valid = (
+        len(pairs) <= 10
+        and len(set(keys)) == len(keys)
+        and all(len(k) <= 128 and len(v) <= 256 for k, v in pairs)
+        and not any(k.lower().startswith("aws:") for k in keys)
+    )
+    tag_set: Any = [{"Key": k, "Value": v} for k, v in pairs]
+    if not valid:
+        with pytest.raises(ClientError) as err:
+            s3.put_object_tagging(Bucket="data", Key="tagged", Tagging={"TagSet": tag_set})
+        assert code_of(err) == "InvalidTag"
+        assert s3.get_object_tagging(Bucket="data", Key="tagged")["TagSet"] == [
+            {"Key": "old", "Value": "1"}
+        ]
+        return
+    s3.put_object_tagging(Bucket="data", Key="tagged", Tagging={"TagSet": tag_set})
+    got = s3.get_object_tagging(Bucket="data", Key="tagged")["TagSet"]
+    assert got == sorted(tag_set, key=lambda t: t["Key"])
+    assert {k: v for k, v in gw.tags("/data/tagged").items() if k.startswith("s3.tag.")} == {
+        f"s3.tag.{k}": v for k, v in pairs
+    }
+    head = s3.head_object(Bucket="data", Key="tagged")
+    count = head["ResponseMetadata"]["HTTPHeaders"].get("x-amz-tagging-count")
+    assert count == (str(len(pairs)) if pairs else None)
+
+
+def test_tagging_on_put_copy_multipart_and_buckets(gw: Gateway, s3: S3Client) -> None:
+    s3.put_object(Bucket="data", Key="t1", Body=b"1", Tagging="a=1&b=two%20words&empty")
+    expected = [
+        {"Key": "a", "Value": "1"}, {"Key": "b", "Value": "two words"},
+        {"Key": "empty", "Value": ""},
+    ]  # fmt: skip
+    assert s3.get_object_tagging(Bucket="data", Key="t1")["TagSet"] == expected
+    assert s3.get_object(Bucket="data", Key="t1")["TagCount"] == 3
+    with pytest.raises(ClientError) as err:
+        s3.put_object(
+            Bucket="data", Key="t2", Body=b"2", Tagging="&".join(f"k{i}=v" for i in range(11))
+        )
+    assert code_of(err) == "InvalidTag"
+    assert not (gw.root / "t2").exists()
+    # a copy keeps the tags, or takes the request's with REPLACE; an overwrite drops them
+    s3.copy_object(Bucket="data", Key="c-keep", CopySource="data/t1")
+    assert s3.get_object_tagging(Bucket="data", Key="c-keep")["TagSet"] == expected
+    s3.copy_object(
+        Bucket="data", Key="c-new", CopySource="data/t1", TaggingDirective="REPLACE", Tagging="x=y"
+    )
+    assert s3.get_object_tagging(Bucket="data", Key="c-new")["TagSet"] == [
+        {"Key": "x", "Value": "y"}
+    ]
+    s3.put_object(Bucket="data", Key="t1", Body=b"again")
+    assert s3.get_object_tagging(Bucket="data", Key="t1")["TagSet"] == []
+    uid = s3.create_multipart_upload(Bucket="data", Key="mp", Tagging="Hello=World")["UploadId"]
+    etag = s3.upload_part(Bucket="data", Key="mp", UploadId=uid, PartNumber=1, Body=b"p")["ETag"]
+    s3.complete_multipart_upload(
+        Bucket="data", Key="mp", UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+    )  # fmt: skip
+    assert s3.get_object_tagging(Bucket="data", Key="mp")["TagSet"] == [
+        {"Key": "Hello", "Value": "World"}
+    ]
+    s3.delete_object_tagging(Bucket="data", Key="mp")
+    assert s3.get_object_tagging(Bucket="data", Key="mp")["TagSet"] == []
+    with pytest.raises(ClientError) as err:
+        s3.get_object_tagging(Bucket="data", Key="missing")
+    assert code_of(err) == "NoSuchKey"
+    # a bucket's tag set: none is NoSuchTagSet; other tags of the directory stay
+    s3.put_bucket_tagging(Bucket="data", Tagging={"TagSet": [{"Key": "team", "Value": "ml"}]})
+    assert s3.get_bucket_tagging(Bucket="data")["TagSet"] == [{"Key": "team", "Value": "ml"}]
+    assert gw.tags("/data")["s3.tag.team"] == "ml"
+    s3.delete_bucket_tagging(Bucket="data")
+    with pytest.raises(ClientError) as err:
+        s3.get_bucket_tagging(Bucket="data")
+    assert code_of(err) == "NoSuchTagSet"

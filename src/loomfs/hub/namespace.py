@@ -66,7 +66,8 @@ from .coherence import Leases, WriteLeases
 
 log = logging.getLogger(__name__)
 
-MAX_TAG_KEY = 128
+#: room for a prefix before a key of another system's own limit (S3 tags: 128)
+MAX_TAG_KEY = 256
 #: as Linux (MAXSYMLINKS): the most symlinks one path is followed through
 _MAX_HOPS = 40
 MAX_TAG_VALUE = 1024

@@ -49,6 +49,7 @@ STATUS: dict[str, int] = {
     "InvalidPartOrder": 400,
     "InvalidRange": 416,
     "InvalidRequest": 400,
+    "InvalidTag": 400,
     "KeyTooLongError": 400,
     "MalformedACLError": 400,
     "MalformedXML": 400,

@@ -51,7 +51,7 @@ from ...errors import (
 from ...namespace.base import Namespace
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
-from . import acl, checksums, sigv2, sigv4
+from . import acl, checksums, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Staging, Upload
@@ -127,7 +127,6 @@ UNSUPPORTED = frozenset(
 ABSENT_CONFIG = {
     "lifecycle": ("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist"),
     "cors": ("NoSuchCORSConfiguration", "the CORS configuration does not exist"),
-    "tagging": ("NoSuchTagSet", "the TagSet does not exist"),
     "policy": ("NoSuchBucketPolicy", "the bucket policy does not exist"),
     "encryption": (
         "ServerSideEncryptionConfigurationNotFoundError",
@@ -307,8 +306,9 @@ def part_window(number: int, entry: Entry, tags: Mapping[str, str]) -> tuple[int
 
 
 def _stored_meta(headers: Mapping[str, str]) -> dict[str, str]:
-    """The tags that keep a request's Content-Type and x-amz-meta-* headers."""
-    tags = {f"{TAG}{name}": headers[name] for name in STORED_HEADERS if name in headers}
+    """The tags that keep a request's Content-Type, x-amz-meta-* and x-amz-tagging."""
+    tags = tagging.from_header(headers.get("x-amz-tagging"))
+    tags |= {f"{TAG}{name}": headers[name] for name in STORED_HEADERS if name in headers}
     # aws-chunked is the upload's framing, not a coding of the stored object
     codings = [c.strip() for c in tags.pop(f"{TAG}content-encoding", "").split(",")]
     if kept := ", ".join(c for c in codings if c and c != "aws-chunked"):
@@ -327,6 +327,8 @@ def _meta_headers(tags: Mapping[str, str]) -> dict[str, str]:
     for key, value in tags.items():
         if key.startswith(META_TAG):
             out["x-amz-meta-" + key[len(META_TAG) :]] = value
+    if count := len(tagging.of(tags)):
+        out["x-amz-tagging-count"] = str(count)
     return out
 
 
@@ -498,7 +500,13 @@ class S3Gateway:
             )
         handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
         config = (ABSENT_CONFIG.keys() | EMPTY_CONFIG.keys()) & q.keys()
-        if config and c.bucket and not c.key and method != "PUT":
+        if "tagging" in q and c.bucket:
+            handler = {
+                "GET": self.get_tagging,
+                "PUT": self.put_tagging,
+                "DELETE": self.delete_tagging,
+            }.get(method)
+        elif config and c.bucket and not c.key and method != "PUT":
             handler = {
                 "GET": self.get_bucket_config,
                 "DELETE": self.delete_bucket_config if config <= ABSENT_CONFIG.keys() else None,
@@ -672,6 +680,32 @@ class S3Gateway:
 
     async def delete_bucket_config(self, c: Call) -> web.Response:
         await self._bucket_entry(c)  # none is kept: deleting it is done
+        return web.Response(status=204)
+
+    async def _tagged(self, c: Call) -> tuple[str, dict[str, str]]:
+        """The path whose tags hold the tag set (the object's or the bucket's), and its tags."""
+        if c.key:
+            entry, tags = await self._object(c)
+            return entry.path, tags
+        folder = await self._bucket_entry(c)
+        return folder, await self.ns.get_tags(c.who, folder)
+
+    async def get_tagging(self, c: Call) -> web.Response:
+        _, tags = await self._tagged(c)
+        if not c.key and not tagging.of(tags):
+            raise S3Error("NoSuchTagSet", "the TagSet does not exist")
+        return _xml(tagging.as_xml(tags))
+
+    async def put_tagging(self, c: Call) -> web.Response:
+        limit = tagging.MAX_OBJECT_TAGS if c.key else tagging.MAX_BUCKET_TAGS
+        new = tagging.from_xml(await _read_document(c.request), limit)
+        path, _ = await self._tagged(c)
+        await self._set_s3_tags(c, path, new, tagging.PREFIX)
+        return web.Response()
+
+    async def delete_tagging(self, c: Call) -> web.Response:
+        path, _ = await self._tagged(c)
+        await self._set_s3_tags(c, path, {}, tagging.PREFIX)
         return web.Response(status=204)
 
     async def head_bucket(self, c: Call) -> web.Response:
@@ -1052,9 +1086,12 @@ class S3Gateway:
             raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
         return False, entry.version
 
-    async def _set_s3_tags(self, c: Call, path: str, new: dict[str, str]) -> None:
+    async def _set_s3_tags(
+        self, c: Call, path: str, new: dict[str, str], prefix: str = TAG
+    ) -> None:
+        """Make ``new`` the tags under ``prefix`` (all that S3 keeps, by default)."""
         tags = await self.ns.set_tags(c.who, path, new)
-        stale = [k for k in tags if k.startswith(TAG) and k not in new]
+        stale = [k for k in tags if k.startswith(prefix) and k not in new]
         if stale:
             await self.ns.set_tags(c.who, path, {}, stale)
 
@@ -1128,6 +1165,12 @@ class S3Gateway:
             if replace
             else {k: v for k, v in tags.items() if k.startswith(TAG)}
         )
+        # the tag set follows its own directive, not the metadata's
+        meta = {k: v for k, v in meta.items() if not k.startswith(tagging.PREFIX)}
+        if headers.get("x-amz-tagging-directive", "COPY").upper() == "REPLACE":
+            meta |= tagging.from_header(headers.get("x-amz-tagging"))
+        else:
+            meta |= {k: v for k, v in tags.items() if k.startswith(tagging.PREFIX)}
         for own in (ETAG_TAG, PARTS_TAG):  # the copy is a new single-part object
             meta.pop(own, None)
         if paths.normalize(path) == entry.path:
