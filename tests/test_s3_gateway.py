@@ -971,8 +971,13 @@ def test_get_object_attributes(gw: Gateway, s3: S3Client) -> None:
     got = s3.get_object_attributes(Bucket="data", Key="one", ObjectAttributes=wanted)
     assert got["ETag"] == put["ETag"].strip('"')  # GetObjectAttributes' ETag has no quotes
     assert got["ObjectSize"] == 3 and got["StorageClass"] == "STANDARD"
-    # a single part and no additional checksum: neither is answered
-    assert got.get("ObjectParts") is None and got.get("Checksum") is None
+    # a single part: no parts; the CRC32 botocore sent with it is kept
+    crc = base64.b64encode(zlib.crc32(b"foo").to_bytes(4, "big")).decode()
+    assert got.get("ObjectParts") is None
+    assert got["Checksum"] == {"ChecksumCRC32": crc, "ChecksumType": "FULL_OBJECT"}
+    gw.call(gw.ns.write_bytes(SYSTEM, "/data/plain", b"not through S3"))
+    plain = s3.get_object_attributes(Bucket="data", Key="plain", ObjectAttributes=wanted)
+    assert plain.get("Checksum") is None  # none came with it: none is answered
     parts = [os.urandom(5 << 20)] * 3 + [b"end"]
     uid = s3.create_multipart_upload(Bucket="data", Key="mp")["UploadId"]
     etags = [
@@ -1734,3 +1739,104 @@ def test_tagging_on_put_copy_multipart_and_buckets(gw: Gateway, s3: S3Client) ->
     with pytest.raises(ClientError) as err:
         s3.get_bucket_tagging(Bucket="data")
     assert code_of(err) == "NoSuchTagSet"
+
+
+def _digest(algorithm: str, data: bytes) -> bytes:
+    match algorithm:
+        case "CRC32":
+            return zlib.crc32(data).to_bytes(4, "big")
+        case "CRC32C":
+            return int(crt.crc32c(data, 0)).to_bytes(4, "big")
+        case "CRC64NVME":
+            return int(crt.crc64nvme(data, 0)).to_bytes(8, "big")
+    return hashlib.new(algorithm.lower(), data).digest()
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+CHECKSUM_ALGORITHMS = ["CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256"]
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(algorithm=st.sampled_from(CHECKSUM_ALGORITHMS), body=st.binary(max_size=2000))
+def test_a_puts_checksum_is_kept_and_returned(
+    gw: Gateway, s3: S3Client, algorithm: str, body: bytes
+) -> None:
+    """The additional checksum a PUT came with is HeadObject's and GetObject's with
+    ChecksumMode=ENABLED, for every algorithm; not without it, not for a range, and not
+    once the file changed behind S3's back."""
+    s3.put_object(Bucket="data", Key="summed", Body=body, ChecksumAlgorithm=algorithm)  # type: ignore[arg-type]
+    expected = _b64(_digest(algorithm, body))
+    field: Any = f"Checksum{algorithm}"
+    head: Any = s3.head_object(Bucket="data", Key="summed", ChecksumMode="ENABLED")
+    assert head[field] == expected and head["ChecksumType"] == "FULL_OBJECT"
+    got: Any = s3.get_object(Bucket="data", Key="summed", ChecksumMode="ENABLED")
+    assert got[field] == expected and got["Body"].read() == body
+    assert field not in s3.head_object(Bucket="data", Key="summed")
+    if body:
+        ranged = s3.get_object(
+            Bucket="data", Key="summed", Range="bytes=0-0", ChecksumMode="ENABLED"
+        )
+        assert field not in ranged
+    gw.call(gw.ns.write_bytes(SYSTEM, "/data/summed", body + b"!"))
+    assert field not in s3.head_object(Bucket="data", Key="summed", ChecksumMode="ENABLED")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "kind"),
+    [("CRC32", "COMPOSITE"), ("SHA256", "COMPOSITE"), ("CRC64NVME", "FULL_OBJECT"),
+     ("CRC32C", "FULL_OBJECT")],
+)  # fmt: skip
+def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: str) -> None:
+    """An upload made with a checksum algorithm keeps each part's (sent, or computed where
+    a part sent none), lists them, refuses a Complete listing another, and gives the object
+    S3's COMPOSITE checksum (of the parts' digests, '-N') or its FULL_OBJECT one."""
+    alg: Any = algorithm
+    field: Any = f"Checksum{algorithm}"
+    parts = [os.urandom(5 << 20), b"tail"]
+    uid = s3.create_multipart_upload(
+        Bucket="data",
+        Key="mps",
+        ChecksumAlgorithm=alg,
+        ChecksumType=kind,  # type: ignore[arg-type]
+    )["UploadId"]
+    sent: Any = s3.upload_part(
+        Bucket="data", Key="mps", UploadId=uid, PartNumber=1, Body=parts[0], ChecksumAlgorithm=alg
+    )
+    assert sent[field] == _b64(_digest(algorithm, parts[0]))
+    # a part with no checksum of its own (a raw signed PUT): computed by the gateway
+    raw = _signed_with_body(
+        "PUT", f"{gw.endpoint}/data/mps?partNumber=2&uploadId={uid}", gw, parts[1], {}
+    )
+    assert raw.status == 200, raw.data
+    assert raw.headers[f"x-amz-checksum-{algorithm.lower()}"] == _b64(_digest(algorithm, parts[1]))
+    listed: Any = s3.list_parts(Bucket="data", Key="mps", UploadId=uid)["Parts"]
+    assert [p[field] for p in listed] == [_b64(_digest(algorithm, p)) for p in parts]
+    wrong: Any = [
+        {"PartNumber": 1, "ETag": listed[0]["ETag"], field: _b64(_digest(algorithm, b"x"))},
+        {"PartNumber": 2, "ETag": listed[1]["ETag"]},
+    ]
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": wrong}
+        )
+    assert code_of(err) == "InvalidPart"
+    chosen: Any = [
+        {"PartNumber": p["PartNumber"], "ETag": p["ETag"], field: p[field]} for p in listed
+    ]
+    done: Any = s3.complete_multipart_upload(
+        Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen}
+    )
+    if kind == "COMPOSITE":
+        of_parts = b"".join(_digest(algorithm, p) for p in parts)
+        expected = f"{_b64(_digest(algorithm, of_parts))}-2"
+    else:
+        expected = _b64(_digest(algorithm, b"".join(parts)))
+    assert done[field] == expected and done["ChecksumType"] == kind
+    head: Any = s3.head_object(Bucket="data", Key="mps", ChecksumMode="ENABLED")
+    assert head[field] == expected and head["ChecksumType"] == kind
+    assert gw.read("/data/mps") == b"".join(parts)

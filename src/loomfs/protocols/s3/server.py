@@ -54,7 +54,7 @@ from ..http import parse_range, serve_reader
 from . import acl, checksums, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
-from .multipart import Staging, Upload
+from .multipart import Part, Staging, Upload
 from .xmlio import (
     MAX_DOCUMENT,
     Xml,
@@ -80,13 +80,14 @@ META_TAG = "s3.meta."
 OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
 LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
 PARTS_TAG = "s3.parts"  # part sizes of a multipart object (valid with ETAG_TAG's version)
+CHECKSUM_TAG = "s3.checksum"  # the additional checksum it came with (checksums.Kept)
 MAX_PARTS_TAG = 1024
 STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
                   "content-language", "expires")  # fmt: skip
 EMPTY_MD5 = f'"{hashlib.md5(b"").hexdigest()}"'
 MAX_KEYS = 1000
-# what GetObjectAttributes may be asked for; no additional checksums are kept, so
-# Checksum is answered by leaving it out, as S3 does for an object that has none
+# what GetObjectAttributes may be asked for (an object that came with no additional
+# checksum has none: Checksum is answered by leaving it out, as S3 does)
 OBJECT_ATTRIBUTES = frozenset({"ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"})
 GiB = 1 << 30
 TiB = 1 << 40
@@ -939,6 +940,10 @@ class S3Gateway:
             override = c.query.get(f"response-{name}")
             if override is not None:
                 headers[name.title()] = override
+        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
+        whole = "partNumber" not in c.query and "Range" not in request.headers
+        if kept is not None and whole and _checksum_mode(request):
+            headers |= kept.headers()
         if entry.is_dir:  # a folder marker ('dir/'): an empty object
             return web.Response(headers={**headers, "Content-Length": "0"})
         part = c.query.get("partNumber")
@@ -983,10 +988,15 @@ class S3Gateway:
                 el("IsTruncated", len(numbered) > limit),
                 nodes(el("Part", el("PartNumber", n), el("Size", size)) for n, size in shown),
             )
+        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
+        checksum = None
+        if "Checksum" in wanted and kept is not None:
+            checksum = el("Checksum", el(kept.element, kept.value), el("ChecksumType", kept.kind))
         body = document(
             "GetObjectAttributesResponse",
             # unlike every other response, here the ETag goes without quotes
             el("ETag", etag.strip('"')) if "ETag" in wanted else None,
+            checksum,
             parts,
             el("StorageClass", "STANDARD") if "StorageClass" in wanted else None,
             el("ObjectSize", entry.size) if "ObjectSize" in wanted else None,
@@ -995,10 +1005,11 @@ class S3Gateway:
         response.headers["Last-Modified"] = http_time(entry.mtime_ns)
         return response
 
-    def _body(self, c: Call, limit: int) -> AsyncIterator[bytes]:
+    def _body(self, c: Call, limit: int) -> tuple[AsyncIterator[bytes], checksums.Declared | None]:
         """The request body as the signature covers it: plain (SHA-256 checked at the end
         when signed) or decoded from aws-chunked (every chunk's signature checked), and
-        with the additional checksum its headers declare checked at the end."""
+        with the additional checksum its headers declare checked at the end; and that
+        checksum."""
         request = c.request
         headers = request.headers
         decoded = headers.get("x-amz-decoded-content-length")
@@ -1021,8 +1032,8 @@ class S3Gateway:
         lowered = {k.lower(): v for k, v in headers.items()}
         checksum = checksums.declared(lowered, checker.trailers)
         if checksum is not None:
-            body = checksums.checked(body, *checksum)
-        return _from_client(body)
+            body = checksums.checked(body, checksum)
+        return _from_client(body), checksum
 
     async def _ensure_parent(self, c: Call, path: str) -> None:
         parent = paths.split(paths.normalize(path))[0]
@@ -1042,9 +1053,11 @@ class S3Gateway:
         *,
         etag: str | None = None,
         content_md5: bytes | None = None,
+        checksum: Callable[[], checksums.Kept | None] = lambda: None,
         limit: int,
     ) -> tuple[Entry, str]:
-        """Stream ``data`` into the object at ``path`` and record its S3 tags."""
+        """Stream ``data`` into the object at ``path`` and record its S3 tags, with the
+        additional checksum ``checksum`` gives once ``data`` has ended."""
         await self._bucket_entry(c)
         await self._ensure_parent(c, path)
         exclusive, if_version = await self._write_conditions(c, path)
@@ -1060,7 +1073,10 @@ class S3Gateway:
             c.who, path, checked(), exclusive=exclusive, if_version=if_version
         )
         etag = etag or tally.etag
-        await self._set_s3_tags(c, path, {**meta, ETAG_TAG: f"{entry.version} {etag}"})
+        own = {ETAG_TAG: f"{entry.version} {etag}"}
+        if (kept := checksum()) is not None:
+            own[CHECKSUM_TAG] = kept.tag(entry.version)
+        await self._set_s3_tags(c, path, {**meta, **own})
         return entry, etag
 
     async def _write_conditions(self, c: Call, path: str) -> tuple[bool, int | None]:
@@ -1098,7 +1114,7 @@ class S3Gateway:
     async def put_object(self, c: Call) -> web.Response:
         headers = {k.lower(): v for k, v in c.request.headers.items()}
         content_md5 = _content_md5(headers.get("content-md5"))
-        data = self._body(c, self.max_object_size)
+        data, declared = self._body(c, self.max_object_size)
         path = self.object_path(c)
         if c.key.endswith("/"):  # a folder marker: the directory itself
             async for chunk in data:
@@ -1108,16 +1124,24 @@ class S3Gateway:
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
             await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
+
+        def kept() -> checksums.Kept | None:
+            if declared is None:
+                return None
+            return checksums.Kept(declared.algorithm, "FULL_OBJECT", declared.value)
+
         _, etag = await self._store(
             c,
             path,
             data,
             _stored_meta(headers),
             content_md5=content_md5,
+            checksum=kept,
             limit=self.max_object_size,
         )
         await self._acl_on_create(c, path)
-        return web.Response(headers={"ETag": etag})
+        checksum = kept()
+        return web.Response(headers={"ETag": etag, **(checksum.headers() if checksum else {})})
 
     def _copy_source(self, c: Call) -> tuple[str, str]:
         raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
@@ -1171,7 +1195,7 @@ class S3Gateway:
             meta |= tagging.from_header(headers.get("x-amz-tagging"))
         else:
             meta |= {k: v for k, v in tags.items() if k.startswith(tagging.PREFIX)}
-        for own in (ETAG_TAG, PARTS_TAG):  # the copy is a new single-part object
+        for own in (ETAG_TAG, PARTS_TAG, CHECKSUM_TAG):  # a new single-part object
             meta.pop(own, None)
         if paths.normalize(path) == entry.path:
             await data.aclose()
@@ -1301,8 +1325,19 @@ class S3Gateway:
         await self._bucket_entry(c)
         await self._may_write(c, c.op)
         headers = {k.lower(): v for k, v in c.request.headers.items()}
-        upload = await self.staging.create(c.bucket, c.key, c.who.user, _stored_meta(headers))
-        return _xml(
+        algorithm = checksums.algorithm_of(headers.get("x-amz-checksum-algorithm"))
+        checksum, answer = None, {}
+        if algorithm is not None:
+            only_full = algorithm in checksums.FULL_OBJECT_ONLY
+            kind = headers.get("x-amz-checksum-type", "").upper()
+            kind = kind or ("FULL_OBJECT" if only_full else "COMPOSITE")
+            if kind not in checksums.KINDS or (kind == "COMPOSITE" and only_full):
+                raise S3Error("InvalidRequest", f"{algorithm.upper()} has no {kind} checksum")
+            checksum = f"{algorithm} {kind}"
+            answer = {"x-amz-checksum-algorithm": algorithm.upper(), "x-amz-checksum-type": kind}
+        meta = _stored_meta(headers)
+        upload = await self.staging.create(c.bucket, c.key, c.who.user, meta, checksum)
+        response = _xml(
             document(
                 "InitiateMultipartUploadResult",
                 el("Bucket", c.bucket),
@@ -1310,26 +1345,56 @@ class S3Gateway:
                 el("UploadId", upload.upload_id),
             )
         )
+        response.headers.update(answer)
+        return response
+
+    @staticmethod
+    def _part_checksum(
+        upload: Upload, data: AsyncIterator[bytes], declared: checksums.Declared | None
+    ) -> tuple[AsyncIterator[bytes], Callable[[], str] | None]:
+        """A part's bytes and its checksum ('<algorithm> <value>', once they have ended):
+        the one it declared (checked), or where it declared none the one its upload
+        asked for, computed as the bytes go by."""
+        algorithm = upload.checksum.split(" ")[0] if upload.checksum else None
+        if declared is not None:
+            if algorithm is not None and declared.algorithm != algorithm:
+                raise S3Error(
+                    "InvalidRequest",
+                    f"the part's checksum is {declared.algorithm.upper()}, the upload's "
+                    f"{algorithm.upper()}",
+                )
+            return data, lambda: f"{declared.algorithm} {declared.value}"
+        if algorithm is None:
+            return data, None
+        found: list[str] = []
+        return checksums.hashed(data, algorithm, found.append), lambda: f"{algorithm} {found[0]}"
 
     async def upload_part(self, c: Call) -> web.Response:
         upload = await self._upload(c)
         number = _int_param(c.query.get("partNumber"), "partNumber", 0)
         if "x-amz-copy-source" not in c.request.headers:
-            part = await self.staging.put_part(
-                upload, number, self._body(c, self.max_part_size), self.max_part_size
-            )
-            return web.Response(headers={"ETag": part.etag})
+            body, checksum = self._part_checksum(upload, *self._body(c, self.max_part_size))
+            part = await self.staging.put_part(upload, number, body, self.max_part_size, checksum)
+            answer = {"ETag": part.etag}
+            if part.checksum is not None:
+                algorithm, _, value = part.checksum.partition(" ")
+                answer[checksums.PREFIX + algorithm] = value
+            return web.Response(headers=answer)
         window: tuple[int, int | None] = (0, None)
         source_range = c.request.headers.get("x-amz-copy-source-range")
         if source_range:
             bucket, key = self._copy_source(c)
             source, _ = await self._object(Call(c.request, c.who, c.auth, bucket, key, {}))
             window = _copy_range(source_range, source.size)
-        _, _, data = await self._read_source(c, window)
-        part = await self.staging.put_part(upload, number, data, self.max_part_size)
+        _, _, source_data = await self._read_source(c, window)
+        data, checksum = self._part_checksum(upload, source_data, None)
+        part = await self.staging.put_part(upload, number, data, self.max_part_size, checksum)
         return _xml(
             document(
-                "CopyPartResult", el("LastModified", iso_time(part.mtime_ns)), el("ETag", part.etag)
+                "CopyPartResult",
+                el("LastModified", iso_time(part.mtime_ns)),
+                el("ETag", part.etag),
+                _part_checksum_xml(part),
             )
         )
 
@@ -1342,6 +1407,7 @@ class S3Gateway:
         if local(root.tag) != "CompleteMultipartUpload":
             raise S3Error("MalformedXML", "the root element must be CompleteMultipartUpload")
         chosen = []
+        listed: dict[int, str] = {}  # the checksums the client lists for its parts
         for part in root:
             if local(part.tag) != "Part":
                 continue
@@ -1349,19 +1415,56 @@ class S3Gateway:
             if number is None or etag is None or not number.isdigit():
                 raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
             chosen.append((int(number), etag))
-        data, etag, sizes = await self.staging.assemble(upload, chosen)
+            for child in part:
+                name = local(child.tag)
+                if name.startswith("Checksum") and name != "ChecksumType":
+                    listed[int(number)] = f"{name[len('Checksum') :].lower()} {child.text or ''}"
+        data, etag, parts = await self.staging.assemble(upload, chosen)
+        sizes = [p.size for p in parts]
         if sum(sizes) > self.max_upload_size:  # refused before a byte of it is written
             raise S3Error("EntityTooLarge", f"the object exceeds {self.max_upload_size} bytes")
+        for staged in parts:
+            if staged.number in listed and listed[staged.number] != staged.checksum:
+                raise S3Error(
+                    "InvalidPart", f"part {staged.number}'s checksum is not the one listed"
+                )
+        data, kept = self._object_checksum(c, upload, parts, data)
         path = self.object_path(c)
         meta = dict(upload.meta)
         layout = encode_parts(sizes)
         if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
             meta[PARTS_TAG] = layout
-        await self._store(c, path, data, meta, etag=etag, limit=self.max_upload_size)
+        await self._store(c, path, data, meta, etag=etag, checksum=kept, limit=self.max_upload_size)
         await self.staging.finish(upload, etag)
-        return self._completed(c, etag)
+        return self._completed(c, etag, kept())
 
-    def _completed(self, c: Call, etag: str) -> web.Response:
+    @staticmethod
+    def _object_checksum(
+        c: Call, upload: Upload, parts: list[Part], data: AsyncIterator[bytes]
+    ) -> tuple[AsyncIterator[bytes], Callable[[], checksums.Kept | None]]:
+        """The bytes of a multipart object and its checksum, of the kind its upload asked
+        for: COMPOSITE from the parts', FULL_OBJECT computed as the bytes stream (checked
+        against the one Complete sends, if it does)."""
+        if upload.checksum is None:
+            return data, lambda: None
+        algorithm, kind = upload.checksum.split(" ")
+        if kind == "COMPOSITE":
+            named = [(p.checksum or " ").split(" ") for p in parts]
+            if any(name != algorithm for name, _ in named):
+                return data, lambda: None  # a part staged without it: none, not a wrong one
+            values = [value for _, value in named]
+            kept = checksums.Kept(algorithm, kind, checksums.composite(algorithm, values))
+            return data, lambda: kept
+        sent = c.request.headers.get(checksums.PREFIX + algorithm)
+        if sent is not None:
+            digest = checksums.decode(algorithm, sent)
+            checked = checksums.checked(data, checksums.Declared(algorithm, lambda: digest))
+            return checked, lambda: checksums.Kept(algorithm, kind, sent)
+        found: list[str] = []
+        hashed = checksums.hashed(data, algorithm, found.append)
+        return hashed, lambda: checksums.Kept(algorithm, kind, found[0])
+
+    def _completed(self, c: Call, etag: str, kept: checksums.Kept | None = None) -> web.Response:
         return _xml(
             document(
                 "CompleteMultipartUploadResult",
@@ -1369,6 +1472,8 @@ class S3Gateway:
                 el("Bucket", c.bucket),
                 el("Key", c.key),
                 el("ETag", etag),
+                el(kept.element, kept.value) if kept else None,
+                el("ChecksumType", kept.kind) if kept else None,
             )
         )
 
@@ -1401,6 +1506,7 @@ class S3Gateway:
                         el("LastModified", iso_time(p.mtime_ns)),
                         el("ETag", p.etag),
                         el("Size", p.size),
+                        _part_checksum_xml(p),
                     )
                     for p in shown
                 ),
@@ -1444,6 +1550,17 @@ async def _from_client(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield chunk
     except (ConnectionError, ClientError) as exc:
         raise S3Error("IncompleteBody", "the client closed the connection mid-body") from exc
+
+
+def _part_checksum_xml(part: Part) -> Xml | None:
+    if part.checksum is None:
+        return None
+    algorithm, _, value = part.checksum.partition(" ")
+    return el("Checksum" + algorithm.upper(), value)
+
+
+def _checksum_mode(request: web.Request) -> bool:
+    return request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
 
 
 def _xml(body: bytes, status: int = 200) -> web.Response:
