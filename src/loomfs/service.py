@@ -311,6 +311,7 @@ class HubService:
             site=self.config.site.name,
             max_object_size=s3.max_object_size,
             max_part_size=s3.max_part_size,
+            max_upload_size=s3.max_upload_size,
         )
 
     def authenticator(self) -> RegistryAuthenticator:

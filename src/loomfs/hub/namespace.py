@@ -53,6 +53,7 @@ from ..errors import (
     AlreadyExists,
     Conflict,
     CrossesVolume,
+    DirectoryNotEmpty,
     InvalidArgument,
     InvalidPath,
     IsADirectory,
@@ -66,7 +67,8 @@ from .coherence import Leases, WriteLeases
 
 log = logging.getLogger(__name__)
 
-MAX_TAG_KEY = 128
+#: room for a prefix before a key of another system's own limit (S3 tags: 128)
+MAX_TAG_KEY = 256
 #: as Linux (MAXSYMLINKS): the most symlinks one path is followed through
 _MAX_HOPS = 40
 MAX_TAG_VALUE = 1024
@@ -674,6 +676,11 @@ class HubNamespace(ResolvingNamespace):
             entry = await self._entry(path)
             if if_version is not None and entry.version != if_version:
                 raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
+            if entry.is_dir and not recursive and await self.catalog.list_dir(path, limit=1):
+                # refused before the volume is touched: a child whose file is already gone
+                # (its removal is between the volume and the catalog) would otherwise let
+                # the directory go from the volume and stay in the catalog
+                raise DirectoryNotEmpty(f"directory not empty: {path}", path=path)
             if entry.is_dir and recursive:
                 # deepest first, so each directory is empty when its turn comes
                 below = [e async for e in self.walk(who, path)]

@@ -7,6 +7,12 @@ comes in a header, or for an aws-chunked body in the trailer that x-amz-trailer 
 SDKs send over HTTPS). The gateway checks every algorithm S3 has: CRC32, SHA-1 and
 SHA-256 with the standard library, CRC32C and CRC64NVME with ``awscrt`` (the AWS common
 runtime botocore itself uses for them), all at memory speed.
+
+A checksum that checked is kept with the object (``Declared.value``) and answered to
+HeadObject and GetObject with ChecksumMode=ENABLED. A multipart object's is COMPOSITE, the
+checksum of its parts' checksums with '-<parts>' after it (``composite``), as S3 makes it
+for CRC32, CRC32C, SHA-1 and SHA-256; or FULL_OBJECT, of the whole object's bytes (S3's
+only kind for CRC64NVME), computed as the parts stream into the object (``hashed``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import base64
 import binascii
 import hashlib
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from awscrt import checksums as crt
@@ -59,6 +66,56 @@ def _hash(algorithm: str) -> _Hash | None:
     return None
 
 
+ALGORITHMS = ("crc32", "crc32c", "crc64nvme", "sha1", "sha256")
+FULL_OBJECT_ONLY = frozenset({"crc64nvme"})
+
+
+def algorithm_of(value: str | None) -> str | None:
+    """An x-amz-checksum-algorithm value ('CRC32'), lower-cased; None if absent."""
+    if not value:
+        return None
+    if value.lower() not in ALGORITHMS:
+        raise S3Error("InvalidRequest", f"{value} is not a checksum algorithm S3 knows")
+    return value.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """The checksum an upload declares: its algorithm and the digest it must have, which
+    an aws-chunked body's trailer gives only once the body has ended."""
+
+    algorithm: str
+    expected: Callable[[], bytes]
+
+    @property
+    def value(self) -> str:
+        """The digest as S3 writes it (base64), once the body has ended."""
+        return base64.b64encode(self.expected()).decode()
+
+
+def composite(algorithm: str, part_values: Iterable[str]) -> str:
+    """A multipart object's COMPOSITE checksum: of its parts' digests, '-<count>' after."""
+    running = _hash(algorithm)
+    assert running is not None
+    count = 0
+    for value in part_values:
+        running.update(decode(algorithm, value))
+        count += 1
+    return f"{base64.b64encode(running.digest()).decode()}-{count}"
+
+
+async def hashed(
+    body: AsyncIterator[bytes], algorithm: str, done: Callable[[str], None]
+) -> AsyncIterator[bytes]:
+    """``body`` as it is; ``done`` gets its FULL_OBJECT checksum (base64) at its end."""
+    running = _hash(algorithm)
+    assert running is not None
+    async for chunk in body:
+        running.update(chunk)
+        yield chunk
+    done(base64.b64encode(running.digest()).decode())
+
+
 def _algorithm(name: str) -> str:
     """The algorithm an x-amz-checksum-* name carries."""
     algorithm = name[len(PREFIX) :]
@@ -80,18 +137,15 @@ def decode(algorithm: str, value: str | None) -> bytes:
     return digest
 
 
-def declared(
-    headers: Mapping[str, str], trailers: Mapping[str, str]
-) -> tuple[str, Callable[[], bytes]] | None:
+def declared(headers: Mapping[str, str], trailers: Mapping[str, str]) -> Declared | None:
     """The checksum an upload declares (names lower-case) in a header or, named by
-    x-amz-trailer, in the ``trailers`` after an aws-chunked body: (algorithm, the expected
-    digest, to be asked once the body has ended). None when there is none."""
+    x-amz-trailer, in the ``trailers`` after an aws-chunked body; None when there is none."""
     trailer = headers.get("x-amz-trailer", "").strip().lower()
     if trailer:
         if not trailer.startswith(PREFIX):
             return None
         algorithm = _algorithm(trailer)
-        return algorithm, lambda: decode(algorithm, trailers.get(trailer))
+        return Declared(algorithm, lambda: decode(algorithm, trailers.get(trailer)))
     name = next(
         (n for n in headers if n.startswith(PREFIX) and n[len(PREFIX) :] not in NOT_DIGESTS), None
     )
@@ -99,20 +153,50 @@ def declared(
         return None
     algorithm = _algorithm(name)
     digest = decode(algorithm, headers[name])
-    return algorithm, lambda: digest
+    return Declared(algorithm, lambda: digest)
 
 
-async def checked(
-    body: AsyncIterator[bytes], algorithm: str, expected: Callable[[], bytes]
-) -> AsyncIterator[bytes]:
+async def checked(body: AsyncIterator[bytes], checksum: Declared) -> AsyncIterator[bytes]:
     """``body`` as it is, raising BadDigest at its end (before a write can commit it) when
     it does not have the declared checksum."""
-    running = _hash(algorithm)
+    running = _hash(checksum.algorithm)
     assert running is not None
     async for chunk in body:
         running.update(chunk)
         yield chunk
-    if running.digest() != expected():
+    if running.digest() != checksum.expected():
         raise S3Error(
-            "BadDigest", f"the {algorithm.upper()} you specified did not match the calculated one"
+            "BadDigest",
+            f"the {checksum.algorithm.upper()} you specified did not match the calculated one",
         )
+
+
+KINDS = ("FULL_OBJECT", "COMPOSITE")
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The checksum an object is kept with: as a tag '<version> <algorithm> <kind> <value>',
+    valid while the object is at that version (a change behind loomfs's back drops it)."""
+
+    algorithm: str
+    kind: str  # FULL_OBJECT or COMPOSITE
+    value: str
+
+    def tag(self, version: int) -> str:
+        return f"{version} {self.algorithm} {self.kind} {self.value}"
+
+    @classmethod
+    def of(cls, version: int, tag: str | None) -> Kept | None:
+        fields = (tag or "").split(" ")
+        if len(fields) != 4 or fields[0] != str(version):
+            return None
+        return cls(*fields[1:])
+
+    @property
+    def element(self) -> str:
+        """Its name in XML documents (ChecksumCRC32, ChecksumSHA256, ...)."""
+        return "Checksum" + self.algorithm.upper()
+
+    def headers(self) -> dict[str, str]:
+        return {PREFIX + self.algorithm: self.value, PREFIX + "type": self.kind}

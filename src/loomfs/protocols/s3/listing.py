@@ -6,6 +6,11 @@ of the name: a directory 'a' holds keys 'a/...', which sort after 'a-c' and 'a.t
 ('-' and '.' are below '/'). The walk below therefore holds a directory back until the
 first sibling that sorts after 'name/', and streams the tree page by page from the
 namespace's paginated ``list``, so a listing of any size uses flat memory.
+
+A folder marker (the key 'a/' that rclone, s3fs and consoles PUT with no body to make a
+"folder") is the directory 'a', tagged ``MARKER_TAG``: it lists as an object, before the
+keys inside it. A directory without the tag (one a key 'a/b' needed, or one made over
+another protocol) is only a prefix, as in S3.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ...namespace.base import Namespace
 from .errors import S3Error
 
 MAX_KEY_BYTES = 1024
+MARKER_TAG = "s3.marker"  # on a directory: the folder marker 'dir/' was PUT
 
 
 def check_key(key: str) -> None:
@@ -106,7 +112,12 @@ class Lister:
         return self.root + "/" + rel.rstrip("/") if rel else self.root
 
     async def _walk(self, rel: str, after: str | None) -> AsyncIterator[Item]:
-        """Items below directory ``rel`` ('' or 'a/b/') with key > ``after``, in order."""
+        """Items below directory ``rel`` ('' or 'a/b/') with key > ``after``, in order;
+        the directory's own folder marker first."""
+        if rel and (after is None or rel > after):
+            entry, tags = await self.ns.stat_tags(self.who, self._path(rel))
+            if MARKER_TAG in tags:
+                yield Item(rel, entry)
         start: str | None = None
         pending: list[tuple[str, str]] = []  # (sort key 'name/', name) of held-back dirs
         if after is not None and after.startswith(rel):

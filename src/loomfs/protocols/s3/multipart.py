@@ -22,7 +22,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ class Part:
     size: int
     etag: str  # quoted hex MD5, as S3 answers
     mtime_ns: int
+    checksum: str | None = None  # '<algorithm> <base64 value>' of an additional checksum
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class Upload:
     owner: str
     initiated_ns: int
     meta: dict[str, str]  # the tags the object gets on completion (metadata, type)
+    checksum: str | None = None  # '<algorithm> <FULL_OBJECT|COMPOSITE>' the object gets
 
 
 class Staging:
@@ -70,8 +72,12 @@ class Staging:
             raise S3Error("NoSuchUpload", "the specified upload does not exist")
         return self.root / upload_id
 
-    async def create(self, bucket: str, key: str, owner: str, meta: dict[str, str]) -> Upload:
-        upload = Upload(secrets.token_urlsafe(24), bucket, key, owner, time.time_ns(), meta)
+    async def create(
+        self, bucket: str, key: str, owner: str, meta: dict[str, str], checksum: str | None = None
+    ) -> Upload:
+        upload = Upload(
+            secrets.token_urlsafe(24), bucket, key, owner, time.time_ns(), meta, checksum
+        )
         folder = self._dir(upload.upload_id)
 
         def make() -> None:
@@ -117,8 +123,15 @@ class Staging:
         return await asyncio.to_thread(scan)
 
     async def put_part(
-        self, upload: Upload, number: int, data: AsyncIterable[bytes], max_size: int
+        self,
+        upload: Upload,
+        number: int,
+        data: AsyncIterable[bytes],
+        max_size: int,
+        checksum: Callable[[], str] | None = None,
     ) -> Part:
+        """Stage part ``number``; ``checksum`` gives its additional checksum
+        ('<algorithm> <value>') once ``data`` has ended."""
         if not 1 <= number <= MAX_PARTS:
             raise S3Error("InvalidArgument", f"part numbers are 1 to {MAX_PARTS}")
         folder = self._dir(upload.upload_id)
@@ -141,7 +154,8 @@ class Staging:
             await asyncio.to_thread(os.fsync, fobj.fileno())
             fobj.close()
             etag = f'"{digest.hexdigest()}"'
-            await asyncio.to_thread(_write_then_rename, temp, final, etag)
+            kept = checksum() if checksum is not None else None
+            await asyncio.to_thread(_write_then_rename, temp, final, etag, kept)
         except BaseException as exc:
             with contextlib.suppress(OSError):  # its buffer may not fit either
                 fobj.close()
@@ -151,7 +165,7 @@ class Staging:
             if isinstance(exc, OSError):
                 raise self._failed(exc) from exc
             raise
-        return Part(number, size, etag, time.time_ns())
+        return Part(number, size, etag, time.time_ns(), kept)
 
     async def parts(self, upload: Upload) -> list[Part]:
         folder = self._dir(upload.upload_id)
@@ -164,16 +178,20 @@ class Staging:
                     etag = (folder / f"{path.name}.etag").read_text()
                 except FileNotFoundError:
                     continue
-                found.append(Part(int(path.name), st.st_size, etag, st.st_mtime_ns))
+                try:
+                    kept: str | None = (folder / f"{path.name}.checksum").read_text()
+                except FileNotFoundError:
+                    kept = None
+                found.append(Part(int(path.name), st.st_size, etag, st.st_mtime_ns, kept))
             return found
 
         return await asyncio.to_thread(scan)
 
     async def assemble(
         self, upload: Upload, chosen: list[tuple[int, str]]
-    ) -> tuple[AsyncIterator[bytes], str, list[int]]:
+    ) -> tuple[AsyncIterator[bytes], str, list[Part]]:
         """The object's bytes from the ``chosen`` (number, etag) parts, its ETag (MD5 of
-        the parts' MD5s, '-N') and the parts' sizes; refuses missing, mismatched or small
+        the parts' MD5s, '-N') and those parts; refuses missing, mismatched or small
         parts."""
         if not chosen:
             raise S3Error("MalformedXML", "a multipart upload needs at least one part")
@@ -201,8 +219,7 @@ class Staging:
                     while chunk := await asyncio.to_thread(fobj.read, BUFFER_SIZE):
                         yield chunk
 
-        sizes = [have[n].size for n in numbers]
-        return stream(), f'"{combined.hexdigest()}-{len(chosen)}"', sizes
+        return stream(), f'"{combined.hexdigest()}-{len(chosen)}"', [have[n] for n in numbers]
 
     async def remove(self, upload: Upload) -> None:
         await asyncio.to_thread(shutil.rmtree, self._dir(upload.upload_id), True)
@@ -246,11 +263,17 @@ def _as_dict(upload: Upload) -> dict[str, Any]:
         "owner": upload.owner,
         "initiated_ns": upload.initiated_ns,
         "meta": upload.meta,
+        "checksum": upload.checksum,
     }
 
 
-def _write_then_rename(temp: Path, final: Path, etag: str) -> None:
-    # the ETag file first: a part file without its ETag is skipped, never misreported
-    etag_file = final.with_name(final.name + ".etag")
-    etag_file.write_text(etag)
+def _write_then_rename(temp: Path, final: Path, etag: str, checksum: str | None) -> None:
+    # the ETag and checksum files first: a part file without its ETag is skipped, never
+    # misreported; one re-sent without a checksum loses the first send's
+    checksum_file = final.with_name(final.name + ".checksum")
+    if checksum is None:
+        checksum_file.unlink(missing_ok=True)
+    else:
+        checksum_file.write_text(checksum)
+    final.with_name(final.name + ".etag").write_text(etag)
     os.replace(temp, final)

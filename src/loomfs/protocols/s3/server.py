@@ -4,11 +4,12 @@ Buckets are namespace directories named in the configuration (``[s3.buckets]``),
 where ``[s3] bucket_root`` is set, the directories below it, which CreateBucket and
 DeleteBucket make and remove. An object key 'a/b/c' is the file ``<bucket dir>/a/b/c``;
 since S3 has no mkdir, a PUT creates the directories a key needs, and a DELETE prunes
-the ones it leaves empty. Every request is authenticated with SigV4 against the user
-registry and runs as that user's ``Principal``; where ``[s3] anonymous`` allows it, an
-unsigned request runs as the anonymous caller. Who may do what is the namespace's
-decision (its access rules, which S3 ACLs are translated to: see ``acl.py``). Errors
-leave through one table (``errors.from_loom``) as S3 XML.
+the ones it leaves empty; a folder marker ('a/', no body) is the directory, tagged so
+that it lists as an object (see ``listing.py``). Every request is authenticated with
+SigV4 against the user registry and runs as that user's ``Principal``; where
+``[s3] anonymous`` allows it, an unsigned request runs as the anonymous caller. Who may
+do what is the namespace's decision (its access rules, which S3 ACLs are translated to:
+see ``acl.py``). Errors leave through one table (``errors.from_loom``) as S3 XML.
 
 What S3 keeps beside an object lives in the object's tags under ``s3.``: the ETag it
 computed while the bytes streamed in (with the version it belongs to, so a file changed
@@ -50,10 +51,10 @@ from ...errors import (
 from ...namespace.base import Namespace
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
-from . import acl, checksums, sigv2, sigv4
+from . import acl, checksums, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
-from .listing import Item, Lister, check_key
-from .multipart import Staging, Upload
+from .listing import MARKER_TAG, Item, Lister, check_key
+from .multipart import Part, Staging, Upload
 from .xmlio import (
     MAX_DOCUMENT,
     Xml,
@@ -79,15 +80,17 @@ META_TAG = "s3.meta."
 OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
 LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
 PARTS_TAG = "s3.parts"  # part sizes of a multipart object (valid with ETAG_TAG's version)
+CHECKSUM_TAG = "s3.checksum"  # the additional checksum it came with (checksums.Kept)
 MAX_PARTS_TAG = 1024
 STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
                   "content-language", "expires")  # fmt: skip
 EMPTY_MD5 = f'"{hashlib.md5(b"").hexdigest()}"'
 MAX_KEYS = 1000
-# what GetObjectAttributes may be asked for; no additional checksums are kept, so
-# Checksum is answered by leaving it out, as S3 does for an object that has none
+# what GetObjectAttributes may be asked for (an object that came with no additional
+# checksum has none: Checksum is answered by leaving it out, as S3 does)
 OBJECT_ATTRIBUTES = frozenset({"ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"})
 GiB = 1 << 30
+TiB = 1 << 40
 # subresources this gateway does not implement: answered NotImplemented rather than
 # mistaken for a plain GET or PUT of the object or bucket
 UNSUPPORTED = frozenset(
@@ -118,6 +121,43 @@ UNSUPPORTED = frozenset(
         "intelligent-tiering",
     }
 )
+# Bucket configurations no bucket here has. Clients read them to learn what a bucket does
+# (s3fs asks for versioning before it removes a tree, consoles and the aws CLI for the
+# rest), so reading one answers what S3 answers for a bucket without it, and deleting one
+# is done; setting one stays NotImplemented. The error S3 gives for each that is missing:
+ABSENT_CONFIG = {
+    "lifecycle": ("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist"),
+    "cors": ("NoSuchCORSConfiguration", "the CORS configuration does not exist"),
+    "policy": ("NoSuchBucketPolicy", "the bucket policy does not exist"),
+    "encryption": (
+        "ServerSideEncryptionConfigurationNotFoundError",
+        "the server side encryption configuration was not found",
+    ),
+    "publicAccessBlock": (
+        "NoSuchPublicAccessBlockConfiguration",
+        "the public access block configuration was not found",
+    ),
+    "ownershipControls": (
+        "OwnershipControlsNotFoundError",
+        "the bucket ownership controls were not found",
+    ),
+    "website": ("NoSuchWebsiteConfiguration", "the bucket does not have a website configuration"),
+    "object-lock": (
+        "ObjectLockConfigurationNotFoundError",
+        "object lock configuration does not exist for this bucket",
+    ),
+    "replication": (
+        "ReplicationConfigurationNotFoundError",
+        "the replication configuration was not found",
+    ),
+}
+# ... and those whose absence S3 answers with an empty document (versioning never enabled)
+EMPTY_CONFIG = {
+    "versioning": "VersioningConfiguration",
+    "logging": "BucketLoggingStatus",
+    "notification": "NotificationConfiguration",
+    "accelerate": "AccelerateConfiguration",
+}
 # Server-side encryption (SSE-S3, SSE-KMS, SSE-C, also for a copy's source) is not done:
 # a request asking for it is refused, so a client never believes bytes are encrypted
 # that are stored as they came
@@ -267,8 +307,9 @@ def part_window(number: int, entry: Entry, tags: Mapping[str, str]) -> tuple[int
 
 
 def _stored_meta(headers: Mapping[str, str]) -> dict[str, str]:
-    """The tags that keep a request's Content-Type and x-amz-meta-* headers."""
-    tags = {f"{TAG}{name}": headers[name] for name in STORED_HEADERS if name in headers}
+    """The tags that keep a request's Content-Type, x-amz-meta-* and x-amz-tagging."""
+    tags = tagging.from_header(headers.get("x-amz-tagging"))
+    tags |= {f"{TAG}{name}": headers[name] for name in STORED_HEADERS if name in headers}
     # aws-chunked is the upload's framing, not a coding of the stored object
     codings = [c.strip() for c in tags.pop(f"{TAG}content-encoding", "").split(",")]
     if kept := ", ".join(c for c in codings if c and c != "aws-chunked"):
@@ -287,6 +328,8 @@ def _meta_headers(tags: Mapping[str, str]) -> dict[str, str]:
     for key, value in tags.items():
         if key.startswith(META_TAG):
             out["x-amz-meta-" + key[len(META_TAG) :]] = value
+    if count := len(tagging.of(tags)):
+        out["x-amz-tagging-count"] = str(count)
     return out
 
 
@@ -316,6 +359,7 @@ class S3Gateway:
         site: str = "hub",
         max_object_size: int = 5 * GiB,
         max_part_size: int = 5 * GiB,
+        max_upload_size: int = 5 * TiB,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ns = namespace
@@ -331,6 +375,7 @@ class S3Gateway:
         self.site = site
         self.max_object_size = max_object_size
         self.max_part_size = max_part_size
+        self.max_upload_size = max_upload_size
         self.verifier = sigv4.Verifier(region, clock)
         self.region = region
 
@@ -447,8 +492,6 @@ class S3Gateway:
 
     async def _dispatch(self, c: Call) -> web.StreamResponse:
         method, q = c.request.method, c.query
-        if UNSUPPORTED & q.keys():
-            raise S3Error("NotImplemented", f"{sorted(UNSUPPORTED & q.keys())[0]} is not supported")
         sse = sorted(h.lower() for h in c.request.headers if h.lower().startswith(SSE_PREFIXES))
         if sse:
             raise S3Error(
@@ -457,7 +500,21 @@ class S3Gateway:
                 "objects as they are sent",
             )
         handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
-        if "acl" in q and c.bucket:
+        config = (ABSENT_CONFIG.keys() | EMPTY_CONFIG.keys()) & q.keys()
+        if "tagging" in q and c.bucket:
+            handler = {
+                "GET": self.get_tagging,
+                "PUT": self.put_tagging,
+                "DELETE": self.delete_tagging,
+            }.get(method)
+        elif config and c.bucket and not c.key and method != "PUT":
+            handler = {
+                "GET": self.get_bucket_config,
+                "DELETE": self.delete_bucket_config if config <= ABSENT_CONFIG.keys() else None,
+            }.get(method)
+        elif UNSUPPORTED & q.keys():
+            raise S3Error("NotImplemented", f"{sorted(UNSUPPORTED & q.keys())[0]} is not supported")
+        elif "acl" in q and c.bucket:
             handler = {"GET": self.get_acl, "PUT": self.put_acl}.get(method)
         elif not c.bucket:
             handler = {"GET": self.list_buckets}.get(method)
@@ -615,6 +672,43 @@ class S3Gateway:
         if grants:
             await self._apply_acl(c, path, grants)
 
+    async def get_bucket_config(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)
+        name = min((ABSENT_CONFIG.keys() | EMPTY_CONFIG.keys()) & c.query.keys())
+        if name in EMPTY_CONFIG:
+            return _xml(document(EMPTY_CONFIG[name]))
+        raise S3Error(*ABSENT_CONFIG[name])
+
+    async def delete_bucket_config(self, c: Call) -> web.Response:
+        await self._bucket_entry(c)  # none is kept: deleting it is done
+        return web.Response(status=204)
+
+    async def _tagged(self, c: Call) -> tuple[str, dict[str, str]]:
+        """The path whose tags hold the tag set (the object's or the bucket's), and its tags."""
+        if c.key:
+            entry, tags = await self._object(c)
+            return entry.path, tags
+        folder = await self._bucket_entry(c)
+        return folder, await self.ns.get_tags(c.who, folder)
+
+    async def get_tagging(self, c: Call) -> web.Response:
+        _, tags = await self._tagged(c)
+        if not c.key and not tagging.of(tags):
+            raise S3Error("NoSuchTagSet", "the TagSet does not exist")
+        return _xml(tagging.as_xml(tags))
+
+    async def put_tagging(self, c: Call) -> web.Response:
+        limit = tagging.MAX_OBJECT_TAGS if c.key else tagging.MAX_BUCKET_TAGS
+        new = tagging.from_xml(await _read_document(c.request), limit)
+        path, _ = await self._tagged(c)
+        await self._set_s3_tags(c, path, new, tagging.PREFIX)
+        return web.Response()
+
+    async def delete_tagging(self, c: Call) -> web.Response:
+        path, _ = await self._tagged(c)
+        await self._set_s3_tags(c, path, {}, tagging.PREFIX)
+        return web.Response(status=204)
+
     async def head_bucket(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
         return web.Response(headers={"x-amz-bucket-region": self.region})
@@ -707,7 +801,7 @@ class S3Gateway:
                     *extra,
                     el("LastModified", iso_time(item.entry.mtime_ns)),
                     el("ETag", object_etag(item.entry, tags)),
-                    el("Size", item.entry.size),
+                    el("Size", 0 if item.entry.is_dir else item.entry.size),
                     el("StorageClass", "STANDARD"),
                     self._owner(c, owner) if owner else None,
                 )
@@ -816,8 +910,12 @@ class S3Gateway:
             except (NotFound, IsADirectory):
                 raise S3Error("NoSuchKey", "the specified key does not exist") from None
             tags = await self.ns.get_tags(c.who, entry.path)
-        if entry.is_dir != c.key.endswith("/") or entry.kind in SPECIAL_KINDS:
-            # 'a/' names a directory, 'a' a file; a fifo, device or socket is no object
+        if (
+            entry.is_dir != c.key.endswith("/")
+            or (entry.is_dir and MARKER_TAG not in tags)
+            or entry.kind in SPECIAL_KINDS
+        ):
+            # 'a/' names a folder marker, 'a' a file; a fifo, device or socket is no object
             raise S3Error("NoSuchKey", "the specified key does not exist")
         return entry, tags
 
@@ -842,6 +940,10 @@ class S3Gateway:
             override = c.query.get(f"response-{name}")
             if override is not None:
                 headers[name.title()] = override
+        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
+        whole = "partNumber" not in c.query and "Range" not in request.headers
+        if kept is not None and whole and _checksum_mode(request):
+            headers |= kept.headers()
         if entry.is_dir:  # a folder marker ('dir/'): an empty object
             return web.Response(headers={**headers, "Content-Length": "0"})
         part = c.query.get("partNumber")
@@ -886,10 +988,15 @@ class S3Gateway:
                 el("IsTruncated", len(numbered) > limit),
                 nodes(el("Part", el("PartNumber", n), el("Size", size)) for n, size in shown),
             )
+        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
+        checksum = None
+        if "Checksum" in wanted and kept is not None:
+            checksum = el("Checksum", el(kept.element, kept.value), el("ChecksumType", kept.kind))
         body = document(
             "GetObjectAttributesResponse",
             # unlike every other response, here the ETag goes without quotes
             el("ETag", etag.strip('"')) if "ETag" in wanted else None,
+            checksum,
             parts,
             el("StorageClass", "STANDARD") if "StorageClass" in wanted else None,
             el("ObjectSize", entry.size) if "ObjectSize" in wanted else None,
@@ -898,10 +1005,11 @@ class S3Gateway:
         response.headers["Last-Modified"] = http_time(entry.mtime_ns)
         return response
 
-    def _body(self, c: Call, limit: int) -> AsyncIterator[bytes]:
+    def _body(self, c: Call, limit: int) -> tuple[AsyncIterator[bytes], checksums.Declared | None]:
         """The request body as the signature covers it: plain (SHA-256 checked at the end
         when signed) or decoded from aws-chunked (every chunk's signature checked), and
-        with the additional checksum its headers declare checked at the end."""
+        with the additional checksum its headers declare checked at the end; and that
+        checksum."""
         request = c.request
         headers = request.headers
         decoded = headers.get("x-amz-decoded-content-length")
@@ -924,8 +1032,8 @@ class S3Gateway:
         lowered = {k.lower(): v for k, v in headers.items()}
         checksum = checksums.declared(lowered, checker.trailers)
         if checksum is not None:
-            body = checksums.checked(body, *checksum)
-        return _from_client(body)
+            body = checksums.checked(body, checksum)
+        return _from_client(body), checksum
 
     async def _ensure_parent(self, c: Call, path: str) -> None:
         parent = paths.split(paths.normalize(path))[0]
@@ -945,9 +1053,11 @@ class S3Gateway:
         *,
         etag: str | None = None,
         content_md5: bytes | None = None,
+        checksum: Callable[[], checksums.Kept | None] = lambda: None,
         limit: int,
     ) -> tuple[Entry, str]:
-        """Stream ``data`` into the object at ``path`` and record its S3 tags."""
+        """Stream ``data`` into the object at ``path`` and record its S3 tags, with the
+        additional checksum ``checksum`` gives once ``data`` has ended."""
         await self._bucket_entry(c)
         await self._ensure_parent(c, path)
         exclusive, if_version = await self._write_conditions(c, path)
@@ -963,7 +1073,10 @@ class S3Gateway:
             c.who, path, checked(), exclusive=exclusive, if_version=if_version
         )
         etag = etag or tally.etag
-        await self._set_s3_tags(c, path, {**meta, ETAG_TAG: f"{entry.version} {etag}"})
+        own = {ETAG_TAG: f"{entry.version} {etag}"}
+        if (kept := checksum()) is not None:
+            own[CHECKSUM_TAG] = kept.tag(entry.version)
+        await self._set_s3_tags(c, path, {**meta, **own})
         return entry, etag
 
     async def _write_conditions(self, c: Call, path: str) -> tuple[bool, int | None]:
@@ -989,16 +1102,19 @@ class S3Gateway:
             raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
         return False, entry.version
 
-    async def _set_s3_tags(self, c: Call, path: str, new: dict[str, str]) -> None:
+    async def _set_s3_tags(
+        self, c: Call, path: str, new: dict[str, str], prefix: str = TAG
+    ) -> None:
+        """Make ``new`` the tags under ``prefix`` (all that S3 keeps, by default)."""
         tags = await self.ns.set_tags(c.who, path, new)
-        stale = [k for k in tags if k.startswith(TAG) and k not in new]
+        stale = [k for k in tags if k.startswith(prefix) and k not in new]
         if stale:
             await self.ns.set_tags(c.who, path, {}, stale)
 
     async def put_object(self, c: Call) -> web.Response:
         headers = {k.lower(): v for k, v in c.request.headers.items()}
         content_md5 = _content_md5(headers.get("content-md5"))
-        data = self._body(c, self.max_object_size)
+        data, declared = self._body(c, self.max_object_size)
         path = self.object_path(c)
         if c.key.endswith("/"):  # a folder marker: the directory itself
             async for chunk in data:
@@ -1006,17 +1122,26 @@ class S3Gateway:
                     raise S3Error("InvalidRequest", "a key ending in '/' holds no data here")
             await self._bucket_entry(c)
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
+            await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
+
+        def kept() -> checksums.Kept | None:
+            if declared is None:
+                return None
+            return checksums.Kept(declared.algorithm, "FULL_OBJECT", declared.value)
+
         _, etag = await self._store(
             c,
             path,
             data,
             _stored_meta(headers),
             content_md5=content_md5,
+            checksum=kept,
             limit=self.max_object_size,
         )
         await self._acl_on_create(c, path)
-        return web.Response(headers={"ETag": etag})
+        checksum = kept()
+        return web.Response(headers={"ETag": etag, **(checksum.headers() if checksum else {})})
 
     def _copy_source(self, c: Call) -> tuple[str, str]:
         raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
@@ -1064,7 +1189,13 @@ class S3Gateway:
             if replace
             else {k: v for k, v in tags.items() if k.startswith(TAG)}
         )
-        for own in (ETAG_TAG, PARTS_TAG):  # the copy is a new single-part object
+        # the tag set follows its own directive, not the metadata's
+        meta = {k: v for k, v in meta.items() if not k.startswith(tagging.PREFIX)}
+        if headers.get("x-amz-tagging-directive", "COPY").upper() == "REPLACE":
+            meta |= tagging.from_header(headers.get("x-amz-tagging"))
+        else:
+            meta |= {k: v for k, v in tags.items() if k.startswith(tagging.PREFIX)}
+        for own in (ETAG_TAG, PARTS_TAG, CHECKSUM_TAG):  # a new single-part object
             meta.pop(own, None)
         if paths.normalize(path) == entry.path:
             await data.aclose()
@@ -1086,23 +1217,51 @@ class S3Gateway:
             )
         )
 
-    async def _remove_key(self, c: Call, key: str) -> None:
-        """Delete one key; a key that isn't there is no error (S3), and directories that
-        only existed for it are pruned up to the bucket."""
+    async def _remove_key(self, c: Call, key: str, if_match: str | None = None) -> None:
+        """Delete one key; a key that isn't there is no error (S3), unless ``if_match``
+        (an If-Match header or a DeleteObjects ETag) asks for it, which the object's ETag
+        must also match: that check and the removal are one step in the namespace. The
+        directories that only existed for the key are pruned up to the bucket, folder
+        markers kept."""
         folder = self.bucket_dir(c.bucket)
         path = paths.normalize(folder + "/" + key)
         try:
-            entry = await self.ns.stat(c.who, path)
-            if entry.is_dir and not key.endswith("/"):
-                return
-            await self.ns.remove(c.who, path)
-        except (NotFound, DirectoryNotEmpty):
+            entry, tags = await self.ns.stat_tags(c.who, path)
+        except NotFound:
+            if if_match is not None:
+                raise S3Error("NoSuchKey", "the specified key does not exist") from None
             return
+        if entry.is_dir != key.endswith("/") or (entry.is_dir and MARKER_TAG not in tags):
+            if if_match is not None:
+                raise S3Error("NoSuchKey", "the specified key does not exist")
+            if not entry.is_dir or not key.endswith("/"):
+                return
+        if if_match is not None and not _etag_matches(if_match, object_etag(entry, tags)):
+            raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+        try:
+            await self.ns.remove(
+                c.who, path, if_version=entry.version if if_match is not None else None
+            )
+        except NotFound:
+            return
+        except DirectoryNotEmpty:
+            if MARKER_TAG not in tags:
+                return
+            # the marker goes, the keys inside it stay (two keys); once untagged, the
+            # directory is removed by whoever finds it empty: the delete of its last key
+            # (which keeps a marked parent), or this one, if that delete ran meanwhile
+            await self._set_s3_tags(c, path, {})
+            try:
+                await self.ns.remove(c.who, path)
+            except (NotFound, DirectoryNotEmpty):
+                return
         if self.rules is not None:  # an object's ACL goes with it
             await self.rules.forget_access(c.who, path)
         parent = paths.split(path)[0]
         while parent != folder and paths.is_within(parent, folder):
             try:
+                if MARKER_TAG in await self.ns.get_tags(c.who, parent):
+                    return
                 await self.ns.remove(c.who, parent)
             except (DirectoryNotEmpty, NotFound, InvalidPath):
                 return
@@ -1110,7 +1269,7 @@ class S3Gateway:
 
     async def delete_object(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
-        await self._remove_key(c, c.key)
+        await self._remove_key(c, c.key, c.request.headers.get("If-Match"))
         return web.Response(status=204)
 
     async def delete_objects(self, c: Call) -> web.Response:
@@ -1120,18 +1279,18 @@ class S3Gateway:
             raise S3Error("MalformedXML", "the root element must be Delete")
         quiet = (child_text(root, "Quiet") or "").lower() == "true"
         objects = [
-            (child_text(o, "Key"), child_text(o, "VersionId"))
+            (child_text(o, "Key"), child_text(o, "VersionId"), child_text(o, "ETag"))
             for o in root
             if local(o.tag) == "Object"
         ]
-        if not objects or len(objects) > 1000 or any(k is None for k, _ in objects):
+        if not objects or len(objects) > 1000 or any(k is None for k, _, _ in objects):
             raise S3Error("MalformedXML", "Delete needs 1 to 1000 Object elements with a Key")
         results = []
-        for key, version in objects:
+        for key, version, if_match in objects:
             assert key is not None
             try:
                 check_key(key)
-                await self._remove_key(c, key)
+                await self._remove_key(c, key, if_match)
             except (S3Error, LoomError) as exc:
                 error = exc if isinstance(exc, S3Error) else from_loom(exc, key)
                 results.append(
@@ -1166,8 +1325,19 @@ class S3Gateway:
         await self._bucket_entry(c)
         await self._may_write(c, c.op)
         headers = {k.lower(): v for k, v in c.request.headers.items()}
-        upload = await self.staging.create(c.bucket, c.key, c.who.user, _stored_meta(headers))
-        return _xml(
+        algorithm = checksums.algorithm_of(headers.get("x-amz-checksum-algorithm"))
+        checksum, answer = None, {}
+        if algorithm is not None:
+            only_full = algorithm in checksums.FULL_OBJECT_ONLY
+            kind = headers.get("x-amz-checksum-type", "").upper()
+            kind = kind or ("FULL_OBJECT" if only_full else "COMPOSITE")
+            if kind not in checksums.KINDS or (kind == "COMPOSITE" and only_full):
+                raise S3Error("InvalidRequest", f"{algorithm.upper()} has no {kind} checksum")
+            checksum = f"{algorithm} {kind}"
+            answer = {"x-amz-checksum-algorithm": algorithm.upper(), "x-amz-checksum-type": kind}
+        meta = _stored_meta(headers)
+        upload = await self.staging.create(c.bucket, c.key, c.who.user, meta, checksum)
+        response = _xml(
             document(
                 "InitiateMultipartUploadResult",
                 el("Bucket", c.bucket),
@@ -1175,26 +1345,56 @@ class S3Gateway:
                 el("UploadId", upload.upload_id),
             )
         )
+        response.headers.update(answer)
+        return response
+
+    @staticmethod
+    def _part_checksum(
+        upload: Upload, data: AsyncIterator[bytes], declared: checksums.Declared | None
+    ) -> tuple[AsyncIterator[bytes], Callable[[], str] | None]:
+        """A part's bytes and its checksum ('<algorithm> <value>', once they have ended):
+        the one it declared (checked), or where it declared none the one its upload
+        asked for, computed as the bytes go by."""
+        algorithm = upload.checksum.split(" ")[0] if upload.checksum else None
+        if declared is not None:
+            if algorithm is not None and declared.algorithm != algorithm:
+                raise S3Error(
+                    "InvalidRequest",
+                    f"the part's checksum is {declared.algorithm.upper()}, the upload's "
+                    f"{algorithm.upper()}",
+                )
+            return data, lambda: f"{declared.algorithm} {declared.value}"
+        if algorithm is None:
+            return data, None
+        found: list[str] = []
+        return checksums.hashed(data, algorithm, found.append), lambda: f"{algorithm} {found[0]}"
 
     async def upload_part(self, c: Call) -> web.Response:
         upload = await self._upload(c)
         number = _int_param(c.query.get("partNumber"), "partNumber", 0)
         if "x-amz-copy-source" not in c.request.headers:
-            part = await self.staging.put_part(
-                upload, number, self._body(c, self.max_part_size), self.max_part_size
-            )
-            return web.Response(headers={"ETag": part.etag})
+            body, checksum = self._part_checksum(upload, *self._body(c, self.max_part_size))
+            part = await self.staging.put_part(upload, number, body, self.max_part_size, checksum)
+            answer = {"ETag": part.etag}
+            if part.checksum is not None:
+                algorithm, _, value = part.checksum.partition(" ")
+                answer[checksums.PREFIX + algorithm] = value
+            return web.Response(headers=answer)
         window: tuple[int, int | None] = (0, None)
         source_range = c.request.headers.get("x-amz-copy-source-range")
         if source_range:
             bucket, key = self._copy_source(c)
             source, _ = await self._object(Call(c.request, c.who, c.auth, bucket, key, {}))
             window = _copy_range(source_range, source.size)
-        _, _, data = await self._read_source(c, window)
-        part = await self.staging.put_part(upload, number, data, self.max_part_size)
+        _, _, source_data = await self._read_source(c, window)
+        data, checksum = self._part_checksum(upload, source_data, None)
+        part = await self.staging.put_part(upload, number, data, self.max_part_size, checksum)
         return _xml(
             document(
-                "CopyPartResult", el("LastModified", iso_time(part.mtime_ns)), el("ETag", part.etag)
+                "CopyPartResult",
+                el("LastModified", iso_time(part.mtime_ns)),
+                el("ETag", part.etag),
+                _part_checksum_xml(part),
             )
         )
 
@@ -1207,6 +1407,7 @@ class S3Gateway:
         if local(root.tag) != "CompleteMultipartUpload":
             raise S3Error("MalformedXML", "the root element must be CompleteMultipartUpload")
         chosen = []
+        listed: dict[int, str] = {}  # the checksums the client lists for its parts
         for part in root:
             if local(part.tag) != "Part":
                 continue
@@ -1214,17 +1415,56 @@ class S3Gateway:
             if number is None or etag is None or not number.isdigit():
                 raise S3Error("MalformedXML", "each Part needs a PartNumber and an ETag")
             chosen.append((int(number), etag))
-        data, etag, sizes = await self.staging.assemble(upload, chosen)
+            for child in part:
+                name = local(child.tag)
+                if name.startswith("Checksum") and name != "ChecksumType":
+                    listed[int(number)] = f"{name[len('Checksum') :].lower()} {child.text or ''}"
+        data, etag, parts = await self.staging.assemble(upload, chosen)
+        sizes = [p.size for p in parts]
+        if sum(sizes) > self.max_upload_size:  # refused before a byte of it is written
+            raise S3Error("EntityTooLarge", f"the object exceeds {self.max_upload_size} bytes")
+        for staged in parts:
+            if staged.number in listed and listed[staged.number] != staged.checksum:
+                raise S3Error(
+                    "InvalidPart", f"part {staged.number}'s checksum is not the one listed"
+                )
+        data, kept = self._object_checksum(c, upload, parts, data)
         path = self.object_path(c)
         meta = dict(upload.meta)
         layout = encode_parts(sizes)
         if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
             meta[PARTS_TAG] = layout
-        await self._store(c, path, data, meta, etag=etag, limit=self.max_object_size)
+        await self._store(c, path, data, meta, etag=etag, checksum=kept, limit=self.max_upload_size)
         await self.staging.finish(upload, etag)
-        return self._completed(c, etag)
+        return self._completed(c, etag, kept())
 
-    def _completed(self, c: Call, etag: str) -> web.Response:
+    @staticmethod
+    def _object_checksum(
+        c: Call, upload: Upload, parts: list[Part], data: AsyncIterator[bytes]
+    ) -> tuple[AsyncIterator[bytes], Callable[[], checksums.Kept | None]]:
+        """The bytes of a multipart object and its checksum, of the kind its upload asked
+        for: COMPOSITE from the parts', FULL_OBJECT computed as the bytes stream (checked
+        against the one Complete sends, if it does)."""
+        if upload.checksum is None:
+            return data, lambda: None
+        algorithm, kind = upload.checksum.split(" ")
+        if kind == "COMPOSITE":
+            named = [(p.checksum or " ").split(" ") for p in parts]
+            if any(name != algorithm for name, _ in named):
+                return data, lambda: None  # a part staged without it: none, not a wrong one
+            values = [value for _, value in named]
+            kept = checksums.Kept(algorithm, kind, checksums.composite(algorithm, values))
+            return data, lambda: kept
+        sent = c.request.headers.get(checksums.PREFIX + algorithm)
+        if sent is not None:
+            digest = checksums.decode(algorithm, sent)
+            checked = checksums.checked(data, checksums.Declared(algorithm, lambda: digest))
+            return checked, lambda: checksums.Kept(algorithm, kind, sent)
+        found: list[str] = []
+        hashed = checksums.hashed(data, algorithm, found.append)
+        return hashed, lambda: checksums.Kept(algorithm, kind, found[0])
+
+    def _completed(self, c: Call, etag: str, kept: checksums.Kept | None = None) -> web.Response:
         return _xml(
             document(
                 "CompleteMultipartUploadResult",
@@ -1232,6 +1472,8 @@ class S3Gateway:
                 el("Bucket", c.bucket),
                 el("Key", c.key),
                 el("ETag", etag),
+                el(kept.element, kept.value) if kept else None,
+                el("ChecksumType", kept.kind) if kept else None,
             )
         )
 
@@ -1264,6 +1506,7 @@ class S3Gateway:
                         el("LastModified", iso_time(p.mtime_ns)),
                         el("ETag", p.etag),
                         el("Size", p.size),
+                        _part_checksum_xml(p),
                     )
                     for p in shown
                 ),
@@ -1307,6 +1550,17 @@ async def _from_client(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield chunk
     except (ConnectionError, ClientError) as exc:
         raise S3Error("IncompleteBody", "the client closed the connection mid-body") from exc
+
+
+def _part_checksum_xml(part: Part) -> Xml | None:
+    if part.checksum is None:
+        return None
+    algorithm, _, value = part.checksum.partition(" ")
+    return el("Checksum" + algorithm.upper(), value)
+
+
+def _checksum_mode(request: web.Request) -> bool:
+    return request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
 
 
 def _xml(body: bytes, status: int = 200) -> web.Response:
