@@ -2,6 +2,10 @@
 
 File and volume commands talk to a hub's REST API (``--hub`` or ``client.hub`` in the
 config), so they work the same from the hub's machine or from anywhere that reaches it.
+
+A command imports what it uses when it runs, not this module at its start: ``--help`` or
+``ls`` then load neither a hub's nor a spoke's code (aiohttp, pydantic, cryptography,
+the chunk codecs), and a plain ``pip install loomfs``, without the extras, starts.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from stat import S_IMODE, filemode
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import aiohttp
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -36,25 +40,23 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .chunks.metrics import REPORTED, summarize
-from .config import Config, load_config
-from .core.admin import LocalAdmin
-from .core.audit import AuditReader, archive, load_key, parse_anchor
-from .core.certs import fingerprint
-from .core.directory import Directory
-from .core.dirlock import DirectoryLock
-from .core.placement import Policy
-from .core.registry import open_catalog
-from .core.sites import parse_labels
-from .core.types import KIND_BITS, SYSTEM, Entry, Feed, Principal
+from .core.types import KIND_BITS, SYSTEM, Entry, Principal
 from .errors import BackendUnavailable, ConfigError, LoomError, NotFound, NotSupported
-from .fabric.identity import SiteIdentity
 from .log import setup_logging
-from .namespace.base import Namespace
-from .rest.client import RestDirectory, RestNamespace
 from .rest.wire import change_json, entry_json
-from .service import HubService, SpokeService, audit_log, own_names
-from .spoke.sealed import load_key as load_cache_key
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from .config import Config
+    from .core.audit import AuditReader
+    from .core.directory import Directory
+    from .core.types import Feed
+    from .namespace.base import Namespace
+    from .rest.client import RestDirectory, RestNamespace
+    from .service import HubService, SpokeService
+
+    Administration = Directory | RestDirectory
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -65,6 +67,12 @@ WHO = SYSTEM  # the REST server decides who the caller is, from the credentials 
 JSON_LINES = click.option(
     "--json", "as_json", is_flag=True, help="JSON, one object a line, for programs."
 )
+
+
+def failed(line: str) -> None:
+    """Say why a command failed, as one line on standard error: taken as it is, not as
+    markup (``[spoke] attach``, ``loomfs[chunks]`` are words to read)."""
+    console.print(f"[red]loomfs:[/red] {escape(line)}", highlight=False)
 
 
 def _json_line(value: object) -> None:
@@ -78,6 +86,8 @@ class State:
 
     @functools.cached_property
     def config(self) -> Config:
+        from .config import load_config
+
         return load_config(self.config_path)
 
     @property
@@ -92,6 +102,8 @@ class State:
         url = url or self.hub
         credentials = self.config.client.credentials()
         if admin and credentials is None:
+            from .core.admin import LocalAdmin
+
             credentials = LocalAdmin(self.config.site.data_dir).credentials_for(url)
         return client_of(self.config, url, credentials=credentials)
 
@@ -104,7 +116,7 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
         try:
             return asyncio.run(fn(*args, **kwargs))
         except LoomError as exc:
-            console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+            failed(f"{exc.code}: {exc}")
             sys.exit(1)
 
     return wrapper
@@ -115,6 +127,8 @@ def client_of(
 ) -> RestNamespace:
     """A REST client of ``url`` that sends ``credentials`` (default: ``[client]``'s, the
     environment's LOOMFS_* winning) and checks an https site against its ``ca_cert``."""
+    from .rest.client import RestNamespace
+
     settings = config.client
     return RestNamespace(
         url, credentials=credentials or settings.credentials(), ca_cert=settings.trusted_cert()
@@ -126,17 +140,14 @@ def explain(exc: BaseException) -> str | None:
     one); None for a bug, whose traceback is what helps."""
     if isinstance(exc, LoomError):
         return f"{exc.code}: {exc}"
-    if isinstance(exc, aiohttp.InvalidURL):
-        return f"not a URL: {exc}; give one as http://HOST:PORT (--hub, client.hub)"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return (
-            f"cannot reach {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}; "
-            "is the hub running there? (--hub, client.hub)"
-        )
-    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
-        return "the hub's answer ended early (it stopped, or dropped the link): see its log"
-    if isinstance(exc, aiohttp.ClientError):
-        return f"the link to the hub failed: {exc}"
+    if isinstance(exc, ImportError):
+        from .extras import install_hint
+
+        return install_hint(exc)
+    # an aiohttp error only where a command imported aiohttp (--help does not)
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        return _link_failure(exc)
     if isinstance(exc, OSError):
         where = f" {exc.filename}" if exc.filename else ""
         if exc.errno == errno.EADDRINUSE:  # asyncio's strerror names the address
@@ -154,6 +165,21 @@ def explain(exc: BaseException) -> str | None:
     return None
 
 
+def _link_failure(exc: aiohttp.ClientError) -> str:
+    import aiohttp
+
+    if isinstance(exc, aiohttp.InvalidURL):
+        return f"not a URL: {exc}; give one as http://HOST:PORT (--hub, client.hub)"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return (
+            f"cannot reach {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}; "
+            "is the hub running there? (--hub, client.hub)"
+        )
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        return "the hub's answer ended early (it stopped, or dropped the link): see its log"
+    return f"the link to the hub failed: {exc}"
+
+
 class OneLineErrors(click.Group):
     """Errors a user can act on end a command as one line and exit status 1, whichever
     command raised them (``explain``)."""
@@ -165,7 +191,7 @@ class OneLineErrors(click.Group):
             line = explain(exc)
             if line is None:
                 raise
-            console.print(f"[red]loomfs:[/red] {line}", highlight=False)
+            failed(line)
             sys.exit(1)
 
 
@@ -233,10 +259,12 @@ def _serve(
             current = getattr(config, section)
             config = config.model_copy(update={section: current.model_copy(update=values)})
         setup_logging(config.log.level, config.log.format)
+        from .service import HubService, SpokeService
+
         service = SpokeService(config) if spoke else HubService(config)
         asyncio.run(service.serve(ready))
     except LoomError as exc:
-        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        failed(f"{exc.code}: {exc}")
         sys.exit(1)
 
 
@@ -601,9 +629,6 @@ async def changes(ctx: click.Context, since: int | None, limit: int, as_json: bo
 # -- users -------------------------------------------------------------------------------
 
 
-Administration = Directory | RestDirectory
-
-
 def offline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--offline``: for a hub that is not serving (before its first ``hub serve``, or
     to recover one), change its catalog directly instead of through the admin API."""
@@ -622,10 +647,17 @@ async def administering(ctx: click.Context) -> AsyncIterator[Administration]:
     """The records this administration command changes: the hub's admin API (it decides
     and audits, ``rest.admin``), or with ``--offline`` the stopped hub's own catalog,
     the command's outcome recorded in its audit log."""
+    from .rest.client import RestDirectory
+
     if not ctx.meta.get("offline"):
         async with connected(ctx, admin=True) as ns:
             yield RestDirectory(ns)
         return
+    from .core.directory import Directory
+    from .core.dirlock import DirectoryLock
+    from .core.registry import open_catalog
+    from .service import audit_log, own_names
+
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     config = state.config
     lock = DirectoryLock(config.site.data_dir, "data directory")
@@ -777,14 +809,20 @@ def site_init(
     cache_key: bool,
 ) -> None:
     """Create this site's key and self-signed certificate (give the .pem to the other side)."""
+    from .core.certs import fingerprint
+    from .core.sites import parse_labels
+    from .fabric.identity import SiteIdentity
+
     state: State = ctx.find_object(State)  # type: ignore[assignment]
+    if cache_key:  # before anything is made: sealing needs BLAKE3 (the chunks extra)
+        from .spoke.sealed import load_key as load_cache_key
     try:
         identity = SiteIdentity.create(state.config.identity_dir, name, hosts, parse_labels(labels))
         key_file = state.config.spoke.cache_key_file or state.config.identity_dir / "cache.key"
         if cache_key:
             load_cache_key(key_file, create=True)
     except LoomError as exc:
-        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        failed(f"{exc.code}: {exc}")
         sys.exit(1)
     out.print(f"site {identity.name}: certificate {identity.cert_path}")
     out.print(f"fingerprint {fingerprint(identity.cert_pem)}")
@@ -803,6 +841,8 @@ def site_init(
 @run
 async def site_add(ctx: click.Context, name: str, cert: Path, labels: tuple[str, ...]) -> None:
     """On a hub: trust site NAME, pinned to its certificate (never under the hub's name)."""
+    from .core.sites import parse_labels
+
     async with administering(ctx) as admin:
         pinned = await admin.add_site(cert.read_bytes(), parse_labels(labels), name)
     tags = ", ".join(f"{k}={v}" for k, v in pinned["labels"].items())
@@ -987,7 +1027,7 @@ def mount(
     With --hub (or the global --hub) over that hub's REST API; otherwise this site runs
     in this process, from the configuration: its spoke where [spoke] hub is set, else
     its hub."""
-    from .protocols.fuse.session import event_loop  # noqa: PLC0415 (only mounts need it)
+    from .protocols.fuse.session import event_loop
 
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     uids = _uid_map(uid_map)
@@ -1006,7 +1046,7 @@ def mount(
                 )
             )
     except LoomError as exc:
-        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        failed(f"{exc.code}: {exc}")
         sys.exit(1)
 
 
@@ -1041,9 +1081,8 @@ async def _mount(
     uid_map: dict[int, str],
     ready_file: Path | None,
 ) -> None:
-    # imported here: only mounts need the FUSE front-end
-    from .protocols.fuse.follow import Poll  # noqa: PLC0415
-    from .protocols.fuse.mount import check_mountpoint, serve  # noqa: PLC0415
+    from .protocols.fuse.follow import Poll
+    from .protocols.fuse.mount import check_mountpoint, serve
 
     check_mountpoint(mountpoint)  # before a hub starts in this process for nothing
 
@@ -1061,11 +1100,15 @@ async def _mount(
         # this site is a spoke, run here: the kernel reads what its cache holds whole
         # straight from the cache files (passthrough). It keeps itself coherent with its
         # hub but has no feed to follow, so the kernel's caches expire on their own.
+        from .service import SpokeService
+
         service = SpokeService(config)
         await service.start()
         ns = service.namespace
     else:
         # this process serves the mount alone: its changes follow POSIX's durability
+        from .service import HubService
+
         hub = service = HubService(config, durable=config.fuse.durable_each_change)
         await hub.start()
         ns = hub.governed  # the mapped users are decided for like any other caller
@@ -1126,6 +1169,9 @@ async def policy_add(
 ) -> None:
     """Add (or replace) policy NAME; returns once every spoke that may no longer hold its
     data has evicted it (the hub at --hub confirms; --offline: once they reconnect)."""
+    from .core.directory import Directory
+    from .core.placement import Policy
+
     rule = Policy.build(name, globs, allow, tag, metadata)
     async with administering(ctx) as admin:
         seq = await admin.put_policy(rule)
@@ -1311,6 +1357,8 @@ async def whoami(ctx: click.Context) -> None:
 async def status(ctx: click.Context) -> None:
     """Bytes moved as chunks by a site (the --hub URL: a hub's or a spoke's): logical,
     on the wire, and saved by dedup and by compression, per role and direction."""
+    from .chunks.metrics import REPORTED, summarize
+
     async with connected(ctx) as ns:
         rows = summarize(await ns.metrics())
     if not rows:
@@ -1348,6 +1396,8 @@ def _instant(text: str | None) -> int | None:
 
 def _audit_reader(ctx: click.Context) -> AuditReader:
     """The audit directory of this site, from the config: audit commands run on the hub."""
+    from .core.audit import AuditReader, load_key
+
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     config = state.config
     if not config.audit_dir.is_dir():
@@ -1364,7 +1414,7 @@ def _audit_command(fn: Callable[..., None]) -> Callable[..., None]:
         try:
             fn(*args, **kwargs)
         except LoomError as exc:
-            console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+            failed(f"{exc.code}: {exc}")
             sys.exit(2)
 
     return wrapper
@@ -1423,6 +1473,8 @@ def audit_query(
 def audit_verify(ctx: click.Context, anchor: str | None) -> None:
     """Check the whole chain; exit 1 naming each place it breaks (edited, removed,
     reordered, truncated); a torn tail from a crash is reported but is no break."""
+    from .core.audit import parse_anchor
+
     report = _audit_reader(ctx).verify(parse_anchor(anchor) if anchor else None)
     for finding in report.findings:
         color = "red" if finding.tampering else "yellow"
@@ -1451,6 +1503,8 @@ def audit_head(ctx: click.Context) -> None:
 @_audit_command
 def audit_archive(ctx: click.Context) -> None:
     """Compress closed segments (gzip); they still verify and query."""
+    from .core.audit import archive
+
     for path in archive(_audit_reader(ctx).directory):
         out.print(str(path), highlight=False)
 
