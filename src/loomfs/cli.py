@@ -20,13 +20,14 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from stat import S_IMODE, filemode
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     Administration = Directory | RestDirectory
 
 T = TypeVar("T")
+COMMAND_LINE = ParameterSource.COMMANDLINE
 log = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 # piped or redirected, a table is as wide as its rows: never cut to a terminal's 80 columns
@@ -80,9 +82,23 @@ def _json_line(value: object) -> None:
 
 
 class State:
-    def __init__(self, config_path: Path | None, hub: str | None) -> None:
+    def __init__(
+        self, config_path: Path | None, hub: str | None, given: Collection[str] = ()
+    ) -> None:
         self.config_path = config_path
         self.hub_override = hub
+        self.given = set(given)  # the global options given on the command line
+
+    def given_after(self, name: str, flag: str, value: Any) -> None:
+        """A global option given after the command's name: as before it, unless it is
+        given there too, and otherwise."""
+        attribute = "hub_override" if name == "hub" else name
+        if name in self.given and getattr(self, attribute) != value:
+            raise click.UsageError(
+                f"{flag} is given twice, as {getattr(self, attribute)} and as {value}: give it once"
+            )
+        setattr(self, attribute, value)
+        self.given.add(name)
 
     @functools.cached_property
     def config(self) -> Config:
@@ -180,9 +196,42 @@ def _link_failure(exc: aiohttp.ClientError) -> str:
     return f"the link to the hub failed: {exc}"
 
 
-class OneLineErrors(click.Group):
+#: main's options, which every command takes after its own name too, as people type them
+#: (``loomfs ls /x --hub URL``): the option, its parameter, its type
+GLOBALS = (("--config", "config_path", click.Path(path_type=Path)), ("--hub", "hub", click.STRING))
+
+
+def _given_after(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    if value is not None:
+        assert param.name is not None
+        state: State = ctx.find_object(State)  # type: ignore[assignment]
+        state.given_after(param.name, param.opts[0], value)
+
+
+class Commands(click.Group):
+    """A group whose every command takes the global options after its name too, where it
+    has no option of that name itself (``spoke serve --hub``: the hub it attaches)."""
+
+    group_class: type[click.Group] | type[type] | None = type  # its groups are such too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not isinstance(cmd, click.Group):
+            taken = {flag for param in cmd.params for flag in param.opts}
+            cmd.params.extend(
+                click.Option(
+                    [flag, dest], type=kind, hidden=True, expose_value=False, callback=_given_after
+                )
+                for flag, dest, kind in GLOBALS
+                if flag not in taken
+            )
+        super().add_command(cmd, name)
+
+
+class OneLineErrors(Commands):
     """Errors a user can act on end a command as one line and exit status 1, whichever
     command raised them (``explain``)."""
+
+    group_class = Commands
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -219,8 +268,11 @@ async def connected(ctx: click.Context, *, admin: bool = False) -> AsyncIterator
 @click.version_option(package_name="loomfs")
 @click.pass_context
 def main(ctx: click.Context, config_path: Path | None, hub: str | None) -> None:
-    """loomfs: one namespace for AI data, wherever it lives."""
-    ctx.obj = State(config_path, hub)
+    """loomfs: one namespace for AI data, wherever it lives.
+
+    --config and --hub go before the command or after it (loomfs ls /x --hub URL)."""
+    given = [n for n in ("config_path", "hub") if ctx.get_parameter_source(n) is COMMAND_LINE]
+    ctx.obj = State(config_path, hub, given)
 
 
 # -- hub ---------------------------------------------------------------------------------
