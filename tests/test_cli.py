@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from loomfs.cli import _shown, main
 from loomfs.core.types import KIND_BITS, Entry, EntryKind
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.hubproc import HubProcess, cli_ok, hub_cert
 
 
 @pytest.fixture
@@ -75,6 +75,7 @@ def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
     assert (data / "a" / "b" / "moved.txt").read_bytes() == b"from stdin"
     assert ok(hub, "tag", "/datasets/sample/train", "split=train").strip() == "split=train"
     assert ok(hub, "tag", "/datasets/sample/train").strip() == "split=train"
+    assert json.loads(ok(hub, "tag", "/datasets/sample/train", "--json")) == {"split": "train"}
     ok(hub, "rm", "-r", "/datasets/sample/a")
     assert not (data / "a").exists()
     listing = ok(hub, "ls", "-l", "/datasets/sample")
@@ -179,3 +180,30 @@ def test_global_options_after_the_command(hub: HubProcess, tmp_path: Path) -> No
     twice = run("--hub", "http://127.0.0.1:9", "stat", "/", "--hub", hub.url)
     assert twice.returncode == 2
     assert "--hub is given twice" in twice.stderr and "http://127.0.0.1:9" in twice.stderr
+
+
+def test_admin_listings_in_json(hub: HubProcess, tmp_path: Path) -> None:
+    cli_ok(tmp_path / "gpu", "site", "init", "--name", "gpu", "--label", "region=us")
+    ok(hub, "group", "add", "team")
+    ok(hub, "user", "add", "alice", "--group", "team")
+    ok(hub, "site", "add", "gpu", "--cert", str(hub_cert(tmp_path / "gpu")))
+    ok(hub, "policy", "add", "us-only", "--paths", "/d/**", "--allow-sites", "region=us")
+    ok(hub, "acl", "grant", "group:team", "read", "/d")
+    ok(hub, "acl", "private", "/p")
+
+    def lines(*args: str) -> list[dict[str, object]]:
+        found = [json.loads(line) for line in ok(hub, *args, "--json").splitlines()]
+        assert all(isinstance(one, dict) for one in found)
+        return found
+
+    users = {u["user"]: u for u in lines("user", "list")}
+    assert users["alice"]["groups"] == ["team"] and "secret" not in json.dumps(users)
+    assert {"group": "team", "members": ["alice"]} in lines("group", "list")
+    assert [(s["site"], s["labels"]) for s in lines("site", "list")] == [("gpu", {"region": "us"})]
+    assert [(p["policy"], p["paths"]) for p in lines("policy", "list")] == [("us-only", ["/d/**"])]
+    [rules] = lines("acl", "list")
+    assert rules == {
+        "rules": [{"path": "/d", "subject": "group:team", "permission": "read"}],
+        "private": ["/p"],
+    }
+    assert lines("status") == []  # no chunk has moved: nothing, and still JSON

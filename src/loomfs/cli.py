@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from stat import S_IMODE, filemode
@@ -79,6 +79,11 @@ def failed(line: str) -> None:
 
 def _json_line(value: object) -> None:
     sys.stdout.write(json.dumps(value) + "\n")
+
+
+def _json_lines(values: Iterable[object]) -> None:
+    for value in values:
+        _json_line(value)
 
 
 class State:
@@ -441,8 +446,7 @@ async def volume_list(ctx: click.Context, as_json: bool) -> None:
     async with connected(ctx, admin=True) as ns:
         volumes = await ns.volumes()
     if as_json:
-        for v in volumes:
-            _json_line(v)
+        _json_lines(volumes)
         return
     table = Table("mount", "url", "state", "last scan")
     for v in volumes:
@@ -630,10 +634,15 @@ async def mkdir(ctx: click.Context, path: str, parents: bool) -> None:
 @click.argument("path")
 @click.argument("assignments", nargs=-1)
 @click.option("--remove", "remove", multiple=True, help="Tag name to remove (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="The tags as one JSON object.")
 @click.pass_context
 @run
 async def tag(
-    ctx: click.Context, path: str, assignments: tuple[str, ...], remove: tuple[str, ...]
+    ctx: click.Context,
+    path: str,
+    assignments: tuple[str, ...],
+    remove: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Show tags, or set KEY=VALUE tags and --remove KEY."""
     ns = client(ctx)
@@ -651,6 +660,9 @@ async def tag(
         )
     finally:
         await ns.close()
+    if as_json:
+        _json_line(tags)
+        return
     for key, value in tags.items():
         out.print(f"{key}={value}")
 
@@ -767,13 +779,17 @@ async def user_add(
 
 
 @user.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def user_list(ctx: click.Context) -> None:
+async def user_list(ctx: click.Context, as_json: bool) -> None:
     """Users, their groups and key ids (never secrets)."""
     async with administering(ctx) as admin:
         users = await admin.list_users()
+    if as_json:
+        _json_lines(users)
+        return
     table = Table("user", "groups", "access keys", "ssh keys")
     for u in users:
         table.add_row(
@@ -904,14 +920,18 @@ async def site_add(ctx: click.Context, name: str, cert: Path, labels: tuple[str,
 
 
 @site.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def site_list(ctx: click.Context) -> None:
+async def site_list(ctx: click.Context, as_json: bool) -> None:
     """Sites this hub trusts (and those it revoked)."""
     table = Table("site", "labels", "fingerprint", "state")
     async with administering(ctx) as admin:
         sites = await admin.list_sites()
+    if as_json:
+        _json_lines(sites)
+        return
     for s in sites:
         labels = ", ".join(f"{k}={v}" for k, v in s["labels"].items())
         state = "trusted" if s["trusted"] else "revoked"
@@ -1240,14 +1260,18 @@ async def policy_add(
 
 
 @policy.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def policy_list(ctx: click.Context) -> None:
+async def policy_list(ctx: click.Context, as_json: bool) -> None:
     """The placement policies of this hub."""
     table = Table("policy", "paths", "tag", "allowed sites", "metadata")
     async with administering(ctx) as admin:
         policies = await admin.list_policies()
+    if as_json:
+        _json_lines(policies)
+        return
     for p in policies:
         table.add_row(
             p["policy"], " ".join(p["paths"]), p["tag"] or "", " ".join(p["allow"]), p["metadata"]
@@ -1286,14 +1310,18 @@ async def group_add(ctx: click.Context, name: str) -> None:
 
 
 @group.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def group_list(ctx: click.Context) -> None:
+async def group_list(ctx: click.Context, as_json: bool) -> None:
     """Groups and their members."""
     table = Table("group", "members")
     async with administering(ctx) as admin:
         groups = await admin.list_groups()
+    if as_json:
+        _json_lines(groups)
+        return
     for g in groups:
         table.add_row(g["group"], ",".join(g["members"]))
     out.print(table)
@@ -1362,13 +1390,19 @@ async def acl_revoke(ctx: click.Context, subject: str, permission: str, path: st
 
 
 @acl.command("list")
+@click.option(
+    "--json", "as_json", is_flag=True, help='One JSON object: {"rules": [...], "private": [...]}.'
+)
 @offline_option
 @click.pass_context
 @run
-async def acl_list(ctx: click.Context) -> None:
+async def acl_list(ctx: click.Context, as_json: bool) -> None:
     """Every rule and every private export."""
     async with administering(ctx) as admin:
         found = await admin.list_rules()
+    if as_json:
+        _json_line(found)
+        return
     table = Table("path", "subject", "permission")
     for rule in found["rules"]:
         table.add_row(rule["path"], rule["subject"], rule["permission"])
@@ -1404,15 +1438,20 @@ async def whoami(ctx: click.Context) -> None:
 
 
 @main.command("status")
+@JSON_LINES
 @click.pass_context
 @run
-async def status(ctx: click.Context) -> None:
+async def status(ctx: click.Context, as_json: bool) -> None:
     """Bytes moved as chunks by a site (the --hub URL: a hub's or a spoke's): logical,
     on the wire, and saved by dedup and by compression, per role and direction."""
     from .chunks.metrics import REPORTED, summarize
 
     async with connected(ctx) as ns:
         rows = summarize(await ns.metrics())
+    if as_json:
+        for (role, direction), values in sorted(rows.items()):  # bytes: whole numbers
+            _json_line({"role": role, "direction": direction} | {k: int(values[k]) for k in values})
+        return
     if not rows:
         console.print("no chunk transfers yet")
         return
