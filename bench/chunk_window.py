@@ -17,17 +17,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from corpora import build
-from loomfs.chunks import (
-    ChunkMap,
-    ChunkPipeline,
-    ChunkToSend,
-    ChunkWindow,
-    FileReference,
-    choose_reference,
-    decode_frame,
-    plan_transfer,
-)
-from loomfs.chunks.chunkmap import ID_SIZE
+from loomfs.chunks.cdc import ChunkWindow
+from loomfs.chunks.chunkmap import ID_SIZE, ChunkMap
+from loomfs.chunks.codec import FileReference, decode_frame
+from loomfs.chunks.pipeline import ChunkPipeline
+from loomfs.chunks.plan import ChunkToSend, choose_reference, plan_transfer
 from transfer import StepResult, changed_files
 
 KIB = 1 << 10

@@ -32,8 +32,9 @@ import torch
 import zstandard
 
 from corpora import checkpoints
-from loomfs.chunks import BytesReference, chunk_map_of, encode_delta, plan_transfer
-from loomfs.chunks.codec import subtract
+from loomfs.chunks.cdc import chunk_map_of
+from loomfs.chunks.codec import BytesReference, encode_delta, subtract
+from loomfs.chunks.plan import plan_transfer
 
 Sums = defaultdict[str, float]
 FAMILIES = ("frozen", "trained", "exp_avg", "exp_avg_sq", "framing")

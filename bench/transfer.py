@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from corpora import Corpus, build, files_of
-from loomfs.chunks import ChunkPipeline
+from loomfs.chunks.pipeline import ChunkPipeline
 from loomfs.core.types import SYSTEM, Principal
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.ports import free_port, stop_process, wait_for_port

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from loomfs.chunks import DEFAULT_WINDOW, ChunkMap, chunk_map_of, encode_chunk
+from loomfs.chunks.cdc import DEFAULT_WINDOW, chunk_map_of
+from loomfs.chunks.chunkmap import ChunkMap
+from loomfs.chunks.codec import encode_chunk
 from loomfs.chunks.metrics import CORRUPT
 from loomfs.core.catalog.base import Catalog
 from loomfs.core.types import Principal

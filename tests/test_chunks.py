@@ -16,26 +16,24 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomfs.chunks import (
-    DEFAULT_WINDOW,
+from loomfs.chunks.cdc import DEFAULT_WINDOW, ChunkWindow, chunk_map_of, iter_chunks
+from loomfs.chunks.chunkmap import ChunkEntry, ChunkMap, get_varint
+from loomfs.chunks.codec import (
     BytesReference,
-    ChunkEntry,
-    ChunkMap,
-    ChunkPipeline,
-    ChunkWindow,
     FrameKind,
-    choose_reference,
+    add_back,
     chunk_id,
-    chunk_map_of,
     decode_frame,
     encode_chunk,
     encode_delta,
     frame_length,
-    iter_chunks,
-    plan_transfer,
+    pack,
+    subtract,
+    unpack,
+    xor,
 )
-from loomfs.chunks.chunkmap import get_varint
-from loomfs.chunks.codec import add_back, pack, subtract, unpack, xor
+from loomfs.chunks.pipeline import ChunkPipeline
+from loomfs.chunks.plan import choose_reference, plan_transfer
 from loomfs.chunks.records import read_uploads, record
 from loomfs.errors import Conflict, CorruptData, LoomError
 

@@ -9,13 +9,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomfs.cli import _shown
+from loomfs.cli import _shown, main
 from loomfs.core.types import KIND_BITS, Entry, EntryKind
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.hubproc import HubProcess, cli_ok, hub_cert
 
 
 @pytest.fixture
@@ -74,6 +75,7 @@ def test_a_session(hub: HubProcess, tmp_path: Path) -> None:
     assert (data / "a" / "b" / "moved.txt").read_bytes() == b"from stdin"
     assert ok(hub, "tag", "/datasets/sample/train", "split=train").strip() == "split=train"
     assert ok(hub, "tag", "/datasets/sample/train").strip() == "split=train"
+    assert json.loads(ok(hub, "tag", "/datasets/sample/train", "--json")) == {"split": "train"}
     ok(hub, "rm", "-r", "/datasets/sample/a")
     assert not (data / "a").exists()
     listing = ok(hub, "ls", "-l", "/datasets/sample")
@@ -131,3 +133,77 @@ def test_stat_shows_a_mode_the_same_with_or_without_its_type_bits(
     assert permissions == _shown(Entry("/v/x", kind, 0, 0, bits, 1, 0, 0))["permissions"]
     letters = {"file": "-", "dir": "d", "symlink": "l", "fifo": "p", "chardev": "c"}
     assert permissions[0] == {**letters, "blockdev": "b", "socket": "s"}[kind.value]
+
+
+def _leaves(group: click.Group) -> Iterator[click.Command]:
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            yield from _leaves(command)
+        else:
+            yield command
+
+
+def test_every_command_takes_the_global_options_after_its_name() -> None:
+    # every command, those added later too: the group adds them, not each command
+    for command in _leaves(main):
+        flags = {flag for param in command.params for flag in param.opts}
+        assert {"--hub", "--config"} <= flags, command.name
+    own = {p.name for p in main.commands["spoke"].commands["serve"].params}  # type: ignore[attr-defined]
+    assert "hub_url" in own  # spoke serve's --hub is the hub it attaches, its own
+
+
+def test_global_options_after_the_command(hub: HubProcess, tmp_path: Path) -> None:
+    env = {**os.environ, "LOOMFS_SITE__DATA_DIR": str(hub.data_dir)}
+    for name in ("LOOMFS_ACCESS_KEY", "LOOMFS_SECRET_KEY", "LOOMFS_HUB"):
+        env.pop(name, None)
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "loomfs", *args], capture_output=True, text=True,
+            check=False, timeout=120, env={**env, **extra},
+        )  # fmt: skip
+
+    def ok(*args: str, **extra: str) -> str:
+        result = run(*args, **extra)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert run("ls", "/", "--hub", hub.url).returncode == 0
+    assert ok("stat", "--json", "/", f"--hub={hub.url}")
+    assert "admin" in ok("user", "list", "--hub", hub.url)
+    config = tmp_path / "client.toml"
+    config.write_text(f'[client]\nhub = "{hub.url}"\n')
+    assert ok("stat", "/", "--config", str(config))
+    # the same twice is fine; an environment's is overridden, as before the command
+    assert ok("--hub", hub.url, "stat", "/", "--hub", hub.url)
+    assert ok("stat", "/", "--hub", hub.url, LOOMFS_HUB="http://127.0.0.1:9")
+    twice = run("--hub", "http://127.0.0.1:9", "stat", "/", "--hub", hub.url)
+    assert twice.returncode == 2
+    assert "--hub is given twice" in twice.stderr and "http://127.0.0.1:9" in twice.stderr
+
+
+def test_admin_listings_in_json(hub: HubProcess, tmp_path: Path) -> None:
+    cli_ok(tmp_path / "gpu", "site", "init", "--name", "gpu", "--label", "region=us")
+    ok(hub, "group", "add", "team")
+    ok(hub, "user", "add", "alice", "--group", "team")
+    ok(hub, "site", "add", "gpu", "--cert", str(hub_cert(tmp_path / "gpu")))
+    ok(hub, "policy", "add", "us-only", "--paths", "/d/**", "--allow-sites", "region=us")
+    ok(hub, "acl", "grant", "group:team", "read", "/d")
+    ok(hub, "acl", "private", "/p")
+
+    def lines(*args: str) -> list[dict[str, object]]:
+        found = [json.loads(line) for line in ok(hub, *args, "--json").splitlines()]
+        assert all(isinstance(one, dict) for one in found)
+        return found
+
+    users = {u["user"]: u for u in lines("user", "list")}
+    assert users["alice"]["groups"] == ["team"] and "secret" not in json.dumps(users)
+    assert {"group": "team", "members": ["alice"]} in lines("group", "list")
+    assert [(s["site"], s["labels"]) for s in lines("site", "list")] == [("gpu", {"region": "us"})]
+    assert [(p["policy"], p["paths"]) for p in lines("policy", "list")] == [("us-only", ["/d/**"])]
+    [rules] = lines("acl", "list")
+    assert rules == {
+        "rules": [{"path": "/d", "subject": "group:team", "permission": "read"}],
+        "private": ["/p"],
+    }
+    assert lines("status") == []  # no chunk has moved: nothing, and still JSON

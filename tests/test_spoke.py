@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from loomfs.chunks import DEFAULT_WINDOW
+from loomfs.chunks.cdc import DEFAULT_WINDOW
 from loomfs.core.types import Entry, Principal
 from loomfs.errors import (
     AuthenticationFailed,

@@ -2,6 +2,10 @@
 
 File and volume commands talk to a hub's REST API (``--hub`` or ``client.hub`` in the
 config), so they work the same from the hub's machine or from anywhere that reaches it.
+
+A command imports what it uses when it runs, not this module at its start: ``--help`` or
+``ls`` then load neither a hub's nor a spoke's code (aiohttp, pydantic, cryptography,
+the chunk codecs), and a plain ``pip install loomfs``, without the extras, starts.
 """
 
 from __future__ import annotations
@@ -16,15 +20,16 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from stat import S_IMODE, filemode
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import aiohttp
 import click
+from click.core import ParameterSource
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -36,28 +41,26 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .chunks.metrics import REPORTED, summarize
-from .config import Config, load_config
-from .core.admin import LocalAdmin
-from .core.audit import AuditReader, archive, load_key, parse_anchor
-from .core.certs import fingerprint
-from .core.directory import Directory
-from .core.dirlock import DirectoryLock
-from .core.nthash import nt_hash
-from .core.placement import Policy
-from .core.registry import open_catalog
-from .core.sites import parse_labels
-from .core.types import KIND_BITS, SYSTEM, Entry, Feed, Principal
+from .core.types import KIND_BITS, SYSTEM, Entry, Principal
 from .errors import BackendUnavailable, ConfigError, LoomError, NotFound, NotSupported
-from .fabric.identity import SiteIdentity
 from .log import setup_logging
-from .namespace.base import Namespace
-from .rest.client import RestDirectory, RestNamespace
 from .rest.wire import change_json, entry_json
-from .service import HubService, SpokeService, audit_log, own_names
-from .spoke.sealed import load_key as load_cache_key
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from .config import Config
+    from .core.audit import AuditReader
+    from .core.directory import Directory
+    from .core.types import Feed
+    from .namespace.base import Namespace
+    from .rest.client import RestDirectory, RestNamespace
+    from .service import HubService, SpokeService
+
+    Administration = Directory | RestDirectory
 
 T = TypeVar("T")
+COMMAND_LINE = ParameterSource.COMMANDLINE
 log = logging.getLogger(__name__)
 console = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 # piped or redirected, a table is as wide as its rows: never cut to a terminal's 80 columns
@@ -68,17 +71,44 @@ JSON_LINES = click.option(
 )
 
 
+def failed(line: str) -> None:
+    """Say why a command failed, as one line on standard error: taken as it is, not as
+    markup (``[spoke] attach``, ``loomfs[chunks]`` are words to read)."""
+    console.print(f"[red]loomfs:[/red] {escape(line)}", highlight=False)
+
+
 def _json_line(value: object) -> None:
     sys.stdout.write(json.dumps(value) + "\n")
 
 
+def _json_lines(values: Iterable[object]) -> None:
+    for value in values:
+        _json_line(value)
+
+
 class State:
-    def __init__(self, config_path: Path | None, hub: str | None) -> None:
+    def __init__(
+        self, config_path: Path | None, hub: str | None, given: Collection[str] = ()
+    ) -> None:
         self.config_path = config_path
         self.hub_override = hub
+        self.given = set(given)  # the global options given on the command line
+
+    def given_after(self, name: str, flag: str, value: Any) -> None:
+        """A global option given after the command's name: as before it, unless it is
+        given there too, and otherwise."""
+        attribute = "hub_override" if name == "hub" else name
+        if name in self.given and getattr(self, attribute) != value:
+            raise click.UsageError(
+                f"{flag} is given twice, as {getattr(self, attribute)} and as {value}: give it once"
+            )
+        setattr(self, attribute, value)
+        self.given.add(name)
 
     @functools.cached_property
     def config(self) -> Config:
+        from .config import load_config
+
         return load_config(self.config_path)
 
     @property
@@ -93,6 +123,8 @@ class State:
         url = url or self.hub
         credentials = self.config.client.credentials()
         if admin and credentials is None:
+            from .core.admin import LocalAdmin
+
             credentials = LocalAdmin(self.config.site.data_dir).credentials_for(url)
         return client_of(self.config, url, credentials=credentials)
 
@@ -105,7 +137,7 @@ def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
         try:
             return asyncio.run(fn(*args, **kwargs))
         except LoomError as exc:
-            console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+            failed(f"{exc.code}: {exc}")
             sys.exit(1)
 
     return wrapper
@@ -116,6 +148,8 @@ def client_of(
 ) -> RestNamespace:
     """A REST client of ``url`` that sends ``credentials`` (default: ``[client]``'s, the
     environment's LOOMFS_* winning) and checks an https site against its ``ca_cert``."""
+    from .rest.client import RestNamespace
+
     settings = config.client
     return RestNamespace(
         url, credentials=credentials or settings.credentials(), ca_cert=settings.trusted_cert()
@@ -127,17 +161,14 @@ def explain(exc: BaseException) -> str | None:
     one); None for a bug, whose traceback is what helps."""
     if isinstance(exc, LoomError):
         return f"{exc.code}: {exc}"
-    if isinstance(exc, aiohttp.InvalidURL):
-        return f"not a URL: {exc}; give one as http://HOST:PORT (--hub, client.hub)"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return (
-            f"cannot reach {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}; "
-            "is the hub running there? (--hub, client.hub)"
-        )
-    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
-        return "the hub's answer ended early (it stopped, or dropped the link): see its log"
-    if isinstance(exc, aiohttp.ClientError):
-        return f"the link to the hub failed: {exc}"
+    if isinstance(exc, ImportError):
+        from .extras import install_hint
+
+        return install_hint(exc)
+    # an aiohttp error only where a command imported aiohttp (--help does not)
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        return _link_failure(exc)
     if isinstance(exc, OSError):
         where = f" {exc.filename}" if exc.filename else ""
         if exc.errno == errno.EADDRINUSE:  # asyncio's strerror names the address
@@ -155,9 +186,57 @@ def explain(exc: BaseException) -> str | None:
     return None
 
 
-class OneLineErrors(click.Group):
+def _link_failure(exc: aiohttp.ClientError) -> str:
+    import aiohttp
+
+    if isinstance(exc, aiohttp.InvalidURL):
+        return f"not a URL: {exc}; give one as http://HOST:PORT (--hub, client.hub)"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return (
+            f"cannot reach {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}; "
+            "is the hub running there? (--hub, client.hub)"
+        )
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        return "the hub's answer ended early (it stopped, or dropped the link): see its log"
+    return f"the link to the hub failed: {exc}"
+
+
+#: main's options, which every command takes after its own name too, as people type them
+#: (``loomfs ls /x --hub URL``): the option, its parameter, its type
+GLOBALS = (("--config", "config_path", click.Path(path_type=Path)), ("--hub", "hub", click.STRING))
+
+
+def _given_after(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    if value is not None:
+        assert param.name is not None
+        state: State = ctx.find_object(State)  # type: ignore[assignment]
+        state.given_after(param.name, param.opts[0], value)
+
+
+class Commands(click.Group):
+    """A group whose every command takes the global options after its name too, where it
+    has no option of that name itself (``spoke serve --hub``: the hub it attaches)."""
+
+    group_class: type[click.Group] | type[type] | None = type  # its groups are such too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not isinstance(cmd, click.Group):
+            taken = {flag for param in cmd.params for flag in param.opts}
+            cmd.params.extend(
+                click.Option(
+                    [flag, dest], type=kind, hidden=True, expose_value=False, callback=_given_after
+                )
+                for flag, dest, kind in GLOBALS
+                if flag not in taken
+            )
+        super().add_command(cmd, name)
+
+
+class OneLineErrors(Commands):
     """Errors a user can act on end a command as one line and exit status 1, whichever
     command raised them (``explain``)."""
+
+    group_class = Commands
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -166,7 +245,7 @@ class OneLineErrors(click.Group):
             line = explain(exc)
             if line is None:
                 raise
-            console.print(f"[red]loomfs:[/red] {line}", highlight=False)
+            failed(line)
             sys.exit(1)
 
 
@@ -194,8 +273,11 @@ async def connected(ctx: click.Context, *, admin: bool = False) -> AsyncIterator
 @click.version_option(package_name="loomfs")
 @click.pass_context
 def main(ctx: click.Context, config_path: Path | None, hub: str | None) -> None:
-    """loomfs: one namespace for AI data, wherever it lives."""
-    ctx.obj = State(config_path, hub)
+    """loomfs: one namespace for AI data, wherever it lives.
+
+    --config and --hub go before the command or after it (loomfs ls /x --hub URL)."""
+    given = [n for n in ("config_path", "hub") if ctx.get_parameter_source(n) is COMMAND_LINE]
+    ctx.obj = State(config_path, hub, given)
 
 
 # -- hub ---------------------------------------------------------------------------------
@@ -234,10 +316,12 @@ def _serve(
             current = getattr(config, section)
             config = config.model_copy(update={section: current.model_copy(update=values)})
         setup_logging(config.log.level, config.log.format)
+        from .service import HubService, SpokeService
+
         service = SpokeService(config) if spoke else HubService(config)
         asyncio.run(service.serve(ready))
     except LoomError as exc:
-        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        failed(f"{exc.code}: {exc}")
         sys.exit(1)
 
 
@@ -386,8 +470,7 @@ async def volume_list(ctx: click.Context, as_json: bool) -> None:
     async with connected(ctx, admin=True) as ns:
         volumes = await ns.volumes()
     if as_json:
-        for v in volumes:
-            _json_line(v)
+        _json_lines(volumes)
         return
     table = Table("mount", "url", "state", "last scan")
     for v in volumes:
@@ -575,10 +658,15 @@ async def mkdir(ctx: click.Context, path: str, parents: bool) -> None:
 @click.argument("path")
 @click.argument("assignments", nargs=-1)
 @click.option("--remove", "remove", multiple=True, help="Tag name to remove (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="The tags as one JSON object.")
 @click.pass_context
 @run
 async def tag(
-    ctx: click.Context, path: str, assignments: tuple[str, ...], remove: tuple[str, ...]
+    ctx: click.Context,
+    path: str,
+    assignments: tuple[str, ...],
+    remove: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Show tags, or set KEY=VALUE tags and --remove KEY."""
     ns = client(ctx)
@@ -596,6 +684,9 @@ async def tag(
         )
     finally:
         await ns.close()
+    if as_json:
+        _json_line(tags)
+        return
     for key, value in tags.items():
         out.print(f"{key}={value}")
 
@@ -626,9 +717,6 @@ async def changes(ctx: click.Context, since: int | None, limit: int, as_json: bo
 # -- users -------------------------------------------------------------------------------
 
 
-Administration = Directory | RestDirectory
-
-
 def offline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--offline``: for a hub that is not serving (before its first ``hub serve``, or
     to recover one), change its catalog directly instead of through the admin API."""
@@ -647,10 +735,17 @@ async def administering(ctx: click.Context) -> AsyncIterator[Administration]:
     """The records this administration command changes: the hub's admin API (it decides
     and audits, ``rest.admin``), or with ``--offline`` the stopped hub's own catalog,
     the command's outcome recorded in its audit log."""
+    from .rest.client import RestDirectory
+
     if not ctx.meta.get("offline"):
         async with connected(ctx, admin=True) as ns:
             yield RestDirectory(ns)
         return
+    from .core.directory import Directory
+    from .core.dirlock import DirectoryLock
+    from .core.registry import open_catalog
+    from .service import audit_log, own_names
+
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     config = state.config
     lock = DirectoryLock(config.site.data_dir, "data directory")
@@ -708,13 +803,17 @@ async def user_add(
 
 
 @user.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def user_list(ctx: click.Context) -> None:
+async def user_list(ctx: click.Context, as_json: bool) -> None:
     """Users, their groups and key ids (never secrets)."""
     async with administering(ctx) as admin:
         users = await admin.list_users()
+    if as_json:
+        _json_lines(users)
+        return
     table = Table("user", "groups", "access keys", "ssh keys")
     for u in users:
         table.add_row(
@@ -745,6 +844,8 @@ async def user_remove(ctx: click.Context, name: str) -> None:
 @run
 async def user_passwd(ctx: click.Context, name: str, from_stdin: bool) -> None:
     """Set NAME's SMB password (only its NT hash is sent and kept)."""
+    from .core.nthash import nt_hash
+
     if from_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
@@ -821,14 +922,20 @@ def site_init(
     cache_key: bool,
 ) -> None:
     """Create this site's key and self-signed certificate (give the .pem to the other side)."""
+    from .core.certs import fingerprint
+    from .core.sites import parse_labels
+    from .fabric.identity import SiteIdentity
+
     state: State = ctx.find_object(State)  # type: ignore[assignment]
+    if cache_key:  # before anything is made: sealing needs BLAKE3 (the chunks extra)
+        from .spoke.sealed import load_key as load_cache_key
     try:
         identity = SiteIdentity.create(state.config.identity_dir, name, hosts, parse_labels(labels))
         key_file = state.config.spoke.cache_key_file or state.config.identity_dir / "cache.key"
         if cache_key:
             load_cache_key(key_file, create=True)
     except LoomError as exc:
-        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        failed(f"{exc.code}: {exc}")
         sys.exit(1)
     out.print(f"site {identity.name}: certificate {identity.cert_path}")
     out.print(f"fingerprint {fingerprint(identity.cert_pem)}")
@@ -847,6 +954,8 @@ def site_init(
 @run
 async def site_add(ctx: click.Context, name: str, cert: Path, labels: tuple[str, ...]) -> None:
     """On a hub: trust site NAME, pinned to its certificate (never under the hub's name)."""
+    from .core.sites import parse_labels
+
     async with administering(ctx) as admin:
         pinned = await admin.add_site(cert.read_bytes(), parse_labels(labels), name)
     tags = ", ".join(f"{k}={v}" for k, v in pinned["labels"].items())
@@ -856,14 +965,18 @@ async def site_add(ctx: click.Context, name: str, cert: Path, labels: tuple[str,
 
 
 @site.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def site_list(ctx: click.Context) -> None:
+async def site_list(ctx: click.Context, as_json: bool) -> None:
     """Sites this hub trusts (and those it revoked)."""
     table = Table("site", "labels", "fingerprint", "state")
     async with administering(ctx) as admin:
         sites = await admin.list_sites()
+    if as_json:
+        _json_lines(sites)
+        return
     for s in sites:
         labels = ", ".join(f"{k}={v}" for k, v in s["labels"].items())
         state = "trusted" if s["trusted"] else "revoked"
@@ -1031,7 +1144,7 @@ def mount(
     With --hub (or the global --hub) over that hub's REST API; otherwise this site runs
     in this process, from the configuration: its spoke where [spoke] hub is set, else
     its hub."""
-    from .protocols.fuse.session import event_loop  # noqa: PLC0415 (only mounts need it)
+    from .protocols.fuse.session import event_loop
 
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     uids = _uid_map(uid_map)
@@ -1050,7 +1163,7 @@ def mount(
                 )
             )
     except LoomError as exc:
-        console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+        failed(f"{exc.code}: {exc}")
         sys.exit(1)
 
 
@@ -1085,9 +1198,8 @@ async def _mount(
     uid_map: dict[int, str],
     ready_file: Path | None,
 ) -> None:
-    # imported here: only mounts need the FUSE front-end
-    from .protocols.fuse.follow import Poll  # noqa: PLC0415
-    from .protocols.fuse.mount import check_mountpoint, serve  # noqa: PLC0415
+    from .protocols.fuse.follow import Poll
+    from .protocols.fuse.mount import check_mountpoint, serve
 
     check_mountpoint(mountpoint)  # before a hub starts in this process for nothing
 
@@ -1105,11 +1217,15 @@ async def _mount(
         # this site is a spoke, run here: the kernel reads what its cache holds whole
         # straight from the cache files (passthrough). It keeps itself coherent with its
         # hub but has no feed to follow, so the kernel's caches expire on their own.
+        from .service import SpokeService
+
         service = SpokeService(config)
         await service.start()
         ns = service.namespace
     else:
         # this process serves the mount alone: its changes follow POSIX's durability
+        from .service import HubService
+
         hub = service = HubService(config, durable=config.fuse.durable_each_change)
         await hub.start()
         ns = hub.governed  # the mapped users are decided for like any other caller
@@ -1170,6 +1286,9 @@ async def policy_add(
 ) -> None:
     """Add (or replace) policy NAME; returns once every spoke that may no longer hold its
     data has evicted it (the hub at --hub confirms; --offline: once they reconnect)."""
+    from .core.directory import Directory
+    from .core.placement import Policy
+
     rule = Policy.build(name, globs, allow, tag, metadata)
     async with administering(ctx) as admin:
         seq = await admin.put_policy(rule)
@@ -1186,14 +1305,18 @@ async def policy_add(
 
 
 @policy.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def policy_list(ctx: click.Context) -> None:
+async def policy_list(ctx: click.Context, as_json: bool) -> None:
     """The placement policies of this hub."""
     table = Table("policy", "paths", "tag", "allowed sites", "metadata")
     async with administering(ctx) as admin:
         policies = await admin.list_policies()
+    if as_json:
+        _json_lines(policies)
+        return
     for p in policies:
         table.add_row(
             p["policy"], " ".join(p["paths"]), p["tag"] or "", " ".join(p["allow"]), p["metadata"]
@@ -1232,14 +1355,18 @@ async def group_add(ctx: click.Context, name: str) -> None:
 
 
 @group.command("list")
+@JSON_LINES
 @offline_option
 @click.pass_context
 @run
-async def group_list(ctx: click.Context) -> None:
+async def group_list(ctx: click.Context, as_json: bool) -> None:
     """Groups and their members."""
     table = Table("group", "members")
     async with administering(ctx) as admin:
         groups = await admin.list_groups()
+    if as_json:
+        _json_lines(groups)
+        return
     for g in groups:
         table.add_row(g["group"], ",".join(g["members"]))
     out.print(table)
@@ -1308,13 +1435,19 @@ async def acl_revoke(ctx: click.Context, subject: str, permission: str, path: st
 
 
 @acl.command("list")
+@click.option(
+    "--json", "as_json", is_flag=True, help='One JSON object: {"rules": [...], "private": [...]}.'
+)
 @offline_option
 @click.pass_context
 @run
-async def acl_list(ctx: click.Context) -> None:
+async def acl_list(ctx: click.Context, as_json: bool) -> None:
     """Every rule and every private export."""
     async with administering(ctx) as admin:
         found = await admin.list_rules()
+    if as_json:
+        _json_line(found)
+        return
     table = Table("path", "subject", "permission")
     for rule in found["rules"]:
         table.add_row(rule["path"], rule["subject"], rule["permission"])
@@ -1350,13 +1483,20 @@ async def whoami(ctx: click.Context) -> None:
 
 
 @main.command("status")
+@JSON_LINES
 @click.pass_context
 @run
-async def status(ctx: click.Context) -> None:
+async def status(ctx: click.Context, as_json: bool) -> None:
     """Bytes moved as chunks by a site (the --hub URL: a hub's or a spoke's): logical,
     on the wire, and saved by dedup and by compression, per role and direction."""
+    from .chunks.metrics import REPORTED, summarize
+
     async with connected(ctx) as ns:
         rows = summarize(await ns.metrics())
+    if as_json:
+        for (role, direction), values in sorted(rows.items()):  # bytes: whole numbers
+            _json_line({"role": role, "direction": direction} | {k: int(values[k]) for k in values})
+        return
     if not rows:
         console.print("no chunk transfers yet")
         return
@@ -1392,6 +1532,8 @@ def _instant(text: str | None) -> int | None:
 
 def _audit_reader(ctx: click.Context) -> AuditReader:
     """The audit directory of this site, from the config: audit commands run on the hub."""
+    from .core.audit import AuditReader, load_key
+
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     config = state.config
     if not config.audit_dir.is_dir():
@@ -1408,7 +1550,7 @@ def _audit_command(fn: Callable[..., None]) -> Callable[..., None]:
         try:
             fn(*args, **kwargs)
         except LoomError as exc:
-            console.print(f"[red]loomfs: {exc.code}:[/red] {exc}", highlight=False)
+            failed(f"{exc.code}: {exc}")
             sys.exit(2)
 
     return wrapper
@@ -1467,6 +1609,8 @@ def audit_query(
 def audit_verify(ctx: click.Context, anchor: str | None) -> None:
     """Check the whole chain; exit 1 naming each place it breaks (edited, removed,
     reordered, truncated); a torn tail from a crash is reported but is no break."""
+    from .core.audit import parse_anchor
+
     report = _audit_reader(ctx).verify(parse_anchor(anchor) if anchor else None)
     for finding in report.findings:
         color = "red" if finding.tampering else "yellow"
@@ -1495,6 +1639,8 @@ def audit_head(ctx: click.Context) -> None:
 @_audit_command
 def audit_archive(ctx: click.Context) -> None:
     """Compress closed segments (gzip); they still verify and query."""
+    from .core.audit import archive
+
     for path in archive(_audit_reader(ctx).directory):
         out.print(str(path), highlight=False)
 

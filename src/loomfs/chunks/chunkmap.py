@@ -15,6 +15,9 @@ from typing import overload
 from ..errors import CorruptData
 
 ID_SIZE = 32
+# Chunks are bounded by the chunker's max size; anything claiming more is a forged or
+# corrupt header, and refusing it keeps a bad frame from making us allocate gigabytes.
+MAX_CHUNK_SIZE = 16 << 20
 _MAGIC = b"LCM\x01"
 
 

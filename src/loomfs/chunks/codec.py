@@ -38,11 +38,7 @@ import numpy as np
 import zstandard
 
 from ..errors import CorruptData
-from .chunkmap import get_varint, put_varint
-
-# Chunks are bounded by the chunker's max size; anything claiming more is a forged or
-# corrupt header, and refusing it keeps a bad frame from making us allocate gigabytes.
-MAX_CHUNK_SIZE = 16 << 20
+from .chunkmap import MAX_CHUNK_SIZE, get_varint, put_varint
 
 
 class FrameKind(IntEnum):

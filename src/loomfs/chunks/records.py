@@ -13,8 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..errors import CorruptData
-from .chunkmap import ID_SIZE, put_varint
-from .codec import MAX_CHUNK_SIZE
+from .chunkmap import ID_SIZE, MAX_CHUNK_SIZE, put_varint
 
 # A frame is never much longer than its chunk (a raw frame adds a few header bytes).
 MAX_FRAME = MAX_CHUNK_SIZE + 64

@@ -16,11 +16,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..chunks.chunkmap import ChunkMap
-from ..chunks.metrics import Transfer
 from ..core.types import Entry, Principal
+
+if TYPE_CHECKING:  # the metrics' module is prometheus's: a REST client needs none of it
+    from ..chunks.metrics import Transfer
 
 
 @dataclass(frozen=True, slots=True)

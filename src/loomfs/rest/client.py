@@ -14,17 +14,14 @@ import ssl
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
 
 from .. import paths
 from ..chunks.chunkmap import ChunkMap
-from ..chunks.codec import decode_frame
 from ..chunks.records import read_answers
-from ..core.directory import policy_json
-from ..core.placement import Policy
 from ..core.streams import BytesSource, StreamSource
 from ..core.types import Entry, Feed, Principal
 from ..errors import (
@@ -36,10 +33,12 @@ from ..errors import (
     LoomError,
     RangeNotSatisfiable,
 )
-from ..fabric.identity import trusting
 from ..namespace.base import FeedNamespace, Reader
 from ..namespace.chunklink import ChunkLink, Opened
 from . import wire
+
+if TYPE_CHECKING:
+    from ..core.placement import Policy
 
 
 def _quoted(path: str) -> str:
@@ -68,7 +67,12 @@ class RestNamespace(FeedNamespace, ChunkLink):
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
-        self._ssl = ssl_context or (trusting(ca_cert) if ca_cert is not None else None)
+        if ssl_context is None and ca_cert is not None:
+            # here, not at the top: a CLI starts without the site identity's crypto
+            from ..fabric.identity import trusting  # noqa: PLC0415
+
+            ssl_context = trusting(ca_cert)
+        self._ssl = ssl_context
         self._headers = (
             {"Authorization": wire.basic_authorization(*credentials)} if credentials else {}
         )
@@ -458,6 +462,9 @@ class RestNamespace(FeedNamespace, ChunkLink):
             body = await self._body(response)
         whole_id = response.headers.get("X-Loomfs-Whole")
         if whole_id is not None:  # one frame, verified like any chunk
+            # the codec needs the chunks extra: only a chunked link (a spoke's) comes here
+            from ..chunks.codec import decode_frame  # noqa: PLC0415
+
             try:
                 digest = bytes.fromhex(whole_id)
             except ValueError:
@@ -634,6 +641,8 @@ class RestDirectory:
         await self._done("DELETE", f"/sites/{quote(name, safe='')}")
 
     async def put_policy(self, policy: Policy) -> int:
+        from ..core.directory import policy_json  # noqa: PLC0415 (the catalog's: admin only)
+
         body = policy_json(policy)
         return int((await self._call("POST", "/policies", json=body))["seq"])
 
