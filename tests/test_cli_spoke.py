@@ -1,5 +1,5 @@
 """A hub and a spoke as real processes, set up with the commands a user types: site
-identities, pinning, attach, reads and writes at the spoke, warm-up, sync, /healthz with the
+identities, pinning, attach, reads and writes at the spoke, warm-up, sync, /readyz with the
 link cut, a spoke killed with kill -9 while its write-back journal holds acknowledged
 writes; and spokes that cannot link (or share a cache directory) refused with one line."""
 
@@ -21,9 +21,9 @@ from loomfs.testing.wan import LinkEmulator
 
 
 def health_status(url: str) -> int:
-    """The HTTP status of ``url``'s /healthz, asked with no credentials (as a probe asks)."""
+    """The HTTP status of ``url``'s /readyz, asked with no credentials (as a probe asks)."""
     try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=30) as answer:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=30) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as refused:
         return refused.code
@@ -87,12 +87,12 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
                 assert await asyncio.to_thread(health_status, spoke.url) == 200
                 # with the link cut, writes are acknowledged from the journal...
                 link.cut()
-                for _ in range(1500):  # /healthz says so once the spoke noticed
+                for _ in range(1500):  # /readyz says so once the spoke noticed
                     if await asyncio.to_thread(health_status, spoke.url) == 503:
                         break
                     await asyncio.sleep(0.02)
                 else:
-                    raise AssertionError("/healthz never said the link is down")
+                    raise AssertionError("/readyz never said the link is down")
                 for i in range(3):
                     put = await aok(spoke_dir, *at_spoke, "put", "-", f"/datasets/sample/ck-{i}.pt",
                        stdin=f"checkpoint {i}".encode())  # fmt: skip

@@ -1,5 +1,5 @@
 """Starting and failing truthfully (service and command layers): a site directory has one
-owner process, /healthz says what is wrong with HTTP 503 rather than "ok", and what a user
+owner process, /readyz says what is wrong with HTTP 503 rather than "ok", and what a user
 can fix (a port in use, a directory that can't be made, a URL without a scheme, a hub that
 dies mid-job) ends a command as one line instead of a traceback."""
 
@@ -51,7 +51,7 @@ async def test_a_second_hub_on_one_data_directory_is_refused(tmp_path: Path) -> 
     await third.stop()
 
 
-async def test_healthz_is_503_when_the_data_directory_is_full(
+async def test_readyz_is_503_when_the_data_directory_is_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hub = HubService(hub_config(tmp_path / "hub"))
@@ -59,15 +59,15 @@ async def test_healthz_is_503_when_the_data_directory_is_full(
     try:
         server = RestServer(hub.governed, hub, site="hub", health=hub.health)
         async with TestClient(TestServer(server.app())) as http:
-            answer = await http.get("/healthz")  # no credentials: a probe has none
-            assert answer.status == 200 and (await answer.json())["status"] == "ok"
+            answer = await http.get("/readyz")  # no credentials: a probe has none
+            assert answer.status == 200 and (await answer.json())["status"] == "ready"
             real = shutil.disk_usage
 
             def full(path: Path) -> Any:
                 return real(path)._replace(free=0)
 
             monkeypatch.setattr(shutil, "disk_usage", full)
-            answer = await http.get("/healthz")
+            answer = await http.get("/readyz")
             body = await answer.json()
             assert answer.status == 503 and body["status"] == "degraded"
             assert not body["checks"]["disk"]["ok"] and body["checks"]["catalog"]["ok"]
@@ -75,18 +75,18 @@ async def test_healthz_is_503_when_the_data_directory_is_full(
         await hub.stop()
 
 
-async def test_a_spokes_healthz_is_503_while_its_link_is_down(tmp_path: Path) -> None:
+async def test_a_spokes_readyz_is_503_while_its_link_is_down(tmp_path: Path) -> None:
     async with fabric(tmp_path) as made:
         spoke = made.spoke
         server = RestServer(spoke, spoke=spoke, health=partial(health.spoke_checks, spoke))
         async with TestClient(TestServer(server.app())) as http:
-            assert (await http.get("/healthz")).status == 200
+            assert (await http.get("/readyz")).status == 200
             made.link.cut()
             for _ in range(1500):  # the spoke learns it at its next poll of the feed
                 if not spoke.online:
                     break
                 await asyncio.sleep(0.02)
-            answer = await http.get("/healthz")
+            answer = await http.get("/readyz")
             body = await answer.json()
             assert answer.status == 503 and not body["checks"]["link"]["ok"]
             made.link.restore()
@@ -146,7 +146,7 @@ async def test_a_hub_that_dies_during_volume_add_is_one_line(tmp_path: Path) -> 
     assert "before the last line" in line
 
 
-async def test_healthz_is_503_when_a_volumes_directory_is_gone(tmp_path: Path) -> None:
+async def test_readyz_is_503_when_a_volumes_directory_is_gone(tmp_path: Path) -> None:
     hub = HubService(hub_config(tmp_path / "hub"))
     await hub.start()
     try:

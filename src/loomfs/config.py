@@ -67,6 +67,9 @@ class TlsSettings(_Section):
 class SiteSection(_Section):
     name: str = "hub"
     data_dir: Path = Path.home() / ".local" / "share" / "loomfs"
+    #: below this much free space in the data directory (a spoke's cache directory too),
+    #: /readyz answers 503
+    min_free: str = "256M"
 
 
 class CatalogSection(_Section):

@@ -370,7 +370,15 @@ class HubService:
             await self.stop()
 
     async def health(self) -> dict[str, health.Check]:
-        return await health.hub_checks(self.catalog, self.namespace, self.config.site.data_dir)
+        config = self.config
+        certs = {"site certificate": config.identity_dir / "site.pem"}
+        if config.hub.tls_cert is not None:
+            certs["HTTPS certificate"] = config.hub.tls_cert
+        return await health.hub_checks(
+            self.catalog, self.namespace, config.site.data_dir,
+            min_free=parse_size(config.site.min_free),
+            certs={what: path for what, path in certs.items() if path.exists()},
+        )  # fmt: skip
 
     def fabric_server(self, identity: SiteIdentity, trusted: Mapping[str, bytes]) -> FabricServer:
         """The fabric link as spokes get it: placement policies for their site, ACL rules
@@ -656,8 +664,26 @@ class SpokeService:
             site=self.namespace.site,
             authenticate=self.authenticate,
             routes=plan_routes(prefetcher) if prefetcher is not None else (),
-            health=functools.partial(health.spoke_checks, self.namespace),
+            health=self.health,
         )
+
+    async def health(self) -> dict[str, health.Check]:
+        spoke = self.config.spoke
+        assert spoke.hub is not None and spoke.hub_cert is not None  # checked in __init__
+        certs = {
+            "pinned hub certificate": spoke.hub_cert,
+            "site certificate": self.identity.cert_path,
+        }
+        if spoke.tls_cert is not None:
+            certs["HTTPS certificate"] = spoke.tls_cert
+        probe = functools.partial(
+            check_link, spoke.hub, self.tls, site=self.identity.name,
+            site_cert=self.identity.cert_path, hub_cert=spoke.hub_cert,
+        )  # fmt: skip
+        return await health.spoke_checks(
+            self.namespace, probe=probe, min_free=parse_size(self.config.site.min_free),
+            certs=certs,
+        )  # fmt: skip
 
     async def serve(self, ready_file: Path | None = None) -> None:
         # the spoke's own catalog holds its users (SFTP and SMB logins) and nothing else yet

@@ -26,6 +26,18 @@ def _json_ok(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+_READY: dict[str, Any] = {
+    "type": "object",
+    "required": ["status", "site", "reasons", "checks"],
+    "properties": {
+        "status": {"enum": ["ready", "degraded"]},
+        "site": {"type": "string"},
+        "reasons": {"type": "array", "items": {"type": "string"}},
+        "checks": {"type": "object"},
+    },
+}
+
+
 def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"summary": summary, "responses": {**responses, "default": _ERROR}, **extra}
 
@@ -330,6 +342,15 @@ def spec() -> dict[str, Any]:
             "/openapi.json": {"get": _op("This document", {"200": _json_ok({"type": "object"})})},
             "/metrics": {"get": _op("Prometheus metrics", {"200": {"description": "text format"}})},
             "/healthz": {"get": _op("Liveness", {"200": _json_ok({"type": "object"})})},
+            "/readyz": {
+                "get": _op(
+                    "Readiness: each check of the site, and the reasons it is not ready",
+                    {
+                        "200": _json_ok(_READY, "ready"),
+                        "503": _json_ok(_READY, "degraded: 'reasons' says why"),
+                    },
+                )
+            },
         },
         "security": [{"basic": []}, {}],
         "components": {

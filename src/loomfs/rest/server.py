@@ -159,7 +159,8 @@ class RestServer:
         every caller is anonymous. ``governance`` decides the administration routes
         (an explicit admin right on the volume's mount, on "/" to list volumes or
         settle; without it they refuse everyone) and what of the change feed a caller
-        sees. ``health`` checks the parts of the site for ``/healthz`` (each with ``ok``)."""
+        sees. ``health`` checks the parts of the site for ``/readyz`` (each with ``ok``,
+        and ``error`` where not)."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
@@ -213,6 +214,7 @@ class RestServer:
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
         app.on_shutdown.append(self._cancel_background)
         return app
 
@@ -561,8 +563,21 @@ class RestServer:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
-        """Open to every caller (a probe has no credentials): 503 while any part is down."""
+        """Liveness, open to every caller: the process answers (``/readyz`` says whether
+        it can serve)."""
+        return _json({"status": "ok", "site": self.site})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Readiness, open to every caller (a probe has no credentials): 503 with the
+        reasons while any part is down."""
         checks = dict(await self._health()) if self._health is not None else {}
-        ok = all(check.get("ok") for check in checks.values())
-        body = {"status": "ok" if ok else "degraded", "site": self.site, "checks": checks}
-        return _json(body, 200 if ok else 503)
+        failed = [
+            f"{name}: {c.get('error', 'failed')}" for name, c in checks.items() if not c.get("ok")
+        ]
+        body = {
+            "status": "degraded" if failed else "ready",
+            "site": self.site,
+            "reasons": failed,
+            "checks": checks,
+        }
+        return _json(body, 503 if failed else 200)

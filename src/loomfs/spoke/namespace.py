@@ -50,6 +50,7 @@ from ..core.streams import ByteSource, clamp_range
 from ..core.types import SPECIAL_KINDS, SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
 from ..errors import (
     AlreadyExists,
+    AuthenticationFailed,
     BackendUnavailable,
     Conflict,
     CorruptData,
@@ -166,6 +167,8 @@ class SpokeNamespace(Namespace):
         self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
         self.seq = 0
         self.online = True
+        #: why the hub, reachable, refuses this site's feed (revoked, say); None while not
+        self.link_error: AuthenticationFailed | None = None
         self._link_retry: Backoff[str] = Backoff(RETRY, RETRY_MAX)  # the feed, the uploads
         self._stuck_retry: Backoff[int] = Backoff(STUCK_RETRY, STUCK_RETRY_MAX)  # by seq
 
@@ -216,6 +219,7 @@ class SpokeNamespace(Namespace):
             try:
                 feed = await self.hub.changes(self.seq, 1000, wait=wait, ack=self.seq)
             except LoomError as exc:  # say a hub shutting down: the lease lapses meanwhile
+                self.link_error = exc if isinstance(exc, AuthenticationFailed) else None
                 if isinstance(exc, BackendUnavailable):
                     self._set_online(False)
                 elif not self._link_retry.failures("feed"):  # once, not at every retry
@@ -223,6 +227,7 @@ class SpokeNamespace(Namespace):
                 await asyncio.sleep(self._link_retry.failed("feed", exc))
                 continue
             self._link_retry.succeeded("feed")
+            self.link_error = None
             self._set_online(True)
             for change in feed.changes:
                 self.apply_change(change)

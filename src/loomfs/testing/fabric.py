@@ -18,7 +18,7 @@ from aiohttp import web
 from ..config import Config
 from ..core.sites import SiteRegistry
 from ..fabric.identity import SiteIdentity
-from ..fabric.server import TlsSite
+from ..fabric.server import FabricServer, TlsSite
 from ..rest.client import RestNamespace
 from ..service import HubService
 from ..spoke.cache import Cache
@@ -40,6 +40,7 @@ class Fabric:
     spokes: dict[str, SpokeNamespace] = field(default_factory=dict)
     ciphers: dict[str, BlockCipher] = field(default_factory=dict)  # spokes sealing their cache
     runner: web.AppRunner | None = None
+    server: FabricServer | None = None  # the hub's end of the links, while it serves
 
     @property
     def first(self) -> str:
@@ -80,7 +81,7 @@ class Fabric:
         """Serve the fabric link on ``port`` (0: a free one, remembered), as a hub
         process serves it (placement policies, ACL rules, audit when the hub has a log)."""
         trusted = {n: i.cert_pem for n, i in self.ids.items()}
-        server = self.hub.fabric_server(self.hub_id, trusted)
+        self.server = server = self.hub.fabric_server(self.hub_id, trusted)
         self.runner = web.AppRunner(server.app())
         await self.runner.setup()
         site = TlsSite(self.runner, "127.0.0.1", self.port, ssl_context=server.ssl_context())
