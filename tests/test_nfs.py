@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from loomfs.config import NfsExport
 from loomfs.core.acl import ANONYMOUS, AclStore
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
@@ -268,6 +270,13 @@ def test_a_user_the_acl_denies_gets_acces_and_no_bytes(site: Site) -> None:
     rows = recorded()
     assert rows and {r["protocol"] for r in rows} == {"nfs"}
     assert any(r["path"] == "/data/secret/s.txt" for r in rows)
+
+
+def test_export_clients_must_be_addresses_or_networks() -> None:
+    assert NfsExport(clients=["10.0.0.0/8", "::1", "192.168.1.7"]).clients[2] == "192.168.1.7"
+    for wrong in ("10.0.0.300/8", "hub.example", ""):
+        with pytest.raises(ValidationError, match="not an address or network"):
+            NfsExport(clients=[wrong])
 
 
 def _export(squash: str, anonymous: bool = False) -> Export:

@@ -11,6 +11,7 @@ the better place for it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -271,6 +272,16 @@ class NfsExport(_Section):
     squash: Literal["root", "all", "none"] = "root"
     #: AUTH_NONE calls are served (as the anonymous user); false: AUTH_SYS only
     anonymous: bool = False
+
+    @field_validator("clients")
+    @classmethod
+    def _networks(cls, clients: list[str]) -> list[str]:
+        for client in clients:
+            try:
+                ipaddress.ip_network(client, strict=False)
+            except ValueError:
+                raise ValueError(f"not an address or network: {client!r}") from None
+        return clients
 
 
 class NfsSection(_Section):
