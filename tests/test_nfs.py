@@ -353,6 +353,15 @@ def test_unknown_programs_versions_and_procedures_are_clean_rpc_errors(site: Sit
             old = await c.call(NFS_PROGRAM, 3, 0, rpcvers=3)
             assert (old.accepted, old.stat) == (False, RPC_MISMATCH)
             assert (await c.call(NFS_PROGRAM, 3, GETATTR, b"\0\0")).stat == GARBAGE_ARGS
+            # a call in several fragments is one record
+            _, header = c.header(NFS_PROGRAM, 3, 0)
+            whole = header.value()
+            await c.send_raw(len(whole[:10]).to_bytes(4, "big") + whole[:10])
+            await c.send_raw(record(whole[10:]))
+            reply = await c.receive()
+            assert reply is not None
+            # REPLY, MSG_ACCEPTED, an empty AUTH_NONE verifier, SUCCESS
+            assert reply[4:] == bytes.fromhex("00000001" + "00000000" * 4)
             root = await c.mount("/data")
         async with site.client(uid=None) as anonymous:  # AUTH_NONE: the export allows none
             assert (await anonymous.call(NFS_PROGRAM, 3, 0)).stat == SUCCESS  # NULL: no one
