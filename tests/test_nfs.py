@@ -33,6 +33,7 @@ from loomfs.core.users import UserRegistry
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.nfs import errors as e
+from loomfs.protocols.nfs import pmap
 from loomfs.protocols.nfs.rpc import (
     AUTH_ERROR,
     AUTH_TOOWEAK,
@@ -46,11 +47,19 @@ from loomfs.protocols.nfs.rpc import (
     RpcDenied,
     record,
 )
-from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM, Export, principal_of
+from loomfs.protocols.nfs.server import (
+    MOUNT_PROGRAM,
+    NFS_PROGRAM,
+    PROGRAMS,
+    Export,
+    principal_of,
+)
 from loomfs.protocols.nfs.xdr import Packer
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
+from loomfs.testing.loop import LoopThread
 from loomfs.testing.nfs import (
+    FakePortmapper,
     RpcClient,
     diropargs,
     fattr,
@@ -62,6 +71,7 @@ from loomfs.testing.nfs import (
     sattr,
     wcc,
 )
+from loomfs.testing.ports import free_port
 
 MANY = 300  # files in one directory: more than one READDIRPLUS reply of libnfs's size
 GETATTR, SETATTR, LOOKUP, ACCESS, READLINK, READ, WRITE, CREATE = 1, 2, 3, 4, 5, 6, 7, 8
@@ -917,3 +927,18 @@ def test_serve_nfs_command(tmp_path: Path) -> None:
 
         assert asyncio.run(null()) == SUCCESS
     assert (tmp_path / "site" / "nfs" / "handle.key").stat().st_mode & 0o077 == 0
+
+
+def test_the_server_registers_with_a_portmapper_and_leaves_it_at_stop(tmp_path: Path) -> None:
+    with LoopThread() as loop:
+        portmapper = FakePortmapper()
+        pmap_port = loop.run(portmapper.start())
+        portmapper.mappings[(NFS_PROGRAM, 3, 6)] = 1  # left by an earlier run: replaced
+        env = {"LOOMFS_HUB__LISTEN": "127.0.0.1:0", "LOOMFS_NFS__RPCBIND": f"127.0.0.1:{pmap_port}"}
+        with ServeNfs(tmp_path / "site", env) as served:
+            port = int(served.urls["nfs"].rpartition(":")[2])
+            assert portmapper.mappings == {(NFS_PROGRAM, 3, 6): port, (MOUNT_PROGRAM, 3, 6): port}
+        assert portmapper.mappings == {}
+        loop.run(portmapper.stop())
+    # no portmapper there: the server says so and serves on
+    assert asyncio.run(pmap.register(("127.0.0.1", free_port()), PROGRAMS, 2049)) is False

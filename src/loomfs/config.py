@@ -293,6 +293,9 @@ class NfsSection(_Section):
     uid_map: dict[int, str] = {}
     #: seconds after its last write that an uncommitted (UNSTABLE) write is committed
     commit_delay: float = Field(default=2.0, gt=0)
+    #: HOST:PORT of a portmapper to register NFS and MOUNT with ("127.0.0.1:111" for the
+    #: local rpcbind), for clients that are not given the port; unset: none
+    rpcbind: str | None = None
 
 
 class Config(_Section):

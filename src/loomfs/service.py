@@ -500,6 +500,7 @@ def nfs_listeners(
         site=config.site.name,
         commit_delay=nfs.commit_delay,
         gate=gate,
+        rpcbind=host_port(nfs.rpcbind, "nfs.rpcbind") if nfs.rpcbind else None,
     )
     return [SocketListener("nfs", "nfs", server, host_port(nfs.listen, "nfs.listen"))]
 

@@ -40,6 +40,7 @@ from ...errors import (
 )
 from ...namespace.base import Namespace
 from . import errors as e
+from . import pmap
 from .errors import NfsError, to_nfsstat
 from .handles import HandleTable, export_id
 from .rpc import AUTH_NONE, AUTH_SYS, AuthSys, Call, Program, RpcDenied, RpcServer
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 REQUESTS = Counter("loomfs_nfs_requests_total", "NFS requests", ["op", "status"])
 
 MOUNT_PROGRAM, NFS_PROGRAM = 100005, 100003
+PROGRAMS = ((NFS_PROGRAM, 3), (MOUNT_PROGRAM, 3))
 FHSIZE3 = 64
 MNTPATHLEN, NAME_MAX = 1024, 255
 MAX_IO = 1 << 20  # FSINFO's rtmax and wtmax
@@ -256,7 +258,8 @@ def nfs_procedure(fail_words: int) -> Callable[[Handler], Handler]:
 
 class NfsServer:
     """NFSv3 and MOUNT v3 on one port over ``ns`` (the governed namespace; ``gate``: the
-    same, where it can answer ACCESS ahead of the calls)."""
+    same, where it can answer ACCESS ahead of the calls; ``rpcbind``: the portmapper to
+    register with)."""
 
     def __init__(
         self,
@@ -269,9 +272,12 @@ class NfsServer:
         site: str = "local",
         commit_delay: float = 2.0,
         gate: AccessGate | None = None,
+        rpcbind: tuple[str, int] | None = None,
     ) -> None:
         self.ns = ns
         self.gate = gate
+        self.rpcbind = rpcbind
+        self._registered = False
         self.site = site
         self.uid_map = dict(uid_map or {})
         self.exports: dict[int, Export] = {}
@@ -309,9 +315,14 @@ class NfsServer:
         self.rpc = RpcServer([Program(NFS_PROGRAM, 3, nfs), Program(MOUNT_PROGRAM, 3, mount)])
 
     async def start(self, host: str, port: int) -> int:
-        return await self.rpc.start(host, port)
+        bound = await self.rpc.start(host, port)
+        if self.rpcbind is not None:
+            self._registered = await pmap.register(self.rpcbind, PROGRAMS, bound)
+        return bound
 
     async def stop(self) -> None:
+        if self.rpcbind is not None and self._registered:
+            await pmap.unregister(self.rpcbind, PROGRAMS)
         await self.rpc.stop()
         await self.spools.close()
         self.handles.close()
