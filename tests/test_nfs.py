@@ -699,6 +699,37 @@ def test_writes_anywhere_then_commit_are_the_file_a_local_disk_would_hold(
     assert path.read_bytes() == bytes(model)
 
 
+def test_concurrent_stable_writes_to_one_new_file_all_land(site: Site) -> None:
+    """Writes racing each other's commits (each FILE_SYNC write commits the file): none is
+    lost to a spool started from what the file was before another's commit."""
+    parts = [bytes([65 + i]) * (1000 + i) for i in range(4)]
+    offsets = [sum(len(p) for p in parts[:i]) for i in range(len(parts))]
+
+    async def race() -> None:
+        clients = [site.client() for _ in parts]
+        for c in clients:
+            await c.__aenter__()
+        try:
+            root = await clients[0].mount("/data")
+            _, work = await clients[0].lookup(root, "work")
+            assert work is not None
+            for n in range(8):
+                handle = await _create(clients[0], work, f"race{n}.bin")
+                await asyncio.gather(
+                    *(
+                        _write(c, handle, offset, part, FILE_SYNC)
+                        for c, offset, part in zip(clients, offsets, parts, strict=True)
+                    )
+                )
+        finally:
+            for c in clients:
+                await c.__aexit__(None, None, None)
+
+    asyncio.run(race())
+    for n in range(8):
+        assert (site.vol / "work" / f"race{n}.bin").read_bytes() == b"".join(parts)
+
+
 def test_a_change_over_another_protocol_shows_in_attributes_and_reads(site: Site) -> None:
     async def change() -> None:
         rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
