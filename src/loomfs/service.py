@@ -445,7 +445,8 @@ def _listen_addresses(config: Config) -> list[str]:
 
 
 class SocketServer(Protocol):
-    """A server that is not an aiohttp app (SFTP over SSH): bound, then closed."""
+    """A server that is not an aiohttp app (SFTP over SSH, NFS over ONC RPC): bound, then
+    closed."""
 
     async def start(self, host: str, port: int) -> int:
         """Listen (port 0: a free one) and return the bound port."""
@@ -540,16 +541,17 @@ async def serve_until_signal(
             urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
         listening = True
+        # before anyone is told it is ready: a SIGTERM right after must stop it cleanly
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         if ready_file is not None:  # whole or not at all: a watcher may read it at once
             partial = ready_file.with_name(ready_file.name + ".tmp")
             partial.write_text(json.dumps(urls))
             partial.replace(ready_file)
         if local is not None:
             local.record_serving(urls)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         if listening:  # else the error that stopped it says it all
