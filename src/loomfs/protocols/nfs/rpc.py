@@ -145,6 +145,7 @@ class RpcServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            await asyncio.sleep(0)  # a connection accepted just now gets to its task first
         for task in list(self._connections):
             task.cancel()
         for task in list(self._connections):
