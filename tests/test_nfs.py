@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from loomfs.config import NfsExport
 from loomfs.core.acl import ANONYMOUS, AclStore
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
@@ -31,6 +33,7 @@ from loomfs.core.users import UserRegistry
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.nfs import errors as e
+from loomfs.protocols.nfs import pmap
 from loomfs.protocols.nfs.rpc import (
     AUTH_ERROR,
     AUTH_TOOWEAK,
@@ -44,11 +47,19 @@ from loomfs.protocols.nfs.rpc import (
     RpcDenied,
     record,
 )
-from loomfs.protocols.nfs.server import MOUNT_PROGRAM, NFS_PROGRAM, Export, principal_of
+from loomfs.protocols.nfs.server import (
+    MOUNT_PROGRAM,
+    NFS_PROGRAM,
+    PROGRAMS,
+    Export,
+    principal_of,
+)
 from loomfs.protocols.nfs.xdr import Packer
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
+from loomfs.testing.loop import LoopThread
 from loomfs.testing.nfs import (
+    FakePortmapper,
     RpcClient,
     diropargs,
     fattr,
@@ -60,6 +71,7 @@ from loomfs.testing.nfs import (
     sattr,
     wcc,
 )
+from loomfs.testing.ports import free_port
 
 MANY = 300  # files in one directory: more than one READDIRPLUS reply of libnfs's size
 GETATTR, SETATTR, LOOKUP, ACCESS, READLINK, READ, WRITE, CREATE = 1, 2, 3, 4, 5, 6, 7, 8
@@ -270,6 +282,13 @@ def test_a_user_the_acl_denies_gets_acces_and_no_bytes(site: Site) -> None:
     assert any(r["path"] == "/data/secret/s.txt" for r in rows)
 
 
+def test_export_clients_must_be_addresses_or_networks() -> None:
+    assert NfsExport(clients=["10.0.0.0/8", "::1", "192.168.1.7"]).clients[2] == "192.168.1.7"
+    for wrong in ("10.0.0.300/8", "hub.example", ""):
+        with pytest.raises(ValidationError, match="not an address or network"):
+            NfsExport(clients=[wrong])
+
+
 def _export(squash: str, anonymous: bool = False) -> Export:
     return Export("/x", 1, (ipaddress.ip_network("127.0.0.0/8"),), False, squash, anonymous)
 
@@ -344,6 +363,15 @@ def test_unknown_programs_versions_and_procedures_are_clean_rpc_errors(site: Sit
             old = await c.call(NFS_PROGRAM, 3, 0, rpcvers=3)
             assert (old.accepted, old.stat) == (False, RPC_MISMATCH)
             assert (await c.call(NFS_PROGRAM, 3, GETATTR, b"\0\0")).stat == GARBAGE_ARGS
+            # a call in several fragments is one record
+            _, header = c.header(NFS_PROGRAM, 3, 0)
+            whole = header.value()
+            await c.send_raw(len(whole[:10]).to_bytes(4, "big") + whole[:10])
+            await c.send_raw(record(whole[10:]))
+            reply = await c.receive()
+            assert reply is not None
+            # REPLY, MSG_ACCEPTED, an empty AUTH_NONE verifier, SUCCESS
+            assert reply[4:] == bytes.fromhex("00000001" + "00000000" * 4)
             root = await c.mount("/data")
         async with site.client(uid=None) as anonymous:  # AUTH_NONE: the export allows none
             assert (await anonymous.call(NFS_PROGRAM, 3, 0)).stat == SUCCESS  # NULL: no one
@@ -671,6 +699,37 @@ def test_writes_anywhere_then_commit_are_the_file_a_local_disk_would_hold(
     assert path.read_bytes() == bytes(model)
 
 
+def test_concurrent_stable_writes_to_one_new_file_all_land(site: Site) -> None:
+    """Writes racing each other's commits (each FILE_SYNC write commits the file): none is
+    lost to a spool started from what the file was before another's commit."""
+    parts = [bytes([65 + i]) * (1000 + i) for i in range(4)]
+    offsets = [sum(len(p) for p in parts[:i]) for i in range(len(parts))]
+
+    async def race() -> None:
+        clients = [site.client() for _ in parts]
+        for c in clients:
+            await c.__aenter__()
+        try:
+            root = await clients[0].mount("/data")
+            _, work = await clients[0].lookup(root, "work")
+            assert work is not None
+            for n in range(8):
+                handle = await _create(clients[0], work, f"race{n}.bin")
+                await asyncio.gather(
+                    *(
+                        _write(c, handle, offset, part, FILE_SYNC)
+                        for c, offset, part in zip(clients, offsets, parts, strict=True)
+                    )
+                )
+        finally:
+            for c in clients:
+                await c.__aexit__(None, None, None)
+
+    asyncio.run(race())
+    for n in range(8):
+        assert (site.vol / "work" / f"race{n}.bin").read_bytes() == b"".join(parts)
+
+
 def test_a_change_over_another_protocol_shows_in_attributes_and_reads(site: Site) -> None:
     async def change() -> None:
         rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
@@ -899,3 +958,18 @@ def test_serve_nfs_command(tmp_path: Path) -> None:
 
         assert asyncio.run(null()) == SUCCESS
     assert (tmp_path / "site" / "nfs" / "handle.key").stat().st_mode & 0o077 == 0
+
+
+def test_the_server_registers_with_a_portmapper_and_leaves_it_at_stop(tmp_path: Path) -> None:
+    with LoopThread() as loop:
+        portmapper = FakePortmapper()
+        pmap_port = loop.run(portmapper.start())
+        portmapper.mappings[(NFS_PROGRAM, 3, 6)] = 1  # left by an earlier run: replaced
+        env = {"LOOMFS_HUB__LISTEN": "127.0.0.1:0", "LOOMFS_NFS__RPCBIND": f"127.0.0.1:{pmap_port}"}
+        with ServeNfs(tmp_path / "site", env) as served:
+            port = int(served.urls["nfs"].rpartition(":")[2])
+            assert portmapper.mappings == {(NFS_PROGRAM, 3, 6): port, (MOUNT_PROGRAM, 3, 6): port}
+        assert portmapper.mappings == {}
+        loop.run(portmapper.stop())
+    # no portmapper there: the server says so and serves on
+    assert asyncio.run(pmap.register(("127.0.0.1", free_port()), PROGRAMS, 2049)) is False

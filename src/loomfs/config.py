@@ -11,6 +11,7 @@ the better place for it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -293,6 +294,16 @@ class NfsExport(_Section):
     #: AUTH_NONE calls are served (as the anonymous user); false: AUTH_SYS only
     anonymous: bool = False
 
+    @field_validator("clients")
+    @classmethod
+    def _networks(cls, clients: list[str]) -> list[str]:
+        for client in clients:
+            try:
+                ipaddress.ip_network(client, strict=False)
+            except ValueError:
+                raise ValueError(f"not an address or network: {client!r}") from None
+        return clients
+
 
 class NfsSection(_Section):
     #: HOST:PORT of the NFSv3 and MOUNT server (one port, no portmapper); unset = no NFS
@@ -303,6 +314,9 @@ class NfsSection(_Section):
     uid_map: dict[int, str] = {}
     #: seconds after its last write that an uncommitted (UNSTABLE) write is committed
     commit_delay: float = Field(default=2.0, gt=0)
+    #: HOST:PORT of a portmapper to register NFS and MOUNT with ("127.0.0.1:111" for the
+    #: local rpcbind), for clients that are not given the port; unset: none
+    rpcbind: str | None = None
 
 
 class Config(_Section):

@@ -459,7 +459,8 @@ def _listen_addresses(config: Config) -> list[str]:
 
 
 class SocketServer(Protocol):
-    """A server that is not an aiohttp app (SFTP over SSH): bound, then closed."""
+    """A server that is not an aiohttp app (SFTP over SSH, NFS over ONC RPC): bound, then
+    closed."""
 
     async def start(self, host: str, port: int) -> int:
         """Listen (port 0: a free one) and return the bound port."""
@@ -514,6 +515,7 @@ def nfs_listeners(
         site=config.site.name,
         commit_delay=nfs.commit_delay,
         gate=gate,
+        rpcbind=host_port(nfs.rpcbind, "nfs.rpcbind") if nfs.rpcbind else None,
     )
     return [SocketListener("nfs", "nfs", server, host_port(nfs.listen, "nfs.listen"))]
 
@@ -572,16 +574,17 @@ async def serve_until_signal(
             urls[socket.name] = f"{socket.scheme}://{host}:{bound}"
         log.info(f"{what} listening", extra=urls)
         listening = True
+        # before anyone is told it is ready: a SIGTERM right after must stop it cleanly
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         if ready_file is not None:  # whole or not at all: a watcher may read it at once
             partial = ready_file.with_name(ready_file.name + ".tmp")
             partial.write_text(json.dumps(urls))
             partial.replace(ready_file)
         if local is not None:
             local.record_serving(urls)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         if listening:  # else the error that stopped it says it all

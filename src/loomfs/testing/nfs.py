@@ -13,12 +13,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
+from ..protocols.nfs.pmap import PMAP_PROGRAM, PMAP_VERSION, PMAPPROC_SET, PMAPPROC_UNSET
 from ..protocols.nfs.rpc import (
     AUTH_NONE,
     AUTH_SYS,
     CALL,
     MSG_ACCEPTED,
     SUCCESS,
+    Call,
+    Program,
+    RpcServer,
     read_record,
     record,
 )
@@ -241,3 +245,38 @@ def diropargs(directory: bytes, name: str) -> bytes:
     p.opaque(directory)
     p.string(name)
     return p.value()
+
+
+class FakePortmapper:
+    """A portmapper of the test's own on a free loopback port (PMAP v2 SET and UNSET over
+    TCP, as rpcbind takes them): ``mappings`` is what is registered, (program, version,
+    protocol) -> port."""
+
+    def __init__(self) -> None:
+        self.mappings: dict[tuple[int, int, int], int] = {}
+        procedures = {PMAPPROC_SET: self._set, PMAPPROC_UNSET: self._unset}
+        self._server = RpcServer([Program(PMAP_PROGRAM, PMAP_VERSION, procedures)])
+
+    async def start(self) -> int:
+        return await self._server.start("127.0.0.1", 0)
+
+    async def stop(self) -> None:
+        await self._server.stop()
+
+    async def _set(self, call: Call) -> Packer:
+        program, version, protocol, port = (call.args.uint() for _ in range(4))
+        key = (program, version, protocol)
+        taken = key not in self.mappings  # as rpcbind: no second registration
+        if taken:
+            self.mappings[key] = port
+        p = Packer()
+        p.boolean(taken)
+        return p
+
+    async def _unset(self, call: Call) -> Packer:
+        program, version = call.args.uint(), call.args.uint()
+        for key in [k for k in self.mappings if k[:2] == (program, version)]:
+            del self.mappings[key]
+        p = Packer()
+        p.boolean(True)
+        return p

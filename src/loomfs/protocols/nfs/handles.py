@@ -81,12 +81,13 @@ class HandleTable:
 
     # -- handles ---------------------------------------------------------------------------
 
-    def _mac(self, body: bytes) -> bytes:
+    def mac(self, body: bytes) -> bytes:
+        """The server's HMAC of ``body`` (16 bytes): what no client can make up."""
         return hmac.new(self.key, body, hashlib.sha256).digest()[:16]
 
     def encode(self, export: int, object_id: int) -> bytes:
         body = MAGIC + export.to_bytes(4, "big") + object_id.to_bytes(8, "big")
-        return body + self._mac(body)
+        return body + self.mac(body)
 
     def decode(self, handle: bytes) -> tuple[int, int]:
         """(export id, object id) of a handle this server made; BADHANDLE otherwise."""
@@ -94,7 +95,7 @@ class HandleTable:
         if (
             len(handle) != HANDLE_SIZE
             or not handle.startswith(MAGIC)
-            or not hmac.compare_digest(mac, self._mac(body))
+            or not hmac.compare_digest(mac, self.mac(body))
         ):
             raise NfsError(NFS3ERR_BADHANDLE, "not a handle of this server")
         return int.from_bytes(body[2:6], "big"), int.from_bytes(body[6:14], "big")

@@ -30,9 +30,17 @@ from ... import paths
 from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
 from ...core.types import Action, Entry, EntryKind, Principal
-from ...errors import AlreadyExists, Conflict, LoomError, NotFound, PermissionDenied
+from ...errors import (
+    AlreadyExists,
+    ConfigError,
+    Conflict,
+    LoomError,
+    NotFound,
+    PermissionDenied,
+)
 from ...namespace.base import Namespace
 from . import errors as e
+from . import pmap
 from .errors import NfsError, to_nfsstat
 from .handles import HandleTable, export_id
 from .rpc import AUTH_NONE, AUTH_SYS, AuthSys, Call, Program, RpcDenied, RpcServer
@@ -47,10 +55,11 @@ log = logging.getLogger(__name__)
 REQUESTS = Counter("loomfs_nfs_requests_total", "NFS requests", ["op", "status"])
 
 MOUNT_PROGRAM, NFS_PROGRAM = 100005, 100003
+PROGRAMS = ((NFS_PROGRAM, 3), (MOUNT_PROGRAM, 3))
 FHSIZE3 = 64
 MNTPATHLEN, NAME_MAX = 1024, 255
 MAX_IO = 1 << 20  # FSINFO's rtmax and wtmax
-UNSTABLE, DATA_SYNC, FILE_SYNC = 0, 1, 2
+UNSTABLE, FILE_SYNC = 0, 2  # DATA_SYNC (1) is committed and answered as FILE_SYNC
 READ_ATTEMPTS = 3
 #: a READDIR reply's own part: status, directory attributes, verifier, end of list, eof
 LISTING_HEADER = 4 + 88 + 8 + 4 + 4
@@ -66,9 +75,8 @@ _FTYPE = {
     EntryKind.FIFO: 7,
 }
 _MKNOD_BITS = {3: stat_mod.S_IFBLK, 4: stat_mod.S_IFCHR, 6: stat_mod.S_IFSOCK, 7: stat_mod.S_IFIFO}
-ACCESS_READ, ACCESS_LOOKUP, ACCESS_MODIFY = 0x01, 0x02, 0x04
-ACCESS_EXTEND, ACCESS_DELETE, ACCESS_EXECUTE = 0x08, 0x10, 0x20
-_WRITE_ACCESS = ACCESS_MODIFY | ACCESS_EXTEND | ACCESS_DELETE
+ACCESS_READ = 0x01
+_WRITE_ACCESS = 0x04 | 0x08 | 0x10  # ACCESS3_MODIFY, EXTEND and DELETE
 FSF3_LINK, FSF3_SYMLINK, FSF3_HOMOGENEOUS, FSF3_CANSETTIME = 0x1, 0x2, 0x8, 0x10
 
 
@@ -141,7 +149,7 @@ def _time(u: Unpacker) -> int | None:
     if how == 2:
         seconds, nanos = u.uint(), u.uint()
         return seconds * 1_000_000_000 + nanos
-    raise e.NfsError(e.NFS3ERR_INVAL, f"time_how {how}")
+    raise XdrError(f"time_how {how}")
 
 
 def _sattr(u: Unpacker) -> Sattr:
@@ -250,7 +258,8 @@ def nfs_procedure(fail_words: int) -> Callable[[Handler], Handler]:
 
 class NfsServer:
     """NFSv3 and MOUNT v3 on one port over ``ns`` (the governed namespace; ``gate``: the
-    same, where it can answer ACCESS ahead of the calls)."""
+    same, where it can answer ACCESS ahead of the calls; ``rpcbind``: the portmapper to
+    register with)."""
 
     def __init__(
         self,
@@ -263,9 +272,12 @@ class NfsServer:
         site: str = "local",
         commit_delay: float = 2.0,
         gate: AccessGate | None = None,
+        rpcbind: tuple[str, int] | None = None,
     ) -> None:
         self.ns = ns
         self.gate = gate
+        self.rpcbind = rpcbind
+        self._registered = False
         self.site = site
         self.uid_map = dict(uid_map or {})
         self.exports: dict[int, Export] = {}
@@ -279,13 +291,15 @@ class NfsServer:
                 config.squash,
                 config.anonymous,
             )
+            if export.id in self.exports:  # 1 in 2**32 for two paths: say so, never mix them
+                raise ConfigError(f"the exports {path} and {self.exports[export.id].path} clash")
             self.exports[export.id] = export
         self.handles = HandleTable(state_dir)
         self.spools = Spools(ns, spool_dir, commit_delay)
         #: a new one each start: clients resend the UNSTABLE writes of an earlier one
         self.write_verifier = secrets.token_bytes(8)
         #: READDIR cookies are object ids, which outlive restarts; so does this
-        self.cookie_verifier = self.handles._mac(b"cookies")[:8]
+        self.cookie_verifier = self.handles.mac(b"cookies")[:8]
         self.mounts: set[tuple[str, str]] = set()
         nfs = {
             0: self.null, 1: self.getattr, 2: self.setattr, 3: self.lookup, 4: self.access,
@@ -301,9 +315,14 @@ class NfsServer:
         self.rpc = RpcServer([Program(NFS_PROGRAM, 3, nfs), Program(MOUNT_PROGRAM, 3, mount)])
 
     async def start(self, host: str, port: int) -> int:
-        return await self.rpc.start(host, port)
+        bound = await self.rpc.start(host, port)
+        if self.rpcbind is not None:
+            self._registered = await pmap.register(self.rpcbind, PROGRAMS, bound)
+        return bound
 
     async def stop(self) -> None:
+        if self.rpcbind is not None and self._registered:
+            await pmap.unregister(self.rpcbind, PROGRAMS)
         await self.rpc.stop()
         await self.spools.close()
         self.handles.close()
@@ -583,7 +602,9 @@ class NfsServer:
         target, who = self._args(call)
         offset, count, stable = call.args.uhyper(), call.args.uint(), call.args.uint()
         data = call.args.view(MAX_IO)
-        if count != len(data) or stable > FILE_SYNC:
+        if stable > FILE_SYNC:
+            raise XdrError(f"stable_how {stable}")
+        if count != len(data):
             raise NfsError(e.NFS3ERR_INVAL, "the count is not the data's length")
         self._writable(target)
         before = await self._stat(who, target)
@@ -647,7 +668,7 @@ class NfsServer:
         elif how == 2:
             verifier = call.args.fixed(8)
         else:
-            raise NfsError(e.NFS3ERR_INVAL, f"createmode {how}")
+            raise XdrError(f"createmode {how}")
         before = await self._directory(who, target)
         path = paths.join(target.path, _check_name(name))
         mode = 0o644 if s.mode is None else s.mode

@@ -4,11 +4,12 @@ NFS has no open or close, and the namespace writes whole files atomically, so th
 a file go into a local spool file (unlinked at once: a crash leaves nothing behind), which
 starts as a copy of the file's current content. ``commit`` writes the spool to the namespace
 as one new version: readers over every protocol see the old or the new file, never a part.
-That happens on
-COMMIT, before a FILE_SYNC or DATA_SYNC write is answered, and ``delay`` seconds after the
-last write of a spool nobody commits. A committed spool stays as the clean copy of the
-version it made, so the next writes of a large file do not copy it again; it is dropped
-once idle.
+That happens on COMMIT, before a FILE_SYNC or DATA_SYNC write is answered, and ``delay``
+seconds after the last write of a spool nobody commits. A committed spool of a large file
+stays as the clean copy of the version it made, so the file's next writes do not copy it
+again, until it is idle; a small one is let go at once, so many small files hold no
+descriptors. A spool always starts from the file as it is then, never from a version its
+write saw earlier, so no write is lost to a commit that landed in between.
 
 A commit that fails after its writes were answered (the idle commit, say) is kept and
 answered to the file's next WRITE or COMMIT, so a client never hears that uncommitted
@@ -23,6 +24,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from ... import paths
@@ -33,9 +35,12 @@ from ...namespace.base import Namespace
 
 log = logging.getLogger(__name__)
 
+#: a committed spool at least this large stays as the clean copy of its version for a while
+KEEP_CLEAN = 8 << 20
+
 
 class Spool:
-    def __init__(self, object_id: int, path: str, fd: int, version: int | None) -> None:
+    def __init__(self, object_id: int, path: str, fd: int, version: int) -> None:
         self.object_id = object_id
         self.path = path
         self.fd = fd
@@ -74,43 +79,61 @@ class Spools:
         if failed is not None:
             raise failed
 
-    async def _open(self, who: Principal, object_id: int, entry: Entry) -> Spool:
+    async def _open(self, who: Principal, object_id: int, path: str, entry: Entry | None) -> Spool:
+        """The file's spool, made where there is none; ``entry``: the file as its caller
+        just found it (None: as it is now, whatever the caller saw)."""
         spool = self._spools.get(object_id)
-        if spool is not None and (spool.dirty or spool.version == entry.version):
-            spool.path = entry.path
+        # versions only grow: a clean copy at least as new as what the caller saw is current
+        # (the caller's look may predate a commit of this server's)
+        current = entry is None or (spool is not None and spool.version >= entry.version)
+        if spool is not None and (spool.dirty or current):
             return spool
         if spool is not None:  # a clean copy of a version that is no longer the file's
             self._drop(spool)
         task = self._opening.get(object_id)
         if task is None:
-            task = self._opening[object_id] = asyncio.create_task(self._fill(who, object_id, entry))
+            task = self._opening[object_id] = asyncio.create_task(self._fill(who, object_id, path))
             task.add_done_callback(lambda _: self._opening.pop(object_id, None))
         return await asyncio.shield(task)
 
-    async def _fill(self, who: Principal, object_id: int, entry: Entry) -> Spool:
+    async def _fill(self, who: Principal, object_id: int, path: str) -> Spool:
         try:
-            fd, _ = tempfile.mkstemp(dir=self.directory, prefix="nfs-")
+            fd, name = tempfile.mkstemp(dir=self.directory, prefix="nfs-")
         except OSError as exc:
-            raise from_oserror(exc, entry.path, disk=f"the NFS spool {self.directory}") from exc
-        os.unlink(_)
+            raise from_oserror(exc, path, disk=f"the NFS spool {self.directory}") from exc
+        os.unlink(name)
         try:
-            if entry.size:
-                async with await self.ns.read_entry(who, entry) as reader:
-                    pos = 0
-                    async for chunk in reader.chunks():
-                        pos += await asyncio.to_thread(os.pwrite, fd, chunk, pos)
+            # the file as it is now, not as the caller saw it: a commit may have come between
+            async with await self.ns.read(who, path) as reader:
+                version, pos = reader.entry.version, 0
+                async for chunk in reader.chunks():
+                    pos += await asyncio.to_thread(os.pwrite, fd, chunk, pos)
         except BaseException:
             os.close(fd)
             raise
-        spool = self._spools[object_id] = Spool(object_id, entry.path, fd, entry.version)
+        spool = self._spools[object_id] = Spool(object_id, path, fd, version)
         return spool
+
+    @contextlib.asynccontextmanager
+    async def _held(self, who: Principal, object_id: int, entry: Entry) -> AsyncIterator[Spool]:
+        """The file's spool, locked."""
+        seen: Entry | None = entry
+        while True:
+            spool = await self._open(who, object_id, entry.path, seen)
+            async with spool.lock:
+                if spool.fd >= 0:
+                    spool.path = entry.path
+                    yield spool
+                    return
+            # committed and let go while this call waited: the next spool starts from the
+            # file with that commit, whatever ``entry`` says
+            seen = None
 
     async def write(
         self, who: Principal, object_id: int, entry: Entry, offset: int, data: memoryview
     ) -> Spool:
         self.failure(object_id)
-        spool = await self._open(who, object_id, entry)
-        async with spool.lock:
+        async with self._held(who, object_id, entry) as spool:
             try:
                 os.pwrite(spool.fd, data, offset)
             except OSError as exc:
@@ -122,8 +145,7 @@ class Spools:
     async def truncate(self, who: Principal, object_id: int, entry: Entry, size: int) -> Entry:
         """Set the file's size and commit it (SETATTR is synchronous)."""
         self.failure(object_id)
-        spool = await self._open(who, object_id, entry)
-        async with spool.lock:
+        async with self._held(who, object_id, entry) as spool:
             os.ftruncate(spool.fd, size)
             spool.dirty, spool.who = True, who
         committed = await self.commit(object_id)
@@ -171,6 +193,8 @@ class Spools:
             # a failure leaves the spool dirty: the client's next COMMIT tries again
             entry = await self.ns.write(spool.who, spool.path, LocalFile(spool.fd))
             spool.dirty, spool.version = False, entry.version
+            if spool.size < KEEP_CLEAN:  # cheap to copy again: no descriptor held for it
+                self._drop(spool)
             return entry
 
     async def commit_within(self, top: str) -> None:
