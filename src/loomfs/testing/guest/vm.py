@@ -287,9 +287,9 @@ class Guest:
         result = GuestResult(_exit_status(log), _read(output), log, seconds)
         initrd.unlink()
         if result.rc < 0 or (check and result.rc != 0):
+            what = f"exited with {result.rc}" if result.rc >= 0 else "reported no exit status"
             raise GuestError(
-                f"guest script exited with {result.rc} after {seconds:.0f} s (-1: no status; "
-                f"timeout or crash); qemu: {qemu_said.strip()}\n"
+                f"guest script {what} after {seconds:.0f} s; qemu: {qemu_said.strip()}\n"
                 f"--- output:\n{_tail(result.output)}\n--- console:\n{_tail(log)}"
             )
         return result
