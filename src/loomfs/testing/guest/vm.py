@@ -158,7 +158,8 @@ class Guest:
 
     def stop(self, proc: subprocess.Popen[bytes], how: int = signal.SIGTERM) -> None:
         stop_process(proc, how=how)
-        self._procs.remove(proc)
+        if proc in self._procs:
+            self._procs.remove(proc)
 
     def path(self, path: str) -> Path:
         """Where the namespace's ``path`` (in its private /run) is seen from the host."""
@@ -244,6 +245,8 @@ class Guest:
         ``share`` is this machine's directory seen at ``/host`` in the guest (9p); the
         script also finds ``$HOST_IP``, ``$GUEST_IP`` and ``env`` in its environment.
         With ``check``, a non-zero exit status raises ``GuestError`` with the output.
+        It blocks: to act on the host while the guest runs, call it on another thread
+        and keep in step through files in the share (9p sees them at once).
         """
         job = self._tmp / f"job-{secrets.token_hex(4)}"
         job.mkdir()
