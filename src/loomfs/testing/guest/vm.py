@@ -166,9 +166,10 @@ class Guest:
         assert self._holder is not None, "use the guest as a context manager"
         return Path(f"/proc/{self._holder.pid}/root") / path.lstrip("/")
 
-    def _in_netns(self, make: Callable[[], T]) -> T:
+    def in_netns(self, make: Callable[[], T]) -> T:
         """``make()`` called on a thread that joined the namespace: sockets it creates
-        live there for good, while this process stays where it was."""
+        live there for good (a listener, a client of the namespace's rpcbind), while this
+        process stays where it was."""
         result: list[T] = []
         failure: list[BaseException] = []
 
@@ -203,7 +204,7 @@ class Guest:
             sock.listen(64)
             return sock
 
-        return self._in_netns(make)
+        return self.in_netns(make)
 
     def wait_for_port(
         self,
@@ -222,7 +223,7 @@ class Guest:
                 return sock.connect_ex(address) == 0
 
         deadline = time.monotonic() + timeout
-        while not self._in_netns(accepts):
+        while not self.in_netns(accepts):
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before listening")
             if time.monotonic() > deadline:
