@@ -65,8 +65,8 @@ class Guest:
     """The namespace, its servers and the guest booted in it; a context manager.
 
     ``host_ip`` is the host's address in the namespace (servers bind there), ``guest_ip``
-    the guest's; both are in a random 10.x.y.0/24, so two guests on one machine never
-    share a subnet even in their logs.
+    the guest's, in a random 10.x.y.0/24: each namespace is private, so two guests that
+    drew the same subnet still do not clash, and the draw keeps their logs apart.
     """
 
     def __init__(
@@ -87,13 +87,14 @@ class Guest:
         subnet = f"10.{random.randint(64, 250)}.{random.randint(1, 254)}"
         self.host_ip = f"{subnet}.1"
         self.guest_ip = f"{subnet}.2"
-        self._tmp = Path(tempfile.mkdtemp(prefix="loomfs-guest-"))
+        self._tmp: Path | None = None  # the jobs' files, made on entry
         self._holder: subprocess.Popen[bytes] | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Self:
         _ip("netns", "add", self.netns)
         try:
+            self._tmp = Path(tempfile.mkdtemp(prefix="loomfs-guest-"))
             _ip("-n", self.netns, "link", "set", "lo", "up")
             _ip("-n", self.netns, "tuntap", "add", "dev", "tap0", "mode", "tap")
             _ip("-n", self.netns, "addr", "add", f"{self.host_ip}/24", "dev", "tap0")
@@ -131,7 +132,8 @@ class Guest:
             if self._holder.stdout is not None:
                 self._holder.stdout.close()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     # ------------------------------------------------------------ servers in the namespace
 
@@ -249,6 +251,7 @@ class Guest:
         It blocks: to act on the host while the guest runs, call it on another thread
         and keep in step through files in the share (9p sees them at once).
         """
+        assert self._tmp is not None, "use the guest as a context manager"
         job = self._tmp / f"job-{secrets.token_hex(4)}"
         job.mkdir()
         variables = {"HOST_IP": self.host_ip, "GUEST_IP": self.guest_ip, **(env or {})}
