@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -45,6 +46,40 @@ def test_cpio_archive_unpacks_to_the_same_files(files: dict[str, bytes], prefix:
 def _namespaces() -> str:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     return listed.stdout
+
+
+_ABANDONED = """
+import time
+from loomfs.testing.guest import Guest
+with Guest() as guest:
+    server = guest.popen(["sleep", "1000"])
+    print(guest.netns, guest.workdir, server.pid, flush=True)
+    time.sleep(1000)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_what_a_killed_process_left_behind_is_swept_by_the_next_guest() -> None:
+    owner = subprocess.Popen([sys.executable, "-c", _ABANDONED], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    netns, workdir, pid = owner.stdout.readline().split()
+    owner.kill()
+    owner.wait()
+    owner.stdout.close()
+    assert netns in _namespaces()
+    assert _running(int(pid))
+    with Guest():
+        pass
+    assert netns not in _namespaces()
+    assert not Path(workdir).exists()
+    assert not _running(int(pid))
 
 
 def test_guest_reports_its_status_and_works_with_the_host_while_it_runs(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ class _Server:
 
     def __init__(self, guest: Guest, prefix: str) -> None:
         self.guest = guest
-        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix, dir=guest.workdir))
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def _start(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:

@@ -12,6 +12,7 @@ every process started in it has been stopped by its own pid.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -57,6 +58,39 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
+def _ip_output(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=False).stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
+
+
+def _sweep() -> None:
+    """Take down what guests of processes that died without cleaning up (SIGKILL, or a
+    SIGTERM, which skips ``__exit__``) left behind: their namespaces, what still runs in
+    them (by pid) and their files. A namespace is a guest's by its name, which carries
+    its creator's pid; a live creator's is left alone."""
+    for line in _ip_output("netns", "list").splitlines():
+        name = line.split(" ", 1)[0]
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "loomfs" or not parts[1].isdigit():
+            continue
+        if _alive(int(parts[1])):
+            continue
+        for pid in _ip_output("netns", "pids", name).split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        _ip_output("netns", "del", name)
+        shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
+
+
 def _tail(text: str, limit: int = 6000) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
@@ -87,14 +121,16 @@ class Guest:
         subnet = f"10.{random.randint(64, 250)}.{random.randint(1, 254)}"
         self.host_ip = f"{subnet}.1"
         self.guest_ip = f"{subnet}.2"
-        self._tmp: Path | None = None  # the jobs' files, made on entry
+        #: the jobs' and servers' files, named like the namespace (a sweep finds both)
+        self.workdir = Path(tempfile.gettempdir()) / self.netns
         self._holder: subprocess.Popen[bytes] | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Self:
+        _sweep()
         _ip("netns", "add", self.netns)
         try:
-            self._tmp = Path(tempfile.mkdtemp(prefix="loomfs-guest-"))
+            self.workdir.mkdir(mode=0o700)
             _ip("-n", self.netns, "link", "set", "lo", "up")
             _ip("-n", self.netns, "tuntap", "add", "dev", "tap0", "mode", "tap")
             _ip("-n", self.netns, "addr", "add", f"{self.host_ip}/24", "dev", "tap0")
@@ -132,8 +168,7 @@ class Guest:
             if self._holder.stdout is not None:
                 self._holder.stdout.close()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ------------------------------------------------------------ servers in the namespace
 
@@ -251,8 +286,7 @@ class Guest:
         It blocks: to act on the host while the guest runs, call it on another thread
         and keep in step through files in the share (9p sees them at once).
         """
-        assert self._tmp is not None, "use the guest as a context manager"
-        job = self._tmp / f"job-{secrets.token_hex(4)}"
+        job = self.workdir / f"job-{secrets.token_hex(4)}"
         job.mkdir()
         variables = {"HOST_IP": self.host_ip, "GUEST_IP": self.guest_ip, **(env or {})}
         if share is not None:
