@@ -29,10 +29,13 @@ _FAILED = re.compile(r"^(\S+\.t)\s+\(Wstat: (\d+).*?Tests: (\d+) Failed: (\d+)\)
 _TOTAL = re.compile(r"^Files=(\d+), Tests=(\d+)")
 
 
-def build(source: Path, scratch: Path) -> Path:
+def build(source: Path, scratch: Path, *, static: bool = False) -> Path:
+    """pjdfstest built in ``scratch``; ``static`` for a machine without this one's libc
+    (bench/pjdfstest_nfs.py's guest)."""
     tree = scratch / "pjdfstest"
     shutil.copytree(source, tree, ignore=shutil.ignore_patterns(".git"))
-    for step in (["autoreconf", "-ifs"], ["./configure"], ["make", "pjdfstest"]):
+    configure = ["./configure", *(["LDFLAGS=-static"] if static else [])]
+    for step in (["autoreconf", "-ifs"], configure, ["make", "pjdfstest"]):
         subprocess.run(step, cwd=tree, check=True, capture_output=True)
     return tree
 

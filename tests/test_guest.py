@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,27 +48,71 @@ def _namespaces() -> str:
     return listed.stdout
 
 
-def test_guest_reports_its_status_and_reaches_a_server_in_this_process(tmp_path: Path) -> None:
-    with Guest() as guest:
+_ABANDONED = """
+import time
+from loomfs.testing.guest import Guest
+with Guest() as guest:
+    server = guest.popen(["sleep", "1000"])
+    print(guest.netns, guest.workdir, server.pid, flush=True)
+    time.sleep(1000)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_what_a_killed_process_left_behind_is_swept_by_the_next_guest() -> None:
+    owner = subprocess.Popen([sys.executable, "-c", _ABANDONED], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    netns, workdir, pid = owner.stdout.readline().split()
+    owner.kill()
+    owner.wait()
+    owner.stdout.close()
+    assert netns in _namespaces()
+    assert _running(int(pid))
+    with Guest():
+        pass
+    assert netns not in _namespaces()
+    assert not Path(workdir).exists()
+    assert not _running(int(pid))
+
+
+def test_guest_reports_its_status_and_works_with_the_host_while_it_runs(tmp_path: Path) -> None:
+    script = """nc $HOST_IP $PORT
+echo ready > /host/ready
+while [ ! -e /host/go ]; do sleep 0.1; done
+cat /host/go
+uname -r > /host/kernel
+echo 'half a line'
+exit 7
+"""
+    with Guest() as guest, ThreadPoolExecutor(1) as pool:
         listener = guest.listen()
-        port = listener.getsockname()[1]
 
         def serve() -> None:
             connection, _ = listener.accept()
             with connection:
-                connection.sendall(b"from the host\n")
+                connection.sendall(b"from a server in this process\n")
 
-        server = threading.Thread(target=serve, daemon=True)
-        server.start()
-        script = f"nc $HOST_IP {port}; uname -r > /host/kernel; echo 'half a line'; exit 7"
-        result = guest.run(script, share=tmp_path, check=False)
-        server.join()
+        threading.Thread(target=serve, daemon=True).start()
+        port = str(listener.getsockname()[1])
+        running = pool.submit(guest.run, script, share=tmp_path, env={"PORT": port}, check=False)
+        # the host acts while the guest runs, in step through files in the share
+        while not (tmp_path / "ready").exists() and not running.done():
+            time.sleep(0.05)
+        (tmp_path / "go.part").write_text("go on\n")
+        (tmp_path / "go.part").rename(tmp_path / "go")
+        result = running.result()
         listener.close()
-        netns = guest.netns
     assert result.rc == 7
-    assert result.output.splitlines() == ["from the host", "half a line"]
+    assert result.output.splitlines() == ["from a server in this process", "go on", "half a line"]
     assert (tmp_path / "kernel").read_text().strip() == guest.image.kernel_version
-    assert netns not in _namespaces()
+    assert guest.netns not in _namespaces()
 
 
 def test_ganesha_nfsv3_with_the_seed_options(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ reference servers (``servers``); ``Workout`` is the everyday-operations run (``w
         result = guest.run(f"{nfs.export.mount('/mnt')} && ls -l /mnt", share=some_dir)
 """
 
-from .servers import SEED_NFS_OPTIONS, Ganesha, NfsExport, Samba, SmbShare
+from .servers import SEED_NFS_OPTIONS, Ganesha, NfsExport, Samba, SmbShare, start_rpcbind
 from .vm import Guest, GuestError, GuestResult
 from .workout import Node, Tree, Workout, snapshot
 
@@ -27,4 +27,5 @@ __all__ = [
     "Tree",
     "Workout",
     "snapshot",
+    "start_rpcbind",
 ]

@@ -5,7 +5,8 @@ download`` and unpacked with ``dpkg-deb -x``, never installed. The initramfs hol
 busybox, the modules for virtio, NFS, SMB and 9p (with their dependencies, as ``modprobe``
 resolves them) and an ``init`` that brings the network up, runs the job's script and
 powers off. Both are built once per machine into a cache directory keyed by the kernel
-package's version, so only the first guest on a machine pays the ~30-40 s of setup.
+package's version, so only the first guest on a machine pays the ~30-40 s of setup (an
+initramfs is rebuilt, from the kept package, when what goes into it changes).
 """
 
 from __future__ import annotations
@@ -94,26 +95,20 @@ def _static_busybox() -> Path:
 def _kernel_package() -> tuple[str, str]:
     """The versioned package the metapackage depends on now, and its version."""
     require("apt-cache", "apt-get", "dpkg-deb", hint="the guest kernel comes from Debian's apt")
-    depends = subprocess.run(
-        ["apt-cache", "depends", KERNEL_PACKAGE], capture_output=True, text=True, check=False
-    ).stdout
-    names = [
-        line.split()[1]
-        for line in depends.splitlines()
-        if line.strip().startswith("Depends: linux-image-")
-    ]
-    if not names:
-        raise RuntimeError(
-            f"apt knows no {KERNEL_PACKAGE}: run `apt-get update` (Debian 12 sources needed)"
-        )
-    show = subprocess.run(
-        ["apt-cache", "show", "--no-all-versions", names[0]],
+    shown = subprocess.run(
+        ["apt-cache", "show", "--no-all-versions", KERNEL_PACKAGE],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
-    versions = [line.split()[1] for line in show.splitlines() if line.startswith("Version: ")]
-    return names[0], versions[0] if versions else "unknown"
+    # "Depends: linux-image-6.1.0-57-amd64 (= 6.1.192-3)"
+    for line in shown.splitlines():
+        if line.startswith("Depends: linux-image-") and "(= " in line:
+            name, version = line.removeprefix("Depends: ").split(",")[0].split(" (= ")
+            return name, version.rstrip(")")
+    raise RuntimeError(
+        f"apt knows no {KERNEL_PACKAGE}: run `apt-get update` (Debian 12 sources needed)"
+    )
 
 
 @contextlib.contextmanager
@@ -129,11 +124,19 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def boot_image(cache: Path | None = None) -> BootImage:
-    """The cached boot image for the current Debian kernel, built first if need be."""
+    """The cached boot image, for Debian's current kernel when nothing is cached yet."""
     require("qemu-system-x86_64", "modprobe", "depmod")
     busybox = _static_busybox()
-    package, version = _kernel_package()
-    base = (cache or cache_root()) / f"{package}_{version}"
+    root = cache or cache_root()
+    # a kernel once downloaded stays the guests' kernel (asking apt costs seconds per
+    # guest, and tests keep one kernel); emptying the cache moves to Debian's current one
+    downloaded = sorted(root.glob("linux-image-*/kernel.deb"), key=lambda deb: deb.stat().st_mtime)
+    if downloaded:
+        base = downloaded[-1].parent
+        package = base.name.split("_", 1)[0]
+    else:
+        package, version = _kernel_package()
+        base = root / f"{package}_{version}"
     contents = hashlib.sha256(INIT.encode() + " ".join(MODULES).encode() + busybox.read_bytes())
     initramfs = base / f"initramfs-{contents.hexdigest()[:12]}.cpio"
     vmlinux = base / "vmlinux"

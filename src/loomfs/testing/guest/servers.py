@@ -4,7 +4,8 @@
 kernel mounts it, so one guest script runs against nfs-ganesha, Samba or loomfs alike.
 ``Ganesha`` (Debian's nfs-ganesha, VFS FSAL, with an rpcbind it registers with) and
 ``Samba`` (plain smbd, one user, a private state directory) serve a directory of this
-machine inside a ``Guest``'s namespace and are stopped by their own pids.
+machine inside a ``Guest``'s namespace and are stopped by their own pids; another NFS
+server finds an rpcbind there with ``start_rpcbind``.
 """
 
 from __future__ import annotations
@@ -62,13 +63,27 @@ def _log(path: Path, limit: int = 4000) -> str:
         return "(no log)"
 
 
+def start_rpcbind(guest: Guest) -> subprocess.Popen[bytes]:
+    """rpcbind in ``guest``'s namespace, listening once this returns: servers there
+    register with it, and the guest's mounts find the ports through it."""
+    require("rpcbind", hint="apt-get install -y rpcbind")
+    # its state lives in /run/rpcbind (the namespace's private /run), owned by _rpc
+    state = guest.path("/run/rpcbind")
+    state.mkdir(exist_ok=True)
+    if "_rpc" in {user.pw_name for user in pwd.getpwall()}:
+        shutil.chown(state, "_rpc")
+    rpcbind = guest.popen(["rpcbind", "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    guest.wait_for_port(111, rpcbind)
+    return rpcbind
+
+
 class _Server:
     """A reference server's private directory and the processes it started in the guest's
     namespace; a context manager that stops them (last started first) and cleans up."""
 
     def __init__(self, guest: Guest, prefix: str) -> None:
         self.guest = guest
-        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix, dir=guest.workdir))
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def _start(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
@@ -116,8 +131,7 @@ class Ganesha(_Server):
         nfs_port: int = 2049,
         mount_port: int = 20048,
     ) -> None:
-        hint = "apt-get install -y nfs-ganesha nfs-ganesha-vfs rpcbind"
-        require("ganesha.nfsd", "rpcbind", hint=hint)
+        require("ganesha.nfsd", hint="apt-get install -y nfs-ganesha nfs-ganesha-vfs")
         super().__init__(guest, "loomfs-ganesha-")
         self.directory = directory
         self.nfs_port = nfs_port
@@ -125,13 +139,7 @@ class Ganesha(_Server):
         self.export = NfsExport(guest.host_ip, pseudo)
 
     def _up(self) -> None:
-        # rpcbind keeps its state in /run/rpcbind (the namespace's private /run) as _rpc
-        state = self.guest.path("/run/rpcbind")
-        state.mkdir(exist_ok=True)
-        if "_rpc" in {user.pw_name for user in pwd.getpwall()}:
-            shutil.chown(state, "_rpc")
-        rpcbind = self._start(["rpcbind", "-f"], "rpcbind.log")
-        self.guest.wait_for_port(111, rpcbind)
+        self._procs.append(start_rpcbind(self.guest))
         conf = self.dir / "ganesha.conf"
         conf.write_text(f"""
 NFS_CORE_PARAM {{

@@ -12,6 +12,7 @@ every process started in it has been stopped by its own pid.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -57,6 +58,39 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
+def _ip_output(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=False).stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
+
+
+def _sweep() -> None:
+    """Take down what guests of processes that died without cleaning up (SIGKILL, or a
+    SIGTERM, which skips ``__exit__``) left behind: their namespaces, what still runs in
+    them (by pid) and their files. A namespace is a guest's by its name, which carries
+    its creator's pid; a live creator's is left alone."""
+    for line in _ip_output("netns", "list").splitlines():
+        name = line.split(" ", 1)[0]
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "loomfs" or not parts[1].isdigit():
+            continue
+        if _alive(int(parts[1])):
+            continue
+        for pid in _ip_output("netns", "pids", name).split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        _ip_output("netns", "del", name)
+        shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
+
+
 def _tail(text: str, limit: int = 6000) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
@@ -65,8 +99,8 @@ class Guest:
     """The namespace, its servers and the guest booted in it; a context manager.
 
     ``host_ip`` is the host's address in the namespace (servers bind there), ``guest_ip``
-    the guest's; both are in a random 10.x.y.0/24, so two guests on one machine never
-    share a subnet even in their logs.
+    the guest's, in a random 10.x.y.0/24: each namespace is private, so two guests that
+    drew the same subnet still do not clash, and the draw keeps their logs apart.
     """
 
     def __init__(
@@ -87,13 +121,16 @@ class Guest:
         subnet = f"10.{random.randint(64, 250)}.{random.randint(1, 254)}"
         self.host_ip = f"{subnet}.1"
         self.guest_ip = f"{subnet}.2"
-        self._tmp = Path(tempfile.mkdtemp(prefix="loomfs-guest-"))
+        #: the jobs' and servers' files, named like the namespace (a sweep finds both)
+        self.workdir = Path(tempfile.gettempdir()) / self.netns
         self._holder: subprocess.Popen[bytes] | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Self:
+        _sweep()
         _ip("netns", "add", self.netns)
         try:
+            self.workdir.mkdir(mode=0o700)
             _ip("-n", self.netns, "link", "set", "lo", "up")
             _ip("-n", self.netns, "tuntap", "add", "dev", "tap0", "mode", "tap")
             _ip("-n", self.netns, "addr", "add", f"{self.host_ip}/24", "dev", "tap0")
@@ -131,7 +168,7 @@ class Guest:
             if self._holder.stdout is not None:
                 self._holder.stdout.close()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ------------------------------------------------------------ servers in the namespace
 
@@ -158,16 +195,18 @@ class Guest:
 
     def stop(self, proc: subprocess.Popen[bytes], how: int = signal.SIGTERM) -> None:
         stop_process(proc, how=how)
-        self._procs.remove(proc)
+        if proc in self._procs:
+            self._procs.remove(proc)
 
     def path(self, path: str) -> Path:
         """Where the namespace's ``path`` (in its private /run) is seen from the host."""
         assert self._holder is not None, "use the guest as a context manager"
         return Path(f"/proc/{self._holder.pid}/root") / path.lstrip("/")
 
-    def _in_netns(self, make: Callable[[], T]) -> T:
+    def in_netns(self, make: Callable[[], T]) -> T:
         """``make()`` called on a thread that joined the namespace: sockets it creates
-        live there for good, while this process stays where it was."""
+        live there for good (a listener, a client of the namespace's rpcbind), while this
+        process stays where it was."""
         result: list[T] = []
         failure: list[BaseException] = []
 
@@ -202,7 +241,7 @@ class Guest:
             sock.listen(64)
             return sock
 
-        return self._in_netns(make)
+        return self.in_netns(make)
 
     def wait_for_port(
         self,
@@ -221,7 +260,7 @@ class Guest:
                 return sock.connect_ex(address) == 0
 
         deadline = time.monotonic() + timeout
-        while not self._in_netns(accepts):
+        while not self.in_netns(accepts):
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before listening")
             if time.monotonic() > deadline:
@@ -244,8 +283,10 @@ class Guest:
         ``share`` is this machine's directory seen at ``/host`` in the guest (9p); the
         script also finds ``$HOST_IP``, ``$GUEST_IP`` and ``env`` in its environment.
         With ``check``, a non-zero exit status raises ``GuestError`` with the output.
+        It blocks: to act on the host while the guest runs, call it on another thread
+        and keep in step through files in the share (9p sees them at once).
         """
-        job = self._tmp / f"job-{secrets.token_hex(4)}"
+        job = self.workdir / f"job-{secrets.token_hex(4)}"
         job.mkdir()
         variables = {"HOST_IP": self.host_ip, "GUEST_IP": self.guest_ip, **(env or {})}
         if share is not None:
@@ -287,9 +328,9 @@ class Guest:
         result = GuestResult(_exit_status(log), _read(output), log, seconds)
         initrd.unlink()
         if result.rc < 0 or (check and result.rc != 0):
+            what = f"exited with {result.rc}" if result.rc >= 0 else "reported no exit status"
             raise GuestError(
-                f"guest script exited with {result.rc} after {seconds:.0f} s (-1: no status; "
-                f"timeout or crash); qemu: {qemu_said.strip()}\n"
+                f"guest script {what} after {seconds:.0f} s; qemu: {qemu_said.strip()}\n"
                 f"--- output:\n{_tail(result.output)}\n--- console:\n{_tail(log)}"
             )
         return result
