@@ -134,6 +134,10 @@ def test_smb_conf_says_what_the_issue_asks(tmp_path: Path) -> None:
     assert g["disable netbios"] == "yes" and g["load printers"] == "no"
     assert g["case sensitive"] == "yes" and g["map to guest"] == "never"
     assert all(Path(g[f"{d} directory"]).parent == tmp_path for d in ("lock", "state", "pid"))
+    assert g["ea support"] == "yes"
+    without = conf.smb_conf(host="127.0.0.1", port=1, state=tmp_path, passdb=tmp_path / "p",
+                            shares=shares, extended_attributes=False)  # fmt: skip
+    assert "   ea support = no\n" in without
     assert settings_of["data"]["read only"] == "no"
     assert settings_of["frozen"]["read only"] == "yes"
     with pytest.raises(ConfigError):

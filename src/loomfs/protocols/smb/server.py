@@ -74,7 +74,9 @@ class SmbServer:
         site: str,
         smbd: str = "smbd",
         resolver: Principal | None = None,
+        extended_attributes: bool = True,
     ) -> None:
+        self.extended_attributes = extended_attributes
         self.namespace = namespace
         #: who smbd's lookups as root run as (``fuse.ops.Callers.resolver``)
         self.resolver = resolver
@@ -123,7 +125,7 @@ class SmbServer:
         self.conf_path.write_text(
             conf.smb_conf(
                 host=host, port=port, state=self.samba_dir, passdb=self.passdb,
-                shares=self.shares,
+                shares=self.shares, extended_attributes=self.extended_attributes,
             )
         )  # fmt: skip
         mounted_now: asyncio.Future[None] = asyncio.get_running_loop().create_future()
