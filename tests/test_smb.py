@@ -43,6 +43,7 @@ from loomfs.errors import ConfigError
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.smb import conf
+from loomfs.protocols.smb.server import running_with
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 
@@ -556,3 +557,41 @@ def test_a_spoke_serves_smb_and_refuses_what_may_not_go_there(tmp_path: Path) ->
     assert "NT_STATUS_ACCESS_DENIED" in refused or "NT_STATUS_OBJECT_NAME_NOT_FOUND" in refused
     got = tmp_path / "resident.txt"
     assert not got.exists() or got.read_bytes() == b""
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie its parent (init, for what left smbd's group) has yet to reap."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_stopping_the_hub_stops_smbd_and_its_helpers_and_unmounts(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    cli_ok(site, "user", "add", "dora", "--offline")
+    cli_ok(site, "user", "passwd", "dora", "--stdin", "--offline", stdin=b"dora-Secret-5\n")
+    env = {"LOOMFS_SMB__LISTEN": "127.0.0.1:0"}
+    conf_path = site / "smb" / "smb.conf"
+    with HubProcess(site, env=env) as hub:
+        port = hub.urls["smb"].rpartition(":")[2]
+        # a share listing is an RPC: smbd starts samba-dcerpcd, which leaves its group
+        listing = subprocess.run(
+            ["smbclient", "-L", "127.0.0.1", "-p", port, "-U", "dora%dora-Secret-5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert "loomfs" in listing.stdout, listing.stdout + listing.stderr
+        running = running_with(conf_path)
+        assert len(running) >= 2  # smbd, its helpers
+        mounts = Path("/proc/self/mounts").read_text()
+        assert "/run/loomfs-smb/" in mounts
+    assert running_with(conf_path) == []
+    assert all(_dead(pid) for pid in running)
+    assert Path("/proc/self/mounts").read_text().count("/run/loomfs-smb/") < mounts.count(
+        "/run/loomfs-smb/"
+    )

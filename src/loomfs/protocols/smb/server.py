@@ -151,6 +151,7 @@ class SmbServer:
         if self.proc is not None:
             await _stop(self.proc)
             self.proc = None
+        kill_all(running_with(self.conf_path))  # the RPC helpers smbd started
         if self._session is not None:
             self._session.terminate()
         await asyncio.gather(*self._tasks[:1], return_exceptions=True)
@@ -168,15 +169,12 @@ class SmbServer:
         os.chmod(self.fs_dir, 0o710)
 
     def _stop_leftovers(self) -> None:
-        """What a hub killed without a chance to stop left: its smbd (found by the pid file
-        in this state directory, and only if it runs this config) and a dead mount."""
-        pid_file = self.samba_dir / "pid" / "smbd.pid"
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text().split()[0])
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if os.fsencode(self.conf_path) in cmdline:
-                log.warning("stopping smbd %d left by a loomfs that did not stop", pid)
-                os.killpg(pid, signal.SIGKILL)
+        """What a hub killed without a chance to stop left: its smbd and smbd's helpers
+        (found by this server's own config path) and a dead mount."""
+        left = running_with(self.conf_path)
+        if left:
+            log.warning("stopping Samba processes %s left by a loomfs that did not stop", left)
+            kill_all(left)
         try:
             os.stat(self.mountpoint)
             stale = os.path.ismount(self.mountpoint)
@@ -290,6 +288,30 @@ def smbd_command(
     argv = [smbd, "--foreground", "--no-process-group", "--debug-stdout",
             "--configfile", str(conf_path)]  # fmt: skip
     return argv, env
+
+
+def running_with(conf_path: Path) -> list[int]:
+    """The pids of the processes started with ``conf_path`` as their Samba config: smbd
+    and the RPC helpers it starts on demand (``samba-dcerpcd``), which leave its process
+    group and outlive it. The path is this server's own, so they are all its own."""
+    wanted = {os.fsencode(f"--configfile={conf_path}"), os.fsencode(str(conf_path))}
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if len(argv) > 1 and wanted.intersection(argv):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _uid_map(logins: list[SmbLogin]) -> dict[int, str]:
