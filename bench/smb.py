@@ -63,8 +63,10 @@ def main() -> None:
                 f.write(os.urandom(1 << 20))
         (work / "small.bin").write_bytes(os.urandom(4096))
         with plain_samba(scratch) as port:
+            print("plain Samba ...", flush=True)
             plain = measure(port, work, args.size_mb, args.files)
         with loomfs_samba(scratch) as port:
+            print("loomfs ...", flush=True)
             loomfs = measure(port, work, args.size_mb, args.files)
     print("| row | plain Samba | loomfs | loomfs / plain |")
     print("|---|---|---|---|")

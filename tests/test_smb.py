@@ -454,6 +454,19 @@ def test_timestamps_set_over_smb_land_in_the_namespace(site: Site) -> None:
     assert int(smbclient.stat(site.unc("dated.txt"), **kw).st_mtime) == when
 
 
+def test_a_write_time_set_while_the_file_is_written_keeps_the_writes(site: Site) -> None:
+    """Samba sets a file's write time while a client is still writing it (the client's
+    SetInfo, or its own deferred update); the writes after it must land too."""
+    kw = site.session("alice")
+    first, second = os.urandom(1 << 20), os.urandom(1 << 20)
+    with smbclient.open_file(site.unc("timed.bin"), "wb", share_access="rwd", **kw) as f:
+        f.write(first)
+        f.flush()
+        smbclient.utime(site.unc("timed.bin"), times=(1_600_000_000, 1_600_000_000), **kw)
+        f.write(second)
+    assert (site.vol / "timed.bin").read_bytes() == first + second
+
+
 def test_extended_attributes_are_tags(site: Site) -> None:
     kw = site.session("alice")
     with smbclient.open_file(site.unc("tagged.txt"), "wb", **kw) as f:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -48,12 +49,12 @@ def plain_samba(scratch: Path) -> Iterator[int]:
                                        shares=[conf.Share(SHARE, share, False)]))  # fmt: skip
     argv, env = smbd_command("smbd", conf_path, (passwd, group))
     with (state / "log" / "smbd.out").open("ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
-    probe = ["smbclient", "-L", "127.0.0.1", "-p", str(port), "-U", f"{USER}%{PASSWORD}"]
+        # stdin never a pipe: a foreground smbd exits at EOF on a pipe
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while subprocess.run(probe, capture_output=True, check=False).returncode:
+        while not _accepts(port):
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = (state / "log" / "smbd.out").read_text()[-2000:]
                 raise RuntimeError(f"plain smbd did not start: {tail}")
@@ -93,3 +94,8 @@ async def _add_volume(site: Path, vol: Path) -> None:
         await HubNamespace(catalog).add_volume("/vol", f"posix://{vol}")
     finally:
         await catalog.close()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

@@ -237,6 +237,7 @@ class SmbServer:
 
     async def _spawn(self, smbd: str) -> asyncio.subprocess.Process:
         argv, env = smbd_command(smbd, self.conf_path, self.accounts)
+        # stdin is /dev/null: a foreground smbd exits at EOF when its stdin is a pipe
         with (self.samba_dir / "log" / "smbd.out").open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
