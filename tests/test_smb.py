@@ -43,7 +43,7 @@ from loomfs.errors import ConfigError
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.smb import conf
-from loomfs.protocols.smb.server import running_with
+from loomfs.protocols.smb.server import mount_dir, running_with
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 
@@ -601,6 +601,7 @@ def test_stopping_the_hub_stops_smbd_and_its_helpers_and_unmounts(tmp_path: Path
         assert "loomfs" in listing.stdout, listing.stdout + listing.stderr
         running = running_with(conf_path)
         assert len(running) >= 2  # smbd, its helpers
+        assert (mount_dir(site / "smb") / "mnt").is_dir()
         mounts = Path("/proc/self/mounts").read_text()
         assert "/run/loomfs-smb/" in mounts
     assert running_with(conf_path) == []
@@ -608,3 +609,4 @@ def test_stopping_the_hub_stops_smbd_and_its_helpers_and_unmounts(tmp_path: Path
     assert Path("/proc/self/mounts").read_text().count("/run/loomfs-smb/") < mounts.count(
         "/run/loomfs-smb/"
     )
+    assert not mount_dir(site / "smb").exists()

@@ -84,8 +84,7 @@ class SmbServer:
         self.site = site
         self.state_dir = state_dir
         self.samba_dir = state_dir / "samba"
-        digest = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
-        self.fs_dir = RUN_DIR / digest
+        self.fs_dir = mount_dir(state_dir)
         self.mountpoint = self.fs_dir / "mnt"
         self.conf_path = state_dir / "smb.conf"
         self.passdb = self.samba_dir / "private" / "smbpasswd"
@@ -156,6 +155,9 @@ class SmbServer:
             self._session.terminate()
         await asyncio.gather(*self._tasks[:1], return_exceptions=True)
         self._tasks.clear()
+        with contextlib.suppress(OSError):  # unmounted lazily: still busy, left for later
+            self.mountpoint.rmdir()
+            self.fs_dir.rmdir()
 
     def _prepare_dirs(self) -> None:
         for name in conf.STATE_DIRS:
@@ -289,6 +291,11 @@ def smbd_command(
     argv = [smbd, "--foreground", "--no-process-group", "--debug-stdout",
             "--configfile", str(conf_path)]  # fmt: skip
     return argv, env
+
+
+def mount_dir(state_dir: Path) -> Path:
+    """The directory of the mount of the SMB server whose state is in ``state_dir``."""
+    return RUN_DIR / hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
 
 
 def running_with(conf_path: Path) -> list[int]:
