@@ -43,6 +43,7 @@ from loomfs.errors import ConfigError
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.smb import conf
+from loomfs.protocols.smb.server import mount_dir, running_with
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 
@@ -134,6 +135,10 @@ def test_smb_conf_says_what_the_issue_asks(tmp_path: Path) -> None:
     assert g["disable netbios"] == "yes" and g["load printers"] == "no"
     assert g["case sensitive"] == "yes" and g["map to guest"] == "never"
     assert all(Path(g[f"{d} directory"]).parent == tmp_path for d in ("lock", "state", "pid"))
+    assert g["ea support"] == "yes"
+    without = conf.smb_conf(host="127.0.0.1", port=1, state=tmp_path, passdb=tmp_path / "p",
+                            shares=shares, extended_attributes=False)  # fmt: skip
+    assert "   ea support = no\n" in without
     assert settings_of["data"]["read only"] == "no"
     assert settings_of["frozen"]["read only"] == "yes"
     with pytest.raises(ConfigError):
@@ -449,6 +454,19 @@ def test_timestamps_set_over_smb_land_in_the_namespace(site: Site) -> None:
     assert int(smbclient.stat(site.unc("dated.txt"), **kw).st_mtime) == when
 
 
+def test_a_write_time_set_while_the_file_is_written_keeps_the_writes(site: Site) -> None:
+    """Samba sets a file's write time while a client is still writing it (the client's
+    SetInfo, or its own deferred update); the writes after it must land too."""
+    kw = site.session("alice")
+    first, second = os.urandom(1 << 20), os.urandom(1 << 20)
+    with smbclient.open_file(site.unc("timed.bin"), "wb", share_access="rwd", **kw) as f:
+        f.write(first)
+        f.flush()
+        smbclient.utime(site.unc("timed.bin"), times=(1_600_000_000, 1_600_000_000), **kw)
+        f.write(second)
+    assert (site.vol / "timed.bin").read_bytes() == first + second
+
+
 def test_extended_attributes_are_tags(site: Site) -> None:
     kw = site.session("alice")
     with smbclient.open_file(site.unc("tagged.txt"), "wb", **kw) as f:
@@ -552,3 +570,43 @@ def test_a_spoke_serves_smb_and_refuses_what_may_not_go_there(tmp_path: Path) ->
     assert "NT_STATUS_ACCESS_DENIED" in refused or "NT_STATUS_OBJECT_NAME_NOT_FOUND" in refused
     got = tmp_path / "resident.txt"
     assert not got.exists() or got.read_bytes() == b""
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie its parent (init, for what left smbd's group) has yet to reap."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_stopping_the_hub_stops_smbd_and_its_helpers_and_unmounts(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    cli_ok(site, "user", "add", "dora", "--offline")
+    cli_ok(site, "user", "passwd", "dora", "--stdin", "--offline", stdin=b"dora-Secret-5\n")
+    env = {"LOOMFS_SMB__LISTEN": "127.0.0.1:0"}
+    conf_path = site / "smb" / "smb.conf"
+    with HubProcess(site, env=env) as hub:
+        port = hub.urls["smb"].rpartition(":")[2]
+        # a share listing is an RPC: smbd starts samba-dcerpcd, which leaves its group
+        listing = subprocess.run(
+            ["smbclient", "-L", "127.0.0.1", "-p", port, "-U", "dora%dora-Secret-5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert "loomfs" in listing.stdout, listing.stdout + listing.stderr
+        running = running_with(conf_path)
+        assert len(running) >= 2  # smbd, its helpers
+        assert (mount_dir(site / "smb") / "mnt").is_dir()
+        mounts = Path("/proc/self/mounts").read_text()
+        assert "/run/loomfs-smb/" in mounts
+    assert running_with(conf_path) == []
+    assert all(_dead(pid) for pid in running)
+    assert Path("/proc/self/mounts").read_text().count("/run/loomfs-smb/") < mounts.count(
+        "/run/loomfs-smb/"
+    )
+    assert not mount_dir(site / "smb").exists()

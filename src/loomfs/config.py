@@ -165,6 +165,10 @@ class SmbSection(_Section):
     listen: str | None = None
     #: share name -> namespace directory; none: one share "loomfs" of the whole namespace
     shares: dict[str, SmbShare] = {}
+    #: SMB extended attributes are the entries' tags; false: none over SMB. With them,
+    #: Samba asks every entry of a listing for its EAs (one namespace call each): 100k
+    #: entries list in ~80 s with, ~13 s without (docs/SMB.md)
+    extended_attributes: bool = True
     #: the smbd binary (Debian's samba package)
     smbd: str = "smbd"
 

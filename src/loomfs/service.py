@@ -535,6 +535,7 @@ def smb_listeners(
         namespace, UserRegistry(catalog), shares,
         state_dir=config.site.data_dir / "smb", site=config.site.name, smbd=smb.smbd,
         resolver=replace(SYSTEM, site=config.site.name, protocol="smb") if hub else None,
+        extended_attributes=smb.extended_attributes,
     )  # fmt: skip
     return [SocketListener("smb", "smb", server, host_port(smb.listen, "smb.listen"))]
 

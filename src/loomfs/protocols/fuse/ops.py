@@ -448,6 +448,11 @@ class LoomOperations:
             )
             if node.cached_version == before:
                 node.cached_version = node.entry.version  # a new mtime, the same bytes
+            if node.buffer is not None and node.buffer.base_version == before:
+                # a new mtime can be a new version (posix volumes): unsaved writes go on
+                # from it, as it was this change, not someone else's (Samba sets the
+                # write time while a client still writes)
+                node.buffer.base_version = node.entry.version
             if fields.update_mtime:
                 node.listing_changed_ns = 0  # a directory's mtime set on purpose wins
         self.inodes.touched(node)

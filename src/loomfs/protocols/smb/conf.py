@@ -85,6 +85,7 @@ def smb_conf(
     state: Path,
     passdb: Path,
     shares: Iterable[Share],
+    extended_attributes: bool = True,
 ) -> str:
     """smb.conf of a standalone server on ``host``:``port`` with its state under ``state``:
     SMB2 and later only, signing required, no NetBIOS, no printing, no guests; names are
@@ -118,7 +119,7 @@ def smb_conf(
         "map archive": "no",
         "map hidden": "no",
         "map system": "no",
-        "ea support": "yes",
+        "ea support": "yes" if extended_attributes else "no",
         "case sensitive": "yes",
         "preserve case": "yes",
         "short preserve case": "yes",

@@ -74,7 +74,9 @@ class SmbServer:
         site: str,
         smbd: str = "smbd",
         resolver: Principal | None = None,
+        extended_attributes: bool = True,
     ) -> None:
+        self.extended_attributes = extended_attributes
         self.namespace = namespace
         #: who smbd's lookups as root run as (``fuse.ops.Callers.resolver``)
         self.resolver = resolver
@@ -82,8 +84,7 @@ class SmbServer:
         self.site = site
         self.state_dir = state_dir
         self.samba_dir = state_dir / "samba"
-        digest = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
-        self.fs_dir = RUN_DIR / digest
+        self.fs_dir = mount_dir(state_dir)
         self.mountpoint = self.fs_dir / "mnt"
         self.conf_path = state_dir / "smb.conf"
         self.passdb = self.samba_dir / "private" / "smbpasswd"
@@ -123,7 +124,7 @@ class SmbServer:
         self.conf_path.write_text(
             conf.smb_conf(
                 host=host, port=port, state=self.samba_dir, passdb=self.passdb,
-                shares=self.shares,
+                shares=self.shares, extended_attributes=self.extended_attributes,
             )
         )  # fmt: skip
         mounted_now: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -149,10 +150,14 @@ class SmbServer:
         if self.proc is not None:
             await _stop(self.proc)
             self.proc = None
+        kill_all(running_with(self.conf_path))  # the RPC helpers smbd started
         if self._session is not None:
             self._session.terminate()
         await asyncio.gather(*self._tasks[:1], return_exceptions=True)
         self._tasks.clear()
+        with contextlib.suppress(OSError):  # unmounted lazily: still busy, left for later
+            self.mountpoint.rmdir()
+            self.fs_dir.rmdir()
 
     def _prepare_dirs(self) -> None:
         for name in conf.STATE_DIRS:
@@ -166,15 +171,12 @@ class SmbServer:
         os.chmod(self.fs_dir, 0o710)
 
     def _stop_leftovers(self) -> None:
-        """What a hub killed without a chance to stop left: its smbd (found by the pid file
-        in this state directory, and only if it runs this config) and a dead mount."""
-        pid_file = self.samba_dir / "pid" / "smbd.pid"
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text().split()[0])
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if os.fsencode(self.conf_path) in cmdline:
-                log.warning("stopping smbd %d left by a loomfs that did not stop", pid)
-                os.killpg(pid, signal.SIGKILL)
+        """What a hub killed without a chance to stop left: its smbd and smbd's helpers
+        (found by this server's own config path) and a dead mount."""
+        left = running_with(self.conf_path)
+        if left:
+            log.warning("stopping Samba processes %s left by a loomfs that did not stop", left)
+            kill_all(left)
         try:
             os.stat(self.mountpoint)
             stale = os.path.ismount(self.mountpoint)
@@ -237,6 +239,7 @@ class SmbServer:
 
     async def _spawn(self, smbd: str) -> asyncio.subprocess.Process:
         argv, env = smbd_command(smbd, self.conf_path, self.accounts)
+        # stdin is /dev/null: a foreground smbd exits at EOF when its stdin is a pipe
         with (self.samba_dir / "log" / "smbd.out").open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -288,6 +291,35 @@ def smbd_command(
     argv = [smbd, "--foreground", "--no-process-group", "--debug-stdout",
             "--configfile", str(conf_path)]  # fmt: skip
     return argv, env
+
+
+def mount_dir(state_dir: Path) -> Path:
+    """The directory of the mount of the SMB server whose state is in ``state_dir``."""
+    return RUN_DIR / hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
+
+
+def running_with(conf_path: Path) -> list[int]:
+    """The pids of the processes started with ``conf_path`` as their Samba config: smbd
+    and the RPC helpers it starts on demand (``samba-dcerpcd``), which leave its process
+    group and outlive it. The path is this server's own, so they are all its own."""
+    wanted = {os.fsencode(f"--configfile={conf_path}"), os.fsencode(str(conf_path))}
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if len(argv) > 1 and wanted.intersection(argv):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _uid_map(logins: list[SmbLogin]) -> dict[int, str]:
