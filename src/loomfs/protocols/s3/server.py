@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from aiohttp import ClientError, web
 from prometheus_client import Counter
@@ -51,7 +51,7 @@ from ...errors import (
 from ...namespace.base import Namespace
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
-from . import acl, checksums, sigv2, sigv4, tagging
+from . import acl, checksums, post, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Part, Staging, Upload
@@ -398,12 +398,16 @@ class S3Gateway:
             if request.method == "OPTIONS":
                 # a CORS preflight; no CORS rules are configured on these buckets
                 raise S3Error("InvalidRequest", "CORS is not enabled for this bucket")
-            query = _split_query(raw_query)
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            auth, who = await self._authenticate(request, query, headers)
-            call = Call(request, who, auth, bucket, key, dict(query))
-            response = await self._dispatch(call)
-            op = call.op
+            if _is_form_post(request, key):
+                op = "post_object"  # signed in its form, not its headers
+                response: web.StreamResponse = await self.post_object(request, bucket)
+            else:
+                query = _split_query(raw_query)
+                headers = {k.lower(): v for k, v in request.headers.items()}
+                auth, who = await self._authenticate(request, query, headers)
+                call = Call(request, who, auth, bucket, key, dict(query))
+                response = await self._dispatch(call)
+                op = call.op
         except S3Error as exc:
             response = self._error(request, exc, resource, request_id)
         except LoomError as exc:
@@ -426,6 +430,9 @@ class S3Gateway:
         if request.headers.get("Expect", "").lower() != "100-continue":
             return None
         raw_path, _, raw_query = request.raw_path.partition("?")
+        if _is_form_post(request, unquote(raw_path).lstrip("/").partition("/")[2]):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            return None  # its signature is in the body
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             await self._authenticate(request, _split_query(raw_query), headers)
@@ -463,9 +470,9 @@ class S3Gateway:
         body = error_xml(exc, request_id)
         return web.Response(status=exc.status, body=body, content_type="application/xml")
 
-    async def _authenticate(
-        self, request: web.Request, query: list[tuple[str, str]], headers: dict[str, str]
-    ) -> tuple[sigv4.Verified, Principal]:
+    def _key_lookup(self) -> tuple[post.SecretLookup, dict[str, Principal]]:
+        """A function from an access key to its secret, and where it leaves the key's
+        user as a principal ('who')."""
         found: dict[str, Principal] = {}
 
         async def lookup(access_key: str) -> str | None:
@@ -476,6 +483,12 @@ class S3Gateway:
             found["who"] = user.principal("s3", self.site)
             return secret
 
+        return lookup, found
+
+    async def _authenticate(
+        self, request: web.Request, query: list[tuple[str, str]], headers: dict[str, str]
+    ) -> tuple[sigv4.Verified, Principal]:
+        lookup, found = self._key_lookup()
         raw_path, _, raw_query = request.raw_path.partition("?")
         if self.anonymous and not _signed(headers, query):
             unsigned = sigv4.Verified("", sigv4.UNSIGNED, "", "", "", b"")
@@ -664,10 +677,10 @@ class S3Gateway:
         owned = grants | {(f"user:{creator}", Action.ADMIN)}
         await self.rules.set_access(c.who, path, owned, private=True)
 
-    async def _acl_on_create(self, c: Call, path: str) -> None:
-        """Apply the canned ACL a create carries (x-amz-acl); 'private' and no header
-        leave the rules as they are."""
-        name = acl.check_canned(c.request.headers.get("x-amz-acl"))
+    async def _acl_on_create(self, c: Call, path: str, canned: str | None = None) -> None:
+        """Apply the canned ACL a create carries (x-amz-acl, or ``canned`` where it comes
+        another way); 'private' and none leave the rules as they are."""
+        name = acl.check_canned(canned or c.request.headers.get("x-amz-acl"))
         grants = acl.canned(name, bucket=not c.key) if name is not None else frozenset()
         if grants:
             await self._apply_acl(c, path, grants)
@@ -1143,6 +1156,64 @@ class S3Gateway:
         checksum = kept()
         return web.Response(headers={"ETag": etag, **(checksum.headers() if checksum else {})})
 
+    async def post_object(self, request: web.Request, bucket: str) -> web.Response:
+        """POST Object: a browser form's upload (``post.py``), written as a PUT is, as the
+        user who signed its policy."""
+        form = await post.read_form(request)
+        lookup, found = self._key_lookup()
+        access_key = await post.signer(form, lookup, self.region)
+        if access_key is not None:
+            who = found["who"]
+        elif self.anonymous:
+            who = Principal(ANONYMOUS, site=self.site, protocol="s3")
+        else:
+            raise S3Error("AccessDenied", "this gateway takes signed POST forms only")
+        key = form.key
+        check_key(key)
+        data = form.chunks()
+        if "policy" in form.fields:
+            policy = post.Policy.parse(form.fields["policy"])
+            policy.check({**form.fields, "bucket": bucket, "key": key}, self.verifier.clock())
+            data = policy.sized(data)
+        auth = sigv4.Verified(access_key or "", sigv4.UNSIGNED, "", "", "", b"")
+        c = Call(request, who, auth, bucket, key, {}, op="post_object")
+        fields = form.fields
+        meta = _stored_meta(
+            {k: v for k, v in fields.items() if k in STORED_HEADERS or k.startswith("x-amz-meta-")}
+        )
+        if "tagging" in fields:
+            meta |= tagging.from_xml(fields["tagging"].encode(), tagging.MAX_OBJECT_TAGS)
+        canned = acl.check_canned(fields.get("acl"))
+        path = self.object_path(c)
+        if key.endswith("/"):
+            raise S3Error("InvalidRequest", "a key ending in '/' holds no data here")
+        _, etag = await self._store(c, path, _from_client(data), meta, limit=self.max_object_size)
+        await self._acl_on_create(c, path, canned)
+        answer = {"ETag": etag, "Location": f"/{bucket}/{quote(key)}"}
+        redirect = fields.get("success_action_redirect") or fields.get("redirect")
+        if redirect:
+            joiner = "&" if "?" in redirect else "?"
+            answer["Location"] = (
+                f"{redirect}{joiner}bucket={quote(bucket)}&key={quote(key)}&etag={quote(etag)}"
+            )
+            return web.Response(status=303, headers=answer)
+        status = fields.get("success_action_status")
+        if status == "201":
+            body = (
+                '<?xml version="1.0" encoding="UTF-8"?>\n'
+                + el(
+                    "PostResponse",
+                    el("Location", answer["Location"]),
+                    el("Bucket", bucket),
+                    el("Key", key),
+                    el("ETag", etag),
+                )
+            ).encode()
+            return web.Response(
+                status=201, body=body, headers=answer, content_type="application/xml"
+            )
+        return web.Response(status=200 if status == "200" else 204, headers=answer)
+
     def _copy_source(self, c: Call) -> tuple[str, str]:
         raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
         source = unquote(raw)
@@ -1561,6 +1632,10 @@ def _part_checksum_xml(part: Part) -> Xml | None:
 
 def _checksum_mode(request: web.Request) -> bool:
     return request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+
+
+def _is_form_post(request: web.Request, key: str) -> bool:
+    return request.method == "POST" and not key and request.content_type == "multipart/form-data"
 
 
 def _xml(body: bytes, status: int = 200) -> web.Response:
