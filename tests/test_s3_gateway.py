@@ -1955,3 +1955,90 @@ def test_post_goes_through_the_namespace_as_its_signer(acl_gw: Gateway) -> None:
     mine: Any = alice.generate_presigned_post("alices", "x.txt")
     assert _form_post(mine["url"], mine["fields"], b"alice's").status == 204
     assert acl_gw.read("/data/buckets/alices/x.txt") == b"alice's"
+
+
+def _preflight(gw: Gateway, path: str, **headers: str) -> urllib3.BaseHTTPResponse:
+    return HTTP.request("OPTIONS", f"{gw.endpoint}{path}", headers=headers)
+
+
+def test_cors_rules_are_kept_and_answer_preflights(gw: Gateway, s3: S3Client) -> None:
+    """PutBucketCors keeps the rules (in the bucket directory's tags), GetBucketCors reads
+    them back, and a browser's preflight and its request get the first matching rule's
+    Access-Control-* headers; no rule, no CORS."""
+    s3.put_object(Bucket="data", Key="page.js", Body=b"js")
+    assert _preflight(gw, "/data/page.js", Origin="https://a.example").status == 400
+    none = _preflight(gw, "/data/page.js", Origin="https://a.example",
+                      **{"Access-Control-Request-Method": "GET"})  # fmt: skip
+    assert none.status == 403 and b"AccessForbidden" in none.data
+    rules: Any = [
+        {"AllowedOrigins": ["https://*.example"], "AllowedMethods": ["GET", "HEAD"],
+         "AllowedHeaders": ["x-amz-*", "range"], "ExposeHeaders": ["ETag"], "MaxAgeSeconds": 600,
+         "ID": "web"},
+        {"AllowedOrigins": ["*"], "AllowedMethods": ["PUT"]},
+    ]  # fmt: skip
+    s3.put_bucket_cors(Bucket="data", CORSConfiguration={"CORSRules": rules})
+    assert s3.get_bucket_cors(Bucket="data")["CORSRules"] == rules
+    assert any(k.startswith("s3.cors.") for k in gw.tags("/data"))
+    ok = _preflight(gw, "/data/page.js", Origin="https://app.example",
+                    **{"Access-Control-Request-Method": "GET",
+                       "Access-Control-Request-Headers": "Range, x-amz-date"})  # fmt: skip
+    assert ok.status == 200
+    assert ok.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert ok.headers["Access-Control-Allow-Methods"] == "GET, HEAD"
+    assert ok.headers["Access-Control-Allow-Headers"] == "Range, x-amz-date"
+    assert ok.headers["Access-Control-Max-Age"] == "600"
+    for origin, method, asked in (
+        ("https://other.org", "GET", ""),  # origin not allowed
+        ("https://app.example", "DELETE", ""),  # method not allowed
+        ("https://app.example", "GET", "authorization"),  # header not allowed
+    ):
+        extra = {"Access-Control-Request-Headers": asked} if asked else {}
+        refused = _preflight(gw, "/data/page.js", Origin=origin,
+                             **{"Access-Control-Request-Method": method, **extra})  # fmt: skip
+        assert refused.status == 403, (origin, method, asked)
+    anyone = _preflight(
+        gw, "/data/x", Origin="http://x", **{"Access-Control-Request-Method": "PUT"}
+    )
+    assert anyone.status == 200 and anyone.headers["Access-Control-Allow-Origin"] == "*"
+    # the request itself: the headers a browser needs to read the answer
+    got = HTTP.request(
+        "GET", gw.client().generate_presigned_url(
+            "get_object", Params={"Bucket": "data", "Key": "page.js"}
+        ), headers={"Origin": "https://app.example"},
+    )  # fmt: skip
+    assert got.status == 200 and got.data == b"js"
+    assert got.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert got.headers["Access-Control-Expose-Headers"] == "ETag"
+    plain = s3.get_object(Bucket="data", Key="page.js")
+    assert "access-control-allow-origin" not in plain["ResponseMetadata"]["HTTPHeaders"]
+    with pytest.raises(ClientError) as err:
+        s3.put_bucket_cors(
+            Bucket="data",
+            CORSConfiguration={
+                "CORSRules": [{"AllowedOrigins": ["*"], "AllowedMethods": ["PATCH"]}]
+            },
+        )
+    assert code_of(err) == "InvalidRequest"
+    s3.delete_bucket_cors(Bucket="data")
+    with pytest.raises(ClientError) as err:
+        s3.get_bucket_cors(Bucket="data")
+    assert code_of(err) == "NoSuchCORSConfiguration"
+    assert (
+        _preflight(
+            gw, "/data/x", Origin="http://x", **{"Access-Control-Request-Method": "PUT"}
+        ).status
+        == 403
+    )
+
+
+def test_cors_configuration_is_the_bucket_owners_to_set(acl_gw: Gateway) -> None:
+    """Setting a bucket's CORS rules is a change of its directory's tags: the namespace
+    refuses it to a user who may not write there."""
+    alice = acl_gw.client()
+    alice.create_bucket(Bucket="owned")
+    bob = acl_gw.client(acl_gw.bob.access_key, acl_gw.bob.secret)
+    rules: Any = {"CORSRules": [{"AllowedOrigins": ["*"], "AllowedMethods": ["GET"]}]}
+    assert _refused(bob.put_bucket_cors, Bucket="owned", CORSConfiguration=rules) == "AccessDenied"
+    alice.put_bucket_cors(Bucket="owned", CORSConfiguration=rules)
+    assert _refused(bob.delete_bucket_cors, Bucket="owned") == "AccessDenied"
+    assert alice.get_bucket_cors(Bucket="owned")["CORSRules"][0]["AllowedMethods"] == ["GET"]

@@ -31,9 +31,11 @@ from ...errors import (
 # HTTP status of every S3 code this gateway answers with
 STATUS: dict[str, int] = {
     "AccessDenied": 403,
+    "AccessForbidden": 403,
     "AuthorizationHeaderMalformed": 400,
     "AuthorizationQueryParametersError": 400,
     "BadDigest": 400,
+    "BadRequest": 400,
     "BucketAlreadyExists": 409,
     "BucketAlreadyOwnedByYou": 409,
     "BucketNotEmpty": 409,

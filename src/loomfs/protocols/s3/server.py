@@ -36,7 +36,7 @@ from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ANONYMOUS
-from ...core.types import SPECIAL_KINDS, Action, Entry, EntryKind, Principal
+from ...core.types import SPECIAL_KINDS, SYSTEM, Action, Entry, EntryKind, Principal
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
@@ -51,7 +51,7 @@ from ...errors import (
 from ...namespace.base import Namespace
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
-from . import acl, checksums, post, sigv2, sigv4, tagging
+from . import acl, checksums, cors, post, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Part, Staging, Upload
@@ -127,7 +127,6 @@ UNSUPPORTED = frozenset(
 # is done; setting one stays NotImplemented. The error S3 gives for each that is missing:
 ABSENT_CONFIG = {
     "lifecycle": ("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist"),
-    "cors": ("NoSuchCORSConfiguration", "the CORS configuration does not exist"),
     "policy": ("NoSuchBucketPolicy", "the bucket policy does not exist"),
     "encryption": (
         "ServerSideEncryptionConfigurationNotFoundError",
@@ -396,11 +395,11 @@ class S3Gateway:
         op = "-"
         try:
             if request.method == "OPTIONS":
-                # a CORS preflight; no CORS rules are configured on these buckets
-                raise S3Error("InvalidRequest", "CORS is not enabled for this bucket")
-            if _is_form_post(request, key):
+                op = "preflight"
+                response: web.StreamResponse = await self.preflight(request, bucket)
+            elif _is_form_post(request, key):
                 op = "post_object"  # signed in its form, not its headers
-                response: web.StreamResponse = await self.post_object(request, bucket)
+                response = await self.post_object(request, bucket)
             else:
                 query = _split_query(raw_query)
                 headers = {k.lower(): v for k, v in request.headers.items()}
@@ -418,6 +417,14 @@ class S3Gateway:
             log.exception("unexpected error", extra={"path": path, "request_id": request_id})
             error = S3Error("InternalError", "internal error, see the server log")
             response = self._error(request, error, resource, request_id)
+        origin = request.headers.get("Origin")
+        if origin is not None and bucket and request.method != "OPTIONS":
+            # a browser's cross-origin request: what the bucket's CORS rules let it read
+            with contextlib.suppress(S3Error, LoomError):
+                method = request.headers.get("Access-Control-Request-Method", request.method)
+                rule = cors.matching(await self._cors_rules(bucket), origin, method, [])
+                if rule is not None:
+                    response.headers.update(rule.answer(origin, []))
         response.headers.setdefault("x-amz-request-id", request_id)
         REQUESTS.labels(op, str(response.status)).inc()
         return response
@@ -514,7 +521,13 @@ class S3Gateway:
             )
         handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
         config = (ABSENT_CONFIG.keys() | EMPTY_CONFIG.keys()) & q.keys()
-        if "tagging" in q and c.bucket:
+        if "cors" in q and c.bucket and not c.key:
+            handler = {
+                "GET": self.get_cors,
+                "PUT": self.put_cors,
+                "DELETE": self.delete_cors,
+            }.get(method)
+        elif "tagging" in q and c.bucket:
             handler = {
                 "GET": self.get_tagging,
                 "PUT": self.put_tagging,
@@ -721,6 +734,48 @@ class S3Gateway:
         path, _ = await self._tagged(c)
         await self._set_s3_tags(c, path, {}, tagging.PREFIX)
         return web.Response(status=204)
+
+    async def get_cors(self, c: Call) -> web.Response:
+        rules = cors.of(await self.ns.get_tags(c.who, await self._bucket_entry(c)))
+        if not rules:
+            raise S3Error("NoSuchCORSConfiguration", "the CORS configuration does not exist")
+        return _xml(cors.as_xml(rules))
+
+    async def put_cors(self, c: Call) -> web.Response:
+        rules = cors.from_xml(await _read_document(c.request))
+        await self._set_s3_tags(c, await self._bucket_entry(c), cors.as_tags(rules), cors.PREFIX)
+        return web.Response()
+
+    async def delete_cors(self, c: Call) -> web.Response:
+        await self._set_s3_tags(c, await self._bucket_entry(c), {}, cors.PREFIX)
+        return web.Response(status=204)
+
+    async def _cors_rules(self, bucket: str) -> list[cors.Rule]:
+        """A bucket's CORS rules, read for a browser that has not (yet) said who it is:
+        as the system, since S3 answers a preflight before any signature; only the
+        rules leave this method, which anyone may learn by asking."""
+        return cors.of(await self.ns.get_tags(SYSTEM, self.bucket_dir(bucket)))
+
+    async def preflight(self, request: web.Request, bucket: str) -> web.Response:
+        """A browser's CORS preflight (OPTIONS): allowed by the bucket's first rule that
+        allows the origin, the method and the headers, or refused."""
+        origin = request.headers.get("Origin")
+        method = request.headers.get("Access-Control-Request-Method")
+        if origin is None or method is None:
+            raise S3Error(
+                "BadRequest", "a preflight needs Origin and Access-Control-Request-Method"
+            )
+        try:
+            rules = await self._cors_rules(bucket) if bucket else []
+        except NotFound:
+            rules = []
+        if not rules:
+            raise S3Error("AccessForbidden", "CORS is not enabled for this bucket")
+        requested = cors.requested_headers(request.headers.get("Access-Control-Request-Headers"))
+        rule = cors.matching(rules, origin, method, requested)
+        if rule is None:
+            raise S3Error("AccessForbidden", "this CORS request is not allowed")
+        return web.Response(headers=rule.answer(origin, requested))
 
     async def head_bucket(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
