@@ -5,8 +5,9 @@ repository) and a Python that has s3-tests' requirements installed. It starts a 
 the gateway on a free port over a posix volume in a scratch directory (buckets made by
 CreateBucket live below ``[s3] bucket_root``), registers the three users the suite signs
 as with the keys its config names, writes that config with every section the suite reads,
-runs the core selection of issue 7 plus ``test_headers.py``, and writes the pass rate and
-the reason of every failure.
+runs the core selection of issue 7 plus ``test_headers.py`` (with ``--whole``: all of
+``test_s3.py``, no selection, as issue 17 measures), and writes the pass rate, by feature
+group with ``--whole``, and the reason of every failure.
 
     python bench/s3_tests_run.py --checkout /tmp/s3tests --python /tmp/s3tests-venv/bin/python
 """
@@ -52,6 +53,43 @@ USERS = (
     ("iam alt root", "RGW22222222222222222", "root2", "BBBBBBBBBBBBBBBBBBbb",
      "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"),
 )  # fmt: skip
+
+
+# Feature groups of the whole suite, by a word in the test's name: (word, group), first wins
+GROUPS = (
+    ("object_lock", "object lock"),
+    ("versioning", "versioning"),
+    ("version", "versioning"),
+    ("lifecycle", "lifecycle"),
+    ("policy", "bucket policy"),
+    ("public_block", "public access block"),
+    ("block_public", "public access block"),
+    ("encrypt", "encryption (SSE)"),
+    ("sse", "encryption (SSE)"),
+    ("tagging", "tagging"),
+    ("tags", "tagging"),
+    ("cors", "CORS"),
+    ("post_object", "POST object"),
+    ("checksum", "checksums"),
+    ("acl", "ACLs"),
+    ("logging", "bucket logging"),
+    ("ownership", "ownership controls"),
+    ("multipart", "multipart"),
+    ("copy", "copy"),
+    ("list", "listing"),
+    ("select", "S3 Select"),
+    ("torrent", "torrent"),
+    ("restore", "restore / cloud"),
+    ("cloud", "restore / cloud"),
+    ("iam", "IAM"),
+)
+
+
+def group_of(name: str) -> str:
+    if name.startswith("headers:"):
+        return "headers"
+    lowered = name.lower()
+    return next((group for word, group in GROUPS if word in lowered), "other objects and buckets")
 
 
 # Why whole groups of tests fail: (pattern in the test name or failure, cause)
@@ -168,7 +206,9 @@ def _reason(message: str) -> str:
     return first[:300]
 
 
-def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
+def run(
+    checkout: Path, python: str, out: Path, scratch: Path, *, whole: bool = False
+) -> list[Result]:
     results: list[Result] = []
     users = [(user_id, key, secret) for _, user_id, _, key, secret in USERS]
     # inotify off: the hub's subtree rescan of a directory that changed races writes in
@@ -181,10 +221,10 @@ def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
         conf = scratch / "s3tests.conf"
         write_suite_config(conf, host, int(port))
         env = {**os.environ, "S3TEST_CONF": str(conf)}
-        for name, args in (
-            ("core", ["s3tests/functional/test_s3.py", "-m", MARKERS, "-k", KEYWORDS]),
-            ("headers", ["s3tests/functional/test_headers.py"]),
-        ):
+        core = ["s3tests/functional/test_s3.py"]
+        if not whole:
+            core += ["-m", MARKERS, "-k", KEYWORDS]
+        for name, args in (("core", core), ("headers", ["s3tests/functional/test_headers.py"])):
             junit = scratch / f"{name}.xml"
             subprocess.run(
                 [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
@@ -194,7 +234,7 @@ def run(checkout: Path, python: str, out: Path, scratch: Path) -> list[Result]:
             results += [
                 Result(f"{name}: {r.name}", r.outcome, r.reason) for r in parse_junit(junit)
             ]
-    write_report(out, results, checkout)
+    write_report(out, results, checkout, whole=whole)
     return results
 
 
@@ -205,7 +245,7 @@ def _has_timeout(python: str) -> bool:
     return probe.returncode == 0
 
 
-def write_report(out: Path, results: list[Result], checkout: Path) -> None:
+def write_report(out: Path, results: list[Result], checkout: Path, *, whole: bool = False) -> None:
     commit = subprocess.run(
         ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
@@ -221,9 +261,15 @@ def write_report(out: Path, results: list[Result], checkout: Path) -> None:
         "The gateway runs with `[s3] anonymous = true`: the suite's unsigned requests are the",
         "anonymous caller, allowed what public-read and public-read-write ACLs give everyone.",
         "",
-        "Selection (issue 7): `s3tests/functional/test_s3.py` with",
-        f"`-m '{MARKERS}'`",
-        f"and `-k '{KEYWORDS}'`; plus `s3tests/functional/test_headers.py` in full.",
+        *(
+            ["The whole `s3tests/functional/test_s3.py` and `test_headers.py`, no selection."]
+            if whole
+            else [
+                "Selection (issue 7): `s3tests/functional/test_s3.py` with",
+                f"`-m '{MARKERS}'`",
+                f"and `-k '{KEYWORDS}'`; plus `s3tests/functional/test_headers.py` in full.",
+            ]
+        ),
         "",
         "| set | tests | passed | failed | errors | skipped | pass rate |",
         "|---|---|---|---|---|---|---|",
@@ -237,6 +283,18 @@ def write_report(out: Path, results: list[Result], checkout: Path) -> None:
             f"| {group} | {len(rows)} | {counts['passed']} | {counts['failed']} | "
             f"{counts['error']} | {counts['skipped']} | {rate} |"
         )
+    if whole:
+        lines += ["", "## By feature group", "", "| group | ran | passed | pass rate |"]
+        lines.append("|---|---|---|---|")
+        ran_by: Counter[str] = Counter()
+        passed_by: Counter[str] = Counter()
+        for r in results:
+            if r.outcome != "skipped":
+                ran_by[group_of(r.name)] += 1
+                passed_by[group_of(r.name)] += r.outcome == "passed"
+        for group, ran in ran_by.most_common():
+            share = 100 * passed_by[group] / ran
+            lines.append(f"| {group} | {ran} | {passed_by[group]} | {share:.0f}% |")
     failures = [r for r in results if r.outcome in ("failed", "error")]
     lines += ["", "## Failures by cause", "", "| failures | cause |", "|---|---|"]
     by_cause = Counter(cause_of(r) for r in failures)
@@ -252,9 +310,12 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, required=True, help="ceph/s3-tests checkout")
     parser.add_argument("--python", required=True, help="a Python with s3-tests' requirements")
     parser.add_argument("--out", type=Path, default=Path("docs/COMPATIBILITY.md"))
+    parser.add_argument("--whole", action="store_true", help="all of test_s3.py, no selection")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="loomfs-s3tests-") as scratch:
-        results = run(args.checkout.resolve(), args.python, args.out, Path(scratch))
+        results = run(
+            args.checkout.resolve(), args.python, args.out, Path(scratch), whole=args.whole
+        )
     counts = Counter(r.outcome for r in results)
     print(json.dumps(counts), "->", args.out)
 

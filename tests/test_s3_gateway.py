@@ -1840,3 +1840,205 @@ def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: st
     head: Any = s3.head_object(Bucket="data", Key="mps", ChecksumMode="ENABLED")
     assert head[field] == expected and head["ChecksumType"] == kind
     assert gw.read("/data/mps") == b"".join(parts)
+
+
+def _form_post(url: str, fields: dict[str, Any], body: bytes) -> urllib3.BaseHTTPResponse:
+    """A browser's form upload: the fields, then the file (last, as S3 requires)."""
+    form: dict[str, Any] = {**fields, "file": ("upload.bin", body)}
+    return HTTP.request("POST", url, fields=form, redirect=False)
+
+
+def test_presigned_post_checks_its_policy(gw: Gateway, s3: S3Client) -> None:
+    """boto3's presigned POST (SigV4) uploads within its policy; outside it (size, key,
+    extra fields, bucket, expiry, signature) it is refused and writes nothing."""
+    v4 = gw.client(signature_version="s3v4")
+    presigned: Any = v4.generate_presigned_post(
+        "data",
+        "uploads/${filename}",
+        Fields={"Content-Type": "text/plain", "x-amz-meta-who": "form"},
+        Conditions=[
+            ["starts-with", "$key", "uploads/"],
+            ["content-length-range", 1, 100],
+            {"Content-Type": "text/plain"},
+            {"x-amz-meta-who": "form"},
+        ],
+        ExpiresIn=600,
+    )
+    url, fields = presigned["url"], presigned["fields"]
+    assert url == f"{gw.endpoint}/data" and fields["x-amz-algorithm"] == "AWS4-HMAC-SHA256"
+    done = _form_post(url, fields, b"from a browser")
+    assert done.status == 204, done.data
+    assert gw.read("/data/uploads/upload.bin") == b"from a browser"
+    got = s3.get_object(Bucket="data", Key="uploads/upload.bin")
+    assert got["ContentType"] == "text/plain" and got["Metadata"] == {"who": "form"}
+    assert done.headers["ETag"] == got["ETag"]
+
+    def refused(status: int, code: str, form: dict[str, Any], body: bytes = b"x") -> None:
+        answer = _form_post(url, form, body)
+        assert answer.status == status and f"<Code>{code}</Code>".encode() in answer.data, (
+            answer.data
+        )
+
+    refused(400, "EntityTooLarge", fields, b"y" * 101)
+    refused(400, "EntityTooSmall", fields, b"")
+    refused(403, "AccessDenied", {**fields, "key": "elsewhere/x"})
+    refused(403, "AccessDenied", {**fields, "Content-Type": "text/html"})
+    refused(403, "AccessDenied", {**fields, "x-amz-meta-extra": "not in the policy"})
+    refused(403, "SignatureDoesNotMatch", {**fields, "x-amz-signature": "0" * 64})
+    wrong_bucket = _form_post(f"{gw.endpoint}/other", fields, b"x")
+    assert wrong_bucket.status == 403 and b"AccessDenied" in wrong_bucket.data
+    refused(400, "InvalidArgument", {k: v for k, v in fields.items() if k != "x-amz-signature"})
+    gw.gateway.verifier.clock = lambda: time.time() + 3600
+    refused(403, "AccessDenied", fields)
+    gw.gateway.verifier.clock = time.time
+    assert sorted(p.name for p in (gw.root / "uploads").iterdir()) == ["upload.bin"]
+    # x-ignore-* fields need no condition
+    assert _form_post(url, {**fields, "x-ignore-note": "any"}, b"again").status == 204
+
+
+def _v2_policy(gw: Gateway, conditions: list[Any]) -> dict[str, str]:
+    expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 600))
+    policy = base64.b64encode(
+        json.dumps({"expiration": expires, "conditions": conditions}).encode()
+    ).decode()
+    digest = hmac.new(gw.key.secret.encode(), policy.encode(), hashlib.sha1).digest()
+    signature = base64.b64encode(digest).decode()
+    return {"AWSAccessKeyId": gw.key.access_key, "policy": policy, "signature": signature}
+
+
+def test_post_signed_v2_answers_as_asked_and_tags(gw: Gateway, s3: S3Client) -> None:
+    """A V2-signed form (what s3-tests sends): success_action_status 201 answers the
+    PostResponse document, a redirect goes to its URL with bucket, key and ETag; the
+    tagging field is the object's tag set, acl its canned ACL (checked)."""
+    tagging_xml = "<Tagging><TagSet><Tag><Key>k</Key><Value>v</Value></Tag></TagSet></Tagging>"
+    conditions = [
+        {"bucket": "data"},
+        ["starts-with", "$key", "v2/"],
+        {"success_action_status": "201"},
+        {"tagging": tagging_xml},
+        {"acl": "private"},
+    ]
+    fields = {
+        "key": "v2/a.txt", "success_action_status": "201", "tagging": tagging_xml,
+        "acl": "private", **_v2_policy(gw, conditions),
+    }  # fmt: skip
+    created = _form_post(f"{gw.endpoint}/data", fields, b"v2 form")
+    assert created.status == 201, created.data
+    assert b"<Key>v2/a.txt</Key>" in created.data and b"<Bucket>data</Bucket>" in created.data
+    assert gw.read("/data/v2/a.txt") == b"v2 form"
+    assert s3.get_object_tagging(Bucket="data", Key="v2/a.txt")["TagSet"] == [
+        {"Key": "k", "Value": "v"}
+    ]
+    back = "http://example.invalid/done"
+    conditions = [{"bucket": "data"}, {"key": "v2/b.txt"}, {"success_action_redirect": back}]
+    fields = {"key": "v2/b.txt", "success_action_redirect": back, **_v2_policy(gw, conditions)}
+    moved = _form_post(f"{gw.endpoint}/data", fields, b"b")
+    etag = s3.head_object(Bucket="data", Key="v2/b.txt")["ETag"]
+    assert moved.status == 303
+    assert moved.headers["Location"] == (
+        f"{back}?bucket=data&key=v2/b.txt&etag={etag.replace(chr(34), '%22')}"
+    )
+    unsigned = _form_post(f"{gw.endpoint}/data", {"key": "v2/anon.txt"}, b"anonymous")
+    assert unsigned.status == 403 and not (gw.root / "v2" / "anon.txt").exists()
+
+
+def test_post_goes_through_the_namespace_as_its_signer(acl_gw: Gateway) -> None:
+    """The form's signer is the writer: bob's valid form into alice's private bucket is
+    AccessDenied by the namespace's rules, as his PUT would be."""
+    alice = acl_gw.client()
+    alice.create_bucket(Bucket="alices")
+    bob = acl_gw.client(acl_gw.bob.access_key, acl_gw.bob.secret)
+    presigned: Any = bob.generate_presigned_post("alices", "x.txt")
+    denied = _form_post(presigned["url"], presigned["fields"], b"bob's")
+    assert denied.status == 403 and b"AccessDenied" in denied.data
+    assert not (acl_gw.root / "buckets" / "alices" / "x.txt").exists()
+    mine: Any = alice.generate_presigned_post("alices", "x.txt")
+    assert _form_post(mine["url"], mine["fields"], b"alice's").status == 204
+    assert acl_gw.read("/data/buckets/alices/x.txt") == b"alice's"
+
+
+def _preflight(gw: Gateway, path: str, **headers: str) -> urllib3.BaseHTTPResponse:
+    return HTTP.request("OPTIONS", f"{gw.endpoint}{path}", headers=headers)
+
+
+def test_cors_rules_are_kept_and_answer_preflights(gw: Gateway, s3: S3Client) -> None:
+    """PutBucketCors keeps the rules (in the bucket directory's tags), GetBucketCors reads
+    them back, and a browser's preflight and its request get the first matching rule's
+    Access-Control-* headers; no rule, no CORS."""
+    s3.put_object(Bucket="data", Key="page.js", Body=b"js")
+    assert _preflight(gw, "/data/page.js", Origin="https://a.example").status == 400
+    none = _preflight(gw, "/data/page.js", Origin="https://a.example",
+                      **{"Access-Control-Request-Method": "GET"})  # fmt: skip
+    assert none.status == 403 and b"AccessForbidden" in none.data
+    rules: Any = [
+        {"AllowedOrigins": ["https://*.example"], "AllowedMethods": ["GET", "HEAD"],
+         "AllowedHeaders": ["x-amz-*", "range"], "ExposeHeaders": ["ETag"], "MaxAgeSeconds": 600,
+         "ID": "web"},
+        {"AllowedOrigins": ["*"], "AllowedMethods": ["PUT"]},
+    ]  # fmt: skip
+    s3.put_bucket_cors(Bucket="data", CORSConfiguration={"CORSRules": rules})
+    assert s3.get_bucket_cors(Bucket="data")["CORSRules"] == rules
+    assert any(k.startswith("s3.cors.") for k in gw.tags("/data"))
+    ok = _preflight(gw, "/data/page.js", Origin="https://app.example",
+                    **{"Access-Control-Request-Method": "GET",
+                       "Access-Control-Request-Headers": "Range, x-amz-date"})  # fmt: skip
+    assert ok.status == 200
+    assert ok.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert ok.headers["Access-Control-Allow-Methods"] == "GET, HEAD"
+    assert ok.headers["Access-Control-Allow-Headers"] == "Range, x-amz-date"
+    assert ok.headers["Access-Control-Max-Age"] == "600"
+    for origin, method, asked in (
+        ("https://other.org", "GET", ""),  # origin not allowed
+        ("https://app.example", "DELETE", ""),  # method not allowed
+        ("https://app.example", "GET", "authorization"),  # header not allowed
+    ):
+        extra = {"Access-Control-Request-Headers": asked} if asked else {}
+        refused = _preflight(gw, "/data/page.js", Origin=origin,
+                             **{"Access-Control-Request-Method": method, **extra})  # fmt: skip
+        assert refused.status == 403, (origin, method, asked)
+    anyone = _preflight(
+        gw, "/data/x", Origin="http://x", **{"Access-Control-Request-Method": "PUT"}
+    )
+    assert anyone.status == 200 and anyone.headers["Access-Control-Allow-Origin"] == "*"
+    # the request itself: the headers a browser needs to read the answer
+    got = HTTP.request(
+        "GET", gw.client().generate_presigned_url(
+            "get_object", Params={"Bucket": "data", "Key": "page.js"}
+        ), headers={"Origin": "https://app.example"},
+    )  # fmt: skip
+    assert got.status == 200 and got.data == b"js"
+    assert got.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert got.headers["Access-Control-Expose-Headers"] == "ETag"
+    plain = s3.get_object(Bucket="data", Key="page.js")
+    assert "access-control-allow-origin" not in plain["ResponseMetadata"]["HTTPHeaders"]
+    with pytest.raises(ClientError) as err:
+        s3.put_bucket_cors(
+            Bucket="data",
+            CORSConfiguration={
+                "CORSRules": [{"AllowedOrigins": ["*"], "AllowedMethods": ["PATCH"]}]
+            },
+        )
+    assert code_of(err) == "InvalidRequest"
+    s3.delete_bucket_cors(Bucket="data")
+    with pytest.raises(ClientError) as err:
+        s3.get_bucket_cors(Bucket="data")
+    assert code_of(err) == "NoSuchCORSConfiguration"
+    assert (
+        _preflight(
+            gw, "/data/x", Origin="http://x", **{"Access-Control-Request-Method": "PUT"}
+        ).status
+        == 403
+    )
+
+
+def test_cors_configuration_is_the_bucket_owners_to_set(acl_gw: Gateway) -> None:
+    """Setting a bucket's CORS rules is a change of its directory's tags: the namespace
+    refuses it to a user who may not write there."""
+    alice = acl_gw.client()
+    alice.create_bucket(Bucket="owned")
+    bob = acl_gw.client(acl_gw.bob.access_key, acl_gw.bob.secret)
+    rules: Any = {"CORSRules": [{"AllowedOrigins": ["*"], "AllowedMethods": ["GET"]}]}
+    assert _refused(bob.put_bucket_cors, Bucket="owned", CORSConfiguration=rules) == "AccessDenied"
+    alice.put_bucket_cors(Bucket="owned", CORSConfiguration=rules)
+    assert _refused(bob.delete_bucket_cors, Bucket="owned") == "AccessDenied"
+    assert alice.get_bucket_cors(Bucket="owned")["CORSRules"][0]["AllowedMethods"] == ["GET"]

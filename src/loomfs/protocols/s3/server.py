@@ -29,14 +29,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from aiohttp import ClientError, web
 from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ANONYMOUS
-from ...core.types import SPECIAL_KINDS, Action, Entry, EntryKind, Principal
+from ...core.types import SPECIAL_KINDS, SYSTEM, Action, Entry, EntryKind, Principal
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
@@ -51,7 +51,7 @@ from ...errors import (
 from ...namespace.base import Namespace
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
-from . import acl, checksums, sigv2, sigv4, tagging
+from . import acl, checksums, cors, post, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Part, Staging, Upload
@@ -127,7 +127,6 @@ UNSUPPORTED = frozenset(
 # is done; setting one stays NotImplemented. The error S3 gives for each that is missing:
 ABSENT_CONFIG = {
     "lifecycle": ("NoSuchLifecycleConfiguration", "the lifecycle configuration does not exist"),
-    "cors": ("NoSuchCORSConfiguration", "the CORS configuration does not exist"),
     "policy": ("NoSuchBucketPolicy", "the bucket policy does not exist"),
     "encryption": (
         "ServerSideEncryptionConfigurationNotFoundError",
@@ -396,14 +395,18 @@ class S3Gateway:
         op = "-"
         try:
             if request.method == "OPTIONS":
-                # a CORS preflight; no CORS rules are configured on these buckets
-                raise S3Error("InvalidRequest", "CORS is not enabled for this bucket")
-            query = _split_query(raw_query)
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            auth, who = await self._authenticate(request, query, headers)
-            call = Call(request, who, auth, bucket, key, dict(query))
-            response = await self._dispatch(call)
-            op = call.op
+                op = "preflight"
+                response: web.StreamResponse = await self.preflight(request, bucket)
+            elif _is_form_post(request, key):
+                op = "post_object"  # signed in its form, not its headers
+                response = await self.post_object(request, bucket)
+            else:
+                query = _split_query(raw_query)
+                headers = {k.lower(): v for k, v in request.headers.items()}
+                auth, who = await self._authenticate(request, query, headers)
+                call = Call(request, who, auth, bucket, key, dict(query))
+                response = await self._dispatch(call)
+                op = call.op
         except S3Error as exc:
             response = self._error(request, exc, resource, request_id)
         except LoomError as exc:
@@ -414,6 +417,14 @@ class S3Gateway:
             log.exception("unexpected error", extra={"path": path, "request_id": request_id})
             error = S3Error("InternalError", "internal error, see the server log")
             response = self._error(request, error, resource, request_id)
+        origin = request.headers.get("Origin")
+        if origin is not None and bucket and request.method != "OPTIONS":
+            # a browser's cross-origin request: what the bucket's CORS rules let it read
+            with contextlib.suppress(S3Error, LoomError):
+                method = request.headers.get("Access-Control-Request-Method", request.method)
+                rule = cors.matching(await self._cors_rules(bucket), origin, method, [])
+                if rule is not None:
+                    response.headers.update(rule.answer(origin, []))
         response.headers.setdefault("x-amz-request-id", request_id)
         REQUESTS.labels(op, str(response.status)).inc()
         return response
@@ -426,6 +437,9 @@ class S3Gateway:
         if request.headers.get("Expect", "").lower() != "100-continue":
             return None
         raw_path, _, raw_query = request.raw_path.partition("?")
+        if _is_form_post(request, unquote(raw_path).lstrip("/").partition("/")[2]):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            return None  # its signature is in the body
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             await self._authenticate(request, _split_query(raw_query), headers)
@@ -463,9 +477,9 @@ class S3Gateway:
         body = error_xml(exc, request_id)
         return web.Response(status=exc.status, body=body, content_type="application/xml")
 
-    async def _authenticate(
-        self, request: web.Request, query: list[tuple[str, str]], headers: dict[str, str]
-    ) -> tuple[sigv4.Verified, Principal]:
+    def _key_lookup(self) -> tuple[post.SecretLookup, dict[str, Principal]]:
+        """A function from an access key to its secret, and where it leaves the key's
+        user as a principal ('who')."""
         found: dict[str, Principal] = {}
 
         async def lookup(access_key: str) -> str | None:
@@ -476,6 +490,12 @@ class S3Gateway:
             found["who"] = user.principal("s3", self.site)
             return secret
 
+        return lookup, found
+
+    async def _authenticate(
+        self, request: web.Request, query: list[tuple[str, str]], headers: dict[str, str]
+    ) -> tuple[sigv4.Verified, Principal]:
+        lookup, found = self._key_lookup()
         raw_path, _, raw_query = request.raw_path.partition("?")
         if self.anonymous and not _signed(headers, query):
             unsigned = sigv4.Verified("", sigv4.UNSIGNED, "", "", "", b"")
@@ -501,7 +521,13 @@ class S3Gateway:
             )
         handler: Callable[[Call], Awaitable[web.StreamResponse]] | None
         config = (ABSENT_CONFIG.keys() | EMPTY_CONFIG.keys()) & q.keys()
-        if "tagging" in q and c.bucket:
+        if "cors" in q and c.bucket and not c.key:
+            handler = {
+                "GET": self.get_cors,
+                "PUT": self.put_cors,
+                "DELETE": self.delete_cors,
+            }.get(method)
+        elif "tagging" in q and c.bucket:
             handler = {
                 "GET": self.get_tagging,
                 "PUT": self.put_tagging,
@@ -664,10 +690,10 @@ class S3Gateway:
         owned = grants | {(f"user:{creator}", Action.ADMIN)}
         await self.rules.set_access(c.who, path, owned, private=True)
 
-    async def _acl_on_create(self, c: Call, path: str) -> None:
-        """Apply the canned ACL a create carries (x-amz-acl); 'private' and no header
-        leave the rules as they are."""
-        name = acl.check_canned(c.request.headers.get("x-amz-acl"))
+    async def _acl_on_create(self, c: Call, path: str, canned: str | None = None) -> None:
+        """Apply the canned ACL a create carries (x-amz-acl, or ``canned`` where it comes
+        another way); 'private' and none leave the rules as they are."""
+        name = acl.check_canned(canned or c.request.headers.get("x-amz-acl"))
         grants = acl.canned(name, bucket=not c.key) if name is not None else frozenset()
         if grants:
             await self._apply_acl(c, path, grants)
@@ -708,6 +734,48 @@ class S3Gateway:
         path, _ = await self._tagged(c)
         await self._set_s3_tags(c, path, {}, tagging.PREFIX)
         return web.Response(status=204)
+
+    async def get_cors(self, c: Call) -> web.Response:
+        rules = cors.of(await self.ns.get_tags(c.who, await self._bucket_entry(c)))
+        if not rules:
+            raise S3Error("NoSuchCORSConfiguration", "the CORS configuration does not exist")
+        return _xml(cors.as_xml(rules))
+
+    async def put_cors(self, c: Call) -> web.Response:
+        rules = cors.from_xml(await _read_document(c.request))
+        await self._set_s3_tags(c, await self._bucket_entry(c), cors.as_tags(rules), cors.PREFIX)
+        return web.Response()
+
+    async def delete_cors(self, c: Call) -> web.Response:
+        await self._set_s3_tags(c, await self._bucket_entry(c), {}, cors.PREFIX)
+        return web.Response(status=204)
+
+    async def _cors_rules(self, bucket: str) -> list[cors.Rule]:
+        """A bucket's CORS rules, read for a browser that has not (yet) said who it is:
+        as the system, since S3 answers a preflight before any signature; only the
+        rules leave this method, which anyone may learn by asking."""
+        return cors.of(await self.ns.get_tags(SYSTEM, self.bucket_dir(bucket)))
+
+    async def preflight(self, request: web.Request, bucket: str) -> web.Response:
+        """A browser's CORS preflight (OPTIONS): allowed by the bucket's first rule that
+        allows the origin, the method and the headers, or refused."""
+        origin = request.headers.get("Origin")
+        method = request.headers.get("Access-Control-Request-Method")
+        if origin is None or method is None:
+            raise S3Error(
+                "BadRequest", "a preflight needs Origin and Access-Control-Request-Method"
+            )
+        try:
+            rules = await self._cors_rules(bucket) if bucket else []
+        except NotFound:
+            rules = []
+        if not rules:
+            raise S3Error("AccessForbidden", "CORS is not enabled for this bucket")
+        requested = cors.requested_headers(request.headers.get("Access-Control-Request-Headers"))
+        rule = cors.matching(rules, origin, method, requested)
+        if rule is None:
+            raise S3Error("AccessForbidden", "this CORS request is not allowed")
+        return web.Response(headers=rule.answer(origin, requested))
 
     async def head_bucket(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
@@ -1143,6 +1211,64 @@ class S3Gateway:
         checksum = kept()
         return web.Response(headers={"ETag": etag, **(checksum.headers() if checksum else {})})
 
+    async def post_object(self, request: web.Request, bucket: str) -> web.Response:
+        """POST Object: a browser form's upload (``post.py``), written as a PUT is, as the
+        user who signed its policy."""
+        form = await post.read_form(request)
+        lookup, found = self._key_lookup()
+        access_key = await post.signer(form, lookup, self.region)
+        if access_key is not None:
+            who = found["who"]
+        elif self.anonymous:
+            who = Principal(ANONYMOUS, site=self.site, protocol="s3")
+        else:
+            raise S3Error("AccessDenied", "this gateway takes signed POST forms only")
+        key = form.key
+        check_key(key)
+        data = form.chunks()
+        if "policy" in form.fields:
+            policy = post.Policy.parse(form.fields["policy"])
+            policy.check({**form.fields, "bucket": bucket, "key": key}, self.verifier.clock())
+            data = policy.sized(data)
+        auth = sigv4.Verified(access_key or "", sigv4.UNSIGNED, "", "", "", b"")
+        c = Call(request, who, auth, bucket, key, {}, op="post_object")
+        fields = form.fields
+        meta = _stored_meta(
+            {k: v for k, v in fields.items() if k in STORED_HEADERS or k.startswith("x-amz-meta-")}
+        )
+        if "tagging" in fields:
+            meta |= tagging.from_xml(fields["tagging"].encode(), tagging.MAX_OBJECT_TAGS)
+        canned = acl.check_canned(fields.get("acl"))
+        path = self.object_path(c)
+        if key.endswith("/"):
+            raise S3Error("InvalidRequest", "a key ending in '/' holds no data here")
+        _, etag = await self._store(c, path, _from_client(data), meta, limit=self.max_object_size)
+        await self._acl_on_create(c, path, canned)
+        answer = {"ETag": etag, "Location": f"/{bucket}/{quote(key)}"}
+        redirect = fields.get("success_action_redirect") or fields.get("redirect")
+        if redirect:
+            joiner = "&" if "?" in redirect else "?"
+            answer["Location"] = (
+                f"{redirect}{joiner}bucket={quote(bucket)}&key={quote(key)}&etag={quote(etag)}"
+            )
+            return web.Response(status=303, headers=answer)
+        status = fields.get("success_action_status")
+        if status == "201":
+            body = (
+                '<?xml version="1.0" encoding="UTF-8"?>\n'
+                + el(
+                    "PostResponse",
+                    el("Location", answer["Location"]),
+                    el("Bucket", bucket),
+                    el("Key", key),
+                    el("ETag", etag),
+                )
+            ).encode()
+            return web.Response(
+                status=201, body=body, headers=answer, content_type="application/xml"
+            )
+        return web.Response(status=200 if status == "200" else 204, headers=answer)
+
     def _copy_source(self, c: Call) -> tuple[str, str]:
         raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
         source = unquote(raw)
@@ -1561,6 +1687,10 @@ def _part_checksum_xml(part: Part) -> Xml | None:
 
 def _checksum_mode(request: web.Request) -> bool:
     return request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+
+
+def _is_form_post(request: web.Request, key: str) -> bool:
+    return request.method == "POST" and not key and request.content_type == "multipart/form-data"
 
 
 def _xml(body: bytes, status: int = 200) -> web.Response:

@@ -32,7 +32,7 @@ MAX_SKEW_S = 15 * 60
 MAX_PRESIGN_S = 7 * 24 * 3600
 MAX_CHUNK_HEADER = 4096
 
-_CREDENTIAL = re.compile(r"^([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request$")
+CREDENTIAL = re.compile(r"^([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 SecretLookup = Callable[[str], Awaitable[str | None]]
@@ -217,7 +217,7 @@ class Verifier:
         else:
             raise S3Error("AccessDenied", "anonymous access is not allowed; sign the request")
 
-        match = _CREDENTIAL.match(credential)
+        match = CREDENTIAL.match(credential)
         if match is None:
             raise S3Error("AuthorizationHeaderMalformed", "malformed Credential")
         access_key, date, region, service = match.groups()
