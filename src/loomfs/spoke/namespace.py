@@ -28,8 +28,10 @@ committed with its answer lost, may find it done).
 A write acknowledged but not yet committed at the hub is read back by its writer (the same
 user over the same protocol) at once; anyone else reads what the hub acknowledged, since
 the hub may still refuse it. The written bytes become the cached copy of the new version.
-With the link down, cached versions are still served (counted as possibly stale); anything
-else not journaled is ``BackendUnavailable``.
+With the link down, cached versions are still served (counted as possibly stale), and so
+are the listings of directories the hub last listed to the same user (kept until the feed
+changes something in them, and stat answered from them); anything else not journaled is
+``BackendUnavailable``, never an empty directory.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -104,6 +107,10 @@ class WarmStats:
 LEASED_OPENS = Counter(
     "loomfs_spoke_leased_opens_total", "Opens answered under a read lease, with no round trip"
 )
+OFFLINE_LISTINGS = Counter(
+    "loomfs_spoke_offline_listings_total",
+    "Listings and stats answered from kept listings while the hub was unreachable",
+)
 
 FEED_WAIT = 5.0
 COLD_FETCH = 8 * BLOCK  # what the first request for a file brings along with its entry
@@ -113,6 +120,8 @@ RETRY = 0.5  # the first wait after the link failed; then twice as long each tim
 RETRY_MAX = 15.0  # ...up to this (a refusal waits this long at once: see core.retry)
 STUCK_RETRY = 5.0  # a write the hub refused is tried again after this, then less often...
 STUCK_RETRY_MAX = 300.0  # ...or when the change feed says its path changed
+LISTING_MAX = 10_000  # entries of one directory's listing kept for offline use, at most...
+LISTINGS_MAX = 200_000  # ...and of all kept listings together (the least recent go first)
 #: refusals that stand until someone acts (a policy, a path): sync() reports them
 _FINAL = (PermissionDenied, NotFound, NotADirectory, IsADirectory, InvalidPath, InvalidArgument)
 
@@ -165,6 +174,12 @@ class SpokeNamespace(Namespace):
         # so a revoked right stops serving cached data within one lease term
         self._admitted: dict[tuple[str, str], float] = {}
         self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
+        # (directory, user) -> what the hub last listed to that user there, by name, until
+        # the feed changes something in it: served while the hub can't be asked
+        self._listings: OrderedDict[tuple[str, str], dict[str, Entry]] = OrderedDict()
+        self._listed: dict[str, set[str]] = {}  # directory -> the users it is kept for
+        self._listed_entries = 0
+        self._dir_changed: dict[str, int] = {}  # directory -> seq of the last change in it
         self.seq = 0
         self.online = True
         #: why the hub, reachable, refuses this site's feed (revoked, say); None while not
@@ -264,6 +279,9 @@ class SpokeNamespace(Namespace):
             self.cache.invalidate(change.path, below=True)
         elif change.op is ChangeOp.MODIFY:
             self.cache.invalidate(change.path, keep_version=change.version)
+        self._unlist(change.path, change.seq, below=below)
+        if change.new_path:
+            self._unlist(change.new_path, change.seq, below=True)
         known = self._known.get(change.path)
         news = not (
             change.op in (ChangeOp.CREATE, ChangeOp.MODIFY)
@@ -334,7 +352,15 @@ class SpokeNamespace(Namespace):
             with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
                 return self._pending_entry(pending)
         asked_at = self.seq
-        entry = await self.hub.stat(who, path)
+        try:
+            entry = await self.hub.stat(who, path)
+        except BackendUnavailable:
+            parent, name = paths.split(path)
+            kept = self._listings.get((parent, who.user), {}).get(name)
+            if kept is None:  # the root, or a name this user was never listed
+                raise
+            OFFLINE_LISTINGS.inc()
+            return kept
         self._learn(entry, asked_at)  # a stat needs list only: it admits no read
         return entry
 
@@ -352,9 +378,76 @@ class SpokeNamespace(Namespace):
         path = paths.normalize(path)
         if not self._visible(path):
             raise PermissionDenied(f"{path} is not attached at this spoke", path=path)
-        async for entry in self.hub.list(who, path, start_after=start_after, limit=limit):
-            if self._visible(entry.path):
+        asked_at = self.seq
+        # a whole listing is kept for offline use (a page is not the directory)
+        seen: dict[str, Entry] | None = {} if start_after is None and limit is None else None
+        began = False
+        try:
+            async for entry in self.hub.list(who, path, start_after=start_after, limit=limit):
+                began = True
+                if not self._visible(entry.path):
+                    continue
+                if seen is not None:
+                    seen[entry.name] = entry
+                    if len(seen) > LISTING_MAX:  # too long to keep: listed, not kept
+                        seen = None
                 yield entry
+        except BackendUnavailable as exc:
+            if began:  # half a listing is no listing: the caller hears the link failed
+                raise
+            kept = self._listings.get((path, who.user))
+            if kept is None:
+                raise BackendUnavailable(
+                    f"the hub is unreachable, and this spoke keeps no listing of {path} "
+                    f"that it listed to {who.user}: {exc}",
+                    path=path,
+                ) from exc
+            self._listings.move_to_end((path, who.user))
+            OFFLINE_LISTINGS.inc()
+            after = [e for e in kept.values() if start_after is None or e.name > start_after]
+            for entry in after if limit is None else after[:limit]:
+                yield entry
+            return
+        if seen is not None:
+            self._keep_listing(path, who, seen, asked_at)
+
+    def _keep_listing(
+        self, path: str, who: Principal, entries: dict[str, Entry], asked_at: int
+    ) -> None:
+        """Keep what the hub listed to ``who``, unless the feed changed the directory (or
+        moved or removed one above it) while the listing was on its way."""
+        if self._dir_changed.get(path, 0) > asked_at or any(
+            self._below.get(at, 0) > asked_at for at in (path, *paths.ancestors(path))
+        ):
+            return
+        self._drop_listing((path, who.user))
+        self._listings[(path, who.user)] = entries
+        self._listed.setdefault(path, set()).add(who.user)
+        self._listed_entries += len(entries)
+        while self._listed_entries > LISTINGS_MAX:
+            self._drop_listing(next(iter(self._listings)))
+
+    def _drop_listing(self, key: tuple[str, str]) -> None:
+        entries = self._listings.pop(key, None)
+        if entries is not None:
+            self._listed_entries -= len(entries)
+            users = self._listed[key[0]]
+            users.discard(key[1])
+            if not users:
+                del self._listed[key[0]]
+
+    def _unlist(self, path: str, seq: int, *, below: bool) -> None:
+        """A change of ``path`` at ``seq``: its directory's kept listings (it is an entry
+        there) are stale, and with ``below`` (moved, removed, evicted) those at or below
+        it too."""
+        parent = paths.split(path)[0]
+        self._dir_changed[parent] = seq
+        stale = [parent]
+        if below:
+            stale += [d for d in self._listed if paths.is_within(d, path)]
+        for directory in stale:
+            for user in list(self._listed.get(directory, ())):
+                self._drop_listing((directory, user))
 
     async def _open_entry(
         self, who: Principal, path: str, offset: int = 0, length: int | None = None
