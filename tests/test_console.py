@@ -8,12 +8,12 @@ screenshotted, no console errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
@@ -34,6 +34,9 @@ from loomfs.rest.auth import HubAuthenticator
 from loomfs.rest.server import RestServer
 from loomfs.service import HubService
 from loomfs.testing.fabric import fabric
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, ConsoleMessage, Page
 
 Client = TestClient[web.Request, web.Application]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -294,130 +297,144 @@ def test_a_forged_or_altered_cookie_opens_no_session(cookie: str, flip: int) -> 
 # -- in a real browser ---------------------------------------------------------------------
 
 
-async def test_the_console_in_chromium(hub: Hub, tmp_path: Path) -> None:
-    try:
-        from playwright.async_api import ConsoleMessage, Page, async_playwright  # noqa: PLC0415
-    except ImportError:
-        pytest.fail(f"Playwright for Python is missing: {INSTALL_CHROMIUM}")
-    if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
-        pytest.fail(f"{CHROMIUM} is missing: {INSTALL_CHROMIUM}")
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
-    base = str(hub.http.make_url("")).rstrip("/")
-    pin = SiteIdentity.create(tmp_path / "gpu-west-id", "gpu-west", labels={"region": "eu"})
-    await SiteRegistry(hub.service.catalog).add(pin.cert_pem)
-    errors: list[str] = []
+@dataclass
+class Chromium:
+    """Debian's chromium driven by Playwright: pages whose console errors are kept, and
+    screenshots of them under ``shots``."""
 
-    def watch(page: Page) -> Page:
+    browser: Browser
+    base: str
+    shots: Path
+    errors: list[str]
+
+    async def page(self) -> Page:
+        """A page in a browser context of its own (its own cookies)."""
+        context = await self.browser.new_context(viewport={"width": 1280, "height": 800})
+        page = await context.new_page()
+
         def noted(message: ConsoleMessage) -> None:
             if message.type == "error":
-                errors.append(f"{page.url}: {message.text}")
+                self.errors.append(f"{page.url}: {message.text}")
 
         page.on("console", noted)
-        page.on("pageerror", lambda exc: errors.append(f"{page.url}: {exc}"))
+        page.on("pageerror", lambda exc: self.errors.append(f"{page.url}: {exc}"))
         return page
 
-    async def shot(page: Page, name: str) -> None:
-        await page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+    async def shot(self, page: Page, name: str) -> None:
+        await page.screenshot(path=str(self.shots / f"{name}.png"), full_page=True)
 
-    async def keyboard_login(page: Page, key: str, secret: str) -> None:
-        await page.goto(f"{base}/ui/browse/vol")
+    async def login(self, page: Page, key: str, secret: str, to: str = "/ui/browse/vol") -> None:
+        """Log in with the keyboard alone, from the redirect a page behind the login gives."""
+        await page.goto(self.base + to)
         assert "/ui/login" in page.url
         await page.get_by_label("Access key id").focus()
         await page.keyboard.type(key)
         await page.keyboard.press("Tab")
         await page.keyboard.type(secret)
         await page.keyboard.press("Enter")  # the form's own submit: no script anywhere
-        await page.wait_for_url(f"{base}/ui/browse/vol")
+        await page.wait_for_url(self.base + to)
 
+
+@contextlib.asynccontextmanager
+async def chromium(base: str, tmp_path: Path) -> AsyncIterator[Chromium]:
+    """A browser on ``base``; on leaving, no page may have logged an error."""
+    try:
+        from playwright.async_api import async_playwright  # noqa: PLC0415
+    except ImportError:
+        pytest.fail(f"Playwright for Python is missing: {INSTALL_CHROMIUM}")
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: {INSTALL_CHROMIUM}")
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(
             executable_path=str(CHROMIUM), args=["--no-sandbox"]
         )
+        made = Chromium(browser, base.rstrip("/"), shots, [])
         try:
-            page = watch(await browser.new_page(viewport={"width": 1280, "height": 800}))
-            await page.goto(f"{base}/ui/login")
-            await shot(page, "login")
-            await keyboard_login(page, *hub.keys["root"])
-            await shot(page, "browse")
-            await page.get_by_role("link", name="alice/").click()
-            await page.get_by_role("link", name="a.txt").click()
-            assert await page.locator("dd code").first.inner_text() == "/vol/alice/a.txt"
-            await shot(page, "file")
-            async with page.expect_download() as download:
-                await page.get_by_role("link", name="Download").click()
-            assert Path(await (await download.value).path()).read_bytes() == b"alice's"
-
-            await page.get_by_role("link", name="Volumes").click()
-            assert await page.get_by_role("cell", name="ready", exact=True).count() == 1
-            await shot(page, "volumes")
-
-            await page.get_by_role("link", name="Users").click()
-            await page.get_by_label("Name").fill("dave")
-            await page.get_by_label("Groups").fill("ml")
-            await page.get_by_role("button", name="Add user").click()
-            key = await page.locator("#new-access-key").inner_text()
-            secret = await page.locator("#new-secret").inner_text()
-            await shot(page, "users")
-
-            await page.get_by_role("link", name="Access rules").click()
-            await page.get_by_label("Subject").fill("user:dave")
-            await page.get_by_label("Right").select_option("read")
-            await page.get_by_label("Path").fill("/vol/eu")
-            await page.get_by_role("button", name="Grant").click()
-            assert (
-                "granted read on /vol/eu to user:dave"
-                in await page.get_by_role("status").inner_text()
-            )
-            await shot(page, "acl")
-
-            await page.get_by_role("link", name="Residency").click()
-            await page.get_by_label("Name").fill("eu-only")
-            await page.get_by_label("Paths").fill("/vol/eu/**")
-            await page.get_by_label("Allowed site labels").fill("region=eu")
-            await page.get_by_role("button", name="Store policy").click()
-            assert await page.get_by_role("cell", name="eu-only", exact=True).count() == 1
-            await shot(page, "policies")
-
-            await page.get_by_role("link", name="Sites").click()
-            await page.get_by_role("button", name="Revoke site gpu-west").click()
-            assert await page.get_by_text("revoked", exact=True).count() == 1
-            await shot(page, "sites")
-
-            # the new user reads what the grant gave: in a browser of their own
-            dave = watch(await (await browser.new_context()).new_page())
-            await keyboard_login(dave, key, secret)
-            assert await dave.get_by_role("link", name="eu/").count() == 1
-            assert await dave.get_by_role("link", name="secret/").count() == 0
-            await dave.get_by_role("link", name="eu/").click()
-            await dave.get_by_role("link", name="e.txt").click()
-            await dave.context.close()
-
-            await hub.flush_audit()
-            await page.get_by_role("link", name="Audit").click()
-            await page.get_by_label("User").fill("dave")
-            await page.get_by_label("Path").fill("/vol/eu")
-            await page.get_by_label("Protocol").fill("console")
-            await page.get_by_role("button", name="Search").click()
-            rows = page.locator("table.audit tbody tr")
-            assert await rows.count() >= 1
-            texts = await rows.all_inner_texts()
-            assert any("/vol/eu/e.txt" in t and "dave" in t and "console" in t for t in texts), (
-                texts
-            )
-            await shot(page, "audit")
-
-            await page.emulate_media(color_scheme="dark")
-            await page.get_by_role("link", name="Browse").click()
-            await shot(page, "browse-dark")
-            await page.get_by_role("button", name="Log out").click()
-            await page.goto(f"{base}/ui/users")
-            assert "/ui/login" in page.url
+            yield made
         finally:
             await browser.close()
-    assert not errors, errors
-    assert {p.stem for p in shots.iterdir()} >= {"login", "browse", "file", "users", "acl",
-                                                "policies", "sites", "audit"}  # fmt: skip
+    assert not made.errors, made.errors
+
+
+async def test_the_console_in_chromium(hub: Hub, tmp_path: Path) -> None:
+    pin = SiteIdentity.create(tmp_path / "gpu-west-id", "gpu-west", labels={"region": "eu"})
+    await SiteRegistry(hub.service.catalog).add(pin.cert_pem)
+    async with chromium(str(hub.http.make_url("")), tmp_path) as web_ui:
+        page = await web_ui.page()
+        await page.goto(f"{web_ui.base}/ui/login")
+        await web_ui.shot(page, "login")
+        await web_ui.login(page, *hub.keys["root"])
+        await web_ui.shot(page, "browse")
+        await page.get_by_role("link", name="alice/").click()
+        await page.get_by_role("link", name="a.txt").click()
+        assert await page.locator("dd code").first.inner_text() == "/vol/alice/a.txt"
+        await web_ui.shot(page, "file")
+        async with page.expect_download() as download:
+            await page.get_by_role("link", name="Download").click()
+        assert Path(await (await download.value).path()).read_bytes() == b"alice's"
+
+        await page.get_by_role("link", name="Volumes").click()
+        assert await page.get_by_role("cell", name="ready", exact=True).count() == 1
+        await web_ui.shot(page, "volumes")
+
+        await page.get_by_role("link", name="Users").click()
+        await page.get_by_label("Name").fill("dave")
+        await page.get_by_label("Groups").fill("ml")
+        await page.get_by_role("button", name="Add user").click()
+        key = await page.locator("#new-access-key").inner_text()
+        secret = await page.locator("#new-secret").inner_text()
+        await web_ui.shot(page, "users")
+
+        await page.get_by_role("link", name="Access rules").click()
+        await page.get_by_label("Subject").fill("user:dave")
+        await page.get_by_label("Right").select_option("read")
+        await page.get_by_label("Path").fill("/vol/eu")
+        await page.get_by_role("button", name="Grant").click()
+        notice = await page.get_by_role("status").inner_text()
+        assert "granted read on /vol/eu to user:dave" in notice
+        await web_ui.shot(page, "acl")
+
+        await page.get_by_role("link", name="Residency").click()
+        await page.get_by_label("Name").fill("eu-only")
+        await page.get_by_label("Paths").fill("/vol/eu/**")
+        await page.get_by_label("Allowed site labels").fill("region=eu")
+        await page.get_by_role("button", name="Store policy").click()
+        assert await page.get_by_role("cell", name="eu-only", exact=True).count() == 1
+        await web_ui.shot(page, "policies")
+
+        await page.get_by_role("link", name="Sites").click()
+        await page.get_by_role("button", name="Revoke site gpu-west").click()
+        assert await page.get_by_text("revoked", exact=True).count() == 1
+        await web_ui.shot(page, "sites")
+
+        # the new user, in a browser of their own, reads what the grant gave
+        dave = await web_ui.page()
+        await web_ui.login(dave, key, secret)
+        assert await dave.get_by_role("link", name="eu/").count() == 1
+        assert await dave.get_by_role("link", name="secret/").count() == 0
+        await dave.get_by_role("link", name="eu/").click()
+        await dave.get_by_role("link", name="e.txt").click()
+
+        await hub.flush_audit()
+        await page.get_by_role("link", name="Audit").click()
+        await page.get_by_label("User").fill("dave")
+        await page.get_by_label("Path").fill("/vol/eu")
+        await page.get_by_label("Protocol").fill("console")
+        await page.get_by_role("button", name="Search").click()
+        texts = await page.locator("table.audit tbody tr").all_inner_texts()
+        assert any("/vol/eu/e.txt" in t and "dave" in t and "console" in t for t in texts), texts
+        await web_ui.shot(page, "audit")
+
+        await page.emulate_media(color_scheme="dark")
+        await page.get_by_role("link", name="Browse").click()
+        await web_ui.shot(page, "browse-dark")
+        await page.get_by_role("button", name="Log out").click()
+        await page.goto(f"{web_ui.base}/ui/users")
+        assert "/ui/login" in page.url
+    shots = {p.stem for p in (tmp_path / "screenshots").iterdir()}
+    assert shots >= {"login", "browse", "file", "users", "acl", "policies", "sites", "audit"}
 
 
 async def test_a_spokes_console_shows_its_link_and_cache(tmp_path: Path) -> None:
@@ -436,17 +453,24 @@ async def test_a_spokes_console_shows_its_link_and_cache(tmp_path: Path) -> None
             for _ in range(2):  # a miss, then a hit
                 got = await http.get("/ui/download/vol/shard")
                 assert got.status == 200 and len(await got.read()) == 300_000
-            page = await (await http.get("/ui/spoke")).text()
-            ratio = re.search(r"Hit ratio: ([\d.]+)% of (\d+) reads", page)
-            assert ratio is not None and ">up<" in page, page
+            html = await (await http.get("/ui/spoke")).text()
+            ratio = re.search(r"Hit ratio: ([\d.]+)% of (\d+) reads", html)
+            assert ratio is not None and ">up<" in html, html
             assert 0 < float(ratio.group(1)) < 100 and int(ratio.group(2)) >= 2  # a miss, a hit
-            assert "Prefetching is off" in page and "Writes not yet at the hub</dt><dd>0" in page
+            assert "Prefetching is off" in html and "Writes not yet at the hub</dt><dd>0" in html
             assert (await http.get("/ui/users")).status == 404  # administration is the hub's
-            made.link.cut()
-            for _ in range(1500):
-                if not spoke.online:
-                    break
-                await asyncio.sleep(0.02)
-            page = await (await http.get("/ui/spoke")).text()
-            assert ">down<" in page
-            made.link.restore()
+            async with chromium(str(http.make_url("")), tmp_path) as web_ui:
+                page = await web_ui.page()
+                await web_ui.login(page, key.access_key, key.secret, "/ui/spoke")
+                assert await page.get_by_role("img", name="cache used").count() == 1
+                await web_ui.shot(page, "spoke")
+                made.link.cut()
+                for _ in range(1500):
+                    if not spoke.online:
+                        break
+                    await asyncio.sleep(0.02)
+                await page.reload()
+                assert await page.locator("#link-title + p .state").inner_text() == "down"
+                await page.emulate_media(color_scheme="dark")
+                await web_ui.shot(page, "spoke-down-dark")
+                made.link.restore()

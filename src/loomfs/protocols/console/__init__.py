@@ -256,7 +256,7 @@ class Console:
             return self._login_page(nxt, 401, str(exc))
         cookie, _ = self.sessions.open(credentials)
         # only a page of the console: a link elsewhere must not send a user off-site
-        target = nxt if nxt.startswith(f"{UI}/") and not nxt.startswith("//") else f"{UI}/"
+        target = nxt if nxt.startswith(f"{UI}/") else f"{UI}/"
         answer = web.HTTPSeeOther(target)
         answer.set_cookie(
             COOKIE, cookie, path=UI, httponly=True, samesite="Strict",
