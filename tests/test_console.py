@@ -215,6 +215,8 @@ async def test_a_user_browses_only_what_the_rules_give_her(hub: Hub) -> None:
         assert (await http.get("/ui/download/vol/secret/s.txt")).status == 403
         page = await (await http.get("/ui/browse/vol/alice/a.txt")).text()
         assert "Download" in page and "/vol/alice/a.txt" in page
+        crumbs = re.findall(r'<a href="/ui/browse/([^"]*)">([^<]+)</a>', page.split("</nav>")[1])
+        assert crumbs == [("", "/"), ("vol", "vol"), ("vol/alice", "alice")], crumbs
         got = await http.get("/ui/download/vol/alice/a.txt")
         assert got.status == 200 and await got.read() == b"alice's"
         assert "attachment" in got.headers["Content-Disposition"]

@@ -193,6 +193,8 @@ class Console:
             except AuthenticationFailed:  # the key was removed since the login
                 self.sessions.close(session)
                 raise web.HTTPSeeOther(f"{UI}/login") from None
+            except LoomError as exc:  # a spoke that can't ask its hub who this is
+                return self.render("error.html", session, None, wire.status_of(exc), error=str(exc))
             who = Principal(identity.user, identity.groups, site=self.site, protocol=PROTOCOL)
             if request.method == "POST":
                 form = await request.post()
@@ -278,9 +280,7 @@ class Console:
     ) -> web.StreamResponse:
         path = paths.normalize("/" + request.match_info["path"])
         entry = await self.namespace.stat(who, path)
-        crumbs = [("/", "/")] + [
-            (p, p.rsplit("/", 1)[-1]) for p in reversed(paths.ancestors(path)) if p != "/"
-        ]
+        crumbs = [("/", "/"), *((p, p.rsplit("/", 1)[-1]) for p in paths.ancestors(path)[1:])]
         if path != "/":
             crumbs.append((path, entry.name))
         if entry.kind is not EntryKind.DIR:
