@@ -178,6 +178,7 @@ ROUTES: dict[str, tuple[Call, Callable[[str], str]]] = {
         lambda c, h, s, w: c.delete(f"{A}/policies/gone-{w}", headers=h),
         lambda w: "/z",
     ),
+    "audit": (lambda c, h, s, w: c.get(f"{A}/audit?user=alice", headers=h), lambda w: "/"),
 }
 ALLOWED = {"root": set(ROUTES), "xadmin": {n for n in ROUTES if n.endswith("at /x")}}
 #: what a successful call answers: the key removal names no key of alice's

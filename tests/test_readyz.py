@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import functools
 import subprocess
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from loomfs.service import HubService
 from loomfs.spoke.namespace import SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.postgres import PostgresServer
+from loomfs.testing.seaweedfs import SeaweedFS
 
 Http = TestClient[web.Request, web.Application]
 
@@ -125,6 +127,19 @@ async def test_a_hub_with_an_unreadable_volume_is_not_ready(
     root.unlink()
     await degraded(http, "volumes", "/x", "No such file")
     root.mkdir()
+    await ready(http)
+
+
+async def test_a_hub_whose_bucket_is_gone_is_not_ready(
+    hub_http: tuple[HubService, Http], seaweedfs: SeaweedFS, s3_env: None
+) -> None:
+    hub, http = hub_http
+    bucket = seaweedfs.create_bucket(f"ready-{uuid.uuid4().hex[:10]}")
+    await hub.add_volume("/s3", f"s3://{bucket}?endpoint={seaweedfs.endpoint}", lambda _: None)
+    await ready(http)
+    seaweedfs.client().delete_bucket(Bucket=bucket)
+    await degraded(http, "volumes", "/s3", f"bucket {bucket} does not exist")
+    seaweedfs.create_bucket(bucket)
     await ready(http)
 
 

@@ -2,18 +2,19 @@
 depends on, checked cheaply enough to be asked every few seconds.
 
 A hub: its catalog answers, its volumes are readable (a posix volume's root can be
-listed), its data directory has ``[site] min_free`` bytes free, its site certificate is
-valid. A spoke: its link to the hub is up and the hub accepts it (not revoked), the
-pinned hub certificate and its own are valid, its cache directory has room. Where the
-link is down, a fresh handshake (``fabric.probe``) says why: the hub unreachable, a hub
-that is not the pinned one, or a hub that no longer trusts this site. Any part not ok
-makes the answer ``degraded`` with HTTP 503 and the reasons, so a load balancer or an
-orchestrator's probe sees what a person reading the JSON sees. (``/healthz`` says only
-that the process answers: a restart mends none of these.)
+listed, an S3 bucket answers), its data directory has ``[site] min_free`` bytes free, its
+site certificate is valid. A spoke: its link to the hub is up and the hub accepts it (not
+revoked), the pinned hub certificate and its own are valid, its cache directory has room.
+Where the link is down, a fresh handshake (``fabric.probe``) says why: the hub
+unreachable, a hub that is not the pinned one, or a hub that no longer trusts this site.
+Any part not ok makes the answer ``degraded`` with HTTP 503 and the reasons, so a load
+balancer or an orchestrator's probe sees what a person reading the JSON sees.
+(``/healthz`` says only that the process answers: a restart mends none of these.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import shutil
@@ -23,6 +24,7 @@ from typing import Any
 
 from cryptography import x509
 
+from .core.backends.base import Backend
 from .core.backends.posix import PosixBackend
 from .core.catalog.base import Catalog
 from .errors import LoomError
@@ -30,6 +32,7 @@ from .hub.namespace import HubNamespace
 from .spoke.namespace import SpokeNamespace
 
 MIN_FREE = 256 << 20  # the default of [site] min_free
+CHECK_TIMEOUT = 5.0  # longest a volume's storage may take to answer /readyz's question
 
 Check = dict[str, Any]
 Checks = Mapping[str, Check]
@@ -55,7 +58,7 @@ async def catalog(engine: Catalog) -> Check:
         return {"ok": False, "error": f"the catalog is unreachable: {exc}"}
 
 
-def _unreadable(root: str) -> str | None:
+def _unlistable(root: str) -> str | None:
     """Why a posix volume's root can't be read, if it can't (listing its first entry)."""
     try:
         with os.scandir(root) as entries:
@@ -65,21 +68,33 @@ def _unreadable(root: str) -> str | None:
     return None
 
 
+async def _unreadable(backend: Backend) -> str | None:
+    """Why a volume's storage can't be read now, if it can't: a posix root is listed, an
+    object store asked once (S3: HEAD of the bucket), each within ``CHECK_TIMEOUT``."""
+    if isinstance(backend, PosixBackend):
+        return _unlistable(backend.root)
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT):
+            await backend.check()
+    except LoomError as exc:
+        return str(exc)
+    except TimeoutError:
+        return f"no answer within {CHECK_TIMEOUT:g} s"
+    return None
+
+
 async def volumes(engine: Catalog, namespace: HubNamespace) -> Check:
     try:  # the catalog's states: an import that finished is ready there first
         states = {volume.mount: volume.state.value for volume in await engine.volumes()}
     except LoomError as exc:
         return {"ok": False, "error": f"the catalog is unreachable: {exc}"}
-    broken = {
-        mount: why
-        for mount, mounted in namespace.mounts.items()
-        if isinstance(mounted.backend, PosixBackend)
-        and (why := _unreadable(mounted.backend.root)) is not None
-    }
+    mounts = list(namespace.mounts.items())
+    why = await asyncio.gather(*(_unreadable(mounted.backend) for _, mounted in mounts))
+    broken = {mount: reason for (mount, _), reason in zip(mounts, why, strict=True) if reason}
     check: Check = {"ok": not broken, "states": states}
     if broken:
         check["error"] = "unreadable volumes: " + ", ".join(
-            f"{mount} ({why})" for mount, why in sorted(broken.items())
+            f"{mount} ({reason})" for mount, reason in sorted(broken.items())
         )
     return check
 

@@ -30,7 +30,7 @@ from .config import Config, NfsExport, SmbShare, TlsSettings, host_port, parse_s
 from .core import acl
 from .core.acl import AclAuthorizer
 from .core.admin import LocalAdmin, check_volume_url
-from .core.audit import AuditLog, load_key
+from .core.audit import AuditLog, AuditReader, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
 from .core.catalog.base import Catalog
@@ -54,10 +54,11 @@ from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
+from .protocols.console import Console
 from .protocols.nfs import AccessGate, NfsServer
 from .protocols.s3 import S3Gateway
 from .protocols.smb import SmbServer
-from .rest.admin import routes as admin_routes
+from .rest.admin import AdminApi, AdminRoutes
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
 from .rest.plans import routes as plan_routes
@@ -321,16 +322,29 @@ class HubService:
             anonymous=self.config.hub.anonymous,
         )
 
+    def admin_api(self) -> AdminApi:
+        """Administration as every edge gets it (REST, the console): governed, audited."""
+        config = self.config
+        reader = None
+        if self.audit is not None:
+            reader = AuditReader(config.audit_dir, load_key(config.audit.key_file))
+        directory = Directory(self.catalog, own_names(config))
+        return AdminApi(directory, self.governed, audit=reader, volumes=self)
+
     def rest_server(self) -> RestServer:
         """The REST API as clients get it: the governed namespace, administration decided
-        by the same governance."""
+        by the same governance; the web console at /ui over both."""
+        api, authenticate = self.admin_api(), self.authenticator()
+        console = Console(
+            self.governed, authenticate.identify, site=self.config.site.name, admin=api
+        )
         return RestServer(
             self.governed,
             self,
             site=self.config.site.name,
-            authenticate=self.authenticator(),
+            authenticate=authenticate,
             governance=self.governed,
-            routes=admin_routes(Directory(self.catalog, own_names(self.config)), self.governed),
+            routes=[*AdminRoutes(api).routes(), *console.routes()],
             health=self.health,
         )
 
@@ -660,14 +674,22 @@ class SpokeService:
         self.lock.release()
 
     def rest_server(self) -> RestServer:
-        """The spoke's REST API (its prefetcher's plan routes where it prefetches)."""
+        """The spoke's REST API (its prefetcher's plan routes where it prefetches) and
+        its web console at /ui."""
         prefetcher = self.prefetcher
+        console = Console(
+            self.namespace, self.authenticate.identify, site=self.namespace.site,
+            spoke=self.namespace, prefetch=prefetcher.report if prefetcher is not None else None,
+        )  # fmt: skip
         return RestServer(
             self.namespace,
             spoke=self.namespace,
             site=self.namespace.site,
             authenticate=self.authenticate,
-            routes=plan_routes(prefetcher) if prefetcher is not None else (),
+            routes=[
+                *(plan_routes(prefetcher) if prefetcher is not None else ()),
+                *console.routes(),
+            ],
             health=self.health,
         )
 

@@ -472,6 +472,7 @@ class AuditReader:
         since: int | None = None,
         until: int | None = None,
         result: str | None = None,
+        protocol: str | None = None,
     ) -> Iterator[AuditRecord]:
         """Records matching every filter given (times in ns since the epoch, ``until``
         exclusive; ``path_prefix`` matches that path and everything below it)."""
@@ -482,6 +483,7 @@ class AuditReader:
                 (user is None or r.user == user)
                 and (site is None or r.site == site)
                 and (op is None or r.op == op)
+                and (protocol is None or r.protocol == protocol)
                 and (result is None or r.result == result)
                 and (since is None or r.time_ns >= since)
                 and (until is None or r.time_ns < until)

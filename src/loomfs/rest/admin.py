@@ -1,5 +1,6 @@
-"""The hub's admin API (protocol layer): users, keys, groups, ACL rules, trusted sites and
-placement policies over REST, under ``/v1/admin``.
+"""The hub's admin API (protocol layer): users, keys, groups, ACL rules, trusted sites,
+placement policies and the audit log over REST, under ``/v1/admin``; ``AdminApi`` is the
+same calls for the web console (``console``).
 
 Every route is administration, never open: an explicit admin right (``core.acl``) on the
 path it governs (an ACL rule's path, a policy's globs; "/" for users, groups, sites and
@@ -10,22 +11,35 @@ new access key's secret is in its answer only: never in a log line or an audit r
 
 from __future__ import annotations
 
+import asyncio
+import collections
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from .. import paths
+from ..core.audit import AuditReader
 from ..core.directory import Directory
 from ..core.placement import Policy
 from ..core.sites import parse_labels
-from ..errors import InvalidArgument
+from ..core.types import Principal
+from ..errors import InvalidArgument, NotSupported
 from ..namespace.governed import GovernedNamespace
 from . import wire
-from .server import WHO, _body, _json
+from .server import WHO, _body, _int, _json
 
 ADMIN = wire.ADMIN
+MAX_AUDIT = 10000  # records one audit query answers with at most
 T = TypeVar("T")
+
+
+class Volumes(Protocol):
+    """The hub's volumes, as ``rest.server.VolumeAdmin`` lists them."""
+
+    async def list_volumes(self) -> list[dict[str, Any]]: ...
+
+
 _GLOB = frozenset("*?[")
 
 
@@ -58,20 +72,219 @@ def _none() -> web.Response:
     return web.Response(status=204)
 
 
-class AdminRoutes:
-    def __init__(self, directory: Directory, governance: GovernedNamespace) -> None:
+class AdminApi:
+    """The admin API's calls, each decided and recorded by ``governance``
+    (``administered``): what the REST routes below and the web console (``console``) call,
+    so both administer alike. Arguments are checked already (the routes parse them)."""
+
+    def __init__(
+        self,
+        directory: Directory,
+        governance: GovernedNamespace,
+        *,
+        audit: AuditReader | None = None,
+        volumes: Volumes | None = None,
+    ) -> None:
+        """``audit``: the site's audit log, for ``audit_query``; ``volumes``: the hub's,
+        for ``list_volumes``."""
         self.directory = directory
         self.governance = governance
+        self.audit = audit
+        self.volumes = volumes
 
     async def _do(
-        self,
-        request: web.Request,
-        op: str,
-        path: str,
-        call: Callable[[], Awaitable[T]],
-        detail: str = "",
+        self, who: Principal, op: str, path: str, call: Callable[[], Awaitable[T]], detail: str = ""
     ) -> T:
-        return await self.governance.administered(request[WHO], op, path, call, detail=detail)
+        return await self.governance.administered(who, op, path, call, detail=detail)
+
+    # -- users and keys --------------------------------------------------------------------
+
+    async def list_users(self, who: Principal) -> list[dict[str, Any]]:
+        return await self._do(who, "list_users", "/", self.directory.list_users)
+
+    async def add_user(
+        self, who: Principal, name: str, groups: list[str], ssh_key: str | None = None
+    ) -> dict[str, Any]:
+        """The new user and its first access key (the secret in this answer only)."""
+        return await self._do(
+            who, "add_user", "/", lambda: self.directory.add_user(name, groups, ssh_key),
+            detail=f"user {name}, groups {','.join(sorted(groups)) or '-'}",
+        )  # fmt: skip
+
+    async def remove_user(self, who: Principal, name: str) -> None:
+        await self._do(
+            who, "remove_user", "/", lambda: self.directory.remove_user(name),
+            detail=f"user {name}",
+        )  # fmt: skip
+
+    async def add_access_key(self, who: Principal, name: str) -> dict[str, Any]:
+        return await self._do(
+            who, "add_access_key", "/", lambda: self.directory.add_access_key(name),
+            detail=f"user {name}",
+        )  # fmt: skip
+
+    async def add_ssh_key(self, who: Principal, name: str, line: str) -> dict[str, Any]:
+        return await self._do(
+            who, "add_ssh_key", "/", lambda: self.directory.add_ssh_key(name, line),
+            detail=f"user {name}",
+        )  # fmt: skip
+
+    async def remove_access_key(self, who: Principal, name: str, access_key: str) -> None:
+        await self._do(
+            who, "remove_access_key", "/",
+            lambda: self.directory.remove_access_key(name, access_key),
+            detail=f"user {name}, access key {access_key}",
+        )  # fmt: skip
+
+    async def remove_ssh_key(self, who: Principal, name: str, line: str) -> None:
+        await self._do(
+            who, "remove_ssh_key", "/", lambda: self.directory.remove_ssh_key(name, line),
+            detail=f"user {name}",
+        )  # fmt: skip
+
+    # -- groups and rules ------------------------------------------------------------------
+
+    async def list_groups(self, who: Principal) -> list[dict[str, Any]]:
+        return await self._do(who, "list_groups", "/", self.directory.list_groups)
+
+    async def add_group(self, who: Principal, name: str) -> None:
+        await self._do(
+            who, "add_group", "/", lambda: self.directory.add_group(name), detail=f"group {name}"
+        )
+
+    async def remove_group(self, who: Principal, name: str) -> None:
+        await self._do(
+            who, "remove_group", "/", lambda: self.directory.remove_group(name),
+            detail=f"group {name}",
+        )  # fmt: skip
+
+    async def set_member(self, who: Principal, group: str, user: str, *, member: bool) -> None:
+        await self._do(
+            who, "set_member", "/",
+            lambda: self.directory.set_member(group, user, member=member),
+            detail=f"group {group}, user {user}, member {member}",
+        )  # fmt: skip
+
+    async def list_rules(self, who: Principal) -> dict[str, Any]:
+        return await self._do(who, "list_acl", "/", self.directory.list_rules)
+
+    async def grant(
+        self, who: Principal, subject: str, permission: str, path: str
+    ) -> dict[str, Any]:
+        path = paths.normalize(path)
+        return await self._do(
+            who, "acl_grant", path, lambda: self.directory.grant(subject, permission, path),
+            detail=f"{subject} {permission}",
+        )  # fmt: skip
+
+    async def revoke(self, who: Principal, subject: str, permission: str, path: str) -> None:
+        path = paths.normalize(path)
+        await self._do(
+            who, "acl_revoke", path, lambda: self.directory.revoke(subject, permission, path),
+            detail=f"{subject} {permission}",
+        )  # fmt: skip
+
+    async def set_private(self, who: Principal, path: str, private: bool) -> None:
+        path = paths.normalize(path)
+        await self._do(
+            who, "acl_private", path, lambda: self.directory.set_private(path, private),
+            detail=f"private {private}",
+        )  # fmt: skip
+
+    # -- sites and policies ----------------------------------------------------------------
+
+    async def list_sites(self, who: Principal) -> list[dict[str, Any]]:
+        return await self._do(who, "list_sites", "/", self.directory.list_sites)
+
+    async def add_site(
+        self, who: Principal, cert: bytes, labels: dict[str, str], name: str | None
+    ) -> dict[str, Any]:
+        return await self._do(
+            who, "add_site", "/", lambda: self.directory.add_site(cert, labels, name),
+            detail=f"site {name or '(named by its certificate)'}",
+        )  # fmt: skip
+
+    async def revoke_site(self, who: Principal, name: str) -> None:
+        await self._do(
+            who, "revoke_site", "/", lambda: self.directory.revoke_site(name),
+            detail=f"site {name}",
+        )  # fmt: skip
+
+    async def remove_site(self, who: Principal, name: str) -> None:
+        await self._do(
+            who, "remove_site", "/", lambda: self.directory.remove_site(name),
+            detail=f"site {name}",
+        )  # fmt: skip
+
+    async def list_policies(self, who: Principal) -> list[dict[str, Any]]:
+        return await self._do(who, "list_policies", "/", self.directory.list_policies)
+
+    async def put_policy(self, who: Principal, policy: Policy) -> int:
+        """Store a policy; the answer is the change to settle on (``/v1/settle``)."""
+        governed = _governed(policy)
+        for path in governed[1:]:  # each path it governs is the caller's to administer
+            await self.governance.authorize_admin(who, "put_policy", path)
+        return await self._do(
+            who, "put_policy", governed[0], lambda: self.directory.put_policy(policy),
+            detail=f"policy {policy.name}: {' '.join(policy.paths)}",
+        )  # fmt: skip
+
+    async def remove_policy(self, who: Principal, name: str) -> None:
+        known = {p.name: p for p in await self.directory.policies.list()}
+        # an unknown name is decided on "/", so who may not administer learns nothing
+        governed = _governed(known[name]) if name in known else ["/"]
+        for path in governed[1:]:
+            await self.governance.authorize_admin(who, "remove_policy", path)
+        await self._do(
+            who, "remove_policy", governed[0], lambda: self.directory.remove_policy(name),
+            detail=f"policy {name}",
+        )  # fmt: skip
+
+    # -- volumes and the audit log ---------------------------------------------------------
+
+    async def list_volumes(self, who: Principal) -> list[dict[str, Any]]:
+        if self.volumes is None:
+            raise NotSupported("this site has no volumes of its own: it is a spoke")
+        return await self._do(who, "list_volumes", "/", self.volumes.list_volumes)
+
+    async def audit_query(
+        self,
+        who: Principal,
+        *,
+        user: str | None = None,
+        path: str | None = None,
+        protocol: str | None = None,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 200,
+    ) -> list[dict[str, Any]]:
+        """The newest ``limit`` records matching every filter given, oldest first (times
+        in ns since the epoch); reading the audit log is administration of "/"."""
+        reader = self.audit
+        if reader is None:
+            raise NotSupported("this site keeps no audit log ([audit] enabled = false)")
+
+        def newest() -> list[dict[str, Any]]:
+            found = reader.query(
+                user=user, path_prefix=path, protocol=protocol, since=since, until=until
+            )
+            return [r.as_dict() for r in collections.deque(found, maxlen=limit)]
+
+        return await self._do(
+            who, "audit_query", "/", lambda: asyncio.to_thread(newest),
+            detail=" ".join(
+                f"{k}={v}" for k, v in
+                (("user", user), ("path", path), ("protocol", protocol)) if v
+            ),
+        )  # fmt: skip
+
+
+class AdminRoutes:
+    """The admin API over REST: each route parses its request (bad input is a 400 before
+    anything is decided) and makes one ``AdminApi`` call as the caller."""
+
+    def __init__(self, api: AdminApi) -> None:
+        self.api = api
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -96,12 +309,13 @@ class AdminRoutes:
             web.get(f"{ADMIN}/policies", self.list_policies),
             web.post(f"{ADMIN}/policies", self.put_policy),
             web.delete(f"{ADMIN}/policies/{{name}}", self.remove_policy),
+            web.get(f"{ADMIN}/audit", self.audit_query),
         ]
 
     # -- users and keys --------------------------------------------------------------------
 
     async def list_users(self, request: web.Request) -> web.Response:
-        return _json(await self._do(request, "list_users", "/", self.directory.list_users))
+        return _json(await self.api.list_users(request[WHO]))
 
     async def add_user(self, request: web.Request) -> web.Response:
         body = await _body(request)
@@ -110,19 +324,10 @@ class AdminRoutes:
         ssh_key = body.get("ssh_key")
         if ssh_key is not None and not isinstance(ssh_key, str):
             raise InvalidArgument("adding a user: 'ssh_key' is a public key line")
-        made = await self._do(
-            request, "add_user", "/",
-            lambda: self.directory.add_user(name, groups, ssh_key),
-            detail=f"user {name}, groups {','.join(sorted(groups)) or '-'}",
-        )  # fmt: skip
-        return _json(made, 201)
+        return _json(await self.api.add_user(request[WHO], name, groups, ssh_key), 201)
 
     async def remove_user(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        await self._do(
-            request, "remove_user", "/", lambda: self.directory.remove_user(name),
-            detail=f"user {name}",
-        )  # fmt: skip
+        await self.api.remove_user(request[WHO], request.match_info["name"])
         return _none()
 
     async def add_key(self, request: web.Request) -> web.Response:
@@ -132,16 +337,8 @@ class AdminRoutes:
         if line is not None:
             if not isinstance(line, str):
                 raise InvalidArgument("'ssh_key' is a public key line")
-            ssh = await self._do(
-                request, "add_ssh_key", "/", lambda: self.directory.add_ssh_key(name, line),
-                detail=f"user {name}",
-            )  # fmt: skip
-            return _json(ssh, 201)
-        key = await self._do(
-            request, "add_access_key", "/", lambda: self.directory.add_access_key(name),
-            detail=f"user {name}",
-        )  # fmt: skip
-        return _json(key, 201)
+            return _json(await self.api.add_ssh_key(request[WHO], name, line), 201)
+        return _json(await self.api.add_access_key(request[WHO], name), 201)
 
     async def set_smb_password(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -159,94 +356,67 @@ class AdminRoutes:
         if (access_key is None) == (line is None):
             raise InvalidArgument("removing a key needs exactly one of ?access_key= and ?ssh_key=")
         if line is not None:
-            await self._do(
-                request, "remove_ssh_key", "/", lambda: self.directory.remove_ssh_key(name, line),
-                detail=f"user {name}",
-            )  # fmt: skip
+            await self.api.remove_ssh_key(request[WHO], name, line)
         else:
             assert access_key is not None
-            await self._do(
-                request, "remove_access_key", "/",
-                lambda: self.directory.remove_access_key(name, access_key),
-                detail=f"user {name}, access key {access_key}",
-            )  # fmt: skip
+            await self.api.remove_access_key(request[WHO], name, access_key)
         return _none()
 
     # -- groups and rules ------------------------------------------------------------------
 
     async def list_groups(self, request: web.Request) -> web.Response:
-        return _json(await self._do(request, "list_groups", "/", self.directory.list_groups))
+        return _json(await self.api.list_groups(request[WHO]))
 
     async def add_group(self, request: web.Request) -> web.Response:
-        name = _text(await _body(request), "group", "adding a group")
-        await self._do(
-            request, "add_group", "/", lambda: self.directory.add_group(name),
-            detail=f"group {name}",
-        )  # fmt: skip
+        await self.api.add_group(
+            request[WHO], _text(await _body(request), "group", "adding a group")
+        )
         return _none()
 
     async def remove_group(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        await self._do(
-            request, "remove_group", "/", lambda: self.directory.remove_group(name),
-            detail=f"group {name}",
-        )  # fmt: skip
+        await self.api.remove_group(request[WHO], request.match_info["name"])
         return _none()
 
     async def set_member(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
         body = await _body(request)
         user = _text(body, "user", "a membership")
         member = body.get("member", True)
         if not isinstance(member, bool):
             raise InvalidArgument("a membership: 'member' is true or false")
-        await self._do(
-            request, "set_member", "/",
-            lambda: self.directory.set_member(name, user, member=member),
-            detail=f"group {name}, user {user}, member {member}",
-        )  # fmt: skip
+        await self.api.set_member(request[WHO], request.match_info["name"], user, member=member)
         return _none()
 
     def _rule(self, body: dict[str, Any]) -> tuple[str, str, str]:
         what = "an ACL rule"
-        subject, permission = _text(body, "subject", what), _text(body, "permission", what)
-        return subject, permission, paths.normalize(_text(body, "path", what))
+        return (
+            _text(body, "subject", what),
+            _text(body, "permission", what),
+            _text(body, "path", what),
+        )
 
     async def list_rules(self, request: web.Request) -> web.Response:
-        return _json(await self._do(request, "list_acl", "/", self.directory.list_rules))
+        return _json(await self.api.list_rules(request[WHO]))
 
     async def grant(self, request: web.Request) -> web.Response:
-        subject, permission, path = self._rule(await _body(request))
-        rule = await self._do(
-            request, "acl_grant", path, lambda: self.directory.grant(subject, permission, path),
-            detail=f"{subject} {permission}",
-        )  # fmt: skip
-        return _json(rule, 201)
+        return _json(await self.api.grant(request[WHO], *self._rule(await _body(request))), 201)
 
     async def revoke(self, request: web.Request) -> web.Response:
-        subject, permission, path = self._rule(await _body(request))
-        await self._do(
-            request, "acl_revoke", path, lambda: self.directory.revoke(subject, permission, path),
-            detail=f"{subject} {permission}",
-        )  # fmt: skip
+        await self.api.revoke(request[WHO], *self._rule(await _body(request)))
         return _none()
 
     async def set_private(self, request: web.Request) -> web.Response:
         body = await _body(request)
-        path = paths.normalize(_text(body, "path", "a private export"))
+        path = _text(body, "path", "a private export")
         private = body.get("private", True)
         if not isinstance(private, bool):
             raise InvalidArgument("a private export: 'private' is true or false")
-        await self._do(
-            request, "acl_private", path, lambda: self.directory.set_private(path, private),
-            detail=f"private {private}",
-        )  # fmt: skip
+        await self.api.set_private(request[WHO], path, private)
         return _none()
 
     # -- sites and policies ----------------------------------------------------------------
 
     async def list_sites(self, request: web.Request) -> web.Response:
-        return _json(await self._do(request, "list_sites", "/", self.directory.list_sites))
+        return _json(await self.api.list_sites(request[WHO]))
 
     async def add_site(self, request: web.Request) -> web.Response:
         body = await _body(request)
@@ -255,30 +425,18 @@ class AdminRoutes:
         name = body.get("site")
         if name is not None and not isinstance(name, str):
             raise InvalidArgument("trusting a site: 'site' is its name")
-        pinned = await self._do(
-            request, "add_site", "/", lambda: self.directory.add_site(cert, labels, name),
-            detail=f"site {name or '(named by its certificate)'}",
-        )  # fmt: skip
-        return _json(pinned, 201)
+        return _json(await self.api.add_site(request[WHO], cert, labels, name), 201)
 
     async def revoke_site(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        await self._do(
-            request, "revoke_site", "/", lambda: self.directory.revoke_site(name),
-            detail=f"site {name}",
-        )  # fmt: skip
+        await self.api.revoke_site(request[WHO], request.match_info["name"])
         return _none()
 
     async def remove_site(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        await self._do(
-            request, "remove_site", "/", lambda: self.directory.remove_site(name),
-            detail=f"site {name}",
-        )  # fmt: skip
+        await self.api.remove_site(request[WHO], request.match_info["name"])
         return _none()
 
     async def list_policies(self, request: web.Request) -> web.Response:
-        return _json(await self._do(request, "list_policies", "/", self.directory.list_policies))
+        return _json(await self.api.list_policies(request[WHO]))
 
     async def put_policy(self, request: web.Request) -> web.Response:
         """Store a policy; the answer's ``seq`` is what to settle on (``/v1/settle``)."""
@@ -291,29 +449,35 @@ class AdminRoutes:
             _text(body, "policy", what), _texts(body, "paths", what),
             _texts(body, "allow", what), tag, metadata,
         )  # fmt: skip
-        governed = _governed(policy)
-        for path in governed[1:]:  # each path it governs is the caller's to administer
-            await self.governance.authorize_admin(request[WHO], "put_policy", path)
-        seq = await self._do(
-            request, "put_policy", governed[0], lambda: self.directory.put_policy(policy),
-            detail=f"policy {policy.name}: {' '.join(policy.paths)}",
-        )  # fmt: skip
+        seq = await self.api.put_policy(request[WHO], policy)
         return _json({"policy": policy.name, "seq": seq}, 201)
 
     async def remove_policy(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        known = {p.name: p for p in await self.directory.policies.list()}
-        # an unknown name is decided on "/", so who may not administer learns nothing
-        governed = _governed(known[name]) if name in known else ["/"]
-        for path in governed[1:]:
-            await self.governance.authorize_admin(request[WHO], "remove_policy", path)
-        await self._do(
-            request, "remove_policy", governed[0], lambda: self.directory.remove_policy(name),
-            detail=f"policy {name}",
-        )  # fmt: skip
+        await self.api.remove_policy(request[WHO], request.match_info["name"])
         return _none()
 
+    # -- the audit log ---------------------------------------------------------------------
 
-def routes(directory: Directory, governance: GovernedNamespace) -> list[web.RouteDef]:
+    async def audit_query(self, request: web.Request) -> web.Response:
+        """``?user=&path=&protocol=&since=&until=&limit=``: times in ns since the epoch."""
+        query = request.query
+        limit = _int(query.get("limit"), "limit") or 200
+        if not 0 < limit <= MAX_AUDIT:
+            raise InvalidArgument(f"limit is 1 to {MAX_AUDIT}")
+        records = await self.api.audit_query(
+            request[WHO], user=query.get("user") or None, path=query.get("path") or None,
+            protocol=query.get("protocol") or None, since=_int(query.get("since"), "since"),
+            until=_int(query.get("until"), "until"), limit=limit,
+        )  # fmt: skip
+        return _json(records)
+
+
+def routes(
+    directory: Directory,
+    governance: GovernedNamespace,
+    *,
+    audit: AuditReader | None = None,
+    volumes: Volumes | None = None,
+) -> list[web.RouteDef]:
     """The admin API's routes, for ``RestServer(routes=...)`` at a hub."""
-    return AdminRoutes(directory, governance).routes()
+    return AdminRoutes(AdminApi(directory, governance, audit=audit, volumes=volumes)).routes()

@@ -597,4 +597,33 @@ def _admin_paths() -> dict[str, Any]:
             "parameters": [name],
             "delete": _op("Remove a policy (a loosening)", done),
         },
+        f"{a}/audit": {
+            "get": _op(
+                "The newest audit records matching every filter, oldest first",
+                listed,
+                parameters=[
+                    {"name": "user", "in": "query", "schema": s},
+                    {
+                        "name": "path",
+                        "in": "query",
+                        "schema": s,
+                        "description": "this path and everything below it",
+                    },
+                    {"name": "protocol", "in": "query", "schema": s},
+                    {
+                        "name": "since",
+                        "in": "query",
+                        "schema": {"type": "integer"},
+                        "description": "ns since the epoch",
+                    },
+                    {
+                        "name": "until",
+                        "in": "query",
+                        "schema": {"type": "integer"},
+                        "description": "ns since the epoch, exclusive",
+                    },
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                ],
+            )
+        },
     }

@@ -168,6 +168,8 @@ class Cache:
         self._plain: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # opened blocks
         self._plain_lock = threading.Lock()
         self.observer: CacheObserver | None = None
+        # demand reads and those the cache held already, for the spoke's status
+        self.reads = self.hits = 0
         self._reserved = 0  # room made for fills whose blocks are being written
         self._room_freed = asyncio.Event()
         self.chunks = (
@@ -366,6 +368,8 @@ class Cache:
             if entry.id in self.policy:
                 self.policy.access(entry.id)
             SERVED.inc(length)
+            self.reads += 1
+            self.hits += hit
             if self.observer is not None:
                 stall_s = 0.0 if hit else time.monotonic() - began
                 self.observer.on_read(entry, hit, stall_s, span)

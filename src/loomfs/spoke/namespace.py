@@ -44,6 +44,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
@@ -262,6 +263,37 @@ class SpokeNamespace(Namespace):
                 self._wake.set()
         self.online = online
         LINK_UP.set(int(online))
+
+    def status(self) -> dict[str, Any]:
+        """How this spoke is doing, for its console: the link, the cache, and the
+        write-back journal (what the hub does not have yet, and what it refuses)."""
+        cache, pending = self.cache, list(self.journal)
+        return {
+            "link": {
+                "online": self.online and self.link_error is None,
+                "refused": None if self.link_error is None else str(self.link_error),
+                "seq": self.seq,
+                "leased": self.leased,
+                "lease_term": self.lease_term,
+            },
+            "cache": {
+                "used": cache.used_bytes,
+                "capacity": cache.capacity,
+                "reads": cache.reads,
+                "hit_ratio": cache.hits / cache.reads if cache.reads else None,
+            },
+            "journal": {
+                "writes": len(pending),
+                "bytes": sum(self.journal.size(p) for p in pending),
+                "oldest_ns": min((p.time_ns for p in pending), default=None),
+                "stuck": [
+                    {"path": p.path, "why": str(self._stuck[p.seq])}
+                    for p in pending
+                    if p.seq in self._stuck
+                ],
+                "refused": [str(exc) for exc in self._refused],
+            },
+        }
 
     def apply_change(self, change: Change) -> None:
         """Drop what a change at the hub made stale: cached data of superseded versions,

@@ -1,0 +1,423 @@
+"""The web console (protocol layer): server-rendered pages at ``/ui`` on every hub and
+spoke, for people with a browser.
+
+A user logs in with an access key and its secret (the same pair as REST and S3;
+``sessions``), then browses the namespace as themselves through the same governed
+namespace as every edge, and, at a hub, administers through the admin API's calls
+(``rest.admin.AdminApi``): volumes, users and groups, ACL rules, residency policies,
+sites, the audit log. Who may do what is decided there, never here: a page only shows
+what a call answered, or the refusal. At a spoke a status page shows the link, the cache,
+the write-back journal and prefetching. Pages are Jinja2 templates with plain HTML forms
+(a CSRF token in each), one stylesheet of our own (light and dark by the browser's
+preference) and charts as SVG drawn here: no script, nothing from elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import jinja2
+from aiohttp import web
+
+from ... import paths
+from ...core.placement import Policy
+from ...core.types import Entry, EntryKind, Principal
+from ...errors import AuthenticationFailed, InvalidArgument, LoomError, NotSupported
+from ...namespace.base import Namespace
+from ...rest import wire
+from ...rest.admin import AdminApi
+from ...rest.auth import Identity
+from ..http import serve_reader
+from .sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, same
+
+UI = "/ui"
+PAGE = 100  # directory entries per page
+PROTOCOL = "console"  # what the audit log says a console user's calls came by
+HERE = Path(__file__).parent
+HEADERS = {
+    "Cache-Control": "no-store",  # pages may hold a secret shown once
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+class SpokeStatus(Protocol):
+    """What a spoke says of itself (``spoke.namespace.SpokeNamespace.status``)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+
+Page = Callable[[web.Request, Principal, Session], Awaitable[web.StreamResponse]]
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _time(ns: int | None) -> str:
+    if not ns:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ui_path(path: str) -> str:
+    """The URL part of a namespace path, each segment quoted."""
+    return urllib.parse.quote(path.lstrip("/"))
+
+
+def _instant(text: str, what: str) -> int | None:
+    """ns since the epoch of a form's ``datetime-local`` value, read as UTC."""
+    if not text:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(f"{what} is a date and time, like 2026-12-01T18:30") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1e9)
+
+
+def _words(text: str) -> list[str]:
+    """A form's list field: separated by commas, spaces or lines."""
+    return [w for w in text.replace(",", " ").split() if w]
+
+
+class Console:
+    def __init__(
+        self,
+        namespace: Namespace,
+        identify: Callable[[str], Awaitable[Identity]],
+        *,
+        site: str,
+        admin: AdminApi | None = None,
+        spoke: SpokeStatus | None = None,
+        prefetch: Callable[[], Mapping[str, Any]] | None = None,
+        sessions: Sessions | None = None,
+    ) -> None:
+        """``identify``: the site's REST authenticator's check of Basic credentials
+        (``rest.auth``); ``admin``: a hub's admin API; ``spoke`` and ``prefetch``: a
+        spoke's status and its prefetcher's report."""
+        self.namespace = namespace
+        self.identify = identify
+        self.site = site
+        self.admin = admin
+        self.spoke = spoke
+        self.prefetch = prefetch
+        self.sessions = sessions or Sessions()
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters.update(size=_size, time=_time, ui_path=_ui_path)
+
+    def routes(self) -> list[web.RouteDef]:
+        routes = [
+            web.get(UI, self.home),
+            web.get(f"{UI}/", self.home),
+            web.get(f"{UI}/console.css", self.static("console.css", "text/css")),
+            web.get(f"{UI}/favicon.svg", self.static("favicon.svg", "image/svg+xml")),
+            web.get(f"{UI}/login", self.login_form),
+            web.post(f"{UI}/login", self.login),
+            web.post(f"{UI}/logout", self._page(self.logout)),
+            web.get(f"{UI}/browse/{{path:.*}}", self._page(self.browse)),
+            web.get(f"{UI}/download/{{path:.*}}", self._page(self.download)),
+        ]
+        if self.admin is not None:
+            routes += [
+                web.get(f"{UI}/volumes", self._page(self.volumes)),
+                web.get(f"{UI}/users", self._page(self.users)),
+                web.post(f"{UI}/users", self._page(self.users)),
+                web.get(f"{UI}/acl", self._page(self.acl)),
+                web.post(f"{UI}/acl", self._page(self.acl)),
+                web.get(f"{UI}/policies", self._page(self.policies)),
+                web.post(f"{UI}/policies", self._page(self.policies)),
+                web.get(f"{UI}/sites", self._page(self.sites)),
+                web.post(f"{UI}/sites", self._page(self.sites)),
+                web.get(f"{UI}/audit", self._page(self.audit)),
+            ]
+        if self.spoke is not None:
+            routes.append(web.get(f"{UI}/spoke", self._page(self.spoke_page)))
+        return routes
+
+    # -- rendering and sessions ------------------------------------------------------------
+
+    def render(
+        self,
+        name: str,
+        session: Session | None,
+        who: Principal | None,
+        code: int = 200,
+        **context: Any,
+    ) -> web.Response:
+        html = self.templates.get_template(name).render(
+            site=self.site,
+            who=who,
+            csrf=session.csrf if session is not None else "",
+            hub=self.admin is not None,
+            spoke=self.spoke is not None,
+            **context,
+        )
+        return web.Response(
+            text=html, status=code, content_type="text/html", charset="utf-8", headers=HEADERS
+        )
+
+    def _page(self, page: Page) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """A page behind the login: its session (else the login form), its user as the
+        site's authenticator says now, the CSRF token of a form it was sent, and what the
+        calls it makes refuse shown as an error page with the REST API's status."""
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            session = self.sessions.get(request.cookies.get(COOKIE))
+            if session is None:
+                back = urllib.parse.quote(request.path_qs if request.method == "GET" else UI)
+                raise web.HTTPSeeOther(f"{UI}/login?next={back}")
+            try:
+                identity = await self.identify(session.credentials)
+            except AuthenticationFailed:  # the key was removed since the login
+                self.sessions.close(session)
+                raise web.HTTPSeeOther(f"{UI}/login") from None
+            except LoomError as exc:  # a spoke that can't ask its hub who this is
+                return self.render("error.html", session, None, wire.status_of(exc), error=str(exc))
+            who = Principal(identity.user, identity.groups, site=self.site, protocol=PROTOCOL)
+            if request.method == "POST":
+                form = await request.post()
+                token = form.get("csrf")
+                if not same(token if isinstance(token, str) else None, session.csrf):
+                    return self.render(
+                        "error.html", session, who, 403,
+                        error="this form has no valid CSRF token: reload the page and try again",
+                    )  # fmt: skip
+            try:
+                return await page(request, who, session)
+            except LoomError as exc:
+                return self.render("error.html", session, who, wire.status_of(exc), error=str(exc))
+
+        return handler
+
+    async def _form(self, request: web.Request) -> dict[str, str]:
+        form = await request.post()
+        return {k: v.strip() for k, v in form.items() if isinstance(v, str)}
+
+    def static(self, name: str, kind: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A file of ``static/``, open to all (the login page needs them)."""
+        body = (HERE / "static" / name).read_bytes()
+
+        async def serve(request: web.Request) -> web.Response:
+            return web.Response(
+                body=body, content_type=kind, headers={"Cache-Control": "max-age=300"}
+            )
+
+        return serve
+
+    async def home(self, request: web.Request) -> web.Response:
+        raise web.HTTPSeeOther(f"{UI}/browse/")
+
+    # -- logging in and out ----------------------------------------------------------------
+
+    def _login_page(self, nxt: str, status: int = 200, error: str = "") -> web.Response:
+        cookie, token = self.sessions.login_token()
+        page = self.render("login.html", None, None, status, next=nxt, token=token, error=error)
+        page.set_cookie(
+            LOGIN_COOKIE, cookie, path=f"{UI}/login", httponly=True, samesite="Strict",
+            max_age=3600,
+        )  # fmt: skip
+        return page
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        return self._login_page(request.query.get("next", ""))
+
+    async def login(self, request: web.Request) -> web.Response:
+        form = await self._form(request)
+        nxt = form.get("next", "")
+        if not self.sessions.login_ok(request.cookies.get(LOGIN_COOKIE), form.get("csrf")):
+            return self._login_page(nxt, 403, "the login form expired: try again")
+        key, secret = form.get("access_key", ""), form.get("secret", "")
+        credentials = "Basic " + base64.b64encode(f"{key}:{secret}".encode()).decode()
+        try:
+            if not key:
+                raise AuthenticationFailed("give an access key id and its secret")
+            await self.identify(credentials)
+        except AuthenticationFailed as exc:
+            return self._login_page(nxt, 401, str(exc))
+        cookie, _ = self.sessions.open(credentials)
+        # only a page of the console: a link elsewhere must not send a user off-site
+        target = nxt if nxt.startswith(f"{UI}/") else f"{UI}/"
+        answer = web.HTTPSeeOther(target)
+        answer.set_cookie(
+            COOKIE, cookie, path=UI, httponly=True, samesite="Strict",
+            secure=request.secure, max_age=int(self.sessions.ttl),
+        )  # fmt: skip
+        answer.del_cookie(LOGIN_COOKIE, path=f"{UI}/login")
+        raise answer
+
+    async def logout(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        self.sessions.close(session)
+        answer = web.HTTPSeeOther(f"{UI}/login")
+        answer.del_cookie(COOKIE, path=UI)
+        raise answer
+
+    # -- the namespace ---------------------------------------------------------------------
+
+    async def browse(
+        self, request: web.Request, who: Principal, session: Session
+    ) -> web.StreamResponse:
+        path = paths.normalize("/" + request.match_info["path"])
+        entry = await self.namespace.stat(who, path)
+        crumbs = [("/", "/"), *((p, p.rsplit("/", 1)[-1]) for p in paths.ancestors(path)[1:])]
+        if path != "/":
+            crumbs.append((path, entry.name))
+        if entry.kind is not EntryKind.DIR:
+            tags = await self.namespace.get_tags(who, path)
+            return self.render("file.html", session, who, entry=entry, tags=tags, crumbs=crumbs)
+        after = request.query.get("after") or None
+        listed: list[Entry] = []
+        async for child in self.namespace.list(who, path, start_after=after, limit=PAGE + 1):
+            listed.append(child)
+        more = len(listed) > PAGE
+        return self.render(
+            "browse.html", session, who, path=path, entries=listed[:PAGE], crumbs=crumbs,
+            after=after, next_after=listed[PAGE - 1].name if more else None,
+        )  # fmt: skip
+
+    async def download(
+        self, request: web.Request, who: Principal, session: Session
+    ) -> web.StreamResponse:
+        path = paths.normalize("/" + request.match_info["path"])
+        async with await self.namespace.read(who, path, 0, None) as reader:
+            name = urllib.parse.quote(reader.entry.name)
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "Content-Disposition": f"attachment; filename*=UTF-8''{name}",
+                "ETag": f'"{reader.entry.version}"',
+                "Cache-Control": "no-store",
+            }
+            return await serve_reader(request, reader, headers, ranged=False)
+
+    # -- administration (a hub) ------------------------------------------------------------
+
+    @property
+    def _admin(self) -> AdminApi:
+        assert self.admin is not None  # the routes exist only with it
+        return self.admin
+
+    async def volumes(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        listed = await self._admin.list_volumes(who)
+        return self.render("volumes.html", session, who, volumes=listed)
+
+    async def users(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        api, made, notice = self._admin, None, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            action, name = form.get("action"), form.get("user", "")
+            if action == "add_user":
+                if not name:
+                    raise InvalidArgument("a new user needs a name")
+                made = await api.add_user(who, name, _words(form.get("groups", "")))
+            elif action == "add_key":
+                made = await api.add_access_key(who, name)
+            elif action == "remove_user":
+                await api.remove_user(who, name)
+                notice = f"removed user {name}"
+            elif action == "add_group":
+                await api.add_group(who, form.get("group", ""))
+                notice = f"made group {form.get('group')}"
+            elif action in ("join", "leave"):
+                group = form.get("group", "")
+                await api.set_member(who, group, name, member=action == "join")
+                notice = f"{name} {'joined' if action == 'join' else 'left'} {group}"
+            else:
+                raise InvalidArgument(f"unknown action {action!r}")
+        return self.render(
+            "users.html", session, who, users=await api.list_users(who),
+            groups=await api.list_groups(who), made=made, notice=notice,
+        )  # fmt: skip
+
+    async def acl(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            rule = (form.get("subject", ""), form.get("permission", ""), form.get("path", ""))
+            if not all(rule):
+                raise InvalidArgument("a rule needs a subject, a permission and a path")
+            if form.get("action") == "revoke":
+                await api.revoke(who, *rule)
+                notice = f"revoked {rule[1]} on {rule[2]} from {rule[0]}"
+            else:
+                await api.grant(who, *rule)
+                notice = f"granted {rule[1]} on {rule[2]} to {rule[0]}"
+        listed = await api.list_rules(who)
+        return self.render(
+            "acl.html", session, who, rules=listed["rules"], private=listed["private"],
+            notice=notice,
+        )  # fmt: skip
+
+    async def policies(
+        self, request: web.Request, who: Principal, session: Session
+    ) -> web.Response:
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            name = form.get("policy", "")
+            if form.get("action") == "remove":
+                await api.remove_policy(who, name)
+                notice = f"removed policy {name}"
+            else:
+                policy = Policy.build(
+                    name, _words(form.get("paths", "")), _words(form.get("allow", "")),
+                    form.get("tag") or None, form.get("metadata") or "visible",
+                )  # fmt: skip
+                seq = await api.put_policy(who, policy)
+                notice = f"stored policy {name} (change {seq})"
+        listed = await api.list_policies(who)
+        return self.render("policies.html", session, who, policies=listed, notice=notice)
+
+    async def sites(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            name = (await self._form(request)).get("site", "")
+            await api.revoke_site(who, name)
+            notice = f"revoked site {name}: its next request is refused"
+        listed = await api.list_sites(who)
+        return self.render("sites.html", session, who, sites=listed, notice=notice)
+
+    async def audit(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        query = {k: request.query.get(k, "").strip() for k in AUDIT_FILTERS}
+        records = await self._admin.audit_query(
+            who,
+            user=query["user"] or None,
+            path=paths.normalize(query["path"]) if query["path"] else None,
+            protocol=query["protocol"] or None,
+            since=_instant(query["since"], "since"),
+            until=_instant(query["until"], "until"),
+        )
+        return self.render("audit.html", session, who, records=list(reversed(records)), query=query)
+
+    # -- a spoke ---------------------------------------------------------------------------
+
+    async def spoke_page(
+        self, request: web.Request, who: Principal, session: Session
+    ) -> web.Response:
+        if self.spoke is None:
+            raise NotSupported("this site is not a spoke")
+        report = dict(self.prefetch()) if self.prefetch is not None else None
+        return self.render("spoke.html", session, who, status=self.spoke.status(), prefetch=report)
+
+
+AUDIT_FILTERS = ("user", "path", "protocol", "since", "until")
