@@ -14,6 +14,8 @@ SYSTEM_PACKAGES += openssh-client openssh-sftp-server
 # (a real Linux NFS/SMB client, loomfs.testing.guest) is built from
 SYSTEM_PACKAGES += libnfs-utils samba smbclient samba-testsuite libnss-wrapper
 SYSTEM_PACKAGES += nfs-ganesha nfs-ganesha-vfs rpcbind qemu-system-x86 busybox-static kmod
+# the console's browser tests (Playwright drives Debian's chromium; no browser download)
+SYSTEM_PACKAGES += chromium
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 

@@ -129,6 +129,13 @@ class AdminApi:
             detail=f"user {name}",
         )  # fmt: skip
 
+    async def set_smb_password(self, who: Principal, name: str, nt_hash: str) -> dict[str, Any]:
+        return await self._do(
+            who, "set_smb_password", "/",
+            lambda: self.directory.set_smb_password(name, nt_hash),
+            detail=f"user {name}",
+        )  # fmt: skip
+
     async def remove_access_key(self, who: Principal, name: str, access_key: str) -> None:
         await self._do(
             who, "remove_access_key", "/",
@@ -343,12 +350,7 @@ class AdminRoutes:
     async def set_smb_password(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         nt_hash = _text(await _body(request), "nt_hash", "setting an SMB password")
-        login = await self._do(
-            request, "set_smb_password", "/",
-            lambda: self.directory.set_smb_password(name, nt_hash),
-            detail=f"user {name}",
-        )  # fmt: skip
-        return _json(login)
+        return _json(await self.api.set_smb_password(request[WHO], name, nt_hash))
 
     async def remove_key(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
