@@ -137,7 +137,8 @@ def boot_image(cache: Path | None = None) -> BootImage:
     else:
         package, version = _kernel_package()
         base = root / f"{package}_{version}"
-    contents = hashlib.sha256(INIT.encode() + " ".join(MODULES).encode() + busybox.read_bytes())
+    # this file says what goes into the initramfs: a change to it makes a new one
+    contents = hashlib.sha256(Path(__file__).read_bytes() + busybox.read_bytes())
     initramfs = base / f"initramfs-{contents.hexdigest()[:12]}.cpio"
     vmlinux = base / "vmlinux"
     with _locked(base):
@@ -231,6 +232,11 @@ def _initramfs(kroot: Path, kver: str, busybox: Path) -> bytes:
             shutil.copy(modules / meta, target / meta)
         subprocess.run(["depmod", "-b", str(stage), kver], check=True)
         (stage / "etc/modules").write_text(" ".join(MODULES) + "\n")
+        # the users a test names (`id -u nobody`, as pjdfstest does), nothing else
+        (stage / "etc/passwd").write_text(
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+        )
+        (stage / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
         (stage / "init").write_text(INIT)
         (stage / "init").chmod(0o755)
         return cpio(_tree(stage))

@@ -113,6 +113,11 @@ class Guest:
     ) -> None:
         # the nested KVM of the project's machines cannot run a stock kernel: TCG by default
         require("ip", "nsenter", hint="apt-get install -y iproute2 util-linux")
+        if os.geteuid() != 0:
+            raise RuntimeError("the guest needs root (a network namespace, a tap device)")
+        if not Path("/dev/net/tun").exists():
+            raise RuntimeError("the guest needs /dev/net/tun: modprobe tun (in a container: "
+                               "--device /dev/net/tun --cap-add NET_ADMIN)")  # fmt: skip
         self.image: BootImage = boot_image(cache)
         self.memory_mb = memory_mb
         self.timeout = timeout
