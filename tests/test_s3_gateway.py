@@ -1828,6 +1828,14 @@ def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: st
     chosen: Any = [
         {"PartNumber": p["PartNumber"], "ETag": p["ETag"], field: p[field]} for p in listed
     ]
+    # a Complete that names the object's checksum is refused if it is another
+    wrong_sum: Any = {field: _b64(_digest(algorithm, b"other"))}
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen},
+            **wrong_sum,
+        )  # fmt: skip
+    assert code_of(err) == "BadDigest" and not (gw.root / "mps").exists()
     done: Any = s3.complete_multipart_upload(
         Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen}
     )
@@ -1837,6 +1845,10 @@ def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: st
     else:
         expected = _b64(_digest(algorithm, b"".join(parts)))
     assert done[field] == expected and done["ChecksumType"] == kind
+    again: Any = s3.complete_multipart_upload(  # repeated after a lost reply: the same answer
+        Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen}
+    )
+    assert again[field] == expected and again["ETag"] == done["ETag"]
     head: Any = s3.head_object(Bucket="data", Key="mps", ChecksumMode="ENABLED")
     assert head[field] == expected and head["ChecksumType"] == kind
     assert gw.read("/data/mps") == b"".join(parts)

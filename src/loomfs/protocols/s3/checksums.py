@@ -183,15 +183,21 @@ class Kept:
     kind: str  # FULL_OBJECT or COMPOSITE
     value: str
 
+    def text(self) -> str:
+        return f"{self.algorithm} {self.kind} {self.value}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Kept | None:
+        fields = (text or "").split(" ")
+        return cls(*fields) if len(fields) == 3 else None
+
     def tag(self, version: int) -> str:
-        return f"{version} {self.algorithm} {self.kind} {self.value}"
+        return f"{version} {self.text()}"
 
     @classmethod
     def of(cls, version: int, tag: str | None) -> Kept | None:
-        fields = (tag or "").split(" ")
-        if len(fields) != 4 or fields[0] != str(version):
-            return None
-        return cls(*fields[1:])
+        kept_version, _, text = (tag or "").partition(" ")
+        return cls.parse(text) if kept_version == str(version) else None
 
     @property
     def element(self) -> str:

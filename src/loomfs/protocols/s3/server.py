@@ -1527,7 +1527,7 @@ class S3Gateway:
     async def complete_upload(self, c: Call) -> web.Response:
         done = await self.staging.completed(c.query["uploadId"], c.bucket, c.key)
         if done is not None:
-            return self._completed(c, done)
+            return self._completed(c, done[0], checksums.Kept.parse(done[1]))
         upload = await self._upload(c)
         root = parse(await _read_document(c.request))
         if local(root.tag) != "CompleteMultipartUpload":
@@ -1561,8 +1561,9 @@ class S3Gateway:
         if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
             meta[PARTS_TAG] = layout
         await self._store(c, path, data, meta, etag=etag, checksum=kept, limit=self.max_upload_size)
-        await self.staging.finish(upload, etag)
-        return self._completed(c, etag, kept())
+        checksum = kept()
+        await self.staging.finish(upload, etag, checksum.text() if checksum else None)
+        return self._completed(c, etag, checksum)
 
     @staticmethod
     def _object_checksum(
@@ -1574,14 +1575,16 @@ class S3Gateway:
         if upload.checksum is None:
             return data, lambda: None
         algorithm, kind = upload.checksum.split(" ")
+        sent = c.request.headers.get(checksums.PREFIX + algorithm)
         if kind == "COMPOSITE":
             named = [(p.checksum or " ").split(" ") for p in parts]
             if any(name != algorithm for name, _ in named):
                 return data, lambda: None  # a part staged without it: none, not a wrong one
             values = [value for _, value in named]
             kept = checksums.Kept(algorithm, kind, checksums.composite(algorithm, values))
+            if sent is not None and sent != kept.value:
+                raise S3Error("BadDigest", f"the parts' {algorithm.upper()} is not {sent}")
             return data, lambda: kept
-        sent = c.request.headers.get(checksums.PREFIX + algorithm)
         if sent is not None:
             digest = checksums.decode(algorithm, sent)
             checked = checksums.checked(data, checksums.Declared(algorithm, lambda: digest))
