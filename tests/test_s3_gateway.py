@@ -25,6 +25,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -1595,7 +1596,7 @@ def test_folder_markers_list_as_objects_and_delete_as_directories(
     assert not (gw.root / "buckets" / "marked").exists()
 
 
-def test_conditional_delete(s3: S3Client) -> None:
+def test_conditional_delete(gw: Gateway, s3: S3Client) -> None:
     """If-Match on DeleteObject (and ETag in DeleteObjects) deletes only that content:
     412 for another ETag, NoSuchKey where nothing is there."""
     etag = s3.put_object(Bucket="data", Key="cond", Body=b"one")["ETag"]
@@ -1617,6 +1618,18 @@ def test_conditional_delete(s3: S3Client) -> None:
     assert [d["Key"] for d in result["Deleted"]] == ["c1"]
     assert [(e["Key"], e["Code"]) for e in result["Errors"]] == [("c2", "PreconditionFailed")]
     assert s3.get_object(Bucket="data", Key="c2")["Body"].read() == b"2"
+    # the size and Last-Modified conditions: a mismatch is 412, nothing there is no error
+    s3.put_object(Bucket="data", Key="c3", Body=b"333")
+    modified = s3.head_object(Bucket="data", Key="c3")["LastModified"]
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="c3", IfMatchSize=4)
+    assert code_of(err) == "PreconditionFailed"
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="c3", IfMatchLastModifiedTime=modified - timedelta(1))
+    assert code_of(err) == "PreconditionFailed"
+    s3.delete_object(Bucket="data", Key="c3", IfMatchSize=3, IfMatchLastModifiedTime=modified)
+    assert not (gw.root / "c3").exists()
+    s3.delete_object(Bucket="data", Key="c3", IfMatchSize=4)
 
 
 def test_multipart_upload_over_the_limit_is_entity_too_large(gw: Gateway, s3: S3Client) -> None:

@@ -1343,12 +1343,18 @@ class S3Gateway:
             )
         )
 
-    async def _remove_key(self, c: Call, key: str, if_match: str | None = None) -> None:
+    async def _remove_key(
+        self,
+        c: Call,
+        key: str,
+        if_match: str | None = None,
+        holds: Callable[[Entry], bool] | None = None,
+    ) -> None:
         """Delete one key; a key that isn't there is no error (S3), unless ``if_match``
         (an If-Match header or a DeleteObjects ETag) asks for it, which the object's ETag
-        must also match: that check and the removal are one step in the namespace. The
-        directories that only existed for the key are pruned up to the bucket, folder
-        markers kept."""
+        must also match, as it must the other conditions (``holds``): those checks and
+        the removal are one step in the namespace. The directories that only existed
+        for the key are pruned up to the bucket, folder markers kept."""
         folder = self.bucket_dir(c.bucket)
         path = paths.normalize(folder + "/" + key)
         try:
@@ -1362,12 +1368,13 @@ class S3Gateway:
                 raise S3Error("NoSuchKey", "the specified key does not exist")
             if not entry.is_dir or not key.endswith("/"):
                 return
-        if if_match is not None and not _etag_matches(if_match, object_etag(entry, tags)):
+        if (if_match is not None and not _etag_matches(if_match, object_etag(entry, tags))) or (
+            holds is not None and not holds(entry)
+        ):
             raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+        conditional = if_match is not None or holds is not None
         try:
-            await self.ns.remove(
-                c.who, path, if_version=entry.version if if_match is not None else None
-            )
+            await self.ns.remove(c.who, path, if_version=entry.version if conditional else None)
         except NotFound:
             return
         except DirectoryNotEmpty:
@@ -1395,7 +1402,8 @@ class S3Gateway:
 
     async def delete_object(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
-        await self._remove_key(c, c.key, c.request.headers.get("If-Match"))
+        headers = c.request.headers
+        await self._remove_key(c, c.key, headers.get("If-Match"), _delete_conditions(headers))
         return web.Response(status=204)
 
     async def delete_objects(self, c: Call) -> web.Response:
@@ -1690,6 +1698,21 @@ def _part_checksum_xml(part: Part) -> Xml | None:
 
 def _checksum_mode(request: web.Request) -> bool:
     return request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+
+
+def _delete_conditions(headers: Mapping[str, str]) -> Callable[[Entry], bool] | None:
+    """DeleteObject's conditions besides If-Match: x-amz-if-match-last-modified-time and
+    x-amz-if-match-size (an object that is not there meets them)."""
+    when = _header_time(headers.get("x-amz-if-match-last-modified-time"))
+    size = headers.get("x-amz-if-match-size")
+    if when is None and size is None:
+        return None
+
+    def holds(entry: Entry) -> bool:
+        same_time = when is None or entry.mtime_ns // 1_000_000_000 == int(when)
+        return same_time and (size is None or size.strip() == str(entry.size))
+
+    return holds
 
 
 def _is_form_post(request: web.Request, key: str) -> bool:
