@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -81,6 +81,7 @@ OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
 LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
 PARTS_TAG = "s3.parts"  # part sizes of a multipart object (valid with ETAG_TAG's version)
 CHECKSUM_TAG = "s3.checksum"  # the additional checksum it came with (checksums.Kept)
+PART_SUMS_TAG = "s3.part-checksums"  # a COMPOSITE object's parts' (valid as PARTS_TAG)
 MAX_PARTS_TAG = 1024
 STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
                   "content-language", "expires")  # fmt: skip
@@ -296,6 +297,13 @@ def parts_of(entry: Entry, tags: Mapping[str, str]) -> list[int]:
         size, _, count = run.partition("*")
         sizes += [int(size)] * int(count or 1)
     return sizes
+
+
+def part_checksums(entry: Entry, tags: Mapping[str, str]) -> list[str]:
+    """The checksums of a COMPOSITE object's parts, in order; none where not known."""
+    if tags.get(ETAG_TAG, "").partition(" ")[0] != str(entry.version):
+        return []
+    return [v for v in tags.get(PART_SUMS_TAG, "").split(",") if v]
 
 
 def part_window(number: int, entry: Entry, tags: Mapping[str, str]) -> tuple[int, int]:
@@ -1009,12 +1017,15 @@ class S3Gateway:
             if override is not None:
                 headers[name.title()] = override
         kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
-        whole = "partNumber" not in c.query and "Range" not in request.headers
-        if kept is not None and whole and _checksum_mode(request):
-            headers |= kept.headers()
+        part = c.query.get("partNumber")
+        if kept is not None and _checksum_mode(request) and "Range" not in request.headers:
+            sums = part_checksums(entry, tags)
+            if part is None:
+                headers |= kept.headers()
+            elif part.isdigit() and 1 <= int(part) <= len(sums):
+                headers |= replace(kept, value=sums[int(part) - 1]).headers()
         if entry.is_dir:  # a folder marker ('dir/'): an empty object
             return web.Response(headers={**headers, "Content-Length": "0"})
-        part = c.query.get("partNumber")
         window: tuple[int, int] | None
         if part is not None:
             window = part_window(_int_param(part, "partNumber", 0), entry, tags)
@@ -1039,6 +1050,8 @@ class S3Gateway:
                 f"x-amz-object-attributes must name some of {sorted(OBJECT_ATTRIBUTES)}",
             )
         etag = object_etag(entry, tags)
+        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
+        sums = part_checksums(entry, tags)
         parts = None
         # only a multipart object has parts to show (its ETag ends in -<count>)
         if "ObjectParts" in wanted and etag.rstrip('"').rpartition("-")[1]:
@@ -1054,9 +1067,16 @@ class S3Gateway:
                 el("NextPartNumberMarker", shown[-1][0]) if shown else None,
                 el("MaxParts", limit),
                 el("IsTruncated", len(numbered) > limit),
-                nodes(el("Part", el("PartNumber", n), el("Size", size)) for n, size in shown),
+                nodes(
+                    el(
+                        "Part",
+                        el("PartNumber", n),
+                        el("Size", size),
+                        el(kept.element, sums[n - 1]) if kept and n <= len(sums) else None,
+                    )
+                    for n, size in shown
+                ),
             )
-        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
         checksum = None
         if "Checksum" in wanted and kept is not None:
             checksum = el("Checksum", el(kept.element, kept.value), el("ChecksumType", kept.kind))
@@ -1321,7 +1341,7 @@ class S3Gateway:
             meta |= tagging.from_header(headers.get("x-amz-tagging"))
         else:
             meta |= {k: v for k, v in tags.items() if k.startswith(tagging.PREFIX)}
-        for own in (ETAG_TAG, PARTS_TAG, CHECKSUM_TAG):  # a new single-part object
+        for own in (ETAG_TAG, PARTS_TAG, CHECKSUM_TAG, PART_SUMS_TAG):  # a new single-part object
             meta.pop(own, None)
         if paths.normalize(path) == entry.path:
             await data.aclose()
@@ -1568,6 +1588,10 @@ class S3Gateway:
         layout = encode_parts(sizes)
         if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
             meta[PARTS_TAG] = layout
+        if upload.checksum is not None and upload.checksum.endswith(" COMPOSITE"):
+            sums = ",".join(p.checksum.partition(" ")[2] for p in parts if p.checksum)
+            if len(sums) <= MAX_PARTS_TAG:  # else a part's GET has no checksum to answer
+                meta[PART_SUMS_TAG] = sums
         await self._store(c, path, data, meta, etag=etag, checksum=kept, limit=self.max_upload_size)
         checksum = kept()
         await self.staging.finish(upload, etag, checksum.text() if checksum else None)
