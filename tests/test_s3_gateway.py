@@ -1976,6 +1976,16 @@ def test_post_signed_v2_answers_as_asked_and_tags(gw: Gateway, s3: S3Client) -> 
     )
     unsigned = _form_post(f"{gw.endpoint}/data", {"key": "v2/anon.txt"}, b"anonymous")
     assert unsigned.status == 403 and not (gw.root / "v2" / "anon.txt").exists()
+    # an additional checksum of the file is checked and kept, as a PUT's
+    conditions = [{"bucket": "data"}, {"key": "v2/summed"}]
+    signed = {"key": "v2/summed", **_v2_policy(gw, conditions)}
+    for body, status in ((b"other", 400), (b"summed", 204)):
+        sent = {**signed, "x-amz-checksum-sha256": _b64(hashlib.sha256(b"summed").digest())}
+        assert _form_post(f"{gw.endpoint}/data", sent, body).status == status
+    head: Any = s3.head_object(Bucket="data", Key="v2/summed", ChecksumMode="ENABLED")
+    assert head["ChecksumSHA256"] == _b64(hashlib.sha256(b"summed").digest())
+    empty = _form_post(f"{gw.endpoint}/data", {"key": "v2/e", **_v2_policy(gw, [{}])}, b"e")
+    assert empty.status == 400 and b"InvalidPolicyDocument" in empty.data
 
 
 def test_post_goes_through_the_namespace_as_its_signer(acl_gw: Gateway) -> None:

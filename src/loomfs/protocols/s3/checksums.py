@@ -92,6 +92,15 @@ class Declared:
         """The digest as S3 writes it (base64), once the body has ended."""
         return base64.b64encode(self.expected()).decode()
 
+    def kept(self) -> Kept:
+        """What a single upload's object is kept with, once the body has ended."""
+        return Kept(self.algorithm, "FULL_OBJECT", self.value)
+
+
+def as_kept(declared: Declared | None) -> Callable[[], Kept | None]:
+    """When the body has ended: the checksum an upload's object is kept with, if any."""
+    return declared.kept if declared is not None else lambda: None
+
 
 def composite(algorithm: str, part_values: Iterable[str]) -> str:
     """A multipart object's COMPOSITE checksum: of its parts' digests, '-<count>' after."""

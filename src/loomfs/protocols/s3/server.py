@@ -1212,24 +1212,18 @@ class S3Gateway:
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
             await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
-
-        def kept() -> checksums.Kept | None:
-            if declared is None:
-                return None
-            return checksums.Kept(declared.algorithm, "FULL_OBJECT", declared.value)
-
         _, etag = await self._store(
             c,
             path,
             data,
             _stored_meta(headers),
             content_md5=content_md5,
-            checksum=kept,
+            checksum=checksums.as_kept(declared),
             limit=self.max_object_size,
         )
         await self._acl_on_create(c, path)
-        checksum = kept()
-        return web.Response(headers={"ETag": etag, **(checksum.headers() if checksum else {})})
+        answer = {"ETag": etag, **(declared.kept().headers() if declared else {})}
+        return web.Response(headers=answer)
 
     async def post_object(self, request: web.Request, bucket: str) -> web.Response:
         """POST Object: a browser form's upload (``post.py``), written as a PUT is, as the
@@ -1245,7 +1239,12 @@ class S3Gateway:
             raise S3Error("AccessDenied", "this gateway takes signed POST forms only")
         key = form.key
         check_key(key)
-        data = form.chunks()
+        data: AsyncIterator[bytes] = form.chunks()
+        declared = checksums.declared(
+            {k: v for k, v in form.fields.items() if k.startswith(checksums.PREFIX)}, {}
+        )
+        if declared is not None:
+            data = checksums.checked(data, declared)
         if "policy" in form.fields:
             policy = post.Policy.parse(form.fields["policy"])
             policy.check({**form.fields, "bucket": bucket, "key": key}, self.verifier.clock())
@@ -1262,7 +1261,14 @@ class S3Gateway:
         path = self.object_path(c)
         if key.endswith("/"):
             raise S3Error("InvalidRequest", "a key ending in '/' holds no data here")
-        _, etag = await self._store(c, path, _from_client(data), meta, limit=self.max_object_size)
+        _, etag = await self._store(
+            c,
+            path,
+            _from_client(data),
+            meta,
+            checksum=checksums.as_kept(declared),
+            limit=self.max_object_size,
+        )
         await self._acl_on_create(c, path, canned)
         answer = {"ETag": etag, "Location": f"/{bucket}/{quote(key)}"}
         redirect = fields.get("success_action_redirect") or fields.get("redirect")
