@@ -1865,17 +1865,16 @@ def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: st
     head: Any = s3.head_object(Bucket="data", Key="mps", ChecksumMode="ENABLED")
     assert head[field] == expected and head["ChecksumType"] == kind
     assert gw.read("/data/mps") == b"".join(parts)
-    if kind == "COMPOSITE":  # each part answers its own, by partNumber and in the attributes
-        second: Any = s3.get_object(Bucket="data", Key="mps", PartNumber=2, ChecksumMode="ENABLED")
-        assert (
-            second[field] == _b64(_digest(algorithm, parts[1])) and second["Body"].read() == b"tail"
-        )
-        attributes: Any = s3.get_object_attributes(
-            Bucket="data", Key="mps", ObjectAttributes=["ObjectParts", "Checksum"]
-        )
-        assert [p[field] for p in attributes["ObjectParts"]["Parts"]] == [
-            _b64(_digest(algorithm, p)) for p in parts
-        ]
+    # each part answers its own, by partNumber and in the attributes
+    second: Any = s3.get_object(Bucket="data", Key="mps", PartNumber=2, ChecksumMode="ENABLED")
+    assert second[field] == _b64(_digest(algorithm, parts[1])) and second["ChecksumType"] == kind
+    assert second["Body"].read() == b"tail"
+    attributes: Any = s3.get_object_attributes(
+        Bucket="data", Key="mps", ObjectAttributes=["ObjectParts", "Checksum"]
+    )
+    assert [p[field] for p in attributes["ObjectParts"]["Parts"]] == [
+        _b64(_digest(algorithm, p)) for p in parts
+    ]
 
 
 def _form_post(url: str, fields: dict[str, Any], body: bytes) -> urllib3.BaseHTTPResponse:

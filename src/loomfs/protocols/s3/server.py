@@ -81,7 +81,7 @@ OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
 LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
 PARTS_TAG = "s3.parts"  # part sizes of a multipart object (valid with ETAG_TAG's version)
 CHECKSUM_TAG = "s3.checksum"  # the additional checksum it came with (checksums.Kept)
-PART_SUMS_TAG = "s3.part-checksums"  # a COMPOSITE object's parts' (valid as PARTS_TAG)
+PART_SUMS_TAG = "s3.part-checksums"  # a multipart object's parts' (valid as PARTS_TAG)
 MAX_PARTS_TAG = 1024
 STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
                   "content-language", "expires")  # fmt: skip
@@ -300,7 +300,7 @@ def parts_of(entry: Entry, tags: Mapping[str, str]) -> list[int]:
 
 
 def part_checksums(entry: Entry, tags: Mapping[str, str]) -> list[str]:
-    """The checksums of a COMPOSITE object's parts, in order; none where not known."""
+    """The checksums of a multipart object's parts, in order; none where not known."""
     if tags.get(ETAG_TAG, "").partition(" ")[0] != str(entry.version):
         return []
     return [v for v in tags.get(PART_SUMS_TAG, "").split(",") if v]
@@ -1594,7 +1594,7 @@ class S3Gateway:
         layout = encode_parts(sizes)
         if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
             meta[PARTS_TAG] = layout
-        if upload.checksum is not None and upload.checksum.endswith(" COMPOSITE"):
+        if upload.checksum is not None:
             sums = ",".join(p.checksum.partition(" ")[2] for p in parts if p.checksum)
             if len(sums) <= MAX_PARTS_TAG:  # else a part's GET has no checksum to answer
                 meta[PART_SUMS_TAG] = sums
