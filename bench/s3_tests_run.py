@@ -138,6 +138,20 @@ CAUSES = (
     ),
     ("bad_authorization_", HOOKED),
     ("bad_date_none_aws2", HOOKED + " (a V2 signer sends Date, never x-amz-date)"),
+    (
+        "encryption is not supported",
+        "server-side encryption is not done: a request asking for it is refused (501), "
+        "never accepted for bytes stored as they came",
+    ),
+    ("policy is not supported", "bucket policies are not translated into access rules yet"),
+    ("lifecycle", "lifecycle configurations are not kept (no expiration runs)"),
+    ("object_lock", "object lock is not implemented (it needs versioning)"),
+    ("logging", "bucket logging is not implemented"),
+    ("ownership", "ownership controls are not kept"),
+    ("IsPublic", "GetBucketPolicyStatus is not implemented (bucket policies are not)"),
+    ("x-rgw", "RGW's own usage statistics and headers"),
+    ("usage", "RGW's own usage statistics and headers"),
+    ("cannot be expressed", "an ACL the namespace's access rules cannot express is refused"),
 )
 
 

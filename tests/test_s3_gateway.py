@@ -25,6 +25,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -1595,7 +1596,7 @@ def test_folder_markers_list_as_objects_and_delete_as_directories(
     assert not (gw.root / "buckets" / "marked").exists()
 
 
-def test_conditional_delete(s3: S3Client) -> None:
+def test_conditional_delete(gw: Gateway, s3: S3Client) -> None:
     """If-Match on DeleteObject (and ETag in DeleteObjects) deletes only that content:
     412 for another ETag, NoSuchKey where nothing is there."""
     etag = s3.put_object(Bucket="data", Key="cond", Body=b"one")["ETag"]
@@ -1617,6 +1618,18 @@ def test_conditional_delete(s3: S3Client) -> None:
     assert [d["Key"] for d in result["Deleted"]] == ["c1"]
     assert [(e["Key"], e["Code"]) for e in result["Errors"]] == [("c2", "PreconditionFailed")]
     assert s3.get_object(Bucket="data", Key="c2")["Body"].read() == b"2"
+    # the size and Last-Modified conditions: a mismatch is 412, nothing there is no error
+    s3.put_object(Bucket="data", Key="c3", Body=b"333")
+    modified = s3.head_object(Bucket="data", Key="c3")["LastModified"]
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="c3", IfMatchSize=4)
+    assert code_of(err) == "PreconditionFailed"
+    with pytest.raises(ClientError) as err:
+        s3.delete_object(Bucket="data", Key="c3", IfMatchLastModifiedTime=modified - timedelta(1))
+    assert code_of(err) == "PreconditionFailed"
+    s3.delete_object(Bucket="data", Key="c3", IfMatchSize=3, IfMatchLastModifiedTime=modified)
+    assert not (gw.root / "c3").exists()
+    s3.delete_object(Bucket="data", Key="c3", IfMatchSize=4)
 
 
 def test_multipart_upload_over_the_limit_is_entity_too_large(gw: Gateway, s3: S3Client) -> None:
@@ -1828,6 +1841,14 @@ def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: st
     chosen: Any = [
         {"PartNumber": p["PartNumber"], "ETag": p["ETag"], field: p[field]} for p in listed
     ]
+    # a Complete that names the object's checksum is refused if it is another
+    wrong_sum: Any = {field: _b64(_digest(algorithm, b"other"))}
+    with pytest.raises(ClientError) as err:
+        s3.complete_multipart_upload(
+            Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen},
+            **wrong_sum,
+        )  # fmt: skip
+    assert code_of(err) == "BadDigest" and not (gw.root / "mps").exists()
     done: Any = s3.complete_multipart_upload(
         Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen}
     )
@@ -1837,9 +1858,23 @@ def test_multipart_checksums(gw: Gateway, s3: S3Client, algorithm: str, kind: st
     else:
         expected = _b64(_digest(algorithm, b"".join(parts)))
     assert done[field] == expected and done["ChecksumType"] == kind
+    again: Any = s3.complete_multipart_upload(  # repeated after a lost reply: the same answer
+        Bucket="data", Key="mps", UploadId=uid, MultipartUpload={"Parts": chosen}
+    )
+    assert again[field] == expected and again["ETag"] == done["ETag"]
     head: Any = s3.head_object(Bucket="data", Key="mps", ChecksumMode="ENABLED")
     assert head[field] == expected and head["ChecksumType"] == kind
     assert gw.read("/data/mps") == b"".join(parts)
+    # each part answers its own, by partNumber and in the attributes
+    second: Any = s3.get_object(Bucket="data", Key="mps", PartNumber=2, ChecksumMode="ENABLED")
+    assert second[field] == _b64(_digest(algorithm, parts[1])) and second["ChecksumType"] == kind
+    assert second["Body"].read() == b"tail"
+    attributes: Any = s3.get_object_attributes(
+        Bucket="data", Key="mps", ObjectAttributes=["ObjectParts", "Checksum"]
+    )
+    assert [p[field] for p in attributes["ObjectParts"]["Parts"]] == [
+        _b64(_digest(algorithm, p)) for p in parts
+    ]
 
 
 def _form_post(url: str, fields: dict[str, Any], body: bytes) -> urllib3.BaseHTTPResponse:
@@ -1940,6 +1975,16 @@ def test_post_signed_v2_answers_as_asked_and_tags(gw: Gateway, s3: S3Client) -> 
     )
     unsigned = _form_post(f"{gw.endpoint}/data", {"key": "v2/anon.txt"}, b"anonymous")
     assert unsigned.status == 403 and not (gw.root / "v2" / "anon.txt").exists()
+    # an additional checksum of the file is checked and kept, as a PUT's
+    conditions = [{"bucket": "data"}, {"key": "v2/summed"}]
+    signed = {"key": "v2/summed", **_v2_policy(gw, conditions)}
+    for body, status in ((b"other", 400), (b"summed", 204)):
+        sent = {**signed, "x-amz-checksum-sha256": _b64(hashlib.sha256(b"summed").digest())}
+        assert _form_post(f"{gw.endpoint}/data", sent, body).status == status
+    head: Any = s3.head_object(Bucket="data", Key="v2/summed", ChecksumMode="ENABLED")
+    assert head["ChecksumSHA256"] == _b64(hashlib.sha256(b"summed").digest())
+    empty = _form_post(f"{gw.endpoint}/data", {"key": "v2/e", **_v2_policy(gw, [{}])}, b"e")
+    assert empty.status == 400 and b"InvalidPolicyDocument" in empty.data
 
 
 def test_post_goes_through_the_namespace_as_its_signer(acl_gw: Gateway) -> None:

@@ -92,6 +92,15 @@ class Declared:
         """The digest as S3 writes it (base64), once the body has ended."""
         return base64.b64encode(self.expected()).decode()
 
+    def kept(self) -> Kept:
+        """What a single upload's object is kept with, once the body has ended."""
+        return Kept(self.algorithm, "FULL_OBJECT", self.value)
+
+
+def as_kept(declared: Declared | None) -> Callable[[], Kept | None]:
+    """When the body has ended: the checksum an upload's object is kept with, if any."""
+    return declared.kept if declared is not None else lambda: None
+
 
 def composite(algorithm: str, part_values: Iterable[str]) -> str:
     """A multipart object's COMPOSITE checksum: of its parts' digests, '-<count>' after."""
@@ -183,15 +192,21 @@ class Kept:
     kind: str  # FULL_OBJECT or COMPOSITE
     value: str
 
+    def text(self) -> str:
+        return f"{self.algorithm} {self.kind} {self.value}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Kept | None:
+        fields = (text or "").split(" ")
+        return cls(*fields) if len(fields) == 3 else None
+
     def tag(self, version: int) -> str:
-        return f"{version} {self.algorithm} {self.kind} {self.value}"
+        return f"{version} {self.text()}"
 
     @classmethod
     def of(cls, version: int, tag: str | None) -> Kept | None:
-        fields = (tag or "").split(" ")
-        if len(fields) != 4 or fields[0] != str(version):
-            return None
-        return cls(*fields[1:])
+        kept_version, _, text = (tag or "").partition(" ")
+        return cls.parse(text) if kept_version == str(version) else None
 
     @property
     def element(self) -> str:

@@ -224,10 +224,13 @@ class Staging:
     async def remove(self, upload: Upload) -> None:
         await asyncio.to_thread(shutil.rmtree, self._dir(upload.upload_id), True)
 
-    async def finish(self, upload: Upload, etag: str) -> None:
-        """Remove a completed upload's parts, remembering its ETag for a while."""
+    async def finish(self, upload: Upload, etag: str, checksum: str | None = None) -> None:
+        """Remove a completed upload's parts, remembering its ETag (and the object's
+        checksum, as the gateway writes it) for a while."""
         marker = self.root / f"{upload.upload_id}.done"
-        data = json.dumps({"bucket": upload.bucket, "key": upload.key, "etag": etag})
+        data = json.dumps(
+            {"bucket": upload.bucket, "key": upload.key, "etag": etag, "checksum": checksum}
+        )
         try:
             await asyncio.to_thread(marker.write_text, data)
         except OSError:
@@ -238,14 +241,19 @@ class Staging:
                 marker.unlink(missing_ok=True)
         await self.remove(upload)
 
-    async def completed(self, upload_id: str, bucket: str, key: str) -> str | None:
-        """The ETag of an upload completed lately as ``bucket``/``key``, else None."""
+    async def completed(
+        self, upload_id: str, bucket: str, key: str
+    ) -> tuple[str, str | None] | None:
+        """The ETag and checksum of an upload completed lately as ``bucket``/``key``,
+        else None."""
         self._dir(upload_id)  # refuses ids that are not ours
         try:
             data = json.loads(await asyncio.to_thread((self.root / f"{upload_id}.done").read_text))
         except (FileNotFoundError, ValueError):
             return None
-        return str(data["etag"]) if (data["bucket"], data["key"]) == (bucket, key) else None
+        if (data["bucket"], data["key"]) != (bucket, key):
+            return None
+        return str(data["etag"]), data.get("checksum")
 
     def _sweep_markers(self) -> None:
         cutoff = time.time() - DONE_TTL_S

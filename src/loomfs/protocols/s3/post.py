@@ -6,7 +6,8 @@ saying what the form may hold (base64 JSON: an expiration and conditions), the p
 signature (SigV4: x-amz-signature, the day's signing key over the policy; V2: signature,
 HMAC-SHA1 of it) and, last, the file. Here the fields are read (bounded in size), the
 signature is verified and every condition checked, as S3 does: each field but the
-signature's own, the file and x-ignore-* must be named by a condition, the bucket too.
+signature's own, the file, an additional checksum of the file (x-amz-checksum-*, checked
+as a PUT's) and x-ignore-* must be named by a condition, the bucket too.
 The file's bytes then go into the object by the gateway's own write, as the signer, so
 the namespace decides whether that user may write there, as for a PUT. A form with no
 policy is unsigned: the anonymous caller's, where the gateway allows those.
@@ -183,6 +184,8 @@ class Policy:
         length = None
         for condition in listed:
             if isinstance(condition, dict):
+                if not condition:
+                    raise _invalid("a condition may not be empty")
                 conditions += [("eq", str(k).lower(), _text(v)) for k, v in condition.items()]
                 continue
             if not isinstance(condition, list) or not condition:
@@ -215,7 +218,7 @@ class Policy:
             if (
                 name not in named
                 and name not in SIGNATURE_FIELDS
-                and not name.startswith("x-ignore-")
+                and not name.startswith(("x-ignore-", "x-amz-checksum-"))
             ):
                 raise _denied(f"extra input fields: {name}")
 

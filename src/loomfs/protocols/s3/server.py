@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -81,6 +81,7 @@ OWNER_TAG = "s3.owner"  # of a bucket made by CreateBucket: who made it
 LOCATION_TAG = "s3.location"  # the LocationConstraint it was made with
 PARTS_TAG = "s3.parts"  # part sizes of a multipart object (valid with ETAG_TAG's version)
 CHECKSUM_TAG = "s3.checksum"  # the additional checksum it came with (checksums.Kept)
+PART_SUMS_TAG = "s3.part-checksums"  # a multipart object's parts' (valid as PARTS_TAG)
 MAX_PARTS_TAG = 1024
 STORED_HEADERS = ("content-type", "cache-control", "content-disposition", "content-encoding",
                   "content-language", "expires")  # fmt: skip
@@ -296,6 +297,13 @@ def parts_of(entry: Entry, tags: Mapping[str, str]) -> list[int]:
         size, _, count = run.partition("*")
         sizes += [int(size)] * int(count or 1)
     return sizes
+
+
+def part_checksums(entry: Entry, tags: Mapping[str, str]) -> list[str]:
+    """The checksums of a multipart object's parts, in order; none where not known."""
+    if tags.get(ETAG_TAG, "").partition(" ")[0] != str(entry.version):
+        return []
+    return [v for v in tags.get(PART_SUMS_TAG, "").split(",") if v]
 
 
 def part_window(number: int, entry: Entry, tags: Mapping[str, str]) -> tuple[int, int]:
@@ -1009,12 +1017,15 @@ class S3Gateway:
             if override is not None:
                 headers[name.title()] = override
         kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
-        whole = "partNumber" not in c.query and "Range" not in request.headers
-        if kept is not None and whole and _checksum_mode(request):
-            headers |= kept.headers()
+        part = c.query.get("partNumber")
+        if kept is not None and _checksum_mode(request) and "Range" not in request.headers:
+            sums = part_checksums(entry, tags)
+            if part is None:
+                headers |= kept.headers()
+            elif part.isdigit() and 1 <= int(part) <= len(sums):
+                headers |= replace(kept, value=sums[int(part) - 1]).headers()
         if entry.is_dir:  # a folder marker ('dir/'): an empty object
             return web.Response(headers={**headers, "Content-Length": "0"})
-        part = c.query.get("partNumber")
         window: tuple[int, int] | None
         if part is not None:
             window = part_window(_int_param(part, "partNumber", 0), entry, tags)
@@ -1039,6 +1050,8 @@ class S3Gateway:
                 f"x-amz-object-attributes must name some of {sorted(OBJECT_ATTRIBUTES)}",
             )
         etag = object_etag(entry, tags)
+        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
+        sums = part_checksums(entry, tags)
         parts = None
         # only a multipart object has parts to show (its ETag ends in -<count>)
         if "ObjectParts" in wanted and etag.rstrip('"').rpartition("-")[1]:
@@ -1054,9 +1067,16 @@ class S3Gateway:
                 el("NextPartNumberMarker", shown[-1][0]) if shown else None,
                 el("MaxParts", limit),
                 el("IsTruncated", len(numbered) > limit),
-                nodes(el("Part", el("PartNumber", n), el("Size", size)) for n, size in shown),
+                nodes(
+                    el(
+                        "Part",
+                        el("PartNumber", n),
+                        el("Size", size),
+                        el(kept.element, sums[n - 1]) if kept and n <= len(sums) else None,
+                    )
+                    for n, size in shown
+                ),
             )
-        kept = checksums.Kept.of(entry.version, tags.get(CHECKSUM_TAG))
         checksum = None
         if "Checksum" in wanted and kept is not None:
             checksum = el("Checksum", el(kept.element, kept.value), el("ChecksumType", kept.kind))
@@ -1192,24 +1212,18 @@ class S3Gateway:
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
             await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
-
-        def kept() -> checksums.Kept | None:
-            if declared is None:
-                return None
-            return checksums.Kept(declared.algorithm, "FULL_OBJECT", declared.value)
-
         _, etag = await self._store(
             c,
             path,
             data,
             _stored_meta(headers),
             content_md5=content_md5,
-            checksum=kept,
+            checksum=checksums.as_kept(declared),
             limit=self.max_object_size,
         )
         await self._acl_on_create(c, path)
-        checksum = kept()
-        return web.Response(headers={"ETag": etag, **(checksum.headers() if checksum else {})})
+        answer = {"ETag": etag, **(declared.kept().headers() if declared else {})}
+        return web.Response(headers=answer)
 
     async def post_object(self, request: web.Request, bucket: str) -> web.Response:
         """POST Object: a browser form's upload (``post.py``), written as a PUT is, as the
@@ -1225,7 +1239,12 @@ class S3Gateway:
             raise S3Error("AccessDenied", "this gateway takes signed POST forms only")
         key = form.key
         check_key(key)
-        data = form.chunks()
+        data: AsyncIterator[bytes] = form.chunks()
+        declared = checksums.declared(
+            {k: v for k, v in form.fields.items() if k.startswith(checksums.PREFIX)}, {}
+        )
+        if declared is not None:
+            data = checksums.checked(data, declared)
         if "policy" in form.fields:
             policy = post.Policy.parse(form.fields["policy"])
             policy.check({**form.fields, "bucket": bucket, "key": key}, self.verifier.clock())
@@ -1242,7 +1261,14 @@ class S3Gateway:
         path = self.object_path(c)
         if key.endswith("/"):
             raise S3Error("InvalidRequest", "a key ending in '/' holds no data here")
-        _, etag = await self._store(c, path, _from_client(data), meta, limit=self.max_object_size)
+        _, etag = await self._store(
+            c,
+            path,
+            _from_client(data),
+            meta,
+            checksum=checksums.as_kept(declared),
+            limit=self.max_object_size,
+        )
         await self._acl_on_create(c, path, canned)
         answer = {"ETag": etag, "Location": f"/{bucket}/{quote(key)}"}
         redirect = fields.get("success_action_redirect") or fields.get("redirect")
@@ -1321,7 +1347,7 @@ class S3Gateway:
             meta |= tagging.from_header(headers.get("x-amz-tagging"))
         else:
             meta |= {k: v for k, v in tags.items() if k.startswith(tagging.PREFIX)}
-        for own in (ETAG_TAG, PARTS_TAG, CHECKSUM_TAG):  # a new single-part object
+        for own in (ETAG_TAG, PARTS_TAG, CHECKSUM_TAG, PART_SUMS_TAG):  # a new single-part object
             meta.pop(own, None)
         if paths.normalize(path) == entry.path:
             await data.aclose()
@@ -1343,12 +1369,18 @@ class S3Gateway:
             )
         )
 
-    async def _remove_key(self, c: Call, key: str, if_match: str | None = None) -> None:
+    async def _remove_key(
+        self,
+        c: Call,
+        key: str,
+        if_match: str | None = None,
+        holds: Callable[[Entry], bool] | None = None,
+    ) -> None:
         """Delete one key; a key that isn't there is no error (S3), unless ``if_match``
         (an If-Match header or a DeleteObjects ETag) asks for it, which the object's ETag
-        must also match: that check and the removal are one step in the namespace. The
-        directories that only existed for the key are pruned up to the bucket, folder
-        markers kept."""
+        must also match, as it must the other conditions (``holds``): those checks and
+        the removal are one step in the namespace. The directories that only existed
+        for the key are pruned up to the bucket, folder markers kept."""
         folder = self.bucket_dir(c.bucket)
         path = paths.normalize(folder + "/" + key)
         try:
@@ -1362,12 +1394,13 @@ class S3Gateway:
                 raise S3Error("NoSuchKey", "the specified key does not exist")
             if not entry.is_dir or not key.endswith("/"):
                 return
-        if if_match is not None and not _etag_matches(if_match, object_etag(entry, tags)):
+        if (if_match is not None and not _etag_matches(if_match, object_etag(entry, tags))) or (
+            holds is not None and not holds(entry)
+        ):
             raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+        conditional = if_match is not None or holds is not None
         try:
-            await self.ns.remove(
-                c.who, path, if_version=entry.version if if_match is not None else None
-            )
+            await self.ns.remove(c.who, path, if_version=entry.version if conditional else None)
         except NotFound:
             return
         except DirectoryNotEmpty:
@@ -1395,7 +1428,8 @@ class S3Gateway:
 
     async def delete_object(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
-        await self._remove_key(c, c.key, c.request.headers.get("If-Match"))
+        headers = c.request.headers
+        await self._remove_key(c, c.key, headers.get("If-Match"), _delete_conditions(headers))
         return web.Response(status=204)
 
     async def delete_objects(self, c: Call) -> web.Response:
@@ -1527,7 +1561,7 @@ class S3Gateway:
     async def complete_upload(self, c: Call) -> web.Response:
         done = await self.staging.completed(c.query["uploadId"], c.bucket, c.key)
         if done is not None:
-            return self._completed(c, done)
+            return self._completed(c, done[0], checksums.Kept.parse(done[1]))
         upload = await self._upload(c)
         root = parse(await _read_document(c.request))
         if local(root.tag) != "CompleteMultipartUpload":
@@ -1560,9 +1594,14 @@ class S3Gateway:
         layout = encode_parts(sizes)
         if len(layout) <= MAX_PARTS_TAG:  # else GET by partNumber answers NotImplemented
             meta[PARTS_TAG] = layout
+        if upload.checksum is not None:
+            sums = ",".join(p.checksum.partition(" ")[2] for p in parts if p.checksum)
+            if len(sums) <= MAX_PARTS_TAG:  # else a part's GET has no checksum to answer
+                meta[PART_SUMS_TAG] = sums
         await self._store(c, path, data, meta, etag=etag, checksum=kept, limit=self.max_upload_size)
-        await self.staging.finish(upload, etag)
-        return self._completed(c, etag, kept())
+        checksum = kept()
+        await self.staging.finish(upload, etag, checksum.text() if checksum else None)
+        return self._completed(c, etag, checksum)
 
     @staticmethod
     def _object_checksum(
@@ -1574,14 +1613,16 @@ class S3Gateway:
         if upload.checksum is None:
             return data, lambda: None
         algorithm, kind = upload.checksum.split(" ")
+        sent = c.request.headers.get(checksums.PREFIX + algorithm)
         if kind == "COMPOSITE":
             named = [(p.checksum or " ").split(" ") for p in parts]
             if any(name != algorithm for name, _ in named):
                 return data, lambda: None  # a part staged without it: none, not a wrong one
             values = [value for _, value in named]
             kept = checksums.Kept(algorithm, kind, checksums.composite(algorithm, values))
+            if sent is not None and sent != kept.value:
+                raise S3Error("BadDigest", f"the parts' {algorithm.upper()} is not {sent}")
             return data, lambda: kept
-        sent = c.request.headers.get(checksums.PREFIX + algorithm)
         if sent is not None:
             digest = checksums.decode(algorithm, sent)
             checked = checksums.checked(data, checksums.Declared(algorithm, lambda: digest))
@@ -1687,6 +1728,21 @@ def _part_checksum_xml(part: Part) -> Xml | None:
 
 def _checksum_mode(request: web.Request) -> bool:
     return request.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+
+
+def _delete_conditions(headers: Mapping[str, str]) -> Callable[[Entry], bool] | None:
+    """DeleteObject's conditions besides If-Match: x-amz-if-match-last-modified-time and
+    x-amz-if-match-size (an object that is not there meets them)."""
+    when = _header_time(headers.get("x-amz-if-match-last-modified-time"))
+    size = headers.get("x-amz-if-match-size")
+    if when is None and size is None:
+        return None
+
+    def holds(entry: Entry) -> bool:
+        same_time = when is None or entry.mtime_ns // 1_000_000_000 == int(when)
+        return same_time and (size is None or size.strip() == str(entry.size))
+
+    return holds
 
 
 def _is_form_post(request: web.Request, key: str) -> bool:
