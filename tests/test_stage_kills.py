@@ -1,26 +1,33 @@
 """kill -9 and SIGINT of a hub process at each stage of a write over REST: after it starts
 again, the file is exactly its old state or exactly its new one (volume bytes, catalog,
-reads and a rescan agree), and a write it acknowledged is there."""
+reads and a rescan agree), a write it acknowledged is there, and its writer's retry lands
+it once; the intent log that makes it so names every write begun and not ended."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import tempfile
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loomfs.core.backends.posix import TEMP_PREFIX
 from loomfs.core.types import Principal
+from loomfs.hub.intents import IntentLog
 from loomfs.rest.client import RestNamespace
-from loomfs.rest.wire import API
+from loomfs.rest.wire import API, WRITE_ID_HEADER
 from loomfs.testing.hubproc import HubProcess
 
 WHO = Principal(user="tester")
 OLD, NEW = b"old content " * 1000, b"the new bytes " * 5000
+FILE = f"{API}/files/v/f"
 
 # Imported by the hub's interpreter at its start (sitecustomize): the write stops at the
 # stage LOOMFS_TEST_STAGE names, says so in the file LOOMFS_TEST_AT names, and goes on
@@ -74,22 +81,10 @@ def visible(volume: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in volume.iterdir() if not p.name.startswith(TEMP_PREFIX)}
 
 
-# kill -9 between the rename and the catalog's commit leaves the new bytes at the name and
-# the old entry in the catalog (a read serves the one with the other's size) until a rescan:
-# no start-up recovery undoes a rename the catalog never recorded yet (an intent record
-# before the rename would). Strict: it fails the suite once that is fixed, to be unmarked.
-TORN = pytest.mark.xfail(
-    strict=True, reason="no recovery of a rename the catalog did not record (issue 22)"
-)
-CASES = [
-    pytest.param(stage, how, id=case, marks=[TORN] if case == "renamed-kill-9" else [])
-    for stage in ("staged", "renamed", "recorded")
-    for how, name in ((signal.SIGKILL, "kill-9"), (signal.SIGINT, "sigint"))
-    for case in [f"{stage}-{name}"]
-]
-
-
-@pytest.mark.parametrize(("stage", "how"), CASES)
+# kill -9 between the rename and the catalog's commit left the new bytes at the name under
+# the catalog's old entry (a read served the one with the other's size) until a rescan
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
+@pytest.mark.parametrize("stage", ["staged", "renamed", "recorded"])
 async def test_a_hub_stopped_at_any_stage_of_a_write_is_old_or_new(
     tmp_path: Path, stage: str, how: signal.Signals
 ) -> None:
@@ -102,10 +97,12 @@ async def test_a_hub_stopped_at_any_stage_of_a_write_is_old_or_new(
         admin = RestNamespace(hub.url, credentials=hub.admin)
         try:
             await admin.add_volume("/v", f"posix://{volume}")
+            head = (await admin.changes(0, 1)).head
         finally:
             await admin.close()
+        key = {WRITE_ID_HEADER: "the-write"}
         async with aiohttp.ClientSession() as http:
-            put = asyncio.create_task(http.put(f"{hub.url}{API}/files/v/f", data=NEW))
+            put = asyncio.create_task(http.put(f"{hub.url}{FILE}", data=NEW, headers=key))
             for _ in range(1500):
                 if at.exists() or put.done():
                     break
@@ -129,12 +126,51 @@ async def test_a_hub_stopped_at_any_stage_of_a_write_is_old_or_new(
             read = await client.read_bytes(WHO, "/v/f")
             on_disk = visible(volume)
             stats = await client.rescan("/v")
+            # its writer tries it again, as a spoke replays its journal: it lands once
+            async with (
+                aiohttp.ClientSession() as http,
+                http.put(f"{hub.url}{FILE}", data=NEW, headers=key) as again,
+            ):
+                assert again.status == 201, await again.text()
+            assert await client.read_bytes(WHO, "/v/f") == NEW
+            feed = await client.changes(head, 1000)
+            landed = [c for c in feed.changes if c.path == "/v/f"]
         finally:
             await client.close()
-        assert read in (OLD, NEW) and entry.size == len(read)
-        assert on_disk == {"f": read}  # the volume as the catalog says, and nothing else
-        assert (stats["created"], stats["modified"], stats["deleted"]) == (0, 0, 0)
+        said = f"{stage}, acknowledged {acknowledged}: {entry}, read {len(read)} bytes, {stats}"
+        assert read in (OLD, NEW) and entry.size == len(read), said
+        assert on_disk == {"f": read}, said  # the volume as the catalog says, nothing else
+        assert (stats["created"], stats["modified"], stats["deleted"]) == (0, 0, 0), said
         if acknowledged:
             assert read == NEW, f"{stage}: a write the hub acknowledged is lost"
+        assert len(landed) == 1, f"{said}; landed {landed}"
     finally:
         hub.stop()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["/v/a", "/v/b", "/v/c"])), max_size=30))
+def test_the_intent_log_names_every_write_begun_and_not_ended(
+    steps: list[tuple[bool, str]],
+) -> None:
+    """Writes of a few paths begin and end interleaved (one path twice at once too); the
+    log a crash leaves at any point names exactly the paths with a write still open, each
+    with the idempotency key of its last write begun."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = IntentLog(Path(tmp) / "writes.intents", durable=False)
+        log.open()
+        open_: Counter[str] = Counter()
+        last: dict[str, str] = {}
+        try:
+            for number, (begins, path) in enumerate(steps):
+                if begins:
+                    asyncio.run(log.begin(path, f"spoke:{number}"))
+                    open_[path] += 1
+                    last[path] = f"spoke:{number}"
+                elif open_[path]:
+                    log.end(path)
+                    open_[path] -= 1
+                crashed = IntentLog(log.path, durable=False)
+                assert crashed.unfinished() == {p: last[p] for p in sorted(open_) if open_[p]}
+        finally:
+            log.close()

@@ -56,6 +56,7 @@ from ..errors import (
     InvalidArgument,
     InvalidPath,
     IsADirectory,
+    LoomError,
     NotADirectory,
     NotFound,
     PermissionDenied,
@@ -63,6 +64,7 @@ from ..errors import (
 from ..namespace.base import LIST_PAGE, Reader, ResolvingNamespace
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
+from .intents import IntentLog
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +133,11 @@ class HubNamespace(ResolvingNamespace):
         leases: Leases | None = None,
         placement: PlacementAuthorizer | None = None,
         write_lease: float = 60.0,
+        intents: IntentLog | None = None,
     ) -> None:
         self.catalog = catalog
+        #: writes renamed into place and not yet recorded: ``recover`` settles a crash's
+        self.intents = intents
         #: the catalog's durability is the namespace's: volumes follow it (``sync``)
         self.durable = catalog.durable
         #: residency policies: a re-tag that restricts a file evicts it from spokes
@@ -424,10 +429,10 @@ class HubNamespace(ResolvingNamespace):
             await self._writable(path, if_version, exclusive)
         committed: list[Applied] = []
         repeated: list[Entry] = []
-        cancelled = False
+        cancelled = began = False
 
         async def gate(commit: Commit) -> ObjectInfo:
-            nonlocal cancelled
+            nonlocal cancelled, began
             async with self._lock(path):
                 if remembered is not None and (done := await self.catalog.written(remembered)):
                     # the same write, sent again while this one streamed: it stands
@@ -435,6 +440,9 @@ class HubNamespace(ResolvingNamespace):
                     raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
+                if self.intents is not None:
+                    await self.intents.begin(path, remembered)
+                    began = True
                 info = await commit()
                 # The volume's write fails (and is undone) if this gate does; once the
                 # catalog is recording it, a cancel (its client gone) waits for that, so
@@ -462,6 +470,9 @@ class HubNamespace(ResolvingNamespace):
             await mounted.backend.write(key, body, mode=mode, gate=gate)
         except _Repeated:
             return repeated[0]
+        finally:  # recorded, or undone on the volume: either way whole
+            if began and self.intents is not None:
+                self.intents.end(path)
         if cancelled:
             raise asyncio.CancelledError
         # acknowledged once the spokes have applied it: waited for outside the path's
@@ -895,7 +906,30 @@ class HubNamespace(ResolvingNamespace):
             if other.path != entry.path and paths.is_within(other.path, mount)
         ]
 
+    async def recover(self) -> None:
+        """Record what the volumes hold at each path whose write a stopped hub renamed
+        into place without recording it (the old bytes, or the new): the volume and the
+        catalog agree again. Then start a new intent log. After ``load_volumes``."""
+        if self.intents is None:
+            return
+        unfinished = self.intents.unfinished()
+        for path, write_id in unfinished.items():
+            try:
+                before = await self.catalog.get(path)
+                after = await self.refresh(path)
+                if write_id is not None and after is not None and after != before:
+                    # the write's bytes are at its name (nothing else wrote there under
+                    # its lock): its retry is answered with this, not landed again
+                    await self.catalog.remember_write(write_id, after)
+            except LoomError as exc:  # say its volume is gone: nothing to agree with
+                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
+        if unfinished:
+            log.info("recovered unfinished writes", extra={"paths": len(unfinished)})
+        self.intents.open()
+
     async def close(self) -> None:
         for mounted in self._mounts.values():
             await mounted.backend.close()
         self._mounts.clear()
+        if self.intents is not None:
+            self.intents.close()
