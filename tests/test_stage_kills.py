@@ -1,7 +1,9 @@
-"""kill -9 and SIGINT of a hub process at each stage of a write over REST: after it starts
-again, the file is exactly its old state or exactly its new one (volume bytes, catalog,
-reads and a rescan agree), a write it acknowledged is there, and its writer's retry lands
-it once; the intent log that makes it so names every write begun and not ended."""
+"""kill -9 and SIGINT of a hub process at each stage of a write over REST, and of a
+write-back spoke at each stage of its upload. Once the hub is back, the file is exactly
+its old state or exactly its new one (volume bytes, catalog, reads and a rescan agree), a
+write it acknowledged is there, and its writer's retry lands it once; once the spoke is
+back, what it acknowledged is at the hub once. The intent log that makes the hub's so
+names every write begun and not ended."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import tempfile
 import textwrap
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -23,7 +26,14 @@ from loomfs.core.types import Principal
 from loomfs.hub.intents import IntentLog
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API, WRITE_ID_HEADER
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.hubproc import (
+    HubProcess,
+    LoomfsProcess,
+    SpokeProcess,
+    cli_ok,
+    spoke_args,
+)
+from loomfs.testing.ports import free_port
 
 WHO = Principal(user="tester")
 OLD, NEW = b"old content " * 1000, b"the new bytes " * 5000
@@ -64,17 +74,54 @@ PAUSE_AT_STAGE = textwrap.dedent("""
 
         PosixBackend._commit = paused_commit
         HubNamespace._apply_record = paused_record
+
+        from loomfs.spoke.namespace import SpokeNamespace
+
+        upload, send = SpokeNamespace._upload, SpokeNamespace._send
+
+        async def paused_upload(self, *args, **kwargs):
+            if STAGE == "journaled":  # acknowledged, durable in the journal, not yet sent
+                Path(AT).write_text(STAGE)
+                await asyncio.sleep(3)
+            return await upload(self, *args, **kwargs)
+
+        async def paused_send(self, *args, **kwargs):
+            entry = await send(self, *args, **kwargs)
+            if STAGE == "uploaded":  # committed at the hub, still in the journal
+                Path(AT).write_text(STAGE)
+                await asyncio.sleep(3)
+            return entry
+
+        SpokeNamespace._upload = paused_upload
+        SpokeNamespace._send = paused_send
 """)
 
 
-def pausing_hub(tmp: Path, stage: str) -> tuple[HubProcess, Path]:
+def pausing(tmp: Path, stage: str) -> tuple[dict[str, str], Path]:
+    """The environment of a process that pauses at ``stage``, and the file saying it has."""
     hooks = tmp / "hooks"
     hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(PAUSE_AT_STAGE)
     at = tmp / "reached"
     path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": path, "LOOMFS_TEST_STAGE": stage, "LOOMFS_TEST_AT": str(at)}
-    return HubProcess(tmp / "site", env), at
+    return {"PYTHONPATH": path, "LOOMFS_TEST_STAGE": stage, "LOOMFS_TEST_AT": str(at)}, at
+
+
+async def reached(at: Path, stage: str, task: asyncio.Future[Any] | None = None) -> None:
+    for _ in range(1500):
+        if at.exists() or (task is not None and task.done()):
+            break
+        await asyncio.sleep(0.02)
+    assert at.exists() and at.read_text() == stage, f"{stage} was never reached"
+
+
+def stop(process: LoomfsProcess, how: signal.Signals) -> None:
+    """kill -9 at once, or SIGINT and let it stop (SIGKILL if it lingers)."""
+    if how == signal.SIGKILL:
+        process.kill()
+    else:
+        os.killpg(process.pid, signal.SIGINT)
+    process.stop()
 
 
 def visible(volume: Path) -> dict[str, bytes]:
@@ -91,8 +138,8 @@ async def test_a_hub_stopped_at_any_stage_of_a_write_is_old_or_new(
     volume = tmp_path / "data"
     volume.mkdir()
     (volume / "f").write_bytes(OLD)
-    hub, at = pausing_hub(tmp_path, stage)
-    hub.start()
+    env, at = pausing(tmp_path, stage)
+    hub = HubProcess(tmp_path / "site", env).start()
     try:
         admin = RestNamespace(hub.url, credentials=hub.admin)
         try:
@@ -103,14 +150,10 @@ async def test_a_hub_stopped_at_any_stage_of_a_write_is_old_or_new(
         key = {WRITE_ID_HEADER: "the-write"}
         async with aiohttp.ClientSession() as http:
             put = asyncio.create_task(http.put(f"{hub.url}{FILE}", data=NEW, headers=key))
-            for _ in range(1500):
-                if at.exists() or put.done():
-                    break
-                await asyncio.sleep(0.02)
-            assert at.read_text() == stage, "the write never reached its stage"
+            await reached(at, stage, put)
             if how == signal.SIGKILL:
                 hub.kill()
-            else:
+            else:  # the answer comes, or the link drops, while it stops
                 os.killpg(hub.pid, signal.SIGINT)
             try:
                 acknowledged = (await put).status == 201
@@ -174,3 +217,54 @@ def test_the_intent_log_names_every_write_begun_and_not_ended(
                 assert crashed.unfinished() == {p: last[p] for p in sorted(open_) if open_[p]}
         finally:
             log.close()
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
+@pytest.mark.parametrize("stage", ["journaled", "uploaded"])
+async def test_a_spoke_stopped_at_any_stage_of_a_write_back_loses_nothing(
+    tmp_path: Path, stage: str, how: signal.Signals
+) -> None:
+    """A write-back spoke acknowledged a write (its journal durable): stopped before the
+    upload or after the hub's commit but before the journal let go of it, once it is back
+    the write is at the hub, with its bytes, exactly once."""
+    hub_dir, spoke_dir, volume = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    volume.mkdir()
+    cli_ok(hub_dir, "site", "init", "--name", "hub")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-west")
+    cert = str(spoke_dir / "identity/site.pem")
+    cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", cert, "--offline")
+    fabric_port = {"LOOMFS_FABRIC__LISTEN": f"127.0.0.1:{free_port()}"}
+    with HubProcess(hub_dir, fabric_port) as hub:
+        cli_ok(hub_dir, "--hub", hub.url, "volume", "add", "/vol", f"posix://{volume}")
+        env, at = pausing(tmp_path, stage)
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/vol", "--write-back")
+        spoke = SpokeProcess(spoke_dir, env, args)
+        await asyncio.to_thread(spoke.start)
+        try:
+            client = RestNamespace(spoke.url)
+            try:
+                written = await client.write_bytes(WHO, "/vol/ckpt.pt", NEW)
+            finally:
+                await client.close()
+            assert written.version == 0  # acknowledged from the journal
+            await reached(at, stage)
+            await asyncio.to_thread(stop, spoke, how)
+            spoke.env.pop("LOOMFS_TEST_STAGE")
+            await asyncio.to_thread(spoke.start)
+            client = RestNamespace(spoke.url)
+            try:
+                async with asyncio.timeout(120):
+                    await client.sync()
+            finally:
+                await client.close()
+        finally:
+            await asyncio.to_thread(spoke.stop)
+        at_hub = RestNamespace(hub.url)
+        try:
+            assert await at_hub.read_bytes(WHO, "/vol/ckpt.pt") == NEW
+            feed = await at_hub.changes(0, 10_000)
+            landed = [c for c in feed.changes if c.path == "/vol/ckpt.pt"]
+            assert len(landed) == 1, f"{stage}: landed {landed}"
+        finally:
+            await at_hub.close()
+    assert (volume / "ckpt.pt").read_bytes() == NEW
