@@ -8,6 +8,7 @@ names every write begun and not ended."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import tempfile
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from loomfs.core.backends.posix import TEMP_PREFIX
 from loomfs.core.types import Principal
+from loomfs.errors import LoomError
 from loomfs.hub.intents import IntentLog
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API, WRITE_ID_HEADER
@@ -74,6 +76,23 @@ PAUSE_AT_STAGE = textwrap.dedent("""
 
         PosixBackend._commit = paused_commit
         HubNamespace._apply_record = paused_record
+
+        rename, delete = PosixBackend.rename, PosixBackend.delete
+
+        async def paused_rename(self, src, dst):
+            await rename(self, src, dst)
+            if STAGE == "moved":  # moved on the volume; the catalog not told
+                Path(AT).write_text(STAGE)
+                await asyncio.sleep(3)
+
+        async def paused_delete(self, key):
+            await delete(self, key)
+            if STAGE == "removed":  # one file of a directory's removed; the catalog not told
+                Path(AT).write_text(STAGE)
+                await asyncio.sleep(3)
+
+        PosixBackend.rename = paused_rename
+        PosixBackend.delete = paused_delete
 
         from loomfs.spoke.namespace import SpokeNamespace
 
@@ -268,3 +287,56 @@ async def test_a_spoke_stopped_at_any_stage_of_a_write_back_loses_nothing(
         finally:
             await at_hub.close()
     assert (volume / "ckpt.pt").read_bytes() == NEW
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
+@pytest.mark.parametrize("stage", ["moved", "removed"])
+async def test_a_hub_stopped_in_a_move_or_a_removal_agrees_with_its_volume(
+    tmp_path: Path, stage: str, how: signal.Signals
+) -> None:
+    """Stopped after the volume moved a file (or removed the first file of a directory it
+    removes) and before the catalog heard: once back, the catalog lists what the volume
+    holds, the move done or not (the file under one name, whole), the removal part way."""
+    volume = tmp_path / "data"
+    (volume / "d").mkdir(parents=True)
+    (volume / "f").write_bytes(OLD)
+    for name in ("a", "b", "c"):
+        (volume / "d" / name).write_bytes(name.encode())
+    env, at = pausing(tmp_path, stage)
+    hub = HubProcess(tmp_path / "site", env).start()
+    try:
+        client = RestNamespace(hub.url, credentials=hub.admin)
+        try:
+            await client.add_volume("/v", f"posix://{volume}")
+            change: asyncio.Future[Any] = asyncio.ensure_future(
+                client.rename(WHO, "/v/f", "/v/g")
+                if stage == "moved"
+                else client.remove(WHO, "/v/d", recursive=True)
+            )
+            await reached(at, stage, change)
+            await asyncio.to_thread(stop, hub, how)
+            with contextlib.suppress(LoomError, aiohttp.ClientError):
+                await change
+        finally:
+            await client.close()
+        at.unlink()
+        hub.env.pop("LOOMFS_TEST_STAGE")
+        hub.start()
+        client = RestNamespace(hub.url, credentials=hub.admin)
+        try:
+            listed = {e.path async for e in client.walk(WHO, "/v")}
+            stats = await client.rescan("/v")
+            names = [n for n in ("f", "g") if f"/v/{n}" in listed]
+            assert len(names) == 1, listed  # under one name
+            assert await client.read_bytes(WHO, f"/v/{names[0]}") == OLD
+        finally:
+            await client.close()
+        on_disk = {
+            "/v/" + str(p.relative_to(volume))
+            for p in volume.rglob("*")
+            if not p.name.startswith(TEMP_PREFIX)
+        }
+        assert listed == on_disk, f"{stage}: {listed} in the catalog, {on_disk} on the volume"
+        assert (stats["created"], stats["modified"], stats["deleted"]) == (0, 0, 0), stats
+    finally:
+        hub.stop()

@@ -1,14 +1,16 @@
-"""Writes between their volume's rename and the catalog's record of it (hub layer).
+"""Writes, moves and removals between their volume's change and the catalog's record of
+it (hub layer).
 
 A write's bytes reach their name on the volume first and the catalog is told after: a hub
 killed in between would leave the name's new bytes under the catalog's old entry (a read
-serving the one with the other's size) until a rescan found it. So each write is noted
-here before its commit and done after it, in an append-only log in the data directory;
-at its next start the hub re-reads each path noted but not done from its volume
-(``HubNamespace.refresh``) and records what is there: the old state or the new one,
-whole; the new one under the write's idempotency key, so that its writer's retry (a
-spoke's replay) finds it done instead of landing it twice. The log is emptied whenever
-no write is between the two.
+serving the one with the other's size) until a rescan found it; a move or a removal
+likewise (a name on one side only). So each is noted here before its volume changes and
+done after the catalog has it, in an append-only log in the data directory; at its next
+start the hub re-reads each path noted but not done from its volume
+(``HubNamespace.recover``) and records what is there: the old state or the new one,
+whole; a write's new one under its idempotency key, so that its writer's retry (a spoke's
+replay) finds it done instead of landing it twice. The log is emptied whenever nothing is
+between the two.
 """
 
 from __future__ import annotations

@@ -662,8 +662,9 @@ class HubNamespace(ResolvingNamespace):
                 await src_mounted.backend.delete(dst_key)
                 await self.catalog.apply([Delete(dst)])
             await self._dir(paths.split(dst)[0])
-            await src_mounted.backend.rename(src_key, dst_key)
-            applied = await self.catalog.rename(src, dst)
+            async with self._intended(src, dst):
+                await src_mounted.backend.rename(src_key, dst_key)
+                applied = await self.catalog.rename(src, dst)
             self._note(src, _GONE)
         moved = await self._settled(applied)
         if self.placement is not None and await self.placement.covering(dst) - before:
@@ -685,16 +686,17 @@ class HubNamespace(ResolvingNamespace):
             entry = await self._entry(path)
             if if_version is not None and entry.version != if_version:
                 raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
-            if entry.is_dir and recursive:
-                # deepest first, so each directory is empty when its turn comes
-                below = [e async for e in self.walk(who, path)]
-                for child in reversed(below):
-                    with contextlib.suppress(NotFound):
-                        await mounted.backend.delete(
-                            paths.relative(child.path, mounted.volume.mount)
-                        )
-            await mounted.backend.delete(key)
-            [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
+            async with self._intended(path):
+                if entry.is_dir and recursive:
+                    # deepest first, so each directory is empty when its turn comes
+                    below = [e async for e in self.walk(who, path)]
+                    for child in reversed(below):
+                        with contextlib.suppress(NotFound):
+                            await mounted.backend.delete(
+                                paths.relative(child.path, mounted.volume.mount)
+                            )
+                await mounted.backend.delete(key)
+                [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
             self._note(path, _GONE)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
@@ -906,10 +908,28 @@ class HubNamespace(ResolvingNamespace):
             if other.path != entry.path and paths.is_within(other.path, mount)
         ]
 
+    @contextlib.asynccontextmanager
+    async def _intended(self, *changed: str) -> AsyncIterator[None]:
+        """A change of the volume at ``changed`` and then of the catalog, noted between
+        (``recover``)."""
+        if self.intents is None:
+            yield
+            return
+        begun: list[str] = []
+        try:
+            for path in changed:
+                await self.intents.begin(path)
+                begun.append(path)
+            yield
+        finally:
+            for path in begun:
+                self.intents.end(path)
+
     async def recover(self) -> None:
-        """Record what the volumes hold at each path whose write a stopped hub renamed
-        into place without recording it (the old bytes, or the new): the volume and the
-        catalog agree again. Then start a new intent log. After ``load_volumes``."""
+        """Record what the volumes hold at each path a stopped hub changed there without
+        recording it (a write renamed into place, a move, a removal part way): the old
+        state or the new, and the volume and the catalog agree again. Then start a new
+        intent log. After ``load_volumes``."""
         if self.intents is None:
             return
         unfinished = self.intents.unfinished()
@@ -917,6 +937,10 @@ class HubNamespace(ResolvingNamespace):
             try:
                 before = await self.catalog.get(path)
                 after = await self.refresh(path)
+                if before is not None and before.is_dir and after is not None and after.is_dir:
+                    # a removal below it may have stopped part way
+                    mounted, key = self._in_volume(path)
+                    await self.sync_volume(mounted.volume.mount, prefix=key)
                 if write_id is not None and after is not None and after != before:
                     # the write's bytes are at its name (nothing else wrote there under
                     # its lock): its retry is answered with this, not landed again
