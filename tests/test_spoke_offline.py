@@ -55,6 +55,7 @@ async def test_a_cut_off_spoke_lists_what_it_listed_to_that_user(env: Fabric) ->
         await hub.write_bytes(SYSTEM, f"/vol/a/{name}", name.encode() * 10)
     await hub.write_bytes(SYSTEM, "/vol/b/z", b"z")
     online = await listed(env.spoke, ALICE, "/vol/a")
+    assert await env.spoke.read_bytes(BOB, "/vol/b/z") == b"z"
     assert [name for name, _, _ in online] == ["x", "y"]
     await caught_up(env)
     env.link.cut()
@@ -69,6 +70,9 @@ async def test_a_cut_off_spoke_lists_what_it_listed_to_that_user(env: Fabric) ->
             await listed(env.spoke, BOB, "/vol/a")  # listed, but to someone else
         with pytest.raises(BackendUnavailable):
             await env.spoke.stat(BOB, "/vol/a/y")
+        assert (await env.spoke.stat(BOB, "/vol/b/z")).size == 1  # bob read it: he may stat it
+        with pytest.raises(BackendUnavailable):
+            await env.spoke.stat(ALICE, "/vol/b/z")
     finally:
         env.link.restore()
     # a change in the directory drops what was kept: unknown offline, never stale

@@ -50,6 +50,7 @@ from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.deltastore import DeltaStore
+from .hub.intents import IntentLog
 from .hub.namespace import HubNamespace
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
@@ -112,6 +113,7 @@ class HubService:
             self.catalog,
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
             self.placement,
+            intents=IntentLog(config.site.data_dir / "writes.intents", durable=durable),
         )
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
         #: from ``start`` on, so the namespace can be given it before the hub starts
@@ -148,6 +150,7 @@ class HubService:
         await self.catalog.open()
         self.chunks.clear_staging()  # chunks of uploads a stopped hub never committed
         volumes = await self.namespace.load_volumes()
+        await self.namespace.recover()  # before any watcher or client: no write is under way
         VOLUMES.set(len(volumes))
         HEAD_SEQ.set(await self.catalog.head_seq())
         for volume in volumes:

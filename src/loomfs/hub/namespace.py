@@ -57,6 +57,7 @@ from ..errors import (
     InvalidArgument,
     InvalidPath,
     IsADirectory,
+    LoomError,
     NotADirectory,
     NotFound,
     PermissionDenied,
@@ -64,6 +65,7 @@ from ..errors import (
 from ..namespace.base import LIST_PAGE, Reader, ResolvingNamespace
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
+from .intents import IntentLog
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +135,11 @@ class HubNamespace(ResolvingNamespace):
         leases: Leases | None = None,
         placement: PlacementAuthorizer | None = None,
         write_lease: float = 60.0,
+        intents: IntentLog | None = None,
     ) -> None:
         self.catalog = catalog
+        #: writes renamed into place and not yet recorded: ``recover`` settles a crash's
+        self.intents = intents
         #: the catalog's durability is the namespace's: volumes follow it (``sync``)
         self.durable = catalog.durable
         #: residency policies: a re-tag that restricts a file evicts it from spokes
@@ -426,10 +431,10 @@ class HubNamespace(ResolvingNamespace):
             await self._writable(path, if_version, exclusive)
         committed: list[Applied] = []
         repeated: list[Entry] = []
-        cancelled = False
+        cancelled = began = False
 
         async def gate(commit: Commit) -> ObjectInfo:
-            nonlocal cancelled
+            nonlocal cancelled, began
             async with self._lock(path):
                 if remembered is not None and (done := await self.catalog.written(remembered)):
                     # the same write, sent again while this one streamed: it stands
@@ -437,6 +442,9 @@ class HubNamespace(ResolvingNamespace):
                     raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
+                if self.intents is not None:
+                    await self.intents.begin(path, remembered)
+                    began = True
                 info = await commit()
                 # The volume's write fails (and is undone) if this gate does; once the
                 # catalog is recording it, a cancel (its client gone) waits for that, so
@@ -464,6 +472,9 @@ class HubNamespace(ResolvingNamespace):
             await mounted.backend.write(key, body, mode=mode, gate=gate)
         except _Repeated:
             return repeated[0]
+        finally:  # recorded, or undone on the volume: either way whole
+            if began and self.intents is not None:
+                self.intents.end(path)
         if cancelled:
             raise asyncio.CancelledError
         # acknowledged once the spokes have applied it: waited for outside the path's
@@ -653,8 +664,9 @@ class HubNamespace(ResolvingNamespace):
                 await src_mounted.backend.delete(dst_key)
                 await self.catalog.apply([Delete(dst)])
             await self._dir(paths.split(dst)[0])
-            await src_mounted.backend.rename(src_key, dst_key)
-            applied = await self.catalog.rename(src, dst)
+            async with self._intended(src, dst):
+                await src_mounted.backend.rename(src_key, dst_key)
+                applied = await self.catalog.rename(src, dst)
             self._note(src, _GONE)
         moved = await self._settled(applied)
         if self.placement is not None and await self.placement.covering(dst) - before:
@@ -681,16 +693,17 @@ class HubNamespace(ResolvingNamespace):
                 # (its removal is between the volume and the catalog) would otherwise let
                 # the directory go from the volume and stay in the catalog
                 raise DirectoryNotEmpty(f"directory not empty: {path}", path=path)
-            if entry.is_dir and recursive:
-                # deepest first, so each directory is empty when its turn comes
-                below = [e async for e in self.walk(who, path)]
-                for child in reversed(below):
-                    with contextlib.suppress(NotFound):
-                        await mounted.backend.delete(
-                            paths.relative(child.path, mounted.volume.mount)
-                        )
-            await mounted.backend.delete(key)
-            [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
+            async with self._intended(path):
+                if entry.is_dir and recursive:
+                    # deepest first, so each directory is empty when its turn comes
+                    below = [e async for e in self.walk(who, path)]
+                    for child in reversed(below):
+                        with contextlib.suppress(NotFound):
+                            await mounted.backend.delete(
+                                paths.relative(child.path, mounted.volume.mount)
+                            )
+                await mounted.backend.delete(key)
+                [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
             self._note(path, _GONE)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
@@ -902,7 +915,52 @@ class HubNamespace(ResolvingNamespace):
             if other.path != entry.path and paths.is_within(other.path, mount)
         ]
 
+    @contextlib.asynccontextmanager
+    async def _intended(self, *changed: str) -> AsyncIterator[None]:
+        """A change of the volume at ``changed`` and then of the catalog, noted between
+        (``recover``)."""
+        if self.intents is None:
+            yield
+            return
+        begun: list[str] = []
+        try:
+            for path in changed:
+                await self.intents.begin(path)
+                begun.append(path)
+            yield
+        finally:
+            for path in begun:
+                self.intents.end(path)
+
+    async def recover(self) -> None:
+        """Record what the volumes hold at each path a stopped hub changed there without
+        recording it (a write renamed into place, a move, a removal part way): the old
+        state or the new, and the volume and the catalog agree again. Then start a new
+        intent log. After ``load_volumes``."""
+        if self.intents is None:
+            return
+        unfinished = self.intents.unfinished()
+        for path, write_id in unfinished.items():
+            try:
+                before = await self.catalog.get(path)
+                after = await self.refresh(path)
+                if before is not None and before.is_dir and after is not None and after.is_dir:
+                    # a removal below it may have stopped part way
+                    mounted, key = self._in_volume(path)
+                    await self.sync_volume(mounted.volume.mount, prefix=key)
+                if write_id is not None and after is not None and after != before:
+                    # the write's bytes are at its name (nothing else wrote there under
+                    # its lock): its retry is answered with this, not landed again
+                    await self.catalog.remember_write(write_id, after)
+            except LoomError as exc:  # say its volume is gone: nothing to agree with
+                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
+        if unfinished:
+            log.info("recovered unfinished writes", extra={"paths": len(unfinished)})
+        self.intents.open()
+
     async def close(self) -> None:
         for mounted in self._mounts.values():
             await mounted.backend.close()
         self._mounts.clear()
+        if self.intents is not None:
+            self.intents.close()

@@ -30,8 +30,8 @@ user over the same protocol) at once; anyone else reads what the hub acknowledge
 the hub may still refuse it. The written bytes become the cached copy of the new version.
 With the link down, cached versions are still served (counted as possibly stale), and so
 are the listings of directories the hub last listed to the same user (kept until the feed
-changes something in them, and stat answered from them); anything else not journaled is
-``BackendUnavailable``, never an empty directory.
+changes something in them); a stat is answered from those, or from what the hub let that
+user read; anything else not journaled is ``BackendUnavailable``, never an empty directory.
 """
 
 from __future__ import annotations
@@ -389,7 +389,9 @@ class SpokeNamespace(Namespace):
         except BackendUnavailable:
             parent, name = paths.split(path)
             kept = self._listings.get((parent, who.user), {}).get(name)
-            if kept is None:  # the root, or a name this user was never listed
+            if kept is None and (who.user, path) in self._admitted:  # a file it may read
+                kept = self._known.get(path)
+            if kept is None:  # the root, or a name this user was never shown
                 raise
             OFFLINE_LISTINGS.inc()
             return kept

@@ -1,0 +1,99 @@
+"""Writes, moves and removals between their volume's change and the catalog's record of
+it (hub layer).
+
+A write's bytes reach their name on the volume first and the catalog is told after: a hub
+killed in between would leave the name's new bytes under the catalog's old entry (a read
+serving the one with the other's size) until a rescan found it; a move or a removal
+likewise (a name on one side only). So each is noted here before its volume changes and
+done after the catalog has it, in an append-only log in the data directory; at its next
+start the hub re-reads each path noted but not done from its volume
+(``HubNamespace.recover``) and records what is there: the old state or the new one,
+whole; a write's new one under its idempotency key, so that its writer's retry (a spoke's
+replay) finds it done instead of landing it twice. The log is emptied whenever nothing is
+between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from ..errors import LoomError, from_oserror
+
+
+class IntentLog:
+    """``begin`` a path's commit, ``end`` it; ``unfinished`` after a crash.
+    ``durable``: a begun write's line is on disk before its commit goes on."""
+
+    def __init__(self, path: Path, *, durable: bool) -> None:
+        self.path = path
+        self.durable = durable
+        self._fd: int | None = None
+        self._open = 0  # writes begun and not ended
+
+    def unfinished(self) -> dict[str, str | None]:
+        """Each path whose commit began and never ended, in the log a stopped hub left,
+        with the idempotency key of the last write begun there (one begun before it
+        ended its own commit, under the path's lock, and recorded its key then)."""
+        try:
+            lines = self.path.read_text().splitlines()
+        except FileNotFoundError:
+            return {}
+        open_: dict[str, int] = {}
+        last: dict[str, str | None] = {}
+        for line in lines:
+            try:
+                op, path, *key = json.loads(line)
+            except ValueError:  # the torn last line of a crash: its commit did not begin
+                continue
+            open_[path] = open_.get(path, 0) + (1 if op == "begin" else -1)
+            if op == "begin":
+                last[path] = key[0] if key else None
+        return {path: last[path] for path in sorted(open_) if open_[path] > 0}
+
+    def open(self) -> None:
+        """Start an empty log (``unfinished`` read the last one first)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        except OSError as exc:
+            raise self._failed(exc) from exc
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    async def begin(self, path: str, write_id: str | None = None) -> None:
+        # counted first: an end meanwhile must not empty the log under this line
+        self._open += 1
+        try:
+            await asyncio.to_thread(self._append, ["begin", path, write_id], sync=self.durable)
+        except BaseException:
+            self._open -= 1
+            raise
+
+    def end(self, path: str) -> None:
+        self._open -= 1
+        if self._fd is None:
+            return
+        if self._open == 0:  # nothing between the two: nothing to keep
+            os.ftruncate(self._fd, 0)
+            os.lseek(self._fd, 0, os.SEEK_SET)
+        else:  # lost in a crash, it costs the path one needless refresh
+            self._append(["end", path], sync=False)
+
+    def _append(self, line: list[str | None], *, sync: bool) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, (json.dumps(line) + "\n").encode())
+            if sync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: OSError) -> LoomError:
+        return from_oserror(exc, str(self.path), disk=f"data directory {self.path.parent}")
