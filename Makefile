@@ -13,7 +13,7 @@ SYSTEM_PACKAGES += openssh-client openssh-sftp-server
 # and nss_wrapper for its users' accounts), the reference NFS server, and what the QEMU guest
 # (a real Linux NFS/SMB client, loomfs.testing.guest) is built from
 SYSTEM_PACKAGES += libnfs-utils samba smbclient samba-testsuite libnss-wrapper
-SYSTEM_PACKAGES += nfs-ganesha nfs-ganesha-vfs rpcbind qemu-system-x86 busybox-static kmod
+SYSTEM_PACKAGES += nfs-ganesha nfs-ganesha-vfs rpcbind qemu-system-x86 busybox-static kmod iproute2
 # the console's browser tests (Playwright drives Debian's chromium; no browser download)
 SYSTEM_PACKAGES += chromium
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
