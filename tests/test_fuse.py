@@ -662,13 +662,16 @@ def _looking(mnt: Path) -> Iterator[list[AssertionError]]:
             except AssertionError as exc:
                 failures.append(exc)
 
-    looker = threading.Thread(target=look)
-    looker.start()
+    # a few lookers: the window between a rename and the feed's word of it is short
+    lookers = [threading.Thread(target=look) for _ in range(3)]
+    for looker in lookers:
+        looker.start()
     try:
         yield failures
     finally:
         done.set()
-        looker.join()
+        for looker in lookers:
+            looker.join()
 
 
 async def _swap(rest: RestNamespace, top: str, x: str, y: str) -> None:
