@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from loomfs.config import load_config
 from loomfs.core.types import SYSTEM, Entry, EntryKind
@@ -32,6 +34,7 @@ from loomfs.protocols.fuse.files import WriteBuffer
 from loomfs.protocols.fuse.follow import FOLLOWING_TIMEOUT
 from loomfs.protocols.fuse.inodes import InodeTable
 from loomfs.protocols.fuse.session import PollingSelector
+from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
 from loomfs.testing.fixtures import tmpfs
 from loomfs.testing.fuse import FUSE_MISSING, MountProcess, prepare_site
@@ -564,6 +567,183 @@ async def test_a_directory_changed_elsewhere_reaches_the_kernel_between_own_chan
     assert stat.S_IMODE(os.stat(mnt).st_mode) == 0o700
 
 
+@dataclass
+class RestMount:
+    """A mount over a hub by REST, and a REST client of that hub: another protocol's
+    changes, which the mount learns of only through the change feed."""
+
+    mnt: Path  # the mount's /vol
+    url: str
+
+
+@pytest.fixture(scope="module")
+def rest_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestMount]:
+    _require_fuse()
+    root = tmp_path_factory.mktemp("fuse-rest")
+    config, _, _ = _make_site(root)
+    with HubProcess(root / "data") as hub:
+        with MountProcess(config, root / "mnt", "--hub", hub.url) as mount:
+            yield RestMount(root / "mnt" / "vol", hub.url)
+        assert "Traceback" not in mount.log(), mount.log()
+
+
+#: the names the renames below shuffle, and the spare name a swap goes through
+NAMES, SPARE = ("a", "b", "c"), "t"
+
+
+async def _rest_view(rest: RestNamespace, top: str) -> dict[str, tuple[object, ...]]:
+    """What REST says each name is: (kind, size or link target or listing)."""
+    view: dict[str, tuple[object, ...]] = {}
+    async for entry in rest.list(SYSTEM, top):
+        if entry.kind is EntryKind.SYMLINK:
+            view[entry.name] = ("link", entry.link_target)
+        elif entry.is_dir:
+            names = sorted([e.name async for e in rest.list(SYSTEM, entry.path)])
+            view[entry.name] = ("dir", names)
+        else:
+            view[entry.name] = ("file", entry.size)
+    return view
+
+
+def _mount_view(
+    mnt: Path, forbidden: tuple[int, ...] = (errno.EIO, errno.EINVAL)
+) -> dict[str, tuple[object, ...]]:
+    """The same through the mount. EIO is never a stale view but a bug; so is EINVAL
+    (readlink of a name that is no link) while nothing changes the names."""
+    view: dict[str, tuple[object, ...]] = {}
+    try:
+        # the names by path first: a listing would tell the kernel their new types
+        for name in (*NAMES, SPARE, *os.listdir(mnt)):
+            try:
+                mode = os.lstat(mnt / name).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(mode):
+                view[name] = ("link", os.readlink(mnt / name))
+            elif stat.S_ISDIR(mode):
+                view[name] = ("dir", sorted(os.listdir(mnt / name)))
+            else:
+                view[name] = ("file", os.lstat(mnt / name).st_size)
+    except OSError as exc:
+        if exc.errno in forbidden:
+            raise AssertionError(f"the mount failed {exc!r} after renames elsewhere") from exc
+        return {"(in flux)": (exc.errno,)}  # a name the feed has yet to bring: wait
+    return view
+
+
+async def _await_view(mnt: Path, rest: RestNamespace, top: str) -> None:
+    """Once the feed is followed the mount shows what REST shows (a generous deadline
+    inside the kernel's own cache timeout: never a timing claim)."""
+    want = await _rest_view(rest, top)
+    seen: list[dict[str, tuple[object, ...]]] = []
+
+    def same() -> bool:
+        seen.append(_mount_view(mnt))
+        return seen[-1] == want
+
+    try:
+        _wait_for(same, "the mount to show REST's names", FOLLOWING_TIMEOUT / 2)
+    except AssertionError as exc:
+        raise AssertionError(f"REST: {want}, the mount: {seen[-1]}") from exc
+
+
+@contextlib.contextmanager
+def _looking(mnt: Path) -> Iterator[list[AssertionError]]:
+    """Look at the names through the mount, over and over, while the block changes them
+    elsewhere (the kernel's caches then go stale between its lookups): what failed.
+    A name may change between the lstat and the readlink of it: EINVAL is no bug here."""
+    failures: list[AssertionError] = []
+    done = threading.Event()
+
+    def look() -> None:
+        while not done.is_set():
+            try:
+                _mount_view(mnt, forbidden=(errno.EIO,))
+            except AssertionError as exc:
+                failures.append(exc)
+
+    # a few lookers: the window between a rename and the feed's word of it is short
+    lookers = [threading.Thread(target=look) for _ in range(3)]
+    for looker in lookers:
+        looker.start()
+    try:
+        yield failures
+    finally:
+        done.set()
+        for looker in lookers:
+            looker.join()
+
+
+async def _swap(rest: RestNamespace, top: str, x: str, y: str) -> None:
+    await rest.rename(SYSTEM, f"{top}/{x}", f"{top}/{SPARE}")
+    await rest.rename(SYSTEM, f"{top}/{y}", f"{top}/{x}")
+    await rest.rename(SYSTEM, f"{top}/{SPARE}", f"{top}/{y}")
+
+
+async def _fresh(rest: RestNamespace, mnt: Path) -> tuple[Path, str]:
+    """A directory with a directory (a file inside), a symlink and a file, over REST,
+    and seen (so cached) by the mount."""
+    name = uuid.uuid4().hex[:10]
+    top = f"/vol/{name}"
+    await rest.mkdir(SYSTEM, top)
+    await rest.mkdir(SYSTEM, f"{top}/a")
+    await rest.write_bytes(SYSTEM, f"{top}/a/inside", b"data")
+    await rest.symlink(SYSTEM, f"{top}/b", "somewhere")
+    await rest.write_bytes(SYSTEM, f"{top}/c", b"a file of 22 bytes....")
+    await _await_view(mnt / name, rest, top)
+    return mnt / name, top
+
+
+async def test_a_burst_of_swaps_of_a_directory_and_a_symlink_elsewhere(
+    rest_mount: RestMount,
+) -> None:
+    """Renames elsewhere that swap a directory and a symlink, the kernel having both
+    cached: the mount shows the result once the feed is followed, and no name fails with
+    EIO (an inode number answered with another file type) or EINVAL (readlink of what is
+    a directory now), also while the burst goes on."""
+    rest = RestNamespace(rest_mount.url)
+    try:
+        mnt, top = await _fresh(rest, rest_mount.mnt)
+        with _looking(mnt) as failures:
+            for _ in range(21):  # odd: a and b end swapped
+                await _swap(rest, top, "a", "b")
+        assert not failures, failures
+        await _await_view(mnt, rest, top)
+        assert os.readlink(mnt / "a") == "somewhere" and os.listdir(mnt / "b") == ["inside"]
+    finally:
+        await rest.close()
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    hs.lists(
+        hs.tuples(hs.permutations(NAMES).map(lambda p: p[:2]), hs.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+async def test_renames_elsewhere_show_on_the_mount_as_on_rest(
+    rest_mount: RestMount, swaps: list[tuple[tuple[str, ...], bool]]
+) -> None:
+    """Any sequence of swaps (by renames over REST) of a directory, a symlink and a file,
+    the mount looking at them between some: once the feed is followed every name's kind,
+    size, link target and listing on the mount is REST's, and nothing fails EIO/EINVAL."""
+    rest = RestNamespace(rest_mount.url)
+    try:
+        mnt, top = await _fresh(rest, rest_mount.mnt)
+        for (x, y), look in swaps:
+            await _swap(rest, top, x, y)
+            if look:
+                _mount_view(mnt)
+        await _await_view(mnt, rest, top)
+    finally:
+        await rest.close()
+
+
 def test_a_file_keeps_its_inode_number_after_the_kernel_forgets_it() -> None:
     """A name invalidated from the feed makes the kernel forget an inode; looked up again,
     the same file must have the same number (tools compare st_ino), another file not."""
@@ -578,6 +758,25 @@ def test_a_file_keeps_its_inode_number_after_the_kernel_forgets_it() -> None:
     table.forget(old_ino, 1)
     # another file at that path now (replaced behind the mount): a number of its own
     assert table.learn(replace(old, inode=79)).ino not in (first, old_ino)
+
+
+def test_a_name_whose_kind_changed_gets_a_new_inode_number() -> None:
+    """A directory and a symlink swapped elsewhere: looked up again, each name is a new
+    node (the kernel takes an inode number coming back with another file type for a
+    corrupt inode, EIO), and the old nodes live on, unlinked, until the kernel forgets."""
+    table = InodeTable()
+    directory = Entry("/vol/d", EntryKind.DIR, 0, 0, 0o755, 0, 0, 1, inode=5)
+    link = Entry("/vol/l", EntryKind.SYMLINK, 9, 0, 0o777, 0, 0, 1, inode=6, link_target="x")
+    old_dir, old_link = table.learn(directory), table.learn(link)
+    new_link = table.learn(replace(link, path="/vol/d"))
+    new_dir = table.learn(replace(directory, path="/vol/l"))
+    assert {new_link.ino, new_dir.ino}.isdisjoint({old_dir.ino, old_link.ino})
+    assert old_dir.unlinked and old_link.unlinked
+    assert table.by_path("/vol/d") is new_link and table.by_path("/vol/l") is new_dir
+    table.forget(old_dir.ino, 1)
+    assert table.get(old_dir.ino) is None and table.by_path("/vol/d") is new_link
+    # the same kind again at a name: the same node, as before
+    assert table.learn(replace(link, path="/vol/d", version=2)) is new_link
 
 
 def test_hard_links_share_one_node() -> None:

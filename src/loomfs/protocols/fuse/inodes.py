@@ -11,6 +11,9 @@ The names of a hard-linked file share one node, so one inode number, as on a loc
 system (tools compare st_ino; the kernel then keeps one set of attributes and pages for
 the file). The node calls the namespace with one of its names, ``path``; ``aliases``
 holds the others the kernel was told of.
+
+A name whose kind changed (a directory and a symlink swapped by renames elsewhere) is
+another file: it gets a new node, and the old one lives on, unlinked, until forgotten.
 """
 
 from __future__ import annotations
@@ -94,8 +97,13 @@ class InodeTable:
         """The node for an entry the kernel is about to be told of (lookup, readdirplus,
         create, mkdir): each such reply adds one lookup the kernel will later forget."""
         node = self._by_path.get(entry.path)
-        if node is not None and node.aliases and node.linked_inode != entry.inode:
-            # another file now has this name of a hard-linked one: a node of its own
+        if node is not None and (
+            (node.aliases and node.linked_inode != entry.inode) or not same_kind(node, entry)
+        ):
+            # another file now has this name of a hard-linked one, or something of another
+            # kind has the name (renamed or replaced elsewhere): a node of its own. The
+            # kernel treats a known inode number coming back with another file type as a
+            # corrupt inode (EIO on every use until its name expires).
             self._detach(node, entry.path)
             node = None
         if node is None:
@@ -243,6 +251,12 @@ class InodeTable:
         if node.linked_inode is not None:
             del self._linked[node.linked_inode]
             node.linked_inode = None
+
+
+def same_kind(node: Node, entry: Entry) -> bool:
+    """Whether ``entry`` may still be the file the kernel knows as ``node``: an inode
+    never changes its file type."""
+    return node.entry is None or node.entry.kind is entry.kind
 
 
 def _same_file(known: Entry | None, entry: Entry) -> bool:

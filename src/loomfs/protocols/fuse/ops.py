@@ -41,7 +41,7 @@ from .abi import (
 )
 from .files import ReadStream, WriteBuffer
 from .follow import OwnChanges
-from .inodes import InodeTable, Node, Passthrough
+from .inodes import InodeTable, Node, Passthrough, same_kind
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -279,6 +279,19 @@ class LoomOperations:
         self._fetched(node)
         return self.attrs(node)
 
+    def _still(self, node: Node, entry: Entry) -> Entry:
+        """``entry``, just read at ``node``'s path, if it can still be the node's file.
+        Something of another kind has the name now (renamed or replaced elsewhere, and the
+        feed has yet to tell the kernel): answered with another file type, the kernel
+        would take its inode for corrupt (EIO). The name gets a new node instead, and the
+        request fails ESTALE, which the kernel's path walk answers by looking the name up
+        again and retrying once (stat, readlink, open)."""
+        if same_kind(node, entry):
+            return entry
+        if self.inodes.by_path(node.path) is node:
+            self.inodes.replaced(node)
+        raise _fail(errno.ESTALE)
+
     def _fetched(self, node: Node) -> None:
         """``node.entry`` was just read from the site: it stands for as long as the kernel
         may cache it (a change the feed does not log, an atime, shows no later than there)."""
@@ -397,7 +410,7 @@ class LoomOperations:
             # mount's own changes are in ``attrs`` already (listing_changed_ns), anyone
             # else's would have been flagged by the feed.
             return self.attrs(node)
-        node.entry = await self.ns.stat(self.resolving(ctx), node.path)
+        node.entry = self._still(node, await self.ns.stat(self.resolving(ctx), node.path))
         self._fetched(node)
         return self.attrs(node)
 
@@ -413,7 +426,7 @@ class LoomOperations:
         node = self._node(inode)
         who = self.who(ctx)
         if node.entry is None or not node.unlinked:
-            node.entry = await self.ns.stat(who, node.path)
+            node.entry = self._still(node, await self.ns.stat(who, node.path))
         if fields.update_size:
             if node.entry.is_dir:
                 raise _fail(errno.EISDIR)
@@ -461,7 +474,7 @@ class LoomOperations:
     @translated
     async def readlink(self, inode: int, ctx: Context) -> bytes:
         node = self._node(inode)
-        entry = await self.ns.stat(self.resolving(ctx), node.path)
+        entry = self._still(node, await self.ns.stat(self.resolving(ctx), node.path))
         if entry.kind is not EntryKind.SYMLINK or entry.link_target is None:
             raise _fail(errno.EINVAL)
         return os.fsencode(entry.link_target)
@@ -653,13 +666,18 @@ class LoomOperations:
             assert node.entry is not None
             version = node.buffer.base_version if node.buffer else node.entry.version
         elif flags & os.O_ACCMODE == os.O_WRONLY:
-            node.entry = await self.ns.stat(who, node.path)
+            node.entry = self._still(node, await self.ns.stat(who, node.path))
             version = node.entry.version
         else:
             # the reader pins the version this open sees (close-to-open consistency)
             reader = await self.ns.read(who, node.path)
             stream = ReadStream(reader)
-            node.entry, version = reader.entry, reader.entry.version
+            try:
+                node.entry = self._still(node, reader.entry)
+            except FUSEError:
+                await stream.aclose()
+                raise
+            version = reader.entry.version
         if node.entry.is_dir:
             if stream is not None:
                 await stream.aclose()
