@@ -1,0 +1,144 @@
+"""loomfs's NFS server with the stock Linux kernel client (the QEMU guest of
+``loomfs.testing.guest``): a ``loomfs hub serve`` process inside the guest's network
+namespace serves a posix volume at /x over NFS (and REST, on the namespace's loopback);
+the guest mounts it with the Kubernetes recipe's options plus the ports (no portmapper),
+runs the harness's ``Workout`` and works beside the host's REST calls on the same files.
+What the guest did is checked on the volume's disk; one boot does it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+import loomfs
+from loomfs.core.registry import open_catalog
+from loomfs.core.types import SYSTEM
+from loomfs.hub.namespace import HubNamespace
+from loomfs.rest.client import RestNamespace
+from loomfs.testing.guest import SEED_NFS_OPTIONS, Guest, NfsExport, Workout, snapshot
+from loomfs.testing.hubproc import HubProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+#: NFS and MOUNT share one port; with no portmapper the client is told it (the
+#: Kubernetes manifests in docs/kubernetes/ mount with exactly these options)
+NFS_PORT = 2049
+NFS_OPTIONS = f"{SEED_NFS_OPTIONS},port={NFS_PORT},mountport={NFS_PORT}"
+T = TypeVar("T")
+
+#: the guest's second part, after the workout: it writes a file the host then reads over
+#: REST, and waits (on ``stat``, which the attribute cache answers) until a change the
+#: host made over REST shows
+CROSS = """
+mkdir -p /m2
+{mount}
+cat /m2/shared.txt
+echo 'from the guest' > /m2/fromguest.txt
+touch /host/guest-wrote
+while [ ! -e /host/host-wrote ]; do sleep 0.2; done
+start=$(date +%s)
+while [ "$(stat -c %s /m2/shared.txt)" != "$(cat /host/host-wrote)" ]; do
+    [ $(( $(date +%s) - start )) -lt 180 ] || break
+    sleep 0.5
+done
+if [ "$(stat -c %s /m2/shared.txt)" = "$(cat /host/host-wrote)" ]; then
+    echo "SEEN-AFTER $(( $(date +%s) - start ))"
+    cat /m2/shared.txt
+fi
+umount /m2
+echo CROSS-DONE
+"""
+
+
+async def _prepare(site: Path, vol: Path) -> None:
+    catalog = open_catalog(f"sqlite://{site / 'catalog.db'}")
+    await catalog.open()
+    try:
+        await HubNamespace(catalog).add_volume("/x", f"posix://{vol}")
+    finally:
+        await catalog.close()
+
+
+def _config(path: Path, guest: Guest) -> Path:
+    subnet = guest.guest_ip.rpartition(".")[0] + ".0/24"
+    path.write_text(f"""[site]
+name = "west"
+[hub]
+rescan_interval = 0
+[log]
+format = "text"
+[nfs]
+listen = "{guest.host_ip}:{NFS_PORT}"
+[nfs.exports."/x"]
+clients = ["{subnet}"]
+squash = "none"
+""")
+    return path
+
+
+def _arrived(path: Path, running: Callable[[], bool]) -> None:
+    while not path.exists():
+        assert running(), f"the guest ended before it wrote {path.name}"
+        time.sleep(0.1)
+
+
+def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
+    site, vol, share = tmp_path / "site", tmp_path / "vol", tmp_path / "share"
+    for directory in (site, vol / "work", vol / "cross", share):
+        directory.mkdir(parents=True)
+    asyncio.run(_prepare(site, vol))
+    workout = Workout(seed=15)
+    workout.prepare(share)
+    with Guest() as guest:
+        config = _config(tmp_path / "loomfs.toml", guest)
+        # nsenter starts it in /: the same loomfs as this process's, by an absolute path
+        code = str(Path(loomfs.__file__).resolve().parents[1])
+        hub = HubProcess(site, {"LOOMFS_CONFIG": str(config), "PYTHONPATH": code})
+        hub.prefix = tuple(guest.command([]))
+        with hub, ThreadPoolExecutor(1) as pool:
+            assert hub.urls["nfs"] == f"nfs://{guest.host_ip}:{NFS_PORT}"
+
+            def rest(call: Callable[[RestNamespace], Awaitable[T]]) -> T:
+                async def session() -> T:
+                    client = RestNamespace(hub.url, credentials=hub.admin)
+                    try:
+                        return await call(client)
+                    finally:
+                        await client.close()
+
+                # the hub's REST listens on the namespace's loopback
+                return guest.in_netns(lambda: asyncio.run(session()))
+
+            rest(lambda c: c.write_bytes(SYSTEM, "/x/cross/shared.txt", b"first\n"))
+            work = NfsExport(guest.host_ip, "/x/work", NFS_OPTIONS)
+            cross = NfsExport(guest.host_ip, "/x/cross", NFS_OPTIONS)
+            script = workout.script(work.mount("/mnt")) + CROSS.format(mount=cross.mount("/m2"))
+            running = pool.submit(guest.run, script, share=share)
+            _arrived(share / "guest-wrote", lambda: not running.done())
+            from_guest = rest(lambda c: c.read_bytes(SYSTEM, "/x/cross/fromguest.txt"))
+            changed = b"second, changed at the host over REST\n"
+            rest(lambda c: c.write_bytes(SYSTEM, "/x/cross/shared.txt", changed))
+            (share / "host-wrote.part").write_text(str(len(changed)))
+            (share / "host-wrote.part").rename(share / "host-wrote")
+            result = running.result()
+    print(f"guest: {result.seconds:.0f} s")
+    assert workout.check_output(result.output) == []
+    assert "link -> data/big.bin" in result.output
+    assert workout.seen(snapshot(vol / "work")) == workout.expected()
+    assert (share / "out/big.bin").read_bytes() == workout.big
+    assert from_guest == b"from the guest\n"
+    assert (vol / "cross" / "fromguest.txt").read_bytes() == b"from the guest\n"
+    lines = result.output.splitlines()
+    assert "first" in lines  # the guest read the file the host wrote before it booted
+    seen = [line for line in lines if line.startswith("SEEN-AFTER ")]
+    assert seen, result.output
+    print(seen[0])
+    assert lines[lines.index(seen[0]) + 1] == changed.decode().strip()
+    assert "CROSS-DONE" in lines
