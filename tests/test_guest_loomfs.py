@@ -1,14 +1,16 @@
-"""loomfs's NFS server with the stock Linux kernel client (the QEMU guest of
+"""loomfs's NFS and SMB servers with the stock Linux kernel clients (the QEMU guest of
 ``loomfs.testing.guest``): a ``loomfs hub serve`` process inside the guest's network
-namespace serves a posix volume at /x over NFS (and REST, on the namespace's loopback);
-the guest mounts it with the Kubernetes recipe's options plus the ports (no portmapper),
-runs the harness's ``Workout`` and works beside the host's REST calls on the same files.
-What the guest did is checked on the volume's disk; one boot does it all.
+namespace serves a posix volume at /x over NFS and SMB (and REST, on the namespace's
+loopback); the guest mounts it with the Kubernetes recipe's options plus the ports (no
+portmapper), runs the harness's ``Workout``, works beside the host's REST calls on the
+same files, and mounts the SMB share with cifs as alice (her password set as a user would,
+``loomfs user passwd``). What the guest did is checked on the volume's disk; one boot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,10 +22,18 @@ import pytest
 import loomfs
 from loomfs.core.registry import open_catalog
 from loomfs.core.types import SYSTEM
+from loomfs.core.users import UserRegistry
 from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.client import RestNamespace
-from loomfs.testing.guest import SEED_NFS_OPTIONS, Guest, NfsExport, Workout, snapshot
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.guest import (
+    SEED_NFS_OPTIONS,
+    Guest,
+    NfsExport,
+    SmbShare,
+    Workout,
+    snapshot,
+)
+from loomfs.testing.hubproc import HubProcess, cli_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -56,12 +66,25 @@ umount /m2
 echo CROSS-DONE
 """
 
+#: the guest's last part: alice writes a file over cifs that NFS then reads
+CIFS = """
+mkdir -p /m3
+{cifs}
+echo 'over cifs' > /m3/cross/fromcifs.txt
+umount /m3
+{nfs}
+cat /m2/fromcifs.txt
+umount /m2
+echo CIFS-DONE
+"""
+
 
 async def _prepare(site: Path, vol: Path) -> None:
     catalog = open_catalog(f"sqlite://{site / 'catalog.db'}")
     await catalog.open()
     try:
         await HubNamespace(catalog).add_volume("/x", f"posix://{vol}")
+        await UserRegistry(catalog).add_user("alice")
     finally:
         await catalog.close()
 
@@ -79,6 +102,10 @@ listen = "{guest.host_ip}:{NFS_PORT}"
 [nfs.exports."/x"]
 clients = ["{subnet}"]
 squash = "none"
+[smb]
+listen = "{guest.host_ip}:445"
+[smb.shares]
+x = {{ path = "/x" }}
 """)
     return path
 
@@ -94,6 +121,8 @@ def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
     for directory in (site, vol / "work", vol / "cross", share):
         directory.mkdir(parents=True)
     asyncio.run(_prepare(site, vol))
+    password = secrets.token_hex(12)
+    cli_ok(site, "user", "passwd", "alice", "--stdin", "--offline", stdin=f"{password}\n".encode())
     workout = Workout(seed=15)
     workout.prepare(share)
     with Guest() as guest:
@@ -119,7 +148,12 @@ def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
             rest(lambda c: c.write_bytes(SYSTEM, "/x/cross/shared.txt", b"first\n"))
             work = NfsExport(guest.host_ip, "/x/work", NFS_OPTIONS)
             cross = NfsExport(guest.host_ip, "/x/cross", NFS_OPTIONS)
-            script = workout.script(work.mount("/mnt")) + CROSS.format(mount=cross.mount("/m2"))
+            smb = SmbShare(guest.host_ip, "x", "alice", password)
+            script = (
+                workout.script(work.mount("/mnt"))
+                + CROSS.format(mount=cross.mount("/m2"))
+                + CIFS.format(cifs=smb.mount("/m3"), nfs=cross.mount("/m2"))
+            )
             running = pool.submit(guest.run, script, share=share)
             _arrived(share / "guest-wrote", lambda: not running.done())
             from_guest = rest(lambda c: c.read_bytes(SYSTEM, "/x/cross/fromguest.txt"))
@@ -128,6 +162,7 @@ def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
             (share / "host-wrote.part").write_text(str(len(changed)))
             (share / "host-wrote.part").rename(share / "host-wrote")
             result = running.result()
+            from_cifs = rest(lambda c: c.read_bytes(SYSTEM, "/x/cross/fromcifs.txt"))
     print(f"guest: {result.seconds:.0f} s")
     assert workout.check_output(result.output) == []
     assert "link -> data/big.bin" in result.output
@@ -142,3 +177,6 @@ def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
     print(seen[0])
     assert lines[lines.index(seen[0]) + 1] == changed.decode().strip()
     assert "CROSS-DONE" in lines
+    # alice's cifs write: read back over NFS in the guest, over REST and on the disk
+    assert lines[lines.index("CIFS-DONE") - 1] == "over cifs"
+    assert from_cifs == (vol / "cross" / "fromcifs.txt").read_bytes() == b"over cifs\n"
