@@ -9,39 +9,24 @@ same files, and mounts the SMB share with cifs as alice (her password set as a u
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-import loomfs
-from loomfs.core.registry import open_catalog
 from loomfs.core.types import SYSTEM
-from loomfs.core.users import UserRegistry
-from loomfs.hub.namespace import HubNamespace
-from loomfs.rest.client import RestNamespace
-from loomfs.testing.guest import (
-    SEED_NFS_OPTIONS,
-    Guest,
-    NfsExport,
-    SmbShare,
-    Workout,
-    snapshot,
-)
-from loomfs.testing.hubproc import HubProcess, cli_ok
+from loomfs.testing.guest import Guest, Workout, snapshot
+from loomfs.testing.guesthub import GuestHub, nfs_options
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 #: NFS and MOUNT share one port; with no portmapper the client is told it (the
 #: Kubernetes manifests in docs/kubernetes/ mount with exactly these options)
 NFS_PORT = 2049
-NFS_OPTIONS = f"{SEED_NFS_OPTIONS},port={NFS_PORT},mountport={NFS_PORT}"
-T = TypeVar("T")
+NFS_OPTIONS = nfs_options(NFS_PORT)
 
 #: the guest's second part, after the workout: it writes a file the host then reads over
 #: REST, and waits (on ``stat``, which the attribute cache answers) until a change the
@@ -79,37 +64,6 @@ echo CIFS-DONE
 """
 
 
-async def _prepare(site: Path, vol: Path) -> None:
-    catalog = open_catalog(f"sqlite://{site / 'catalog.db'}")
-    await catalog.open()
-    try:
-        await HubNamespace(catalog).add_volume("/x", f"posix://{vol}")
-        await UserRegistry(catalog).add_user("alice")
-    finally:
-        await catalog.close()
-
-
-def _config(path: Path, guest: Guest) -> Path:
-    subnet = guest.guest_ip.rpartition(".")[0] + ".0/24"
-    path.write_text(f"""[site]
-name = "west"
-[hub]
-rescan_interval = 0
-[log]
-format = "text"
-[nfs]
-listen = "{guest.host_ip}:{NFS_PORT}"
-[nfs.exports."/x"]
-clients = ["{subnet}"]
-squash = "none"
-[smb]
-listen = "{guest.host_ip}:445"
-[smb.shares]
-x = {{ path = "/x" }}
-""")
-    return path
-
-
 def _arrived(path: Path, running: Callable[[], bool]) -> None:
     while not path.exists():
         assert running(), f"the guest ended before it wrote {path.name}"
@@ -118,51 +72,36 @@ def _arrived(path: Path, running: Callable[[], bool]) -> None:
 
 def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
     site, vol, share = tmp_path / "site", tmp_path / "vol", tmp_path / "share"
-    for directory in (site, vol / "work", vol / "cross", share):
+    for directory in (vol / "work", vol / "cross", share):
         directory.mkdir(parents=True)
-    asyncio.run(_prepare(site, vol))
-    password = secrets.token_hex(12)
-    cli_ok(site, "user", "passwd", "alice", "--stdin", "--offline", stdin=f"{password}\n".encode())
     workout = Workout(seed=15)
     workout.prepare(share)
-    with Guest() as guest:
-        config = _config(tmp_path / "loomfs.toml", guest)
-        # nsenter starts it in /: the same loomfs as this process's, by an absolute path
-        code = str(Path(loomfs.__file__).resolve().parents[1])
-        hub = HubProcess(site, {"LOOMFS_CONFIG": str(config), "PYTHONPATH": code})
-        hub.prefix = tuple(guest.command([]))
-        with hub, ThreadPoolExecutor(1) as pool:
-            assert hub.urls["nfs"] == f"nfs://{guest.host_ip}:{NFS_PORT}"
-
-            def rest(call: Callable[[RestNamespace], Awaitable[T]]) -> T:
-                async def session() -> T:
-                    client = RestNamespace(hub.url, credentials=hub.admin)
-                    try:
-                        return await call(client)
-                    finally:
-                        await client.close()
-
-                # the hub's REST listens on the namespace's loopback
-                return guest.in_netns(lambda: asyncio.run(session()))
-
-            rest(lambda c: c.write_bytes(SYSTEM, "/x/cross/shared.txt", b"first\n"))
-            work = NfsExport(guest.host_ip, "/x/work", NFS_OPTIONS)
-            cross = NfsExport(guest.host_ip, "/x/cross", NFS_OPTIONS)
-            smb = SmbShare(guest.host_ip, "x", "alice", password)
-            script = (
-                workout.script(work.mount("/mnt"))
-                + CROSS.format(mount=cross.mount("/m2"))
-                + CIFS.format(cifs=smb.mount("/m3"), nfs=cross.mount("/m2"))
-            )
-            running = pool.submit(guest.run, script, share=share)
-            _arrived(share / "guest-wrote", lambda: not running.done())
-            from_guest = rest(lambda c: c.read_bytes(SYSTEM, "/x/cross/fromguest.txt"))
-            changed = b"second, changed at the host over REST\n"
-            rest(lambda c: c.write_bytes(SYSTEM, "/x/cross/shared.txt", changed))
-            (share / "host-wrote.part").write_text(str(len(changed)))
-            (share / "host-wrote.part").rename(share / "host-wrote")
-            result = running.result()
-            from_cifs = rest(lambda c: c.read_bytes(SYSTEM, "/x/cross/fromcifs.txt"))
+    users = {"alice": secrets.token_hex(12)}
+    with (
+        Guest() as guest,
+        GuestHub(guest, site, vol, nfs_port=NFS_PORT, smb_users=users) as hub,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        assert hub.hub.urls["nfs"] == f"nfs://{guest.host_ip}:{NFS_PORT}"
+        rest = hub.rest
+        rest(lambda c: c.write_bytes(SYSTEM, "/x/cross/shared.txt", b"first\n"))
+        work, cross = hub.export("/x/work"), hub.export("/x/cross")
+        assert work.options == NFS_OPTIONS
+        smb = hub.share("alice")
+        script = (
+            workout.script(work.mount("/mnt"))
+            + CROSS.format(mount=cross.mount("/m2"))
+            + CIFS.format(cifs=smb.mount("/m3"), nfs=cross.mount("/m2"))
+        )
+        running = pool.submit(guest.run, script, share=share)
+        _arrived(share / "guest-wrote", lambda: not running.done())
+        from_guest = rest(lambda c: c.read_bytes(SYSTEM, "/x/cross/fromguest.txt"))
+        changed = b"second, changed at the host over REST\n"
+        rest(lambda c: c.write_bytes(SYSTEM, "/x/cross/shared.txt", changed))
+        (share / "host-wrote.part").write_text(str(len(changed)))
+        (share / "host-wrote.part").rename(share / "host-wrote")
+        result = running.result()
+        from_cifs = rest(lambda c: c.read_bytes(SYSTEM, "/x/cross/fromcifs.txt"))
     print(f"guest: {result.seconds:.0f} s")
     assert workout.check_output(result.output) == []
     assert "link -> data/big.bin" in result.output
