@@ -1,0 +1,107 @@
+"""NFS throughput: loomfs's NFSv3 server against nfs-ganesha on the same disk, in one guest.
+
+One QEMU guest of ``loomfs.testing.guest`` (the stock Linux kernel NFS client) mounts, one
+after the other, nfs-ganesha (VFS FSAL, with rpcbind: the Kubernetes recipe's bare
+``vers=3,proto=tcp,nolock``) exporting a plain directory, and a loomfs hub
+(``loomfs.testing.guesthub``) exporting a posix volume in a sibling directory of the same
+disk (the recipe's options plus ``port=,mountport=``). Rows: a large file written
+(``dd conv=fsync``) and read after a remount (so from the server) in MB/s; 2,000 empty
+files created, looked up after a remount (``[ -e ]``: LOOKUP and GETATTR) and unlinked
+(one ``rm``) per second. Times come from the guest's clock (/proc/uptime, 10 ms); the
+guest's emulated CPU limits both servers alike. Prints each row with the loomfs/ganesha
+ratio (goal: >= 0.8). Needs root, qemu-system-x86, nfs-ganesha, rpcbind.
+
+    sudo env PYTHONPATH=src python bench/nfs.py [--size-mb 256] [--files 2000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from loomfs.testing.guest import Ganesha, Guest
+from loomfs.testing.guesthub import GuestHub
+
+ROWS = {"write": "write MB/s", "read": "read MB/s", "create": "creates/s",
+        "stat": "stats/s", "unlink": "unlinks/s"}  # fmt: skip
+
+
+def script(label: str, mount: str, size_mb: int, files: int) -> str:
+    """The guest's runs on one server, each printed as ``label row start end``."""
+    remount = f"umount /m; {mount}"
+    return f"""
+mkdir -p /m
+{mount}
+a=$(t); dd if=/dev/zero of=/m/big.bin bs=1M count={size_mb} conv=fsync 2>/dev/null; b=$(t)
+echo "{label} write $a $b"
+{remount}
+a=$(t); dd if=/m/big.bin of=/dev/null bs=1M 2>/dev/null; b=$(t)
+echo "{label} read $a $b"
+mkdir /m/s
+a=$(t); i=0; while [ $i -lt {files} ]; do i=$((i + 1)); : > /m/s/$i; done; b=$(t)
+echo "{label} create $a $b"
+{remount}
+a=$(t); i=0; while [ $i -lt {files} ]; do i=$((i + 1)); [ -e /m/s/$i ]; done; b=$(t)
+echo "{label} stat $a $b"
+set -- /m/s/*
+a=$(t); rm "$@"; b=$(t)
+echo "{label} unlink $a $b"
+[ -z "$(ls /m/s)" ] && echo "{label} emptied"
+rm /m/big.bin; rmdir /m/s
+umount /m
+"""
+
+
+def rates(output: str, size_mb: int, files: int) -> dict[str, dict[str, float]]:
+    """Each server's rows from the guest's lines (MB/s or operations per second)."""
+    result: dict[str, dict[str, float]] = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) != 4 or parts[1] not in ROWS:
+            continue
+        label, row, start, end = parts
+        amount = size_mb if row in ("write", "read") else files
+        result.setdefault(label, {})[ROWS[row]] = amount / max(float(end) - float(start), 0.01)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=256)
+    parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="16 MiB and 200 files")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    size_mb, files = (16, 200) if args.quick else (args.size_mb, args.files)
+    with tempfile.TemporaryDirectory(prefix="loomfs-bench-nfs-") as tmp:
+        scratch = Path(tmp)
+        plain, volume = scratch / "ganesha", scratch / "loomfs"
+        plain.mkdir()
+        volume.mkdir()
+        with (
+            Guest(memory_mb=1024, timeout=3600) as guest,
+            Ganesha(guest, plain) as ganesha,
+            GuestHub(guest, scratch / "site", volume, nfs_port=2050) as hub,
+        ):
+            body = "set -eu\nt() { cut -d' ' -f1 /proc/uptime; }\n"
+            body += script("ganesha", ganesha.export.mount("/m"), size_mb, files)
+            body += script("loomfs", hub.export().mount("/m"), size_mb, files)
+            result = guest.run(body)
+    for label in ("ganesha", "loomfs"):
+        if f"{label} emptied" not in result.output.splitlines():
+            raise SystemExit(f"{label}: the unlinks left files behind\n{result.output}")
+    measured = rates(result.output, size_mb, files)
+    print(f"{size_mb} MiB file, {files} files; guest ran {result.seconds:.0f} s")
+    print("| row | nfs-ganesha | loomfs | loomfs / ganesha |")
+    print("|---|---|---|---|")
+    for row in ROWS.values():
+        base, ours = measured["ganesha"][row], measured["loomfs"][row]
+        print(f"| {row} | {base:.1f} | {ours:.1f} | {ours / base:.2f}x |")
+    if args.json is not None:
+        args.json.write_text(json.dumps(measured, indent=1))
+
+
+if __name__ == "__main__":
+    main()
