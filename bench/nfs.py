@@ -1,17 +1,19 @@
 """NFS throughput: loomfs's NFSv3 server against nfs-ganesha on the same disk, in one guest.
 
-One QEMU guest of ``loomfs.testing.guest`` (the stock Linux kernel NFS client) mounts, one
-after the other, nfs-ganesha (VFS FSAL, with rpcbind: the Kubernetes recipe's bare
+One QEMU guest of ``loomfs.testing.guest`` (the stock Linux kernel NFS client) mounts, in
+turn, nfs-ganesha (VFS FSAL, with rpcbind: the Kubernetes recipe's bare
 ``vers=3,proto=tcp,nolock``) exporting a plain directory, and a loomfs hub
 (``loomfs.testing.guesthub``) exporting a posix volume in a sibling directory of the same
 disk (the recipe's options plus ``port=,mountport=``). Rows: a large file written
 (``dd conv=fsync``) and read after a remount (so from the server) in MB/s; 2,000 empty
 files created, looked up after a remount (``[ -e ]``: LOOKUP and GETATTR) and unlinked
-(one ``rm``) per second. Times come from the guest's clock (/proc/uptime, 10 ms); the
+(one ``rm``) per second. Rounds alternate which server goes first; a row is a server's
+total over its rounds. Times come from the guest's clock (/proc/uptime, 10 ms); the
 guest's emulated CPU limits both servers alike. Prints each row with the loomfs/ganesha
 ratio (goal: >= 0.8). Needs root, qemu-system-x86, nfs-ganesha, rpcbind.
 
-    sudo env PYTHONPATH=src python bench/nfs.py [--size-mb 256] [--files 2000] [--json out.json]
+    sudo env PYTHONPATH=src python bench/nfs.py [--size-mb 256] [--files 2000] \
+        [--rounds 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,15 +57,19 @@ umount /m
 
 
 def rates(output: str, size_mb: int, files: int) -> dict[str, dict[str, float]]:
-    """Each server's rows from the guest's lines (MB/s or operations per second)."""
-    result: dict[str, dict[str, float]] = {}
+    """Each server's rows from the guest's lines (MB/s or operations per second), over
+    all of its rounds."""
+    seconds: dict[tuple[str, str], list[float]] = {}
     for line in output.splitlines():
         parts = line.split()
         if len(parts) != 4 or parts[1] not in ROWS:
             continue
         label, row, start, end = parts
+        seconds.setdefault((label, row), []).append(max(float(end) - float(start), 0.01))
+    result: dict[str, dict[str, float]] = {}
+    for (label, row), took in seconds.items():
         amount = size_mb if row in ("write", "read") else files
-        result.setdefault(label, {})[ROWS[row]] = amount / max(float(end) - float(start), 0.01)
+        result.setdefault(label, {})[ROWS[row]] = amount * len(took) / sum(took)
     return result
 
 
@@ -71,10 +77,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=256)
     parser.add_argument("--files", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="16 MiB and 200 files")
+    parser.add_argument("--rounds", type=int, default=2, help="of both servers, in turn")
+    parser.add_argument("--quick", action="store_true", help="16 MiB, 200 files, one round")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    size_mb, files = (16, 200) if args.quick else (args.size_mb, args.files)
+    if args.quick:
+        args.size_mb, args.files, args.rounds = 16, 200, 1
+    size_mb, files = args.size_mb, args.files
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-nfs-") as tmp:
         scratch = Path(tmp)
         plain, volume = scratch / "ganesha", scratch / "loomfs"
@@ -85,15 +94,19 @@ def main() -> None:
             Ganesha(guest, plain) as ganesha,
             GuestHub(guest, scratch / "site", volume, nfs_port=2050) as hub,
         ):
+            runs = {"ganesha": ganesha.export.mount("/m"), "loomfs": hub.export().mount("/m")}
+            # rounds alternate which server goes first (ABBA...): a load that changes
+            # during the run weighs on both alike
+            order = [["ganesha", "loomfs"], ["loomfs", "ganesha"]] * args.rounds
             body = "set -eu\nt() { cut -d' ' -f1 /proc/uptime; }\n"
-            body += script("ganesha", ganesha.export.mount("/m"), size_mb, files)
-            body += script("loomfs", hub.export().mount("/m"), size_mb, files)
+            for label in (name for pair in order[: args.rounds] for name in pair):
+                body += script(label, runs[label], size_mb, files)
             result = guest.run(body)
     for label in ("ganesha", "loomfs"):
-        if f"{label} emptied" not in result.output.splitlines():
+        if result.output.splitlines().count(f"{label} emptied") != args.rounds:
             raise SystemExit(f"{label}: the unlinks left files behind\n{result.output}")
     measured = rates(result.output, size_mb, files)
-    print(f"{size_mb} MiB file, {files} files; guest ran {result.seconds:.0f} s")
+    print(f"{size_mb} MiB, {files} files, {args.rounds} rounds: guest {result.seconds:.0f} s")
     print("| row | nfs-ganesha | loomfs | loomfs / ganesha |")
     print("|---|---|---|---|")
     for row in ROWS.values():
