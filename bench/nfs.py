@@ -10,7 +10,9 @@ files created, looked up after a remount (``[ -e ]``: LOOKUP and GETATTR) and un
 (one ``rm``) per second. Rounds alternate which server goes first; a row is a server's
 total over its rounds. Times come from the guest's clock (/proc/uptime, 10 ms); the
 guest's emulated CPU limits both servers alike. Prints each row with the loomfs/ganesha
-ratio (goal: >= 0.8). Needs root, qemu-system-x86, nfs-ganesha, rpcbind.
+ratio (goal: >= 0.8). Then, on the host (in the guest's namespace), libnfs's userspace
+``nfs-cp`` writes a random file of the same size to each server and reads it back (MB/s,
+rounds alternating likewise). Needs root, libnfs-utils, qemu-system-x86, nfs-ganesha, rpcbind.
 
     sudo env PYTHONPATH=src python bench/nfs.py [--size-mb 256] [--files 2000] \
         [--rounds 2] [--json out.json]
@@ -20,11 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from loomfs.testing.guest import Ganesha, Guest
 from loomfs.testing.guesthub import GuestHub
+from loomfs.testing.nfs import libnfs_tool
 
 ROWS = {"write": "write MB/s", "read": "read MB/s", "create": "creates/s",
         "stat": "stats/s", "unlink": "unlinks/s"}  # fmt: skip
@@ -73,6 +79,32 @@ def rates(output: str, size_mb: int, files: int) -> dict[str, dict[str, float]]:
     return result
 
 
+def host_copies(
+    guest: Guest, urls: dict[str, str], source: Path, rounds: int
+) -> dict[str, dict[str, float]]:
+    """libnfs's nfs-cp (userspace, in the guest's namespace on the host) writing ``source``
+    to each server and reading it back, in MB/s; rounds alternate the order as above."""
+    tool = libnfs_tool("nfs-cp")
+    size_mb = source.stat().st_size / (1 << 20)
+    seconds: dict[tuple[str, str], float] = {}
+    order = [list(urls), list(urls)[::-1]] * rounds
+    for label in (name for pair in order[:rounds] for name in pair):
+        back = source.with_name(f"back-{label}.bin")
+        copies = {"write": [str(source), urls[label]], "read": [urls[label], str(back)]}
+        for row, copy in copies.items():
+            start = time.perf_counter()
+            subprocess.run(guest.command([tool, *copy]), check=True, capture_output=True)
+            key = (label, f"host nfs-cp {row} MB/s")
+            seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
+        if back.read_bytes() != source.read_bytes():
+            raise SystemExit(f"{label}: nfs-cp read back other bytes than it wrote")
+        back.unlink()
+    result: dict[str, dict[str, float]] = {}
+    for (label, row), took in seconds.items():
+        result.setdefault(label, {})[row] = size_mb * rounds / took
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=256)
@@ -102,14 +134,25 @@ def main() -> None:
             for label in (name for pair in order[: args.rounds] for name in pair):
                 body += script(label, runs[label], size_mb, files)
             result = guest.run(body)
+            source = scratch / "host.bin"
+            with source.open("wb") as out:
+                for _ in range(size_mb):
+                    out.write(os.urandom(1 << 20))
+            where = f"nfs://{guest.host_ip}"
+            copies = host_copies(guest, {
+                "ganesha": f"{where}{ganesha.export.path}/host.bin?version=3&uid=0&gid=0",
+                "loomfs": f"{where}/x/host.bin?version=3&nfsport=2050&mountport=2050&uid=0&gid=0",
+            }, source, args.rounds)  # fmt: skip
     for label in ("ganesha", "loomfs"):
         if result.output.splitlines().count(f"{label} emptied") != args.rounds:
             raise SystemExit(f"{label}: the unlinks left files behind\n{result.output}")
     measured = rates(result.output, size_mb, files)
+    for label, rows in copies.items():
+        measured[label] |= rows
     print(f"{size_mb} MiB, {files} files, {args.rounds} rounds: guest {result.seconds:.0f} s")
     print("| row | nfs-ganesha | loomfs | loomfs / ganesha |")
     print("|---|---|---|---|")
-    for row in ROWS.values():
+    for row in measured["ganesha"]:
         base, ours = measured["ganesha"][row], measured["loomfs"][row]
         print(f"| {row} | {base:.1f} | {ours:.1f} | {ours / base:.2f}x |")
     if args.json is not None:
