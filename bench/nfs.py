@@ -83,17 +83,22 @@ def host_copies(
     guest: Guest, urls: dict[str, str], source: Path, rounds: int
 ) -> dict[str, dict[str, float]]:
     """libnfs's nfs-cp (userspace, in the guest's namespace on the host) writing ``source``
-    to each server and reading it back, in MB/s; rounds alternate the order as above."""
+    to each server and reading it back, in MB/s; rounds alternate the order as above.
+    ``urls`` are the servers' libnfs URLs with ``{name}`` for the file's name."""
     tool = libnfs_tool("nfs-cp")
     size_mb = source.stat().st_size / (1 << 20)
     seconds: dict[tuple[str, str], float] = {}
     order = [list(urls), list(urls)[::-1]] * rounds
-    for label in (name for pair in order[:rounds] for name in pair):
+    for turn, label in enumerate(name for pair in order[:rounds] for name in pair):
         back = source.with_name(f"back-{label}.bin")
-        copies = {"write": [str(source), urls[label]], "read": [urls[label], str(back)]}
+        # nfs-cp creates exclusively (it will not overwrite): a new name each turn
+        url = urls[label].format(name=f"host-{turn}.bin")
+        copies = {"write": [str(source), url], "read": [url, str(back)]}
         for row, copy in copies.items():
             start = time.perf_counter()
-            subprocess.run(guest.command([tool, *copy]), check=True, capture_output=True)
+            done = subprocess.run(guest.command([tool, *copy]), capture_output=True, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"{label}: nfs-cp {row} failed: {done.stderr.decode()[-2000:]}")
             key = (label, f"host nfs-cp {row} MB/s")
             seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
         if back.read_bytes() != source.read_bytes():
@@ -140,8 +145,8 @@ def main() -> None:
                     out.write(os.urandom(1 << 20))
             where = f"nfs://{guest.host_ip}"
             copies = host_copies(guest, {
-                "ganesha": f"{where}{ganesha.export.path}/host.bin?version=3&uid=0&gid=0",
-                "loomfs": f"{where}/x/host.bin?version=3&nfsport=2050&mountport=2050&uid=0&gid=0",
+                "ganesha": f"{where}{ganesha.export.path}/{{name}}?version=3&uid=0&gid=0",
+                "loomfs": f"{where}/x/{{name}}?version=3&nfsport=2050&mountport=2050&uid=0&gid=0",
             }, source, args.rounds)  # fmt: skip
     for label in ("ganesha", "loomfs"):
         if result.output.splitlines().count(f"{label} emptied") != args.rounds:
