@@ -12,7 +12,11 @@ total over its rounds. Times come from the guest's clock (/proc/uptime, 10 ms); 
 guest's emulated CPU limits both servers alike. Prints each row with the loomfs/ganesha
 ratio (goal: >= 0.8). Then, on the host (in the guest's namespace), libnfs's userspace
 ``nfs-cp`` writes a random file of the same size to each server and reads it back (MB/s,
-rounds alternating likewise). Needs root, libnfs-utils, qemu-system-x86, nfs-ganesha, rpcbind.
+rounds alternating likewise). Last, in a second boot, a spoke of the hub (in the same
+namespace, over the fabric link on its loopback) serves /x over NFS: the guest reads the
+first of those files cold (misses, over the link) and warm (after a remount, from the
+spoke's cache); both rows are set against ganesha's read. Needs root, libnfs-utils,
+qemu-system-x86, nfs-ganesha, rpcbind.
 
     sudo env PYTHONPATH=src python bench/nfs.py [--size-mb 256] [--files 2000] \
         [--rounds 2] [--json out.json]
@@ -33,7 +37,8 @@ from loomfs.testing.guesthub import GuestHub
 from loomfs.testing.nfs import libnfs_tool
 
 ROWS = {"write": "write MB/s", "read": "read MB/s", "create": "creates/s",
-        "stat": "stats/s", "unlink": "unlinks/s"}  # fmt: skip
+        "stat": "stats/s", "unlink": "unlinks/s",
+        "cold": "read MB/s, cache cold", "warm": "read MB/s, cache warm"}  # fmt: skip
 
 
 def script(label: str, mount: str, size_mb: int, files: int) -> str:
@@ -62,6 +67,22 @@ umount /m
 """
 
 
+#: a spoke of the loomfs hub, its cache empty, serving the hub's /x over NFS: the guest
+#: reads the first file nfs-cp wrote to loomfs (turn 1: ganesha has turn 0) cold (a miss:
+#: over the link) and again after a remount (warm: from the spoke's cache)
+SPOKE = """set -eu
+t() {{ cut -d' ' -f1 /proc/uptime; }}
+mkdir -p /m
+{mount}
+a=$(t); dd if=/m/host-1.bin of=/dev/null bs=1M 2>/dev/null; b=$(t)
+echo "spoke cold $a $b"
+umount /m; {mount}
+a=$(t); dd if=/m/host-1.bin of=/dev/null bs=1M 2>/dev/null; b=$(t)
+echo "spoke warm $a $b"
+umount /m
+"""
+
+
 def rates(output: str, size_mb: int, files: int) -> dict[str, dict[str, float]]:
     """Each server's rows from the guest's lines (MB/s or operations per second), over
     all of its rounds."""
@@ -74,7 +95,7 @@ def rates(output: str, size_mb: int, files: int) -> dict[str, dict[str, float]]:
         seconds.setdefault((label, row), []).append(max(float(end) - float(start), 0.01))
     result: dict[str, dict[str, float]] = {}
     for (label, row), took in seconds.items():
-        amount = size_mb if row in ("write", "read") else files
+        amount = size_mb if row in ("write", "read", "cold", "warm") else files
         result.setdefault(label, {})[ROWS[row]] = amount * len(took) / sum(took)
     return result
 
@@ -129,7 +150,9 @@ def main() -> None:
         with (
             Guest(memory_mb=1024, timeout=3600) as guest,
             Ganesha(guest, plain) as ganesha,
-            GuestHub(guest, scratch / "site", volume, nfs_port=2050) as hub,
+            GuestHub(
+                guest, scratch / "site", volume, nfs_port=2050, spoke_dir=scratch / "spoke"
+            ) as hub,
         ):
             runs = {"ganesha": ganesha.export.mount("/m"), "loomfs": hub.export().mount("/m")}
             # rounds alternate which server goes first (ABBA...): a load that changes
@@ -148,12 +171,17 @@ def main() -> None:
                 "ganesha": f"{where}{ganesha.export.path}/{{name}}?version=3&uid=0&gid=0",
                 "loomfs": f"{where}/x/{{name}}?version=3&nfsport=2050&mountport=2050&uid=0&gid=0",
             }, source, args.rounds)  # fmt: skip
+            with hub.spoke(2051):
+                cached = guest.run(SPOKE.format(mount=hub.export("/x", 2051).mount("/m")))
     for label in ("ganesha", "loomfs"):
         if result.output.splitlines().count(f"{label} emptied") != args.rounds:
             raise SystemExit(f"{label}: the unlinks left files behind\n{result.output}")
     measured = rates(result.output, size_mb, files)
     for label, rows in copies.items():
         measured[label] |= rows
+    spoke = rates(cached.output, size_mb, files)["spoke"]
+    measured["ganesha"] |= {f"spoke {row}": measured["ganesha"]["read MB/s"] for row in spoke}
+    measured["loomfs"] |= {f"spoke {row}": value for row, value in spoke.items()}
     print(f"{size_mb} MiB, {files} files, {args.rounds} rounds: guest {result.seconds:.0f} s")
     print("| row | nfs-ganesha | loomfs | loomfs / ganesha |")
     print("|---|---|---|---|")

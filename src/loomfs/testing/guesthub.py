@@ -6,7 +6,9 @@ clients (testing layer).
 (NFS on the namespace's host address with one port for NFS and MOUNT, the volume exported
 to the guest's subnet with root unsquashed; SMB when asked), starts the hub there and
 stops it by its pid. ``export`` is what the guest mounts without a portmapper; ``rest``
-runs a REST client against the hub from a thread in the namespace.
+runs a REST client against the hub from a thread in the namespace. With ``spoke_dir``, the
+hub also serves the fabric link on the namespace's loopback and trusts that spoke, which
+``spoke`` starts there, attaching /x and serving it over NFS on a port of its own.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from types import TracebackType
 from typing import Self, TypeVar
 
 from ..core.registry import open_catalog
+from ..core.sites import SiteRegistry
 from ..core.users import UserRegistry
+from ..fabric.identity import SiteIdentity
 from ..hub.namespace import HubNamespace
 from ..rest.client import RestNamespace
 from .guest import SEED_NFS_OPTIONS, Guest, NfsExport, SmbShare
-from .hubproc import HubProcess, cli_ok
+from .hubproc import HubProcess, LoomfsProcess, SpokeProcess, cli_ok, spoke_args
 
 T = TypeVar("T")
+L = TypeVar("L", bound=LoomfsProcess)
 VOLUME = "/x"
 
 
@@ -46,12 +51,14 @@ class GuestHub:
         *,
         nfs_port: int = 2049,
         smb_users: dict[str, str] | None = None,
+        spoke_dir: Path | None = None,
     ) -> None:
         self.guest = guest
         self.site = site
         self.volume = volume
         self.nfs_port = nfs_port
         self.smb_users = smb_users or {}
+        self.spoke_dir = spoke_dir
         self._hub: HubProcess | None = None
 
     def __enter__(self) -> Self:
@@ -60,14 +67,28 @@ class GuestHub:
         for name, password in self.smb_users.items():
             cli_ok(self.site, "user", "passwd", name, "--stdin", "--offline",
                    stdin=f"{password}\n".encode())  # fmt: skip
-        config = self.site.parent / f"{self.site.name}.toml"
-        config.write_text(self._config())
+        fabric = {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"} if self.spoke_dir else {}
+        self._hub = self._in_netns(HubProcess(self.site, self._env(self.site, fabric))).start()
+        return self
+
+    def _env(self, site: Path, env: dict[str, str], nfs_port: int | None = None) -> dict[str, str]:
+        config = site.parent / f"{site.name}.toml"
+        config.write_text(self._config(nfs_port or self.nfs_port, site == self.site))
         # nsenter starts it in /: the same loomfs as this process's, by an absolute path
         code = str(Path(__file__).resolve().parents[2])  # the directory loomfs/ is in
-        hub = HubProcess(self.site, {"LOOMFS_CONFIG": str(config), "PYTHONPATH": code})
-        hub.prefix = tuple(self.guest.command([]))
-        self._hub = hub.start()
-        return self
+        return {**env, "LOOMFS_CONFIG": str(config), "PYTHONPATH": code}
+
+    def _in_netns(self, process: L) -> L:
+        process.prefix = tuple(self.guest.command([]))
+        return process
+
+    def spoke(self, nfs_port: int) -> SpokeProcess:
+        """The spoke of ``spoke_dir``, to start in the namespace (a context manager),
+        attaching /x (a cache of 1 GiB), NFS on ``nfs_port``."""
+        assert self.spoke_dir is not None, "GuestHub(spoke_dir=...) registers the spoke"
+        args = spoke_args(self.site, self.hub.urls["fabric"], VOLUME)
+        return self._in_netns(SpokeProcess(self.spoke_dir, self._env(self.spoke_dir, {}, nfs_port),
+                                           args=args))  # fmt: skip
 
     def __exit__(
         self,
@@ -87,15 +108,19 @@ class GuestHub:
             users = UserRegistry(catalog)
             for name in self.smb_users:
                 await users.add_user(name)
+            if self.spoke_dir is not None:
+                SiteIdentity.create(self.site / "identity", "hub")
+                spoke = SiteIdentity.create(self.spoke_dir / "identity", "spoke")
+                await SiteRegistry(catalog).add(spoke.cert_pem)
         finally:
             await catalog.close()
 
-    def _config(self) -> str:
+    def _config(self, nfs_port: int, hub: bool) -> str:
         subnet = self.guest.guest_ip.rpartition(".")[0] + ".0/24"
         smb = (
             f'[smb]\nlisten = "{self.guest.host_ip}:445"\n'
             f'[smb.shares]\nx = {{ path = "{VOLUME}" }}\n'
-            if self.smb_users
+            if self.smb_users and hub
             else ""
         )
         return f"""[site]
@@ -105,7 +130,7 @@ rescan_interval = 0
 [log]
 format = "text"
 [nfs]
-listen = "{self.guest.host_ip}:{self.nfs_port}"
+listen = "{self.guest.host_ip}:{nfs_port}"
 [nfs.exports."{VOLUME}"]
 clients = ["{subnet}"]
 squash = "none"
@@ -116,9 +141,10 @@ squash = "none"
         assert self._hub is not None, "use the hub as a context manager"
         return self._hub
 
-    def export(self, path: str = VOLUME) -> NfsExport:
-        """``path`` (the volume or a directory in it) as the guest mounts it."""
-        return NfsExport(self.guest.host_ip, path, nfs_options(self.nfs_port))
+    def export(self, path: str = VOLUME, port: int | None = None) -> NfsExport:
+        """``path`` (the volume or a directory in it) as the guest mounts it, from the
+        hub (or the NFS server on ``port``: a spoke's)."""
+        return NfsExport(self.guest.host_ip, path, nfs_options(port or self.nfs_port))
 
     def share(self, user: str) -> SmbShare:
         return SmbShare(self.guest.host_ip, "x", user, self.smb_users[user])
