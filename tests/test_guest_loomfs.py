@@ -3,8 +3,9 @@
 namespace serves a posix volume at /x over NFS and SMB (and REST, on the namespace's
 loopback); the guest mounts it with the Kubernetes recipe's options plus the ports (no
 portmapper), runs the harness's ``Workout``, works beside the host's REST calls on the
-same files, and mounts the SMB share with cifs as alice (her password set as a user would,
-``loomfs user passwd``). What the guest did is checked on the volume's disk; one boot.
+same files, mounts the SMB share with cifs as alice (her password set as a user would,
+``loomfs user passwd``), and mounts a spoke of the hub (in the same namespace) over NFS.
+What the guest did is checked on the volume's disk; one boot.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 #: Kubernetes manifests in docs/kubernetes/ mount with exactly these options)
 NFS_PORT = 2049
 NFS_OPTIONS = nfs_options(NFS_PORT)
+SPOKE_NFS_PORT = 2051
 
 #: the guest's second part, after the workout: it writes a file the host then reads over
 #: REST, and waits (on ``stat``, which the attribute cache answers) until a change the
@@ -63,6 +65,17 @@ umount /m2
 echo CIFS-DONE
 """
 
+#: and through a spoke of the hub: what the guest wrote at the hub is read there, and what
+#: it writes there is the hub's
+SPOKE = """
+mkdir -p /m4
+{mount}
+cat /m4/fromguest.txt
+echo 'via the spoke' > /m4/fromspoke.txt
+umount /m4
+echo SPOKE-DONE
+"""
+
 
 def _arrived(path: Path, running: Callable[[], bool]) -> None:
     while not path.exists():
@@ -72,6 +85,7 @@ def _arrived(path: Path, running: Callable[[], bool]) -> None:
 
 def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
     site, vol, share = tmp_path / "site", tmp_path / "vol", tmp_path / "share"
+    spoke_dir = tmp_path / "spoke"
     for directory in (vol / "work", vol / "cross", share):
         directory.mkdir(parents=True)
     workout = Workout(seed=15)
@@ -79,7 +93,8 @@ def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
     users = {"alice": secrets.token_hex(12)}
     with (
         Guest() as guest,
-        GuestHub(guest, site, vol, nfs_port=NFS_PORT, smb_users=users) as hub,
+        GuestHub(guest, site, vol, nfs_port=NFS_PORT, smb_users=users, spoke_dir=spoke_dir) as hub,
+        hub.spoke(SPOKE_NFS_PORT),
         ThreadPoolExecutor(1) as pool,
     ):
         assert hub.hub.urls["nfs"] == f"nfs://{guest.host_ip}:{NFS_PORT}"
@@ -92,6 +107,7 @@ def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
             workout.script(work.mount("/mnt"))
             + CROSS.format(mount=cross.mount("/m2"))
             + CIFS.format(cifs=smb.mount("/m3"), nfs=cross.mount("/m2"))
+            + SPOKE.format(mount=hub.export("/x/cross", SPOKE_NFS_PORT).mount("/m4"))
         )
         running = pool.submit(guest.run, script, share=share)
         _arrived(share / "guest-wrote", lambda: not running.done())
@@ -119,3 +135,6 @@ def test_the_kernel_nfs_client_on_a_loomfs_hub(tmp_path: Path) -> None:
     # alice's cifs write: read back over NFS in the guest, over REST and on the disk
     assert lines[lines.index("CIFS-DONE") - 1] == "over cifs"
     assert from_cifs == (vol / "cross" / "fromcifs.txt").read_bytes() == b"over cifs\n"
+    # the spoke: it served the hub's file, and its write (no write-back) is on the hub's disk
+    assert lines[lines.index("SPOKE-DONE") - 1] == "from the guest"
+    assert (vol / "cross" / "fromspoke.txt").read_bytes() == b"via the spoke\n"
