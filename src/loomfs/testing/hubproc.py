@@ -69,6 +69,8 @@ class LoomfsProcess(ABC):
     ready."""
 
     what = "loomfs"
+    #: put before the command line: ``Guest.command([])`` starts it in a guest's namespace
+    prefix: tuple[str, ...] = ()
 
     def __init__(self, env: dict[str, str], ready: Path, log_path: Path) -> None:
         self.env = env
@@ -87,7 +89,7 @@ class LoomfsProcess(ABC):
         self.ready.unlink(missing_ok=True)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loomfs.cli", *self.argv()],
+                [*self.prefix, sys.executable, "-m", "loomfs.cli", *self.argv()],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + timeout
