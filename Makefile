@@ -65,7 +65,8 @@ test: lint typecheck unit
 
 # conformance suites other people wrote run from their own checkouts (docs/COMPATIBILITY.md);
 # corpora.py is the corpus library the transfer benches share
-NOT_BENCHES := bench/pjdfstest.py bench/pjdfstest_nfs.py bench/s3_tests_run.py bench/fsx.py bench/corpora.py
+NOT_BENCHES := bench/pjdfstest.py bench/pjdfstest_nfs.py bench/s3_tests_run.py bench/fsx.py \
+  bench/smbtorture.py bench/corpora.py
 
 bench-quick: setup
 	@for b in $(filter-out $(NOT_BENCHES),$(wildcard bench/*.py)); do \

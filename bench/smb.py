@@ -51,8 +51,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=256)
     parser.add_argument("--files", type=int, default=500)
+    parser.add_argument("--quick", action="store_true", help="16 MiB and 50 files")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.quick:
+        args.size_mb, args.files = 16, 50
     with tempfile.TemporaryDirectory(prefix="loomfs-bench-smb-") as tmp:
         scratch = Path(tmp)
         os.chmod(scratch, 0o755)

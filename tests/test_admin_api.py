@@ -221,6 +221,23 @@ async def test_every_admin_route_needs_the_admin_right(site: Site) -> None:
     assert all(secret not in repr(r) for r in AuditReader(site.hub.config.audit_dir).query())
 
 
+async def test_administration_is_in_force_at_the_next_call(site: Site) -> None:
+    """A user made an administrator over the admin API administers at once: the hub's
+    rules follow its own changes now, not at their next periodic check."""
+    root = _auth(site, "root")
+    async with site.http.post(f"{A}/users", json={"user": "eve"}, headers=root) as r:
+        made = await r.json()
+    eve = {"Authorization": wire.basic_authorization(made["access_key"], made["secret"])}
+    for member, status in ((None, 403), (True, 200)):
+        if member:
+            async with site.http.post(
+                f"{A}/groups/{ADMIN_GROUP}/members", json={"user": "eve"}, headers=root
+            ) as r:
+                assert r.status < 300, await r.text()
+        async with site.http.get(f"{A}/users", headers=eve) as r:
+            assert r.status == status, await r.text()
+
+
 async def test_bad_input_is_a_clear_400(site: Site) -> None:
     root = _auth(site, "root")
     for method, route, body, words in (

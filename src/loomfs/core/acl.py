@@ -485,11 +485,16 @@ class AclAuthorizer:
                 if self.policy.generation < 0:
                     await self.reload()
         elif time.monotonic() - self._checked >= self.refresh:
-            # one caller asks; concurrent calls decide on the generation they have
-            self._checked = time.monotonic()
-            if await self.store.generation() != self.policy.generation:
-                self.policy = (await self.store.snapshot())[2]
+            await self.catch_up()  # one caller asks; concurrent ones decide on what they have
         return self.policy
+
+    async def catch_up(self) -> None:
+        """Decide by the catalog's rules as they are now, reading them only if they moved
+        (after administration here: a grant is in force at the next call, not ``refresh``
+        later)."""
+        self._checked = time.monotonic()
+        if await self.store.generation() != self.policy.generation:
+            self.policy = (await self.store.snapshot())[2]
 
     async def check(self, who: Principal, action: Action, path: str, *, tree: bool = False) -> None:
         """``tree``: the call takes everything below ``path`` along (a rename or removal

@@ -343,9 +343,14 @@ class GovernedNamespace(FeedNamespace):
     ) -> T:
         """Administration that is not a namespace call (users, groups, rules, sites,
         policies over the admin API): an explicit admin right on ``path``, then the call,
-        its outcome recorded; ``detail`` says what was done (never a secret)."""
+        its outcome recorded; ``detail`` says what was done (never a secret). What it
+        changed of users, groups and rules is in force for the next call."""
         await self.authorize_admin(who, op, path)
-        return await self._run(who, op, path, call, detail=detail)
+        try:
+            return await self._run(who, op, path, call, detail=detail)
+        finally:
+            if self.rules is not None:
+                await self.rules.catch_up()
 
     async def visible(self, who: Principal, path: str) -> bool:
         """Whether ``who`` may see ``path`` (listings and feeds leave the rest out)."""
