@@ -23,8 +23,16 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from loomfs.core.catalog.base import Catalog, Put
-from loomfs.core.placement import REFUSED, Policy, PolicyStore, Visibility, glob_prefix
+from loomfs.core.placement import (
+    REFUSED,
+    PlacementAuthorizer,
+    Policy,
+    PolicyStore,
+    Visibility,
+    glob_prefix,
+)
 from loomfs.core.registry import open_catalog
+from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import Action, ChangeOp, EntryKind, Principal
 from loomfs.core.users import UserRegistry
 from loomfs.errors import (
@@ -379,6 +387,26 @@ async def test_a_policy_edited_by_another_process_is_followed(env: Fabric, tmp_p
     await PolicyStore(env.hub.catalog).remove("pub")
     await env.hub.placement.reload(force=True)
     assert await us.read_bytes(WHO, "/vol/pub/p.bin", 0, 10) == data[:10]
+
+
+async def test_an_eviction_logged_by_another_process_reaches_the_site_it_concerns(
+    env: Fabric,
+) -> None:
+    """The hub judges an eviction by the policy that made it, not by the policies it had
+    loaded before (another process's policy: the hub reloads on its own only every few
+    seconds); else the refused spoke is told of a metadata change and keeps the data."""
+    # a hub's placement that looked just before the policy came, and not again for long
+    placement = PlacementAuthorizer(env.hub.catalog, SiteRegistry(env.hub.catalog), refresh=3600)
+    await placement.reload()
+    head = await env.hub.catalog.head_seq()
+    other = open_catalog(env.hub.config.catalog_url)  # as the `loomfs policy` CLI does
+    await other.open()
+    try:
+        await PolicyStore(other).put(Policy.build("pub", ["/vol/pub/**"], ["region=eu"]))
+    finally:
+        await other.close()
+    for_us = await placement.redact(US, await env.hub.catalog.changes(head))
+    assert [c.op for c in for_us] == [ChangeOp.EVICT]
 
 
 def loomfs(data_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -403,6 +403,11 @@ class PlacementAuthorizer:
         who = Principal(user=f"site:{site}", site=site, protocol="fabric")
         if self.is_local(who):
             return changes
+        if any(change.op is ChangeOp.EVICT for change in changes):
+            # an eviction is logged with the policy that made it, perhaps by another
+            # process: judged by the policies of before it, the site it concerns would get
+            # a metadata change, acknowledge it, and keep serving what it should drop
+            await self.reload(force=True)
         out: list[Change] = []
         for change in changes:
             if change.op is ChangeOp.EVICT:
