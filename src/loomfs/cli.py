@@ -330,52 +330,33 @@ def serve() -> None:
     """Serve the namespace over one more protocol (shorthands for `hub serve`)."""
 
 
-@serve.command("s3")
-@click.option("--listen", help="HOST:PORT of the S3 endpoint (default: s3.listen).")
-@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
-@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
-@click.pass_context
-def serve_s3(
-    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
-) -> None:
-    """Serve the hub with its S3 gateway on; keys come from `loomfs user add`."""
-    _serve_protocol(ctx, "s3", listen, port, ready_file, "127.0.0.1:9000")
+#: protocol (its config section) -> (what listens, its default address, the command's help)
+SERVED: dict[str, tuple[str, str, str]] = {
+    "s3": ("the S3 endpoint", "127.0.0.1:9000",
+           "Serve the hub with its S3 gateway on; keys come from `loomfs user add`."),
+    "sftp": ("the SFTP server", "127.0.0.1:2222",
+             "Serve the hub with SFTP on; logins by the SSH keys of `loomfs user add --ssh-key`."),
+    "nfs": ("the NFSv3 and MOUNT server", "127.0.0.1:2049",
+            "Serve the hub over NFSv3 (MOUNT on the same port: mount with port=N,mountport=N)."),
+    "smb": ("smbd", "127.0.0.1:445",
+            "Serve the hub over SMB (Samba, run by loomfs); logins by `loomfs user passwd`."),
+}  # fmt: skip
 
 
-@serve.command("sftp")
-@click.option("--listen", help="HOST:PORT of the SFTP server (default: sftp.listen).")
-@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
-@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
-@click.pass_context
-def serve_sftp(
-    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
-) -> None:
-    """Serve the hub with SFTP on; logins by the SSH keys of `loomfs user add --ssh-key`."""
-    _serve_protocol(ctx, "sftp", listen, port, ready_file, "127.0.0.1:2222")
+def _serve_command(section: str, what: str, default: str, text: str) -> None:
+    @serve.command(section, help=text)
+    @click.option("--listen", help=f"HOST:PORT of {what} (default: {section}.listen).")
+    @click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
+    @click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
+    @click.pass_context
+    def command(
+        ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
+    ) -> None:
+        _serve_protocol(ctx, section, listen, port, ready_file, default)
 
 
-@serve.command("nfs")
-@click.option("--listen", help="HOST:PORT of the NFSv3 and MOUNT server (default: nfs.listen).")
-@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
-@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
-@click.pass_context
-def serve_nfs(
-    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
-) -> None:
-    """Serve the hub over NFSv3 (MOUNT on the same port: mount with port=N,mountport=N)."""
-    _serve_protocol(ctx, "nfs", listen, port, ready_file, "127.0.0.1:2049")
-
-
-@serve.command("smb")
-@click.option("--listen", help="HOST:PORT of smbd (default: smb.listen).")
-@click.option("--port", type=int, help="Port on 127.0.0.1 (instead of --listen).")
-@click.option("--ready-file", type=click.Path(path_type=Path), help="As for `hub serve`.")
-@click.pass_context
-def serve_smb(
-    ctx: click.Context, listen: str | None, port: int | None, ready_file: Path | None
-) -> None:
-    """Serve the hub over SMB (Samba, run by loomfs); logins by `loomfs user passwd`."""
-    _serve_protocol(ctx, "smb", listen, port, ready_file, "127.0.0.1:445")
+for _section, (_what, _default, _text) in SERVED.items():
+    _serve_command(_section, _what, _default, _text)
 
 
 def _serve_protocol(
