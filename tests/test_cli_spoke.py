@@ -93,6 +93,11 @@ async def test_hub_and_spoke_from_the_command_line(tmp_path: Path) -> None:
                     await asyncio.sleep(0.02)
                 else:
                     raise AssertionError("/readyz never said the link is down")
+                # ...cached files are still served...
+                cached = await aok(
+                    spoke_dir, *at_spoke, "cat", "/datasets/sample/train/shard-1.jsonl"
+                )
+                assert cached.startswith('{"shard": 1}\n')
                 for i in range(3):
                     put = await aok(spoke_dir, *at_spoke, "put", "-", f"/datasets/sample/ck-{i}.pt",
                        stdin=f"checkpoint {i}".encode())  # fmt: skip

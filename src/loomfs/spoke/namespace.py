@@ -228,10 +228,15 @@ class SpokeNamespace(Namespace):
         self.cache.close()
 
     async def _follow(self) -> None:
+        answered = False
         while True:
             sent = time.monotonic()  # the lease runs from before the hub granted it
-            # hold each poll well inside a lease term, so the next one renews it in time
-            wait = min(FEED_WAIT, self.lease_term / 3) if self.lease_term else FEED_WAIT
+            if not answered or (self.lease_term > LEASE_MARGIN and not self.leased):
+                # no lease held (just started, or back after a cut): ask for one at once,
+                # since what is read meanwhile is admitted to no one for offline use
+                wait = 0.0
+            else:  # hold each poll well inside a lease term, so the next renews it in time
+                wait = min(FEED_WAIT, self.lease_term / 3) if self.lease_term else FEED_WAIT
             try:
                 feed = await self.hub.changes(self.seq, 1000, wait=wait, ack=self.seq)
             except LoomError as exc:  # say a hub shutting down: the lease lapses meanwhile
@@ -243,6 +248,7 @@ class SpokeNamespace(Namespace):
                 await asyncio.sleep(self._link_retry.failed("feed", exc))
                 continue
             self._link_retry.succeeded("feed")
+            answered = True
             self.link_error = None
             self._set_online(True)
             for change in feed.changes:
