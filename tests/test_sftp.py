@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import asyncssh
-import boto3
 import pytest
-from botocore.config import Config
 
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
@@ -32,6 +30,7 @@ from loomfs.protocols.sftp.errors import to_sftp
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.fixtures import tmpfs
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, spoke_args
+from loomfs.testing.s3gateway import gateway_client
 from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
 if TYPE_CHECKING:
@@ -59,14 +58,7 @@ class Site:
         return done.stdout
 
     def s3(self) -> S3Client:
-        return boto3.client(
-            "s3",
-            endpoint_url=self.hub.urls["s3"],
-            region_name="us-east-1",
-            aws_access_key_id=self.s3key.access_key,
-            aws_secret_access_key=self.s3key.secret,
-            config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
-        )
+        return gateway_client(self.hub.urls["s3"], self.s3key.access_key, self.s3key.secret)
 
     async def connect(
         self, user: str = "alice", key: str = "alice"

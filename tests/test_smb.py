@@ -22,10 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-import boto3
 import pytest
 import smbclient
-from botocore.config import Config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from smbprotocol.exceptions import SMBOSError
@@ -46,6 +44,7 @@ from loomfs.protocols.smb import conf
 from loomfs.protocols.smb.server import mount_dir, running_with
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
+from loomfs.testing.s3gateway import gateway_client
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -220,14 +219,7 @@ class Site:
         return {"username": user, "password": PASSWORDS[user], "port": self.port}
 
     def s3(self) -> S3Client:
-        return boto3.client(
-            "s3",
-            endpoint_url=self.hub.urls["s3"],
-            region_name="us-east-1",
-            aws_access_key_id=self.s3key.access_key,
-            aws_secret_access_key=self.s3key.secret,
-            config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
-        )
+        return gateway_client(self.hub.urls["s3"], self.s3key.access_key, self.s3key.secret)
 
 
 async def _prepare(tmp: Path, vol: Path) -> AccessKey:

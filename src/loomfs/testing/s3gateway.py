@@ -15,12 +15,32 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..core.registry import open_catalog
 from ..core.users import UserRegistry
 from .hubproc import HubProcess
 
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
 BUCKET_ROOT = "/s3"
+
+
+def gateway_client(endpoint: str, access_key: str, secret: str) -> S3Client:
+    """boto3 against a loomfs S3 gateway: path-style addressing (buckets are namespace
+    directories, not host names) and no retries, so a refusal is seen as it is."""
+    import boto3  # noqa: PLC0415 - the tests' and benches' dependency, not the package's
+    from botocore.config import Config  # noqa: PLC0415
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret,
+        config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+    )
 
 
 async def register_users(catalog_url: str, users: Iterable[tuple[str, str, str]]) -> None:
