@@ -373,6 +373,41 @@ async def test_chmod_chown_utime(work: tuple[Path, Path, str], ns: HubNamespace)
     )
 
 
+async def test_attributes_set_on_a_file_open_for_writing_are_saved_with_it(
+    work: tuple[Path, Path, str], ns: HubNamespace
+) -> None:
+    """What Samba does for each file a client puts (create, chmod, write, set the write
+    time, close) is three changes in the namespace, not one per call: the create, the
+    content, and the attributes after it. Until the close the mount shows them already."""
+    mnt, disk, top = work
+    when, earlier = 1_500_000_000_123_456_789, 1_400_000_000_000_000_000
+    before = await ns.catalog.head_seq()
+    fd = os.open(mnt / "f", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.fchmod(fd, 0o640)
+        os.utime(fd, ns=(earlier, earlier))
+        os.write(fd, b"written after a utime")  # moves the mtime, as on a local disk
+        os.utime(fd, ns=(when, when))
+        st = os.fstat(fd)
+        assert (st.st_mode & 0o7777, st.st_mtime_ns, st.st_size) == (0o640, when, 21)
+    finally:
+        os.close(fd)
+    assert await ns.catalog.head_seq() - before == 3
+    for st in (os.stat(mnt / "f"), os.stat(disk / "f")):
+        assert (st.st_mode & 0o7777, st.st_mtime_ns, st.st_atime_ns) == (0o640, when, when)
+    assert (disk / "f").read_bytes() == b"written after a utime"
+    entry = await ns.stat(SYSTEM, f"{top}/f")
+    assert (entry.mode & 0o7777, entry.mtime_ns, entry.size) == (0o640, when, 21)
+    # a write after the last utime wins, as on a local disk
+    fd = os.open(mnt / "f", os.O_WRONLY)
+    try:
+        os.utime(fd, ns=(earlier, earlier))
+        os.write(fd, b"W")
+    finally:
+        os.close(fd)
+    assert os.stat(disk / "f").st_mtime_ns > when
+
+
 async def test_special_files(work: tuple[Path, Path, str], ns: HubNamespace) -> None:
     mnt, disk, top = work
     os.mkfifo(mnt / "fifo", 0o640)

@@ -97,6 +97,10 @@ class WriteBuffer:
         self.commit_lock = asyncio.Lock()
         #: why a change to it failed: it holds part of one, and must never be committed
         self.broken: LoomError | None = None
+        #: attributes set while the file is open for writing (``Namespace.set_attrs``
+        #: keywords), saved after the content at the next commit: a create, its owner,
+        #: mode and times then cost two changes in all, not one each
+        self.pending: dict[str, int] = {}
 
     @property
     def fd(self) -> int:
@@ -134,6 +138,12 @@ class WriteBuffer:
     def changed(self) -> None:
         self.generation += 1
         self.mtime_ns = time.time_ns()
+        self.pending.pop("mtime_ns", None)  # a write after utimens moves it, as on a disk
+
+    @property
+    def unsaved(self) -> bool:
+        """Something is left for a commit to save: content or attributes."""
+        return self.dirty or bool(self.pending)
 
     def write(self, data: bytes | memoryview, offset: int) -> int:
         try:

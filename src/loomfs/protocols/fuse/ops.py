@@ -91,6 +91,13 @@ def _fail(code: int) -> FUSEError:
     return FUSEError(code)
 
 
+def _ownership(entry: Entry, ctx: Context) -> dict[str, int]:
+    """The ``set_attrs`` changes that make a new entry the caller's, as a local file system
+    would (the hub makes it as whoever runs the hub)."""
+    owner = {"uid": ctx.uid, "gid": ctx.gid}
+    return {key: value for key, value in owner.items() if getattr(entry, key) != value}
+
+
 @dataclass(frozen=True, slots=True)
 class Callers:
     """Who calls a mount, and who decides what they may do.
@@ -235,7 +242,8 @@ class LoomOperations:
         # A directory's count is of its subdirectories: it has one node whatever it is.
         hard_linked = entry.nlink > 1 and not entry.is_dir
         out.attr_timeout = 0 if hard_linked else self.cache_timeout
-        out.st_mode = KIND_BITS[entry.kind] | stat.S_IMODE(entry.mode)
+        pending = node.buffer.pending if node.buffer is not None else {}
+        out.st_mode = KIND_BITS[entry.kind] | pending.get("mode", stat.S_IMODE(entry.mode))
         if not self.callers.kernel_checks:
             out.st_mode |= _OPEN_DIR if entry.is_dir else _OPEN_FILE
         if node.unlinked:
@@ -246,7 +254,7 @@ class LoomOperations:
             # a volume without directory rows of its own (S3) has 1 there
             out.st_nlink = max(entry.nlink, 2) if entry.is_dir else entry.nlink
         out.st_rdev = entry.rdev or 0
-        out.st_uid, out.st_gid = entry.uid, entry.gid
+        out.st_uid, out.st_gid = pending.get("uid", entry.uid), pending.get("gid", entry.gid)
         mtime_ns = entry.mtime_ns
         if node.buffer is not None:
             size = node.buffer.size()
@@ -261,8 +269,10 @@ class LoomOperations:
         out.st_blocks = (size + 511) // 512
         if entry.is_dir:
             mtime_ns = max(mtime_ns, node.listing_changed_ns)
+        mtime_ns = pending.get("mtime_ns", mtime_ns)
         out.st_mtime_ns = mtime_ns
-        out.st_atime_ns = mtime_ns if entry.atime_ns is None else entry.atime_ns
+        atime_ns = mtime_ns if entry.atime_ns is None else entry.atime_ns
+        out.st_atime_ns = pending.get("atime_ns", atime_ns)
         if entry.ctime_ns is None or entry.is_dir:
             # the volume keeps no ctime (S3), or a directory's moved with changes in it
             # that reach the catalog only when the hub notices them: this mount's own
@@ -307,18 +317,11 @@ class LoomOperations:
     async def _owned(
         self, who: Principal, entry: Entry, ctx: Context, mode: int | None = None
     ) -> Entry:
-        """A new entry gets the caller as owner (and ``mode``), as a local file system
-        would; the hub writes as whoever runs it."""
-        change_mode = mode is not None and stat.S_IMODE(entry.mode) != mode
-        if entry.uid == ctx.uid and entry.gid == ctx.gid and not change_mode:
-            return entry
-        return await self.ns.set_attrs(
-            who,
-            entry.path,
-            mode=mode if change_mode else None,
-            uid=ctx.uid if entry.uid != ctx.uid else None,
-            gid=ctx.gid if entry.gid != ctx.gid else None,
-        )
+        """A new entry gets the caller as owner (and ``mode``)."""
+        changes = _ownership(entry, ctx)
+        if mode is not None and stat.S_IMODE(entry.mode) != mode:
+            changes["mode"] = mode
+        return await self.ns.set_attrs(who, entry.path, **changes) if changes else entry
 
     async def _buffer(
         self, node: Node, who: Principal, version: int, *, empty: bool
@@ -337,42 +340,76 @@ class LoomOperations:
     async def _commit(self, node: Node, who: Principal) -> None:
         """Write the buffer to the namespace, atomically, if the file is still at the
         version the buffer started from; otherwise fail with Conflict (ESTALE), never
-        overwrite a change made elsewhere."""
+        overwrite a change made elsewhere. Then the attributes set meanwhile."""
         buffer = node.buffer
-        if buffer is None or not buffer.dirty:
+        if buffer is None or not buffer.unsaved:
             return
         async with buffer.commit_lock:
             generation = buffer.generation
             if node.unlinked:
                 # an unlinked file's data dies with its last handle, as on a local disk
                 buffer.committed_generation = generation
+                buffer.pending.clear()
                 return
-            try:
-                entry = await self.ns.write(
-                    who, node.path, buffer.body(), if_version=buffer.base_version
-                )
-            except Conflict:
-                log.warning(
-                    "not saved: %s changed elsewhere since version %d was opened for writing",
-                    node.path,
-                    buffer.base_version,
-                )
-                raise
-            buffer.committed_generation = generation
-            buffer.base_version = entry.version
-            node.entry = entry
-            # the kernel's pages hold exactly what was written through it
-            node.cached_version = entry.version
-            self.inodes.touched(node)
+            if buffer.dirty:
+                await self._save_content(node, who, buffer, generation)
+            if buffer.pending:
+                await self._save_attrs(node, who, buffer)
 
-    async def _create(self, who: Principal, path: str, mode: int, ctx: Context) -> Entry:
+    async def _save_content(
+        self, node: Node, who: Principal, buffer: WriteBuffer, generation: int
+    ) -> None:
+        try:
+            entry = await self.ns.write(
+                who, node.path, buffer.body(), if_version=buffer.base_version
+            )
+        except Conflict:
+            log.warning(
+                "not saved: %s changed elsewhere since version %d was opened for writing",
+                node.path,
+                buffer.base_version,
+            )
+            raise
+        buffer.committed_generation = generation
+        buffer.base_version = entry.version
+        node.entry = entry
+        # the kernel's pages hold exactly what was written through it
+        node.cached_version = entry.version
+        self.inodes.touched(node)
+
+    async def _save_attrs(self, node: Node, who: Principal, buffer: WriteBuffer) -> None:
+        # after the content: the write itself sets the file's mtime
+        pending, buffer.pending = buffer.pending, {}
+        before = buffer.base_version
+        try:
+            node.entry = await self.ns.set_attrs(who, node.path, **pending)
+        except BaseException:
+            buffer.pending = {**pending, **buffer.pending}
+            raise
+        self._moved_on(node, before)
+        buffer.base_version = node.entry.version
+        self.inodes.touched(node)
+
+    def _moved_on(self, node: Node, before: int) -> None:
+        """``node``'s attributes were set, which can make a new version (a new mtime on a
+        posix volume): the same bytes, so what was at ``before`` goes on from it, as it
+        was this mount's change, not someone else's (the kernel's pages, and the handles
+        open on it: a write through one after a utime loads that version)."""
+        assert node.entry is not None
+        after = node.entry.version
+        if node.cached_version == before:
+            node.cached_version = after
+        for handle in self._files.values():
+            if handle.node is node and handle.version == before:
+                handle.version = after
+
+    async def _create_file(self, who: Principal, path: str, mode: int, ctx: Context) -> Entry:
         # Always exclusive: the kernel asks to create only after a lookup found nothing,
         # so an existing file here was made by someone else meanwhile and must not be
         # truncated behind their back.
-        entry = await self.ns.write(
+        return await self.ns.write(
             who, path, aiter_bytes(b""), exclusive=True, mode=stat.S_IMODE(mode) & ~ctx.umask
         )
-        return await self._owned(who, entry, ctx)
 
     def _closed(self, node: Node) -> None:
         self.inodes.closed(node)
@@ -425,8 +462,10 @@ class LoomOperations:
     ) -> EntryAttributes:
         node = self._node(inode)
         who = self.who(ctx)
-        if node.entry is None or not node.unlinked:
+        # a file open for writing is this mount's to describe until it is saved
+        if node.buffer is None and (node.entry is None or not node.unlinked):
             node.entry = self._still(node, await self.ns.stat(who, node.path))
+        assert node.entry is not None
         if fields.update_size:
             if node.entry.is_dir:
                 raise _fail(errno.EISDIR)
@@ -440,32 +479,25 @@ class LoomOperations:
                 if node.opens == 0:
                     buffer.close()
                     node.buffer = None
-        if (
-            fields.update_mode
-            or fields.update_uid
-            or fields.update_gid
-            or fields.update_mtime
-            or fields.update_atime
-        ):
-            if fields.update_mtime:
-                await self._commit(node, who)  # the new mtime must land after the data
-            before = node.entry.version
-            node.entry = await self.ns.set_attrs(
-                who,
-                node.path,
-                mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
-                uid=attr.st_uid if fields.update_uid else None,
-                gid=attr.st_gid if fields.update_gid else None,
-                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
-                atime_ns=attr.st_atime_ns if fields.update_atime else None,
+        wanted = {
+            key: value
+            for key, value, asked in (
+                ("mode", stat.S_IMODE(attr.st_mode), fields.update_mode),
+                ("uid", attr.st_uid, fields.update_uid),
+                ("gid", attr.st_gid, fields.update_gid),
+                ("mtime_ns", attr.st_mtime_ns, fields.update_mtime),
+                ("atime_ns", attr.st_atime_ns, fields.update_atime),
             )
-            if node.cached_version == before:
-                node.cached_version = node.entry.version  # a new mtime, the same bytes
-            if node.buffer is not None and node.buffer.base_version == before:
-                # a new mtime can be a new version (posix volumes): unsaved writes go on
-                # from it, as it was this change, not someone else's (Samba sets the
-                # write time while a client still writes)
-                node.buffer.base_version = node.entry.version
+            if asked
+        }
+        if wanted and node.buffer is not None:
+            # saved with the content (``_commit``): Samba sets the mode after a create and
+            # the write time before the close
+            node.buffer.pending.update(wanted)
+        elif wanted:
+            before = node.entry.version
+            node.entry = await self.ns.set_attrs(who, node.path, **wanted)
+            self._moved_on(node, before)
             if fields.update_mtime:
                 node.listing_changed_ns = 0  # a directory's mtime set on purpose wins
         self.inodes.touched(node)
@@ -495,7 +527,7 @@ class LoomOperations:
         who = self.who(ctx)
         path = self._child(parent_inode, name)
         if stat.S_ISREG(mode):
-            entry = await self._create(who, path, mode, ctx)
+            entry = await self._owned(who, await self._create_file(who, path, mode, ctx), ctx)
         else:
             bits = stat.S_IMODE(mode) & ~ctx.umask
             entry = await self.ns.mknod(who, path, stat.S_IFMT(mode) | bits, rdev)
@@ -749,10 +781,12 @@ class LoomOperations:
         ctx: Context,
     ) -> tuple[FileInfo, EntryAttributes]:
         who = self.who(ctx)
-        entry = await self._create(who, self._child(parent_inode, name), mode, ctx)
+        entry = await self._create_file(who, self._child(parent_inode, name), mode, ctx)
         node = self._made(entry)
         node.cached_version = entry.version
-        await self._buffer(node, who, entry.version, empty=True)
+        buffer = await self._buffer(node, who, entry.version, empty=True)
+        # the caller's ownership is saved with the content (``_commit``)
+        buffer.pending.update(_ownership(entry, ctx))
         fh = self._fh()
         self._files[fh] = FileHandle(node, who, entry.version)
         node.opens += 1
