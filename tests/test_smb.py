@@ -41,7 +41,7 @@ from loomfs.errors import ConfigError
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.smb import conf
-from loomfs.protocols.smb.server import mount_dir, running_with
+from loomfs.protocols.smb.server import kill_all, mount_dir, running_with
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.s3gateway import gateway_client
@@ -602,3 +602,27 @@ def test_stopping_the_hub_stops_smbd_and_its_helpers_and_unmounts(tmp_path: Path
         "/run/loomfs-smb/"
     )
     assert not mount_dir(site / "smb").exists()
+
+
+def test_a_killed_hub_takes_its_smbd_with_it(tmp_path: Path) -> None:
+    """kill -9 of the hub gives it no chance to stop smbd: smbd goes by itself."""
+    site = tmp_path / "site"
+    site.mkdir()
+    cli_ok(site, "user", "add", "erin", "--offline")
+    cli_ok(site, "user", "passwd", "erin", "--stdin", "--offline", stdin=b"erin-Secret-6\n")
+    conf_path = site / "smb" / "smb.conf"
+    hub = HubProcess(site, env={"LOOMFS_SMB__LISTEN": "127.0.0.1:0"}).start()
+    try:
+        smbd = int((site / "smb" / "samba" / "pid" / "smbd.pid").read_text().split()[0])
+        assert smbd in running_with(conf_path)
+        hub.kill()  # its process group; smbd is in a session of its own
+
+        def gone() -> None:
+            assert _dead(smbd)
+
+        _eventually(gone)
+    finally:
+        hub.stop()
+        kill_all(running_with(conf_path))  # what the old code left
+        subprocess.run(["fusermount3", "-u", "-z", str(mount_dir(site / "smb") / "mnt")],
+                       capture_output=True, check=False)  # fmt: skip

@@ -3,9 +3,10 @@
 ``SmbServer`` mounts the namespace in a directory of its own (FUSE, in this process), in
 which each share is a directory, and runs ``smbd`` over it: in a session of its own
 (smbd signals its whole process group when it exits), stopped by its pid, started again
-if it dies. Samba logs a user in against the NT hash in the registry and runs her session
-as her uid of the SMB range (``users.SmbLogin``); the mount maps that uid back to her, so
-the namespace decides and audits each call as hers, protocol ``smb``.
+if it dies, and told to stop when this process dies without stopping it. Samba logs a
+user in against the NT hash in the registry and runs her session as her uid of the SMB
+range (``users.SmbLogin``); the mount maps that uid back to her, so the namespace decides
+and audits each call as hers, protocol ``smb``.
 
 Who else could reach the mount: it is served to every uid (``allow_other``, as smbd's
 sessions run as many), so the kernel's own check guards the way in. Its directory is
@@ -33,7 +34,7 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ... import paths
@@ -56,6 +57,7 @@ START_TIMEOUT = STOP_TIMEOUT = 30.0
 #: the pause before a dead smbd is started again (one that dies at once must not spin)
 RESTART_DELAY = 1.0
 NSS_WRAPPER = "libnss_wrapper.so"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: where the mounts of SMB servers are (root's, traversable, not listable)
 RUN_DIR = Path("/run/loomfs-smb")
 
@@ -243,7 +245,7 @@ class SmbServer:
         with (self.samba_dir / "log" / "smbd.out").open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+                env=env, start_new_session=True, preexec_fn=dying_with(os.getpid()),
             )  # fmt: skip
 
     async def _supervise(self, smbd: str) -> None:
@@ -291,6 +293,21 @@ def smbd_command(
     argv = [smbd, "--foreground", "--no-process-group", "--debug-stdout",
             "--configfile", str(conf_path)]  # fmt: skip
     return argv, env
+
+
+def dying_with(parent: int) -> Callable[[], None]:
+    """What a child runs before it executes its program so that it gets SIGTERM when
+    ``parent`` dies, however (a SIGKILLed hub): smbd would serve on, over a dead mount,
+    until the next start found it. SIGTERM, not SIGKILL: smbd then ends its sessions (its
+    process group). The kernel sends it when the thread that started the child ends: the
+    event loop's. A parent already gone before the child asked is checked for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def mount_dir(state_dir: Path) -> Path:
