@@ -524,6 +524,30 @@ async def test_xattrs_are_tags(work: tuple[Path, Path, str], ns: HubNamespace) -
     assert b'user.owner="ml"' in out.stdout
 
 
+async def test_a_listing_answers_the_extended_attributes_of_its_names(
+    work: tuple[Path, Path, str], ns: HubNamespace
+) -> None:
+    """A listing asks once which names have tags (Samba then asks each name for its
+    extended attributes); what each name shows is still its own tags."""
+    mnt, _, top = work
+    tagged = {"b": {"split": "train"}, "d": {"owner": "ml", "split": "test"}}
+    for name in "abcde":
+        (mnt / name).write_bytes(name.encode())
+    for name, tags in tagged.items():
+        await ns.set_tags(SYSTEM, f"{top}/{name}", tags)
+    assert sorted(os.listdir(mnt)) == list("abcde")
+    for name in "abcde":
+        want = tagged.get(name, {})
+        assert sorted(os.listxattr(mnt / name)) == sorted(f"user.{k}" for k in want)
+        for key, value in want.items():
+            assert os.getxattr(mnt / name, f"user.{key}") == value.encode()
+    assert _errno(lambda: os.getxattr(mnt / "a", "user.split")) == errno.ENODATA
+    # a name the listing found untagged shows a tag set through the mount at once
+    os.setxattr(mnt / "a", "user.split", b"val")
+    assert os.listxattr(mnt / "a") == ["user.split"]
+    assert await ns.tagged_children(SYSTEM, top) == {"a", "b", "d"}
+
+
 def test_cp_a_and_rsync(site: Site, work: tuple[Path, Path, str]) -> None:
     mnt, disk, _ = work
     tree = site.mnt.parent / f"tree-{uuid.uuid4().hex[:6]}"

@@ -767,6 +767,9 @@ class HubNamespace(ResolvingNamespace):
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))
 
+    async def tagged_children(self, who: Principal, path: str) -> set[str]:
+        return await self.catalog.tagged_children(paths.normalize(path))
+
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
         path = paths.normalize(path)
         hit = await self.catalog.get_with_tags(path)

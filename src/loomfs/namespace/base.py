@@ -150,6 +150,12 @@ class Namespace(ABC):
     @abstractmethod
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...
 
+    async def tagged_children(self, who: Principal, path: str) -> set[str] | None:
+        """The names of the children of the directory ``path`` that have tags, in one call
+        (a FUSE listing's extended attributes), or None where this namespace can't tell
+        in one: ask ``get_tags`` of each."""
+        return None
+
     @abstractmethod
     async def set_tags(
         self,

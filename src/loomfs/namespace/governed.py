@@ -643,6 +643,12 @@ class GovernedNamespace(FeedNamespace):
             who, "get_tags", Action.LIST, path, lambda: self.inner.get_tags(who, path)
         )
 
+    async def tagged_children(self, who: Principal, path: str) -> set[str] | None:
+        # what the directory's listing shows (list): one decision and record for them all
+        return await self._governed(
+            who, "get_tags", Action.LIST, path, lambda: self.inner.tagged_children(who, path)
+        )
+
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
         # both need list; one decision and one audit record (a stat) for the pair
         return await self._governed(

@@ -230,6 +230,11 @@ class Catalog(ABC):
     @abstractmethod
     async def get_tags(self, path: str) -> dict[str, str]: ...
 
+    @abstractmethod
+    async def tagged_children(self, parent: str) -> set[str]:
+        """The names of the children of ``parent`` that have tags, in one query (a
+        listing's extended attributes: most names have none)."""
+
     async def get_with_tags(self, path: str) -> tuple[Entry, dict[str, str]] | None:
         """An entry and its tags, or None; an engine may fetch both in one round trip."""
         entry = await self.get(path)

@@ -965,6 +965,18 @@ class SqlCatalog(Catalog):
             self._read, lambda cur: self._tags(cur, self._entry_id(cur, path)[0])
         )
 
+    async def tagged_children(self, parent: str) -> set[str]:
+        def fn(cur: Cursor) -> set[str]:
+            rows = self._q(
+                cur,
+                "SELECT DISTINCT e.name FROM entries e JOIN tags t ON t.entry_id = e.id "
+                "WHERE e.parent = ?",
+                (parent,),
+            ).fetchall()
+            return {r[0] for r in rows}
+
+        return await self._run(self._read, fn)
+
     async def get_with_tags(self, path: str) -> tuple[Entry, dict[str, str]] | None:
         # one trip to the catalog thread, not two: an S3 GET or HEAD needs both
         def fn(cur: Cursor) -> tuple[Entry, dict[str, str]] | None:

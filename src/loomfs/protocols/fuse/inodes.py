@@ -69,6 +69,9 @@ class Node:
     #: until when (monotonic) ``entry`` may stand for the site's: it came from the site,
     #: and the change feed has said nothing of it since
     current_until: float = 0.0
+    #: until when (monotonic) the file is known to have no tags (its directory's listing
+    #: said so): its extended attributes are answered without a round trip
+    untagged_until: float = 0.0
     #: the backing file of the handles the kernel reads itself, while any is open
     passthrough: Passthrough | None = None
 

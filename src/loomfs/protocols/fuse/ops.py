@@ -144,6 +144,10 @@ class DirHandle:
     last_id: int = 0
     listing: AsyncIterator[Entry] | None = None
     pending: Entry | None = None
+    #: the names in the directory that have tags (None: unknown) and until when
+    #: (monotonic) that stands
+    tagged: set[str] | None = None
+    tagged_until: float = 0.0
 
 
 class LoomOperations:
@@ -661,6 +665,7 @@ class LoomOperations:
                 except StopAsyncIteration:
                     return
             node = self.inodes.learn(entry, lookups=0)
+            await self._note_untagged(handle, node, entry)
             position = handle.last_id + 1
             if not readdir_reply(token, os.fsencode(entry.name), self.attrs(node), position):
                 handle.pending = entry
@@ -670,6 +675,17 @@ class LoomOperations:
             node.lookups += 1
             handle.cursors[position] = entry.name
             handle.last_id = position
+
+    async def _note_untagged(self, handle: DirHandle, node: Node, entry: Entry) -> None:
+        """Samba asks each listed name for its extended attributes (the EA size of a
+        directory entry): answered from the directory's one ask of which names have tags."""
+        now = time.monotonic()
+        if now >= handle.tagged_until:
+            handle.tagged = await self.ns.tagged_children(handle.who, handle.node.path)
+            handle.tagged_until = now + self.cache_timeout
+        # a hard-linked file's names are rows of their own, each with its tags
+        if handle.tagged is not None and entry.name not in handle.tagged and not node.aliases:
+            node.untagged_until = handle.tagged_until
 
     @translated
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
@@ -852,11 +868,17 @@ class LoomOperations:
         if not name.startswith(XATTR_USER):
             # security.capability is asked for on every write: answer without a round trip
             raise _fail(ENOATTR)
-        tags = await self.ns.get_tags(self.who(ctx), self._node(inode).path)
+        tags = await self._tags(inode, ctx)
         value = tags.get(name[len(XATTR_USER) :].decode(errors="replace"))
         if value is None:
             raise _fail(ENOATTR)
         return value.encode()
+
+    async def _tags(self, inode: int, ctx: Context) -> Mapping[str, str]:
+        node = self._node(inode)
+        if time.monotonic() < node.untagged_until:
+            return {}
+        return await self.ns.get_tags(self.who(ctx), node.path)
 
     @translated
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Context) -> None:
@@ -868,12 +890,12 @@ class LoomOperations:
             raise _fail(errno.EINVAL) from None  # tags are text
         node = self._node(inode)
         await self.ns.set_tags(self.who(ctx), node.path, {key: text})
+        node.untagged_until = 0.0
         self.inodes.touched(node)
 
     @translated
     async def listxattr(self, inode: int, ctx: Context) -> Sequence[bytes]:
-        tags = await self.ns.get_tags(self.who(ctx), self._node(inode).path)
-        return [XATTR_USER + key.encode() for key in tags]
+        return [XATTR_USER + key.encode() for key in await self._tags(inode, ctx)]
 
     @translated
     async def removexattr(self, inode: int, name: bytes, ctx: Context) -> None:
@@ -881,7 +903,7 @@ class LoomOperations:
             raise _fail(ENOATTR)
         who, path = self.who(ctx), self._node(inode).path
         key = name[len(XATTR_USER) :].decode(errors="replace")
-        if key not in await self.ns.get_tags(who, path):
+        if key not in await self._tags(inode, ctx):
             raise _fail(ENOATTR)
         await self.ns.set_tags(who, path, {}, [key])
         self.inodes.touched(self._node(inode))
