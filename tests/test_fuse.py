@@ -398,14 +398,19 @@ async def test_attributes_set_on_a_file_open_for_writing_are_saved_with_it(
     assert (disk / "f").read_bytes() == b"written after a utime"
     entry = await ns.stat(SYSTEM, f"{top}/f")
     assert (entry.mode & 0o7777, entry.mtime_ns, entry.size) == (0o640, when, 21)
-    # a write after the last utime wins, as on a local disk
+    # a write after the last utime wins, as on a local disk; a chown is made at once, and
+    # the writes around it land
     fd = os.open(mnt / "f", os.O_WRONLY)
     try:
         os.utime(fd, ns=(earlier, earlier))
         os.write(fd, b"W")
+        os.fchown(fd, 1234, 5678)
+        assert (os.stat(disk / "f").st_uid, os.stat(disk / "f").st_gid) == (1234, 5678)
+        os.write(fd, b"X")
     finally:
         os.close(fd)
     assert os.stat(disk / "f").st_mtime_ns > when
+    assert (disk / "f").read_bytes() == b"WXitten after a utime"
 
 
 async def test_special_files(work: tuple[Path, Path, str], ns: HubNamespace) -> None:

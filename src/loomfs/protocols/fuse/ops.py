@@ -391,18 +391,20 @@ class LoomOperations:
             buffer.pending = {**pending, **buffer.pending}
             raise
         self._moved_on(node, before)
-        buffer.base_version = node.entry.version
         self.inodes.touched(node)
 
     def _moved_on(self, node: Node, before: int) -> None:
         """``node``'s attributes were set, which can make a new version (a new mtime on a
         posix volume): the same bytes, so what was at ``before`` goes on from it, as it
-        was this mount's change, not someone else's (the kernel's pages, and the handles
-        open on it: a write through one after a utime loads that version)."""
+        was this mount's change, not someone else's (the kernel's pages, unsaved writes,
+        and the handles open on it: a write through one after a utime loads that
+        version)."""
         assert node.entry is not None
         after = node.entry.version
         if node.cached_version == before:
             node.cached_version = after
+        if node.buffer is not None and node.buffer.base_version == before:
+            node.buffer.base_version = after  # unsaved writes go on from it
         for handle in self._files.values():
             if handle.node is node and handle.version == before:
                 handle.version = after
@@ -494,9 +496,10 @@ class LoomOperations:
             )
             if asked
         }
-        if wanted and node.buffer is not None:
+        if wanted and node.buffer is not None and not (fields.update_uid or fields.update_gid):
             # saved with the content (``_commit``): Samba sets the mode after a create and
-            # the write time before the close
+            # the write time before the close. A chown is not: it may be refused (an
+            # administrator's), and that must be its caller's answer, not the close's.
             node.buffer.pending.update(wanted)
         elif wanted:
             before = node.entry.version
