@@ -794,6 +794,32 @@ class PosixBackend(Backend):
         if not self.durable:
             await asyncio.to_thread(self._sync, key)
 
+    async def sweep(self, key: str) -> list[str]:
+        """Remove the temp files a stopped write of ``key`` left beside it (its staged
+        bytes, or what it replaced kept aside): the names removed. Only while no write
+        of this volume is under way (a hub's start)."""
+        return await asyncio.to_thread(self._sweep, key)
+
+    def _sweep(self, key: str) -> list[str]:
+        try:
+            parent_fd = self._open_dir(check_key(key).rpartition("/")[0])
+        except (NotFound, NotADirectory):  # its directory went too: nothing left in it
+            return []
+        removed = []
+        try:
+            for name in os.listdir(parent_fd):
+                if name.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=parent_fd)
+                        removed.append(name)
+            if removed and self.durable:
+                os.fsync(parent_fd)
+        except OSError as exc:
+            raise self._oserror(exc, key) from exc
+        finally:
+            os.close(parent_fd)
+        return removed
+
     def _sync(self, key: str) -> None:
         """fsync the entry (a file's bytes, a directory's names) and the directory holding
         its name. Only files and directories are opened: opening a fifo or a device could
