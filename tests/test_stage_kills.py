@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import asyncssh
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomfs.core.backends.posix import TEMP_PREFIX
+from loomfs.core.registry import open_catalog
 from loomfs.core.types import Principal
+from loomfs.core.users import UserRegistry
 from loomfs.errors import LoomError
 from loomfs.hub.intents import IntentLog
 from loomfs.rest.client import RestNamespace
@@ -37,10 +40,10 @@ from loomfs.testing.hubproc import (
 )
 from loomfs.testing.ports import free_port
 from loomfs.testing.s3gateway import gateway_client, register_users
+from loomfs.testing.sftp import make_key
 from loomfs.testing.stages import pausing, reached, resumed, stop
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
 WHO = Principal(user="tester")
@@ -315,6 +318,7 @@ async def test_a_hub_killed_in_a_mkdir_a_symlink_or_a_chmod_agrees_with_its_volu
 
 S3_USER = ("fay", "FAYACCESSKEY00000000", "fay-secret-" + "s" * 29)
 PART = 5 << 20  # the least a multipart upload's first part may be
+MULTIPART = NEW * (PART // len(NEW) + 1) + NEW  # its first part, then NEW
 
 
 async def _files(client: RestNamespace, top: str) -> dict[str, tuple[object, ...]]:
@@ -322,77 +326,119 @@ async def _files(client: RestNamespace, top: str) -> dict[str, tuple[object, ...
     return {e.path: (e.version, e.size, e.etag, e.mtime_ns) async for e in walked if not e.is_dir}
 
 
-def _s3_write(s3: S3Client, op: str) -> None:
-    """NEW at ``existing`` in bucket ``bkt``, in one PUT or as a two-part upload."""
-    if op == "put":
-        s3.put_object(Bucket="bkt", Key="existing", Body=NEW)
-        return
-    upload = s3.create_multipart_upload(Bucket="bkt", Key="existing")["UploadId"]
-    parts: list[CompletedPartTypeDef] = []
-    for number, body in enumerate((NEW * (PART // len(NEW) + 1), NEW), 1):
-        done = s3.upload_part(
-            Bucket="bkt", Key="existing", UploadId=upload, PartNumber=number, Body=body
-        )
-        parts.append({"PartNumber": number, "ETag": done["ETag"]})
-    s3.complete_multipart_upload(
-        Bucket="bkt", Key="existing", UploadId=upload, MultipartUpload={"Parts": parts}
-    )
+class Edge:
+    """The S3 and SFTP edges of a hub process, as user fay (an access key, an SSH key)."""
+
+    def __init__(self, hub: HubProcess, ssh_key: Path) -> None:
+        self.hub, self.ssh_key = hub, ssh_key
+
+    async def write(self, op: str, key: str, body: bytes) -> None:
+        """``body`` at ``key`` in bucket ``bkt``, by ``op``: an S3 PUT, a two-part S3
+        upload (its first part ``PART`` bytes of ``MULTIPART``), an SFTP put."""
+        if op == "sftp":
+            port = int(self.hub.urls["sftp"].rpartition(":")[2])
+            async with (
+                asyncssh.connect(
+                    "127.0.0.1",
+                    port,
+                    username=S3_USER[0],
+                    client_keys=[str(self.ssh_key)],
+                    known_hosts=None,
+                    agent_path=None,
+                ) as ssh,  # fmt: skip
+                ssh.start_sftp_client() as sftp,
+                sftp.open(f"/s3/bkt/{key}", "wb") as file,
+            ):
+                await file.write(body)
+            return
+        s3 = gateway_client(self.hub.urls["s3"], *S3_USER[1:])
+        if op == "s3-put":
+            await asyncio.to_thread(s3.put_object, Bucket="bkt", Key=key, Body=body)
+            return
+        upload = (await asyncio.to_thread(s3.create_multipart_upload, Bucket="bkt", Key=key))[
+            "UploadId"
+        ]
+        parts: list[CompletedPartTypeDef] = []
+        for number, part in enumerate((body[:PART], body[PART:]), 1):
+            done = await asyncio.to_thread(
+                s3.upload_part, Bucket="bkt", Key=key, UploadId=upload, PartNumber=number, Body=part
+            )
+            parts.append({"PartNumber": number, "ETag": done["ETag"]})
+        await asyncio.to_thread(
+            s3.complete_multipart_upload,
+            Bucket="bkt", Key=key, UploadId=upload, MultipartUpload={"Parts": parts},
+        )  # fmt: skip
 
 
-# the hub's stages are below every edge: S3's single and multipart writes stop there too
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
-@pytest.mark.parametrize("stage", ["staged", "renamed", "recorded"])
-@pytest.mark.parametrize("op", ["put", "multipart"])
-async def test_a_hub_stopped_at_any_stage_of_an_s3_write_is_old_or_new(
-    tmp_path: Path, op: str, stage: str, how: signal.Signals
-) -> None:
-    volume, site = tmp_path / "data", tmp_path / "site"
+async def _edge_site(tmp: Path, env: dict[str, str]) -> tuple[HubProcess, Edge]:
+    """A hub serving S3 and SFTP, bucket ``bkt`` holding ``existing`` (OLD) on the posix
+    volume ``tmp``/data at /s3."""
+    volume, site = tmp / "data", tmp / "site"
     (volume / "bkt").mkdir(parents=True)
     (volume / "bkt" / "existing").write_bytes(OLD)
     site.mkdir()
+    ssh_key = tmp / "fay"
+    public = make_key(ssh_key)
     await register_users(f"sqlite://{site / 'catalog.db'}", [S3_USER])
-    config = tmp_path / "loomfs.toml"
-    config.write_text('[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "/s3"\n')
-    env, at = pausing(tmp_path, stage)
-    hub = HubProcess(site, {**env, "LOOMFS_CONFIG": str(config)}).start()
+    catalog = open_catalog(f"sqlite://{site / 'catalog.db'}")
+    await catalog.open()
     try:
-        admin = RestNamespace(hub.url, credentials=hub.admin)
-        try:
-            await admin.add_volume("/s3", f"posix://{volume}")
-        finally:
-            await admin.close()
-        s3 = gateway_client(hub.urls["s3"], *S3_USER[1:])
-        write = asyncio.ensure_future(asyncio.to_thread(_s3_write, s3, op))
+        await UserRegistry(catalog).add_ssh_key(S3_USER[0], public)
+    finally:
+        await catalog.close()
+    config = tmp / "loomfs.toml"
+    config.write_text(
+        '[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "/s3"\n[sftp]\nlisten = "127.0.0.1:0"\n'
+    )
+    hub = HubProcess(site, {**env, "LOOMFS_CONFIG": str(config)}).start()
+    admin = RestNamespace(hub.url, credentials=hub.admin)
+    try:
+        await admin.add_volume("/s3", f"posix://{volume}")
+    finally:
+        await admin.close()
+    return hub, Edge(hub, ssh_key)
+
+
+# the hub's stages are below every edge: S3's and SFTP's writes stop there too
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
+@pytest.mark.parametrize("stage", ["staged", "renamed", "recorded"])
+@pytest.mark.parametrize("op", ["s3-put", "s3-multipart", "sftp"])
+async def test_a_hub_stopped_at_any_stage_of_an_s3_or_sftp_write_is_old_or_new(
+    tmp_path: Path, op: str, stage: str, how: signal.Signals
+) -> None:
+    env, at = pausing(tmp_path, stage)
+    hub, edge = await _edge_site(tmp_path, env)
+    volume = tmp_path / "data" / "bkt"
+    body = MULTIPART if op == "s3-multipart" else NEW
+    try:
+        write = asyncio.ensure_future(edge.write(op, "existing", body))
         await reached(at, stage, write)
         await asyncio.to_thread(stop, hub, how)
         try:
             await write
             acknowledged = True
-        except (BotoCoreError, ClientError):
+        except (BotoCoreError, ClientError, asyncssh.Error, OSError):
             acknowledged = False
         resumed(hub, at)
-        s3 = gateway_client(hub.urls["s3"], *S3_USER[1:])
-        got = await asyncio.to_thread(s3.get_object, Bucket="bkt", Key="existing")
-        read = got["Body"].read()
         client = RestNamespace(hub.url, credentials=hub.admin)
         try:
             entry = await client.stat(WHO, "/s3/bkt/existing")
+            read = await client.read_bytes(WHO, "/s3/bkt/existing")
             files = await _files(client, "/s3")
             stats = await client.rescan("/s3")
             rescanned = await _files(client, "/s3")
         finally:
             await client.close()
         said = f"{op} {stage}, acknowledged {acknowledged}: read {len(read)} bytes, {stats}"
-        expected = NEW if op == "put" else NEW * (PART // len(NEW) + 1) + NEW
-        assert read in (OLD, expected) and got["ContentLength"] == entry.size == len(read), said
-        assert on_volume(volume / "bkt") == {"existing": read}, said
+        assert read in (OLD, body) and entry.size == len(read), said
+        assert on_volume(volume) == {"existing": read}, said  # no temp file left either
         # a rescan finds every file as the catalog has it (a directory's mtime may lag: a
         # temp file made and removed in it moves it, and its inotify events are ignored)
         assert files == rescanned, said
         if acknowledged:
-            assert read == expected, f"{said}: a write the hub acknowledged is lost"
+            assert read == body, f"{said}: a write the hub acknowledged is lost"
         # and it goes on serving writes
-        await asyncio.to_thread(s3.put_object, Bucket="bkt", Key="after", Body=b"ok")
-        assert (volume / "bkt" / "after").read_bytes() == b"ok"
+        await edge.write(op, "after", body)
+        assert (volume / "after").read_bytes() == body
     finally:
         hub.stop()
