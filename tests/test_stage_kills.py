@@ -15,7 +15,7 @@ import stat
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import asyncssh
@@ -25,13 +25,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomfs.core.backends.posix import TEMP_PREFIX
-from loomfs.core.registry import open_catalog
 from loomfs.core.types import Principal
-from loomfs.core.users import UserRegistry
 from loomfs.errors import LoomError
 from loomfs.hub.intents import IntentLog
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API, WRITE_ID_HEADER
+from loomfs.testing.edges import OPS, PART, edge_site
 from loomfs.testing.hubproc import (
     HubProcess,
     SpokeProcess,
@@ -39,12 +38,7 @@ from loomfs.testing.hubproc import (
     spoke_args,
 )
 from loomfs.testing.ports import free_port
-from loomfs.testing.s3gateway import gateway_client, register_users
-from loomfs.testing.sftp import make_key
 from loomfs.testing.stages import pausing, reached, resumed, stop
-
-if TYPE_CHECKING:
-    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
 WHO = Principal(user="tester")
 OLD, NEW = b"old content " * 1000, b"the new bytes " * 5000
@@ -316,8 +310,6 @@ async def test_a_hub_killed_in_a_mkdir_a_symlink_or_a_chmod_agrees_with_its_volu
         hub.stop()
 
 
-S3_USER = ("fay", "FAYACCESSKEY00000000", "fay-secret-" + "s" * 29)
-PART = 5 << 20  # the least a multipart upload's first part may be
 MULTIPART = NEW * (PART // len(NEW) + 1) + NEW  # its first part, then NEW
 
 
@@ -326,88 +318,16 @@ async def _files(client: RestNamespace, top: str) -> dict[str, tuple[object, ...
     return {e.path: (e.version, e.size, e.etag, e.mtime_ns) async for e in walked if not e.is_dir}
 
 
-class Edge:
-    """The S3 and SFTP edges of a hub process, as user fay (an access key, an SSH key)."""
-
-    def __init__(self, hub: HubProcess, ssh_key: Path) -> None:
-        self.hub, self.ssh_key = hub, ssh_key
-
-    async def write(self, op: str, key: str, body: bytes) -> None:
-        """``body`` at ``key`` in bucket ``bkt``, by ``op``: an S3 PUT, a two-part S3
-        upload (its first part ``PART`` bytes of ``MULTIPART``), an SFTP put."""
-        if op == "sftp":
-            port = int(self.hub.urls["sftp"].rpartition(":")[2])
-            async with (
-                asyncssh.connect(
-                    "127.0.0.1",
-                    port,
-                    username=S3_USER[0],
-                    client_keys=[str(self.ssh_key)],
-                    known_hosts=None,
-                    agent_path=None,
-                ) as ssh,  # fmt: skip
-                ssh.start_sftp_client() as sftp,
-                sftp.open(f"/s3/bkt/{key}", "wb") as file,
-            ):
-                await file.write(body)
-            return
-        s3 = gateway_client(self.hub.urls["s3"], *S3_USER[1:])
-        if op == "s3-put":
-            await asyncio.to_thread(s3.put_object, Bucket="bkt", Key=key, Body=body)
-            return
-        upload = (await asyncio.to_thread(s3.create_multipart_upload, Bucket="bkt", Key=key))[
-            "UploadId"
-        ]
-        parts: list[CompletedPartTypeDef] = []
-        for number, part in enumerate((body[:PART], body[PART:]), 1):
-            done = await asyncio.to_thread(
-                s3.upload_part, Bucket="bkt", Key=key, UploadId=upload, PartNumber=number, Body=part
-            )
-            parts.append({"PartNumber": number, "ETag": done["ETag"]})
-        await asyncio.to_thread(
-            s3.complete_multipart_upload,
-            Bucket="bkt", Key=key, UploadId=upload, MultipartUpload={"Parts": parts},
-        )  # fmt: skip
-
-
-async def _edge_site(tmp: Path, env: dict[str, str]) -> tuple[HubProcess, Edge]:
-    """A hub serving S3 and SFTP, bucket ``bkt`` holding ``existing`` (OLD) on the posix
-    volume ``tmp``/data at /s3."""
-    volume, site = tmp / "data", tmp / "site"
-    (volume / "bkt").mkdir(parents=True)
-    (volume / "bkt" / "existing").write_bytes(OLD)
-    site.mkdir()
-    ssh_key = tmp / "fay"
-    public = make_key(ssh_key)
-    await register_users(f"sqlite://{site / 'catalog.db'}", [S3_USER])
-    catalog = open_catalog(f"sqlite://{site / 'catalog.db'}")
-    await catalog.open()
-    try:
-        await UserRegistry(catalog).add_ssh_key(S3_USER[0], public)
-    finally:
-        await catalog.close()
-    config = tmp / "loomfs.toml"
-    config.write_text(
-        '[s3]\nlisten = "127.0.0.1:0"\nbucket_root = "/s3"\n[sftp]\nlisten = "127.0.0.1:0"\n'
-    )
-    hub = HubProcess(site, {**env, "LOOMFS_CONFIG": str(config)}).start()
-    admin = RestNamespace(hub.url, credentials=hub.admin)
-    try:
-        await admin.add_volume("/s3", f"posix://{volume}")
-    finally:
-        await admin.close()
-    return hub, Edge(hub, ssh_key)
-
-
 # the hub's stages are below every edge: S3's and SFTP's writes stop there too
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
 @pytest.mark.parametrize("stage", ["staged", "renamed", "recorded"])
-@pytest.mark.parametrize("op", ["s3-put", "s3-multipart", "sftp"])
+@pytest.mark.parametrize("op", OPS)
 async def test_a_hub_stopped_at_any_stage_of_an_s3_or_sftp_write_is_old_or_new(
     tmp_path: Path, op: str, stage: str, how: signal.Signals
 ) -> None:
     env, at = pausing(tmp_path, stage)
-    hub, edge = await _edge_site(tmp_path, env)
+    sites = (tmp_path / "site", tmp_path / "data", tmp_path / "loomfs.toml")
+    hub, edge = await edge_site(*sites, env, OLD)
     volume = tmp_path / "data" / "bkt"
     body = MULTIPART if op == "s3-multipart" else NEW
     try:
