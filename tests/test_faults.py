@@ -33,7 +33,8 @@ from loomfs.testing.edges import BUCKET as EDGE_BUCKET
 from loomfs.testing.edges import OPS as EDGE_OPS
 from loomfs.testing.edges import PART, Edge, edge_site
 from loomfs.testing.fixtures import filled, tmpfs
-from loomfs.testing.hubproc import HubProcess, site_config
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, site_config, spoke_args
+from loomfs.testing.ports import free_port
 from loomfs.testing.s3gateway import register_users
 
 if TYPE_CHECKING:
@@ -412,3 +413,49 @@ def test_a_write_over_any_edge_onto_a_full_disk_changes_nothing(
     # and the hub goes on taking writes over that edge
     asyncio.run(edge.write(op, "after", body))
     assert (volume / EDGE_BUCKET / "after").read_bytes() == body
+
+
+def test_a_write_back_spoke_with_its_cache_disk_full_changes_nothing(tmp_path: Path) -> None:
+    """A write-back spoke whose cache directory (its journal's disk) is full refuses a
+    write, new or over a hub file, saying so: nothing is journaled, the hub's volume and
+    catalog keep what they had, and the spoke goes on serving and, with room again,
+    writing through to the hub."""
+    hub_dir, spoke_dir, volume = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    volume.mkdir()
+    (volume / "f").write_bytes(OLD)
+    cli_ok(hub_dir, "site", "init", "--name", "hub")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-west")
+    cert = str(spoke_dir / "identity/site.pem")
+    cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", cert, "--offline")
+    fabric = {"LOOMFS_FABRIC__LISTEN": f"127.0.0.1:{free_port()}"}
+    with tmpfs(tmp_path / "cache", "16m") as cache, HubProcess(hub_dir, fabric) as hub:
+        cli_ok(hub_dir, "--hub", hub.url, "volume", "add", "/vol", f"posix://{volume}")
+        extra = ("--write-back", "--cache-dir", str(cache))
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/vol", *extra, cache_size="8M")
+        with SpokeProcess(spoke_dir, {"LOOMFS_SITE__MIN_FREE": "0"}, args) as spoke:
+
+            async def check() -> None:
+                at_spoke, at_hub = RestNamespace(spoke.url), RestNamespace(hub.url)
+                try:
+                    assert await at_spoke.read_bytes(WHO, "/vol/f") == OLD  # cached now
+                    before = [e async for e in at_hub.walk(WHO, "/vol")]
+                    journal = sorted(os.listdir(cache / "journal"))
+                    for path in ("/vol/f", "/vol/new"):
+                        with filled(cache), pytest.raises(InsufficientStorage) as failed:
+                            await at_spoke.write_bytes(WHO, path, os.urandom(1 << 20))
+                        assert "full" in str(failed.value), failed.value
+                        assert sorted(os.listdir(cache / "journal")) == journal, path
+                    await at_spoke.sync()
+                    assert [e async for e in at_hub.walk(WHO, "/vol")] == before
+                    assert sorted(p.name for p in volume.iterdir()) == ["f"]
+                    assert (volume / "f").read_bytes() == OLD
+                    # it goes on serving, and writing once there is room
+                    assert await at_spoke.read_bytes(WHO, "/vol/f") == OLD
+                    await at_spoke.write_bytes(WHO, "/vol/new", b"room again")
+                    await at_spoke.sync()
+                    assert await at_hub.read_bytes(WHO, "/vol/new") == b"room again"
+                finally:
+                    await at_spoke.close()
+                    await at_hub.close()
+
+            asyncio.run(check())
