@@ -24,13 +24,16 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loomfs.config import load_config
 from loomfs.core.backends.posix import TEMP_PREFIX
-from loomfs.core.types import Principal
+from loomfs.core.types import SYSTEM, Entry, Principal
 from loomfs.errors import LoomError
 from loomfs.hub.intents import IntentLog
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API, WRITE_ID_HEADER
+from loomfs.service import HubService
 from loomfs.testing.edges import OPS, PART, edge_site
+from loomfs.testing.fuse import MountProcess, prepare_site
 from loomfs.testing.hubproc import (
     HubProcess,
     SpokeProcess,
@@ -362,3 +365,74 @@ async def test_a_hub_stopped_at_any_stage_of_an_s3_or_sftp_write_is_old_or_new(
         assert (volume / "after").read_bytes() == body
     finally:
         hub.stop()
+
+
+async def _settled_site(config: Path) -> tuple[Entry, bytes, list[object], list[object]]:
+    """The site of ``config`` started again in this process (its start recovers): the
+    file /v/f's entry and bytes, and the catalog's file rows before and after a rescan."""
+    service = HubService(load_config(config))
+    await service.start()
+    try:
+        ns = service.namespace
+
+        async def files() -> list[object]:
+            walked = ns.walk(SYSTEM, "/v")
+            return [(e.path, e.version, e.size, e.etag) async for e in walked if not e.is_dir]
+
+        entry = await ns.stat(SYSTEM, "/v/f")
+        read = await ns.read_bytes(SYSTEM, "/v/f")
+        before = await files()
+        await ns.sync_volume("/v")
+        return entry, read, before, await files()
+    finally:
+        await service.stop()
+
+
+# Found by this test, not yet fixed: Ctrl-C of the mount while a closing writer's file is
+# at its name and the catalog not told leaves the catalog with the new version and the
+# volume with the old file put back (the writer's cancelled commit is undone after the
+# restarted hub recovered it: the stopping process outlived the wait for it).
+_MOUNT_SIGINT_RENAMED = pytest.mark.xfail(
+    strict=True, reason="issue 22: Ctrl-C of a mount between a commit's rename and its record"
+)
+
+
+# the mount's own hub has the same stages: a write through FUSE, closed, stops there too
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
+@pytest.mark.parametrize("stage", ["staged", "renamed", "recorded"])
+async def test_a_mount_stopped_at_any_stage_of_a_write_is_old_or_new(
+    tmp_path: Path, stage: str, how: signal.Signals, request: pytest.FixtureRequest
+) -> None:
+    if (stage, how) == ("renamed", signal.SIGINT):
+        request.applymarker(_MOUNT_SIGINT_RENAMED)
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    (volume / "f").write_bytes(OLD)
+    (tmp_path / "site").mkdir()
+    config = await asyncio.to_thread(prepare_site, tmp_path / "site", {"/v": volume})
+    env, at = pausing(tmp_path, stage)
+    mount = MountProcess(config, tmp_path / "mnt", env=env).start()
+
+    def write() -> None:
+        with (mount.mountpoint / "v" / "f").open("wb") as file:
+            file.write(NEW)
+
+    try:
+        written = asyncio.ensure_future(asyncio.to_thread(write))
+        await reached(at, stage, written)
+        await asyncio.to_thread(stop, mount, how)
+        try:
+            await written
+            acknowledged = True
+        except OSError:  # ENOTCONN: the mount went away under it
+            acknowledged = False
+    finally:
+        mount.stop()
+    entry, read, files, rescanned = await _settled_site(config)
+    said = f"{stage}, acknowledged {acknowledged}: {entry}, read {len(read)} bytes"
+    said += f"; on the volume { {k: len(v) for k, v in on_volume(volume).items()} }, {files}"
+    assert read in (OLD, NEW) and entry.size == len(read), said
+    assert on_volume(volume) == {"f": read}, said  # no temp file left either
+    assert files == rescanned, said
+    if acknowledged:
+        assert read == NEW, f"{said}: a write the mount acknowledged is lost"
