@@ -651,9 +651,16 @@ class PosixBackend(Backend):
             nonlocal committing
             if empty and self._inline:
                 return self._commit(staged, mode)  # no await: a cancel can't split it
-            # in a thread, which a cancel does not stop: the undo waits for it
+            # in a thread, which a cancel does not stop: the undo waits for it, here, so
+            # that it is done before the caller goes on (a hub notes the change as over
+            # then; a stopping process would otherwise exit before the undo ran)
             committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode))
-            return await asyncio.shield(committing)
+            try:
+                return await asyncio.shield(committing)
+            except asyncio.CancelledError:
+                with contextlib.suppress(BaseException):  # its outcome is the undo's
+                    await asyncio.wait([committing])
+                raise
 
         try:
             if local is not None and not empty:
