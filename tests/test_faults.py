@@ -29,9 +29,8 @@ from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API
 from loomfs.service import HubService
+from loomfs.testing.edges import ALL_OPS, PART, Edge, edge_site
 from loomfs.testing.edges import BUCKET as EDGE_BUCKET
-from loomfs.testing.edges import OPS as EDGE_OPS
-from loomfs.testing.edges import PART, Edge, edge_site
 from loomfs.testing.fixtures import filled, tmpfs
 from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, site_config, spoke_args
 from loomfs.testing.ports import free_port
@@ -390,7 +389,7 @@ def _edge_state(edge: Edge, volume: Path) -> tuple[dict[str, bytes | None], list
 
 @pytest.mark.parametrize("full", ["volume", "data-dir"])
 @pytest.mark.parametrize("target", ["new", "existing"])
-@pytest.mark.parametrize("op", EDGE_OPS)
+@pytest.mark.parametrize("op", ALL_OPS)
 def test_a_write_over_any_edge_onto_a_full_disk_changes_nothing(
     edges: tuple[Edge, Path, Path], op: str, target: str, full: str
 ) -> None:
@@ -400,12 +399,14 @@ def test_a_write_over_any_edge_onto_a_full_disk_changes_nothing(
     body = os.urandom(PART + 200_000 if op == "s3-multipart" else 200_000)
     with (
         filled(volume.parent if full == "volume" else data_fs),
-        pytest.raises((ClientError, asyncssh.SFTPError)) as failed,
+        pytest.raises((ClientError, asyncssh.SFTPError, InsufficientStorage)) as failed,
     ):
         asyncio.run(edge.write(op, key, body))
     error = failed.value
     if isinstance(error, ClientError):  # S3 says so, in a code no client retries
         assert error.response["Error"]["Code"] == "XMinioStorageFull", error
+    elif isinstance(error, InsufficientStorage):
+        assert "full" in str(error), error
     else:
         assert isinstance(error, asyncssh.SFTPError) and error.code == asyncssh.FX_FAILURE
         assert "full" in error.reason, error.reason  # and which disk

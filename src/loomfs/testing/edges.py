@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import asyncssh
 
 from ..core.registry import open_catalog
+from ..core.types import Principal
 from ..core.users import UserRegistry
 from ..rest.client import RestNamespace
 from .hubproc import HubProcess
@@ -23,18 +24,29 @@ if TYPE_CHECKING:
 USER = ("fay", "FAYACCESSKEY00000000", "fay-secret-" + "s" * 29)
 PART = 5 << 20  # the least a multipart upload's first part may be
 BUCKET = "bkt"
+ANONYMOUS = Principal(user="anonymous")
 OPS = ("s3-put", "s3-multipart", "sftp")
+#: every edge ``Edge.write`` writes through: REST too
+ALL_OPS = (*OPS, "rest")
 
 
 class Edge:
-    """The S3 and SFTP edges of a hub process, as ``USER`` (an access key, an SSH key)."""
+    """The S3 and SFTP edges of a hub process, as ``USER`` (an access key, an SSH key),
+    and its REST API (as the anonymous caller, whom a fresh hub lets write)."""
 
     def __init__(self, hub: HubProcess, ssh_key: Path) -> None:
         self.hub, self.ssh_key = hub, ssh_key
 
     async def write(self, op: str, key: str, body: bytes) -> None:
         """``body`` at ``key`` in bucket ``BUCKET``, by ``op``: an S3 PUT, a two-part S3
-        upload (its first part ``PART`` bytes), an SFTP put."""
+        upload (its first part ``PART`` bytes), an SFTP put, a REST PUT."""
+        if op == "rest":
+            client = RestNamespace(self.hub.url)
+            try:
+                await client.write_bytes(ANONYMOUS, f"/s3/{BUCKET}/{key}", body)
+            finally:
+                await client.close()
+            return
         if op == "sftp":
             port = int(self.hub.urls["sftp"].rpartition(":")[2])
             async with (
