@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomfs.config import load_config
-from loomfs.core.backends.posix import TEMP_PREFIX
+from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
 from loomfs.core.types import SYSTEM, Entry, Principal
 from loomfs.errors import LoomError
 from loomfs.hub.intents import IntentLog
@@ -428,3 +428,30 @@ async def test_a_mount_stopped_at_any_stage_of_a_write_is_old_or_new(
     assert files == rescanned, said
     if acknowledged:
         assert read == NEW, f"{said}: a write the mount acknowledged is lost"
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.dictionaries(
+        st.one_of(
+            st.text("abc.-", min_size=1, max_size=6).filter(lambda n: n not in (".", "..")),
+            st.text("0123456789abcdef", min_size=1, max_size=16).map(lambda n: TEMP_PREFIX + n),
+        ),
+        st.booleans(),  # a directory, or a file
+        max_size=8,
+    )
+)
+def test_the_sweep_removes_exactly_the_temp_files_beside_a_write(names: dict[str, bool]) -> None:
+    """What a stopped write leaves beside its name (its staged bytes, what it replaced
+    kept aside) goes at the next start; every other name, hidden or not, stays."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, is_dir in names.items():
+            if is_dir and not name.startswith(TEMP_PREFIX):
+                (root / name).mkdir()
+            else:
+                (root / name).write_bytes(b"x")
+        removed = asyncio.run(PosixBackend(tmp).sweep("written"))
+        temps = {n for n in names if n.startswith(TEMP_PREFIX)}
+        assert sorted(removed) == sorted(temps)
+        assert {p.name for p in root.iterdir()} == set(names) - temps
