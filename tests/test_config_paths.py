@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import re
+import tomllib
+import typing
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from loomfs import paths
-from loomfs.config import load_config
+from loomfs.config import Config, TlsSettings, load_config
 from loomfs.errors import ConfigError, InvalidPath
 from loomfs.log import TextFormatter, setup_logging
 
@@ -159,3 +162,35 @@ def test_log_format_text_is_what_setup_logging_installs() -> None:
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
+
+
+def _undocumented(model: type[BaseModel], documented: dict[str, object], at: str) -> list[str]:
+    """The keys of ``model`` (its sections', and its tables' of sections, each) that
+    ``documented`` lacks. A listener's tls_cert/tls_key go with its ``tls`` ("as [hub]")."""
+    missing = []
+    for name, field in model.model_fields.items():
+        if name not in documented:
+            if not (issubclass(model, TlsSettings) and name in ("tls_cert", "tls_key")):
+                missing.append(f"{at}{name}")
+            continue
+        value, kind = documented[name], field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            assert isinstance(value, dict), f"{at}{name}"
+            missing += _undocumented(kind, value, f"{at}{name}.")
+        elif typing.get_origin(kind) is dict:
+            inner = typing.get_args(kind)[1]
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                assert isinstance(value, dict) and value, f"{at}{name}: no example"
+                for key, one in value.items():
+                    missing += _undocumented(inner, one, f"{at}{name}.{key}.")
+    return missing
+
+
+def test_the_config_reference_names_every_section_and_key() -> None:
+    """docs/CONFIG.md's example is a valid config (no key there that loomfs does not know)
+    and names every key of every section: a new key fails this until it is documented."""
+    reference = (Path(__file__).parents[1] / "docs" / "CONFIG.md").read_text()
+    example = reference.split("## Sections", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    documented = tomllib.loads(example)
+    Config.model_validate(documented)
+    assert _undocumented(Config, documented, "") == []

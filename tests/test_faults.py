@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
+import asyncssh
 import boto3
 import pytest
 from aiohttp import web
@@ -28,8 +29,11 @@ from loomfs.hub.namespace import HubNamespace
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API
 from loomfs.service import HubService
+from loomfs.testing.edges import ALL_OPS, PART, Edge, edge_site
+from loomfs.testing.edges import BUCKET as EDGE_BUCKET
 from loomfs.testing.fixtures import filled, tmpfs
-from loomfs.testing.hubproc import HubProcess, site_config
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, site_config, spoke_args
+from loomfs.testing.ports import free_port
 from loomfs.testing.s3gateway import register_users
 
 if TYPE_CHECKING:
@@ -343,3 +347,116 @@ def test_a_failed_write_changes_nothing_at_any_stage(
     )
     written = hub.call(hub.rest.write_bytes(WHO, f"/s3/{BUCKET}/after-{op}-{stage}", b"ok"))
     assert hub.call(hub.rest.read_bytes(WHO, written.path)) == b"ok"
+
+
+# -- the same over the edges of a hub process, with its disks really full ------------------
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Edge, Path, Path]]:
+    """A hub process serving S3 and SFTP: its data directory on a small tmpfs, its volume
+    on another; (its edges, the data tmpfs, the volume's directory)."""
+    tmp = tmp_path_factory.mktemp("edges")
+    with tmpfs(tmp / "data", "48m") as data_fs, tmpfs(tmp / "volume", "12m") as volume_fs:
+        volume = volume_fs / "vol"
+        hub, edge = asyncio.run(edge_site(data_fs / "site", volume, tmp / "loomfs.toml", {}, OLD))
+        try:
+            yield edge, data_fs, volume
+        finally:
+            hub.stop()  # before the tmpfs go: its files keep them busy
+
+
+def _edge_state(edge: Edge, volume: Path) -> tuple[dict[str, bytes | None], list[object]]:
+    """Every name on the volume (hidden ones too) with its bytes, and the catalog's rows of
+    the volume (a directory's mtime aside: see ``Hub.state``)."""
+    disk = {
+        str(p.relative_to(volume)): None if p.is_dir() else p.read_bytes()
+        for p in volume.rglob("*")
+    }
+
+    async def rows() -> list[object]:
+        client = RestNamespace(edge.hub.url, credentials=edge.hub.admin)
+        try:
+            return [
+                (e.path, e.kind) if e.is_dir else (e.path, e.version, e.size, e.etag, e.mtime_ns)
+                async for e in client.walk(WHO, "/s3")
+            ]
+        finally:
+            await client.close()
+
+    return disk, asyncio.run(rows())
+
+
+@pytest.mark.parametrize("full", ["volume", "data-dir"])
+@pytest.mark.parametrize("target", ["new", "existing"])
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_a_write_over_any_edge_onto_a_full_disk_changes_nothing(
+    edges: tuple[Edge, Path, Path], op: str, target: str, full: str
+) -> None:
+    edge, data_fs, volume = edges
+    key = f"{op}-{full}" if target == "new" else "existing"
+    before = _edge_state(edge, volume)
+    body = os.urandom(PART + 200_000 if op == "s3-multipart" else 200_000)
+    with (
+        filled(volume.parent if full == "volume" else data_fs),
+        pytest.raises((ClientError, asyncssh.SFTPError, InsufficientStorage)) as failed,
+    ):
+        asyncio.run(edge.write(op, key, body))
+    error = failed.value
+    if isinstance(error, ClientError):  # S3 says so, in a code no client retries
+        assert error.response["Error"]["Code"] == "XMinioStorageFull", error
+    elif isinstance(error, InsufficientStorage):
+        assert "full" in str(error), error
+    else:
+        assert isinstance(error, asyncssh.SFTPError) and error.code == asyncssh.FX_FAILURE
+        assert "full" in error.reason, error.reason  # and which disk
+    assert _edge_state(edge, volume) == before  # the volume's bytes, no stray file, the rows
+    # and the hub goes on taking writes over that edge
+    asyncio.run(edge.write(op, "after", body))
+    assert (volume / EDGE_BUCKET / "after").read_bytes() == body
+
+
+def test_a_write_back_spoke_with_its_cache_disk_full_changes_nothing(tmp_path: Path) -> None:
+    """A write-back spoke whose cache directory (its journal's disk) is full refuses a
+    write, new or over a hub file, saying so: nothing is journaled, the hub's volume and
+    catalog keep what they had, and the spoke goes on serving and, with room again,
+    writing through to the hub."""
+    hub_dir, spoke_dir, volume = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
+    volume.mkdir()
+    (volume / "f").write_bytes(OLD)
+    cli_ok(hub_dir, "site", "init", "--name", "hub")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-west")
+    cert = str(spoke_dir / "identity/site.pem")
+    cli_ok(hub_dir, "site", "add", "gpu-west", "--cert", cert, "--offline")
+    fabric = {"LOOMFS_FABRIC__LISTEN": f"127.0.0.1:{free_port()}"}
+    with tmpfs(tmp_path / "cache", "16m") as cache, HubProcess(hub_dir, fabric) as hub:
+        cli_ok(hub_dir, "--hub", hub.url, "volume", "add", "/vol", f"posix://{volume}")
+        extra = ("--write-back", "--cache-dir", str(cache))
+        args = spoke_args(hub_dir, hub.urls["fabric"], "/vol", *extra, cache_size="8M")
+        with SpokeProcess(spoke_dir, {"LOOMFS_SITE__MIN_FREE": "0"}, args) as spoke:
+
+            async def check() -> None:
+                at_spoke, at_hub = RestNamespace(spoke.url), RestNamespace(hub.url)
+                try:
+                    assert await at_spoke.read_bytes(WHO, "/vol/f") == OLD  # cached now
+                    before = [e async for e in at_hub.walk(WHO, "/vol")]
+                    journal = sorted(os.listdir(cache / "journal"))
+                    for path in ("/vol/f", "/vol/new"):
+                        with filled(cache), pytest.raises(InsufficientStorage) as failed:
+                            await at_spoke.write_bytes(WHO, path, os.urandom(1 << 20))
+                        assert "full" in str(failed.value), failed.value
+                        assert sorted(os.listdir(cache / "journal")) == journal, path
+                    await at_spoke.sync()
+                    assert [e async for e in at_hub.walk(WHO, "/vol")] == before
+                    assert sorted(p.name for p in volume.iterdir()) == ["f"]
+                    assert (volume / "f").read_bytes() == OLD
+                    # it goes on serving, and writing once there is room
+                    assert await at_spoke.read_bytes(WHO, "/vol/f") == OLD
+                    await at_spoke.write_bytes(WHO, "/vol/new", b"room again")
+                    await at_spoke.sync()
+                    assert await at_hub.read_bytes(WHO, "/vol/new") == b"room again"
+                finally:
+                    await at_spoke.close()
+                    await at_hub.close()
+
+            asyncio.run(check())

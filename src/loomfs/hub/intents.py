@@ -11,13 +11,21 @@ start the hub re-reads each path noted but not done from its volume
 whole; a write's new one under its idempotency key, so that its writer's retry (a spoke's
 replay) finds it done instead of landing it twice. The log is emptied whenever nothing is
 between the two.
+
+A write's bytes are spooled into a hidden temp file beside its name first (and what it
+replaces is kept aside under one until the catalog has it): a hub stopped meanwhile left
+those behind, where only a sweep of the directory finds them. So a write's staging is
+noted too (``staging``, not synced: a line lost with the power costs a stray file, not a
+wrong one), and ``recover`` sweeps the directories noted but not done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import LoomError, from_oserror
@@ -37,21 +45,36 @@ class IntentLog:
         """Each path whose commit began and never ended, in the log a stopped hub left,
         with the idempotency key of the last write begun there (one begun before it
         ended its own commit, under the path's lock, and recorded its key then)."""
-        try:
-            lines = self.path.read_text().splitlines()
-        except FileNotFoundError:
-            return {}
         open_: dict[str, int] = {}
         last: dict[str, str | None] = {}
-        for line in lines:
-            try:
-                op, path, *key = json.loads(line)
-            except ValueError:  # the torn last line of a crash: its commit did not begin
-                continue
-            open_[path] = open_.get(path, 0) + (1 if op == "begin" else -1)
+        for op, path, *key in self._lines():
+            if op in ("begin", "end"):
+                open_[path] = open_.get(path, 0) + (1 if op == "begin" else -1)
             if op == "begin":
                 last[path] = key[0] if key else None
         return {path: last[path] for path in sorted(open_) if open_[path] > 0}
+
+    def staged(self) -> list[str]:
+        """Each path whose write was staging when the hub stopped: its directory may hold
+        the temp files that staging left."""
+        open_: dict[str, int] = {}
+        for op, path, *_ in self._lines():
+            if op in ("stage", "unstage"):
+                open_[path] = open_.get(path, 0) + (1 if op == "stage" else -1)
+        return [path for path in sorted(open_) if open_[path] > 0]
+
+    def _lines(self) -> list[list[str]]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        lines = []
+        for line in text.splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:  # the torn last line of a crash: its step did not begin
+                continue
+        return lines
 
     def open(self) -> None:
         """Start an empty log (``unfinished`` read the last one first)."""
@@ -70,20 +93,44 @@ class IntentLog:
         # counted first: an end meanwhile must not empty the log under this line
         self._open += 1
         try:
-            await asyncio.to_thread(self._append, ["begin", path, write_id], sync=self.durable)
+            line = ["begin", path, write_id]
+            if self.durable:  # an fsync: waited for in a thread
+                await asyncio.to_thread(self._append, line, sync=True)
+            else:  # one write to the page cache: less than a thread's hand-off
+                self._append(line, sync=False)
         except BaseException:
             self._open -= 1
             raise
 
     def end(self, path: str) -> None:
+        self._close_one(["end", path])
+
+    @contextlib.contextmanager
+    def staging(self, path: str) -> Iterator[None]:
+        """A write of ``path`` spooling and committing its bytes inside."""
+        self._open += 1
+        try:
+            self._append(["stage", path], sync=False)
+        except BaseException:
+            self._open -= 1
+            raise
+        try:
+            yield
+        finally:
+            self._close_one(["unstage", path])
+
+    def _close_one(self, line: list[str | None]) -> None:
         self._open -= 1
         if self._fd is None:
             return
         if self._open == 0:  # nothing between the two: nothing to keep
             os.ftruncate(self._fd, 0)
             os.lseek(self._fd, 0, os.SEEK_SET)
-        else:  # lost in a crash, it costs the path one needless refresh
-            self._append(["end", path], sync=False)
+        else:
+            # lost (a crash, a full disk), it costs the path a needless refresh or sweep:
+            # never a reason to fail the change it closes, which is done
+            with contextlib.suppress(LoomError):
+                self._append(line, sync=False)
 
     def _append(self, line: list[str | None], *, sync: bool) -> None:
         if self._fd is None:

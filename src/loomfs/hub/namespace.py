@@ -469,7 +469,8 @@ class HubNamespace(ResolvingNamespace):
                         cancelled = True
 
         try:
-            await mounted.backend.write(key, body, mode=mode, gate=gate)
+            with self.intents.staging(path) if self.intents else contextlib.nullcontext():
+                await mounted.backend.write(key, body, mode=mode, gate=gate)
         except _Repeated:
             return repeated[0]
         finally:  # recorded, or undone on the volume: either way whole
@@ -519,8 +520,9 @@ class HubNamespace(ResolvingNamespace):
             if exist_ok and made is not None and made.is_dir:
                 return made  # by a concurrent mkdir while this one waited for the lock
             await self._dir(parent)
-            info = await mounted.backend.mkdir(key)
-            return await self._record(mounted, info, exclusive=True, check_parent=True)
+            async with self._intended(path):
+                info = await mounted.backend.mkdir(key)
+                return await self._record(mounted, info, exclusive=True, check_parent=True)
 
     async def symlink(self, who: Principal, path: str, target: str) -> Entry:
         path = paths.normalize(path)
@@ -555,11 +557,12 @@ class HubNamespace(ResolvingNamespace):
             raise PermissionDenied(f"a directory cannot have hard links: {src}", path=src)
         # a file another site is writing gets no second name to be written through
         self.write_leases.check(src, who.site)
-        entry = await self._create_new(
-            who, mounted, dst, lambda: mounted.backend.link(src_key, dst_key)
-        )
-        # the source's link count (and ctime) moved with the new name
-        await self.refresh(src)
+        async with self._intended(src):
+            entry = await self._create_new(
+                who, mounted, dst, lambda: mounted.backend.link(src_key, dst_key)
+            )
+            # the source's link count (and ctime) moved with the new name
+            await self.refresh(src)
         await self.leases.settle(await self.catalog.head_seq())
         await self._links_changed(mounted, entry, src, dst)
         return entry
@@ -578,7 +581,8 @@ class HubNamespace(ResolvingNamespace):
             if await self.catalog.get(path) is not None:
                 raise AlreadyExists(f"already exists: {path}", path=path)
             await self._dir(paths.split(path)[0])
-            return await self._record(mounted, await make(), exclusive=True, check_parent=True)
+            async with self._intended(path):
+                return await self._record(mounted, await make(), exclusive=True, check_parent=True)
 
     async def _links_changed(self, mounted: Mounted, entry: Entry | None, *done: str) -> None:
         """A change through one name of a hard-linked file shows through all of them:
@@ -658,13 +662,13 @@ class HubNamespace(ResolvingNamespace):
             self.write_leases.check(dst, who.site)
             entry = await self._entry(src)
             target = await self.catalog.get(dst)
-            if target is not None:
-                if not overwrite or target.is_dir or entry.is_dir:
-                    raise AlreadyExists(f"already exists: {dst}", path=dst)
-                await src_mounted.backend.delete(dst_key)
-                await self.catalog.apply([Delete(dst)])
+            if target is not None and (not overwrite or target.is_dir or entry.is_dir):
+                raise AlreadyExists(f"already exists: {dst}", path=dst)
             await self._dir(paths.split(dst)[0])
             async with self._intended(src, dst):
+                if target is not None:
+                    await src_mounted.backend.delete(dst_key)
+                    await self.catalog.apply([Delete(dst)])
                 await src_mounted.backend.rename(src_key, dst_key)
                 applied = await self.catalog.rename(src, dst)
             self._note(src, _GONE)
@@ -727,10 +731,11 @@ class HubNamespace(ResolvingNamespace):
             entry = await self._entry(path)
             if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
                 mounted, key = hit
-                info = await mounted.backend.set_attrs(
-                    key, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
-                )
-                put = put_for(mounted.volume.mount, info)
+                async with self._intended(path):
+                    info = await mounted.backend.set_attrs(
+                        key, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
+                    )
+                    [applied] = await self.catalog.apply([put_for(mounted.volume.mount, info)])
             else:
                 # the storage has no such attributes (S3), or this is a directory that
                 # exists only in the catalog (above or at a mount): the catalog keeps them
@@ -750,7 +755,7 @@ class HubNamespace(ResolvingNamespace):
                     atime_ns=entry.atime_ns if atime_ns is None else atime_ns,
                     ctime_ns=entry.ctime_ns,
                 )
-            [applied] = await self.catalog.apply([put])
+                [applied] = await self.catalog.apply([put])
         changed = await self._settled(applied)
         if hit is not None:
             await self._links_changed(hit[0], changed, path)
@@ -937,9 +942,10 @@ class HubNamespace(ResolvingNamespace):
 
     async def recover(self) -> None:
         """Record what the volumes hold at each path a stopped hub changed there without
-        recording it (a write renamed into place, a move, a removal part way): the old
-        state or the new, and the volume and the catalog agree again. Then start a new
-        intent log. After ``load_volumes``."""
+        recording it (a write renamed into place, a move, a removal part way, a new
+        directory or link, a chmod): the old state or the new, and the volume and the
+        catalog agree again; remove the temp files of the writes it was staging. Then
+        start a new intent log. After ``load_volumes``."""
         if self.intents is None:
             return
         unfinished = self.intents.unfinished()
@@ -957,8 +963,22 @@ class HubNamespace(ResolvingNamespace):
                     await self.catalog.remember_write(write_id, after)
             except LoomError as exc:  # say its volume is gone: nothing to agree with
                 log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
-        if unfinished:
-            log.info("recovered unfinished writes", extra={"paths": len(unfinished)})
+        swept = 0
+        for path in self.intents.staged():
+            hit = self._resolve(path)
+            if hit is not None and isinstance(hit[0].backend, PosixBackend):
+                try:
+                    removed = await hit[0].backend.sweep(hit[1])
+                    if removed:
+                        swept += len(removed)
+                        await self.refresh(paths.split(path)[0])  # its mtime moved
+                except LoomError as exc:
+                    log.warning("could not sweep", extra={"path": path, "error": str(exc)})
+        if unfinished or swept:
+            log.info(
+                "recovered unfinished writes",
+                extra={"paths": len(unfinished), "temp_files_removed": swept},
+            )
         self.intents.open()
 
     async def close(self) -> None:

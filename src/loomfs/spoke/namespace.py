@@ -44,7 +44,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import Counter, Gauge
 
@@ -66,6 +66,7 @@ from ..errors import (
     NotFound,
     NotSupported,
     PermissionDenied,
+    from_oserror,
 )
 from ..namespace.base import FeedNamespace, Namespace, Reader
 from .cache import BLOCK, SMALL_FILE, Cache
@@ -771,18 +772,25 @@ class SpokeNamespace(Namespace):
                 waiter = self._waiters[seq] = asyncio.get_running_loop().create_future()
             try:
                 try:
-                    async for chunk in data:
-                        await asyncio.to_thread(spool.write, chunk)
-                finally:
-                    await asyncio.to_thread(spool.close)
-                pending = Pending(
-                    seq, path, base, if_version, exclusive, mode, time.time_ns(),
-                    early=early, sealed=self.journal.sealed,
-                    user=None if who.protocol == "internal" else who.user,
-                    protocol=who.protocol, write_id=write_id or new_write_id(),
-                    client_key=write_id is not None,
-                )  # fmt: skip
-                pending = await asyncio.to_thread(self.journal.commit, pending)
+                    try:
+                        async for chunk in data:
+                            await asyncio.to_thread(spool.write, chunk)
+                    finally:
+                        await asyncio.to_thread(spool.close)
+                    pending = Pending(
+                        seq, path, base, if_version, exclusive, mode, time.time_ns(),
+                        early=early, sealed=self.journal.sealed,
+                        user=None if who.protocol == "internal" else who.user,
+                        protocol=who.protocol, write_id=write_id or new_write_id(),
+                        client_key=write_id is not None,
+                    )  # fmt: skip
+                    pending = await asyncio.to_thread(self.journal.commit, pending)
+                except OSError as exc:  # a full cache disk says which (was a 500)
+                    disk = f"the spoke's journal {self.journal.directory}"
+                    error = from_oserror(exc, path, disk=disk)
+                    if error is not cast(object, exc):  # else one of ours already
+                        raise error from exc
+                    raise
             except BaseException:
                 self._waiters.pop(seq, None)
                 self.journal.discard(seq)

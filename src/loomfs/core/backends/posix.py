@@ -651,9 +651,16 @@ class PosixBackend(Backend):
             nonlocal committing
             if empty and self._inline:
                 return self._commit(staged, mode)  # no await: a cancel can't split it
-            # in a thread, which a cancel does not stop: the undo waits for it
+            # in a thread, which a cancel does not stop: the undo waits for it, here, so
+            # that it is done before the caller goes on (a hub notes the change as over
+            # then; a stopping process would otherwise exit before the undo ran)
             committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode))
-            return await asyncio.shield(committing)
+            try:
+                return await asyncio.shield(committing)
+            except asyncio.CancelledError:
+                with contextlib.suppress(BaseException):  # its outcome is the undo's
+                    await asyncio.wait([committing])
+                raise
 
         try:
             if local is not None and not empty:
@@ -793,6 +800,32 @@ class PosixBackend(Backend):
     async def sync(self, key: str) -> None:
         if not self.durable:
             await asyncio.to_thread(self._sync, key)
+
+    async def sweep(self, key: str) -> list[str]:
+        """Remove the temp files a stopped write of ``key`` left beside it (its staged
+        bytes, or what it replaced kept aside): the names removed. Only while no write
+        of this volume is under way (a hub's start)."""
+        return await asyncio.to_thread(self._sweep, key)
+
+    def _sweep(self, key: str) -> list[str]:
+        try:
+            parent_fd = self._open_dir(check_key(key).rpartition("/")[0])
+        except (NotFound, NotADirectory):  # its directory went too: nothing left in it
+            return []
+        removed = []
+        try:
+            for name in os.listdir(parent_fd):
+                if name.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=parent_fd)
+                        removed.append(name)
+            if removed and self.durable:
+                os.fsync(parent_fd)
+        except OSError as exc:
+            raise self._oserror(exc, key) from exc
+        finally:
+            os.close(parent_fd)
+        return removed
 
     def _sync(self, key: str) -> None:
         """fsync the entry (a file's bytes, a directory's names) and the directory holding

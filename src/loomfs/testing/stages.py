@@ -1,0 +1,127 @@
+"""Stopping a loomfs process at a named stage of a change, for kill -9 and SIGINT tests of
+every protocol's write path (testing layer).
+
+The hooks sit in the hub's volume and namespace and in the spoke's upload, below every
+protocol edge, so one set of stages serves REST, S3, SFTP, FUSE and the fabric link
+alike. A process started with ``pausing``'s environment imports them at its start
+(``sitecustomize``): the change stops at the stage ``LOOMFS_TEST_STAGE`` names, says so in
+the file ``LOOMFS_TEST_AT`` names, and goes on after a pause long enough for the test's
+signal to arrive there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from .hubproc import LoomfsProcess
+
+#: where each stage stops, as the hooks below place it
+STAGES = {
+    "staged": "a write's bytes all spooled into its temp file, nothing renamed yet",
+    "renamed": "a write's file at its name on the volume; the catalog not told",
+    "recorded": "a write in the catalog; its answer not yet sent",
+    "moved": "a move done on the volume; the catalog not told",
+    "removed": "one file of a directory's removal gone; the catalog not told",
+    "made": "a new directory on the volume; the catalog not told",
+    "linked": "a new symlink on the volume; the catalog not told",
+    "chmodded": "a chmod done on the volume; the catalog not told",
+    "journaled": "a write-back spoke's write acknowledged and journaled, not yet sent",
+    "uploaded": "a write-back spoke's write committed at the hub, still in the journal",
+}
+
+_HOOKS = textwrap.dedent("""
+    import asyncio, os, time
+    from pathlib import Path
+
+    STAGE, AT = os.environ.get("LOOMFS_TEST_STAGE"), os.environ.get("LOOMFS_TEST_AT")
+    if STAGE and AT:
+        from loomfs.core.backends.posix import PosixBackend
+        from loomfs.hub.namespace import HubNamespace
+        from loomfs.spoke.namespace import SpokeNamespace
+
+        def reached():  # in a worker thread: the event loop goes on meanwhile
+            Path(AT).write_text(STAGE)
+            time.sleep(3)
+
+        async def areached():
+            Path(AT).write_text(STAGE)
+            await asyncio.sleep(3)
+
+        def sync_hook(cls, name, before=None, after=None):
+            real = getattr(cls, name)
+
+            def hooked(*args, **kwargs):
+                if STAGE == before:
+                    reached()
+                done = real(*args, **kwargs)
+                if STAGE == after:
+                    reached()
+                return done
+
+            setattr(cls, name, hooked)
+
+        def async_hook(cls, name, before=None, after=None):
+            real = getattr(cls, name)
+
+            async def hooked(*args, **kwargs):
+                if STAGE == before:
+                    await areached()
+                done = await real(*args, **kwargs)
+                if STAGE == after:
+                    await areached()
+                return done
+
+            setattr(cls, name, hooked)
+
+        sync_hook(PosixBackend, "_commit", before="staged", after="renamed")
+        async_hook(HubNamespace, "_apply_record", after="recorded")
+        async_hook(PosixBackend, "rename", after="moved")
+        async_hook(PosixBackend, "delete", after="removed")
+        async_hook(PosixBackend, "mkdir", after="made")
+        async_hook(PosixBackend, "symlink", after="linked")
+        async_hook(PosixBackend, "set_attrs", after="chmodded")
+        async_hook(SpokeNamespace, "_upload", before="journaled")
+        async_hook(SpokeNamespace, "_send", after="uploaded")
+""")
+
+
+def pausing(tmp: Path, stage: str) -> tuple[dict[str, str], Path]:
+    """The environment of a process that pauses at ``stage``, and the file saying it has."""
+    assert stage in STAGES, f"no such stage {stage!r}: {sorted(STAGES)}"
+    hooks = tmp / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(_HOOKS)
+    at = tmp / "reached"
+    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "LOOMFS_TEST_STAGE": stage, "LOOMFS_TEST_AT": str(at)}, at
+
+
+async def reached(at: Path, stage: str, task: asyncio.Future[Any] | None = None) -> None:
+    """Wait until the process says it is at ``stage`` (or ``task``, the change, ended
+    without getting there: a failure naming the stage)."""
+    for _ in range(1500):
+        if at.exists() or (task is not None and task.done()):
+            break
+        await asyncio.sleep(0.02)
+    assert at.exists() and at.read_text() == stage, f"{stage} was never reached"
+
+
+def stop(process: LoomfsProcess, how: signal.Signals) -> None:
+    """kill -9 at once, or SIGINT and let it stop (SIGKILL if it lingers)."""
+    if how == signal.SIGKILL:
+        process.kill()
+    else:
+        os.killpg(process.pid, signal.SIGINT)
+    process.stop()
+
+
+def resumed(process: LoomfsProcess, at: Path) -> None:
+    """``process`` starts again (after ``stop``) without pausing anywhere."""
+    at.unlink(missing_ok=True)
+    process.env.pop("LOOMFS_TEST_STAGE", None)
+    process.start()
