@@ -217,9 +217,11 @@ def test_the_intent_log_names_every_write_begun_and_not_ended(
 ) -> None:
     """Writes of a few paths begin and end interleaved (one path twice at once too); the
     log a crash leaves at any point names exactly the paths with a write still open, each
-    with the idempotency key of its last write begun."""
+    with the idempotency key of its last write begun; and it is emptied past its bound
+    (small here, so that it is) whenever no write is open."""
+    keep, line = 64, 40  # a line here is at most 40 bytes
     with tempfile.TemporaryDirectory() as tmp:
-        log = IntentLog(Path(tmp) / "writes.intents", durable=False)
+        log = IntentLog(Path(tmp) / "writes.intents", durable=False, keep=keep)
         log.open()
         open_: Counter[str] = Counter()
         last: dict[str, str] = {}
@@ -234,6 +236,8 @@ def test_the_intent_log_names_every_write_begun_and_not_ended(
                     open_[path] -= 1
                 crashed = IntentLog(log.path, durable=False)
                 assert crashed.unfinished() == {p: last[p] for p in sorted(open_) if open_[p]}
+                if not begins and not +open_:
+                    assert log.path.stat().st_size < keep + line
         finally:
             log.close()
 
