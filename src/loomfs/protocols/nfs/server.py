@@ -749,9 +749,11 @@ class NfsServer:
         if not directory and entry.is_dir:
             raise NfsError(e.NFS3ERR_ISDIR, path)
         await self.ns.remove(who, path, recursive=False)
-        known = self.handles.id(path)
-        self.spools.discard(known)
-        self.handles.removed(path)
+        known = self.handles.find(path)  # a file never handed out has no id to retire
+        if known is not None:
+            self.spools.discard(known)
+        if known is not None or directory:  # ids below a directory go with it
+            self.handles.removed(path)
         p = Packer()
         await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
         return p
