@@ -7,12 +7,13 @@ scratch directory, boots the guest of ``loomfs.testing.guest``, mounts the expor
 Kubernetes recipe's options (``vers=3,proto=tcp,nolock``) and runs every test file as root
 on the mount, keeping each file's TAP. The server is nfs-ganesha (VFS FSAL) exporting a
 fresh directory: its failures, kept with ``--json``, are the reference of
-docs/COMPATIBILITY.md. ``run`` takes any ``NfsExport``, so a caller that starts its own
-server in the guest's namespace (loomfs) runs the same files, and ``regressions`` lists
-what passed on the reference and fails there.
+docs/COMPATIBILITY.md; or, with ``--server loomfs``, a loomfs hub
+(``loomfs.testing.guesthub``: a posix volume in a fresh directory, root unsquashed) in the
+guest's namespace, and ``--reference`` lists what passed on the reference and fails there.
 
     sudo env PYTHONPATH=src python bench/pjdfstest_nfs.py --source ~/src/pjdfstest \
-        [--only chmod,rename] [--json ganesha.json]
+        [--server ganesha|loomfs] [--only chmod,rename] [--json out.json] \
+        [--reference bench/pjdfstest_nfs_ganesha.json]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from loomfs.testing.guest import Ganesha, Guest, NfsExport
+from loomfs.testing.guesthub import GuestHub
 from pjdfstest import build
 
 _RESULT = re.compile(r"^(not )?ok (\d+)\b(.*)$")
@@ -124,6 +126,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--reference", type=Path, help="an earlier --json to compare with")
     parser.add_argument("--timeout", type=float, default=7200.0, help="for the whole guest run")
+    parser.add_argument("--server", choices=("ganesha", "loomfs"), default="ganesha")
     args = parser.parse_args()
     only = [group for group in args.only.split(",") if group]
     with tempfile.TemporaryDirectory(prefix="loomfs-pjdfstest-nfs-") as tmp:
@@ -131,8 +134,13 @@ def main() -> None:
         tree = build(args.source, scratch, static=True)
         exported = scratch / "export"
         exported.mkdir(mode=0o755)
-        with Guest(timeout=args.timeout) as guest, Ganesha(guest, exported) as nfs:
-            result = run(guest, nfs.export, tree, only)
+        with Guest(timeout=args.timeout) as guest:
+            if args.server == "loomfs":
+                with GuestHub(guest, scratch / "site", exported) as hub:
+                    result = run(guest, hub.export(), tree, only)
+            else:
+                with Ganesha(guest, exported) as nfs:
+                    result = run(guest, nfs.export, tree, only)
     for name, failure in result["files"].items():
         print(f"  {name:<24} failed {len(failure['failed']):>5} of {failure['plan']}")
         for line in failure["not_ok"]:

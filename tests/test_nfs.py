@@ -563,6 +563,11 @@ async def test_every_procedure_does_to_the_volume_what_posix_would(site: Site) -
                 body.opaque(64)
         assert body.boolean()  # eof
         assert sorted(names) == [".", "..", "f", "l"]
+        # LOOKUP: a miss is NOENT, a name under a file NOTDIR, the dots are directories
+        assert (await c.lookup(d, "nope"))[0] == e.NFS3ERR_NOENT
+        assert (await c.lookup(f, "x"))[0] == e.NFS3ERR_NOTDIR
+        assert (await c.lookup(f, ".."))[0] == e.NFS3ERR_NOTDIR
+        assert [(await c.lookup(d, dot))[0] for dot in (".", "..")] == [e.NFS3_OK] * 2
         assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3ERR_NOTEMPTY
         assert await c.status_of(RMDIR, diropargs(d, "f")) == e.NFS3ERR_NOTDIR
         assert await c.status_of(REMOVE, diropargs(wh, "d")) == e.NFS3ERR_ISDIR
@@ -571,6 +576,7 @@ async def test_every_procedure_does_to_the_volume_what_posix_would(site: Site) -
         assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3_OK
         assert not (work / "d").exists()
         assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
+        assert (await c.lookup(d, "f"))[0] == e.NFS3ERR_STALE  # in a removed directory
         # special files hand out the hub's own privileges: they need admin, alice has none
         fifo = diropargs(wh, "fifo") + _uint(7) + sattr(mode=0o644)
         assert await c.status_of(MKNOD, fifo) == e.NFS3ERR_ACCES

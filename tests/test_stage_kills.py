@@ -133,9 +133,11 @@ def test_the_intent_log_names_every_write_begun_and_not_ended(
     """Writes of a few paths stage, begin and end their commits interleaved (one path
     twice at once too); the log a crash leaves at any point names exactly the paths with
     a commit still open, each with the idempotency key of its last write begun, and the
-    paths with a staging still open."""
+    paths with a staging still open; and it is emptied past its bound (small here, so
+    that it is) whenever nothing is open."""
+    keep, line = 64, 40  # a line here is at most 40 bytes
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        log = IntentLog(Path(tmp) / "writes.intents", durable=False)
+        log = IntentLog(Path(tmp) / "writes.intents", durable=False, keep=keep)
         log.open()
         stack.callback(log.close)
         open_: Counter[str] = Counter()
@@ -158,6 +160,8 @@ def test_the_intent_log_names_every_write_begun_and_not_ended(
             crashed = IntentLog(log.path, durable=False)
             assert crashed.unfinished() == {p: last[p] for p in sorted(open_) if open_[p]}
             assert crashed.staged() == sorted(p for p, s in staging.items() if s)
+            if op in ("end", "unstage") and not +open_ and not any(staging.values()):
+                assert log.path.stat().st_size < keep + line
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])

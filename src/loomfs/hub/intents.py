@@ -9,8 +9,10 @@ done after the catalog has it, in an append-only log in the data directory; at i
 start the hub re-reads each path noted but not done from its volume
 (``HubNamespace.recover``) and records what is there: the old state or the new one,
 whole; a write's new one under its idempotency key, so that its writer's retry (a spoke's
-replay) finds it done instead of landing it twice. The log is emptied whenever nothing is
-between the two.
+replay) finds it done instead of landing it twice. The log is emptied when nothing is
+between the two and it has grown past ``KEEP``: emptying it at each end cost a small
+file's create or removal a truncation (a journal update of the data directory's file
+system) for a few bytes, where an ``end`` line is one plain append.
 
 A write's bytes are spooled into a hidden temp file beside its name first (and what it
 replaces is kept aside under one until the catalog has it): a hub stopped meanwhile left
@@ -30,16 +32,22 @@ from pathlib import Path
 
 from ..errors import LoomError, from_oserror
 
+#: the size past which the log is emptied at the next moment no write is open
+KEEP = 256 << 10
+
 
 class IntentLog:
     """``begin`` a path's commit, ``end`` it; ``unfinished`` after a crash.
-    ``durable``: a begun write's line is on disk before its commit goes on."""
+    ``durable``: a begun write's line is on disk before its commit goes on; ``keep``: the
+    size past which it is emptied once no write is open."""
 
-    def __init__(self, path: Path, *, durable: bool) -> None:
+    def __init__(self, path: Path, *, durable: bool, keep: int = KEEP) -> None:
         self.path = path
         self.durable = durable
+        self.keep = keep
         self._fd: int | None = None
         self._open = 0  # writes begun and not ended
+        self._size = 0  # bytes in the log since it was last emptied
 
     def unfinished(self) -> dict[str, str | None]:
         """Each path whose commit began and never ended, in the log a stopped hub left,
@@ -81,6 +89,7 @@ class IntentLog:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+            self._size = 0
         except OSError as exc:
             raise self._failed(exc) from exc
 
@@ -123,9 +132,10 @@ class IntentLog:
         self._open -= 1
         if self._fd is None:
             return
-        if self._open == 0:  # nothing between the two: nothing to keep
+        if self._open == 0 and self._size >= self.keep:  # nothing between the two to keep
             os.ftruncate(self._fd, 0)
             os.lseek(self._fd, 0, os.SEEK_SET)
+            self._size = 0
         else:
             # lost (a crash, a full disk), it costs the path a needless refresh or sweep:
             # never a reason to fail the change it closes, which is done
@@ -136,7 +146,7 @@ class IntentLog:
         if self._fd is None:
             return
         try:
-            os.write(self._fd, (json.dumps(line) + "\n").encode())
+            self._size += os.write(self._fd, (json.dumps(line) + "\n").encode())
             if sync:
                 os.fsync(self._fd)
         except OSError as exc:

@@ -107,12 +107,17 @@ class HandleTable:
         found = row.fetchone()
         return None if found is None else Known(found[0], bool(found[1]))
 
-    def id(self, path: str) -> int:
-        """The object id of ``path``, made if it has none."""
+    def find(self, path: str) -> int | None:
+        """The object id of ``path``, if it has one."""
         row = self.db.execute("SELECT id FROM handles WHERE path = ? AND live = 1", (path,))
         found = row.fetchone()
+        return None if found is None else int(found[0])
+
+    def id(self, path: str) -> int:
+        """The object id of ``path``, made if it has none."""
+        found = self.find(path)
         if found is not None:
-            return int(found[0])
+            return found
         cur = self.db.execute("INSERT INTO handles (path) VALUES (?)", (path,))
         assert cur.lastrowid is not None
         return cur.lastrowid

@@ -492,23 +492,22 @@ class NfsServer:
     @nfs_procedure(1)
     async def lookup(self, call: Call) -> Packer:
         target, who, name = self._dirop(call)
-        directory = await self._stat(who, target)
-        if not directory.is_dir:
-            raise NfsError(e.NFS3ERR_NOTDIR, target.path)
-        if name == ".":
+        if name in (".", ".."):
+            directory: Entry | None = await self._looked_in(who, target)
             path = target.path
-        elif name == "..":
-            parent = paths.split(target.path)[0]
-            within = target.path != target.export.path and paths.is_within(
-                parent, target.export.path
-            )
-            path = parent if within else target.path
+            if name == ".." and target.path != target.export.path:
+                parent = paths.split(target.path)[0]
+                path = parent if paths.is_within(parent, target.export.path) else path
         else:
-            path = paths.join(target.path, _check_name(name))
+            # a found name's directory is one: only a failure needs the directory's own
+            # look (STALE, NOTDIR), and its attributes are optional (the client's cache
+            # of them is only refreshed by them), so a hit costs one namespace call
+            directory, path = None, paths.join(target.path, _check_name(name))
         try:
             entry = await self.ns.stat(who, path)
         except LoomError as exc:
             status = to_nfsstat(exc)
+            directory = directory or await self._looked_in(who, target)
             p = Packer()
             p.uint(status)
             self._post_op(p, directory, target.export)
@@ -520,6 +519,12 @@ class NfsServer:
         self._fattr(p, entry, object_id, target.export)
         self._post_op(p, directory, target.export)
         return p
+
+    async def _looked_in(self, who: Principal, target: Target) -> Entry:
+        directory = await self._stat(who, target)
+        if not directory.is_dir:
+            raise NfsError(e.NFS3ERR_NOTDIR, target.path)
+        return directory
 
     @nfs_procedure(1)
     async def access(self, call: Call) -> Packer:
@@ -744,9 +749,11 @@ class NfsServer:
         if not directory and entry.is_dir:
             raise NfsError(e.NFS3ERR_ISDIR, path)
         await self.ns.remove(who, path, recursive=False)
-        known = self.handles.id(path)
-        self.spools.discard(known)
-        self.handles.removed(path)
+        known = self.handles.find(path)  # a file never handed out has no id to retire
+        if known is not None:
+            self.spools.discard(known)
+        if known is not None or directory:  # ids below a directory go with it
+            self.handles.removed(path)
         p = Packer()
         await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
         return p
