@@ -46,9 +46,10 @@ from ...errors import (
     LoomError,
     NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
-from ...namespace.base import Namespace
+from ...namespace.base import NULL_VERSION, VERSIONING_STATES, Namespace, Version
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
 from . import acl, checksums, cors, post, sigv2, sigv4, tagging
@@ -101,7 +102,6 @@ UNSUPPORTED = frozenset(
         "lifecycle",
         "website",
         "tagging",
-        "versioning",
         "logging",
         "notification",
         "replication",
@@ -151,9 +151,8 @@ ABSENT_CONFIG = {
         "the replication configuration was not found",
     ),
 }
-# ... and those whose absence S3 answers with an empty document (versioning never enabled)
+# ... and those whose absence S3 answers with an empty document
 EMPTY_CONFIG = {
-    "versioning": "VersioningConfiguration",
     "logging": "BucketLoggingStatus",
     "notification": "NotificationConfiguration",
     "accelerate": "AccelerateConfiguration",
@@ -535,6 +534,8 @@ class S3Gateway:
                 "PUT": self.put_cors,
                 "DELETE": self.delete_cors,
             }.get(method)
+        elif "versioning" in q and c.bucket and not c.key:
+            handler = {"GET": self.get_versioning, "PUT": self.put_versioning}.get(method)
         elif "tagging" in q and c.bucket:
             handler = {
                 "GET": self.get_tagging,
@@ -946,6 +947,9 @@ class S3Gateway:
     async def list_versions(self, c: Call) -> web.Response:
         """Unversioned buckets: every object is its only version, VersionId 'null'."""
         q = c.query
+        folder = await self._bucket_entry(c)
+        if await self.ns.versioning(c.who, folder) is not None:
+            return await self._list_kept_versions(c, folder)
         prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
         encode = q.get("encoding-type") == "url"
         max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
@@ -968,6 +972,89 @@ class S3Gateway:
                 el("IsTruncated", truncated),
                 await self._contents(c, items, encode, "Version", await self._bucket_owner(c)),
             )
+        )
+
+    async def _list_kept_versions(self, c: Call, folder: str) -> web.Response:
+        """A versioned bucket's versions: the objects as they are (from the listing) and
+        the old versions and delete markers the namespace kept, by key, newest first."""
+        q = c.query
+        prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+        encode = q.get("encoding-type") == "url"
+        max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
+        after = q.get("key-marker") or ""
+        items, _ = await self._page(c, prefix, delimiter, None, 1 << 62)
+        kept = await self.ns.versions(c.who, folder)
+        named = {(v.path, v.vid): v for v in kept if v.latest and not v.marker}
+        rows: list[tuple[str, Xml]] = []
+        prefixes = {i.key for i in items if i.entry is None}
+        owner = self._owner(c, await self._bucket_owner(c))
+        for item in items:
+            if item.entry is None:
+                continue
+            now = next((v for (p, _), v in named.items() if p == item.entry.path), None)
+            tags = await self.ns.get_tags(c.who, item.entry.path)
+            vid = now.vid if now is not None else NULL_VERSION
+            rows.append(
+                (item.key, self._version_row(item.key, vid, True, item.entry, tags, owner, encode))
+            )
+        for version in kept:
+            key = version.path[len(folder) + 1 :]
+            if (version.latest and not version.marker) or not key.startswith(prefix):
+                continue
+            cut = key.find(delimiter, len(prefix)) if delimiter else -1
+            if cut >= 0:
+                prefixes.add(key[: cut + len(delimiter)])
+                continue
+            if version.marker:
+                element = el(
+                    "DeleteMarker", owner, el("Key", _enc(key, encode)),
+                    el("VersionId", version.vid), el("IsLatest", version.latest),
+                    el("LastModified", iso_time(version.mtime_ns)),
+                )  # fmt: skip
+            else:
+                element = self._version_row(
+                    key, version.vid, False, version.entry(), version.tags, owner, encode
+                )
+            rows.append((key, element))
+        rows.sort(key=lambda r: r[0])  # stable: each key's versions stay newest first
+        rows = [r for r in rows if r[0] > after]
+        truncated = len(rows) > max_keys
+        shown = rows[:max_keys]
+        next_key = shown[-1][0] if truncated and shown else None
+        return _xml(
+            document(
+                "ListVersionsResult",
+                el("Name", c.bucket),
+                el("Prefix", _enc(prefix, encode)),
+                el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
+                el("KeyMarker", _enc(after, encode)),
+                el("VersionIdMarker", q.get("version-id-marker", "")),
+                el("NextKeyMarker", _enc(next_key, encode)) if next_key else None,
+                el("MaxKeys", max_keys),
+                el("EncodingType", "url") if encode else None,
+                el("IsTruncated", truncated),
+                nodes([element for _, element in shown]),
+                nodes(
+                    [el("CommonPrefixes", el("Prefix", _enc(p, encode))) for p in sorted(prefixes)]
+                ),
+            )
+        )
+
+    @staticmethod
+    def _version_row(
+        key: str, vid: str, latest: bool, entry: Entry, tags: Mapping[str, str], owner: Xml,
+        encode: bool,
+    ) -> Xml:  # fmt: skip
+        return el(
+            "Version",
+            el("Key", _enc(key, encode)),
+            el("VersionId", vid),
+            el("IsLatest", latest),
+            el("LastModified", iso_time(entry.mtime_ns)),
+            el("ETag", object_etag(entry, tags)),
+            el("Size", 0 if entry.is_dir else entry.size),
+            el("StorageClass", "STANDARD"),
+            owner,
         )
 
     # -- objects --------------------------------------------------------------------------
@@ -997,7 +1084,8 @@ class S3Gateway:
 
     async def get_object(self, c: Call) -> web.StreamResponse:
         request = c.request
-        entry, tags = await self._object(c)
+        old = await self._old_version(c)
+        entry, tags = (old.entry(), old.tags) if old is not None else await self._object(c)
         etag = object_etag(entry, tags)
         status = check_preconditions(request.headers.get, etag, entry.mtime_ns)
         if status == 304:
@@ -1012,6 +1100,8 @@ class S3Gateway:
             "Accept-Ranges": "bytes",
             **_meta_headers(tags),
         }
+        if "versionId" in c.query:
+            headers["x-amz-version-id"] = c.query["versionId"]
         for name in STORED_HEADERS:
             override = c.query.get(f"response-{name}")
             if override is not None:
@@ -1034,7 +1124,12 @@ class S3Gateway:
         else:
             window = parse_range(request.headers.get("Range"), entry.size)
         offset, length = window if window is not None else (0, None)
-        async with await self.ns.read_entry(c.who, entry, offset, length) as reader:
+        opened = (
+            self.ns.read_version(c.who, entry.path, old.vid, offset, length)
+            if old is not None
+            else self.ns.read_entry(c.who, entry, offset, length)
+        )
+        async with await opened as reader:
             return await serve_reader(
                 request, reader, headers, ranged=window is not None, sent=BYTES_OUT.inc
             )
@@ -1212,7 +1307,7 @@ class S3Gateway:
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
             await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
-        _, etag = await self._store(
+        entry, etag = await self._store(
             c,
             path,
             data,
@@ -1223,6 +1318,8 @@ class S3Gateway:
         )
         await self._acl_on_create(c, path)
         answer = {"ETag": etag, **(declared.kept().headers() if declared else {})}
+        if await self.ns.versioning(c.who, path) == "Enabled":
+            answer["x-amz-version-id"] = str(entry.version)
         return web.Response(headers=answer)
 
     async def post_object(self, request: web.Request, bucket: str) -> web.Response:
@@ -1427,10 +1524,74 @@ class S3Gateway:
             parent = paths.split(parent)[0]
 
     async def delete_object(self, c: Call) -> web.Response:
-        await self._bucket_entry(c)
+        folder = await self._bucket_entry(c)
         headers = c.request.headers
+        state = await self.ns.versioning(c.who, folder)
+        vid = c.query.get("versionId")
+        if vid is not None and (state is not None or vid != NULL_VERSION):
+            return web.Response(status=204, headers=await self._remove_version(c, vid))
         await self._remove_key(c, c.key, headers.get("If-Match"), _delete_conditions(headers))
-        return web.Response(status=204)
+        if state is None:
+            return web.Response(status=204)
+        path = paths.normalize(self.object_path(c))
+        newest = next((v for v in await self.ns.versions(c.who, path) if v.path == path), None)
+        answer = {}
+        if newest is not None and newest.marker:
+            answer = {"x-amz-delete-marker": "true", "x-amz-version-id": newest.vid}
+        return web.Response(status=204, headers=answer)
+
+    async def _remove_version(self, c: Call, vid: str) -> dict[str, str]:
+        """Delete one version for good; the response's headers."""
+        try:
+            gone = await self.ns.remove_version(c.who, paths.normalize(self.object_path(c)), vid)
+        except NotSupported:
+            raise S3Error("NoSuchVersion", "this gateway keeps no versions") from None
+        answer = {"x-amz-version-id": vid}
+        if gone is not None and gone.marker:
+            answer["x-amz-delete-marker"] = "true"
+        return answer
+
+    # -- versioning -----------------------------------------------------------------------
+
+    async def get_versioning(self, c: Call) -> web.Response:
+        state = await self.ns.versioning(c.who, await self._bucket_entry(c))
+        status = el("Status", state) if state is not None else None
+        return _xml(document("VersioningConfiguration", status))
+
+    async def put_versioning(self, c: Call) -> web.Response:
+        folder = await self._bucket_entry(c)
+        root = parse(await _read_document(c.request))
+        status = child_text(root, "Status")
+        if local(root.tag) != "VersioningConfiguration" or status not in VERSIONING_STATES:
+            raise S3Error("MalformedXML", "Status must be Enabled or Suspended")
+        try:
+            await self.ns.set_versioning(c.who, folder, status)
+        except NotSupported:
+            raise S3Error("NotImplemented", "this gateway keeps no versions") from None
+        return web.Response()
+
+    async def _version(self, c: Call, vid: str) -> Version | None:
+        """Version ``vid`` of the call's key; None for the null version of an object
+        never versioned (the object itself)."""
+        await self._bucket_entry(c)
+        path = paths.normalize(self.object_path(c))
+        with contextlib.suppress(NotSupported):
+            for version in await self.ns.versions(c.who, path):
+                if version.path == path and version.vid == vid:
+                    return version
+        if vid == NULL_VERSION:
+            return None
+        raise S3Error("NoSuchVersion", "the specified version does not exist")
+
+    async def _old_version(self, c: Call) -> Version | None:
+        """The old version a GET or HEAD names (versionId), None for the object as is."""
+        vid = c.query.get("versionId")
+        version = None if vid is None else await self._version(c, vid)
+        if version is None or (version.latest and not version.marker):
+            return None
+        if version.marker:
+            raise S3Error("MethodNotAllowed", "the specified version is a delete marker")
+        return version
 
     async def delete_objects(self, c: Call) -> web.Response:
         await self._bucket_entry(c)
