@@ -724,6 +724,8 @@ class HubNamespace(ResolvingNamespace):
             if state is not None and self.version_store is not None:
                 seq = applied.change.seq if applied.change is not None else entry.version
                 await self.version_store.marked(state, path, seq)
+            elif entry.is_dir and self.version_store is not None:
+                await self.version_store.forget_state(path)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
         await self._links_changed(mounted, entry, path)

@@ -108,6 +108,23 @@ class VersionStore:
         assert self._states is not None
         self._states[path] = state
 
+    async def forget_state(self, path: str) -> None:
+        """Drop the states of ``path`` and below (a removed directory: one made anew by
+        that name starts unversioned)."""
+        if not self._states or not any(paths.is_within(p, path) for p in self._states):
+            return
+        below = path.rstrip("/") + "/"
+
+        def fn(cur: Cursor) -> None:
+            self._cat._q(
+                cur,
+                "DELETE FROM versioning WHERE path = ? OR substr(path, 1, ?) = ?",
+                (path, len(below), below),
+            )
+
+        await self._cat._run(self._cat._write, fn)
+        self._states = {p: s for p, s in self._states.items() if not paths.is_within(p, path)}
+
     # -- rows ------------------------------------------------------------------------------
 
     async def rows(self, path: str) -> list[Row]:

@@ -384,6 +384,9 @@ class S3Gateway:
         self.max_upload_size = max_upload_size
         self.verifier = sigv4.Verifier(region, clock)
         self.region = region
+        #: each bucket's versioning state as the namespace last said (this gateway is what
+        #: sets it): a PUT or DELETE in an unversioned bucket asks no more than before
+        self._versioning: dict[str, str | None] = {}
 
     def app(self) -> web.Application:
         # bodies stream; client_max_size bounds only what aiohttp itself would buffer
@@ -823,6 +826,7 @@ class S3Gateway:
         return web.Response(headers={"Location": f"/{c.bucket}"})
 
     async def delete_bucket(self, c: Call) -> web.Response:
+        self._versioning.pop(c.bucket, None)
         folder = await self._bucket_entry(c)
         if c.bucket in self.buckets:
             raise S3Error("AccessDenied", "a configured bucket cannot be deleted over S3")
@@ -948,7 +952,7 @@ class S3Gateway:
         """Unversioned buckets: every object is its only version, VersionId 'null'."""
         q = c.query
         folder = await self._bucket_entry(c)
-        if await self.ns.versioning(c.who, folder) is not None:
+        if await self._bucket_versioning(c, folder) is not None:
             return await self._list_kept_versions(c, folder)
         prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
         encode = q.get("encoding-type") == "url"
@@ -1318,7 +1322,7 @@ class S3Gateway:
         )
         await self._acl_on_create(c, path)
         answer = {"ETag": etag, **(declared.kept().headers() if declared else {})}
-        if await self.ns.versioning(c.who, path) == "Enabled":
+        if await self._bucket_versioning(c, self.bucket_dir(c.bucket)) == "Enabled":
             answer["x-amz-version-id"] = str(entry.version)
         return web.Response(headers=answer)
 
@@ -1526,7 +1530,7 @@ class S3Gateway:
     async def delete_object(self, c: Call) -> web.Response:
         folder = await self._bucket_entry(c)
         headers = c.request.headers
-        state = await self.ns.versioning(c.who, folder)
+        state = await self._bucket_versioning(c, folder)
         vid = c.query.get("versionId")
         if vid is not None and (state is not None or vid != NULL_VERSION):
             return web.Response(status=204, headers=await self._remove_version(c, vid))
@@ -1555,6 +1559,7 @@ class S3Gateway:
 
     async def get_versioning(self, c: Call) -> web.Response:
         state = await self.ns.versioning(c.who, await self._bucket_entry(c))
+        self._versioning[c.bucket] = state
         status = el("Status", state) if state is not None else None
         return _xml(document("VersioningConfiguration", status))
 
@@ -1568,7 +1573,13 @@ class S3Gateway:
             await self.ns.set_versioning(c.who, folder, status)
         except NotSupported:
             raise S3Error("NotImplemented", "this gateway keeps no versions") from None
+        self._versioning[c.bucket] = status
         return web.Response()
+
+    async def _bucket_versioning(self, c: Call, folder: str) -> str | None:
+        if c.bucket not in self._versioning:
+            self._versioning[c.bucket] = await self.ns.versioning(c.who, folder)
+        return self._versioning[c.bucket]
 
     async def _version(self, c: Call, vid: str) -> Version | None:
         """Version ``vid`` of the call's key; None for the null version of an object
