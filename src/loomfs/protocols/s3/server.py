@@ -14,6 +14,8 @@ see ``acl.py``). Errors leave through one table (``errors.from_loom``) as S3 XML
 What S3 keeps beside an object lives in the object's tags under ``s3.``: the ETag it
 computed while the bytes streamed in (with the version it belongs to, so a file changed
 behind loomfs's back never shows a stale ETag), the Content-Type and the user metadata.
+Versioning is the namespace's (``hub.versions``): the gateway maps a bucket's state, its
+versions and delete markers to S3's requests; a versionId is the namespace version.
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ class Call:
     key: str
     query: dict[str, str]
     op: str = "-"
+    #: the version a write made in a versioning-enabled bucket, answered in its headers
+    version_id: str | None = None
 
     @property
     def resource(self) -> str:
@@ -591,7 +595,10 @@ class S3Gateway:
         acl.check_canned(c.request.headers.get("x-amz-acl"))
         if handler != self.create_bucket:
             await self._check_owner(c, "x-amz-expected-bucket-owner")
-        return await handler(c)
+        response = await handler(c)
+        if c.version_id is not None:
+            response.headers["x-amz-version-id"] = c.version_id
+        return response
 
     async def _check_owner(self, c: Call, header: str) -> None:
         """AccessDenied unless the bucket's owner is the one a request's header expects
@@ -1106,6 +1113,10 @@ class S3Gateway:
         }
         if "versionId" in c.query:
             headers["x-amz-version-id"] = c.query["versionId"]
+        elif await self._bucket_versioning(c, self.bucket_dir(c.bucket)) is not None:
+            found = await self.ns.versions(c.who, entry.path)
+            now = next((v for v in found if v.path == entry.path and v.latest), None)
+            headers["x-amz-version-id"] = now.vid if now is not None else NULL_VERSION
         for name in STORED_HEADERS:
             override = c.query.get(f"response-{name}")
             if override is not None:
@@ -1260,6 +1271,8 @@ class S3Gateway:
             c.who, path, checked(), exclusive=exclusive, if_version=if_version
         )
         etag = etag or tally.etag
+        if await self._bucket_versioning(c, self.bucket_dir(c.bucket)) == "Enabled":
+            c.version_id = str(entry.version)
         own = {ETAG_TAG: f"{entry.version} {etag}"}
         if (kept := checksum()) is not None:
             own[CHECKSUM_TAG] = kept.tag(entry.version)
@@ -1311,7 +1324,7 @@ class S3Gateway:
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
             await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
-        entry, etag = await self._store(
+        _, etag = await self._store(
             c,
             path,
             data,
@@ -1322,8 +1335,6 @@ class S3Gateway:
         )
         await self._acl_on_create(c, path)
         answer = {"ETag": etag, **(declared.kept().headers() if declared else {})}
-        if await self._bucket_versioning(c, self.bucket_dir(c.bucket)) == "Enabled":
-            answer["x-amz-version-id"] = str(entry.version)
         return web.Response(headers=answer)
 
     async def post_object(self, request: web.Request, bucket: str) -> web.Response:
@@ -1517,6 +1528,12 @@ class S3Gateway:
                 return
         if self.rules is not None:  # an object's ACL goes with it
             await self.rules.forget_access(c.who, path)
+        await self._prune(c, path)
+
+    async def _prune(self, c: Call, path: str) -> None:
+        """Remove the directories that only existed for the key at ``path`` (now gone),
+        up to the bucket; folder markers stay."""
+        folder = self.bucket_dir(c.bucket)
         parent = paths.split(path)[0]
         while parent != folder and paths.is_within(parent, folder):
             try:
@@ -1533,23 +1550,29 @@ class S3Gateway:
         state = await self._bucket_versioning(c, folder)
         vid = c.query.get("versionId")
         if vid is not None and (state is not None or vid != NULL_VERSION):
-            return web.Response(status=204, headers=await self._remove_version(c, vid))
+            return web.Response(status=204, headers=await self._remove_version(c, c.key, vid))
         await self._remove_key(c, c.key, headers.get("If-Match"), _delete_conditions(headers))
         if state is None:
             return web.Response(status=204)
-        path = paths.normalize(self.object_path(c))
-        newest = next((v for v in await self.ns.versions(c.who, path) if v.path == path), None)
-        answer = {}
-        if newest is not None and newest.marker:
-            answer = {"x-amz-delete-marker": "true", "x-amz-version-id": newest.vid}
-        return web.Response(status=204, headers=answer)
+        return web.Response(status=204, headers=await self._marker_left(c, c.key))
 
-    async def _remove_version(self, c: Call, vid: str) -> dict[str, str]:
-        """Delete one version for good; the response's headers."""
+    async def _marker_left(self, c: Call, key: str) -> dict[str, str]:
+        """The headers naming the delete marker a delete of ``key`` left (if it did)."""
+        path = paths.normalize(self.object_path(c, key))
+        newest = next((v for v in await self.ns.versions(c.who, path) if v.path == path), None)
+        if newest is None or not newest.marker:
+            return {}
+        return {"x-amz-delete-marker": "true", "x-amz-version-id": newest.vid}
+
+    async def _remove_version(self, c: Call, key: str, vid: str) -> dict[str, str]:
+        """Delete one version of ``key`` for good; the response's headers."""
+        path = paths.normalize(self.object_path(c, key))
         try:
-            gone = await self.ns.remove_version(c.who, paths.normalize(self.object_path(c)), vid)
+            gone = await self.ns.remove_version(c.who, path, vid)
         except NotSupported:
             raise S3Error("NoSuchVersion", "this gateway keeps no versions") from None
+        if not await self.ns.exists(c.who, path):
+            await self._prune(c, path)
         answer = {"x-amz-version-id": vid}
         if gone is not None and gone.marker:
             answer["x-amz-delete-marker"] = "true"
@@ -1605,7 +1628,7 @@ class S3Gateway:
         return version
 
     async def delete_objects(self, c: Call) -> web.Response:
-        await self._bucket_entry(c)
+        state = await self._bucket_versioning(c, await self._bucket_entry(c))
         root = parse(await _read_document(c.request))
         if local(root.tag) != "Delete":
             raise S3Error("MalformedXML", "the root element must be Delete")
@@ -1622,7 +1645,11 @@ class S3Gateway:
             assert key is not None
             try:
                 check_key(key)
-                await self._remove_key(c, key, if_match)
+                if version is not None and (state is not None or version != NULL_VERSION):
+                    done = await self._remove_version(c, key, version)
+                else:
+                    await self._remove_key(c, key, if_match)
+                    done = await self._marker_left(c, key) if state is not None else {}
             except (S3Error, LoomError) as exc:
                 error = exc if isinstance(exc, S3Error) else from_loom(exc, key)
                 results.append(
@@ -1636,7 +1663,18 @@ class S3Gateway:
                 )
                 continue
             if not quiet:
-                results.append(el("Deleted", el("Key", key)))
+                marker = done.get("x-amz-delete-marker") == "true"
+                results.append(
+                    el(
+                        "Deleted",
+                        el("Key", key),
+                        el("VersionId", version) if version is not None else None,
+                        el("DeleteMarker", True) if marker else None,
+                        el("DeleteMarkerVersionId", done["x-amz-version-id"])
+                        if marker and version is None
+                        else None,
+                    )
+                )
         return _xml(document("DeleteResult", nodes(results)))
 
     # -- multipart ------------------------------------------------------------------------
