@@ -2120,6 +2120,11 @@ def test_versioned_round_trip(gw: Gateway, s3: S3Client) -> None:
     with pytest.raises(ClientError) as unknown:
         s3.get_object(Bucket="data", Key="d/k", VersionId="12345678")
     assert code_of(unknown) == "NoSuchVersion"
+    s3.put_object(Bucket="data", Key="d/k", Body=b"three")  # v1 is an old version again
+    s3.copy_object(
+        Bucket="data", Key="copy", CopySource={"Bucket": "data", "Key": "d/k", "VersionId": v1}
+    )
+    assert s3.get_object(Bucket="data", Key="copy")["Body"].read() == b"one"
 
 
 VERSION_OPS = st.lists(

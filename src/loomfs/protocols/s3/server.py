@@ -1407,25 +1407,31 @@ class S3Gateway:
             )
         return web.Response(status=200 if status == "200" else 204, headers=answer)
 
-    def _copy_source(self, c: Call) -> tuple[str, str]:
-        raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
+    async def _copy_source(self, c: Call) -> tuple[Call, Entry, dict[str, str], Version | None]:
+        """The copy source (x-amz-copy-source: BUCKET/KEY, maybe ?versionId=): the call
+        that names it, its entry and tags, and the old version it is, if one."""
+        raw, _, query = c.request.headers["x-amz-copy-source"].partition("?")
         source = unquote(raw)
-        if version and version != "versionId=null":
-            raise S3Error("InvalidArgument", "only the null version of an object exists here")
         bucket, _, key = source.lstrip("/").partition("/")
         if not bucket or not key:
             raise S3Error("InvalidArgument", "x-amz-copy-source must be BUCKET/KEY")
         check_key(key)
-        return bucket, key
+        vid = query.removeprefix("versionId=") if query.startswith("versionId=") else None
+        source_call = Call(
+            c.request, c.who, c.auth, bucket, key, {} if vid is None else {"versionId": vid}
+        )
+        old = await self._old_version(source_call)
+        entry, tags = (
+            (old.entry(), old.tags) if old is not None else await self._object(source_call)
+        )
+        return source_call, entry, tags, old
 
     async def _read_source(
         self, c: Call, window: tuple[int, int | None] = (0, None)
     ) -> tuple[Entry, dict[str, str], AsyncGenerator[bytes, None]]:
         """The copy source's entry, tags and bytes, after its conditions were checked."""
-        bucket, key = self._copy_source(c)
-        source_call = Call(c.request, c.who, c.auth, bucket, key, {})
+        source_call, entry, tags, old = await self._copy_source(c)
         await self._check_owner(source_call, "x-amz-source-expected-bucket-owner")
-        entry, tags = await self._object(source_call)
         status = check_preconditions(
             c.request.headers.get, object_etag(entry, tags), entry.mtime_ns, copy=True
         )
@@ -1434,9 +1440,12 @@ class S3Gateway:
 
         async def stream() -> AsyncGenerator[bytes, None]:
             offset, length = window
-            async with await self.ns.read(
-                c.who, entry.path, offset, length, if_version=entry.version
-            ) as reader:
+            opened = (
+                self.ns.read_version(c.who, entry.path, old.vid, offset, length)
+                if old is not None
+                else self.ns.read(c.who, entry.path, offset, length, if_version=entry.version)
+            )
+            async with await opened as reader:
                 async for chunk in reader.chunks():
                     yield chunk
                 await reader.verify()
@@ -1753,8 +1762,7 @@ class S3Gateway:
         window: tuple[int, int | None] = (0, None)
         source_range = c.request.headers.get("x-amz-copy-source-range")
         if source_range:
-            bucket, key = self._copy_source(c)
-            source, _ = await self._object(Call(c.request, c.who, c.auth, bucket, key, {}))
+            _, source, _, _ = await self._copy_source(c)
             window = _copy_range(source_range, source.size)
         _, _, source_data = await self._read_source(c, window)
         data, checksum = self._part_checksum(upload, source_data, None)
