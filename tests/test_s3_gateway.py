@@ -2196,6 +2196,9 @@ def test_versions_in_multi_delete_and_headers(s3: S3Client) -> None:
     first = s3.put_object(Bucket="data", Key="m", Body=b"1")["VersionId"]
     second = s3.put_object(Bucket="data", Key="m", Body=b"2")["VersionId"]
     assert s3.head_object(Bucket="data", Key="m")["VersionId"] == second
+    with pytest.raises(ClientError) as refused:
+        s3.delete_object(Bucket="data", Key="m", VersionId=first, IfMatch='"not-its-etag"')
+    assert code_of(refused) == "PreconditionFailed"
     done = s3.delete_objects(
         Bucket="data", Delete={"Objects": [{"Key": "m", "VersionId": second}, {"Key": "m"}]}
     )["Deleted"]

@@ -1559,11 +1559,28 @@ class S3Gateway:
         state = await self._bucket_versioning(c, folder)
         vid = c.query.get("versionId")
         if vid is not None and (state is not None or vid != NULL_VERSION):
+            await self._version_holds(c, c.key, vid, headers.get("If-Match"), headers)
             return web.Response(status=204, headers=await self._remove_version(c, c.key, vid))
         await self._remove_key(c, c.key, headers.get("If-Match"), _delete_conditions(headers))
         if state is None:
             return web.Response(status=204)
         return web.Response(status=204, headers=await self._marker_left(c, c.key))
+
+    async def _version_holds(
+        self, c: Call, key: str, vid: str, if_match: str | None, headers: Mapping[str, str]
+    ) -> None:
+        """PreconditionFailed unless version ``vid`` of ``key`` meets a delete's
+        conditions (If-Match, the x-amz-if-match-* headers)."""
+        holds = _delete_conditions(headers)
+        if if_match is None and holds is None:
+            return
+        call = Call(c.request, c.who, c.auth, c.bucket, key, {"versionId": vid})
+        old = await self._old_version(call)
+        entry, tags = (old.entry(), old.tags) if old is not None else await self._object(call)
+        if (if_match is not None and not _etag_matches(if_match, object_etag(entry, tags))) or (
+            holds is not None and not holds(entry)
+        ):
+            raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
 
     async def _marker_left(self, c: Call, key: str) -> dict[str, str]:
         """The headers naming the delete marker a delete of ``key`` left (if it did)."""
@@ -1655,6 +1672,7 @@ class S3Gateway:
             try:
                 check_key(key)
                 if version is not None and (state is not None or version != NULL_VERSION):
+                    await self._version_holds(c, key, version, if_match, {})
                     done = await self._remove_version(c, key, version)
                 else:
                     await self._remove_key(c, key, if_match)
