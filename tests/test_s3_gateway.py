@@ -2199,6 +2199,9 @@ def test_versions_in_multi_delete_and_headers(s3: S3Client) -> None:
     with pytest.raises(ClientError) as refused:
         s3.delete_object(Bucket="data", Key="m", VersionId=first, IfMatch='"not-its-etag"')
     assert code_of(refused) == "PreconditionFailed"
+    gone = s3.put_object(Bucket="data", Key="gone", Body=b"x")["VersionId"]
+    s3.delete_object(Bucket="data", Key="gone", VersionId=gone)
+    s3.delete_object(Bucket="data", Key="gone", VersionId=gone, IfMatch='"any"')  # not there
     done = s3.delete_objects(
         Bucket="data", Delete={"Objects": [{"Key": "m", "VersionId": second}, {"Key": "m"}]}
     )["Deleted"]

@@ -1575,8 +1575,13 @@ class S3Gateway:
         if if_match is None and holds is None:
             return
         call = Call(c.request, c.who, c.auth, c.bucket, key, {"versionId": vid})
-        old = await self._old_version(call)
-        entry, tags = (old.entry(), old.tags) if old is not None else await self._object(call)
+        try:
+            old = await self._old_version(call)
+            entry, tags = (old.entry(), old.tags) if old is not None else await self._object(call)
+        except S3Error as exc:
+            if exc.code in ("NoSuchVersion", "NoSuchKey"):
+                return  # nothing there to delete: no condition to fail (S3's -ENOENT)
+            raise
         if (if_match is not None and not _etag_matches(if_match, object_etag(entry, tags))) or (
             holds is not None and not holds(entry)
         ):
