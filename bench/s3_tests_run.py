@@ -221,8 +221,16 @@ def _reason(message: str) -> str:
 
 
 def run(
-    checkout: Path, python: str, out: Path, scratch: Path, *, whole: bool = False
+    checkout: Path,
+    python: str,
+    out: Path,
+    scratch: Path,
+    *,
+    whole: bool = False,
+    select: str | None = None,
 ) -> list[Result]:
+    """``select``: only the tests of test_s3.py this ``-k`` expression picks (a rerun of
+    one feature's tests after a change; the report then covers those alone)."""
     results: list[Result] = []
     users = [(user_id, key, secret) for _, user_id, _, key, secret in USERS]
     # inotify off: the hub's subtree rescan of a directory that changed races writes in
@@ -236,9 +244,14 @@ def run(
         write_suite_config(conf, host, int(port))
         env = {**os.environ, "S3TEST_CONF": str(conf)}
         core = ["s3tests/functional/test_s3.py"]
-        if not whole:
+        if select is not None:
+            core += ["-k", select]
+        elif not whole:
             core += ["-m", MARKERS, "-k", KEYWORDS]
-        for name, args in (("core", core), ("headers", ["s3tests/functional/test_headers.py"])):
+        suites = [("core", core)]
+        if select is None:
+            suites.append(("headers", ["s3tests/functional/test_headers.py"]))
+        for name, args in suites:
             junit = scratch / f"{name}.xml"
             subprocess.run(
                 [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
@@ -325,11 +338,13 @@ def main() -> None:
     parser.add_argument("--python", required=True, help="a Python with s3-tests' requirements")
     parser.add_argument("--out", type=Path, default=Path("docs/COMPATIBILITY.md"))
     parser.add_argument("--whole", action="store_true", help="all of test_s3.py, no selection")
+    parser.add_argument("--select", help="only the test_s3.py tests this -k expression picks")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="loomfs-s3tests-") as scratch:
         results = run(
-            args.checkout.resolve(), args.python, args.out, Path(scratch), whole=args.whole
-        )
+            args.checkout.resolve(), args.python, args.out, Path(scratch),
+            whole=args.whole or args.select is not None, select=args.select,
+        )  # fmt: skip
     counts = Counter(r.outcome for r in results)
     print(json.dumps(counts), "->", args.out)
 

@@ -24,6 +24,7 @@ from loomfs.core.types import SYSTEM
 from loomfs.errors import AuthenticationFailed, ConfigError
 from loomfs.fabric.identity import https_certificate
 from loomfs.hub.namespace import HubNamespace
+from loomfs.hub.versions import VersionStore
 from loomfs.rest.admin import routes as admin_routes
 from loomfs.rest.chunks import ChunkRoutes
 from loomfs.rest.client import RestNamespace
@@ -282,3 +283,32 @@ def test_rest_over_https_with_the_sites_self_signed_certificate(
             skip_instance_cache=True,
         )  # fmt: skip
         assert sdk.cat_file(f"loomfs://secure{PRIVATE}/a.txt") == secret
+
+
+async def test_an_old_version_is_read_over_rest(tmp_path: Path) -> None:
+    """A file overwritten in a versioned directory keeps its old version, which the REST
+    API (?version=) and its client (read_version, what `loomfs cat --version` calls)
+    serve; an id the file never had is 404."""
+    (tmp_path / "vol").mkdir()
+    catalog = open_catalog(f"sqlite://{tmp_path / 'c.db'}")
+    await catalog.open()
+    hub = HubNamespace(catalog, versions=VersionStore(catalog, tmp_path / "versions"))
+    await hub.add_volume("/v", f"posix://{tmp_path / 'vol'}")
+    await hub.set_versioning(SYSTEM, "/v", "Enabled")
+    first = await hub.write_bytes(SYSTEM, "/v/f", b"first" * 1000)
+    await hub.write_bytes(SYSTEM, "/v/f", b"second")
+    client = TestClient(TestServer(RestServer(hub).app()))
+    await client.start_server()
+    rest = RestNamespace(str(client.make_url("")))
+    try:
+        response = await client.get(f"{API}/files/v/f", params={"version": str(first.version)})
+        assert response.status == 200 and await response.read() == b"first" * 1000
+        assert (await client.get(f"{API}/files/v/f", params={"version": "7777"})).status == 404
+        async with await rest.read_version(SYSTEM, "/v/f", str(first.version), 5, 5) as reader:
+            assert await reader.read_all() == b"first"
+        assert await rest.read_bytes(SYSTEM, "/v/f") == b"second"
+    finally:
+        await rest.close()
+        await client.close()
+        await hub.close()
+        await catalog.close()

@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import boto3
 import botocore.auth
@@ -50,6 +50,7 @@ from loomfs.core.types import SYSTEM
 from loomfs.core.users import AccessKey, UserRegistry
 from loomfs.errors import AlreadyExists, InvalidArgument, NotFound
 from loomfs.hub.namespace import HubNamespace
+from loomfs.hub.versions import VersionStore
 from loomfs.namespace.governed import GovernedNamespace
 from loomfs.protocols.s3 import S3Gateway, sigv4
 from loomfs.protocols.s3.listing import MARKER_TAG, Lister
@@ -91,7 +92,9 @@ class Gateway:
     async def _start(self) -> None:
         self.catalog = open_catalog(f"sqlite://{self.tmp / 'catalog.db'}")
         await self.catalog.open()
-        self.ns = HubNamespace(self.catalog)
+        self.ns = HubNamespace(
+            self.catalog, versions=VersionStore(self.catalog, self.tmp / "versions")
+        )
         await self.ns.add_volume("/data", self.volume_url)
         self.users = UserRegistry(self.catalog)
         await self.users.add_user("alice", frozenset({"staff"}))
@@ -1530,7 +1533,8 @@ ABSENT_CONFIGS = [
 
 def test_bucket_configurations_it_has_none_of(s3: S3Client) -> None:
     """Reading a configuration a bucket has none of answers S3's 'no such' error (not 501),
-    versioning answers 'never enabled', deleting one is done; setting one stays 501."""
+    versioning answers 'never enabled', deleting one is done; setting a policy stays 501
+    (versioning is kept: test_versioned_round_trip)."""
     for call, expected in ABSENT_CONFIGS:
         with pytest.raises(ClientError) as err:
             getattr(s3, call)(Bucket="data")
@@ -1544,9 +1548,6 @@ def test_bucket_configurations_it_has_none_of(s3: S3Client) -> None:
     assert s3.get_bucket_logging(Bucket="data").get("LoggingEnabled") is None
     for delete in ("delete_bucket_lifecycle", "delete_bucket_cors", "delete_bucket_policy"):
         getattr(s3, delete)(Bucket="data")
-    with pytest.raises(ClientError) as err:
-        s3.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
-    assert code_of(err) == "NotImplemented"
     with pytest.raises(ClientError) as err:
         s3.put_bucket_policy(Bucket="data", Policy="{}")
     assert code_of(err) == "NotImplemented"
@@ -2087,3 +2088,128 @@ def test_cors_configuration_is_the_bucket_owners_to_set(acl_gw: Gateway) -> None
     alice.put_bucket_cors(Bucket="owned", CORSConfiguration=rules)
     assert _refused(bob.delete_bucket_cors, Bucket="owned") == "AccessDenied"
     assert alice.get_bucket_cors(Bucket="owned")["CORSRules"][0]["AllowedMethods"] == ["GET"]
+
+
+def test_versioned_round_trip(gw: Gateway, s3: S3Client) -> None:
+    """boto3's versioning: each PUT a version, DELETE a marker, a version readable by id,
+    and removing the marker brings the object back."""
+    assert "Status" not in s3.get_bucket_versioning(Bucket="data")
+    s3.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    assert s3.get_bucket_versioning(Bucket="data")["Status"] == "Enabled"
+    v1 = s3.put_object(Bucket="data", Key="d/k", Body=b"one", Metadata={"n": "1"})["VersionId"]
+    v2 = s3.put_object(Bucket="data", Key="d/k", Body=b"two")["VersionId"]
+    assert v1 != v2
+    listed = s3.list_object_versions(Bucket="data", Prefix="d/")["Versions"]
+    assert [(v["VersionId"], v["IsLatest"]) for v in listed] == [(v2, True), (v1, False)]
+    old = s3.get_object(Bucket="data", Key="d/k", VersionId=v1)
+    assert old["Body"].read() == b"one" and old["Metadata"] == {"n": "1"}
+    assert s3.get_object(Bucket="data", Key="d/k")["Body"].read() == b"two"
+    gone = s3.delete_object(Bucket="data", Key="d/k")
+    assert gone["DeleteMarker"] is True
+    with pytest.raises(ClientError) as missing:
+        s3.get_object(Bucket="data", Key="d/k")
+    assert code_of(missing) == "NoSuchKey"
+    markers = s3.list_object_versions(Bucket="data", Prefix="d/")["DeleteMarkers"]
+    assert [(m["VersionId"], m["IsLatest"]) for m in markers] == [(gone["VersionId"], True)]
+    s3.delete_object(Bucket="data", Key="d/k", VersionId=gone["VersionId"])
+    assert s3.get_object(Bucket="data", Key="d/k")["Body"].read() == b"two"
+    latest = s3.list_object_versions(Bucket="data", Prefix="d/")["Versions"][0]
+    assert (latest["VersionId"], latest["IsLatest"]) == (v2, True)
+    s3.delete_object(Bucket="data", Key="d/k", VersionId=v2)  # the latest: v1 again
+    assert s3.get_object(Bucket="data", Key="d/k")["Body"].read() == b"one"
+    with pytest.raises(ClientError) as unknown:
+        s3.get_object(Bucket="data", Key="d/k", VersionId="12345678")
+    assert code_of(unknown) == "NoSuchVersion"
+    s3.put_object(Bucket="data", Key="d/k", Body=b"three")  # v1 is an old version again
+    s3.copy_object(
+        Bucket="data", Key="copy", CopySource={"Bucket": "data", "Key": "d/k", "VersionId": v1}
+    )
+    assert s3.get_object(Bucket="data", Key="copy")["Body"].read() == b"one"
+
+
+VERSION_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.binary(max_size=40)),
+        st.tuples(st.sampled_from(["delete", "Enabled", "Suspended"]), st.just(b"")),
+    ),
+    max_size=10,
+)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=VERSION_OPS)
+def test_versions_follow_the_model(gw: Gateway, s3: S3Client, ops: list[tuple[str, bytes]]) -> None:
+    """Any sequence of puts, deletes, enables and suspends leaves the versions S3's model
+    says: newest first, (id, content or None for a delete marker), the null one replaced."""
+    bucket = f"model-{uuid.uuid4().hex[:12]}"
+    gw.call(gw.ns.mkdir(SYSTEM, "/data/buckets", exist_ok=True))
+    s3.create_bucket(Bucket=bucket)
+    state: str | None = None
+    model: list[tuple[str, bytes | None]] = []
+    for op, data in ops:
+        if op == "put":
+            vid = s3.put_object(Bucket=bucket, Key="d/k", Body=data).get("VersionId", "null")
+            if state != "Enabled":
+                model = [v for v in model if v[0] != "null"] if state else []
+            model.insert(0, (vid, data))
+        elif op == "delete":
+            answer = s3.delete_object(Bucket=bucket, Key="d/k")
+            if state is None:
+                model = []
+            elif model and model[0][1] is not None:  # of no object: no marker (COMPATIBILITY)
+                if state == "Suspended":
+                    model = [v for v in model if v[0] != "null"]
+                model.insert(0, (answer["VersionId"], None))
+        else:
+            status: Literal["Enabled", "Suspended"] = "Enabled" if op == "Enabled" else "Suspended"
+            s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": status})
+            state = op
+        listed = s3.list_object_versions(Bucket=bucket)
+        seen = {(v["VersionId"], v["IsLatest"], False) for v in listed.get("Versions", [])}
+        seen |= {(m["VersionId"], m["IsLatest"], True) for m in listed.get("DeleteMarkers", [])}
+        assert seen == {(vid, i == 0, body is None) for i, (vid, body) in enumerate(model)}
+        for vid, body in model:
+            if body is not None:
+                got = s3.get_object(Bucket=bucket, Key="d/k", VersionId=vid)["Body"].read()
+                assert got == body
+        if model and model[0][1] is not None:
+            assert s3.get_object(Bucket=bucket, Key="d/k")["Body"].read() == model[0][1]
+    # how suites clean up: every listed version deleted by id empties the bucket
+    listed = s3.list_object_versions(Bucket=bucket)
+    named = [*listed.get("Versions", []), *listed.get("DeleteMarkers", [])]
+    if named:
+        s3.delete_objects(
+            Bucket=bucket,
+            Delete={"Objects": [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in named]},
+        )
+    after = s3.list_object_versions(Bucket=bucket)
+    assert not after.get("Versions") and not after.get("DeleteMarkers")
+    s3.delete_bucket(Bucket=bucket)
+
+
+def test_versions_in_multi_delete_and_headers(s3: S3Client) -> None:
+    """DeleteObjects removes a named version or leaves a marker (and says which), and a
+    GET in a versioned bucket names the version it served."""
+    s3.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    first = s3.put_object(Bucket="data", Key="m", Body=b"1")["VersionId"]
+    second = s3.put_object(Bucket="data", Key="m", Body=b"2")["VersionId"]
+    assert s3.head_object(Bucket="data", Key="m")["VersionId"] == second
+    with pytest.raises(ClientError) as refused:
+        s3.delete_object(Bucket="data", Key="m", VersionId=first, IfMatch='"not-its-etag"')
+    assert code_of(refused) == "PreconditionFailed"
+    gone = s3.put_object(Bucket="data", Key="gone", Body=b"x")["VersionId"]
+    s3.delete_object(Bucket="data", Key="gone", VersionId=gone)
+    s3.delete_object(Bucket="data", Key="gone", VersionId=gone, IfMatch='"any"')  # not there
+    done = s3.delete_objects(
+        Bucket="data", Delete={"Objects": [{"Key": "m", "VersionId": second}, {"Key": "m"}]}
+    )["Deleted"]
+    assert done[0] == {"Key": "m", "VersionId": second}
+    assert done[1]["DeleteMarker"] is True and done[1]["DeleteMarkerVersionId"] not in (
+        first,
+        second,
+    )
+    listed = s3.list_object_versions(Bucket="data")
+    assert [v["VersionId"] for v in listed["Versions"]] == [first]
+    assert [m["VersionId"] for m in listed["DeleteMarkers"]] == [done[1]["DeleteMarkerVersionId"]]

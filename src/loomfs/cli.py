@@ -532,12 +532,22 @@ async def stat(ctx: click.Context, path: str, as_json: bool) -> None:
 @click.argument("path")
 @click.option("--offset", type=int, default=0, help="First byte.")
 @click.option("--length", type=int, default=None, help="Number of bytes.")
+@click.option("--version", "vid", default=None, help="A kept old version's id.")
 @click.pass_context
 @run
-async def cat(ctx: click.Context, path: str, offset: int, length: int | None) -> None:
-    """Write a file (or a byte range of it) to standard output."""
+async def cat(
+    ctx: click.Context, path: str, offset: int, length: int | None, vid: str | None
+) -> None:
+    """Write a file (or a byte range of it, or an old version) to standard output."""
     sink = sys.stdout.buffer
-    async with connected(ctx) as ns, await ns.read(WHO, path, offset, length) as reader:
+    async with (
+        connected(ctx) as ns,
+        await (
+            ns.read(WHO, path, offset, length)
+            if vid is None
+            else ns.read_version(WHO, path, vid, offset, length)
+        ) as reader,
+    ):
         async for chunk in reader.chunks():
             sink.write(chunk)
         await reader.verify()

@@ -52,6 +52,7 @@ from .hub.coherence import Leases
 from .hub.deltastore import DeltaStore
 from .hub.intents import IntentLog
 from .hub.namespace import HubNamespace
+from .hub.versions import VersionStore
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
@@ -114,6 +115,7 @@ class HubService:
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
             self.placement,
             intents=IntentLog(config.site.data_dir / "writes.intents", durable=durable),
+            versions=VersionStore(self.catalog, config.site.data_dir / "versions"),
         )
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
         #: from ``start`` on, so the namespace can be given it before the hub starts

@@ -39,7 +39,7 @@ from ..core.backends.posix import PosixBackend
 from ..core.catalog.base import Applied, Catalog, Delete, Put
 from ..core.placement import PlacementAuthorizer
 from ..core.registry import open_backend
-from ..core.streams import LocalFile, aiter_bytes, chained, clamp_range
+from ..core.streams import BytesSource, LocalFile, aiter_bytes, chained, clamp_range
 from ..core.types import (
     KIND_OF_BITS,
     SPECIAL_KINDS,
@@ -62,10 +62,11 @@ from ..errors import (
     NotFound,
     PermissionDenied,
 )
-from ..namespace.base import LIST_PAGE, Reader, ResolvingNamespace
+from ..namespace.base import LIST_PAGE, NULL_VERSION, Reader, ResolvingNamespace, Version
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
 from .intents import IntentLog
+from .versions import Row, VersionStore, no_store
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,13 @@ class HubNamespace(ResolvingNamespace):
         placement: PlacementAuthorizer | None = None,
         write_lease: float = 60.0,
         intents: IntentLog | None = None,
+        versions: VersionStore | None = None,
     ) -> None:
         self.catalog = catalog
+        #: old versions of files in versioned directories (none: versioning refused)
+        self.version_store = versions
+        #: paths being removed or restored for good: no version is kept of that change
+        self._unversioned: set[str] = set()
         #: writes renamed into place and not yet recorded: ``recover`` settles a crash's
         self.intents = intents
         #: the catalog's durability is the namespace's: volumes follow it (``sync``)
@@ -162,6 +168,8 @@ class HubNamespace(ResolvingNamespace):
 
     async def load_volumes(self) -> list[Volume]:
         """Attach every volume the catalog knows (no I/O to the storage yet)."""
+        if self.version_store is not None:
+            await self.version_store.load()
         volumes = await self.catalog.volumes()
         for volume in volumes:
             if volume.mount not in self._mounts:
@@ -432,6 +440,7 @@ class HubNamespace(ResolvingNamespace):
         committed: list[Applied] = []
         repeated: list[Entry] = []
         cancelled = began = False
+        state = self._versioned(path)
 
         async def gate(commit: Commit) -> ObjectInfo:
             nonlocal cancelled, began
@@ -442,6 +451,8 @@ class HubNamespace(ResolvingNamespace):
                     raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
+                if state is not None and current is not None:
+                    await self._keep(state, current)
                 if self.intents is not None:
                     await self.intents.begin(path, remembered)
                     began = True
@@ -481,6 +492,8 @@ class HubNamespace(ResolvingNamespace):
         # acknowledged once the spokes have applied it: waited for outside the path's
         # lock and after the volume's write is final
         entry = self._noted(await self._settled(committed[0]))
+        if state is not None and self.version_store is not None:
+            await self.version_store.written(state, entry)
         await self._links_changed(mounted, entry, path)
         return entry
 
@@ -697,6 +710,9 @@ class HubNamespace(ResolvingNamespace):
                 # (its removal is between the volume and the catalog) would otherwise let
                 # the directory go from the volume and stay in the catalog
                 raise DirectoryNotEmpty(f"directory not empty: {path}", path=path)
+            state = None if entry.is_dir else self._versioned(path)
+            if state is not None:
+                await self._keep(state, entry)
             async with self._intended(path):
                 if entry.is_dir and recursive:
                     # deepest first, so each directory is empty when its turn comes
@@ -709,6 +725,11 @@ class HubNamespace(ResolvingNamespace):
                 await mounted.backend.delete(key)
                 [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
             self._note(path, _GONE)
+            if state is not None and self.version_store is not None:
+                seq = applied.change.seq if applied.change is not None else entry.version
+                await self.version_store.marked(state, path, seq)
+            elif entry.is_dir and self.version_store is not None:
+                await self.version_store.forget_state(path)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
         await self._links_changed(mounted, entry, path)
@@ -801,6 +822,128 @@ class HubNamespace(ResolvingNamespace):
             await self.placement.store.evict([path])
         await self.leases.settle(await self.catalog.head_seq())
         return tags
+
+    # -- versions (hub.versions) -----------------------------------------------------------
+
+    def _versioned(self, path: str) -> str | None:
+        if self.version_store is None or path in self._unversioned:
+            return None
+        return self.version_store.state_of(path)
+
+    def _store(self, path: str) -> VersionStore:
+        if self.version_store is None:
+            raise no_store(path)
+        return self.version_store
+
+    async def _keep(self, state: str, entry: Entry) -> None:
+        """Keep the file ``entry`` as an old version (called under its path's lock,
+        before it is replaced or removed)."""
+        if entry.kind is not EntryKind.FILE:
+            return
+        reader = await self._open(entry.path, entry, 0, None)
+        async with reader:
+            data = await reader.read_all()
+        tags = await self.catalog.get_tags(entry.path)
+        await self._store(entry.path).keep(state, entry, tags, data)
+
+    async def set_versioning(self, who: Principal, path: str, state: str) -> None:
+        path = paths.normalize(path)
+        await self._dir(path)
+        await self._store(path).set_state(path, state)
+
+    async def versioning(self, who: Principal, path: str) -> str | None:
+        return self._versioned(paths.normalize(path))
+
+    async def versions(self, who: Principal, path: str) -> builtins.list[Version]:
+        path = paths.normalize(path)
+        rows = await self._store(path).rows(path)
+        found = await self.catalog.get_many(sorted({r.path for r in rows}))
+        out: builtins.list[Version] = []
+        for row in rows:
+            entry = found.get(row.path)
+            if row.current:
+                if entry is None or entry.version != row.ns_version:
+                    continue  # the file it named is gone or changed behind loomfs's back
+                tags = await self.catalog.get_tags(row.path)
+                out.append(
+                    Version(
+                        row.path, row.vid, row.seq, False, True, entry.size, entry.mtime_ns,
+                        entry.etag, tags, entry.version,
+                    )
+                )  # fmt: skip
+            else:
+                newest = next(r for r in rows if r.path == row.path)
+                latest = entry is None and row is newest
+                out.append(row.version(latest))
+        return out
+
+    async def _version_row(
+        self, path: str, vid: str
+    ) -> tuple[Row | None, Entry | None, Row | None]:
+        """(the row of ``vid``, the file now at ``path``, the row naming that file)."""
+        rows = await self._store(path).path_rows(path)
+        entry = await self.catalog.get(path)
+        now = VersionStore.current_of(rows, entry)
+        return next((r for r in rows if r.vid == vid and not r.current), None), entry, now
+
+    async def read_version(
+        self, who: Principal, path: str, vid: str, offset: int = 0, length: int | None = None
+    ) -> Reader:
+        path = paths.normalize(path)
+        row, entry, now = await self._version_row(path, vid)
+        if entry is not None and (now.vid if now else NULL_VERSION) == vid:
+            return await self.read(who, path, offset, length, if_version=entry.version)
+        if row is None:
+            raise NotFound(f"{path} has no version {vid}", path=path)
+        data = await self._store(path).content(row)
+        start, count = clamp_range(row.size, offset, length)
+        old = row.version(False).entry()
+        return Reader(old, start, BytesSource(data[start : start + count]))
+
+    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+        path = paths.normalize(path)
+        store = self._store(path)
+        row, entry, now = await self._version_row(path, vid)
+        if (
+            entry is not None
+            and entry.kind is EntryKind.FILE
+            and ((now.vid if now else NULL_VERSION) == vid)
+        ):
+            gone = Version(path, vid, now.seq if now else entry.version, False, True)
+            self._unversioned.add(path)  # no marker: it goes for good
+            try:
+                await self.remove(who, path)
+            finally:
+                self._unversioned.discard(path)
+            await store.drop(path, current=True)
+        elif row is not None:
+            gone = row.version(False)
+            await store.drop(path, vid)
+        else:
+            return None
+        if await self.catalog.get(path) is None:
+            await self._restore(who, path)
+        return gone
+
+    async def _restore(self, who: Principal, path: str) -> None:
+        """Make the newest remaining version of ``path`` its file again, if it is one
+        (not a delete marker): the file gets a new namespace version, named by the old id."""
+        store = self._store(path)
+        rows = [r for r in await store.path_rows(path) if not r.current]
+        if not rows or rows[0].marker:
+            return
+        newest = rows[0]
+        data = await store.content(newest)
+        self._unversioned.add(path)  # written back, not a new version
+        try:
+            await self.mkdir(who, paths.split(path)[0], parents=True, exist_ok=True)
+            entry = await self.write(who, path, aiter_bytes(data))
+            if newest.tags:
+                await self.set_tags(who, path, newest.tags)
+        finally:
+            self._unversioned.discard(path)
+        await store.drop(path, newest.vid)
+        await store.written("Enabled", entry, vid=newest.vid, seq=newest.seq)
 
     async def lease_write(self, who: Principal, path: str) -> float:
         path = paths.normalize(path)

@@ -8,14 +8,48 @@ and audit happen here, once, for all protocols. Errors are ``loomfs.errors`` onl
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
 from ..core.types import Entry, EntryKind, Feed, Principal
+from ..errors import NotSupported
 
 LIST_PAGE = 1000
+#: the states a versioned directory can be set to (S3's names); a directory never set is
+#: unversioned, and so is everything below it
+VERSIONING_STATES = ("Enabled", "Suspended")
+#: the id of the version written while versioning was not enabled (S3's "null")
+NULL_VERSION = "null"
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One version of a file in a versioned directory: an old content, a delete marker,
+    or the file as it is now (``latest``). ``vid`` is its id (its namespace version as
+    text, or ``NULL_VERSION``); ``seq`` orders a path's versions, newest highest."""
+
+    path: str
+    vid: str
+    seq: int
+    marker: bool
+    latest: bool
+    size: int = 0
+    mtime_ns: int = 0
+    etag: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    #: the namespace version the content had when it was the file (0: a marker)
+    ns_version: int = 0
+
+    def entry(self) -> Entry:
+        """The file this version was, as an entry (for the edges that describe it)."""
+        return Entry(
+            path=self.path, kind=EntryKind.FILE, size=self.size, mtime_ns=self.mtime_ns,
+            mode=0o100644, uid=0, gid=0, version=self.ns_version, etag=self.etag,
+        )  # fmt: skip
 
 
 class Reader(ByteSource):
@@ -183,6 +217,34 @@ class Namespace(ABC):
 
     async def close(self) -> None:  # noqa: B027 - stateless implementations hold nothing
         """Release what the namespace holds (connections, watchers)."""
+
+    # -- versions: a namespace that keeps none refuses them --------------------------------
+
+    async def set_versioning(self, who: Principal, path: str, state: str) -> None:
+        """Set directory ``path`` (and what is below it) to ``VERSIONING_STATES``: from
+        then on a file there that is overwritten or removed keeps its old version."""
+        raise NotSupported("this namespace keeps no versions", path=path)
+
+    async def versioning(self, who: Principal, path: str) -> str | None:
+        """The state directory ``path`` is in (from its nearest set ancestor), None if
+        never set."""
+        return None
+
+    async def versions(self, who: Principal, path: str) -> builtins.list[Version]:
+        """Every version of the files at and below ``path``, by path, newest first."""
+        raise NotSupported("this namespace keeps no versions", path=path)
+
+    async def read_version(
+        self, who: Principal, path: str, vid: str, offset: int = 0, length: int | None = None
+    ) -> Reader:
+        """``read`` of version ``vid`` of ``path`` (``NotFound`` if there is none; a
+        delete marker is ``NotFound`` too)."""
+        raise NotSupported("this namespace keeps no versions", path=path)
+
+    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+        """Delete version ``vid`` of ``path`` for good (what it was, None if none); if it
+        was the latest, the newest remaining one becomes the file again."""
+        raise NotSupported("this namespace keeps no versions", path=path)
 
     # -- derived helpers, written once for every implementation ----------------------------
 

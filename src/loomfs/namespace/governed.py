@@ -41,6 +41,7 @@ a path that is gone (write needed, as for making it anew).
 
 from __future__ import annotations
 
+import builtins
 import stat
 import time
 from collections.abc import (
@@ -69,7 +70,7 @@ from ..errors import (
     NotSupported,
     PermissionDenied,
 )
-from .base import FeedNamespace, Reader, ResolvingNamespace
+from .base import FeedNamespace, Reader, ResolvingNamespace, Version
 
 T = TypeVar("T")
 
@@ -666,6 +667,40 @@ class GovernedNamespace(FeedNamespace):
         return await self._governed(
             who, "set_tags", Action.WRITE, path,
             lambda: self.inner.set_tags(who, path, set_, remove),
+        )  # fmt: skip
+
+    # -- versions: an old version is the path's content, decided and audited as a read ---
+
+    async def set_versioning(self, who: Principal, path: str, state: str) -> None:
+        await self._governed(
+            who, "set_versioning", Action.WRITE, path,
+            lambda: self.inner.set_versioning(who, path, state), detail=state,
+        )  # fmt: skip
+
+    async def versioning(self, who: Principal, path: str) -> str | None:
+        return await self._governed(
+            who, "versioning", Action.LIST, path, lambda: self.inner.versioning(who, path)
+        )
+
+    async def versions(self, who: Principal, path: str) -> builtins.list[Version]:
+        found = await self._governed(
+            who, "versions", Action.LIST, path, lambda: self.inner.versions(who, path)
+        )
+        return [v for v in found if await self.visible(who, v.path)]
+
+    async def read_version(
+        self, who: Principal, path: str, vid: str, offset: int = 0, length: int | None = None
+    ) -> Reader:
+        return await self._governed(
+            who, "read_version", Action.READ, path,
+            lambda: self.inner.read_version(who, path, vid, offset, length),
+            detail=vid, nbytes=lambda reader: reader.length,
+        )  # fmt: skip
+
+    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+        return await self._governed(
+            who, "remove_version", Action.WRITE, path,
+            lambda: self.inner.remove_version(who, path, vid), detail=vid,
         )  # fmt: skip
 
     async def lease_write(self, who: Principal, path: str) -> float:

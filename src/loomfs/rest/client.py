@@ -22,7 +22,7 @@ import aiohttp
 from .. import paths
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.records import read_answers
-from ..core.streams import BytesSource, StreamSource
+from ..core.streams import BytesSource, StreamSource, clamp_range
 from ..core.types import Entry, Feed, Principal
 from ..errors import (
     AuthenticationFailed,
@@ -214,6 +214,20 @@ class RestNamespace(FeedNamespace, ChunkLink):
             response.release()
 
         return Reader(entry, start, StreamSource(body(), length_, close))
+
+    async def read_version(
+        self, who: Principal, path: str, vid: str, offset: int = 0, length: int | None = None
+    ) -> Reader:
+        response = await self._request(
+            "GET", f"{wire.API}/files{_quoted(path)}", params={"version": vid}, who=who
+        )
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+        entry = wire.entry_header_from(response.headers[wire.ENTRY_HEADER])
+        start, count = clamp_range(len(data), offset, length)
+        return Reader(entry, start, BytesSource(data[start : start + count]))
 
     async def write(
         self,

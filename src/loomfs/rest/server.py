@@ -290,6 +290,11 @@ class RestServer:
 
     async def get_file(self, request: web.Request) -> web.StreamResponse:
         who, path = self.principal(request), _path(request)
+        if (vid := request.query.get("version")) is not None:  # a kept old version, whole
+            async with await self.namespace.read_version(who, path, vid) as reader:
+                return await serve_reader(
+                    request, reader, _file_headers(reader), ranged=False, sent=BYTES_OUT.inc
+                )
         if_version = _int(request.headers.get("If-Match"), "If-Match")
         range_header = request.headers.get("Range")
         offset, length, status = 0, None, 200

@@ -251,6 +251,28 @@ def _migrations(d: Dialect) -> list[str]:
             changed_ns BIGINT NOT NULL
         )
         """,
+        # migration 11: versioned directories and the versions of their files
+        # (loomfs.hub.versions): the state each directory was set to, and per path every
+        # version S3 (and REST) can name: an old file version (its bytes as chunks in the
+        # version store, ``chunks``: hex ids), a delete marker, or the file there now
+        # (``current``, at namespace version ``ns_version``); ``seq`` orders them
+        f"""
+        CREATE TABLE versioning (path {d.text} PRIMARY KEY, state TEXT NOT NULL);
+        CREATE TABLE versions (
+            path {d.text} NOT NULL,
+            vid {d.text} NOT NULL,
+            seq BIGINT NOT NULL,
+            marker INTEGER NOT NULL,
+            current INTEGER NOT NULL,
+            ns_version BIGINT NOT NULL,
+            size BIGINT NOT NULL,
+            mtime_ns BIGINT NOT NULL,
+            etag TEXT,
+            chunks TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            PRIMARY KEY (path, vid)
+        )
+        """,
     ]
 
 

@@ -67,6 +67,7 @@ STATUS: dict[str, int] = {
     "NoSuchPublicAccessBlockConfiguration": 404,
     "NoSuchTagSet": 404,
     "NoSuchUpload": 404,
+    "NoSuchVersion": 404,
     "NoSuchWebsiteConfiguration": 404,
     "ObjectLockConfigurationNotFoundError": 404,
     "OwnershipControlsNotFoundError": 404,

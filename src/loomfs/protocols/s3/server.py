@@ -14,6 +14,8 @@ see ``acl.py``). Errors leave through one table (``errors.from_loom``) as S3 XML
 What S3 keeps beside an object lives in the object's tags under ``s3.``: the ETag it
 computed while the bytes streamed in (with the version it belongs to, so a file changed
 behind loomfs's back never shows a stale ETag), the Content-Type and the user metadata.
+Versioning is the namespace's (``hub.versions``): the gateway maps a bucket's state, its
+versions and delete markers to S3's requests; a versionId is the namespace version.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ from ...errors import (
     LoomError,
     NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
-from ...namespace.base import Namespace
+from ...namespace.base import NULL_VERSION, VERSIONING_STATES, Namespace, Version
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
 from . import acl, checksums, cors, post, sigv2, sigv4, tagging
@@ -101,7 +104,6 @@ UNSUPPORTED = frozenset(
         "lifecycle",
         "website",
         "tagging",
-        "versioning",
         "logging",
         "notification",
         "replication",
@@ -151,9 +153,8 @@ ABSENT_CONFIG = {
         "the replication configuration was not found",
     ),
 }
-# ... and those whose absence S3 answers with an empty document (versioning never enabled)
+# ... and those whose absence S3 answers with an empty document
 EMPTY_CONFIG = {
-    "versioning": "VersioningConfiguration",
     "logging": "BucketLoggingStatus",
     "notification": "NotificationConfiguration",
     "accelerate": "AccelerateConfiguration",
@@ -175,6 +176,8 @@ class Call:
     key: str
     query: dict[str, str]
     op: str = "-"
+    #: the version a write made in a versioning-enabled bucket, answered in its headers
+    version_id: str | None = None
 
     @property
     def resource(self) -> str:
@@ -385,6 +388,9 @@ class S3Gateway:
         self.max_upload_size = max_upload_size
         self.verifier = sigv4.Verifier(region, clock)
         self.region = region
+        #: each bucket's versioning state as the namespace last said (this gateway is what
+        #: sets it): a PUT or DELETE in an unversioned bucket asks no more than before
+        self._versioning: dict[str, str | None] = {}
 
     def app(self) -> web.Application:
         # bodies stream; client_max_size bounds only what aiohttp itself would buffer
@@ -535,6 +541,8 @@ class S3Gateway:
                 "PUT": self.put_cors,
                 "DELETE": self.delete_cors,
             }.get(method)
+        elif "versioning" in q and c.bucket and not c.key:
+            handler = {"GET": self.get_versioning, "PUT": self.put_versioning}.get(method)
         elif "tagging" in q and c.bucket:
             handler = {
                 "GET": self.get_tagging,
@@ -587,7 +595,10 @@ class S3Gateway:
         acl.check_canned(c.request.headers.get("x-amz-acl"))
         if handler != self.create_bucket:
             await self._check_owner(c, "x-amz-expected-bucket-owner")
-        return await handler(c)
+        response = await handler(c)
+        if c.version_id is not None:
+            response.headers["x-amz-version-id"] = c.version_id
+        return response
 
     async def _check_owner(self, c: Call, header: str) -> None:
         """AccessDenied unless the bucket's owner is the one a request's header expects
@@ -822,6 +833,7 @@ class S3Gateway:
         return web.Response(headers={"Location": f"/{c.bucket}"})
 
     async def delete_bucket(self, c: Call) -> web.Response:
+        self._versioning.pop(c.bucket, None)
         folder = await self._bucket_entry(c)
         if c.bucket in self.buckets:
             raise S3Error("AccessDenied", "a configured bucket cannot be deleted over S3")
@@ -946,6 +958,9 @@ class S3Gateway:
     async def list_versions(self, c: Call) -> web.Response:
         """Unversioned buckets: every object is its only version, VersionId 'null'."""
         q = c.query
+        folder = await self._bucket_entry(c)
+        if await self._bucket_versioning(c, folder) is not None:
+            return await self._list_kept_versions(c, folder)
         prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
         encode = q.get("encoding-type") == "url"
         max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
@@ -968,6 +983,89 @@ class S3Gateway:
                 el("IsTruncated", truncated),
                 await self._contents(c, items, encode, "Version", await self._bucket_owner(c)),
             )
+        )
+
+    async def _list_kept_versions(self, c: Call, folder: str) -> web.Response:
+        """A versioned bucket's versions: the objects as they are (from the listing) and
+        the old versions and delete markers the namespace kept, by key, newest first."""
+        q = c.query
+        prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+        encode = q.get("encoding-type") == "url"
+        max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
+        after = q.get("key-marker") or ""
+        items, _ = await self._page(c, prefix, delimiter, None, 1 << 62)
+        kept = await self.ns.versions(c.who, folder)
+        named = {(v.path, v.vid): v for v in kept if v.latest and not v.marker}
+        rows: list[tuple[str, Xml]] = []
+        prefixes = {i.key for i in items if i.entry is None}
+        owner = self._owner(c, await self._bucket_owner(c))
+        for item in items:
+            if item.entry is None:
+                continue
+            now = next((v for (p, _), v in named.items() if p == item.entry.path), None)
+            tags = await self.ns.get_tags(c.who, item.entry.path)
+            vid = now.vid if now is not None else NULL_VERSION
+            rows.append(
+                (item.key, self._version_row(item.key, vid, True, item.entry, tags, owner, encode))
+            )
+        for version in kept:
+            key = version.path[len(folder) + 1 :]
+            if (version.latest and not version.marker) or not key.startswith(prefix):
+                continue
+            cut = key.find(delimiter, len(prefix)) if delimiter else -1
+            if cut >= 0:
+                prefixes.add(key[: cut + len(delimiter)])
+                continue
+            if version.marker:
+                element = el(
+                    "DeleteMarker", owner, el("Key", _enc(key, encode)),
+                    el("VersionId", version.vid), el("IsLatest", version.latest),
+                    el("LastModified", iso_time(version.mtime_ns)),
+                )  # fmt: skip
+            else:
+                element = self._version_row(
+                    key, version.vid, False, version.entry(), version.tags, owner, encode
+                )
+            rows.append((key, element))
+        rows.sort(key=lambda r: r[0])  # stable: each key's versions stay newest first
+        rows = [r for r in rows if r[0] > after]
+        truncated = len(rows) > max_keys
+        shown = rows[:max_keys]
+        next_key = shown[-1][0] if truncated and shown else None
+        return _xml(
+            document(
+                "ListVersionsResult",
+                el("Name", c.bucket),
+                el("Prefix", _enc(prefix, encode)),
+                el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
+                el("KeyMarker", _enc(after, encode)),
+                el("VersionIdMarker", q.get("version-id-marker", "")),
+                el("NextKeyMarker", _enc(next_key, encode)) if next_key else None,
+                el("MaxKeys", max_keys),
+                el("EncodingType", "url") if encode else None,
+                el("IsTruncated", truncated),
+                nodes([element for _, element in shown]),
+                nodes(
+                    [el("CommonPrefixes", el("Prefix", _enc(p, encode))) for p in sorted(prefixes)]
+                ),
+            )
+        )
+
+    @staticmethod
+    def _version_row(
+        key: str, vid: str, latest: bool, entry: Entry, tags: Mapping[str, str], owner: Xml,
+        encode: bool,
+    ) -> Xml:  # fmt: skip
+        return el(
+            "Version",
+            el("Key", _enc(key, encode)),
+            el("VersionId", vid),
+            el("IsLatest", latest),
+            el("LastModified", iso_time(entry.mtime_ns)),
+            el("ETag", object_etag(entry, tags)),
+            el("Size", 0 if entry.is_dir else entry.size),
+            el("StorageClass", "STANDARD"),
+            owner,
         )
 
     # -- objects --------------------------------------------------------------------------
@@ -997,7 +1095,8 @@ class S3Gateway:
 
     async def get_object(self, c: Call) -> web.StreamResponse:
         request = c.request
-        entry, tags = await self._object(c)
+        old = await self._old_version(c)
+        entry, tags = (old.entry(), old.tags) if old is not None else await self._object(c)
         etag = object_etag(entry, tags)
         status = check_preconditions(request.headers.get, etag, entry.mtime_ns)
         if status == 304:
@@ -1012,6 +1111,12 @@ class S3Gateway:
             "Accept-Ranges": "bytes",
             **_meta_headers(tags),
         }
+        if "versionId" in c.query:
+            headers["x-amz-version-id"] = c.query["versionId"]
+        elif await self._bucket_versioning(c, self.bucket_dir(c.bucket)) is not None:
+            found = await self.ns.versions(c.who, entry.path)
+            now = next((v for v in found if v.path == entry.path and v.latest), None)
+            headers["x-amz-version-id"] = now.vid if now is not None else NULL_VERSION
         for name in STORED_HEADERS:
             override = c.query.get(f"response-{name}")
             if override is not None:
@@ -1034,7 +1139,12 @@ class S3Gateway:
         else:
             window = parse_range(request.headers.get("Range"), entry.size)
         offset, length = window if window is not None else (0, None)
-        async with await self.ns.read_entry(c.who, entry, offset, length) as reader:
+        opened = (
+            self.ns.read_version(c.who, entry.path, old.vid, offset, length)
+            if old is not None
+            else self.ns.read_entry(c.who, entry, offset, length)
+        )
+        async with await opened as reader:
             return await serve_reader(
                 request, reader, headers, ranged=window is not None, sent=BYTES_OUT.inc
             )
@@ -1161,6 +1271,8 @@ class S3Gateway:
             c.who, path, checked(), exclusive=exclusive, if_version=if_version
         )
         etag = etag or tally.etag
+        if await self._bucket_versioning(c, self.bucket_dir(c.bucket)) == "Enabled":
+            c.version_id = str(entry.version)
         own = {ETAG_TAG: f"{entry.version} {etag}"}
         if (kept := checksum()) is not None:
             own[CHECKSUM_TAG] = kept.tag(entry.version)
@@ -1295,25 +1407,31 @@ class S3Gateway:
             )
         return web.Response(status=200 if status == "200" else 204, headers=answer)
 
-    def _copy_source(self, c: Call) -> tuple[str, str]:
-        raw, _, version = c.request.headers["x-amz-copy-source"].partition("?")
+    async def _copy_source(self, c: Call) -> tuple[Call, Entry, dict[str, str], Version | None]:
+        """The copy source (x-amz-copy-source: BUCKET/KEY, maybe ?versionId=): the call
+        that names it, its entry and tags, and the old version it is, if one."""
+        raw, _, query = c.request.headers["x-amz-copy-source"].partition("?")
         source = unquote(raw)
-        if version and version != "versionId=null":
-            raise S3Error("InvalidArgument", "only the null version of an object exists here")
         bucket, _, key = source.lstrip("/").partition("/")
         if not bucket or not key:
             raise S3Error("InvalidArgument", "x-amz-copy-source must be BUCKET/KEY")
         check_key(key)
-        return bucket, key
+        vid = query.removeprefix("versionId=") if query.startswith("versionId=") else None
+        source_call = Call(
+            c.request, c.who, c.auth, bucket, key, {} if vid is None else {"versionId": vid}
+        )
+        old = await self._old_version(source_call)
+        entry, tags = (
+            (old.entry(), old.tags) if old is not None else await self._object(source_call)
+        )
+        return source_call, entry, tags, old
 
     async def _read_source(
         self, c: Call, window: tuple[int, int | None] = (0, None)
     ) -> tuple[Entry, dict[str, str], AsyncGenerator[bytes, None]]:
         """The copy source's entry, tags and bytes, after its conditions were checked."""
-        bucket, key = self._copy_source(c)
-        source_call = Call(c.request, c.who, c.auth, bucket, key, {})
+        source_call, entry, tags, old = await self._copy_source(c)
         await self._check_owner(source_call, "x-amz-source-expected-bucket-owner")
-        entry, tags = await self._object(source_call)
         status = check_preconditions(
             c.request.headers.get, object_etag(entry, tags), entry.mtime_ns, copy=True
         )
@@ -1322,9 +1440,12 @@ class S3Gateway:
 
         async def stream() -> AsyncGenerator[bytes, None]:
             offset, length = window
-            async with await self.ns.read(
-                c.who, entry.path, offset, length, if_version=entry.version
-            ) as reader:
+            opened = (
+                self.ns.read_version(c.who, entry.path, old.vid, offset, length)
+                if old is not None
+                else self.ns.read(c.who, entry.path, offset, length, if_version=entry.version)
+            )
+            async with await opened as reader:
                 async for chunk in reader.chunks():
                     yield chunk
                 await reader.verify()
@@ -1416,6 +1537,12 @@ class S3Gateway:
                 return
         if self.rules is not None:  # an object's ACL goes with it
             await self.rules.forget_access(c.who, path)
+        await self._prune(c, path)
+
+    async def _prune(self, c: Call, path: str) -> None:
+        """Remove the directories that only existed for the key at ``path`` (now gone),
+        up to the bucket; folder markers stay."""
+        folder = self.bucket_dir(c.bucket)
         parent = paths.split(path)[0]
         while parent != folder and paths.is_within(parent, folder):
             try:
@@ -1427,13 +1554,112 @@ class S3Gateway:
             parent = paths.split(parent)[0]
 
     async def delete_object(self, c: Call) -> web.Response:
-        await self._bucket_entry(c)
+        folder = await self._bucket_entry(c)
         headers = c.request.headers
+        state = await self._bucket_versioning(c, folder)
+        vid = c.query.get("versionId")
+        if vid is not None and (state is not None or vid != NULL_VERSION):
+            await self._version_holds(c, c.key, vid, headers.get("If-Match"), headers)
+            return web.Response(status=204, headers=await self._remove_version(c, c.key, vid))
         await self._remove_key(c, c.key, headers.get("If-Match"), _delete_conditions(headers))
-        return web.Response(status=204)
+        if state is None:
+            return web.Response(status=204)
+        return web.Response(status=204, headers=await self._marker_left(c, c.key))
+
+    async def _version_holds(
+        self, c: Call, key: str, vid: str, if_match: str | None, headers: Mapping[str, str]
+    ) -> None:
+        """PreconditionFailed unless version ``vid`` of ``key`` meets a delete's
+        conditions (If-Match, the x-amz-if-match-* headers)."""
+        holds = _delete_conditions(headers)
+        if if_match is None and holds is None:
+            return
+        call = Call(c.request, c.who, c.auth, c.bucket, key, {"versionId": vid})
+        try:
+            old = await self._old_version(call)
+            entry, tags = (old.entry(), old.tags) if old is not None else await self._object(call)
+        except S3Error as exc:
+            if exc.code in ("NoSuchVersion", "NoSuchKey"):
+                return  # nothing there to delete: no condition to fail (S3's -ENOENT)
+            raise
+        if (if_match is not None and not _etag_matches(if_match, object_etag(entry, tags))) or (
+            holds is not None and not holds(entry)
+        ):
+            raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
+
+    async def _marker_left(self, c: Call, key: str) -> dict[str, str]:
+        """The headers naming the delete marker a delete of ``key`` left (if it did)."""
+        path = paths.normalize(self.object_path(c, key))
+        newest = next((v for v in await self.ns.versions(c.who, path) if v.path == path), None)
+        if newest is None or not newest.marker:
+            return {}
+        return {"x-amz-delete-marker": "true", "x-amz-version-id": newest.vid}
+
+    async def _remove_version(self, c: Call, key: str, vid: str) -> dict[str, str]:
+        """Delete one version of ``key`` for good; the response's headers."""
+        path = paths.normalize(self.object_path(c, key))
+        try:
+            gone = await self.ns.remove_version(c.who, path, vid)
+        except NotSupported:
+            raise S3Error("NoSuchVersion", "this gateway keeps no versions") from None
+        if not await self.ns.exists(c.who, path):
+            await self._prune(c, path)
+        answer = {"x-amz-version-id": vid}
+        if gone is not None and gone.marker:
+            answer["x-amz-delete-marker"] = "true"
+        return answer
+
+    # -- versioning -----------------------------------------------------------------------
+
+    async def get_versioning(self, c: Call) -> web.Response:
+        state = await self.ns.versioning(c.who, await self._bucket_entry(c))
+        self._versioning[c.bucket] = state
+        status = el("Status", state) if state is not None else None
+        return _xml(document("VersioningConfiguration", status))
+
+    async def put_versioning(self, c: Call) -> web.Response:
+        folder = await self._bucket_entry(c)
+        root = parse(await _read_document(c.request))
+        status = child_text(root, "Status")
+        if local(root.tag) != "VersioningConfiguration" or status not in VERSIONING_STATES:
+            raise S3Error("MalformedXML", "Status must be Enabled or Suspended")
+        try:
+            await self.ns.set_versioning(c.who, folder, status)
+        except NotSupported:
+            raise S3Error("NotImplemented", "this gateway keeps no versions") from None
+        self._versioning[c.bucket] = status
+        return web.Response()
+
+    async def _bucket_versioning(self, c: Call, folder: str) -> str | None:
+        if c.bucket not in self._versioning:
+            self._versioning[c.bucket] = await self.ns.versioning(c.who, folder)
+        return self._versioning[c.bucket]
+
+    async def _version(self, c: Call, vid: str) -> Version | None:
+        """Version ``vid`` of the call's key; None for the null version of an object
+        never versioned (the object itself)."""
+        await self._bucket_entry(c)
+        path = paths.normalize(self.object_path(c))
+        with contextlib.suppress(NotSupported):
+            for version in await self.ns.versions(c.who, path):
+                if version.path == path and version.vid == vid:
+                    return version
+        if vid == NULL_VERSION:
+            return None
+        raise S3Error("NoSuchVersion", "the specified version does not exist")
+
+    async def _old_version(self, c: Call) -> Version | None:
+        """The old version a GET or HEAD names (versionId), None for the object as is."""
+        vid = c.query.get("versionId")
+        version = None if vid is None else await self._version(c, vid)
+        if version is None or (version.latest and not version.marker):
+            return None
+        if version.marker:
+            raise S3Error("MethodNotAllowed", "the specified version is a delete marker")
+        return version
 
     async def delete_objects(self, c: Call) -> web.Response:
-        await self._bucket_entry(c)
+        state = await self._bucket_versioning(c, await self._bucket_entry(c))
         root = parse(await _read_document(c.request))
         if local(root.tag) != "Delete":
             raise S3Error("MalformedXML", "the root element must be Delete")
@@ -1450,7 +1676,12 @@ class S3Gateway:
             assert key is not None
             try:
                 check_key(key)
-                await self._remove_key(c, key, if_match)
+                if version is not None and (state is not None or version != NULL_VERSION):
+                    await self._version_holds(c, key, version, if_match, {})
+                    done = await self._remove_version(c, key, version)
+                else:
+                    await self._remove_key(c, key, if_match)
+                    done = await self._marker_left(c, key) if state is not None else {}
             except (S3Error, LoomError) as exc:
                 error = exc if isinstance(exc, S3Error) else from_loom(exc, key)
                 results.append(
@@ -1464,7 +1695,18 @@ class S3Gateway:
                 )
                 continue
             if not quiet:
-                results.append(el("Deleted", el("Key", key)))
+                marker = done.get("x-amz-delete-marker") == "true"
+                results.append(
+                    el(
+                        "Deleted",
+                        el("Key", key),
+                        el("VersionId", version) if version is not None else None,
+                        el("DeleteMarker", True) if marker else None,
+                        el("DeleteMarkerVersionId", done["x-amz-version-id"])
+                        if marker and version is None
+                        else None,
+                    )
+                )
         return _xml(document("DeleteResult", nodes(results)))
 
     # -- multipart ------------------------------------------------------------------------
@@ -1543,8 +1785,7 @@ class S3Gateway:
         window: tuple[int, int | None] = (0, None)
         source_range = c.request.headers.get("x-amz-copy-source-range")
         if source_range:
-            bucket, key = self._copy_source(c)
-            source, _ = await self._object(Call(c.request, c.who, c.auth, bucket, key, {}))
+            _, source, _, _ = await self._copy_source(c)
             window = _copy_range(source_range, source.size)
         _, _, source_data = await self._read_source(c, window)
         data, checksum = self._part_checksum(upload, source_data, None)
