@@ -156,10 +156,12 @@ class NetNamespace:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def command(self, argv: list[str]) -> list[str]:
-        """``argv`` made to run in the namespace (network and private /run); nsenter
+        """``argv`` made to run in the namespace (network and private /run), in this
+        process's working directory (a relative ``PYTHONPATH`` still holds); nsenter
         execs it, so the process keeps the pid it was started with."""
         assert self._holder is not None, "use the namespace as a context manager"
-        return ["nsenter", "-t", str(self._holder.pid), "-m", "-n", "--", *argv]
+        where = f"--wd={os.getcwd()}"
+        return ["nsenter", "-t", str(self._holder.pid), "-m", "-n", where, "--", *argv]
 
     def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start ``argv`` in the namespace, in a session of its own (a server that
