@@ -12,11 +12,14 @@ Storage's DLIO does. The same loop runs
 - ``lru-seq`` and ``predict``: as ``lru`` and ``adaptive`` with a sequential sampler (files
   in name order, each epoch the same): the order the spoke's predictors learn without a plan.
 
-The spoke reaches its hub through an emulated WAN (``LinkEmulator``, default 100 MB/s and
-20 ms each way), its cache is smaller than the data set (eviction matters), each run starts
-cold, and epoch 2 is reshuffled. The stall bound of an epoch is max(compute, bytes /
-bandwidth): no loader can beat it. Goal: the plan's epochs <= 1.10x local and within 10% of
-the bound.
+The spoke reaches its hub through an emulated WAN, default 100 MB/s and 20 ms each way:
+``--link kernel`` (the default; root) puts the hub in a network namespace of its own behind
+a veth pair the kernel shapes (``KernelLink``: ``tbf`` for the rate, a splicing relay for
+the delay), ``--link python`` is the ``LinkEmulator`` proxy, which copies every byte in
+this process; the emulator's own CPU is printed per mode. Its cache is smaller than the
+data set (eviction matters), each run starts cold, and epoch 2 is reshuffled. The stall
+bound of an epoch is max(compute, bytes / bandwidth): no loader can beat it. Goal: the
+plan's epochs <= 1.10x local and within 10% of the bound.
 
     PYTHONPATH=src python bench/train_stall.py [--quick] [--json out.json] [--modes ...]
 """
@@ -36,6 +39,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import loomfs.torch as lt
+from loomfs.testing.kwan import KernelLink
 from loomfs.testing.sites import spoke_site
 
 MB = 1_000_000
@@ -110,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--modes", default="local,lru,adaptive,plan,lru-seq,predict")
+    parser.add_argument("--link", choices=("kernel", "python"), default="kernel")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     files = args.files or (120 if args.quick else 300)
@@ -150,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with spoke_site(
                     tmp / f"{run}-{mode}", data, "/data", rate=rate, latency=args.latency_ms / 1000,
                     cache_size=cache, prefetch=mode not in ("lru", "lru-seq"),
+                    kernel=args.link == "kernel",
                 ) as site:  # fmt: skip
                     ds: lt.FileDataset[bytes] = lt.FileDataset(f"loomfs://{site.address}/data")
 
@@ -161,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     times = epochs(ds, sampler.get(mode, shuffled), **loop, link=carried)
                     if mode not in ("lru", "lru-seq"):
                         report = site.prefetch_report()
+                    if isinstance(site.link, KernelLink):
+                        emulator = site.link.cpu_seconds()
+                        print(f"    link emulator CPU {emulator:.2f} s "
+                              f"({emulator / sum(times):.1%} of a core)")  # fmt: skip
             results["modes"][mode if mode not in results["modes"] else f"{mode}-{run}"] = {
                 "epochs_s": times,
                 "spoke": report,

@@ -1,4 +1,5 @@
-"""The WAN emulator: bytes arrive intact, cuts drop and refuse, pacing arithmetic."""
+"""The WAN emulators: bytes arrive intact, cuts drop and refuse, pacing arithmetic; the
+kernel-shaped link carries bytes intact through its relay, from another namespace."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import contextlib
 import os
 import socket
 import struct
+import subprocess
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from loomfs.testing.kwan import KernelLink
 from loomfs.testing.wan import LinkEmulator, TokenBucket
 
 
@@ -122,3 +128,54 @@ def test_token_bucket_paces_to_the_rate() -> None:
     assert bucket.delay(1) == pytest.approx(0.001)
     with pytest.raises(ValueError):
         TokenBucket(rate=0)
+
+
+# ---------------------------------------------------------------- the kernel-shaped link
+
+
+def _echo_in(link: KernelLink) -> int:
+    """An echo server on the far namespace's loopback (a thread per connection); its port."""
+    server = link.in_netns(lambda: socket.create_server(("127.0.0.1", 0)))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return int(server.getsockname()[1])
+
+
+def _send_and_end(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(payload)
+    sock.shutdown(socket.SHUT_WR)
+
+
+@given(sizes=st.lists(st.integers(0, 3 << 20), min_size=1, max_size=3))
+@settings(max_examples=4, deadline=None)
+def test_the_kernel_link_carries_bytes_intact_both_ways_through_its_relay(
+    sizes: list[int],
+) -> None:
+    with KernelLink(rate=400e6, latency=0.001) as link:
+        port = _echo_in(link)
+        host, relayed = link.forward(port)
+        before = link.down.bytes
+        for size in sizes:
+            payload = os.urandom(size)
+            with socket.create_connection((host, relayed)) as sock:
+                sender = threading.Thread(target=_send_and_end, args=(sock, payload))
+                sender.start()
+                got = bytearray()
+                while data := sock.recv(1 << 20):
+                    got += data
+                sender.join()
+            assert bytes(got) == payload
+        assert link.down.bytes - before >= sum(sizes)  # it crossed the veth pair
+        assert link.cpu_seconds() >= 0.0
+    assert link.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                            text=True, check=True).stdout  # fmt: skip

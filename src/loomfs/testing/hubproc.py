@@ -141,6 +141,8 @@ class SiteProcess(LoomfsProcess):
     the directory its data directory is in (a test's scratch directory)."""
 
     command: tuple[str, ...] = ("hub", "serve")
+    #: where it listens: another namespace's address when ``prefix`` starts it there
+    listen_host = "127.0.0.1"
 
     def __init__(
         self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
@@ -172,7 +174,7 @@ class SiteProcess(LoomfsProcess):
             *self.command,
             *self.args,
             "--listen",
-            "127.0.0.1:0",
+            f"{self.listen_host}:0",
             "--ready-file",
             str(self.ready),
         ]
