@@ -8,8 +8,10 @@ gap-free and in commit order.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from ..types import Change, Entry, EntryKind, Volume, VolumeState
@@ -149,6 +151,13 @@ class Catalog(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+    def serialized(self, path: str) -> AbstractAsyncContextManager[None]:
+        """Hold ``path`` against writers in other processes over this same catalog, from a
+        write's version check through its change on the volume to its commit. Writers in
+        one process are the namespace's own (in-process) locks; this adds the database's.
+        Here nothing: an engine with one writing process (SQLite) needs nothing more."""
+        return contextlib.nullcontext()
 
     # -- entries ---------------------------------------------------------------------------
 
