@@ -1,7 +1,8 @@
 """Several hub gateways over one PostgreSQL catalog and one posix volume (hub layer, over
 REST): two real ``loomfs hub serve`` processes, one path hammered with conditional writes
 from both, and a history checker: no two writes with the same expected version both
-succeed, and no acknowledged write is lost."""
+succeed, and no acknowledged write is lost. And one gateway's change feed wakes for a
+commit made through the other (LISTEN/NOTIFY), not at its next poll."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from loomfs.config import Config
+from loomfs.core.catalog.postgres import PostgresCatalog
 from loomfs.core.types import SYSTEM
 from loomfs.errors import Conflict
 from loomfs.rest.client import RestNamespace
+from loomfs.service import HubService
 from loomfs.testing.hubproc import HubProcess, cli_ok
 from loomfs.testing.postgres import PostgresServer
 
@@ -136,3 +140,47 @@ def test_the_history_checker_refuses_what_it_must(attempts: list[Attempt], ok: b
     else:
         with pytest.raises(AssertionError):
             check_history(1, attempts)
+
+
+def _hub_config(data_dir: Path, catalog_url: str) -> Config:
+    return Config.model_validate(
+        {"site": {"data_dir": str(data_dir)}, "audit": {"enabled": False},
+         "catalog": {"url": catalog_url},
+         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(data_dir.parent)]}}
+    )  # fmt: skip
+
+
+async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
+    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no poll would come in the test's lifetime: only a notification can wake the feed
+    monkeypatch.setattr(PostgresCatalog, "NOTIFIED_POLL_S", 3600.0)
+    waiting = asyncio.Event()
+    woken: list[bool] = []  # each of the feed's waits: ended by a notification?
+    changed = PostgresCatalog.changed
+
+    async def waits(catalog: PostgresCatalog, seen: int, poll: float, limit: float) -> None:
+        waiting.set()  # the feed found nothing and waits: what comes now must wake it
+        await changed(catalog, seen, poll, limit)
+        woken.append(catalog.commits_seen() != seen)
+
+    monkeypatch.setattr(PostgresCatalog, "changed", waits)
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    first = HubService(_hub_config(tmp_path / "a", url))
+    await first.start()
+    second = HubService(_hub_config(tmp_path / "b", url))
+    try:
+        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        await second.start()
+        head = await second.catalog.head_seq()
+        polled = asyncio.ensure_future(second.feed(None, head, 100, wait=30.0))
+        await waiting.wait()
+        made = await first.namespace.write(SYSTEM, "/v/new.txt", _body(b"news"))
+        feed = await polled
+        assert [(c.path, c.version) for c in feed.changes] == [("/v/new.txt", made.version)]
+        # woken by the commit's notification, not by the long poll's end (the old code)
+        assert woken == [True], woken
+    finally:
+        await second.stop()
+        await first.stop()

@@ -8,6 +8,7 @@ gap-free and in commit order.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -158,6 +159,16 @@ class Catalog(ABC):
         one process are the namespace's own (in-process) locks; this adds the database's.
         Here nothing: an engine with one writing process (SQLite) needs nothing more."""
         return contextlib.nullcontext()
+
+    def commits_seen(self) -> int:
+        """A mark to pass to ``changed``: moves with each commit this catalog is told of."""
+        return 0
+
+    async def changed(self, seen: int, poll: float, limit: float) -> None:
+        """Wait for a commit after ``seen`` (a ``commits_seen`` mark) by any process, for
+        at most ``limit`` seconds. Here no commit is told of: wait ``poll`` seconds (the
+        caller reads again, the one signal that sees every process's commits)."""
+        await asyncio.sleep(max(0.0, min(poll, limit)))
 
     # -- entries ---------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from ...paths import normalize
 from .base import ScanRow
 from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
 
+COMMITS_CHANNEL = "loomfs_commits"
+
 
 class PostgresCatalog(SqlCatalog):
     """``postgresql://user@host:port/dbname`` (libpq URL; a password is best kept in
@@ -32,10 +34,15 @@ class PostgresCatalog(SqlCatalog):
         lock_writers="SELECT value FROM counters WHERE name = 'seq' FOR UPDATE",
         # temp tables are never vacuumed: let each commit truncate the scan's scratch rows
         temp_table_options="ON COMMIT DELETE ROWS",
+        # delivered at commit, to every gateway's listener (one per transaction)
+        notify_commit=f"NOTIFY {COMMITS_CHANNEL}",
     )
 
     #: the longest pause between two tries of a path another gateway holds
     LOCK_POLL_MAX_S = 0.05
+    #: how long a feed waits for a notification before it reads again anyway (a notice
+    #: is lost only with the listener's connection, which then ends the listening)
+    NOTIFIED_POLL_S = 1.0
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
@@ -45,6 +52,9 @@ class PostgresCatalog(SqlCatalog):
         # loses its session, and with it its locks.
         self._locker: Any = None
         self._lock_thread = ThreadPoolExecutor(1, thread_name_prefix="loomfs-pathlock")
+        self._notified = 0
+        self._wake = asyncio.Event()
+        self._listening: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> PostgresCatalog:
@@ -89,7 +99,47 @@ class PostgresCatalog(SqlCatalog):
             with contextlib.suppress(BackendUnavailable):  # a lost session holds nothing
                 await asyncio.shield(self._on_locker("SELECT pg_advisory_unlock(%s)", key))
 
+    async def open(self) -> None:
+        await super().open()
+        try:
+            listener = await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, connect_timeout=10
+            )
+            await listener.execute(f"LISTEN {COMMITS_CHANNEL}")
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"catalog database (listener): {exc}") from exc
+        self._listening = asyncio.create_task(self._listen(listener))
+
+    async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            async for _ in listener.notifies():
+                self._notified += 1
+                self._wake.set()
+                self._wake = asyncio.Event()
+        except psycopg.Error:
+            pass  # the listener's connection is gone: ``changed`` falls back to polling
+        finally:
+            await listener.close()
+
+    def commits_seen(self) -> int:
+        return self._notified
+
+    async def changed(self, seen: int, poll: float, limit: float) -> None:
+        if self._listening is None or self._listening.done():
+            await super().changed(seen, poll, limit)
+            return
+        if self._notified == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), max(0.0, min(self.NOTIFIED_POLL_S, limit))
+                )
+
     async def close(self) -> None:
+        if self._listening is not None:
+            self._listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listening
+            self._listening = None
         await super().close()
         if self._locker is not None:
             await asyncio.get_running_loop().run_in_executor(self._lock_thread, self._locker.close)
