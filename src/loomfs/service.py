@@ -286,14 +286,15 @@ class HubService:
         lease = self.namespace.leases.renew(site, ack) if site is not None else None
         deadline = time.monotonic() + wait
         while True:
+            seen = self.catalog.commits_seen()  # before the read: a commit after it wakes
             changes = await self.catalog.changes(since, limit)
             if site is not None:  # what a placement policy hides from it, it doesn't learn
                 changes = await self.placement.redact(site, changes)
             if changes or time.monotonic() >= deadline or gone():
                 return Feed(changes, await self.catalog.head_seq(), lease)
-            # the catalog may be written by other processes: polling it is the one signal
-            # that sees them all, and it is a single indexed read
-            await asyncio.sleep(FEED_POLL)
+            # the catalog may be written by other processes (other gateways): it tells of
+            # their commits where it can (PostgreSQL), else it is polled (an indexed read)
+            await self.catalog.changed(seen, FEED_POLL, deadline - time.monotonic())
 
     async def settle(self, seq: int) -> None:
         """Return once every leased spoke applied change ``seq`` (say a policy's evictions,

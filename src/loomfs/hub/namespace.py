@@ -228,7 +228,7 @@ class HubNamespace(ResolvingNamespace):
     async def refresh(self, path: str) -> Entry | None:
         """Re-read one object's facts from its volume and record any change (None: gone)."""
         mounted, key = self._in_volume(path)
-        async with self._lock(path):
+        async with self._serialized(path):
             try:
                 info = await mounted.backend.stat(key)
             except NotFound:
@@ -313,6 +313,19 @@ class HubNamespace(ResolvingNamespace):
         if lock is None:
             lock = self._locks[path] = asyncio.Lock()
         return lock
+
+    @contextlib.asynccontextmanager
+    async def _serialized(self, *held: str) -> AsyncIterator[None]:
+        """Hold ``held`` (in sorted order, as every caller takes them) against every other
+        writer: this process's by an in-process lock (the fast path, so that at most one
+        task per path waits on the database), other gateways' over the same catalog by
+        the catalog's own."""
+        async with contextlib.AsyncExitStack() as stack:
+            for path in held:
+                await stack.enter_async_context(self._lock(path))
+            for path in held:
+                await stack.enter_async_context(self.catalog.serialized(path))
+            yield
 
     async def _entry(self, path: str) -> Entry:
         entry = await self.catalog.get(path)
@@ -444,7 +457,7 @@ class HubNamespace(ResolvingNamespace):
 
         async def gate(commit: Commit) -> ObjectInfo:
             nonlocal cancelled, began
-            async with self._lock(path):
+            async with self._serialized(path):
                 if remembered is not None and (done := await self.catalog.written(remembered)):
                     # the same write, sent again while this one streamed: it stands
                     repeated.append(done)
@@ -528,7 +541,7 @@ class HubNamespace(ResolvingNamespace):
         parent = paths.split(path)[0]
         if parents and await self.catalog.get(parent) is None:
             await self.mkdir(who, parent, parents=True, exist_ok=True)
-        async with self._lock(path):
+        async with self._serialized(path):
             made = await self.catalog.get(path)
             if exist_ok and made is not None and made.is_dir:
                 return made  # by a concurrent mkdir while this one waited for the lock
@@ -589,7 +602,7 @@ class HubNamespace(ResolvingNamespace):
     ) -> Entry:
         """Make a new name that must not exist yet, in an existing directory, and record
         it: symlinks, special files and hard links."""
-        async with self._lock(path):
+        async with self._serialized(path):
             self.write_leases.check(path, who.site)  # another site's lease on the new name
             if await self.catalog.get(path) is not None:
                 raise AlreadyExists(f"already exists: {path}", path=path)
@@ -670,7 +683,7 @@ class HubNamespace(ResolvingNamespace):
         # residency: a move under a policy the source was not under evicts it from the
         # spokes that policy refuses (they may keep the old name's data as chunk sources)
         before = await self.placement.covering(src) if self.placement is not None else set()
-        async with self._lock(first), self._lock(second):
+        async with self._serialized(first, second):
             self.write_leases.check(src, who.site)
             self.write_leases.check(dst, who.site)
             entry = await self._entry(src)
@@ -700,7 +713,7 @@ class HubNamespace(ResolvingNamespace):
     ) -> None:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
-        async with self._lock(path):
+        async with self._serialized(path):
             self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if if_version is not None and entry.version != if_version:
@@ -747,7 +760,7 @@ class HubNamespace(ResolvingNamespace):
     ) -> Entry:
         path = paths.normalize(path)
         hit = self._resolve(path)
-        async with self._lock(path):
+        async with self._serialized(path):
             self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:

@@ -8,8 +8,11 @@ gap-free and in commit order.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from ..types import Change, Entry, EntryKind, Volume, VolumeState
@@ -149,6 +152,23 @@ class Catalog(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+    def serialized(self, path: str) -> AbstractAsyncContextManager[None]:
+        """Hold ``path`` against writers in other processes over this same catalog, from a
+        write's version check through its change on the volume to its commit. Writers in
+        one process are the namespace's own (in-process) locks; this adds the database's.
+        Here nothing: an engine with one writing process (SQLite) needs nothing more."""
+        return contextlib.nullcontext()
+
+    def commits_seen(self) -> int:
+        """A mark to pass to ``changed``: moves with each commit this catalog is told of."""
+        return 0
+
+    async def changed(self, seen: int, poll: float, limit: float) -> None:
+        """Wait for a commit after ``seen`` (a ``commits_seen`` mark) by any process, for
+        at most ``limit`` seconds. Here no commit is told of: wait ``poll`` seconds (the
+        caller reads again, the one signal that sees every process's commits)."""
+        await asyncio.sleep(max(0.0, min(poll, limit)))
 
     # -- entries ---------------------------------------------------------------------------
 

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 from psycopg import errors as pgerrors
 
 from ...errors import AlreadyExists, BackendUnavailable, InsufficientStorage, LoomError
+from ...paths import normalize
 from .base import ScanRow
 from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
+
+COMMITS_CHANNEL = "loomfs_commits"
 
 
 class PostgresCatalog(SqlCatalog):
@@ -27,11 +34,116 @@ class PostgresCatalog(SqlCatalog):
         lock_writers="SELECT value FROM counters WHERE name = 'seq' FOR UPDATE",
         # temp tables are never vacuumed: let each commit truncate the scan's scratch rows
         temp_table_options="ON COMMIT DELETE ROWS",
+        # delivered at commit, to every gateway's listener (one per transaction)
+        notify_commit=f"NOTIFY {COMMITS_CHANNEL}",
     )
+
+    #: the longest pause between two tries of a path another gateway holds
+    LOCK_POLL_MAX_S = 0.05
+    #: how long a feed waits for a notification before it reads again anyway (a notice
+    #: is lost only with the listener's connection, which then ends the listening)
+    NOTIFIED_POLL_S = 1.0
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        # Path locks are session advisory locks on a connection of their own, on a thread
+        # of its own: held from a write's version check to its commit, they must not sit
+        # in (or wait behind) the catalog connection's transactions. A gateway that dies
+        # loses its session, and with it its locks.
+        self._locker: Any = None
+        self._lock_thread = ThreadPoolExecutor(1, thread_name_prefix="loomfs-pathlock")
+        self._notified = 0
+        self._wake = asyncio.Event()
+        self._listening: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> PostgresCatalog:
         return cls(url)
+
+    def _lock_sql(self, sql: str, key: int) -> bool:
+        if self._locker is None or self._locker.closed:
+            self._locker = self._connect()
+        row = self._locker.execute(sql, (key,)).fetchone()
+        return bool(row[0])
+
+    async def _on_locker(self, sql: str, key: int) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._lock_thread, self._lock_sql, sql, key)
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"catalog database (path lock): {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def serialized(self, path: str) -> AsyncIterator[None]:
+        """A session advisory lock on ``path``'s key, tried without blocking (one waiter
+        would otherwise stall the lock connection for every other path) and tried again
+        after a pause that doubles up to ``LOCK_POLL_MAX_S``."""
+        key = path_lock_key(path)
+        pause = 0.001
+        while True:
+            attempt = asyncio.ensure_future(self._on_locker("SELECT pg_try_advisory_lock(%s)", key))
+            try:
+                taken = await asyncio.shield(attempt)
+            except asyncio.CancelledError:
+                # cancelled while the database may be granting it: give it back if so
+                if not attempt.cancelled() and await attempt:
+                    await self._on_locker("SELECT pg_advisory_unlock(%s)", key)
+                raise
+            if taken:
+                break
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.LOCK_POLL_MAX_S)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(BackendUnavailable):  # a lost session holds nothing
+                await asyncio.shield(self._on_locker("SELECT pg_advisory_unlock(%s)", key))
+
+    async def open(self) -> None:
+        await super().open()
+        try:
+            listener = await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, connect_timeout=10
+            )
+            await listener.execute(f"LISTEN {COMMITS_CHANNEL}")
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"catalog database (listener): {exc}") from exc
+        self._listening = asyncio.create_task(self._listen(listener))
+
+    async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            async for _ in listener.notifies():
+                self._notified += 1
+                self._wake.set()
+                self._wake = asyncio.Event()
+        except psycopg.Error:
+            pass  # the listener's connection is gone: ``changed`` falls back to polling
+        finally:
+            await listener.close()
+
+    def commits_seen(self) -> int:
+        return self._notified
+
+    async def changed(self, seen: int, poll: float, limit: float) -> None:
+        if self._listening is None or self._listening.done():
+            await super().changed(seen, poll, limit)
+            return
+        if self._notified == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), max(0.0, min(self.NOTIFIED_POLL_S, limit))
+                )
+
+    async def close(self) -> None:
+        if self._listening is not None:
+            self._listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listening
+            self._listening = None
+        await super().close()
+        if self._locker is not None:
+            await asyncio.get_running_loop().run_in_executor(self._lock_thread, self._locker.close)
+            self._locker = None
 
     def _connect(self) -> Any:
         try:
@@ -57,3 +169,11 @@ class PostgresCatalog(SqlCatalog):
         if isinstance(exc, pgerrors.DiskFull):
             return InsufficientStorage(f"catalog database: {exc}")
         return BackendUnavailable(f"catalog database: {exc}")
+
+
+def path_lock_key(path: str) -> int:
+    """The advisory lock key (a signed 64-bit integer) of a namespace path. A path names
+    one volume's object (it starts with the volume's mount), so it stands for
+    volume+path; a collision of two paths only makes them wait for each other."""
+    digest = hashlib.blake2b(b"loomfs-path\0" + normalize(path).encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)

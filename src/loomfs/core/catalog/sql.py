@@ -70,6 +70,7 @@ class Dialect:
     begin_write: str  # start a transaction that serializes writers
     lock_writers: str | None = None  # run right after begin_write, where begin alone won't
     temp_table_options: str = ""  # ends CREATE TEMP TABLE (PostgreSQL: empty it at commit)
+    notify_commit: str | None = None  # run before COMMIT: wakes other processes' feeds
 
 
 def _migrations(d: Dialect) -> list[str]:
@@ -506,6 +507,8 @@ class SqlCatalog(Catalog):
             if lock and self.dialect.lock_writers:
                 cur.execute(self.dialect.lock_writers)
             result = fn(cur)
+            if self.dialect.notify_commit:
+                cur.execute(self.dialect.notify_commit)
         except BaseException:
             cur.execute("ROLLBACK")
             raise
