@@ -251,6 +251,24 @@ def _migrations(d: Dialect) -> list[str]:
             changed_ns BIGINT NOT NULL
         )
         """,
+        # migration 11: bucket policies (loomfs.protocols.s3.policy): each policy's
+        # document, and the rules it made (allow or deny, as ``core.acl`` bits), kept apart
+        # from the ACL rules so that a new policy replaces only its own
+        f"""
+        CREATE TABLE acl_policies (
+            path {d.text} PRIMARY KEY,
+            document TEXT NOT NULL,
+            created_ns BIGINT NOT NULL
+        );
+        CREATE TABLE acl_policy_rules (
+            policy {d.text} NOT NULL,
+            path {d.text} NOT NULL,
+            subject {d.text} NOT NULL,
+            deny INTEGER NOT NULL,
+            bits INTEGER NOT NULL,
+            PRIMARY KEY (policy, path, subject, deny)
+        )
+        """,
     ]
 
 
