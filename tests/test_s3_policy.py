@@ -162,6 +162,9 @@ def _allow(principal: Any, actions: list[str], resources: list[str], **more: Any
         (_doc(_allow("*", ["s3:GetObjectAcl"], ["bkt/*"])), "cannot be expressed"),
         (_doc(_allow("*", ["s3:ListBucket"], ["bkt/*"])), "does not apply"),
         (_doc(_allow({"AWS": "arn:aws:iam::123456789012:root"}, ["s3:*"], ["bkt"])), "user ARNs"),
+        (_doc(_allow({"AWS": "123456789012"}, ["s3:ListBucket"], ["bkt"])), "user ARNs"),
+        (_doc(_allow("*", ["s3:GetObject"], ["bkt/home/${aws:username}"])), "variable"),
+        (_doc(_allow("*", ["s3:GetObject"], ["bkt/"])), "empty key"),
         (b'{"Version": "2012-10-17", "Statement": [', "not JSON"),
         (json.dumps({"Version": "2011-01-01", "Statement": []}).encode(), "Version"),
         (b"x" * (policy.MAX_SIZE + 1), "at most"),
@@ -229,8 +232,10 @@ def test_a_bucket_policy_is_enforced_over_s3_and_rest_and_replaced_whole(hub: Hu
          "Resource": "arn:aws:s3:::bkt/pub/secret/*"},
     )  # fmt: skip
     assert _code(bob.put_bucket_policy, Bucket=BUCKET, Policy=first.decode()) == "AccessDenied"
+    assert not owner.get_bucket_policy_status(Bucket=BUCKET)["PolicyStatus"]["IsPublic"]
     owner.put_bucket_policy(Bucket=BUCKET, Policy=first.decode())
     assert owner.get_bucket_policy(Bucket=BUCKET)["Policy"] == first.decode()
+    assert owner.get_bucket_policy_status(Bucket=BUCKET)["PolicyStatus"]["IsPublic"]
     assert anonymous.get_object(Bucket=BUCKET, Key="pub/k")["Body"].read() == b"public"
     assert _code(bob.get_object, Bucket=BUCKET, Key="pub/secret/s") == "AccessDenied"
     alice.put_object(Bucket=BUCKET, Key="drop", Body=b"from alice")
@@ -249,6 +254,7 @@ def test_a_bucket_policy_is_enforced_over_s3_and_rest_and_replaced_whole(hub: Hu
     # replaced whole: the Deny and alice's put go, bob's read of everything comes
     second = _doc(_allow({"AWS": "bob"}, ["s3:ListBucket", "s3:GetObject"], ["bkt", "bkt/*"]))
     owner.put_bucket_policy(Bucket=BUCKET, Policy=second.decode())
+    assert not owner.get_bucket_policy_status(Bucket=BUCKET)["PolicyStatus"]["IsPublic"]
     assert bob.get_object(Bucket=BUCKET, Key="pub/secret/s")["Body"].read() == b"hidden"
     assert _code(anonymous.get_object, Bucket=BUCKET, Key="pub/k") == "AccessDenied"
     assert _code(alice.put_object, Bucket=BUCKET, Key="drop", Body=b"x") == "AccessDenied"

@@ -261,6 +261,16 @@ class AclPolicy:
             return bool(best & _NEEDS[action])
         return not any(paths.is_within(g, path) for g in self._governing)
 
+    def public_within(self, path: str) -> bool:
+        """Whether a rule at or below ``path`` grants anything to everyone or to every
+        caller with credentials (S3's "public")."""
+        return any(
+            bits and subject in (f"group:{EVERYONE}", f"group:{AUTHENTICATED}")
+            for where, on_path in self._rules.items()
+            if paths.is_within(where, path)
+            for subject, bits in on_path.items()
+        )
+
     def rules_within(self, path: str) -> bool:
         """Whether a rule or private mark sits at or below ``path``."""
         return any(paths.is_within(g, path) for g in self._watched)
@@ -643,6 +653,9 @@ class AclAuthorizer:
 
     async def rules_within(self, path: str) -> bool:
         return (await self._current()).rules_within(paths.normalize(path))
+
+    async def public_within(self, path: str) -> bool:
+        return (await self._current()).public_within(paths.normalize(path))
 
     def groups_of(self, user: str) -> frozenset[str]:
         """The registry's groups of ``user``, as of the rules in memory."""

@@ -715,6 +715,14 @@ class GovernedNamespace(FeedNamespace):
         rules = self._rules()
         return await self.administered(who, "get_policy", path, lambda: rules.store.policy(path))
 
+    async def bucket_public(self, who: Principal, path: str) -> bool:
+        """Whether a rule at or below ``path`` (an ACL's or a policy's) grants anything to
+        everyone or to every authenticated caller; an admin's to ask."""
+        rules = self._rules()
+        return await self.administered(
+            who, "get_policy_status", path, lambda: rules.public_within(path)
+        )
+
     async def set_bucket_policy(
         self, who: Principal, path: str, document: str | None, made: Iterable[PolicyRule] = ()
     ) -> None:

@@ -44,6 +44,7 @@ from ...core.acl import EVERYONE, PolicyRule, granted, needed, parse_subject
 from ...core.types import Action
 from ...errors import InvalidArgument
 from .errors import S3Error
+from .xmlio import document, el
 
 VERSIONS = frozenset({"2012-10-17", "2008-10-17"})
 MAX_SIZE = 20 * 1024  # S3's limit on a bucket policy's document
@@ -67,6 +68,7 @@ DENIED = {
 STATEMENT_KEYS = frozenset({"Sid", "Effect", "Principal", "Action", "Resource"})
 INEXPRESSIBLE = ("Condition", "NotPrincipal", "NotAction", "NotResource")
 USER_ARN = re.compile(r"arn:aws:iam::\d{12}:user/([^/]+)")
+ACCOUNT = re.compile(r"\d{12}")  # an account, which is no loomfs user
 EVERYONE_SUBJECT = f"group:{EVERYONE}"
 
 
@@ -95,7 +97,7 @@ def _subjects(principal: Any) -> set[str]:
                 out.add(EVERYONE_SUBJECT)
                 continue
             arn = USER_ARN.fullmatch(name)
-            if name.startswith("arn:") and arn is None:
+            if (name.startswith("arn:") and arn is None) or ACCOUNT.fullmatch(name):
                 raise _malformed(f"Principal {name!r}: only user ARNs (:user/NAME) map to users")
             try:
                 out.add(parse_subject(f"user:{arn.group(1) if arn else name}"))
@@ -137,6 +139,8 @@ def _resources(value: Any, bucket: str, folder: str) -> tuple[bool, set[str]]:
         if not slash:
             on_bucket = True
             continue
+        if not key or "${" in key:
+            raise _malformed(f"Resource {arn!r}: an empty key or a policy variable is no path")
         prefix = key.removesuffix("*")
         if "*" in prefix or "?" in prefix:
             raise _malformed(f"Resource {arn!r}: a wildcard is only taken as a key's last '*'")
@@ -211,6 +215,12 @@ def _rules(held: Mapping[tuple[bool, str, str], set[str]], folder: str) -> list[
 
 def _sets(table: Iterable[frozenset[str]]) -> str:
     return " or ".join("{" + ", ".join(sorted(s)) + "}" for s in table)
+
+
+def status_xml(public: bool) -> bytes:
+    """GetBucketPolicyStatus's answer: public when the bucket's rules (its ACL's or its
+    policy's) grant anything to everyone or to every authenticated caller."""
+    return document("PolicyStatus", el("IsPublic", "true" if public else "false"))
 
 
 def translate(body: bytes, bucket: str, folder: str) -> tuple[str, list[PolicyRule]]:

@@ -541,6 +541,8 @@ class S3Gateway:
                 "PUT": self.put_policy,
                 "DELETE": self.delete_policy,
             }.get(method)
+        elif "policyStatus" in q and c.bucket and not c.key and self.rules is not None:
+            handler = {"GET": self.get_policy_status}.get(method)
         elif "tagging" in q and c.bucket:
             handler = {
                 "GET": self.get_tagging,
@@ -770,6 +772,10 @@ class S3Gateway:
         document, made = policy.translate(body, c.bucket, folder)
         await rules.set_bucket_policy(c.who, folder, document, made)
         return web.Response(status=204)
+
+    async def get_policy_status(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        return _xml(policy.status_xml(await rules.bucket_public(c.who, folder)))
 
     async def delete_policy(self, c: Call) -> web.Response:
         rules, folder = await self._policy_bucket(c)
