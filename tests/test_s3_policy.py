@@ -3,6 +3,7 @@ reference evaluator of S3's semantics, and boto3 and REST callers against a hub.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import json
 from collections.abc import Iterator
@@ -18,12 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomfs.core.acl import AclPolicy, Rule
+from loomfs.core.registry import open_catalog
 from loomfs.core.types import Action, Principal
+from loomfs.core.users import UserRegistry
 from loomfs.protocols.s3 import policy
 from loomfs.protocols.s3.errors import S3Error
 from loomfs.rest import wire
 from loomfs.testing.hubproc import HubProcess
 from loomfs.testing.s3gateway import BUCKET_ROOT, gateway_client, s3_gateway_hub
+from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -184,8 +188,8 @@ def _credentials(user: str) -> tuple[str, str]:
 
 
 class Hub:
-    def __init__(self, hub: HubProcess) -> None:
-        self.hub, self.http = hub, urllib3.PoolManager()
+    def __init__(self, hub: HubProcess, tmp: Path) -> None:
+        self.hub, self.http, self.tmp = hub, urllib3.PoolManager(), tmp
 
     def s3(self, user: str) -> S3Client:
         if user == "anonymous":
@@ -198,6 +202,15 @@ class Hub:
             )  # fmt: skip
         return gateway_client(self.hub.urls["s3"], *_credentials(user))
 
+    def sftp_get(self, user: str, key: str) -> bytes | None:
+        """The object's bytes read over SFTP as ``user`` (OpenSSH's client), None if refused."""
+        got = self.tmp / "got"
+        got.unlink(missing_ok=True)
+        port = int(self.hub.urls["sftp"].rpartition(":")[2])
+        get = f"get {BUCKET_ROOT}/{BUCKET}/{key} {got}\n"
+        done = sftp_batch(port, user, self.tmp / "keys" / user, get, cwd=self.tmp)
+        return got.read_bytes() if done.returncode == 0 else None
+
     def rest(self, user: str, method: str, key: str, body: bytes | None = None) -> int:
         auth = {"Authorization": wire.basic_authorization(*_credentials(user))}
         url = f"{self.hub.url}/v1/files{BUCKET_ROOT}/{BUCKET}/{key}"
@@ -206,9 +219,23 @@ class Hub:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[Hub]:
+    openssh_sftp()  # fails with how to install it
     users = [(u, *_credentials(u)) for u in ("owner", "alice", "bob")]
-    with s3_gateway_hub(tmp_path, users, s3_config="anonymous = true\n") as running:
-        yield Hub(running)
+    sftp = '[sftp]\nlisten = "127.0.0.1:0"\nroot = "/"\n'
+    with s3_gateway_hub(tmp_path, users, sftp, "anonymous = true\n") as running:
+        asyncio.run(_ssh_keys(tmp_path, [u for u, _, _ in users]))
+        yield Hub(running, tmp_path)
+
+
+async def _ssh_keys(tmp: Path, users: list[str]) -> None:
+    (tmp / "keys").mkdir()
+    catalog = open_catalog(f"sqlite://{tmp / 'hub' / 'catalog.db'}")
+    await catalog.open()
+    try:
+        for user in users:
+            await UserRegistry(catalog).add_ssh_key(user, make_key(tmp / "keys" / user))
+    finally:
+        await catalog.close()
 
 
 def _code(call: Any, **kwargs: Any) -> str:
@@ -246,6 +273,8 @@ def test_a_bucket_policy_is_enforced_over_s3_and_rest_and_replaced_whole(hub: Hu
     assert hub.rest("alice", "GET", "pub/secret/s") == 403
     assert hub.rest("bob", "PUT", "rest-drop", b"x") == 403
     assert hub.rest("alice", "PUT", "rest-drop", b"x") in (200, 201, 204)
+    assert hub.sftp_get("bob", "pub/k") == b"public"
+    assert hub.sftp_get("bob", "pub/secret/s") is None
     # refused: nothing changes, the old document and rules stay
     bad = _doc(_allow("*", ["s3:GetObject"], ["bkt/*"], Condition={"Bool": {}}))
     assert _code(owner.put_bucket_policy, Bucket=BUCKET, Policy=bad.decode()) == "MalformedPolicy"
@@ -256,6 +285,7 @@ def test_a_bucket_policy_is_enforced_over_s3_and_rest_and_replaced_whole(hub: Hu
     owner.put_bucket_policy(Bucket=BUCKET, Policy=second.decode())
     assert not owner.get_bucket_policy_status(Bucket=BUCKET)["PolicyStatus"]["IsPublic"]
     assert bob.get_object(Bucket=BUCKET, Key="pub/secret/s")["Body"].read() == b"hidden"
+    assert hub.sftp_get("bob", "pub/secret/s") == b"hidden"
     assert _code(anonymous.get_object, Bucket=BUCKET, Key="pub/k") == "AccessDenied"
     assert _code(alice.put_object, Bucket=BUCKET, Key="drop", Body=b"x") == "AccessDenied"
     assert hub.rest("alice", "PUT", "rest-drop", b"y") == 403
