@@ -25,7 +25,7 @@ from loomfs.core.users import UserRegistry
 from loomfs.protocols.s3 import policy
 from loomfs.protocols.s3.errors import S3Error
 from loomfs.rest import wire
-from loomfs.testing.hubproc import HubProcess
+from loomfs.testing.hubproc import HubProcess, cli_ok
 from loomfs.testing.s3gateway import BUCKET_ROOT, gateway_client, s3_gateway_hub
 from loomfs.testing.sftp import make_key, openssh_sftp, sftp_batch
 
@@ -293,6 +293,18 @@ def test_a_bucket_policy_is_enforced_over_s3_and_rest_and_replaced_whole(hub: Hu
     assert _code(owner.get_bucket_policy, Bucket=BUCKET) == "NoSuchBucketPolicy"
     assert _code(bob.get_object, Bucket=BUCKET, Key="pub/k") == "AccessDenied"
     assert hub.rest("bob", "GET", "pub/k") == 403
+    # every change is in the audit log, the refused ones too
+    audited = [
+        (r["user"], r["op"], r["result"])
+        for line in cli_ok(hub.hub.data_dir, "audit", "query", "--json").splitlines()
+        if (r := json.loads(line))["op"] in ("set_policy", "delete_policy")
+    ]
+    assert audited == [
+        ("bob", "set_policy", "denied"),
+        ("owner", "set_policy", "ok"),
+        ("owner", "set_policy", "ok"),
+        ("owner", "delete_policy", "ok"),
+    ]
 
 
 def test_a_deny_of_everything_binds_the_owner_but_not_the_policy(hub: Hub) -> None:
