@@ -318,3 +318,12 @@ def test_a_deny_of_everything_binds_the_owner_but_not_the_policy(hub: Hub) -> No
     assert hub.rest("owner", "GET", "k") == 403
     owner.delete_bucket_policy(Bucket=BUCKET)
     assert owner.get_object(Bucket=BUCKET, Key="k")["Body"].read() == b"mine"
+    # a policy goes with its bucket: one made anew under that name has none
+    owner.put_bucket_policy(
+        Bucket=BUCKET, Policy=_doc(_allow("*", ["s3:ListBucket"], ["bkt"])).decode()
+    )
+    owner.delete_object(Bucket=BUCKET, Key="k")
+    owner.delete_bucket(Bucket=BUCKET)
+    owner.create_bucket(Bucket=BUCKET)
+    assert _code(owner.get_bucket_policy, Bucket=BUCKET) == "NoSuchBucketPolicy"
+    assert _code(hub.s3("anonymous").list_objects, Bucket=BUCKET) == "AccessDenied"
