@@ -17,7 +17,8 @@ Resource ``arn:aws:s3:::B``            the bucket (for s3:ListBucket)
 =====================================  ==============================================
 
 The namespace has one permission where S3 has several, so a subject's actions on a path
-must be a set the namespace can grant: s3:ListBucket alone is list; with s3:GetObject it is
+must be a set the namespace can grant: s3:ListBucket alone is list (which shows each key's
+metadata and tags too, as HeadObject does, where S3 lists fewer fields); with s3:GetObject it is
 read (reading needs seeing the key: the namespace's read includes list); with s3:PutObject
 and s3:DeleteObject it is put (create, overwrite, remove: one permission here, so the two
 come together); all four are write. s3:GetObject or the pair on a prefix need s3:ListBucket
