@@ -22,6 +22,13 @@ hub checked make an administrator).
 Directories on the way to a path a caller was granted can be stat'ed and listed, showing
 only the children that lead there, so a user can walk down to a grant in a private tree.
 
+A bucket policy (``protocols.s3.policy``) adds rules of its own, kept with its document
+and replaced together: an allow rule grants as any rule does; a deny rule takes its bits
+away on its path and below from the subjects it names, whatever any rule grants (the
+bucket owner's admin too, but never the admin right itself, so the owner can always undo
+it; group ``admin`` and spokes acting for themselves are above it). A deny alone does not
+make an open path governed: it only takes away.
+
 Every change bumps the catalog counter ``acl``; a hub compares it with the generation it
 holds at most every ``refresh`` seconds and reloads on a change, so a ``loomfs acl``
 command run in another process takes effect within that time.
@@ -83,6 +90,30 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyRule:
+    """A rule a bucket policy made: ``bits`` (``granted`` / ``needed``) given, or taken
+    away (``deny``), on ``path`` and below."""
+
+    path: str
+    subject: str
+    deny: bool
+    bits: int
+
+
+def granted(action: Action) -> int:
+    """The bits a grant of ``action`` holds."""
+    return _GRANTS[action]
+
+
+def needed(*actions: Action) -> int:
+    """The bits that calls needing ``actions`` need (what a deny of them takes away)."""
+    bits = 0
+    for action in actions:
+        bits |= _NEEDS[action]
+    return bits
+
+
+@dataclass(frozen=True, slots=True)
 class Group:
     name: str
     members: tuple[str, ...]
@@ -120,6 +151,7 @@ class AclPolicy:
         private: Iterable[str] = (),
         members: Mapping[str, frozenset[str]] | None = None,
         generation: int = 0,
+        policies: Iterable[PolicyRule] = (),
     ) -> None:
         self.generation = generation
         self.private = frozenset(private)
@@ -134,7 +166,16 @@ class AclPolicy:
             self.at[rule.path] = self.at.get(rule.path, frozenset()) | {
                 (rule.subject, rule.permission)
             }
+        self._denied: dict[str, dict[str, int]] = {}  # path -> subject -> bits taken away
+        for made in policies:
+            table = self._denied if made.deny else self._rules
+            on_path = table.setdefault(made.path, {})
+            on_path[made.subject] = on_path.get(made.subject, 0) | made.bits
+            if not made.deny:
+                self._granted.setdefault(made.subject, set()).add(made.path)
         self._governing = frozenset(self._rules) | self.private
+        # every path something is decided on: a deny governs nothing, but must be asked
+        self._watched = self._governing | frozenset(self._denied)
         self._decided: dict[tuple[str, frozenset[str], str, Action, str], bool] = {}
 
     def _subjects(self, who: Principal) -> tuple[frozenset[str], list[str]]:
@@ -157,8 +198,18 @@ class AclPolicy:
                     best |= on_path.get(subject, 0)
         return governed, best
 
+    def _taken(self, subjects: list[str], path: str) -> int:
+        """The bits a deny rule takes from the subjects on ``path``."""
+        taken = 0
+        for p in (path, *paths.ancestors(path)):
+            on_path = self._denied.get(p)
+            if on_path is not None:
+                for subject in subjects:
+                    taken |= on_path.get(subject, 0)
+        return taken
+
     def allows(self, who: Principal, action: Action, path: str) -> bool:
-        if not self._governing:
+        if not self._watched:
             return True  # no rule and no private export anywhere: everything is open
         # the same caller asks about the same paths again and again (stat, open, read):
         # the answer is remembered for as long as this generation of the rules lives
@@ -174,6 +225,8 @@ class AclPolicy:
         groups, subjects = self._subjects(who)
         if ADMIN_GROUP in groups or is_site(who):
             return True
+        if self._denied and self._taken(subjects, path) & _NEEDS[action]:
+            return False
         governed, best = self._grant(subjects, path)
         if not governed or best & _NEEDS[action]:
             return True
@@ -196,23 +249,35 @@ class AclPolicy:
     def subtree_open(self, who: Principal, action: Action, path: str) -> bool:
         """Whether ``action`` is allowed on every path at or below ``path``: then a listing
         needs no check per child."""
-        if not self._governing:
+        if not self._watched:
             return True
         groups, subjects = self._subjects(who)
         if ADMIN_GROUP in groups or is_site(who):
             return True
+        if any(paths.is_within(d, path) or paths.is_within(path, d) for d in self._denied):
+            return False  # a deny here or below: each child is decided on its own
         governed, best = self._grant(subjects, path)
         if governed:
             return bool(best & _NEEDS[action])
         return not any(paths.is_within(g, path) for g in self._governing)
 
+    def public_within(self, path: str) -> bool:
+        """Whether a rule at or below ``path`` grants anything to everyone or to every
+        caller with credentials (S3's "public")."""
+        return any(
+            bits and subject in (f"group:{EVERYONE}", f"group:{AUTHENTICATED}")
+            for where, on_path in self._rules.items()
+            if paths.is_within(where, path)
+            for subject, bits in on_path.items()
+        )
+
     def rules_within(self, path: str) -> bool:
         """Whether a rule or private mark sits at or below ``path``."""
-        return any(paths.is_within(g, path) for g in self._governing)
+        return any(paths.is_within(g, path) for g in self._watched)
 
     def governed_below(self, path: str) -> list[str]:
         """The paths strictly below ``path`` that a rule or private mark sits on."""
-        return [g for g in self._governing if g != path and paths.is_within(g, path)]
+        return [g for g in self._watched if g != path and paths.is_within(g, path)]
 
 
 class AclStore:
@@ -419,15 +484,60 @@ class AclStore:
         await self._change(fn)
 
     async def forget(self, path: str) -> None:
-        """Drop every rule and private mark at or below ``path``."""
+        """Drop every rule, private mark and policy at or below ``path`` (a policy's rules
+        go with it, not with the paths they are on: removing a key keeps the policy)."""
         path = paths.normalize(path)
         below = path.rstrip("/") + "/"  # compared as a prefix: LIKE would read '_' as any
+        where = (
+            ("acl_rules", "path"),
+            ("acl_private", "path"),
+            ("acl_policies", "path"),
+            ("acl_policy_rules", "policy"),
+        )
 
         def fn(cur: Cursor) -> None:
             q = self._cat._q
-            for table in ("acl_rules", "acl_private"):
-                q(cur, f"DELETE FROM {table} WHERE path = ? OR substr(path, 1, ?) = ?",
+            for table, column in where:
+                q(cur, f"DELETE FROM {table} WHERE {column} = ? OR substr({column}, 1, ?) = ?",
                   (path, len(below), below))  # fmt: skip
+
+        await self._change(fn)
+
+    async def policy(self, path: str) -> str | None:
+        """The document of the bucket policy on ``path``, None if it has none."""
+        path = paths.normalize(path)
+
+        def fn(cur: Cursor) -> str | None:
+            row = self._cat._q(
+                cur, "SELECT document FROM acl_policies WHERE path = ?", (path,)
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._cat._run(self._cat._read, fn)
+
+    async def set_policy(
+        self, path: str, document: str | None, rules: Iterable[PolicyRule] = ()
+    ) -> None:
+        """Make ``document`` and ``rules`` the policy on ``path`` in one step (None: none),
+        replacing the whole previous one: a caller sees the old rules or the new ones."""
+        path = paths.normalize(path)
+        made = sorted(
+            {(paths.normalize(r.path), parse_subject(r.subject), int(r.deny), r.bits)
+             for r in rules}
+        )  # fmt: skip
+        now = time.time_ns()
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            q(cur, "DELETE FROM acl_policy_rules WHERE policy = ?", (path,))
+            q(cur, "DELETE FROM acl_policies WHERE path = ?", (path,))
+            if document is None:
+                return
+            q(cur, "INSERT INTO acl_policies (path, document, created_ns) VALUES (?, ?, ?)",
+              (path, document, now))  # fmt: skip
+            for where, subject, deny, bits in made:
+                q(cur, "INSERT INTO acl_policy_rules (policy, path, subject, deny, bits) "
+                  "VALUES (?, ?, ?, ?, ?)", (path, where, subject, deny, bits))  # fmt: skip
 
         await self._change(fn)
 
@@ -459,7 +569,13 @@ class AclStore:
             for user, group in q(cur, "SELECT user_name, group_name FROM user_groups").fetchall():
                 members.setdefault(user, set()).add(group)
             frozen = {user: frozenset(groups) for user, groups in members.items()}
-            return rules, private, AclPolicy(rules, private, frozen, generation)
+            policies = [
+                PolicyRule(r[0], r[1], bool(r[2]), int(r[3]))
+                for r in q(
+                    cur, "SELECT path, subject, deny, bits FROM acl_policy_rules ORDER BY path"
+                ).fetchall()
+            ]
+            return rules, private, AclPolicy(rules, private, frozen, generation, policies)
 
         return await self._cat._run(self._cat._read, fn)
 
@@ -537,6 +653,9 @@ class AclAuthorizer:
 
     async def rules_within(self, path: str) -> bool:
         return (await self._current()).rules_within(paths.normalize(path))
+
+    async def public_within(self, path: str) -> bool:
+        return (await self._current()).public_within(paths.normalize(path))
 
     def groups_of(self, user: str) -> frozenset[str]:
         """The registry's groups of ``user``, as of the rules in memory."""

@@ -59,7 +59,7 @@ from functools import partial
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from .. import paths
-from ..core.acl import ANONYMOUS, AclAuthorizer, is_site
+from ..core.acl import ANONYMOUS, AclAuthorizer, PolicyRule, is_site
 from ..core.audit import AuditSink
 from ..core.types import Action, Change, ChangeOp, Entry, EntryKind, Feed, Principal
 from ..errors import (
@@ -750,6 +750,34 @@ class GovernedNamespace(FeedNamespace):
 
         detail = ", ".join(sorted(f"{s} {a.value}" for s, a in wanted))
         await self.administered(who, "set_access", path, change, detail=detail)
+
+    async def bucket_policy(self, who: Principal, path: str) -> str | None:
+        """The document of the bucket policy on ``path`` (None: none); an admin's to read."""
+        rules = self._rules()
+        return await self.administered(who, "get_policy", path, lambda: rules.store.policy(path))
+
+    async def bucket_public(self, who: Principal, path: str) -> bool:
+        """Whether a rule at or below ``path`` (an ACL's or a policy's) grants anything to
+        everyone or to every authenticated caller; an admin's to ask."""
+        rules = self._rules()
+        return await self.administered(
+            who, "get_policy_status", path, lambda: rules.public_within(path)
+        )
+
+    async def set_bucket_policy(
+        self, who: Principal, path: str, document: str | None, made: Iterable[PolicyRule] = ()
+    ) -> None:
+        """Make ``document`` (None: none) and the rules it translates to the policy on
+        ``path``, replacing the previous one whole."""
+        rules, made = self._rules(), tuple(made)
+
+        async def change() -> None:
+            await rules.store.set_policy(path, document, made)
+            await rules.reload()
+
+        detail = "removed" if document is None else f"{len(made)} rules: {document}"
+        op = "delete_policy" if document is None else "set_policy"
+        await self.administered(who, op, path, change, detail=detail[:4096])
 
     async def mkdir_owned(self, who: Principal, path: str) -> Entry:
         """Make the directory ``path`` (write needed, as for mkdir) private to its maker,

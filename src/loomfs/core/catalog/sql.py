@@ -274,6 +274,24 @@ def _migrations(d: Dialect) -> list[str]:
             PRIMARY KEY (path, vid)
         )
         """,
+        # migration 12: bucket policies (loomfs.protocols.s3.policy): each policy's
+        # document, and the rules it made (allow or deny, as ``core.acl`` bits), kept apart
+        # from the ACL rules so that a new policy replaces only its own
+        f"""
+        CREATE TABLE acl_policies (
+            path {d.text} PRIMARY KEY,
+            document TEXT NOT NULL,
+            created_ns BIGINT NOT NULL
+        );
+        CREATE TABLE acl_policy_rules (
+            policy {d.text} NOT NULL,
+            path {d.text} NOT NULL,
+            subject {d.text} NOT NULL,
+            deny INTEGER NOT NULL,
+            bits INTEGER NOT NULL,
+            PRIMARY KEY (policy, path, subject, deny)
+        )
+        """,
     ]
 
 

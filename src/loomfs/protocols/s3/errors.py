@@ -55,6 +55,7 @@ STATUS: dict[str, int] = {
     "InvalidTag": 400,
     "KeyTooLongError": 400,
     "MalformedACLError": 400,
+    "MalformedPolicy": 400,
     "MalformedPOSTRequest": 400,
     "MalformedXML": 400,
     "MethodNotAllowed": 405,

@@ -54,7 +54,7 @@ from ...errors import (
 from ...namespace.base import NULL_VERSION, VERSIONING_STATES, Namespace, Version
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
-from . import acl, checksums, cors, post, sigv2, sigv4, tagging
+from . import acl, checksums, cors, policy, post, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Part, Staging, Upload
@@ -543,6 +543,14 @@ class S3Gateway:
             }.get(method)
         elif "versioning" in q and c.bucket and not c.key:
             handler = {"GET": self.get_versioning, "PUT": self.put_versioning}.get(method)
+        elif "policy" in q and c.bucket and not c.key and self.rules is not None:
+            handler = {
+                "GET": self.get_policy,
+                "PUT": self.put_policy,
+                "DELETE": self.delete_policy,
+            }.get(method)
+        elif "policyStatus" in q and c.bucket and not c.key and self.rules is not None:
+            handler = {"GET": self.get_policy_status}.get(method)
         elif "tagging" in q and c.bucket:
             handler = {
                 "GET": self.get_tagging,
@@ -752,6 +760,37 @@ class S3Gateway:
     async def delete_tagging(self, c: Call) -> web.Response:
         path, _ = await self._tagged(c)
         await self._set_s3_tags(c, path, {}, tagging.PREFIX)
+        return web.Response(status=204)
+
+    async def _policy_bucket(self, c: Call) -> tuple[GovernedNamespace, str]:
+        # as SYSTEM: a Deny may take the bucket's metadata from its owner, never its policy
+        folder = self.bucket_dir(c.bucket)
+        with contextlib.suppress(NotFound):
+            if (await self.ns.stat(SYSTEM, folder)).is_dir and self.rules is not None:
+                return self.rules, folder
+        raise S3Error("NoSuchBucket", "the specified bucket does not exist")
+
+    async def get_policy(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        document = await rules.bucket_policy(c.who, folder)
+        if document is None:
+            raise S3Error(*ABSENT_CONFIG["policy"])
+        return web.Response(body=document.encode(), content_type="application/json")
+
+    async def put_policy(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        body = await c.request.content.read(policy.MAX_SIZE + 1)
+        document, made = policy.translate(body, c.bucket, folder)
+        await rules.set_bucket_policy(c.who, folder, document, made)
+        return web.Response(status=204)
+
+    async def get_policy_status(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        return _xml(policy.status_xml(await rules.bucket_public(c.who, folder)))
+
+    async def delete_policy(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        await rules.set_bucket_policy(c.who, folder, None)
         return web.Response(status=204)
 
     async def get_cors(self, c: Call) -> web.Response:
