@@ -25,6 +25,8 @@ import jinja2
 from aiohttp import web
 
 from ... import paths
+from ...core.acl import ANONYMOUS
+from ...core.audit import AuditSink
 from ...core.placement import Policy
 from ...core.types import Entry, EntryKind, Principal
 from ...errors import AuthenticationFailed, InvalidArgument, LoomError, NotSupported
@@ -109,10 +111,12 @@ class Console:
         spoke: SpokeStatus | None = None,
         prefetch: Callable[[], Mapping[str, Any]] | None = None,
         sessions: Sessions | None = None,
+        audit: AuditSink | None = None,
     ) -> None:
         """``identify``: the site's REST authenticator's check of Basic credentials
         (``rest.auth``); ``admin``: a hub's admin API; ``spoke`` and ``prefetch``: a
-        spoke's status and its prefetcher's report."""
+        spoke's status and its prefetcher's report; ``audit``: where logins and logouts
+        are recorded (the site's audit log)."""
         self.namespace = namespace
         self.identify = identify
         self.site = site
@@ -120,6 +124,7 @@ class Console:
         self.spoke = spoke
         self.prefetch = prefetch
         self.sessions = sessions or Sessions()
+        self.audit_log = audit
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
@@ -253,9 +258,11 @@ class Console:
         try:
             if not key:
                 raise AuthenticationFailed("give an access key id and its secret")
-            await self.identify(credentials)
+            identity = await self.identify(credentials)
         except AuthenticationFailed as exc:
+            self._record(ANONYMOUS, "login", exc.code, f"access key {key[:64]}: {exc}")
             return self._login_page(nxt, 401, str(exc))
+        self._record(identity.user, "login", "ok", f"access key {key}")
         cookie, _ = self.sessions.open(credentials)
         # only a page of the console: a link elsewhere must not send a user off-site
         target = nxt if nxt.startswith(f"{UI}/") else f"{UI}/"
@@ -267,8 +274,14 @@ class Console:
         answer.del_cookie(LOGIN_COOKIE, path=f"{UI}/login")
         raise answer
 
+    def _record(self, user: str, op: str, result: str, detail: str) -> None:
+        if self.audit_log is not None:
+            who = Principal(user, site=self.site, protocol=PROTOCOL)
+            self.audit_log.record(who, op, "/", result, detail=detail)
+
     async def logout(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         self.sessions.close(session)
+        self._record(who.user, "logout", "ok", "")
         answer = web.HTTPSeeOther(f"{UI}/login")
         answer.del_cookie(COOKIE, path=UI)
         raise answer
