@@ -282,6 +282,30 @@ async def test_a_new_users_secret_is_shown_once_and_logs_in(hub: Hub) -> None:
         assert "carol" in await (await http.get("/ui/browse/")).text()
 
 
+async def test_volumes_are_added_and_removed_by_an_admin_only(hub: Hub) -> None:
+    more = hub.tmp / "more"
+    (more / "sub").mkdir(parents=True)
+    (more / "sub" / "m.txt").write_text("more")
+    form = {"action": "add", "mount": "/more", "url": f"posix://{more}"}
+    http, alices = await as_user(hub, "alice")
+    async with http:
+        assert (await http.post("/ui/volumes", data={**form, "csrf": alices})).status == 403
+    assert "/more" not in hub.service.namespace.mounts
+    csrf = await login(hub.http, *hub.keys["root"])
+    page = await (await hub.http.post("/ui/volumes", data={**form, "csrf": csrf})).text()
+    assert "added volume /more: 2 entries imported" in page, page
+    assert 'href="/ui/browse/more"' in page
+    listing = await (await hub.http.get("/ui/browse/more/sub")).text()
+    assert "/ui/browse/more/sub/m.txt" in listing
+    data = {"action": "remove", "mount": "/more", "csrf": csrf}
+    page = await (await hub.http.post("/ui/volumes", data=data)).text()
+    assert "removed volume /more" in page and 'href="/ui/browse/more"' not in page
+    assert (more / "sub" / "m.txt").read_text() == "more"  # the storage is left as it was
+    seen = {(r.user, r.op, r.path, r.result) for r in await hub.flush_audit()}
+    assert {("alice", "add_volume", "/more", "denied"), ("root", "add_volume", "/more", "ok"),
+            ("root", "remove_volume", "/more", "ok")} <= seen  # fmt: skip
+
+
 async def test_logins_and_logouts_are_audited(hub: Hub) -> None:
     key, secret = hub.keys["root"]
     form = await (await hub.http.get("/ui/login")).text()

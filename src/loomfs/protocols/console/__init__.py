@@ -147,6 +147,7 @@ class Console:
         if self.admin is not None:
             routes += [
                 web.get(f"{UI}/volumes", self._page(self.volumes)),
+                web.post(f"{UI}/volumes", self._page(self.volumes)),
                 web.get(f"{UI}/users", self._page(self.users)),
                 web.post(f"{UI}/users", self._page(self.users)),
                 web.get(f"{UI}/acl", self._page(self.acl)),
@@ -331,8 +332,22 @@ class Console:
         return self.admin
 
     async def volumes(self, request: web.Request, who: Principal, session: Session) -> web.Response:
-        listed = await self._admin.list_volumes(who)
-        return self.render("volumes.html", session, who, volumes=listed)
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            mount = form.get("mount", "")
+            if not mount:
+                raise InvalidArgument("a volume needs a mount path")
+            if form.get("action") == "remove":
+                await api.remove_volume(who, mount)
+                notice = f"removed volume {mount} (its storage is left as it is)"
+            else:
+                if not form.get("url"):
+                    raise InvalidArgument("a volume needs its storage's URL")
+                stats = await api.add_volume(who, mount, form["url"])
+                notice = f"added volume {mount}: {stats['scanned']} entries imported"
+        listed = await api.list_volumes(who)
+        return self.render("volumes.html", session, who, volumes=listed, notice=notice)
 
     async def users(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         api, made, notice = self._admin, None, ""
