@@ -81,6 +81,7 @@ async def hub(tmp_path: Path) -> AsyncIterator[Hub]:
     )  # fmt: skip
     service = HubService(config)
     await service.start()
+    made: Hub | None = None
     try:
         await service.add_volume("/vol", f"posix://{data}", lambda _: None)
         users, acl = UserRegistry(service.catalog), service.authorizer.store
@@ -93,9 +94,10 @@ async def hub(tmp_path: Path) -> AsyncIterator[Hub]:
         await acl.grant("user:alice", "read", "/vol/alice")
         await service.authorizer.reload()
         async with TestClient(TestServer(service.rest_server().app())) as http:
-            yield Hub(service, http, keys, tmp_path)
+            made = Hub(service, http, keys, tmp_path)
+            yield made
     finally:
-        await service.stop()
+        await (made.service if made is not None else service).stop()  # a restart's
 
 
 def _token(html: str) -> str:
@@ -278,6 +280,87 @@ async def test_a_new_users_secret_is_shown_once_and_logs_in(hub: Hub) -> None:
     async with browser(hub) as http:
         await login(http, key.group(1), secret.group(1))
         assert "carol" in await (await http.get("/ui/browse/")).text()
+
+
+async def test_volumes_are_added_and_removed_by_an_admin_only(hub: Hub) -> None:
+    more = hub.tmp / "more"
+    (more / "sub").mkdir(parents=True)
+    (more / "sub" / "m.txt").write_text("more")
+    form = {"action": "add", "mount": "/more", "url": f"posix://{more}"}
+    http, alices = await as_user(hub, "alice")
+    async with http:
+        assert (await http.post("/ui/volumes", data={**form, "csrf": alices})).status == 403
+    assert "/more" not in hub.service.namespace.mounts
+    csrf = await login(hub.http, *hub.keys["root"])
+    page = await (await hub.http.post("/ui/volumes", data={**form, "csrf": csrf})).text()
+    assert "added volume /more: 2 entries imported" in page, page
+    assert 'href="/ui/browse/more"' in page
+    listing = await (await hub.http.get("/ui/browse/more/sub")).text()
+    assert "/ui/browse/more/sub/m.txt" in listing
+    data = {"action": "remove", "mount": "/more", "csrf": csrf}
+    page = await (await hub.http.post("/ui/volumes", data=data)).text()
+    assert "removed volume /more" in page and 'href="/ui/browse/more"' not in page
+    assert (more / "sub" / "m.txt").read_text() == "more"  # the storage is left as it was
+    seen = {(r.user, r.op, r.path, r.result) for r in await hub.flush_audit()}
+    assert {("alice", "add_volume", "/more", "denied"), ("root", "add_volume", "/more", "ok"),
+            ("root", "remove_volume", "/more", "ok")} <= seen  # fmt: skip
+
+
+async def test_logins_and_logouts_are_audited(hub: Hub) -> None:
+    key, secret = hub.keys["root"]
+    form = await (await hub.http.get("/ui/login")).text()
+    data = {"csrf": _token(form), "access_key": key, "secret": secret + "x"}
+    assert (await hub.http.post("/ui/login", data=data)).status == 401
+    csrf = await login(hub.http, key, secret)
+    await hub.http.post("/ui/logout", data={"csrf": csrf}, allow_redirects=False)
+    seen = [(r.user, r.op, r.result) for r in await hub.flush_audit()
+            if r.protocol == "console" and r.op in ("login", "logout")]  # fmt: skip
+    assert seen == [("anonymous", "login", "AuthenticationFailed"), ("root", "login", "ok"),
+                    ("root", "logout", "ok")], seen  # fmt: skip
+    records = await hub.flush_audit()
+    failed = next(r for r in records if r.op == "login" and r.result != "ok")
+    assert key in failed.detail and secret not in failed.detail
+
+
+async def test_a_session_outlives_a_restart_but_not_its_key(hub: Hub) -> None:
+    await login(hub.http, *hub.keys["alice"])
+    jar = hub.http.session.cookie_jar.filter_cookies(hub.http.make_url("/ui/"))
+    cookie = {COOKIE: jar[COOKIE].value}
+    await hub.service.stop()
+    hub.service = HubService(hub.service.config)
+    await hub.service.start()
+    async with TestClient(TestServer(hub.service.rest_server().app())) as http:
+        answer = await http.get("/ui/browse/vol", cookies=cookie, allow_redirects=False)
+        assert answer.status == 200 and "/ui/browse/vol/alice" in await answer.text()
+        store = hub.service.config.site.data_dir / "console-sessions.db"
+        assert store.stat().st_mode & 0o077 == 0
+        assert hub.keys["alice"][1].encode() not in store.read_bytes()  # sealed
+        await UserRegistry(hub.service.catalog).remove_access_key(hub.keys["alice"][0])
+        for _ in range(1000):  # the authenticator remembers a verified pair for 2 s
+            if (await http.get("/ui/browse/vol", cookies=cookie,
+                               allow_redirects=False)).status == 303:  # fmt: skip
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("a removed key's session went on")
+    # closed for good: it is not in the store for the next process either
+    assert Sessions(store=store).get(cookie[COOKIE]) is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(secret=st.text(alphabet=st.characters(codec="ascii", categories=["L", "N"]),
+                      min_size=8, max_size=40))  # fmt: skip
+def test_a_stored_session_holds_no_secret_and_no_cookie(tmp_path_factory: Any, secret: str) -> None:
+    store = tmp_path_factory.mktemp("sessions") / "s.db"
+    credentials = f"Basic key:{secret}"
+    cookie, session = Sessions(store=store).open(credentials)
+    stored = store.read_bytes()
+    assert credentials.encode() not in stored and secret.encode() not in stored
+    assert session.id.encode() not in stored and cookie.encode() not in stored
+    later = Sessions(store=store)  # the next process
+    assert later.get(cookie) == session
+    later.close(session)
+    assert Sessions(store=store).get(cookie) is None
 
 
 @settings(max_examples=200, deadline=None)

@@ -57,6 +57,7 @@ from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
 from .protocols.console import Console
+from .protocols.console.sessions import Sessions
 from .protocols.nfs import AccessGate, NfsServer
 from .protocols.s3 import S3Gateway
 from .protocols.smb import SmbServer
@@ -78,6 +79,11 @@ FEED_POLL = 0.05
 TRUST_REFRESH = 2.0
 HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change")
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
+
+
+def console_sessions(config: Config) -> Sessions:
+    """The web console's sessions, kept in the data directory over restarts."""
+    return Sessions(store=config.site.data_dir / "console-sessions.db")
 
 
 def audit_log(config: Config) -> AuditLog | None:
@@ -342,8 +348,9 @@ class HubService:
         by the same governance; the web console at /ui over both."""
         api, authenticate = self.admin_api(), self.authenticator()
         console = Console(
-            self.governed, authenticate.identify, site=self.config.site.name, admin=api
-        )
+            self.governed, authenticate.identify, site=self.config.site.name, admin=api,
+            sessions=console_sessions(self.config), audit=self.audit,
+        )  # fmt: skip
         return RestServer(
             self.governed,
             self,
@@ -686,6 +693,7 @@ class SpokeService:
         console = Console(
             self.namespace, self.authenticate.identify, site=self.namespace.site,
             spoke=self.namespace, prefetch=prefetcher.report if prefetcher is not None else None,
+            sessions=console_sessions(self.config),
         )  # fmt: skip
         return RestServer(
             self.namespace,

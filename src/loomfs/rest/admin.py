@@ -35,9 +35,13 @@ T = TypeVar("T")
 
 
 class Volumes(Protocol):
-    """The hub's volumes, as ``rest.server.VolumeAdmin`` lists them."""
+    """The hub's volumes, as ``rest.server.VolumeAdmin`` has them."""
 
     async def list_volumes(self) -> list[dict[str, Any]]: ...
+
+    async def add_volume(self, mount: str, url: str, progress: Callable[[Any], None]) -> Any: ...
+
+    async def remove_volume(self, mount: str) -> None: ...
 
 
 _GLOB = frozenset("*?[")
@@ -250,9 +254,26 @@ class AdminApi:
     # -- volumes and the audit log ---------------------------------------------------------
 
     async def list_volumes(self, who: Principal) -> list[dict[str, Any]]:
+        return await self._do(who, "list_volumes", "/", self._volumes().list_volumes)
+
+    def _volumes(self) -> Volumes:
         if self.volumes is None:
             raise NotSupported("this site has no volumes of its own: it is a spoke")
-        return await self._do(who, "list_volumes", "/", self.volumes.list_volumes)
+        return self.volumes
+
+    async def add_volume(self, who: Principal, mount: str, url: str) -> dict[str, object]:
+        """Assimilate ``url`` at ``mount`` (as ``POST /v1/volumes`` does, decided on the
+        mount); the import's totals once it is done."""
+        volumes, mount = self._volumes(), paths.normalize(mount)
+        stats = await self._do(
+            who, "add_volume", mount, lambda: volumes.add_volume(mount, url, lambda _: None),
+            detail=f"storage {url}",
+        )  # fmt: skip
+        return dict(stats.as_dict())
+
+    async def remove_volume(self, who: Principal, mount: str) -> None:
+        volumes, mount = self._volumes(), paths.normalize(mount)
+        await self._do(who, "remove_volume", mount, lambda: volumes.remove_volume(mount))
 
     async def audit_query(
         self,

@@ -25,6 +25,8 @@ import jinja2
 from aiohttp import web
 
 from ... import paths
+from ...core.acl import ANONYMOUS
+from ...core.audit import AuditSink
 from ...core.placement import Policy
 from ...core.types import Entry, EntryKind, Principal
 from ...errors import AuthenticationFailed, InvalidArgument, LoomError, NotSupported
@@ -109,10 +111,12 @@ class Console:
         spoke: SpokeStatus | None = None,
         prefetch: Callable[[], Mapping[str, Any]] | None = None,
         sessions: Sessions | None = None,
+        audit: AuditSink | None = None,
     ) -> None:
         """``identify``: the site's REST authenticator's check of Basic credentials
         (``rest.auth``); ``admin``: a hub's admin API; ``spoke`` and ``prefetch``: a
-        spoke's status and its prefetcher's report."""
+        spoke's status and its prefetcher's report; ``audit``: where logins and logouts
+        are recorded (the site's audit log)."""
         self.namespace = namespace
         self.identify = identify
         self.site = site
@@ -120,6 +124,7 @@ class Console:
         self.spoke = spoke
         self.prefetch = prefetch
         self.sessions = sessions or Sessions()
+        self.audit_log = audit
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
@@ -142,6 +147,7 @@ class Console:
         if self.admin is not None:
             routes += [
                 web.get(f"{UI}/volumes", self._page(self.volumes)),
+                web.post(f"{UI}/volumes", self._page(self.volumes)),
                 web.get(f"{UI}/users", self._page(self.users)),
                 web.post(f"{UI}/users", self._page(self.users)),
                 web.get(f"{UI}/acl", self._page(self.acl)),
@@ -253,9 +259,11 @@ class Console:
         try:
             if not key:
                 raise AuthenticationFailed("give an access key id and its secret")
-            await self.identify(credentials)
+            identity = await self.identify(credentials)
         except AuthenticationFailed as exc:
+            self._record(ANONYMOUS, "login", exc.code, f"access key {key[:64]}: {exc}")
             return self._login_page(nxt, 401, str(exc))
+        self._record(identity.user, "login", "ok", f"access key {key}")
         cookie, _ = self.sessions.open(credentials)
         # only a page of the console: a link elsewhere must not send a user off-site
         target = nxt if nxt.startswith(f"{UI}/") else f"{UI}/"
@@ -267,8 +275,14 @@ class Console:
         answer.del_cookie(LOGIN_COOKIE, path=f"{UI}/login")
         raise answer
 
+    def _record(self, user: str, op: str, result: str, detail: str) -> None:
+        if self.audit_log is not None:
+            who = Principal(user, site=self.site, protocol=PROTOCOL)
+            self.audit_log.record(who, op, "/", result, detail=detail)
+
     async def logout(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         self.sessions.close(session)
+        self._record(who.user, "logout", "ok", "")
         answer = web.HTTPSeeOther(f"{UI}/login")
         answer.del_cookie(COOKIE, path=UI)
         raise answer
@@ -318,8 +332,22 @@ class Console:
         return self.admin
 
     async def volumes(self, request: web.Request, who: Principal, session: Session) -> web.Response:
-        listed = await self._admin.list_volumes(who)
-        return self.render("volumes.html", session, who, volumes=listed)
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            mount = form.get("mount", "")
+            if not mount:
+                raise InvalidArgument("a volume needs a mount path")
+            if form.get("action") == "remove":
+                await api.remove_volume(who, mount)
+                notice = f"removed volume {mount} (its storage is left as it is)"
+            else:
+                if not form.get("url"):
+                    raise InvalidArgument("a volume needs its storage's URL")
+                stats = await api.add_volume(who, mount, form["url"])
+                notice = f"added volume {mount}: {stats['scanned']} entries imported"
+        listed = await api.list_volumes(who)
+        return self.render("volumes.html", session, who, volumes=listed, notice=notice)
 
     async def users(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         api, made, notice = self._admin, None, ""
