@@ -113,5 +113,5 @@ def build_real(root: Path, quick: bool, numbers: Container[int]) -> list[Corpus]
             unpack(download(pair, package, version), top / f"v{index}")
             steps.append(top / f"v{index}")
         title = f"{package} {versions[0]}->{versions[1]} ({pair.kind}, real)"
-        corpora.append(Corpus(pair.number, pair.name, title, steps, renamed=False))
+        corpora.append(Corpus(pair.number, pair.name, title, steps, renamed=False, restamped=True))
     return corpora

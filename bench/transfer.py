@@ -131,9 +131,8 @@ async def loomfs_corpus(
         await env.hub.namespace.mkdir(SYSTEM, f"/vol/{corpus.name}")
         link = LoomfsLink(env, corpus.name)
         for snapshot, result in zip(corpus.steps, results, strict=True):
-            changed = changed_files(
-                snapshot, corpus.steps[result.step - 1] if result.step else None
-            )
+            previous = corpus.steps[result.step - 1] if result.step else None
+            changed = changed_files(snapshot, previous, restamped=corpus.restamped)
             await link.step(snapshot, changed, result)
 
 
@@ -224,14 +223,21 @@ class ResticRepo:
 # --- plain copy ----------------------------------------------------------------------------
 
 
-def changed_files(snapshot: Path, previous: Path | None) -> list[Path]:
-    """Files of ``snapshot`` that are new or differ from the file at the same path before."""
+def changed_files(snapshot: Path, previous: Path | None, *, restamped: bool = False) -> list[Path]:
+    """Files of ``snapshot`` that are new or differ from the file at the same path before;
+    ``restamped``: also those of the same bytes and another mtime (written again)."""
     changed = []
     for path in files_of(snapshot):
         old = previous / path.relative_to(snapshot) if previous else None
-        if old is None or not old.is_file() or not filecmp.cmp(old, path, shallow=False):
+        if old is None or not old.is_file() or _differs(old, path, restamped):
             changed.append(path)
     return changed
+
+
+def _differs(old: Path, new: Path, restamped: bool) -> bool:
+    if restamped and old.stat().st_mtime_ns != new.stat().st_mtime_ns:
+        return True
+    return not filecmp.cmp(old, new, shallow=False)
 
 
 def copy_step(files: list[Path], scratch: Path) -> int:
