@@ -41,6 +41,9 @@ class Corpus:
     title: str
     steps: list[Path]
     renamed: bool  # files change names between snapshots: rsync gets --fuzzy
+    # an upgrade rewrites every file (new mtime, often the same bytes): the hub gets each
+    # file whose content or mtime changed, as rsync -a sees them, not only new content
+    restamped: bool = False
 
 
 @dataclass(frozen=True)

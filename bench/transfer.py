@@ -13,8 +13,12 @@ and must come to hold snapshot k; every tool is run side by side on the same sna
   repository's size.
 - plain copy: the bytes of files that are new or changed at their path.
 
+Corpora 6-8 (``realcorpora.py``) are pairs of real releases (a wheel with ``.so`` files,
+an npm package, a source tree), downloaded by the bench into a cache outside the repository.
+After each step the spoke's copy is read back and compared byte for byte.
+
 Run: ``PYTHONPATH=src python bench/transfer.py [--quick] [--json PATH] [--rate MB/s]
-[--corpora 1,5]``.
+[--corpora 1,5]``; real data only: ``--corpora 6,7,8``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from loomfs.chunks.pipeline import ChunkPipeline
 from loomfs.core.types import SYSTEM, Principal
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.ports import free_port, stop_process, wait_for_port
+from realcorpora import build_real
 
 WHO = Principal(user="bench")
 
@@ -86,6 +91,7 @@ class LoomfsLink:
         await self.env.spoke.warm(WHO, self.top)
         result.seconds["loomfs"] = time.perf_counter() - started
         result.loomfs = link.down.bytes + link.up.bytes - before
+        await self.verify(snapshot)
         started = time.perf_counter()
         plain = self.env.client(self.env.first)
         try:
@@ -97,6 +103,17 @@ class LoomfsLink:
         finally:
             await plain.close()
         result.seconds["link copy"] = time.perf_counter() - started
+
+    async def verify(self, snapshot: Path) -> None:
+        """The spoke's copy of the snapshot, byte for byte (after the bytes are counted)."""
+        for path in files_of(snapshot):
+            name = f"{self.top}/{path.relative_to(snapshot).as_posix()}"
+            held = bytearray()
+            async with await self.env.spoke.read(WHO, name) as reader:
+                async for data in reader.chunks():
+                    held += data
+            if held != path.read_bytes():
+                raise RuntimeError(f"the spoke's {name} differs from {path}")
 
 
 async def _stream(path: Path) -> AsyncIterator[bytes]:
@@ -114,9 +131,8 @@ async def loomfs_corpus(
         await env.hub.namespace.mkdir(SYSTEM, f"/vol/{corpus.name}")
         link = LoomfsLink(env, corpus.name)
         for snapshot, result in zip(corpus.steps, results, strict=True):
-            changed = changed_files(
-                snapshot, corpus.steps[result.step - 1] if result.step else None
-            )
+            previous = corpus.steps[result.step - 1] if result.step else None
+            changed = changed_files(snapshot, previous, restamped=corpus.restamped)
             await link.step(snapshot, changed, result)
 
 
@@ -207,14 +223,21 @@ class ResticRepo:
 # --- plain copy ----------------------------------------------------------------------------
 
 
-def changed_files(snapshot: Path, previous: Path | None) -> list[Path]:
-    """Files of ``snapshot`` that are new or differ from the file at the same path before."""
+def changed_files(snapshot: Path, previous: Path | None, *, restamped: bool = False) -> list[Path]:
+    """Files of ``snapshot`` that are new or differ from the file at the same path before;
+    ``restamped``: also those of the same bytes and another mtime (written again)."""
     changed = []
     for path in files_of(snapshot):
         old = previous / path.relative_to(snapshot) if previous else None
-        if old is None or not old.is_file() or not filecmp.cmp(old, path, shallow=False):
+        if old is None or not old.is_file() or _differs(old, path, restamped):
             changed.append(path)
     return changed
+
+
+def _differs(old: Path, new: Path, restamped: bool) -> bool:
+    if restamped and old.stat().st_mtime_ns != new.stat().st_mtime_ns:
+        return True
+    return not filecmp.cmp(old, new, shallow=False)
 
 
 def copy_step(files: list[Path], scratch: Path) -> int:
@@ -319,7 +342,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, help="link rate for loomfs, MB/s (default: unshaped)")
     parser.add_argument("--rtt", type=float, default=2.0, help="link round trip, ms")
     parser.add_argument(
-        "--corpora", default="1,2,3,4,5", help="which corpora to build and run, by number"
+        "--corpora",
+        default="1,2,3,4,5",
+        help="which corpora to build and run, by number (6-8: real releases, see realcorpora.py)",
     )
     args = parser.parse_args()
     link = (args.rate * 1e6 if args.rate else None, args.rtt / 1000)
@@ -329,6 +354,7 @@ def main() -> None:
         started = time.perf_counter()
         picked = {int(n) for n in args.corpora.split(",")}
         corpora = build(root, quick=args.quick, numbers=picked)
+        corpora += build_real(root, quick=args.quick, numbers=picked)
         print(f"corpora written in {time.perf_counter() - started:.1f}s under {root}")
         rows: list[Row] = []
         report = []

@@ -332,6 +332,25 @@ async def test_a_small_file_is_warmed_whole_and_compressed(env: Fabric) -> None:
     assert moved <= len(encode_chunk(data)) + OVERHEAD < len(data)
 
 
+async def test_a_small_file_rewritten_with_the_same_bytes_moves_no_content(env: Fabric) -> None:
+    """A new version of the same bytes (a new mtime, as upgrades and copies leave files)
+    costs the spoke its id, not the bytes; changed bytes still come whole."""
+    data = b"".join(text_rows(random.Random(12), 2_000))
+    await env.hub.namespace.mkdir(WHO, "/vol/small")
+    await env.hub.namespace.write_bytes(WHO, "/vol/small/rows.jsonl", data)
+    await env.spoke.warm(WHO, "/vol/small")
+    await env.hub.namespace.write_bytes(WHO, "/vol/small/rows.jsonl", data)
+    before = env.link.down.bytes
+    await env.spoke.warm(WHO, "/vol/small")
+    moved = env.link.down.bytes - before
+    assert await env.spoke.read_bytes(WHO, "/vol/small/rows.jsonl") == data
+    assert moved < len(encode_chunk(data)) // 4
+    edited = data.replace(b"a", b"b", 50)
+    await env.hub.namespace.write_bytes(WHO, "/vol/small/rows.jsonl", edited)
+    await env.spoke.warm(WHO, "/vol/small")
+    assert await env.spoke.read_bytes(WHO, "/vol/small/rows.jsonl") == edited
+
+
 async def test_a_base_that_gives_no_delta_is_dropped_after_a_few_chunks(
     env: Fabric, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -71,20 +71,23 @@ class ChunkService(Protocol):
 @dataclass(frozen=True, slots=True)
 class Opened:
     """A file as the hub answers a first request for it: its entry, and either its whole
-    bytes (files up to the size the caller named small) or its chunk map."""
+    bytes (files up to the size the caller named small), ``held`` (their id, when it is
+    one the caller said it holds: the bytes do not cross) or its chunk map."""
 
     entry: Entry
     whole: bytes | None = None
     chunk_map: ChunkMap | None = None
+    held: bytes | None = None
 
 
 class ChunkLink(ABC):
     @abstractmethod
     async def open_chunked(
-        self, path: str, *, small: int = 0, who: Principal | None = None
+        self, path: str, *, small: int = 0, who: Principal | None = None, have: bytes = b""
     ) -> Opened:
-        """The current version of ``path``: whole if it is at most ``small`` bytes, else
-        its chunk map; opened for ``who`` (None: for the spoke itself)."""
+        """The current version of ``path``: whole if it is at most ``small`` bytes (only
+        its id, as ``held``, if that is ``have``: content the caller holds), else its chunk
+        map; opened for ``who`` (None: for the spoke itself)."""
 
     @abstractmethod
     def fetch_chunks(

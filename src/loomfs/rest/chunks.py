@@ -86,6 +86,10 @@ class ChunkRoutes:
     async def chunk_map(self, request: web.Request) -> web.Response:
         who, path = self.server.principal(request), "/" + request.match_info["path"]
         small = _int(request.query.get("small"), "small") or 0
+        try:
+            have = bytes.fromhex(request.query.get("have", ""))
+        except ValueError:
+            raise InvalidArgument("'have' must be a hex chunk id") from None
         namespace = self.server.namespace
         # a symlink is what it leads to, as any read of it: the target's size and version,
         # and its bytes read by the target's own path (so that what guards the target
@@ -99,7 +103,8 @@ class ChunkRoutes:
             async with await namespace.read(who, entry.path, if_version=entry.version) as reader:
                 data = await reader.read_all()
             digest = chunk_id(data)
-            body = await asyncio.to_thread(encode_chunk, data)
+            # content the spoke holds (a version with only a new mtime, a copy): its id only
+            body = b"" if digest == have else await asyncio.to_thread(encode_chunk, data)
             Transfer("hub", "down", path, logical=len(data), wire=len(body)).done()
             headers = {
                 wire.ENTRY_HEADER: wire.entry_header(reader.entry),

@@ -466,10 +466,11 @@ class RestNamespace(FeedNamespace, ChunkLink):
     # -- chunks (the fabric link) ----------------------------------------------------------
 
     async def open_chunked(
-        self, path: str, *, small: int = 0, who: Principal | None = None
+        self, path: str, *, small: int = 0, who: Principal | None = None, have: bytes = b""
     ) -> Opened:
+        params = {"small": str(small), **({"have": have.hex()} if have else {})}
         response = await self._request(
-            "GET", f"{wire.API}/chunkmap{_quoted(path)}", params={"small": str(small)}, who=who
+            "GET", f"{wire.API}/chunkmap{_quoted(path)}", params=params, who=who
         )
         async with response:
             entry = wire.entry_header_from(response.headers[wire.ENTRY_HEADER])
@@ -483,6 +484,8 @@ class RestNamespace(FeedNamespace, ChunkLink):
                 digest = bytes.fromhex(whole_id)
             except ValueError:
                 raise CorruptData("the hub named a malformed chunk id") from None
+            if have and digest == have and not body:
+                return Opened(entry, held=digest)
             return Opened(entry, whole=await asyncio.to_thread(decode_frame, body, digest))
         return Opened(entry, chunk_map=ChunkMap.deserialize(body))
 

@@ -434,9 +434,13 @@ def _chunk_paths(if_match: dict[str, Any]) -> dict[str, Any]:
             "get": _op(
                 "A file's current version: its chunk map (ChunkMap wire form), or when it is "
                 "at most `small` bytes the whole file as one frame, its BLAKE3 id in header "
-                "X-Loomfs-Whole; the entry is in X-Loomfs-Entry",
+                "X-Loomfs-Whole (and an empty body when that id is `have`, content the "
+                "caller holds); the entry is in X-Loomfs-Entry",
                 {"200": _octets("the chunk map, or the whole file's frame")},
-                parameters=[{"name": "small", "in": "query", "schema": {"type": "integer"}}],
+                parameters=[
+                    {"name": "small", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "have", "in": "query", "schema": {"type": "string"}},
+                ],
             ),
         },
         "/v1/chunks": {

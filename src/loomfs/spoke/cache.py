@@ -69,8 +69,8 @@ PREFETCHING: ContextVar[bool] = ContextVar("loomfs_prefetching", default=False)
 
 
 class CacheObserver(Protocol):
-    """Told of every demand read (with the blocks it covered) and every drop (the
-    prefetcher's hook and metrics)."""
+    """Told of every demand read (with the blocks it covered) and every drop or
+    retirement (the prefetcher's hook and metrics; a version may be told of twice)."""
 
     def on_read(self, entry: CachedFile, hit: bool, stall_s: float, blocks: range) -> None: ...
 
@@ -800,12 +800,21 @@ class Cache:
 
     def _retire_or_drop(self, file_id: int) -> None:
         """A version with a chunk map stays as a source of chunks (the next version shares
-        most of them), out of every lookup; eviction drops it like any other."""
+        most of them), and a small one held whole as the bytes a rewrite with the same
+        content names by id (``ChunkFiller.whole``); out of every lookup; eviction drops
+        it like any other."""
         entry = self._files[file_id]
-        if self.chunks is None or file_id not in self.chunks.maps or not entry.hashes:
+        small = entry.size <= SMALL_FILE and entry.complete()
+        if (
+            self.chunks is None
+            or not entry.hashes
+            or (file_id not in self.chunks.maps and not small)
+        ):
             self._drop(file_id)
             return
         entry.retired = True
+        if self.observer is not None:  # never read again as itself: a drop to the prefetcher
+            self.observer.on_drop(entry)
         self._by_key.pop((entry.path, entry.version), None)
         self._sql("UPDATE files SET pinned = 0 WHERE id = ?", (file_id,))
         if entry.pinned:

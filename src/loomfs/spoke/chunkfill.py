@@ -211,12 +211,30 @@ class ChunkFiller:
 
     async def whole(self, entry: CachedFile, small: int, start: int, length: int) -> bytes | None:
         """A small file's bytes as one zstd frame (the hub answers files up to ``small``
-        bytes whole, verified by their id); None if the hub is at another version now
-        (the caller fetches the range, which says so)."""
-        opened = await self.link.open_chunked(entry.path, small=small)
-        if opened.entry.version != entry.version or opened.whole is None:
+        bytes whole, verified by their id), or none at all when they are those of the
+        version of the path held here (rewritten with the same bytes, as upgrades and
+        copies leave files); None if the hub is at another version now (the caller
+        fetches the range, which says so)."""
+        held, have = await asyncio.to_thread(self._held_version, entry, small)
+        opened = await self.link.open_chunked(entry.path, small=small, have=have)
+        if opened.entry.version != entry.version:
             return None
-        return opened.whole[start : start + length]
+        data = held if opened.held is not None else opened.whole
+        return None if data is None else data[start : start + length]
+
+    def _held_version(self, entry: CachedFile, small: int) -> tuple[bytes | None, bytes]:
+        """The bytes and id of the newest other version of ``entry``'s path cached whole
+        (up to ``small`` bytes); (None, b"") if there is none. Worker threads call this."""
+        others = [
+            f
+            for f in self._files().values()
+            if f.path == entry.path and f.id != entry.id and f.size <= small and f.complete()
+        ]
+        for other in sorted(others, key=lambda f: f.version, reverse=True):
+            data = self._read(other.id, 0, other.size)
+            if data is not None and len(data) == other.size:
+                return data, chunk_id(data)
+        return None, b""
 
     async def assemble(self, entry: CachedFile, start: int, length: int) -> bytes | None:
         """The bytes [start, start+length) of ``entry``, from chunks held here and fetched;
