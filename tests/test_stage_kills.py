@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import stat
 import tempfile
@@ -41,7 +40,7 @@ from loomfs.testing.hubproc import (
     spoke_args,
 )
 from loomfs.testing.ports import free_port
-from loomfs.testing.stages import pausing, reached, resumed, stop
+from loomfs.testing.stages import interrupt, pausing, reached, resumed, stop
 
 WHO = Principal(user="tester")
 OLD, NEW = b"old content " * 1000, b"the new bytes " * 5000
@@ -76,10 +75,7 @@ async def test_a_hub_stopped_at_any_stage_of_a_write_is_old_or_new(
         async with aiohttp.ClientSession() as http:
             put = asyncio.create_task(http.put(f"{hub.url}{FILE}", data=NEW, headers=key))
             await reached(at, stage, put)
-            if how == signal.SIGKILL:
-                hub.kill()
-            else:  # the answer comes, or the link drops, while it stops
-                os.killpg(hub.pid, signal.SIGINT)
+            interrupt(hub, how)  # with SIGINT, the answer comes or the link drops as it stops
             try:
                 acknowledged = (await put).status == 201
             except aiohttp.ClientError:

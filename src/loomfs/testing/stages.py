@@ -5,8 +5,8 @@ The hooks sit in the hub's volume and namespace and in the spoke's upload, below
 protocol edge, so one set of stages serves REST, S3, SFTP, FUSE and the fabric link
 alike. A process started with ``pausing``'s environment imports them at its start
 (``sitecustomize``): the change stops at the stage ``LOOMFS_TEST_STAGE`` names, says so in
-the file ``LOOMFS_TEST_AT`` names, and goes on after a pause long enough for the test's
-signal to arrive there.
+the file ``LOOMFS_TEST_AT`` names, and goes on once the test has signalled it (``stop``
+says so in a ``.go`` file beside it), or after 3 s.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,21 @@ _HOOKS = textwrap.dedent("""
         from loomfs.hub.namespace import HubNamespace
         from loomfs.spoke.namespace import SpokeNamespace
 
+        GO = Path(AT + ".go")
+
         def reached():  # in a worker thread: the event loop goes on meanwhile
             Path(AT).write_text(STAGE)
-            time.sleep(3)
+            for _ in range(150):
+                if GO.exists():
+                    break
+                time.sleep(0.02)
 
         async def areached():
             Path(AT).write_text(STAGE)
-            await asyncio.sleep(3)
+            for _ in range(150):
+                if GO.exists():
+                    break
+                await asyncio.sleep(0.02)
 
         def sync_hook(cls, name, before=None, after=None):
             real = getattr(cls, name)
@@ -111,17 +120,32 @@ async def reached(at: Path, stage: str, task: asyncio.Future[Any] | None = None)
     assert at.exists() and at.read_text() == stage, f"{stage} was never reached"
 
 
-def stop(process: LoomfsProcess, how: signal.Signals) -> None:
-    """kill -9 at once, or SIGINT and let it stop (SIGKILL if it lingers)."""
+#: how long a SIGINT has to reach the process's event loop before its paused stage goes on
+SIGNAL_LEAD = 0.5
+
+
+def interrupt(process: LoomfsProcess, how: signal.Signals) -> None:
+    """kill -9, or SIGINT: then the paused stage goes on once the signal has had time to
+    arrive, so the process stops with the change in flight (not after a fixed pause)."""
     if how == signal.SIGKILL:
         process.kill()
-    else:
-        os.killpg(process.pid, signal.SIGINT)
+        return
+    os.killpg(process.pid, signal.SIGINT)
+    at = process.env.get("LOOMFS_TEST_AT")
+    if at:
+        time.sleep(SIGNAL_LEAD)
+        Path(at + ".go").touch()
+
+
+def stop(process: LoomfsProcess, how: signal.Signals) -> None:
+    """``interrupt`` it, and wait until it has stopped (SIGKILL if it lingers)."""
+    interrupt(process, how)
     process.stop()
 
 
 def resumed(process: LoomfsProcess, at: Path) -> None:
     """``process`` starts again (after ``stop``) without pausing anywhere."""
     at.unlink(missing_ok=True)
+    Path(f"{at}.go").unlink(missing_ok=True)
     process.env.pop("LOOMFS_TEST_STAGE", None)
     process.start()
