@@ -1007,22 +1007,10 @@ class S3Gateway:
             c, prefix, delimiter, q.get("key-marker") or None, max_keys
         )
         next_after = items[-1].key if truncated and items else None
-        return _xml(
-            document(
-                "ListVersionsResult",
-                el("Name", c.bucket),
-                el("Prefix", _enc(prefix, encode)),
-                el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
-                el("KeyMarker", _enc(q.get("key-marker", ""), encode)),
-                el("VersionIdMarker", q.get("version-id-marker", "")),
-                el("NextKeyMarker", _enc(next_after, encode)) if next_after else None,
-                el("NextVersionIdMarker", "null") if next_after else None,
-                el("MaxKeys", max_keys),
-                el("EncodingType", "url") if encode else None,
-                el("IsTruncated", truncated),
-                await self._contents(c, items, encode, "Version", await self._bucket_owner(c)),
-            )
-        )
+        return _versions_result(
+            c, q.get("key-marker", ""), next_after, "null", max_keys, truncated,
+            await self._contents(c, items, encode, "Version", await self._bucket_owner(c)),
+        )  # fmt: skip
 
     async def _list_kept_versions(self, c: Call, folder: str) -> web.Response:
         """A versioned bucket's versions: the objects as they are (from the listing) and
@@ -1071,24 +1059,11 @@ class S3Gateway:
         truncated = len(rows) > max_keys
         shown = rows[:max_keys]
         next_key = shown[-1][0] if truncated and shown else None
-        return _xml(
-            document(
-                "ListVersionsResult",
-                el("Name", c.bucket),
-                el("Prefix", _enc(prefix, encode)),
-                el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
-                el("KeyMarker", _enc(after, encode)),
-                el("VersionIdMarker", q.get("version-id-marker", "")),
-                el("NextKeyMarker", _enc(next_key, encode)) if next_key else None,
-                el("MaxKeys", max_keys),
-                el("EncodingType", "url") if encode else None,
-                el("IsTruncated", truncated),
-                nodes([element for _, element in shown]),
-                nodes(
-                    [el("CommonPrefixes", el("Prefix", _enc(p, encode))) for p in sorted(prefixes)]
-                ),
-            )
-        )
+        return _versions_result(
+            c, after, next_key, None, max_keys, truncated,
+            nodes([element for _, element in shown]),
+            nodes([el("CommonPrefixes", el("Prefix", _enc(p, encode))) for p in sorted(prefixes)]),
+        )  # fmt: skip
 
     @staticmethod
     def _version_row(
@@ -2031,6 +2006,32 @@ def _is_form_post(request: web.Request, key: str) -> bool:
 
 def _xml(body: bytes, status: int = 200) -> web.Response:
     return web.Response(status=status, body=body, content_type="application/xml")
+
+
+def _versions_result(
+    c: Call, key_marker: str, next_key: str | None, next_vid: str | None, max_keys: int,
+    truncated: bool, *listed: Xml,
+) -> web.Response:  # fmt: skip
+    """A ListObjectVersions answer: the request's own parameters, then what it lists."""
+    q = c.query
+    prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+    encode = q.get("encoding-type") == "url"
+    return _xml(
+        document(
+            "ListVersionsResult",
+            el("Name", c.bucket),
+            el("Prefix", _enc(prefix, encode)),
+            el("Delimiter", _enc(delimiter, encode)) if delimiter else None,
+            el("KeyMarker", _enc(key_marker, encode)),
+            el("VersionIdMarker", q.get("version-id-marker", "")),
+            el("NextKeyMarker", _enc(next_key, encode)) if next_key else None,
+            el("NextVersionIdMarker", next_vid) if next_key and next_vid else None,
+            el("MaxKeys", max_keys),
+            el("EncodingType", "url") if encode else None,
+            el("IsTruncated", truncated),
+            *listed,
+        )
+    )
 
 
 async def _read_document(request: web.Request) -> bytes:
