@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import signal
 import stat
 import tempfile
@@ -31,7 +32,7 @@ from loomfs.hub.intents import IntentLog
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API, WRITE_ID_HEADER
 from loomfs.service import HubService
-from loomfs.testing.edges import OPS, PART, edge_site
+from loomfs.testing.edges import OPS, PART, USER, edge_site
 from loomfs.testing.fuse import MountProcess, prepare_site
 from loomfs.testing.hubproc import (
     HubProcess,
@@ -40,6 +41,7 @@ from loomfs.testing.hubproc import (
     spoke_args,
 )
 from loomfs.testing.ports import free_port
+from loomfs.testing.s3gateway import gateway_client
 from loomfs.testing.stages import interrupt, pausing, reached, resumed, stop
 
 WHO = Principal(user="tester")
@@ -321,7 +323,17 @@ async def _files(client: RestNamespace, top: str) -> dict[str, tuple[object, ...
     return {e.path: (e.version, e.size, e.etag, e.mtime_ns) async for e in walked if not e.is_dir}
 
 
-# the hub's stages are below every edge: S3's and SFTP's writes stop there too
+def _s3_etag(op: str, body: bytes) -> str:
+    """The ETag S3 gives ``body`` written by ``op`` (two parts, ``PART`` the first)."""
+    if op == "s3-put":
+        return f'"{hashlib.md5(body).hexdigest()}"'
+    digests = b"".join(hashlib.md5(p).digest() for p in (body[:PART], body[PART:]))
+    return f'"{hashlib.md5(digests).hexdigest()}-2"'
+
+
+# the hub's stages are below every edge: S3's and SFTP's writes stop there too. An S3
+# write's metadata (its ETag, user metadata) was set after its commit: kill -9 between left
+# the new bytes with the old object's metadata, and no ETag of their own
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "sigint"])
 @pytest.mark.parametrize("stage", ["staged", "renamed", "recorded"])
 @pytest.mark.parametrize("op", OPS)
@@ -334,7 +346,12 @@ async def test_a_hub_stopped_at_any_stage_of_an_s3_or_sftp_write_is_old_or_new(
     volume = tmp_path / "data" / "bkt"
     body = MULTIPART if op == "s3-multipart" else NEW
     try:
-        write = asyncio.ensure_future(edge.write(op, "existing", body))
+        admin = RestNamespace(hub.url, credentials=hub.admin)
+        try:  # the old object's own metadata, as an S3 write of it would have left it
+            await admin.set_tags(WHO, "/s3/bkt/existing", {"s3.meta.which": "old"})
+        finally:
+            await admin.close()
+        write = asyncio.ensure_future(edge.write(op, "existing", body, {"which": "new"}))
         await reached(at, stage, write)
         await asyncio.to_thread(stop, hub, how)
         try:
@@ -360,6 +377,13 @@ async def test_a_hub_stopped_at_any_stage_of_an_s3_or_sftp_write_is_old_or_new(
         assert files == rescanned, said
         if acknowledged:
             assert read == body, f"{said}: a write the hub acknowledged is lost"
+        if op != "sftp":  # its metadata is the same version's as its bytes
+            s3 = gateway_client(hub.urls["s3"], *USER[1:])
+            head = await asyncio.to_thread(s3.head_object, Bucket="bkt", Key="existing")
+            which = "new" if read == body else "old"
+            assert head["Metadata"] == {"which": which}, f"{said}: {head['Metadata']}"
+            if read == body:
+                assert head["ETag"] == _s3_etag(op, body), f"{said}: {head['ETag']}"
         # and it goes on serving writes
         await edge.write(op, "after", body)
         assert (volume / "after").read_bytes() == body

@@ -144,6 +144,51 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteTags:
+    """Tags a write sets in the very commit that records its new content (an S3 object's
+    ETag, content type and user metadata), so that a crash leaves the old content with
+    the old tags or the new content with the new ones, never a mix."""
+
+    set: dict[str, str] = field(default_factory=dict)
+    #: set as "<version> <value>", the version the write gives the file: a reader tells
+    #: such a tag stale once the file is written again by a road that sets none
+    stamped: dict[str, str] = field(default_factory=dict)
+    #: the tags under this prefix that neither names are removed (None: none are)
+    replace_prefix: str | None = None
+
+    def resolved(self, version: int) -> dict[str, str]:
+        """The tags as the file at ``version`` has them."""
+        return {**self.set, **{k: f"{version} {v}" for k, v in self.stamped.items()}}
+
+    def stale(self, tags: dict[str, str]) -> list[str]:
+        """The keys of ``tags`` (the file's before) that this removes."""
+        if self.replace_prefix is None:
+            return []
+        return [
+            k
+            for k in tags
+            if k.startswith(self.replace_prefix) and k not in self.set and k not in self.stamped
+        ]
+
+    def as_json(self) -> dict[str, object]:
+        return {"set": self.set, "stamped": self.stamped, "replace_prefix": self.replace_prefix}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> WriteTags:
+        def pairs(value: object) -> dict[str, str]:
+            if not isinstance(value, dict):
+                raise ValueError("tags must be an object of strings")
+            return {str(k): str(v) for k, v in value.items()}
+
+        prefix = data.get("replace_prefix")
+        return cls(
+            pairs(data.get("set", {})),
+            pairs(data.get("stamped", {})),
+            None if prefix is None else str(prefix),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Change:
     """One record of the change log; spokes consume these in ``seq`` order."""
 

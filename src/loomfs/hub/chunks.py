@@ -56,7 +56,7 @@ from ..chunks.pipeline import BATCH_BYTES, ChunkPipeline
 from ..chunks.records import record
 from ..core.catalog.sql import Cursor, SqlCatalog, _join
 from ..core.streams import FileRegion
-from ..core.types import SPECIAL_KINDS, SYSTEM, Entry, Principal
+from ..core.types import SPECIAL_KINDS, SYSTEM, Entry, Principal, WriteTags
 from ..errors import (
     Conflict,
     CorruptData,
@@ -537,6 +537,7 @@ class HubChunks:
         mode: int | None = None,
         write_id: str | None = None,
         transfer: Transfer | None = None,
+        tags: WriteTags | None = None,
     ) -> Entry:
         """Write ``path`` assembled from ``cmap``'s chunks through the namespace. Every
         chunk must be staged or indexed (else ``Conflict`` before anything is written) and
@@ -568,7 +569,7 @@ class HubChunks:
 
         entry = await self.namespace.write(
             who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode,
-            write_id=write_id,
+            write_id=write_id, tags=tags,
         )  # fmt: skip
         with contextlib.suppress(Conflict, NotFound):
             await self.remember(entry, cmap)

@@ -9,10 +9,11 @@ done after the catalog has it, in an append-only log in the data directory; at i
 start the hub re-reads each path noted but not done from its volume
 (``HubNamespace.recover``) and records what is there: the old state or the new one,
 whole; a write's new one under its idempotency key, so that its writer's retry (a spoke's
-replay) finds it done instead of landing it twice. The log is emptied when nothing is
-between the two and it has grown past ``KEEP``: emptying it at each end cost a small
-file's create or removal a truncation (a journal update of the data directory's file
-system) for a few bytes, where an ``end`` line is one plain append.
+replay) finds it done instead of landing it twice, and with the tags it set with its
+content (an S3 object's metadata), which the catalog's record would have held. The log
+is emptied when nothing is between the two and it has grown past ``KEEP``: emptying it
+at each end cost a small file's create or removal a truncation (a journal update of the
+data directory's file system) for a few bytes, where an ``end`` line is one plain append.
 
 A write's bytes are spooled into a hidden temp file beside its name first (and what it
 replaces is kept aside under one until the catalog has it): a hub stopped meanwhile left
@@ -29,6 +30,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ..errors import LoomError, from_oserror
 
@@ -62,6 +64,18 @@ class IntentLog:
                 last[path] = key[0] if key else None
         return {path: last[path] for path in sorted(open_) if open_[path] > 0}
 
+    def tags(self) -> dict[str, dict[str, object]]:
+        """The tags (``WriteTags.as_json``) the last write begun at each path set with its
+        content: where ``recover`` finds that write's bytes, it sets them too."""
+        last: dict[str, dict[str, object]] = {}
+        for op, path, *rest in self._lines():
+            if op == "begin":
+                if len(rest) > 1 and isinstance(rest[1], dict):
+                    last[path] = rest[1]
+                else:
+                    last.pop(path, None)
+        return last
+
     def staged(self) -> list[str]:
         """Each path whose write was staging when the hub stopped: its directory may hold
         the temp files that staging left."""
@@ -71,7 +85,7 @@ class IntentLog:
                 open_[path] = open_.get(path, 0) + (1 if op == "stage" else -1)
         return [path for path in sorted(open_) if open_[path] > 0]
 
-    def _lines(self) -> list[list[str]]:
+    def _lines(self) -> list[list[Any]]:
         try:
             text = self.path.read_text()
         except FileNotFoundError:
@@ -98,11 +112,15 @@ class IntentLog:
             os.close(self._fd)
             self._fd = None
 
-    async def begin(self, path: str, write_id: str | None = None) -> None:
+    async def begin(
+        self, path: str, write_id: str | None = None, tags: dict[str, object] | None = None
+    ) -> None:
         # counted first: an end meanwhile must not empty the log under this line
         self._open += 1
         try:
-            line = ["begin", path, write_id]
+            line: list[object] = ["begin", path, write_id]
+            if tags is not None:
+                line.append(tags)
             if self.durable:  # an fsync: waited for in a thread
                 await asyncio.to_thread(self._append, line, sync=True)
             else:  # one write to the page cache: less than a thread's hand-off
@@ -128,7 +146,7 @@ class IntentLog:
         finally:
             self._close_one(["unstage", path])
 
-    def _close_one(self, line: list[str | None]) -> None:
+    def _close_one(self, line: list[object]) -> None:
         self._open -= 1
         if self._fd is None:
             return
@@ -142,7 +160,7 @@ class IntentLog:
             with contextlib.suppress(LoomError):
                 self._append(line, sync=False)
 
-    def _append(self, line: list[str | None], *, sync: bool) -> None:
+    def _append(self, line: list[object], *, sync: bool) -> None:
         if self._fd is None:
             return
         try:

@@ -48,6 +48,7 @@ from ..core.types import (
     ObjectInfo,
     Principal,
     Volume,
+    WriteTags,
 )
 from ..errors import (
     AlreadyExists,
@@ -62,7 +63,15 @@ from ..errors import (
     NotFound,
     PermissionDenied,
 )
-from ..namespace.base import LIST_PAGE, NULL_VERSION, Reader, ResolvingNamespace, Version
+from ..namespace.base import (
+    LIST_PAGE,
+    NULL_VERSION,
+    Reader,
+    ResolvingNamespace,
+    Version,
+    WriteTagsArg,
+    tags_now,
+)
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
 from .intents import IntentLog
@@ -427,6 +436,7 @@ class HubNamespace(ResolvingNamespace):
         exclusive: bool = False,
         mode: int | None = None,
         write_id: str | None = None,
+        tags: WriteTagsArg = None,
     ) -> Entry:
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
@@ -452,6 +462,7 @@ class HubNamespace(ResolvingNamespace):
             await self._writable(path, if_version, exclusive)
         committed: list[Applied] = []
         repeated: list[Entry] = []
+        retagged: list[dict[str, str]] = []  # the tags before, where the write sets some
         cancelled = began = False
         state = self._versioned(path)
 
@@ -464,10 +475,19 @@ class HubNamespace(ResolvingNamespace):
                     raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
+                made = tags_now(tags)  # the data has ended: its tags can be known
+                if made is not None:
+                    for tag, value in made.resolved(0).items():
+                        _check_tag(tag, value)
+                    if self.placement is not None:
+                        before = {} if current is None else await self.catalog.get_tags(path)
+                        retagged.append(before)
                 if state is not None and current is not None:
                     await self._keep(state, current)
                 if self.intents is not None:
-                    await self.intents.begin(path, remembered)
+                    await self.intents.begin(
+                        path, remembered, None if made is None else made.as_json()
+                    )
                     began = True
                 info = await commit()
                 # The volume's write fails (and is undone) if this gate does; once the
@@ -478,6 +498,7 @@ class HubNamespace(ResolvingNamespace):
                         mounted,
                         info,
                         remembered,
+                        made,
                         force_version=True,
                         exclusive=current is None,
                         expect_version=current.version if current else None,
@@ -505,6 +526,8 @@ class HubNamespace(ResolvingNamespace):
         # acknowledged once the spokes have applied it: waited for outside the path's
         # lock and after the volume's write is final
         entry = self._noted(await self._settled(committed[0]))
+        if retagged:
+            await self._tightened(path, retagged[0], await self.catalog.get_tags(path))
         if state is not None and self.version_store is not None:
             await self.version_store.written(state, entry)
         await self._links_changed(mounted, entry, path)
@@ -630,7 +653,7 @@ class HubNamespace(ResolvingNamespace):
     ) -> Entry:
         """Commit what this namespace just wrote to the volume (``_apply_record``), and
         acknowledge it once the spokes have applied it."""
-        applied = await self._apply_record(mounted, info, None, **preconditions)
+        applied = await self._apply_record(mounted, info, None, None, **preconditions)
         return self._noted(await self._settled(applied))
 
     async def _apply_record(
@@ -638,17 +661,18 @@ class HubNamespace(ResolvingNamespace):
         mounted: Mounted,
         info: ObjectInfo,
         write_id: str | None,
+        tags: WriteTags | None,
         /,
         **preconditions: bool | int | None,
     ) -> Applied:
         """Commit what this namespace just wrote to the volume, with the preconditions
-        checked before the write (and the write's idempotency key, in the same
+        checked before the write (and the write's idempotency key and tags, in the same
         transaction). A sweep (inotify or a rescan) may have recorded this very object
         between the volume write and now, which fails the preconditions although nothing
         else changed; that is told apart by the object's etag and inode."""
         put = put_for(mounted.volume.mount, info, **preconditions)
         try:
-            [applied] = await self.catalog.apply([replace(put, write_id=write_id)])
+            [applied] = await self.catalog.apply([replace(put, write_id=write_id, tags=tags)])
         except (AlreadyExists, Conflict):
             seen = await self.catalog.get(put.path)
             if seen is None or (seen.kind, seen.etag, seen.inode) != (
@@ -659,6 +683,9 @@ class HubNamespace(ResolvingNamespace):
                 raise
             if write_id is not None:
                 await self.catalog.remember_write(write_id, seen)
+            if tags is not None:  # the sweep's row has none of them: set them on it
+                stale = tags.stale(await self.catalog.get_tags(put.path))
+                await self.catalog.set_tags(put.path, tags.resolved(seen.version), stale)
             return Applied(None, seen, None)
         return applied
 
@@ -830,11 +857,14 @@ class HubNamespace(ResolvingNamespace):
         path = paths.normalize(path)
         before = await self.catalog.get_tags(path) if self.placement is not None else {}
         tags = await self.catalog.set_tags(path, set_, remove)
-        if self.placement is not None and await self.placement.tightened(path, before, tags):
-            # re-tagged into a policy: spokes drop what they hold of it before this returns
-            await self.placement.store.evict([path])
+        await self._tightened(path, before, tags)
         await self.leases.settle(await self.catalog.head_seq())
         return tags
+
+    async def _tightened(self, path: str, before: dict[str, str], after: dict[str, str]) -> None:
+        """Re-tagged into a policy: spokes drop what they hold of it before this returns."""
+        if self.placement is not None and await self.placement.tightened(path, before, after):
+            await self.leases.settle(await self.placement.store.evict([path]))
 
     # -- versions (hub.versions) -----------------------------------------------------------
 
@@ -950,9 +980,8 @@ class HubNamespace(ResolvingNamespace):
         self._unversioned.add(path)  # written back, not a new version
         try:
             await self.mkdir(who, paths.split(path)[0], parents=True, exist_ok=True)
-            entry = await self.write(who, path, aiter_bytes(data))
-            if newest.tags:
-                await self.set_tags(who, path, newest.tags)
+            kept = WriteTags(dict(newest.tags)) if newest.tags else None
+            entry = await self.write(who, path, aiter_bytes(data), tags=kept)
         finally:
             self._unversioned.discard(path)
         await store.drop(path, newest.vid)
@@ -1105,6 +1134,7 @@ class HubNamespace(ResolvingNamespace):
         if self.intents is None:
             return
         unfinished = self.intents.unfinished()
+        tagged = self.intents.tags()
         for path, write_id in unfinished.items():
             try:
                 before = await self.catalog.get(path)
@@ -1113,10 +1143,16 @@ class HubNamespace(ResolvingNamespace):
                     # a removal below it may have stopped part way
                     mounted, key = self._in_volume(path)
                     await self.sync_volume(mounted.volume.mount, prefix=key)
-                if write_id is not None and after is not None and after != before:
+                if after is not None and after != before:
                     # the write's bytes are at its name (nothing else wrote there under
-                    # its lock): its retry is answered with this, not landed again
-                    await self.catalog.remember_write(write_id, after)
+                    # its lock): its retry is answered with this, not landed again, and
+                    # its tags go with them, as its record would have held them
+                    if write_id is not None:
+                        await self.catalog.remember_write(write_id, after)
+                    if path in tagged:
+                        tags = WriteTags.from_json(tagged[path])
+                        stale = tags.stale(await self.catalog.get_tags(path))
+                        await self.catalog.set_tags(path, tags.resolved(after.version), stale)
             except LoomError as exc:  # say its volume is gone: nothing to agree with
                 log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
         swept = 0

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
-from ..core.types import Entry, EntryKind, Feed, Principal
+from ..core.types import Entry, EntryKind, Feed, Principal, WriteTags
 from ..errors import NotSupported
 
 LIST_PAGE = 1000
@@ -24,6 +24,15 @@ LIST_PAGE = 1000
 VERSIONING_STATES = ("Enabled", "Suspended")
 #: the id of the version written while versioning was not enabled (S3's "null")
 NULL_VERSION = "null"
+
+
+#: the tags a write sets with its content: given, or asked once its data has ended
+WriteTagsArg = WriteTags | Callable[[], WriteTags] | None
+
+
+def tags_now(tags: WriteTagsArg) -> WriteTags | None:
+    """A write's tags (``Namespace.write``), asked of the callable once its data ended."""
+    return tags() if callable(tags) else tags
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +130,16 @@ class Namespace(ABC):
         exclusive: bool = False,
         mode: int | None = None,
         write_id: str | None = None,
+        tags: WriteTagsArg = None,
     ) -> Entry:
         """Create or replace a file from a stream, atomically: readers see the old or the new
         content, never a mix. ``if_version``: replace only that version (else Conflict);
         ``exclusive``: create only (else AlreadyExists). The parent must exist.
         ``write_id``: the write's idempotency key (a spoke's journaled write has one): a hub
         remembers the entry a write with a key made, and answers a repeat of it (sent again
-        after its answer was lost) with that entry, writing nothing."""
+        after its answer was lost) with that entry, writing nothing. ``tags``: set in the
+        same commit as the new content (so a crash leaves both old or both new); a
+        callable is asked once ``data`` has ended (an ETag of the bytes)."""
 
     @abstractmethod
     async def mkdir(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..chunks.chunkmap import ChunkMap
-from ..core.types import Entry, Principal
+from ..core.types import Entry, Principal, WriteTags
 
 if TYPE_CHECKING:  # the metrics' module is prometheus's: a REST client needs none of it
     from ..chunks.metrics import Transfer
@@ -65,6 +65,7 @@ class ChunkService(Protocol):
         mode: int | None = None,
         write_id: str | None = None,
         transfer: Transfer | None = None,
+        tags: WriteTags | None = None,
     ) -> Entry: ...
 
 
@@ -120,7 +121,8 @@ class ChunkLink(ABC):
         mode: int | None = None,
         write_id: str | None = None,
         who: Principal | None = None,
+        tags: WriteTags | None = None,
     ) -> Entry:
         """Write ``path`` at the hub from chunks it holds or was sent, with the same
-        preconditions and idempotency key as a namespace write, as ``who`` (None: as the
-        spoke itself)."""
+        preconditions, idempotency key and tags as a namespace write, as ``who`` (None: as
+        the spoke itself)."""

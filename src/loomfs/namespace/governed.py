@@ -70,7 +70,7 @@ from ..errors import (
     NotSupported,
     PermissionDenied,
 )
-from .base import FeedNamespace, Reader, ResolvingNamespace, Version
+from .base import FeedNamespace, Reader, ResolvingNamespace, Version, WriteTagsArg
 
 T = TypeVar("T")
 
@@ -550,7 +550,9 @@ class GovernedNamespace(FeedNamespace):
         exclusive: bool = False,
         mode: int | None = None,
         write_id: str | None = None,
+        tags: WriteTagsArg = None,
     ) -> Entry:
+        # the tags need no decision of their own: setting them is a write, as set_tags is
         if mode is not None and mode & SET_ID:
             await self._privileged(who, "write", path, "a set-user-ID or set-group-ID file")
         await self._changing(who, "write", path, Action.WRITE)
@@ -558,7 +560,7 @@ class GovernedNamespace(FeedNamespace):
             who, "write", path,
             lambda: self.inner.write(
                 who, path, data, if_version=if_version, exclusive=exclusive, mode=mode,
-                write_id=write_id,
+                write_id=write_id, tags=tags,
             ),
             nbytes=lambda entry: entry.size,
         )  # fmt: skip

@@ -35,7 +35,7 @@ from ..errors import CorruptData, InvalidArgument, NotSupported, PermissionDenie
 from ..namespace.chunklink import ChunkService, Wanted
 from ..namespace.governed import GovernedNamespace
 from . import wire
-from .server import RestServer, _body, _int, write_id_of
+from .server import RestServer, _body, _int, tags_of, write_id_of
 
 WHOLE_HEADER = "X-Loomfs-Whole"
 MAX_MAP = 256 << 20  # a serialized map of a ~700 GB file
@@ -185,7 +185,7 @@ class ChunkRoutes:
         cmap = ChunkMap.deserialize(await request.content.readexactly(length))
         transfer = Transfer("hub", "up", path, wire=length)
         exclusive = request.headers.get("If-None-Match", "").strip() == "*"
-        write_id = write_id_of(request)
+        write_id, tags = write_id_of(request), tags_of(request)
 
         def commit() -> Awaitable[Entry]:
             return self.chunks.commit(
@@ -197,6 +197,7 @@ class ChunkRoutes:
                 mode=mode,
                 write_id=write_id,
                 transfer=transfer,
+                tags=tags,
             )
 
         try:

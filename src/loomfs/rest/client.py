@@ -11,6 +11,7 @@ import base64
 import builtins
 import json
 import ssl
+import tempfile
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from .. import paths
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.records import read_answers
 from ..core.streams import BytesSource, StreamSource, clamp_range
-from ..core.types import Entry, Feed, Principal
+from ..core.types import Entry, Feed, Principal, WriteTags
 from ..errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -33,7 +34,7 @@ from ..errors import (
     LoomError,
     RangeNotSatisfiable,
 )
-from ..namespace.base import FeedNamespace, Reader
+from ..namespace.base import FeedNamespace, Reader, WriteTagsArg
 from ..namespace.chunklink import ChunkLink, Opened
 from . import wire
 
@@ -239,8 +240,40 @@ class RestNamespace(FeedNamespace, ChunkLink):
         exclusive: bool = False,
         mode: int | None = None,
         write_id: str | None = None,
+        tags: WriteTagsArg = None,
     ) -> Entry:
-        headers = self._write_headers(if_version, exclusive, mode, write_id)
+        if not callable(tags):
+            return await self._put(who, path, data, if_version, exclusive, mode, write_id, tags)
+        # known once the data has ended, and sent ahead of it: the data waits in a spool
+        spool = await asyncio.to_thread(tempfile.TemporaryFile)
+        try:
+            async for chunk in data:
+                await asyncio.to_thread(spool.write, chunk)
+            made = tags()
+            await asyncio.to_thread(spool.seek, 0)
+
+            async def spooled() -> AsyncIterator[bytes]:
+                while chunk := await asyncio.to_thread(spool.read, 1 << 20):
+                    yield chunk
+
+            return await self._put(
+                who, path, spooled(), if_version, exclusive, mode, write_id, made
+            )
+        finally:
+            spool.close()
+
+    async def _put(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        if_version: int | None,
+        exclusive: bool,
+        mode: int | None,
+        write_id: str | None,
+        tags: WriteTags | None,
+    ) -> Entry:
+        headers = self._write_headers(if_version, exclusive, mode, write_id, tags)
         return wire.entry_from(
             await self._json(
                 "PUT", f"{wire.API}/files{_quoted(path)}", data=data, headers=headers, who=who
@@ -249,13 +282,19 @@ class RestNamespace(FeedNamespace, ChunkLink):
 
     @staticmethod
     def _write_headers(
-        if_version: int | None, exclusive: bool, mode: int | None, write_id: str | None
+        if_version: int | None,
+        exclusive: bool,
+        mode: int | None,
+        write_id: str | None,
+        tags: WriteTags | None = None,
     ) -> dict[str, str]:
-        """A write's preconditions and key, the same for a streamed body and a chunked
-        commit."""
+        """A write's preconditions, key and tags, the same for a streamed body and a
+        chunked commit."""
         headers = {"Content-Type": "application/octet-stream"}
         if write_id is not None:
             headers[wire.WRITE_ID_HEADER] = write_id
+        if tags is not None:
+            headers[wire.TAGS_HEADER] = wire.tags_header(tags)
         if if_version is not None:
             headers["If-Match"] = f'"{if_version}"'
         if exclusive:
@@ -541,8 +580,9 @@ class RestNamespace(FeedNamespace, ChunkLink):
         mode: int | None = None,
         write_id: str | None = None,
         who: Principal | None = None,
+        tags: WriteTags | None = None,
     ) -> Entry:
-        headers = self._write_headers(if_version, exclusive, mode, write_id)
+        headers = self._write_headers(if_version, exclusive, mode, write_id, tags)
         return wire.entry_from(
             await self._json(
                 "POST",

@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from ..core.acl import ANONYMOUS
-from ..core.types import Feed, Principal
+from ..core.types import Feed, Principal, WriteTags
 from ..errors import InvalidArgument, LoomError, PermissionDenied
 from ..namespace.base import Namespace, Reader
 from ..namespace.governed import GovernedNamespace
@@ -114,6 +114,12 @@ def write_id_of(request: web.Request) -> str | None:
     if key is not None and not (0 < len(key) <= 128 and key.isprintable()):
         raise InvalidArgument(f"{wire.WRITE_ID_HEADER} must be 1-128 printable characters")
     return key
+
+
+def tags_of(request: web.Request) -> WriteTags | None:
+    """The tags a write sets with its content, if it sets any."""
+    value = request.headers.get(wire.TAGS_HEADER)
+    return None if value is None else wire.tags_from_header(value)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -324,7 +330,7 @@ class RestServer:
 
         entry = await self.namespace.write(
             who, path, body(), if_version=if_version, exclusive=exclusive, mode=mode,
-            write_id=write_id_of(request),
+            write_id=write_id_of(request), tags=tags_of(request),
         )  # fmt: skip
         return _json(wire.entry_json(entry), 201)
 

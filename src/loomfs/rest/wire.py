@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any
 
-from ..core.types import Change, ChangeOp, Entry, EntryKind
+from ..core.types import Change, ChangeOp, Entry, EntryKind, WriteTags
 from ..errors import (
     BY_CODE,
     AlreadyExists,
@@ -42,6 +42,8 @@ USER_HEADER = "X-Loomfs-User"
 PROTOCOL_HEADER = "X-Loomfs-Protocol"
 # a write's idempotency key (the IETF draft's name): its repeat gets the first answer
 WRITE_ID_HEADER = "Idempotency-Key"
+#: the tags a write sets with its content (``Namespace.write``), as JSON
+TAGS_HEADER = "X-Loomfs-Tags"
 
 # The one table from error class to HTTP status; subclasses not listed use their base's.
 STATUS: dict[type[LoomError], int] = {
@@ -120,3 +122,17 @@ def change_json(change: Change) -> dict[str, Any]:
 
 def change_from(data: dict[str, Any]) -> Change:
     return Change(**{**data, "op": ChangeOp(data["op"]), "kind": EntryKind(data["kind"])})
+
+
+def tags_header(tags: WriteTags) -> str:
+    return json.dumps(tags.as_json(), separators=(",", ":"))
+
+
+def tags_from_header(value: str) -> WriteTags:
+    try:
+        data = json.loads(value)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        return WriteTags.from_json(data)
+    except ValueError as exc:
+        raise InvalidArgument(f"{TAGS_HEADER} is not a write's tags: {exc}") from None

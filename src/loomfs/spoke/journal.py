@@ -67,6 +67,8 @@ class Pending:
     #: the key is the writer's client's (a repeat of a request), not one made here: the
     #: hub may answer it with an earlier write of other bytes, so these fill no cache
     client_key: bool = False
+    #: the tags the write sets with its content (``WriteTags.as_json``), committed with it
+    tags: dict[str, object] | None = None
 
     @property
     def conditional(self) -> bool:

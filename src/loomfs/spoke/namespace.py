@@ -51,7 +51,16 @@ from prometheus_client import Counter, Gauge
 from .. import paths
 from ..core.retry import Backoff
 from ..core.streams import ByteSource, clamp_range
-from ..core.types import SPECIAL_KINDS, SYSTEM, Change, ChangeOp, Entry, EntryKind, Principal
+from ..core.types import (
+    SPECIAL_KINDS,
+    SYSTEM,
+    Change,
+    ChangeOp,
+    Entry,
+    EntryKind,
+    Principal,
+    WriteTags,
+)
 from ..errors import (
     AlreadyExists,
     AuthenticationFailed,
@@ -68,7 +77,7 @@ from ..errors import (
     PermissionDenied,
     from_oserror,
 )
-from ..namespace.base import FeedNamespace, Namespace, Reader
+from ..namespace.base import FeedNamespace, Namespace, Reader, WriteTagsArg, tags_now
 from .cache import BLOCK, SMALL_FILE, Cache
 from .journal import Journal, Pending, new_write_id
 
@@ -754,6 +763,7 @@ class SpokeNamespace(Namespace):
         exclusive: bool = False,
         mode: int | None = None,
         write_id: str | None = None,
+        tags: WriteTagsArg = None,
     ) -> Entry:
         path = self._inside(path)
         repeated = None if write_id is None else self.journal.keyed(write_id)
@@ -777,12 +787,14 @@ class SpokeNamespace(Namespace):
                             await asyncio.to_thread(spool.write, chunk)
                     finally:
                         await asyncio.to_thread(spool.close)
+                    made = tags_now(tags)  # journaled with the bytes, sent with them
                     pending = Pending(
                         seq, path, base, if_version, exclusive, mode, time.time_ns(),
                         early=early, sealed=self.journal.sealed,
                         user=None if who.protocol == "internal" else who.user,
                         protocol=who.protocol, write_id=write_id or new_write_id(),
                         client_key=write_id is not None,
+                        tags=None if made is None else made.as_json(),
                     )  # fmt: skip
                     pending = await asyncio.to_thread(self.journal.commit, pending)
                 except OSError as exc:  # a full cache disk says which (was a 500)
@@ -1077,6 +1089,7 @@ class SpokeNamespace(Namespace):
         chunks the hub lacks where the link moves chunks and the file is not small, else
         (or if the hub could not assemble it) its bytes. Either way the hub gets the
         plaintext (opened here where sealed)."""
+        tags = None if pending.tags is None else WriteTags.from_json(pending.tags)
         chunks = self.cache.chunks
         if chunks is not None and self.journal.size(pending) > SMALL_FILE:
             try:
@@ -1088,6 +1101,7 @@ class SpokeNamespace(Namespace):
                     mode=mode,
                     write_id=pending.write_id,
                     who=who,
+                    tags=tags,
                 )
             except CorruptData as exc:
                 log.warning("chunked upload failed; sending the file whole: %s", exc)
@@ -1099,6 +1113,7 @@ class SpokeNamespace(Namespace):
             exclusive=exclusive,
             mode=mode,
             write_id=pending.write_id,
+            tags=tags,
         )
 
     async def _journaled(self, pending: Pending) -> AsyncIterator[bytes]:

@@ -37,9 +37,12 @@ class Edge:
     def __init__(self, hub: HubProcess, ssh_key: Path) -> None:
         self.hub, self.ssh_key = hub, ssh_key
 
-    async def write(self, op: str, key: str, body: bytes) -> None:
+    async def write(
+        self, op: str, key: str, body: bytes, meta: dict[str, str] | None = None
+    ) -> None:
         """``body`` at ``key`` in bucket ``BUCKET``, by ``op``: an S3 PUT, a two-part S3
-        upload (its first part ``PART`` bytes), an SFTP put, a REST PUT."""
+        upload (its first part ``PART`` bytes), an SFTP put, a REST PUT. An S3 write
+        sends ``meta`` as its user metadata (x-amz-meta-*)."""
         if op == "rest":
             client = RestNamespace(self.hub.url)
             try:
@@ -65,9 +68,13 @@ class Edge:
             return
         s3 = gateway_client(self.hub.urls["s3"], *USER[1:])
         if op == "s3-put":
-            await asyncio.to_thread(s3.put_object, Bucket=BUCKET, Key=key, Body=body)
+            await asyncio.to_thread(
+                s3.put_object, Bucket=BUCKET, Key=key, Body=body, Metadata=meta or {}
+            )
             return
-        made = await asyncio.to_thread(s3.create_multipart_upload, Bucket=BUCKET, Key=key)
+        made = await asyncio.to_thread(
+            s3.create_multipart_upload, Bucket=BUCKET, Key=key, Metadata=meta or {}
+        )
         upload = made["UploadId"]
         parts: list[CompletedPartTypeDef] = []
         for number, part in enumerate((body[:PART], body[PART:]), 1):

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-from ..types import Change, Entry, EntryKind, Volume, VolumeState
+from ..types import Change, Entry, EntryKind, Volume, VolumeState, WriteTags
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,8 @@ class Put:
     #: the idempotency key of the write this records (``HubNamespace.write``): the entry
     #: it makes is remembered under it in the same transaction (``written``)
     write_id: str | None = None
+    #: tags set in the same transaction, stamped with the version this gives the entry
+    tags: WriteTags | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from ...errors import (
     NotADirectory,
     NotFound,
 )
-from ..types import Change, ChangeOp, Entry, EntryKind, Volume, VolumeState
+from ..types import Change, ChangeOp, Entry, EntryKind, Volume, VolumeState, WriteTags
 from .base import (
     WRITE_ID_DAYS,
     Applied,
@@ -730,6 +730,7 @@ class SqlCatalog(Catalog):
         inserts: dict[str, tuple[Any, ...]] = {}  # by path, so a later op can amend one
         updates: list[tuple[Any, ...]] = []
         results: list[Applied] = []
+        tagged: list[tuple[str, WriteTags, int]] = []
         for op in ops:
             if isinstance(op, Delete):
                 self._flush(cur, inserts, updates)  # the delete must see earlier puts
@@ -762,6 +763,8 @@ class SqlCatalog(Catalog):
                 results.append(Applied(old_id, old, None))
                 if op.write_id is not None:
                     self._remember(cur, op.write_id, old)
+                if op.tags is not None:
+                    tagged.append((op.path, op.tags, old.version))
                 continue
             entry = Entry(
                 op.path,
@@ -805,7 +808,11 @@ class SqlCatalog(Catalog):
             if op.write_id is not None:
                 self._remember(cur, op.write_id, entry)
             existing[op.path] = (old_id if old_id is not None else -1, entry)
+            if op.tags is not None:
+                tagged.append((op.path, op.tags, version))
         self._flush(cur, inserts, updates)
+        for path, tags, version in tagged:  # the rows exist now, new ones too
+            self._write_tags(cur, self._entry_id(cur, path)[0], tags, version)
         seq.flush()
         if volume is not None:
             self._update_volume(cur, volume)
@@ -996,6 +1003,19 @@ class SqlCatalog(Catalog):
         if hit is None:
             raise NotFound(f"no such entry: {path}", path=path)
         return hit
+
+    def _write_tags(self, cur: Cursor, entry_id: int, tags: WriteTags, version: int) -> None:
+        """A write's tags, in its own transaction (``Put.tags``)."""
+        values = tags.resolved(version)
+        gone = tags.stale(self._tags(cur, entry_id)) if tags.replace_prefix is not None else []
+        cur.executemany(
+            self._sql("DELETE FROM tags WHERE entry_id = ? AND key = ?"),
+            [(entry_id, k) for k in [*gone, *values]],
+        )
+        cur.executemany(
+            self._sql("INSERT INTO tags (entry_id, key, value) VALUES (?, ?, ?)"),
+            [(entry_id, k, v) for k, v in values.items()],
+        )
 
     def _tags(self, cur: Cursor, entry_id: int) -> dict[str, str]:
         rows = self._q(

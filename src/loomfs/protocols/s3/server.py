@@ -38,7 +38,7 @@ from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ANONYMOUS
-from ...core.types import SPECIAL_KINDS, SYSTEM, Action, Entry, EntryKind, Principal
+from ...core.types import SPECIAL_KINDS, SYSTEM, Action, Entry, EntryKind, Principal, WriteTags
 from ...core.users import UserRegistry
 from ...errors import (
     AlreadyExists,
@@ -1281,16 +1281,20 @@ class S3Gateway:
             if content_md5 is not None and tally.md5.digest() != content_md5:
                 raise S3Error("BadDigest", "the Content-MD5 you specified did not match")
 
+        def tags() -> WriteTags:
+            # asked once the bytes have ended, and committed with them: a crash leaves
+            # the old object with its metadata or the new one with its own
+            stamped = {ETAG_TAG: etag or tally.etag}
+            if (kept := checksum()) is not None:
+                stamped[CHECKSUM_TAG] = kept.text()
+            return WriteTags(dict(meta), stamped, replace_prefix=TAG)
+
         entry = await self.ns.write(
-            c.who, path, checked(), exclusive=exclusive, if_version=if_version
+            c.who, path, checked(), exclusive=exclusive, if_version=if_version, tags=tags
         )
         etag = etag or tally.etag
         if await self._bucket_versioning(c, self.bucket_dir(c.bucket)) == "Enabled":
             c.version_id = str(entry.version)
-        own = {ETAG_TAG: f"{entry.version} {etag}"}
-        if (kept := checksum()) is not None:
-            own[CHECKSUM_TAG] = kept.tag(entry.version)
-        await self._set_s3_tags(c, path, {**meta, **own})
         return entry, etag
 
     async def _write_conditions(self, c: Call, path: str) -> tuple[bool, int | None]:
