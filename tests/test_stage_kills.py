@@ -115,6 +115,48 @@ async def test_a_hub_stopped_at_any_stage_of_a_write_is_old_or_new(
         hub.stop()
 
 
+# a file with two names is written in place (a rename would cut it off from the other):
+# killed in that copy, it stayed torn (empty here) under both names, the copy of its old
+# bytes swept away at the next start
+async def test_a_hub_killed_writing_a_hard_linked_file_in_place_leaves_it_old_or_new(
+    tmp_path: Path,
+) -> None:
+    volume = tmp_path / "data"
+    volume.mkdir()
+    (volume / "f").write_bytes(OLD)
+    (volume / "g").hardlink_to(volume / "f")
+    env, at = pausing(tmp_path, "torn")
+    hub = HubProcess(tmp_path / "site", env).start()
+    try:
+        admin = RestNamespace(hub.url, credentials=hub.admin)
+        try:
+            await admin.add_volume("/v", f"posix://{volume}")
+        finally:
+            await admin.close()
+        async with aiohttp.ClientSession() as http:
+            put = asyncio.create_task(http.put(f"{hub.url}{FILE}", data=NEW))
+            await reached(at, "torn", put)
+            hub.kill()
+            with contextlib.suppress(aiohttp.ClientError):
+                await put
+        resumed(hub, at)
+        client = RestNamespace(hub.url, credentials=hub.admin)
+        try:
+            reads = [await client.read_bytes(WHO, f"/v/{n}") for n in ("f", "g")]
+            sizes = [(await client.stat(WHO, f"/v/{n}")).size for n in ("f", "g")]
+            stats = await client.rescan("/v")
+        finally:
+            await client.close()
+        said = f"read {[len(r) for r in reads]} bytes, sizes {sizes}, {stats}"
+        assert reads[0] in (OLD, NEW) and reads == [reads[0]] * 2, said
+        assert sizes == [len(reads[0])] * 2, said
+        assert on_volume(volume) == {"f": reads[0], "g": reads[0]}, said  # nothing else
+        assert (volume / "f").stat().st_ino == (volume / "g").stat().st_ino  # still one file
+        assert (stats["created"], stats["modified"], stats["deleted"]) == (0, 0, 0), said
+    finally:
+        hub.stop()
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(

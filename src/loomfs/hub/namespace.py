@@ -1133,28 +1133,8 @@ class HubNamespace(ResolvingNamespace):
         start a new intent log. After ``load_volumes``."""
         if self.intents is None:
             return
-        unfinished = self.intents.unfinished()
-        tagged = self.intents.tags()
-        for path, write_id in unfinished.items():
-            try:
-                before = await self.catalog.get(path)
-                after = await self.refresh(path)
-                if before is not None and before.is_dir and after is not None and after.is_dir:
-                    # a removal below it may have stopped part way
-                    mounted, key = self._in_volume(path)
-                    await self.sync_volume(mounted.volume.mount, prefix=key)
-                if after is not None and after != before:
-                    # the write's bytes are at its name (nothing else wrote there under
-                    # its lock): its retry is answered with this, not landed again, and
-                    # its tags go with them, as its record would have held them
-                    if write_id is not None:
-                        await self.catalog.remember_write(write_id, after)
-                    if path in tagged:
-                        tags = WriteTags.from_json(tagged[path])
-                        stale = tags.stale(await self.catalog.get_tags(path))
-                        await self.catalog.set_tags(path, tags.resolved(after.version), stale)
-            except LoomError as exc:  # say its volume is gone: nothing to agree with
-                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
+        # first: a hard-linked file a write stopped in (torn) gets its old bytes back
+        # here, before its name is re-read below
         swept = 0
         for path in self.intents.staged():
             hit = self._resolve(path)
@@ -1166,6 +1146,28 @@ class HubNamespace(ResolvingNamespace):
                         await self.refresh(paths.split(path)[0])  # its mtime moved
                 except LoomError as exc:
                     log.warning("could not sweep", extra={"path": path, "error": str(exc)})
+        unfinished = self.intents.unfinished()
+        tagged = self.intents.tags()
+        for path, write_id in unfinished.items():
+            try:
+                before = await self.catalog.get(path)
+                after = await self.refresh(path)
+                if before is not None and before.is_dir and after is not None and after.is_dir:
+                    # a removal below it may have stopped part way
+                    mounted, key = self._in_volume(path)
+                    await self.sync_volume(mounted.volume.mount, prefix=key)
+                if after is not None and (before is None or after.version != before.version):
+                    # the write's bytes are at its name (nothing else wrote there under
+                    # its lock): its retry is answered with this, not landed again, and
+                    # its tags go with them, as its record would have held them
+                    if write_id is not None:
+                        await self.catalog.remember_write(write_id, after)
+                    if path in tagged:
+                        tags = WriteTags.from_json(tagged[path])
+                        stale = tags.stale(await self.catalog.get_tags(path))
+                        await self.catalog.set_tags(path, tags.resolved(after.version), stale)
+            except LoomError as exc:  # say its volume is gone: nothing to agree with
+                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
         if unfinished or swept:
             log.info(
                 "recovered unfinished writes",

@@ -26,6 +26,7 @@ STAGES = {
     "staged": "a write's bytes all spooled into its temp file, nothing renamed yet",
     "renamed": "a write's file at its name on the volume; the catalog not told",
     "recorded": "a write in the catalog; its answer not yet sent",
+    "torn": "a hard-linked file's in-place commit: the file emptied, the new bytes not in",
     "moved": "a move done on the volume; the catalog not told",
     "removed": "one file of a directory's removal gone; the catalog not told",
     "made": "a new directory on the volume; the catalog not told",
@@ -88,6 +89,17 @@ _HOOKS = textwrap.dedent("""
             setattr(cls, name, hooked)
 
         sync_hook(PosixBackend, "_commit", before="staged", after="renamed")
+        import loomfs.core.backends.posix as posix
+
+        real_copy = posix.copy_sparse
+
+        def copy_sparse(source, target, size):  # into a hard-linked file emptied for it
+            st = os.fstat(target)
+            if STAGE == "torn" and st.st_nlink > 1 and st.st_size == 0:
+                reached()
+            return real_copy(source, target, size)
+
+        posix.copy_sparse = copy_sparse
         async_hook(HubNamespace, "_apply_record", after="recorded")
         async_hook(PosixBackend, "rename", after="moved")
         async_hook(PosixBackend, "delete", after="removed")

@@ -12,7 +12,9 @@ and the old one stays aside under the temp name until the writer's gate (the cat
 commit) has succeeded; if it fails, the old file is put back (a new one removed), so a
 failed write leaves the directory as it was. A file with hard links is the exception: a
 rename would cut it off from its other names, so its old bytes are copied aside and the
-staged bytes into it in place (readers of it may see a mix while that copy runs). A body
+staged bytes into it in place (readers of it may see a mix while that copy runs); a note
+beside the copy aside names the file while it may be torn, so that a process killed in
+that copy has the old bytes put back at its next start (``sweep``). A body
 handed over as a local file (``LocalFile``) is copied by its data ranges: holes stay holes.
 Special files (fifos, devices, sockets) are recorded and made with mknod, never opened.
 """
@@ -28,6 +30,7 @@ import ctypes
 import dataclasses
 import errno
 import functools
+import json
 import logging
 import os
 import re
@@ -65,6 +68,9 @@ from .common import batches_from_thread, check_key, child_key, ordered_walk
 
 #: names of loomfs's own in-flight files; hidden from scans and listings
 TEMP_PREFIX = ".loomfs-tmp-"
+#: the end of the note beside an in-place commit's copy aside (the name of the file whose
+#: old bytes it holds, and their times), there while that file may be torn
+_TORN_NOTE = ".of"
 #: the longest path one system call takes (PATH_MAX less its NUL); a file deeper than that
 #: below / is reached one directory at a time
 _SYSCALL_PATH_MAX = 4095
@@ -573,18 +579,45 @@ class PosixBackend(Backend):
         try:
             staged.aside = TEMP_PREFIX + secrets.token_hex(8)
             staged.in_place = True
-            _copy_into(target, staged.aside, parent, create=True)
+            _copy_into(target, staged.aside, parent, create=True, durable=self.durable)
             staged.placed = os.fstat(target).st_ino
-            os.ftruncate(target, 0)
-            copy_sparse(staged.fd, target, os.fstat(staged.fd).st_size)
-            if self.durable:
-                os.fsync(target)
+            with self._may_tear(staged, target):
+                os.ftruncate(target, 0)
+                copy_sparse(staged.fd, target, os.fstat(staged.fd).st_size)
+                if self.durable:
+                    os.fsync(target)
             st = os.fstat(target)
         finally:
             os.close(target)
         info = _info(staged.key, st, name, parent)
         assert info is not None
         return info
+
+    @contextlib.contextmanager
+    def _may_tear(self, staged: _Staged, target: int) -> Iterator[None]:
+        """Inside, ``target`` (a hard-linked file written in place) may be torn: a note
+        beside the copy of its old bytes says so until it is whole again, for ``sweep``
+        to copy them back after a crash."""
+        assert staged.aside is not None
+        note = staged.aside + _TORN_NOTE
+        st = os.fstat(target)
+        text = json.dumps([staged.name, st.st_atime_ns, st.st_mtime_ns])
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            fd = os.open(note, flags, 0o600, dir_fd=staged.parent)
+        except FileExistsError:  # the note of the failed copy this undoes: its times stand
+            fd = -1
+        if fd >= 0:
+            try:
+                _write_all(fd, text.encode())
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if self.durable:
+                os.fsync(staged.parent)
+        yield
+        os.unlink(note, dir_fd=staged.parent)  # whole again: the old bytes or the new
 
     def _settle(self, staged: _Staged) -> None:
         """A write's commit was recorded: drop what it replaced and its temp file."""
@@ -601,9 +634,12 @@ class PosixBackend(Backend):
             if staged.in_place and staged.placed is not None and staged.aside is not None:
                 flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
                 source = os.open(staged.aside, flags, dir_fd=parent)
+                target = os.open(name, flags, dir_fd=parent)
                 try:
-                    _copy_into(source, name, parent, create=False)
+                    with self._may_tear(staged, target):
+                        _copy_into(source, name, parent, create=False)
                 finally:
+                    os.close(target)
                     os.close(source)
             elif staged.placed is not None and staged.aside is not None:
                 # the old file back at its name, atomically; the new one goes with it
@@ -814,7 +850,11 @@ class PosixBackend(Backend):
             return []
         removed = []
         try:
-            for name in os.listdir(parent_fd):
+            names = os.listdir(parent_fd)
+            for note in names:
+                if note.startswith(TEMP_PREFIX) and note.endswith(_TORN_NOTE):
+                    self._untear(parent_fd, note, key)
+            for name in names:
                 if name.startswith(TEMP_PREFIX):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(name, dir_fd=parent_fd)
@@ -826,6 +866,27 @@ class PosixBackend(Backend):
         finally:
             os.close(parent_fd)
         return removed
+
+    def _untear(self, parent: int, note: str, key: str) -> None:
+        """Copy the old bytes an in-place commit kept aside back into the file it was
+        writing when its process stopped (its ``_may_tear`` note): the file, under all
+        its names, is as it was before that write, its times too."""
+        aside = note.removesuffix(_TORN_NOTE)
+        try:
+            with open(os.open(note, os.O_RDONLY | os.O_CLOEXEC, dir_fd=parent), "rb") as f:
+                name, atime_ns, mtime_ns = json.loads(f.read())
+            source = os.open(aside, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except (OSError, ValueError):  # torn note, or no copy: the file was never torn
+            return
+        try:
+            _copy_into(source, name, parent, create=False, durable=self.durable)
+            os.utime(name, ns=(atime_ns, mtime_ns), dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            log.exception("could not put back the old bytes of %s", name)
+            return  # the copy and its note stay for the next start
+        finally:
+            os.close(source)
+        log.warning("put back the old bytes of a write stopped in place", extra={"key": key})
 
     def _sync(self, key: str) -> None:
         """fsync the entry (a file's bytes, a directory's names) and the directory holding
@@ -1004,12 +1065,14 @@ def _exchange(parent: int, temp: str, name: str) -> str | None:
     return aside
 
 
-def _copy_into(source: int, name: str, parent: int, *, create: bool) -> None:
+def _copy_into(source: int, name: str, parent: int, *, create: bool, durable: bool = False) -> None:
     """Make the file ``name`` in ``parent`` hold exactly the bytes of ``source``."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
     target = os.open(name, flags, 0o600, dir_fd=parent)
     try:
         os.ftruncate(target, 0)
         copy_sparse(source, target, os.fstat(source).st_size)
+        if durable:
+            os.fsync(target)
     finally:
         os.close(target)
