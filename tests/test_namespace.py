@@ -3,7 +3,9 @@ PostgreSQL catalogs) and through the REST API."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -11,12 +13,14 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loomfs.core.acl import AclAuthorizer
 from loomfs.core.registry import open_catalog
 from loomfs.core.streams import LocalFile
 from loomfs.core.types import Principal
-from loomfs.errors import DirectoryNotEmpty
+from loomfs.errors import DirectoryNotEmpty, LoomError
 from loomfs.hub.namespace import HubNamespace
 from loomfs.namespace.base import Namespace
 from loomfs.namespace.governed import GovernedNamespace
@@ -176,3 +180,49 @@ async def test_a_directory_the_catalog_still_has_children_in_stays_on_the_volume
         with pytest.raises(DirectoryNotEmpty):
             await hub.remove(WHO, "/vol/d")
         assert (root / "d").is_dir() and (await hub.stat(WHO, "/vol/d")).is_dir
+
+
+_NAMES = ["/vol/a", "/vol/b", "/vol/d", "/vol/d/a", "/vol/d/b"]
+_OPS = st.one_of(
+    st.tuples(st.sampled_from(["write", "remove", "mkdir", "symlink"]), st.sampled_from(_NAMES)),
+    st.tuples(st.just("rename"), st.sampled_from(_NAMES), st.sampled_from(_NAMES)),
+)
+
+
+# a change of a directory's names moved its mtime and ctime on the disk at once, and in the
+# catalog only at the next rescan (or inotify's echo): NFS clients' and pjdfstest's
+# getattr of the directory saw the old times
+@settings(max_examples=15, deadline=None)
+@given(st.lists(_OPS, min_size=1, max_size=12))
+def test_a_directory_s_times_in_the_catalog_follow_every_change_in_it(
+    ops: list[tuple[str, ...]],
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(_check_directory_times(Path(tmp), ops))
+
+
+async def _check_directory_times(tmp: Path, ops: list[tuple[str, ...]]) -> None:
+    root = tmp / "root"
+    root.mkdir()
+    async with hub_over(f"sqlite://{tmp / 'c.db'}", f"posix://{root}") as hub:
+        for op, path, *other in ops:
+            with contextlib.suppress(LoomError):
+                if op == "write":
+                    await hub.write_bytes(WHO, path, path.encode())
+                elif op == "remove":
+                    await hub.remove(WHO, path, recursive=True)
+                elif op == "mkdir":
+                    await hub.mkdir(WHO, path)
+                elif op == "symlink":
+                    await hub.symlink(WHO, path, "a")
+                else:
+                    await hub.rename(WHO, path, other[0], overwrite=True)
+            for directory in ("/vol", "/vol/d"):
+                on_disk = root / directory.removeprefix("/vol").lstrip("/")
+                if not on_disk.is_dir() or on_disk.is_symlink():
+                    continue
+                entry = await hub.stat(WHO, directory)
+                disk = on_disk.stat()
+                assert (entry.mtime_ns, entry.ctime_ns) == (disk.st_mtime_ns, disk.st_ctime_ns), (
+                    f"{directory} after {op} {path} {other}"
+                )

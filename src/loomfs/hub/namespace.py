@@ -463,6 +463,7 @@ class HubNamespace(ResolvingNamespace):
         committed: list[Applied] = []
         repeated: list[Entry] = []
         retagged: list[dict[str, str]] = []  # the tags before, where the write sets some
+        replaced: list[bool] = []  # whether it replaced a file, not made a new name
         cancelled = began = False
         state = self._versioned(path)
 
@@ -475,6 +476,7 @@ class HubNamespace(ResolvingNamespace):
                     raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
+                replaced.append(current is not None)
                 made = tags_now(tags)  # the data has ended: its tags can be known
                 if made is not None:
                     for tag, value in made.resolved(0).items():
@@ -523,6 +525,8 @@ class HubNamespace(ResolvingNamespace):
                 self.intents.end(path)
         if cancelled:
             raise asyncio.CancelledError
+        if replaced[-1]:  # what it replaced left the directory just now (``_apply_record``)
+            await self.catalog.apply(await self._parents(mounted, key))
         # acknowledged once the spokes have applied it: waited for outside the path's
         # lock and after the volume's write is final
         entry = self._noted(await self._settled(committed[0]))
@@ -671,8 +675,14 @@ class HubNamespace(ResolvingNamespace):
         between the volume write and now, which fails the preconditions although nothing
         else changed; that is told apart by the object's etag and inode."""
         put = put_for(mounted.volume.mount, info, **preconditions)
+        # a new name: its directory is as it stays. What a write replaces is removed
+        # from beside it only after this commit, which moves the directory again: so
+        # that commit's caller records it (``write``)
+        parents = await self._parents(mounted, info.key) if preconditions.get("exclusive") else []
         try:
-            [applied] = await self.catalog.apply([replace(put, write_id=write_id, tags=tags)])
+            applied, *_ = await self.catalog.apply(
+                [replace(put, write_id=write_id, tags=tags), *parents]
+            )
         except (AlreadyExists, Conflict):
             seen = await self.catalog.get(put.path)
             if seen is None or (seen.kind, seen.etag, seen.inode) != (
@@ -688,6 +698,19 @@ class HubNamespace(ResolvingNamespace):
                 await self.catalog.set_tags(put.path, tags.resolved(seen.version), stale)
             return Applied(None, seen, None)
         return applied
+
+    async def _parents(self, mounted: Mounted, *keys: str) -> builtins.list[Put]:
+        """The rows of the directories holding ``keys`` as the volume has them just after
+        a change of their names (their mtime and ctime moved), for the commit recording
+        that change: the catalog's directory times follow the disk's at once, not at the
+        next rescan. Only where the volume keeps them (posix)."""
+        if Capability.POSIX_MODE not in mounted.backend.capabilities:
+            return []
+        puts = []
+        for parent in dict.fromkeys(key.rpartition("/")[0] for key in keys if key):
+            with contextlib.suppress(NotFound):
+                puts.append(put_for(mounted.volume.mount, await mounted.backend.stat(parent)))
+        return puts
 
     async def _settled(self, applied: Applied) -> Entry:
         """Acknowledge a commit only once the spokes holding leases have applied it."""
@@ -724,6 +747,8 @@ class HubNamespace(ResolvingNamespace):
                     await self.catalog.apply([Delete(dst)])
                 await src_mounted.backend.rename(src_key, dst_key)
                 applied = await self.catalog.rename(src, dst)
+                if parents := await self._parents(src_mounted, src_key, dst_key):
+                    await self.catalog.apply(parents)
             self._note(src, _GONE)
         moved = await self._settled(applied)
         if self.placement is not None and await self.placement.covering(dst) - before:
@@ -763,7 +788,10 @@ class HubNamespace(ResolvingNamespace):
                                 paths.relative(child.path, mounted.volume.mount)
                             )
                 await mounted.backend.delete(key)
-                [applied] = await self.catalog.apply([Delete(path, recursive=recursive)])
+                parents = await self._parents(mounted, key)
+                applied, *_ = await self.catalog.apply(
+                    [Delete(path, recursive=recursive), *parents]
+                )
             self._note(path, _GONE)
             if state is not None and self.version_store is not None:
                 seq = applied.change.seq if applied.change is not None else entry.version
