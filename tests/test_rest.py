@@ -20,7 +20,7 @@ from openapi_spec_validator import validate
 from loomfs.config import HubSection, load_config
 from loomfs.core.certs import fingerprint
 from loomfs.core.registry import open_catalog
-from loomfs.core.types import SYSTEM
+from loomfs.core.types import SYSTEM, WriteTags
 from loomfs.errors import AuthenticationFailed, ConfigError
 from loomfs.fabric.identity import https_certificate
 from loomfs.hub.namespace import HubNamespace
@@ -31,7 +31,7 @@ from loomfs.rest.client import RestNamespace
 from loomfs.rest.openapi import spec
 from loomfs.rest.plans import routes as plan_routes
 from loomfs.rest.server import RestServer
-from loomfs.rest.wire import API
+from loomfs.rest.wire import API, TAGS_HEADER
 from loomfs.sdk.fsspec import LoomFileSystem
 from loomfs.service import listener_tls
 from loomfs.testing.hubproc import HubProcess, cli_ok, run_cli
@@ -312,3 +312,27 @@ async def test_an_old_version_is_read_over_rest(tmp_path: Path) -> None:
         await client.close()
         await hub.close()
         await catalog.close()
+
+
+async def test_a_writes_tags_asked_once_its_body_ended_travel_with_it(
+    http: TestClient[web.Request, web.Application],
+) -> None:
+    rest = RestNamespace(str(http.make_url("")))
+    sent: list[bytes] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in (b"ab", b"cd"):
+            sent.append(chunk)
+            yield chunk
+
+    def tags() -> WriteTags:  # what the body was, once it has ended
+        return WriteTags({"seen": str(len(sent))}, {"etag": "x"})
+
+    try:
+        entry = await rest.write(SYSTEM, "/v/t", body(), tags=tags)
+        assert await rest.get_tags(SYSTEM, "/v/t") == {"seen": "2", "etag": f"{entry.version} x"}
+        assert await rest.read_bytes(SYSTEM, "/v/t") == b"abcd"
+    finally:
+        await rest.close()
+    bad = await http.put(f"{API}/files/v/u", data=b"x", headers={TAGS_HEADER: "[1"})
+    assert bad.status == 400 and not (await http.get(f"{API}/files/v/u")).ok

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from loomfs.chunks.cdc import DEFAULT_WINDOW
-from loomfs.core.types import Entry, Principal
+from loomfs.core.types import Entry, Principal, WriteTags
 from loomfs.errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -434,3 +434,27 @@ async def test_a_writer_at_another_site_is_refused_while_one_writes(tmp_path: Pa
         assert (env.volume / "model.pt").read_bytes() == b"from east, part 1; part 2"
         await west.write_bytes(WHO, "/vol/model.pt", b"from west")  # released: west may write
         assert (env.volume / "model.pt").read_bytes() == b"from west"
+
+
+@pytest.mark.parametrize("write_back", [False, True], ids=["default", "write-back"])
+@pytest.mark.parametrize("size", [5000, 3 * MiB], ids=["whole", "chunked"])
+async def test_a_writes_tags_reach_the_hub_with_its_bytes(
+    env: Fabric, write_back: bool, size: int
+) -> None:
+    """Journaled and sent whole or as chunks, a write's tags are committed at the hub with
+    its content: the stamped one under the version the hub gave it, stale ones gone."""
+    await hub_write(env, "/vol/t", b"old")
+    await env.hub.namespace.set_tags(WHO, "/vol/t", {"s3.meta.old": "1", "other": "kept"})
+    env.spoke.write_back = write_back
+    asked: list[int] = []
+
+    def tags() -> WriteTags:  # asked once the bytes have ended
+        asked.append(1)
+        return WriteTags({"s3.meta.new": "2"}, {"s3.etag": '"e"'}, replace_prefix="s3.")
+
+    await env.spoke.write_bytes(WHO, "/vol/t", b"n" * size, tags=tags)
+    async with asyncio.timeout(30):
+        await env.spoke.sync()
+    entry, held = await env.hub.namespace.stat_tags(WHO, "/vol/t")
+    assert entry.size == size and asked == [1]
+    assert held == {"other": "kept", "s3.meta.new": "2", "s3.etag": f'{entry.version} "e"'}
