@@ -7,9 +7,11 @@ version; a write is acknowledged only after that commit, and one that fails at a
 leaves the volume as it was (the backend puts back what it replaced). A write with an
 idempotency key (a spoke's journaled write) has the entry it made kept under the key in
 the same transaction, and a repeat of the key is answered with that entry, writing
-nothing. Changes made behind loomfs's back are noticed three ways: rescans, inotify on
-posix volumes, and lazily, when a read finds the object is no longer the version the
-catalog holds (it records the new version, then serves it).
+nothing. A write's tags (an S3 object's metadata) are committed with its content, and a
+change of a directory's names records the directory's new times with it. Changes made
+behind loomfs's back are noticed three ways: rescans, inotify on posix volumes, and
+lazily, when a read finds the object is no longer the version the catalog holds (it
+records the new version, then serves it).
 """
 
 from __future__ import annotations
