@@ -178,7 +178,11 @@ async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
         await waiting.wait()
         made = await first.namespace.write(SYSTEM, "/v/new.txt", _body(b"news"))
         feed = await polled
-        assert [(c.path, c.version) for c in feed.changes] == [("/v/new.txt", made.version)]
+        # the new file, and its directory's new times in the same commit
+        assert [(c.path, c.version) for c in feed.changes] == [
+            ("/v/new.txt", made.version),
+            ("/v", made.version + 1),
+        ]
         # woken by the commit's notification, not by the long poll's end (the old code)
         assert woken == [True], woken
     finally:
