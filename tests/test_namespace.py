@@ -207,8 +207,8 @@ async def _check_directory_times(tmp: Path, ops: list[tuple[str, ...]]) -> None:
     async with hub_over(f"sqlite://{tmp / 'c.db'}", f"posix://{root}") as hub:
         for op, path, *other in ops:
             with contextlib.suppress(LoomError):
-                if op == "write":
-                    await hub.write_bytes(WHO, path, path.encode())
+                if op == "write":  # a new file (an overwrite changes no name)
+                    await hub.write_bytes(WHO, path, path.encode(), exclusive=True)
                 elif op == "remove":
                     await hub.remove(WHO, path, recursive=True)
                 elif op == "mkdir":

@@ -8,7 +8,7 @@ leaves the volume as it was (the backend puts back what it replaced). A write wi
 idempotency key (a spoke's journaled write) has the entry it made kept under the key in
 the same transaction, and a repeat of the key is answered with that entry, writing
 nothing. A write's tags (an S3 object's metadata) are committed with its content, and a
-change of a directory's names records the directory's new times with it. Changes made
+new name, a removal or a move records its directories' new times with it. Changes made
 behind loomfs's back are noticed three ways: rescans, inotify on posix volumes, and
 lazily, when a read finds the object is no longer the version the catalog holds (it
 records the new version, then serves it).
@@ -465,7 +465,6 @@ class HubNamespace(ResolvingNamespace):
         committed: list[Applied] = []
         repeated: list[Entry] = []
         retagged: list[dict[str, str]] = []  # the tags before, where the write sets some
-        replaced: list[bool] = []  # whether it replaced a file, not made a new name
         cancelled = began = False
         state = self._versioned(path)
 
@@ -478,7 +477,6 @@ class HubNamespace(ResolvingNamespace):
                     raise _Repeated
                 self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
-                replaced.append(current is not None)
                 made = tags_now(tags)  # the data has ended: its tags can be known
                 if made is not None:
                     for tag, value in made.resolved(0).items():
@@ -527,8 +525,6 @@ class HubNamespace(ResolvingNamespace):
                 self.intents.end(path)
         if cancelled:
             raise asyncio.CancelledError
-        if replaced[-1]:  # what it replaced left the directory just now (``_apply_record``)
-            await self.catalog.apply(await self._parents(mounted, key))
         # acknowledged once the spokes have applied it: waited for outside the path's
         # lock and after the volume's write is final
         entry = self._noted(await self._settled(committed[0]))
@@ -677,9 +673,10 @@ class HubNamespace(ResolvingNamespace):
         between the volume write and now, which fails the preconditions although nothing
         else changed; that is told apart by the object's etag and inode."""
         put = put_for(mounted.volume.mount, info, **preconditions)
-        # a new name: its directory is as it stays. What a write replaces is removed
-        # from beside it only after this commit, which moves the directory again: so
-        # that commit's caller records it (``write``)
+        # A new name: its directory is as it stays. A write over a file changes no name
+        # (POSIX leaves its directory's times alone); what the volume's swap leaves beside
+        # it is removed after this commit, and recording the directory again for that
+        # would cost each overwrite (an NFS or SMB create's content) a second commit.
         parents = await self._parents(mounted, info.key) if preconditions.get("exclusive") else []
         try:
             applied, *_ = await self.catalog.apply(
