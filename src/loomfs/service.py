@@ -61,7 +61,7 @@ from .protocols.console.sessions import Sessions
 from .protocols.nfs import AccessGate, NfsServer
 from .protocols.s3 import S3Gateway
 from .protocols.smb import SmbServer
-from .rest.admin import AdminApi, AdminRoutes
+from .rest.admin import AdminApi, AdminRoutes, exports_of
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
 from .rest.plans import routes as plan_routes
@@ -341,7 +341,9 @@ class HubService:
         if self.audit is not None:
             reader = AuditReader(config.audit_dir, load_key(config.audit.key_file))
         directory = Directory(self.catalog, own_names(config))
-        return AdminApi(directory, self.governed, audit=reader, volumes=self)
+        return AdminApi(
+            directory, self.governed, audit=reader, volumes=self, exports=exports_of(config)
+        )
 
     def rest_server(self) -> RestServer:
         """The REST API as clients get it: the governed namespace, administration decided

@@ -150,6 +150,9 @@ class Console:
                 web.post(f"{UI}/volumes", self._page(self.volumes)),
                 web.get(f"{UI}/users", self._page(self.users)),
                 web.post(f"{UI}/users", self._page(self.users)),
+                web.get(f"{UI}/keys", self._page(self.ssh_keys)),
+                web.post(f"{UI}/keys", self._page(self.ssh_keys)),
+                web.get(f"{UI}/exports", self._page(self.exports)),
                 web.get(f"{UI}/acl", self._page(self.acl)),
                 web.post(f"{UI}/acl", self._page(self.acl)),
                 web.get(f"{UI}/policies", self._page(self.policies)),
@@ -376,6 +379,29 @@ class Console:
             "users.html", session, who, users=await api.list_users(who),
             groups=await api.list_groups(who), made=made, notice=notice,
         )  # fmt: skip
+
+    async def ssh_keys(
+        self, request: web.Request, who: Principal, session: Session
+    ) -> web.Response:
+        """Each user's SSH public keys (their SFTP logins): add one, remove one."""
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            name, line = form.get("user", ""), form.get("line", "")
+            if not name or not line:
+                raise InvalidArgument("an SSH key needs its user and its public key line")
+            if form.get("action") == "remove":
+                await api.remove_ssh_key(who, name, line)
+                notice = f"removed an SSH key of {name}"
+            else:
+                key = await api.add_ssh_key(who, name, line)
+                notice = f"added SSH key {key['fingerprint']} for {name}"
+        return self.render("keys.html", session, who, users=await api.list_users(who),
+                           notice=notice)  # fmt: skip
+
+    async def exports(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        listed = await self._admin.list_exports(who)
+        return self.render("exports.html", session, who, exports=listed, notice="")
 
     async def acl(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         api, notice = self._admin, ""
