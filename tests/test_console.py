@@ -356,6 +356,14 @@ async def test_the_exports_page_shows_the_configured_exports_read_only(hub: Hub)
     assert (await answer.json())["nfs"]["exports"][0]["clients"] == ["10.1.0.0/16"]
 
 
+async def test_a_hubs_metrics_show_no_spoke_gauges(hub: Hub) -> None:
+    scraped = await (await hub.http.get("/metrics")).text()
+    assert (
+        "loomfs_volumes 1.0" in scraped and 'loomfs_catalog_seconds_count{call="read"}' in scraped
+    )
+    assert "loomfs_cache_" not in scraped and "loomfs_spoke_" not in scraped
+
+
 async def test_logins_and_logouts_are_audited(hub: Hub) -> None:
     key, secret = hub.keys["root"]
     form = await (await hub.http.get("/ui/login")).text()
@@ -616,6 +624,12 @@ async def test_a_spokes_console_shows_its_link_and_cache(tmp_path: Path) -> None
             assert 0 < float(ratio.group(1)) < 100 and int(ratio.group(2)) >= 2  # a miss, a hit
             assert "Prefetching is off" in html and "Writes not yet at the hub</dt><dd>0" in html
             assert (await http.get("/ui/users")).status == 404  # administration is the hub's
+            # the spoke's metrics: its own (the reads just made), none of a hub's
+            scraped = await (await http.get("/metrics")).text()
+            hits = re.search(r'^loomfs_cache_reads_total\{hit="true"\} (\S+)$', scraped, re.M)
+            assert hits is not None and float(hits.group(1)) >= 1, scraped
+            assert "loomfs_spoke_journal_writes 0.0" in scraped
+            assert "loomfs_hub_read_leases" not in scraped and "loomfs_volumes" not in scraped
             async with chromium(str(http.make_url("")), tmp_path) as web_ui:
                 page = await web_ui.page()
                 await web_ui.login(page, key.access_key, key.secret, "/ui/spoke")

@@ -37,6 +37,7 @@ from .core.catalog.base import Catalog
 from .core.certs import fingerprint
 from .core.directory import Directory
 from .core.dirlock import DirectoryLock
+from .core.metrics import HUB
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
@@ -74,11 +75,13 @@ from .spoke.sealed import load_key as load_cache_key
 
 log = logging.getLogger(__name__)
 
-SCANNED = Counter("loomfs_assimilated_entries_total", "Entries scanned by imports and rescans")
+SCANNED = Counter(
+    "loomfs_assimilated_entries_total", "Entries scanned by imports and rescans", registry=HUB
+)
 FEED_POLL = 0.05
 TRUST_REFRESH = 2.0
-HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change")
-VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
+HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change", registry=HUB)
+VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub", registry=HUB)
 
 
 def console_sessions(config: Config) -> Sessions:

@@ -18,8 +18,9 @@ from email.utils import formatdate
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 
+from ..core import metrics
 from ..core.acl import ANONYMOUS
 from ..core.types import Feed, Principal
 from ..errors import InvalidArgument, LoomError, PermissionDenied
@@ -565,7 +566,9 @@ class RestServer:
         return _json(spec())
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        """This site's role's metrics (``core.metrics``): a spoke's or a hub's."""
+        body = metrics.exposition("spoke" if self.spoke is not None else "hub")
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Liveness, open to every caller: the process answers (``/readyz`` says whether
