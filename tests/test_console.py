@@ -356,12 +356,18 @@ async def test_the_exports_page_shows_the_configured_exports_read_only(hub: Hub)
     assert (await answer.json())["nfs"]["exports"][0]["clients"] == ["10.1.0.0/16"]
 
 
-async def test_a_hubs_metrics_show_no_spoke_gauges(hub: Hub) -> None:
+async def test_a_hubs_metrics_show_no_spoke_gauges_and_its_charts_sample_them(hub: Hub) -> None:
     scraped = await (await hub.http.get("/metrics")).text()
     assert (
         "loomfs_volumes 1.0" in scraped and 'loomfs_catalog_seconds_count{call="read"}' in scraped
     )
     assert "loomfs_cache_" not in scraped and "loomfs_spoke_" not in scraped
+    # the console's sampler runs with the app: its first sample is taken at the start
+    await login(hub.http, *hub.keys["root"])
+    page = await (await hub.http.get("/ui/charts")).text()
+    titles = re.findall(r'<span class="title">([^<]+)</span>', page)
+    assert titles == ["Requests", "Link bytes", "Catalog calls", "Audit records", "Read leases"]
+    assert page.count("<circle") >= 1  # the gauge has its first value
 
 
 async def test_logins_and_logouts_are_audited(hub: Hub) -> None:
@@ -615,9 +621,11 @@ async def test_a_spokes_console_shows_its_link_and_cache(tmp_path: Path) -> None
         server = RestServer(spoke, spoke=spoke, site=made.first, routes=console.routes())
         async with TestClient(TestServer(server.app())) as http:
             await login(http, key.access_key, key.secret)
+            console.sample()  # the charts' samples, taken here rather than every 5 s
             for _ in range(2):  # a miss, then a hit
                 got = await http.get("/ui/download/vol/shard")
                 assert got.status == 200 and len(await got.read()) == 300_000
+            console.sample()
             html = await (await http.get("/ui/spoke")).text()
             ratio = re.search(r"Hit ratio: ([\d.]+)% of (\d+) reads", html)
             assert ratio is not None and ">up<" in html, html
@@ -635,6 +643,16 @@ async def test_a_spokes_console_shows_its_link_and_cache(tmp_path: Path) -> None
                 await web_ui.login(page, key.access_key, key.secret, "/ui/spoke")
                 assert await page.get_by_role("img", name="cache used").count() == 1
                 await web_ui.shot(page, "spoke")
+                # the charts moved with the reads: bytes fetched over the link, a miss and a hit
+                await page.get_by_role("link", name="Charts").click()
+                for title, now in (("Link bytes", r"[1-9][\d.]* (B|KiB|MiB)/s"),
+                                   ("Cache hit ratio", r"50%"), ("Link up", r"up")):  # fmt: skip
+                    caption = page.locator("figure.chart figcaption", has_text=title)
+                    assert re.fullmatch(now, await caption.locator(".last").inner_text()), title
+                    chart = page.get_by_role("img", name=re.compile(f"^{title}: "))
+                    assert await chart.locator("polyline").count() == 1, title
+                await web_ui.shot(page, "charts")
+                await page.get_by_role("link", name="Link & cache").click()
                 made.link.cut()
                 for _ in range(1500):
                     if not spoke.online:

@@ -1,6 +1,7 @@
 """Metrics by site role (``core.metrics``) and the Grafana dashboard in docs/: every
 metric the dashboard names is one a site exports, a hub shows no spoke metric and a spoke
-no hub one."""
+no hub one; a mount's requests by errno; the console's history (rates, ratios, gauges of
+its samples) and its charts (every value drawn inside the box)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import REGISTRY
+from prometheus_client import Counter, Histogram
 
 import loomfs.protocols.sftp.errors
 import loomfs.service  # noqa: F401  (every metric's module, registered)
 from loomfs.core import metrics
-from loomfs.protocols.fuse.session import Session
+from loomfs.core.metrics import REQUEST_SECONDS, History, Measure
+from loomfs.protocols.console.charts import HEIGHT, WIDTH, chart
+from loomfs.protocols.fuse.session import REQUESTS, Session
 
 DASHBOARD = Path(__file__).parents[1] / "docs" / "grafana-dashboard.json"
 SUFFIXES = {"histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}
@@ -63,8 +66,15 @@ def test_each_role_shows_its_own_metrics_and_the_shared_ones() -> None:
 OPS, ERRORS = ("lookup", "read", "write"), (0, errno.ENOENT, errno.EACCES, errno.EIO)
 
 
-def _sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+def _samples(metric: Counter | Histogram, name: str) -> dict[tuple[str, ...], float]:
+    """``metric``'s samples called ``name`` by their labels' values (that metric alone is
+    read: the whole registry for each sample would make the test slow)."""
+    return {
+        tuple(s.labels.values()): s.value
+        for family in metric.collect()
+        for s in family.samples
+        if s.name == name
+    }
 
 
 def _label(error: int) -> str:
@@ -77,14 +87,12 @@ def test_a_mount_counts_each_request_by_op_and_errno(outcomes: list[tuple[str, i
     session = Session(Path("/nonexistent"), set(), protocol="smb")
 
     def counts() -> dict[tuple[str, int], float]:
-        return {
-            (op, e): _sample("loomfs_fuse_requests_total", protocol="smb", op=op, errno=_label(e))
-            for op in OPS
-            for e in ERRORS
-        }
+        got = _samples(REQUESTS, "loomfs_fuse_requests_total")
+        return {(op, e): got.get(("smb", op, _label(e)), 0.0) for op in OPS for e in ERRORS}
 
     def timed() -> dict[str, float]:
-        return {op: _sample("loomfs_request_seconds_count", protocol="smb", op=op) for op in OPS}
+        got = _samples(REQUEST_SECONDS, "loomfs_request_seconds_count")
+        return {op: got.get(("smb", op), 0.0) for op in OPS}
 
     counted, seen = counts(), timed()
     for op, error in outcomes:
@@ -95,3 +103,55 @@ def test_a_mount_counts_each_request_by_op_and_errno(outcomes: list[tuple[str, i
     assert {op: v - seen[op] for op, v in timed().items()} == {
         op: sum(1 for o, _ in outcomes if o == op) for op in OPS
     }
+
+
+_TOTALS = st.lists(
+    st.fixed_dictionaries({k: st.floats(0, 1e12) for k in ("a_total", "b_total", "g")}),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(samples=_TOTALS, keep=st.integers(1, 8), step=st.floats(0.5, 30))
+def test_a_history_keeps_rates_ratios_and_gauges_of_its_samples(
+    samples: list[dict[str, float]], keep: int, step: float
+) -> None:
+    rate = Measure("r", "/s", ("a_total", "b_total"))
+    ratio = Measure("q", "ratio", ("a_total",), over=("b_total",), kind="ratio")
+    gauge = Measure("g", "count", ("g",), kind="gauge")
+    history = History([rate, ratio, gauge], keep=keep)
+    for i, now in enumerate(samples):
+        history.sample(now, i * step)
+    kept = samples[-keep:]
+    first = len(samples) - len(kept)
+    assert [v for _, v in history.series[gauge]] == [s["g"] for s in kept]
+    for j, (at, value) in enumerate(history.series[rate]):
+        i = first + j
+        assert at == i * step
+        if i == 0:
+            assert value is None  # no interval yet
+            continue
+        grown = sum(samples[i][k] - samples[i - 1][k] for k in ("a_total", "b_total"))
+        assert value == max(grown, 0.0) / (i * step - (i - 1) * step)
+        base = samples[i]["b_total"] - samples[i - 1]["b_total"]
+        expected = (samples[i]["a_total"] - samples[i - 1]["a_total"]) / base if base > 0 else None
+        assert history.series[ratio][j][1] == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.none(), st.floats(0, 1e15)), max_size=40),
+    unit=st.sampled_from(["bytes", "/s", "ratio", "count"]),
+)
+def test_a_chart_draws_every_value_inside_its_box(values: list[float | None], unit: str) -> None:
+    measure = Measure("m", unit, ("m",), kind="gauge")  # type: ignore[arg-type]
+    points = [(float(i), v) for i, v in enumerate(values)]
+    drawn = chart(measure, points, span_s=30.0)
+    coords = [tuple(map(float, p.split(","))) for line in drawn.lines for p in line.split()]
+    assert len(coords) == sum(v is not None for v in values)
+    assert all(0 <= x <= WIDTH and 0 <= y <= HEIGHT for x, y in coords)
+    runs = "".join("x" if v is not None else " " for v in values).split()
+    assert len(drawn.lines) == len(runs)
+    assert drawn.last == ("-" if not values or values[-1] is None else drawn.last)
+    assert (drawn.dot is None) == (not values or values[-1] is None)

@@ -364,6 +364,7 @@ class HubService:
             governance=self.governed,
             routes=[*AdminRoutes(api).routes(), *console.routes()],
             health=self.health,
+            running=[console.sampling],
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
@@ -710,6 +711,7 @@ class SpokeService:
                 *console.routes(),
             ],
             health=self.health,
+            running=[console.sampling],
         )
 
     async def health(self) -> dict[str, health.Check]:

@@ -155,13 +155,15 @@ class RestServer:
         governance: GovernedNamespace | None = None,
         routes: Sequence[web.RouteDef] = (),
         health: Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]] | None = None,
+        running: Sequence[Callable[[web.Application], AsyncIterator[None]]] = (),
     ) -> None:
         """``authenticate`` says who a request comes from (``rest.auth``); without it
         every caller is anonymous. ``governance`` decides the administration routes
         (an explicit admin right on the volume's mount, on "/" to list volumes or
         settle; without it they refuse everyone) and what of the change feed a caller
         sees. ``health`` checks the parts of the site for ``/readyz`` (each with ``ok``,
-        and ``error`` where not)."""
+        and ``error`` where not). ``running``: what runs as long as the app does
+        (``aiohttp`` cleanup contexts: the console's sampler)."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
@@ -170,6 +172,7 @@ class RestServer:
         self.governance = governance
         self.routes = routes  # more routes behind the same middleware (a spoke's prefetcher)
         self._health = health
+        self.running = running
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
@@ -217,6 +220,7 @@ class RestServer:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.on_shutdown.append(self._cancel_background)
+        app.cleanup_ctx.extend(self.running)
         return app
 
     @web.middleware
