@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import re
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,6 +370,27 @@ async def test_a_hubs_metrics_show_no_spoke_gauges_and_its_charts_sample_them(hu
     titles = re.findall(r'<span class="title">([^<]+)</span>', page)
     assert titles == ["Requests", "Link bytes", "Catalog calls", "Audit records", "Read leases"]
     assert page.count("<circle") >= 1  # the gauge has its first value
+
+
+async def test_loomfs_top_once_prints_a_frame_of_the_sites_rates(hub: Hub) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loomfs.cli", "--hub", str(hub.http.make_url("")).rstrip("/"),
+        "top", "--once", "--interval", "0.2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "loomfs top: hub http://127.0.0.1:" in text, text
+    rows = {c[0]: c[1:] for line in text.splitlines()
+            if len(c := [x.strip() for x in line.split("│")[1:-1]]) == 3}  # fmt: skip
+    assert list(rows) == ["Requests", "Link bytes", "Catalog calls", "Audit records",
+                          "Read leases"], text  # fmt: skip
+    # its own first scrape is counted by the second: a rate above 0, the largest so far
+    rate = re.fullmatch(r"([\d,.]+)/s", rows["Requests"][0])
+    assert rate is not None and float(rate.group(1).replace(",", "")) > 0, text
+    assert rows["Requests"][1] == "█", text
 
 
 async def test_logins_and_logouts_are_audited(hub: Hub) -> None:

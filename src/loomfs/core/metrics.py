@@ -58,6 +58,17 @@ def totals(text: str) -> dict[str, float]:
     return summed
 
 
+def size(n: float | None) -> str:
+    """Bytes in binary units."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class Measure:
     """One figure of a site's live view: a gauge's value, or a rate (per second) of the
@@ -83,6 +94,24 @@ class Measure:
             return max(grown, 0.0) / seconds  # a restart's counters begin again at 0
         base = sum(now.get(n, 0.0) - before.get(n, 0.0) for n in self.over)
         return grown / base if base > 0 else None
+
+    def shown(self, value: float | None) -> str:
+        """A value of it as the console and ``loomfs top`` print it."""
+        if value is None:
+            return "-"
+        match self.unit:
+            case "bytes":
+                return size(value)
+            case "bytes/s":
+                return size(value) + "/s"
+            case "/s":
+                return f"{value:,.1f}/s"
+            case "ratio":
+                return f"{value:.0%}"
+            case "up":
+                return "up" if value >= 1 else "down"
+            case _:
+                return f"{value:,.0f}"
 
 
 _REQUESTS = Measure(

@@ -32,7 +32,7 @@ from aiohttp import web
 from ... import paths
 from ...core.acl import ANONYMOUS
 from ...core.audit import AuditSink
-from ...core.metrics import MEASURES, History, Role, exposition, totals
+from ...core.metrics import MEASURES, History, Role, exposition, size, totals
 from ...core.placement import Policy
 from ...core.types import Entry, EntryKind, Principal
 from ...errors import AuthenticationFailed, InvalidArgument, LoomError, NotSupported
@@ -41,7 +41,7 @@ from ...rest import wire
 from ...rest.admin import AdminApi
 from ...rest.auth import Identity
 from ..http import serve_reader
-from .charts import charts, size
+from .charts import charts
 from .sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, same
 
 UI = "/ui"

@@ -11,36 +11,6 @@ from ...core.metrics import Measure
 WIDTH, HEIGHT = 560, 110  # the SVG's viewBox
 
 
-def size(n: float | None) -> str:
-    """Bytes in binary units."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def shown(measure: Measure, value: float | None) -> str:
-    """A value as the console and ``loomfs top`` print it."""
-    if value is None:
-        return "-"
-    match measure.unit:
-        case "bytes":
-            return size(value)
-        case "bytes/s":
-            return size(value) + "/s"
-        case "/s":
-            return f"{value:,.1f}/s"
-        case "ratio":
-            return f"{value:.0%}"
-        case "up":
-            return "up" if value >= 1 else "down"
-        case _:
-            return f"{value:,.0f}"
-
-
 @dataclass(frozen=True)
 class Chart:
     measure: Measure
@@ -75,7 +45,7 @@ def chart(measure: Measure, points: Sequence[tuple[float, float | None]], span_s
     if run:
         lines.append(" ".join(run))
     newest = points[-1][1] if points else None
-    return Chart(measure, lines, dot, shown(measure, top), shown(measure, newest), span_s)
+    return Chart(measure, lines, dot, measure.shown(top), measure.shown(newest), span_s)
 
 
 def charts(
