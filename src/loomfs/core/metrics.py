@@ -22,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 Role = Literal["hub", "spoke"]
 
 #: each file protocol's requests (NFS, SFTP, S3, FUSE and SMB through its mount), by op;
-#: their outcomes are each protocol's own counter (``loomfs_<protocol>_requests_total``)
+#: their outcomes are each protocol's own counter (``loomfs_<protocol>_requests_total``,
+#: FUSE's and SMB's ``loomfs_fuse_errors_total``)
 REQUEST_SECONDS = Histogram(
     "loomfs_request_seconds", "Request latency by protocol and operation", ["protocol", "op"]
 )

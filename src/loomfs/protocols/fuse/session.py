@@ -38,9 +38,11 @@ if TYPE_CHECKING:
     from .ops import LoomOperations
 
 log = logging.getLogger(__name__)
-#: FUSE requests (and SMB's, through Samba's mount) by op and errno ("ok": answered)
-REQUESTS = Counter(
-    "loomfs_fuse_requests_total", "FUSE requests by protocol, op and errno",
+#: FUSE requests (and SMB's, through Samba's mount) answered with an error, by op and
+#: errno; all of them, by op, are ``loomfs_request_seconds_count`` (one metric a request:
+#: the mount's loop is the data path)
+ERRORS = Counter(
+    "loomfs_fuse_errors_total", "FUSE requests answered with an error, by protocol, op and errno",
     ["protocol", "op", "errno"],
 )  # fmt: skip
 
@@ -102,9 +104,9 @@ class Session:
         """``protocol``: what the metrics call its requests ("smb" for Samba's mount)."""
         self.mountpoint = mountpoint
         self.protocol = protocol
-        #: each op's latency histogram and each (op, errno)'s counter, looked up once
+        #: each op's latency histogram and each (op, errno)'s error counter, looked up once
         self._latency: dict[str, Histogram] = {}
-        self._outcomes: dict[tuple[str, int], Counter] = {}
+        self._errors: dict[tuple[str, int], Counter] = {}
         self.options = options
         self.want_passthrough = passthrough
         #: whether opens may hand the kernel a backing file (negotiated at init)
@@ -273,11 +275,12 @@ class Session:
         if latency is None:
             latency = self._latency[op] = REQUEST_SECONDS.labels(self.protocol, op)
         latency.observe(seconds)
-        outcome = self._outcomes.get((op, error))
-        if outcome is None:
-            status = errno.errorcode.get(error, str(error)) if error else "ok"
-            outcome = self._outcomes[op, error] = REQUESTS.labels(self.protocol, op, status)
-        outcome.inc()
+        if error:
+            counter = self._errors.get((op, error))
+            if counter is None:
+                name = errno.errorcode.get(error, str(error))
+                counter = self._errors[op, error] = ERRORS.labels(self.protocol, op, name)
+            counter.inc()
 
     def _send(self, unique: int, error: int, payload: bytes = b"") -> None:
         """One message to the kernel: a reply (``unique`` of its request, ``error`` a
