@@ -179,6 +179,7 @@ ROUTES: dict[str, tuple[Call, Callable[[str], str]]] = {
         lambda w: "/z",
     ),
     "audit": (lambda c, h, s, w: c.get(f"{A}/audit?user=alice", headers=h), lambda w: "/"),
+    "exports": (lambda c, h, s, w: c.get(f"{A}/exports", headers=h), lambda w: "/"),
 }
 ALLOWED = {"root": set(ROUTES), "xadmin": {n for n in ROUTES if n.endswith("at /x")}}
 #: what a successful call answers: the key removal names no key of alice's

@@ -8,8 +8,11 @@ screenshotted, no console errors."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import os
 import re
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,7 @@ from loomfs.core.users import UserRegistry
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.protocols.console import Console
 from loomfs.protocols.console.sessions import COOKIE, Sessions
+from loomfs.rest import wire
 from loomfs.rest.auth import HubAuthenticator
 from loomfs.rest.server import RestServer
 from loomfs.service import HubService
@@ -47,9 +51,15 @@ INSTALL_CHROMIUM = (
 #: every page behind the login, GET
 PAGES = (
     "/ui/browse/", "/ui/browse/vol", "/ui/download/vol/alice/a.txt", "/ui/volumes",
-    "/ui/users", "/ui/acl", "/ui/policies", "/ui/sites", "/ui/audit?user=alice",
+    "/ui/users", "/ui/keys", "/ui/exports", "/ui/acl", "/ui/policies", "/ui/sites",
+    "/ui/audit?user=alice",
 )  # fmt: skip
-ADMIN_PAGES = ("/ui/volumes", "/ui/users", "/ui/acl", "/ui/policies", "/ui/sites", "/ui/audit")
+ADMIN_PAGES = (
+    "/ui/volumes", "/ui/users", "/ui/keys", "/ui/exports", "/ui/acl", "/ui/policies",
+    "/ui/sites", "/ui/audit",
+)  # fmt: skip
+#: an SSH public key line (the registry checks its shape, not the key)
+SSH_KEY = "ssh-ed25519 " + base64.b64encode(bytes(range(51))).decode() + " dave@laptop"
 
 
 @dataclass
@@ -77,7 +87,9 @@ async def hub(tmp_path: Path) -> AsyncIterator[Hub]:
         (data / "many" / f"f{i:03d}").write_text(str(i))
     config = Config.model_validate(
         {"site": {"data_dir": str(tmp_path / "hub"), "name": "hub-eu"},
-         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(tmp_path)]}}
+         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(tmp_path)]},
+         "nfs": {"exports": {"/vol/eu": {"clients": ["10.1.0.0/16"], "access": "ro"}}},
+         "smb": {"shares": {"eu": {"path": "/vol/eu"}}}}
     )  # fmt: skip
     service = HubService(config)
     await service.start()
@@ -204,7 +216,8 @@ async def test_a_non_admin_is_refused_admin_pages_by_the_admin_api(hub: Hub) -> 
     # refused where the admin API decides, so the audit log has each refusal
     denied = {(r.user, r.op) for r in await hub.flush_audit() if r.result == "denied"}
     assert {("alice", "list_users"), ("alice", "add_user"), ("alice", "acl_grant"),
-            ("alice", "list_volumes"), ("alice", "audit_query")} <= denied  # fmt: skip
+            ("alice", "list_volumes"), ("alice", "audit_query"),
+            ("alice", "list_exports")} <= denied  # fmt: skip
 
 
 async def test_a_user_browses_only_what_the_rules_give_her(hub: Hub) -> None:
@@ -304,6 +317,86 @@ async def test_volumes_are_added_and_removed_by_an_admin_only(hub: Hub) -> None:
     seen = {(r.user, r.op, r.path, r.result) for r in await hub.flush_audit()}
     assert {("alice", "add_volume", "/more", "denied"), ("root", "add_volume", "/more", "ok"),
             ("root", "remove_volume", "/more", "ok")} <= seen  # fmt: skip
+
+
+async def test_ssh_keys_are_added_and_removed_by_an_admin_only(hub: Hub) -> None:
+    users = UserRegistry(hub.service.catalog)
+    form = {"action": "add", "user": "alice", "line": SSH_KEY}
+    http, alices = await as_user(hub, "alice")
+    async with http:
+        assert (await http.post("/ui/keys", data={**form, "csrf": alices})).status == 403
+    assert (await users.get_user("alice")).ssh_keys == ()
+    csrf = await login(hub.http, *hub.keys["root"])
+    page = await (await hub.http.post("/ui/keys", data={**form, "csrf": csrf})).text()
+    (key,) = (await users.get_user("alice")).ssh_keys
+    assert key.line == SSH_KEY and f"added SSH key {key.fingerprint} for alice" in page, page
+    assert key.fingerprint.startswith("SHA256:") and "dave@laptop" in page
+    data = {"action": "remove", "user": "alice", "line": SSH_KEY, "csrf": csrf}
+    page = await (await hub.http.post("/ui/keys", data=data)).text()
+    assert "removed an SSH key of alice" in page and key.fingerprint not in page
+    assert (await users.get_user("alice")).ssh_keys == ()
+    bad = await hub.http.post("/ui/keys", data={**data, "action": "add", "line": "not a key"})
+    assert bad.status == 400 and "OpenSSH public key" in await bad.text()
+    seen = {(r.user, r.op, r.result) for r in await hub.flush_audit()}
+    assert {("alice", "add_ssh_key", "denied"), ("root", "add_ssh_key", "ok"),
+            ("root", "remove_ssh_key", "ok")} <= seen  # fmt: skip
+
+
+async def test_the_exports_page_shows_the_configured_exports_read_only(hub: Hub) -> None:
+    await login(hub.http, *hub.keys["root"])
+    page = await (await hub.http.get("/ui/exports")).text()
+    assert "Read-only" in page and "<form" not in page.split("</header>")[1]
+    nfs = page.split('id="nfs-title"')[1].split("</table>")[0]
+    assert "<code>/vol/eu</code>" in nfs and "10.1.0.0/16" in nfs and "<td>ro</td>" in nfs
+    smb = page.split('id="smb-title"')[1].split("</table>")[0]
+    assert "<td>eu</td>" in smb and "<code>/vol/eu</code>" in smb
+    # the same call over REST: what the page shows, and refused to a non-admin
+    for who, status in (("alice", 403), ("root", 200)):
+        auth = {"Authorization": wire.basic_authorization(*hub.keys[who])}
+        answer = await hub.http.get("/v1/admin/exports", headers=auth)
+        assert answer.status == status, who
+    assert (await answer.json())["nfs"]["exports"][0]["clients"] == ["10.1.0.0/16"]
+
+
+async def test_a_hubs_metrics_show_no_spoke_gauges_and_its_charts_sample_them(hub: Hub) -> None:
+    scraped = await (await hub.http.get("/metrics")).text()
+    assert (
+        "loomfs_volumes 1.0" in scraped and 'loomfs_catalog_seconds_count{call="read"}' in scraped
+    )
+    assert "loomfs_cache_" not in scraped and "loomfs_spoke_" not in scraped
+    # the console's sampler runs with the app: its first sample, taken off the loop at the
+    # start, gives the gauge its first value
+    await login(hub.http, *hub.keys["root"])
+    for _ in range(1000):
+        page = await (await hub.http.get("/ui/charts")).text()
+        if "<circle" in page:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"the charts were never sampled: {page}")
+    titles = re.findall(r'<span class="title">([^<]+)</span>', page)
+    assert titles == ["Requests", "Link bytes", "Catalog calls", "Audit records", "Read leases"]
+
+
+async def test_loomfs_top_once_prints_a_frame_of_the_sites_rates(hub: Hub) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loomfs.cli", "--hub", str(hub.http.make_url("")).rstrip("/"),
+        "top", "--once", "--interval", "0.2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "loomfs top: hub http://127.0.0.1:" in text, text
+    rows = {c[0]: c[1:] for line in text.splitlines()
+            if len(c := [x.strip() for x in line.split("│")[1:-1]]) == 3}  # fmt: skip
+    assert list(rows) == ["Requests", "Link bytes", "Catalog calls", "Audit records",
+                          "Read leases"], text  # fmt: skip
+    # its own first scrape is counted by the second: a rate above 0, the largest so far
+    rate = re.fullmatch(r"([\d,.]+)/s", rows["Requests"][0])
+    assert rate is not None and float(rate.group(1).replace(",", "")) > 0, text
+    assert rows["Requests"][1] == "█", text
 
 
 async def test_logins_and_logouts_are_audited(hub: Hub) -> None:
@@ -472,6 +565,27 @@ async def test_the_console_in_chromium(hub: Hub, tmp_path: Path) -> None:
         secret = await page.locator("#new-secret").inner_text()
         await web_ui.shot(page, "users")
 
+        await page.get_by_role("link", name="SSH keys").click()
+        await page.get_by_label("User").select_option("dave")
+        await page.get_by_label("Public key").fill(SSH_KEY)
+        await page.get_by_role("button", name="Add key").click()
+        assert "added SSH key SHA256:" in await page.get_by_role("status").inner_text()
+        assert await page.locator("table.keys").get_by_role("cell", name="dave@laptop").count() == 1
+        await web_ui.shot(page, "keys")
+        await page.get_by_role("button", name="Remove SSH key SHA256:").click()
+        assert await page.get_by_role("cell", name="No SSH keys.").count() == 1
+
+        await page.get_by_role("link", name="Exports").click()
+        nfs = page.get_by_role("table", name="NFS exports")
+        assert await nfs.get_by_role("cell", name="10.1.0.0/16").count() == 1
+        assert (
+            await page.get_by_role("table", name="SMB shares")
+            .get_by_role("cell", name="eu", exact=True)
+            .count()
+            == 1
+        )
+        await web_ui.shot(page, "exports")
+
         await page.get_by_role("link", name="Access rules").click()
         await page.get_by_label("Subject").fill("user:dave")
         await page.get_by_label("Right").select_option("read")
@@ -519,7 +633,8 @@ async def test_the_console_in_chromium(hub: Hub, tmp_path: Path) -> None:
         await page.goto(f"{web_ui.base}/ui/users")
         assert "/ui/login" in page.url
     shots = {p.stem for p in (tmp_path / "screenshots").iterdir()}
-    assert shots >= {"login", "browse", "file", "users", "acl", "policies", "sites", "audit"}
+    assert shots >= {"login", "browse", "file", "users", "keys", "exports", "acl", "policies",
+                     "sites", "audit"}  # fmt: skip
 
 
 async def test_a_spokes_console_shows_its_link_and_cache(tmp_path: Path) -> None:
@@ -535,20 +650,38 @@ async def test_a_spokes_console_shows_its_link_and_cache(tmp_path: Path) -> None
         server = RestServer(spoke, spoke=spoke, site=made.first, routes=console.routes())
         async with TestClient(TestServer(server.app())) as http:
             await login(http, key.access_key, key.secret)
+            console.sample()  # the charts' samples, taken here rather than every 5 s
             for _ in range(2):  # a miss, then a hit
                 got = await http.get("/ui/download/vol/shard")
                 assert got.status == 200 and len(await got.read()) == 300_000
+            console.sample()
             html = await (await http.get("/ui/spoke")).text()
             ratio = re.search(r"Hit ratio: ([\d.]+)% of (\d+) reads", html)
             assert ratio is not None and ">up<" in html, html
             assert 0 < float(ratio.group(1)) < 100 and int(ratio.group(2)) >= 2  # a miss, a hit
             assert "Prefetching is off" in html and "Writes not yet at the hub</dt><dd>0" in html
             assert (await http.get("/ui/users")).status == 404  # administration is the hub's
+            # the spoke's metrics: its own (the reads just made), none of a hub's
+            scraped = await (await http.get("/metrics")).text()
+            hits = re.search(r'^loomfs_cache_reads_total\{hit="true"\} (\S+)$', scraped, re.M)
+            assert hits is not None and float(hits.group(1)) >= 1, scraped
+            assert "loomfs_spoke_journal_writes 0.0" in scraped
+            assert "loomfs_hub_read_leases" not in scraped and "loomfs_volumes" not in scraped
             async with chromium(str(http.make_url("")), tmp_path) as web_ui:
                 page = await web_ui.page()
                 await web_ui.login(page, key.access_key, key.secret, "/ui/spoke")
                 assert await page.get_by_role("img", name="cache used").count() == 1
                 await web_ui.shot(page, "spoke")
+                # the charts moved with the reads: bytes fetched over the link, a miss and a hit
+                await page.get_by_role("link", name="Charts").click()
+                for title, now in (("Link bytes", r"[1-9][\d.]* (B|KiB|MiB)/s"),
+                                   ("Cache hit ratio", r"50%"), ("Link up", r"up")):  # fmt: skip
+                    caption = page.locator("figure.chart figcaption", has_text=title)
+                    assert re.fullmatch(now, await caption.locator(".last").inner_text()), title
+                    chart = page.get_by_role("img", name=re.compile(f"^{title}: "))
+                    assert await chart.locator("polyline").count() == 1, title
+                await web_ui.shot(page, "charts")
+                await page.get_by_role("link", name="Link & cache").click()
                 made.link.cut()
                 for _ in range(1500):
                     if not spoke.online:

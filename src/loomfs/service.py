@@ -37,6 +37,7 @@ from .core.catalog.base import Catalog
 from .core.certs import fingerprint
 from .core.directory import Directory
 from .core.dirlock import DirectoryLock
+from .core.metrics import HUB
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
 from .core.sites import SiteRegistry
@@ -61,7 +62,7 @@ from .protocols.console.sessions import Sessions
 from .protocols.nfs import AccessGate, NfsServer
 from .protocols.s3 import S3Gateway
 from .protocols.smb import SmbServer
-from .rest.admin import AdminApi, AdminRoutes
+from .rest.admin import AdminApi, AdminRoutes, exports_of
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
 from .rest.plans import routes as plan_routes
@@ -74,11 +75,13 @@ from .spoke.sealed import load_key as load_cache_key
 
 log = logging.getLogger(__name__)
 
-SCANNED = Counter("loomfs_assimilated_entries_total", "Entries scanned by imports and rescans")
+SCANNED = Counter(
+    "loomfs_assimilated_entries_total", "Entries scanned by imports and rescans", registry=HUB
+)
 FEED_POLL = 0.05
 TRUST_REFRESH = 2.0
-HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change")
-VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub")
+HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change", registry=HUB)
+VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub", registry=HUB)
 
 
 def console_sessions(config: Config) -> Sessions:
@@ -341,7 +344,9 @@ class HubService:
         if self.audit is not None:
             reader = AuditReader(config.audit_dir, load_key(config.audit.key_file))
         directory = Directory(self.catalog, own_names(config))
-        return AdminApi(directory, self.governed, audit=reader, volumes=self)
+        return AdminApi(
+            directory, self.governed, audit=reader, volumes=self, exports=exports_of(config)
+        )
 
     def rest_server(self) -> RestServer:
         """The REST API as clients get it: the governed namespace, administration decided
@@ -359,6 +364,7 @@ class HubService:
             governance=self.governed,
             routes=[*AdminRoutes(api).routes(), *console.routes()],
             health=self.health,
+            running=[console.sampling],
         )
 
     async def serve(self, ready_file: Path | None = None) -> None:
@@ -705,6 +711,7 @@ class SpokeService:
                 *console.routes(),
             ],
             health=self.health,
+            running=[console.sampling],
         )
 
     async def health(self) -> dict[str, health.Check]:

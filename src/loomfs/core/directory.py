@@ -34,7 +34,11 @@ def user_json(user: User) -> dict[str, Any]:
 
 
 def ssh_json(key: SshKey) -> dict[str, Any]:
-    return {"user": key.user, "key_type": key.key_type, "comment": key.comment}
+    """A public key, its line included (it is no secret: removing one names it)."""
+    return {
+        "user": key.user, "key_type": key.key_type, "comment": key.comment,
+        "fingerprint": key.fingerprint, "line": key.line,
+    }  # fmt: skip
 
 
 def group_json(group: Group) -> dict[str, Any]:

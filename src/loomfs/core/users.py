@@ -11,6 +11,8 @@ it as the HMAC key; it is shown once when created and never logged or listed.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import secrets
 import time
@@ -60,6 +62,12 @@ class SshKey:
     @property
     def line(self) -> str:
         return f"{self.key_type} {self.key_data} {self.comment}".rstrip()
+
+    @property
+    def fingerprint(self) -> str:
+        """As ``ssh-keygen -l`` shows it: SHA256 of the key blob, unpadded base64."""
+        digest = hashlib.sha256(base64.b64decode(self.key_data)).digest()
+        return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from prometheus_client import Counter
 from ..core.acl import ANONYMOUS, SITE_PREFIX
 from ..core.audit import AuditSink
 from ..core.certs import fingerprint
+from ..core.metrics import HUB
 from ..core.types import Principal
 from ..core.users import RESERVED_USERS, UserRegistry, _check_name
 from ..errors import AuthenticationFailed, InvalidArgument
@@ -54,7 +55,9 @@ FABRIC = "fabric"  # the protocol of every call that comes over the link
 log = logging.getLogger(__name__)
 
 REFUSED_HANDSHAKES = Counter(
-    "loomfs_fabric_refused_handshakes_total", "TLS handshakes the fabric link refused"
+    "loomfs_fabric_refused_handshakes_total",
+    "TLS handshakes the fabric link refused",
+    registry=HUB,
 )
 HANDSHAKE_TIMEOUT = 30.0
 

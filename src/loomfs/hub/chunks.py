@@ -55,6 +55,7 @@ from ..chunks.metrics import Transfer
 from ..chunks.pipeline import BATCH_BYTES, ChunkPipeline
 from ..chunks.records import record
 from ..core.catalog.sql import Cursor, SqlCatalog, _join
+from ..core.metrics import HUB
 from ..core.streams import FileRegion
 from ..core.types import SPECIAL_KINDS, SYSTEM, Entry, Principal, WriteTags
 from ..errors import (
@@ -74,9 +75,13 @@ from .namespace import HubNamespace
 
 log = logging.getLogger(__name__)
 
-MAPS_COMPUTED = Counter("loomfs_chunk_maps_computed_total", "Chunk maps computed at the hub")
+MAPS_COMPUTED = Counter(
+    "loomfs_chunk_maps_computed_total", "Chunk maps computed at the hub", registry=HUB
+)
 STALE_SOURCES = Counter(
-    "loomfs_chunk_stale_sources_total", "Index entries found changed in place when read"
+    "loomfs_chunk_stale_sources_total",
+    "Index entries found changed in place when read",
+    registry=HUB,
 )
 
 DELTA_TRIAL = 8  # chunks tried against a base before giving up on it (``_DeltaOdds``)

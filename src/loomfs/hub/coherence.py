@@ -20,11 +20,14 @@ from pathlib import Path
 
 from prometheus_client import Gauge, Histogram
 
+from ..core.metrics import HUB
 from ..errors import Conflict
 
-LEASES = Gauge("loomfs_hub_read_leases", "Spokes holding a live read lease")
-WRITE_LEASES = Gauge("loomfs_hub_write_leases", "Paths a site holds a write lease on")
-SETTLE = Histogram("loomfs_hub_settle_seconds", "Time commits waited for spoke acknowledgements")
+LEASES = Gauge("loomfs_hub_read_leases", "Spokes holding a live read lease", registry=HUB)
+WRITE_LEASES = Gauge("loomfs_hub_write_leases", "Paths a site holds a write lease on", registry=HUB)
+SETTLE = Histogram(
+    "loomfs_hub_settle_seconds", "Time commits waited for spoke acknowledgements", registry=HUB
+)
 
 
 @dataclass(slots=True)

@@ -37,16 +37,22 @@ from prometheus_client import Counter, Gauge
 
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.codec import FrameKind, decode_frame, encode_chunk
+from ..core.metrics import HUB
 from ..errors import CorruptData
 
 log = logging.getLogger(__name__)
 
-STORE_BYTES = Gauge("loomfs_delta_store_bytes", "Bytes of chunk frames in the hub's delta store")
-STORE_EVICTED = Counter("loomfs_delta_store_evicted_total", "Chunks evicted from the delta store")
+STORE_BYTES = Gauge(
+    "loomfs_delta_store_bytes", "Bytes of chunk frames in the hub's delta store", registry=HUB
+)
+STORE_EVICTED = Counter(
+    "loomfs_delta_store_evicted_total", "Chunks evicted from the delta store", registry=HUB
+)
 BASES = Counter(
     "loomfs_delta_store_bases_total",
     "Delta bases the hub looked up in its delta store, by outcome",
     ["outcome"],
+    registry=HUB,
 )
 
 SCHEMA = """

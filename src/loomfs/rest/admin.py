@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from .. import paths
+from ..config import Config, NfsExport, SmbShare
 from ..core.audit import AuditReader
 from ..core.directory import Directory
 from ..core.placement import Policy
@@ -72,6 +73,32 @@ def _governed(policy: Policy) -> list[str]:
     return ["/"] if policy.tag is not None else prefixes
 
 
+def exports_of(config: Config) -> dict[str, Any]:
+    """What each protocol serves, as ``config`` has it (with the defaults a server uses
+    when none is set). Read-only: the NFS and SMB servers take their exports when they
+    start (smbd's smb.conf is written then), so a change is an edit of the config file
+    and a restart; one made here would not reach the running servers or outlive them."""
+    nfs, smb, s3, sftp = config.nfs, config.smb, config.s3, config.sftp
+    return {
+        "s3": {"listen": s3.listen, "buckets": dict(s3.buckets), "bucket_root": s3.bucket_root},
+        "sftp": {"listen": sftp.listen, "root": sftp.root},
+        "nfs": {
+            "listen": nfs.listen,
+            "exports": [
+                {"path": path, **export.model_dump()}
+                for path, export in sorted((nfs.exports or {"/": NfsExport()}).items())
+            ],
+        },
+        "smb": {
+            "listen": smb.listen,
+            "shares": [
+                {"share": name, **share.model_dump()}
+                for name, share in sorted((smb.shares or {"loomfs": SmbShare(path="/")}).items())
+            ],
+        },
+    }
+
+
 def _none() -> web.Response:
     return web.Response(status=204)
 
@@ -88,13 +115,15 @@ class AdminApi:
         *,
         audit: AuditReader | None = None,
         volumes: Volumes | None = None,
+        exports: dict[str, Any] | None = None,
     ) -> None:
         """``audit``: the site's audit log, for ``audit_query``; ``volumes``: the hub's,
-        for ``list_volumes``."""
+        for ``list_volumes``; ``exports``: what its protocols serve (``exports_of``)."""
         self.directory = directory
         self.governance = governance
         self.audit = audit
         self.volumes = volumes
+        self.exports = exports
 
     async def _do(
         self, who: Principal, op: str, path: str, call: Callable[[], Awaitable[T]], detail: str = ""
@@ -251,7 +280,18 @@ class AdminApi:
             detail=f"policy {name}",
         )  # fmt: skip
 
-    # -- volumes and the audit log ---------------------------------------------------------
+    # -- volumes, exports and the audit log ------------------------------------------------
+
+    async def list_exports(self, who: Principal) -> dict[str, Any]:
+        """Each protocol's exports (``exports_of``), read-only."""
+        exports = self.exports
+        if exports is None:
+            raise NotSupported("this site was given no export configuration")
+
+        async def listed() -> dict[str, Any]:
+            return exports
+
+        return await self._do(who, "list_exports", "/", listed)
 
     async def list_volumes(self, who: Principal) -> list[dict[str, Any]]:
         return await self._do(who, "list_volumes", "/", self._volumes().list_volumes)
@@ -338,6 +378,7 @@ class AdminRoutes:
             web.post(f"{ADMIN}/policies", self.put_policy),
             web.delete(f"{ADMIN}/policies/{{name}}", self.remove_policy),
             web.get(f"{ADMIN}/audit", self.audit_query),
+            web.get(f"{ADMIN}/exports", self.list_exports),
         ]
 
     # -- users and keys --------------------------------------------------------------------
@@ -479,6 +520,9 @@ class AdminRoutes:
         await self.api.remove_policy(request[WHO], request.match_info["name"])
         return _none()
 
+    async def list_exports(self, request: web.Request) -> web.Response:
+        return _json(await self.api.list_exports(request[WHO]))
+
     # -- the audit log ---------------------------------------------------------------------
 
     async def audit_query(self, request: web.Request) -> web.Response:
@@ -501,6 +545,8 @@ def routes(
     *,
     audit: AuditReader | None = None,
     volumes: Volumes | None = None,
+    exports: dict[str, Any] | None = None,
 ) -> list[web.RouteDef]:
     """The admin API's routes, for ``RestServer(routes=...)`` at a hub."""
-    return AdminRoutes(AdminApi(directory, governance, audit=audit, volumes=volumes)).routes()
+    api = AdminApi(directory, governance, audit=audit, volumes=volumes, exports=exports)
+    return AdminRoutes(api).routes()

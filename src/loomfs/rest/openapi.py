@@ -597,6 +597,13 @@ def _admin_paths() -> dict[str, Any]:
                 ),
             ),
         },
+        f"{a}/exports": {
+            "get": _op(
+                "What each protocol serves: S3 buckets, the SFTP root, NFS exports, SMB "
+                "shares (read-only: set in the config file, taken at start)",
+                {"200": _json_ok(obj)},
+            )
+        },
         f"{a}/policies/{{name}}": {
             "parameters": [name],
             "delete": _op("Remove a policy (a loosening)", done),

@@ -18,8 +18,9 @@ from email.utils import formatdate
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 
+from ..core import metrics
 from ..core.acl import ANONYMOUS
 from ..core.types import Feed, Principal, WriteTags
 from ..errors import InvalidArgument, LoomError, PermissionDenied
@@ -160,13 +161,15 @@ class RestServer:
         governance: GovernedNamespace | None = None,
         routes: Sequence[web.RouteDef] = (),
         health: Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]] | None = None,
+        running: Sequence[Callable[[web.Application], AsyncIterator[None]]] = (),
     ) -> None:
         """``authenticate`` says who a request comes from (``rest.auth``); without it
         every caller is anonymous. ``governance`` decides the administration routes
         (an explicit admin right on the volume's mount, on "/" to list volumes or
         settle; without it they refuse everyone) and what of the change feed a caller
         sees. ``health`` checks the parts of the site for ``/readyz`` (each with ``ok``,
-        and ``error`` where not)."""
+        and ``error`` where not). ``running``: what runs as long as the app does
+        (``aiohttp`` cleanup contexts: the console's sampler)."""
         self.namespace = namespace
         self.admin = admin
         self.spoke = spoke
@@ -175,6 +178,7 @@ class RestServer:
         self.governance = governance
         self.routes = routes  # more routes behind the same middleware (a spoke's prefetcher)
         self._health = health
+        self.running = running
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
@@ -222,6 +226,7 @@ class RestServer:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.on_shutdown.append(self._cancel_background)
+        app.cleanup_ctx.extend(self.running)
         return app
 
     @web.middleware
@@ -571,7 +576,9 @@ class RestServer:
         return _json(spec())
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        """This site's role's metrics (``core.metrics``): a spoke's or a hub's."""
+        body = metrics.exposition("spoke" if self.spoke is not None else "hub")
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Liveness, open to every caller: the process answers (``/readyz`` says whether

@@ -40,6 +40,7 @@ import blake3
 from prometheus_client import Counter, Gauge
 
 from ..chunks.chunkmap import ChunkMap
+from ..core.metrics import SPOKE
 from ..core.streams import ByteSource, LocalFileSource
 from ..errors import Conflict, CorruptData, InsufficientStorage
 from ..namespace.chunklink import ChunkLink
@@ -53,10 +54,22 @@ log = logging.getLogger(__name__)
 BLOCK = FRAME  # 1 MiB: a sealed block is one sealed frame
 PLAIN_BLOCKS = 8  # opened blocks kept for the chunk index (one block holds many chunks)
 FETCHES_IN_FLIGHT = 16  # ranged requests of up to 8 blocks: 128 MiB in flight at most
-SERVED = Counter("loomfs_cache_served_bytes_total", "Bytes read out of the spoke cache")
-MISSES = Counter("loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache")
-CORRUPT = Counter("loomfs_cache_corrupt_blocks_total", "Cache blocks that failed verification")
-USED = Gauge("loomfs_cache_used_bytes", "Bytes held by the spoke cache")
+SERVED = Counter(
+    "loomfs_cache_served_bytes_total", "Bytes read out of the spoke cache", registry=SPOKE
+)
+MISSES = Counter(
+    "loomfs_cache_miss_bytes_total", "Bytes fetched into the spoke cache", registry=SPOKE
+)
+CORRUPT = Counter(
+    "loomfs_cache_corrupt_blocks_total", "Cache blocks that failed verification", registry=SPOKE
+)
+USED = Gauge("loomfs_cache_used_bytes", "Bytes held by the spoke cache", registry=SPOKE)
+CAPACITY = Gauge("loomfs_cache_capacity_bytes", "Bytes the spoke cache may hold", registry=SPOKE)
+READS = Counter(
+    "loomfs_cache_reads_total", "Demand reads, by whether the cache held them", ["hit"],
+    registry=SPOKE,
+)  # fmt: skip
+HIT, MISS = READS.labels("true"), READS.labels("false")
 # Files up to this size are fetched whole, without a chunk map: below it a map saves too
 # little to pay for its round trip (see docs/BENCHMARKS.md, "Chunks over the link").
 SMALL_FILE = 1 << 20
@@ -156,6 +169,7 @@ class Cache:
         blocks, and the chunk index reads chunks back through ``_read_plain``)."""
         self.directory = directory
         self.capacity = capacity
+        CAPACITY.set(capacity)
         self.policy = policy or LRUPolicy()
         self.cipher = cipher
         self._slot = BLOCK + (OVERHEAD if cipher is not None else 0)  # bytes per block on disk
@@ -370,6 +384,7 @@ class Cache:
             SERVED.inc(length)
             self.reads += 1
             self.hits += hit
+            (HIT if hit else MISS).inc()
             if self.observer is not None:
                 stall_s = 0.0 if hit else time.monotonic() - began
                 self.observer.on_read(entry, hit, stall_s, span)

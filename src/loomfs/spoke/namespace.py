@@ -49,6 +49,7 @@ from typing import Any, cast
 from prometheus_client import Counter, Gauge
 
 from .. import paths
+from ..core.metrics import SPOKE
 from ..core.retry import Backoff
 from ..core.streams import ByteSource, clamp_range
 from ..core.types import (
@@ -84,16 +85,23 @@ from .journal import Journal, Pending, new_write_id
 log = logging.getLogger(__name__)
 
 STALE_READS = Counter(
-    "loomfs_spoke_stale_reads_total", "Reads served from cache while the hub was unreachable"
+    "loomfs_spoke_stale_reads_total",
+    "Reads served from cache while the hub was unreachable",
+    registry=SPOKE,
 )
-LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub")
-FEED_SEQ = Gauge("loomfs_spoke_feed_seq", "The last change-feed sequence number applied")
+LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub", registry=SPOKE)
+FEED_SEQ = Gauge(
+    "loomfs_spoke_feed_seq", "The last change-feed sequence number applied", registry=SPOKE
+)
 EVICTED = Counter(
-    "loomfs_spoke_placement_evicted_total", "Cached file versions dropped by placement policies"
+    "loomfs_spoke_placement_evicted_total",
+    "Cached file versions dropped by placement policies",
+    registry=SPOKE,
 )
 REFUSED = Counter(
     "loomfs_spoke_refused_writes_total",
     "Acknowledged conditional writes whose precondition the hub's commit refused",
+    registry=SPOKE,
 )
 
 
@@ -116,11 +124,28 @@ class WarmStats:
 
 
 LEASED_OPENS = Counter(
-    "loomfs_spoke_leased_opens_total", "Opens answered under a read lease, with no round trip"
+    "loomfs_spoke_leased_opens_total",
+    "Opens answered under a read lease, with no round trip",
+    registry=SPOKE,
 )
 OFFLINE_LISTINGS = Counter(
     "loomfs_spoke_offline_listings_total",
     "Listings and stats answered from kept listings while the hub was unreachable",
+    registry=SPOKE,
+)
+JOURNAL_WRITES = Gauge(
+    "loomfs_spoke_journal_writes", "Writes journaled here the hub does not have yet",
+    registry=SPOKE,
+)  # fmt: skip
+JOURNAL_BYTES = Gauge(
+    "loomfs_spoke_journal_bytes", "Bytes of the writes the hub does not have yet", registry=SPOKE
+)
+JOURNAL_OLDEST = Gauge(
+    "loomfs_spoke_journal_oldest_seconds", "Age of the oldest write the hub does not have yet",
+    registry=SPOKE,
+)  # fmt: skip
+JOURNAL_REFUSED = Gauge(
+    "loomfs_spoke_journal_refused_writes", "Journaled writes the hub refuses", registry=SPOKE
 )
 
 FEED_WAIT = 5.0
@@ -161,6 +186,7 @@ class SpokeNamespace(Namespace):
         self.hub = hub
         self.cache = cache
         self.journal = Journal(cache.directory / "journal", cache.cipher)
+        self._journal_gauges()
         self.attached = [paths.normalize(p) for p in attach]
         self.site = site
         self.write_back = write_back
@@ -279,6 +305,20 @@ class SpokeNamespace(Namespace):
                 self._wake.set()
         self.online = online
         LINK_UP.set(int(online))
+
+    def _journal_gauges(self) -> None:
+        """The write-back backlog, read from the journal at each scrape (a process runs
+        one spoke; in the tests' that run several, the newest is the one shown)."""
+        journal = self.journal
+        JOURNAL_WRITES.set_function(lambda: len(journal))
+        JOURNAL_BYTES.set_function(lambda: sum(journal.size(p) for p in journal))
+        JOURNAL_REFUSED.set_function(lambda: len(self._stuck))
+
+        def oldest() -> float:
+            first = min((p.time_ns for p in journal), default=None)
+            return 0.0 if first is None else max(0.0, (time.time_ns() - first) / 1e9)
+
+        JOURNAL_OLDEST.set_function(oldest)
 
     def status(self) -> dict[str, Any]:
         """How this spoke is doing, for its console: the link, the cache, and the

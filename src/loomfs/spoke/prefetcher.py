@@ -48,6 +48,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from .. import paths
+from ..core.metrics import SPOKE
 from ..core.retry import Backoff, retryable
 from ..core.types import SYSTEM, Entry
 from ..errors import InvalidArgument, LoomError
@@ -61,18 +62,33 @@ from .predict import Predictions, Target
 
 log = logging.getLogger(__name__)
 
-DEMAND_READS = Counter("loomfs_prefetch_demand_reads_total", "Demand reads at the spoke", ["hit"])
+DEMAND_READS = Counter(
+    "loomfs_prefetch_demand_reads_total", "Demand reads at the spoke", ["hit"], registry=SPOKE
+)
 PREFETCHED = Counter(
-    "loomfs_prefetch_bytes_total", "Bytes fetched ahead of reads", ["source"]
+    "loomfs_prefetch_bytes_total",
+    "Bytes fetched ahead of reads",
+    ["source"],
+    registry=SPOKE,
 )  # source: plan | predict
 WASTED = Counter(
-    "loomfs_prefetch_wasted_bytes_total", "Prefetched bytes evicted unread", ["source"]
+    "loomfs_prefetch_wasted_bytes_total",
+    "Prefetched bytes evicted unread",
+    ["source"],
+    registry=SPOKE,
 )
 PREFETCH_HITS = Counter(
-    "loomfs_prefetch_hits_total", "Demand reads that found prefetched, unread data", ["source"]
+    "loomfs_prefetch_hits_total",
+    "Demand reads that found prefetched, unread data",
+    ["source"],
+    registry=SPOKE,
 )
-STALL = Counter("loomfs_prefetch_stall_seconds_total", "Seconds demand reads waited for the link")
-JOBS = Gauge("loomfs_prefetch_jobs", "Jobs with an active plan")
+STALL = Counter(
+    "loomfs_prefetch_stall_seconds_total",
+    "Seconds demand reads waited for the link",
+    registry=SPOKE,
+)
+JOBS = Gauge("loomfs_prefetch_jobs", "Jobs with an active plan", registry=SPOKE)
 
 LEAD_S = 0.5  # bytes in flight: what the link carries in this long
 MIN_IN_FLIGHT = 4 << 20

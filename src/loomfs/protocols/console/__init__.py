@@ -5,19 +5,24 @@ A user logs in with an access key and its secret (the same pair as REST and S3;
 ``sessions``), then browses the namespace as themselves through the same governed
 namespace as every edge, and, at a hub, administers through the admin API's calls
 (``rest.admin.AdminApi``): volumes, users and groups, ACL rules, residency policies,
-sites, the audit log. Who may do what is decided there, never here: a page only shows
-what a call answered, or the refusal. At a spoke a status page shows the link, the cache,
-the write-back journal and prefetching. Pages are Jinja2 templates with plain HTML forms
-(a CSRF token in each), one stylesheet of our own (light and dark by the browser's
-preference) and charts as SVG drawn here: no script, nothing from elsewhere.
+sites, exports, the audit log. Who may do what is decided there, never here: a page only
+shows what a call answered, or the refusal. At a spoke a status page shows the link, the
+cache, the write-back journal and prefetching; at both, charts of the last ten minutes of
+the site's own metrics (``core.metrics.History``, sampled here). Pages are Jinja2
+templates with plain HTML forms (a CSRF token in each), one stylesheet of our own (light
+and dark by the browser's preference) and charts as SVG drawn here (``charts``): no
+script, nothing from elsewhere.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import datetime
+import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +32,7 @@ from aiohttp import web
 from ... import paths
 from ...core.acl import ANONYMOUS
 from ...core.audit import AuditSink
+from ...core.metrics import MEASURES, History, Role, exposition, size, totals
 from ...core.placement import Policy
 from ...core.types import Entry, EntryKind, Principal
 from ...errors import AuthenticationFailed, InvalidArgument, LoomError, NotSupported
@@ -35,9 +41,12 @@ from ...rest import wire
 from ...rest.admin import AdminApi
 from ...rest.auth import Identity
 from ..http import serve_reader
+from .charts import charts
 from .sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, same
 
 UI = "/ui"
+SAMPLE_EVERY = 5.0  # seconds between the charts' samples
+KEPT = 120  # samples each chart keeps: ten minutes
 PAGE = 100  # directory entries per page
 PROTOCOL = "console"  # what the audit log says a console user's calls came by
 HERE = Path(__file__).parent
@@ -57,17 +66,6 @@ class SpokeStatus(Protocol):
 
 
 Page = Callable[[web.Request, Principal, Session], Awaitable[web.StreamResponse]]
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _time(ns: int | None) -> str:
@@ -130,7 +128,9 @@ class Console:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.templates.filters.update(size=_size, time=_time, ui_path=_ui_path)
+        self.templates.filters.update(size=size, time=_time, ui_path=_ui_path)
+        self.role: Role = "spoke" if spoke is not None else "hub"
+        self.history = History(MEASURES[self.role], keep=KEPT)
 
     def routes(self) -> list[web.RouteDef]:
         routes = [
@@ -150,6 +150,9 @@ class Console:
                 web.post(f"{UI}/volumes", self._page(self.volumes)),
                 web.get(f"{UI}/users", self._page(self.users)),
                 web.post(f"{UI}/users", self._page(self.users)),
+                web.get(f"{UI}/keys", self._page(self.ssh_keys)),
+                web.post(f"{UI}/keys", self._page(self.ssh_keys)),
+                web.get(f"{UI}/exports", self._page(self.exports)),
                 web.get(f"{UI}/acl", self._page(self.acl)),
                 web.post(f"{UI}/acl", self._page(self.acl)),
                 web.get(f"{UI}/policies", self._page(self.policies)),
@@ -160,7 +163,36 @@ class Console:
             ]
         if self.spoke is not None:
             routes.append(web.get(f"{UI}/spoke", self._page(self.spoke_page)))
+        routes.append(web.get(f"{UI}/charts", self._page(self.charts)))
         return routes
+
+    # -- the charts' history ---------------------------------------------------------------
+
+    def sample(self) -> None:
+        """One sample of this site's metrics into the charts' history."""
+        self.history.sample(totals(exposition(self.role).decode()), time.monotonic())
+
+    async def sampling(self, app: web.Application) -> AsyncIterator[None]:
+        """The history's sampler, every ``SAMPLE_EVERY`` seconds for as long as ``app``
+        runs (an ``aiohttp`` cleanup context); off the loop, since it reads every metric."""
+
+        async def run() -> None:
+            while True:
+                await asyncio.to_thread(self.sample)
+                await asyncio.sleep(SAMPLE_EVERY)
+
+        task = asyncio.create_task(run())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def charts(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        """The history's charts: this site's own figures, open to every user logged in,
+        as ``/metrics`` is open to every caller."""
+        drawn = charts(self.history.series.items(), SAMPLE_EVERY * KEPT)
+        return self.render("charts.html", session, who, charts=drawn, every=SAMPLE_EVERY,
+                           notice="")  # fmt: skip
 
     # -- rendering and sessions ------------------------------------------------------------
 
@@ -376,6 +408,29 @@ class Console:
             "users.html", session, who, users=await api.list_users(who),
             groups=await api.list_groups(who), made=made, notice=notice,
         )  # fmt: skip
+
+    async def ssh_keys(
+        self, request: web.Request, who: Principal, session: Session
+    ) -> web.Response:
+        """Each user's SSH public keys (their SFTP logins): add one, remove one."""
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            name, line = form.get("user", ""), form.get("line", "")
+            if not name or not line:
+                raise InvalidArgument("an SSH key needs its user and its public key line")
+            if form.get("action") == "remove":
+                await api.remove_ssh_key(who, name, line)
+                notice = f"removed an SSH key of {name}"
+            else:
+                key = await api.add_ssh_key(who, name, line)
+                notice = f"added SSH key {key['fingerprint']} for {name}"
+        return self.render("keys.html", session, who, users=await api.list_users(who),
+                           notice=notice)  # fmt: skip
+
+    async def exports(self, request: web.Request, who: Principal, session: Session) -> web.Response:
+        listed = await self._admin.list_exports(who)
+        return self.render("exports.html", session, who, exports=listed, notice="")
 
     async def acl(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         api, notice = self._admin, ""

@@ -82,18 +82,20 @@ async def mounted(
     callers: Callers | None = None,
     follow: Poll | None = None,
     passthrough: bool = True,
+    protocol: str = "fuse",
 ) -> AsyncIterator[tuple[Session, LoomOperations]]:
     """``ns`` mounted at ``mountpoint`` for as long as the block runs; the block serves it
     (``session.serve(ops)``) until ``session.terminate()``. With ``follow`` (the site's
     change feed) the kernel caches names and attributes for long and is told at once when
     they go stale. ``passthrough``: the kernel reads files whose bytes sit whole in a
-    local file from that file, where it can."""
+    local file from that file, where it can. ``protocol``: its requests' name in the
+    metrics."""
     check_mountpoint(mountpoint)
     spool_dir.mkdir(parents=True, exist_ok=True)
     timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
     callers = callers or Callers()
     options = mount_options(allow_other=allow_other, kernel_checks=callers.kernel_checks)
-    session = Session(mountpoint, options, passthrough=passthrough)
+    session = Session(mountpoint, options, passthrough=passthrough, protocol=protocol)
     ops = LoomOperations(
         ns, session, str(spool_dir), timeout, following=follow is not None, callers=callers
     )

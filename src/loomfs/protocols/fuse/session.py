@@ -28,6 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from prometheus_client import Counter, Histogram
+
+from ...core.metrics import REQUEST_SECONDS
 from . import abi
 from .abi import Context, EntryAttributes, FileInfo, FUSEError, ReaddirToken, SetattrFields
 
@@ -35,6 +38,13 @@ if TYPE_CHECKING:
     from .ops import LoomOperations
 
 log = logging.getLogger(__name__)
+#: FUSE requests (and SMB's, through Samba's mount) answered with an error, by op and
+#: errno; all of them, by op, are ``loomfs_request_seconds_count`` (one metric a request:
+#: the mount's loop is the data path)
+ERRORS = Counter(
+    "loomfs_fuse_errors_total", "FUSE requests answered with an error, by protocol, op and errno",
+    ["protocol", "op", "errno"],
+)  # fmt: skip
 
 #: the largest read or write in one request, in pages of 4 KiB (1 MiB)
 MAX_PAGES = 256
@@ -83,8 +93,20 @@ class Session:
     """A mount at ``mountpoint`` and the loop that serves it. ``ops`` must provide the
     handlers (``LoomOperations``); ``passthrough`` asks for kernel reads of local files."""
 
-    def __init__(self, mountpoint: Path, options: set[str], *, passthrough: bool = True) -> None:
+    def __init__(
+        self,
+        mountpoint: Path,
+        options: set[str],
+        *,
+        passthrough: bool = True,
+        protocol: str = "fuse",
+    ) -> None:
+        """``protocol``: what the metrics call its requests ("smb" for Samba's mount)."""
         self.mountpoint = mountpoint
+        self.protocol = protocol
+        #: each op's latency histogram and each (op, errno)'s error counter, looked up once
+        self._latency: dict[str, Histogram] = {}
+        self._errors: dict[tuple[str, int], Counter] = {}
         self.options = options
         self.want_passthrough = passthrough
         #: whether opens may hand the kernel a backing file (negotiated at init)
@@ -229,12 +251,15 @@ class Session:
     async def _handle(
         self, handler: Handler, opcode: int, unique: int, nodeid: int, ctx: Context, body: bytes
     ) -> None:
+        began, error = time.perf_counter(), 0
         try:
             payload = await handler(nodeid, ctx, body)
         except FUSEError as exc:
+            error = exc.errno
             self._send(unique, -exc.errno)
         except Exception:
             log.exception("FUSE request %d failed", opcode)
+            error = errno.EIO
             self._send(unique, -errno.EIO)
         else:
             if payload is not None:
@@ -243,6 +268,19 @@ class Session:
                 self.terminate()
         finally:
             self._requests.pop(unique, None)
+            self._measure(handler.__name__, error, time.perf_counter() - began)
+
+    def _measure(self, op: str, error: int, seconds: float) -> None:
+        latency = self._latency.get(op)
+        if latency is None:
+            latency = self._latency[op] = REQUEST_SECONDS.labels(self.protocol, op)
+        latency.observe(seconds)
+        if error:
+            counter = self._errors.get((op, error))
+            if counter is None:
+                name = errno.errorcode.get(error, str(error))
+                counter = self._errors[op, error] = ERRORS.labels(self.protocol, op, name)
+            counter.inc()
 
     def _send(self, unique: int, error: int, payload: bytes = b"") -> None:
         """One message to the kernel: a reply (``unique`` of its request, ``error`` a

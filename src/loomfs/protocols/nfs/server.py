@@ -28,6 +28,7 @@ from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ADMIN_GROUP, ANONYMOUS
+from ...core.metrics import REQUEST_SECONDS
 from ...core.streams import aiter_bytes
 from ...core.types import Action, Entry, EntryKind, Principal
 from ...errors import (
@@ -221,6 +222,15 @@ def nfs_procedure(fail_words: int) -> Callable[[Handler], Handler]:
     def wrap(fn: Handler) -> Handler:
         @functools.wraps(fn)
         async def run(self: NfsServer, call: Call) -> Packer:
+            began = time.perf_counter()
+            try:
+                return await answer(self, call)
+            finally:
+                latency.observe(time.perf_counter() - began)
+
+        latency = REQUEST_SECONDS.labels("nfs", fn.__name__)
+
+        async def answer(self: NfsServer, call: Call) -> Packer:
             try:
                 body = await fn(self, call)
             except _Answered as exc:

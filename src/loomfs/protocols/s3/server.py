@@ -38,6 +38,7 @@ from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ANONYMOUS
+from ...core.metrics import REQUEST_SECONDS
 from ...core.types import SPECIAL_KINDS, SYSTEM, Action, Entry, EntryKind, Principal, WriteTags
 from ...core.users import UserRegistry
 from ...errors import (
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 
 REQUESTS = Counter("loomfs_s3_requests_total", "S3 requests", ["op", "status"])
 BYTES_OUT = Counter("loomfs_s3_read_bytes_total", "Object bytes sent by the S3 gateway")
+BYTES_IN = Counter("loomfs_s3_write_bytes_total", "Object bytes received by the S3 gateway")
 
 TAG = "s3."
 ETAG_TAG = "s3.etag"  # "<version> <quoted etag>"
@@ -401,6 +403,7 @@ class S3Gateway:
     # -- the edge: authenticate, dispatch, map errors ---------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        began = time.perf_counter()
         request_id = _request_id()
         raw_path, _, raw_query = request.raw_path.partition("?")
         path = unquote(raw_path)
@@ -441,6 +444,7 @@ class S3Gateway:
                     response.headers.update(rule.answer(origin, []))
         response.headers.setdefault("x-amz-request-id", request_id)
         REQUESTS.labels(op, str(response.status)).inc()
+        REQUEST_SECONDS.labels("s3", op).observe(time.perf_counter() - began)
         return response
 
     async def _expect(self, request: web.Request) -> web.Response | None:
@@ -1973,6 +1977,7 @@ async def _from_client(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     reach a volume's write as an OSError (which it would report as a server fault)."""
     try:
         async for chunk in body:
+            BYTES_IN.inc(len(chunk))
             yield chunk
     except (ConnectionError, ClientError) as exc:
         raise S3Error("IncompleteBody", "the client closed the connection mid-body") from exc

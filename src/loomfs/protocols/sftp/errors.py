@@ -11,12 +11,14 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import asyncssh
 from prometheus_client import Counter
 
+from ...core.metrics import REQUEST_SECONDS
 from ...errors import (
     AlreadyExists,
     AuthenticationFailed,
@@ -108,7 +110,7 @@ def translated(
 
     @functools.wraps(fn)
     async def run(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        status = "ok"
+        status, began = "ok", time.perf_counter()
         try:
             return await fn(self, *args, **kwargs)
         except asyncssh.SFTPError as exc:
@@ -128,5 +130,8 @@ def translated(
             raise asyncssh.SFTPFailure("internal error, see the server log") from exc
         finally:
             REQUESTS.labels(fn.__name__, status).inc()
+            latency.observe(time.perf_counter() - began)
+
+    latency = REQUEST_SECONDS.labels("sftp", fn.__name__)
 
     return run
