@@ -104,9 +104,8 @@ class KernelLink(NetNamespace):
 
     def forward(self, port: int) -> tuple[str, int]:
         """The address this namespace dials for the far namespace's ``127.0.0.1:port``:
-        a relay delaying by ``latency`` (the far side's own address if there is none)."""
-        if not self.latency:
-            return self.host_ip, port
+        a relay delaying by ``latency`` (with none, still the relay: the port is the far
+        side's loopback, which this namespace can't reach)."""
         ready = self.workdir / f"relay-{port}"
         relay = self.popen([
             sys.executable, "-m", "loomfs.testing.kwan", "--listen", self.host_ip,
