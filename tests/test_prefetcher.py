@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import random
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -379,6 +380,22 @@ async def test_refused_and_deleted_files_are_asked_for_once_until_they_change(
             await prefetcher.close()
 
 
+def count_requests(made: Fabric) -> list[str]:
+    """The spoke's requests to its hub from now on (the feed's long poll aside)."""
+    asked: list[str] = []
+    hub = made.spoke.hub
+    assert isinstance(hub, RestNamespace)
+    request = hub._request
+
+    async def counted(method: str, url: str, **kwargs: Any) -> Any:
+        if "/changes" not in url:
+            asked.append(url)
+        return await request(method, url, **kwargs)
+
+    hub._request = counted  # type: ignore[method-assign]
+    return asked
+
+
 async def test_a_planned_file_once_cached_is_read_with_no_request_to_the_hub(
     env: tuple[Fabric, Prefetcher],
 ) -> None:
@@ -386,17 +403,7 @@ async def test_a_planned_file_once_cached_is_read_with_no_request_to_the_hub(
     names = await hub_files(made, "z", 3)
     prefetcher.publish(Plan("zero/0", 0, (0, 1, 2)).encode(), files(names), [SIZE] * 3, WHO)
     await until(lambda: prefetcher.stats.prefetched_files == 3)
-    asked: list[str] = []
-    hub = made.spoke.hub
-    assert isinstance(hub, RestNamespace)
-    request = hub._request
-
-    async def counted(method: str, url: str, **kwargs: Any) -> Any:
-        if "/changes" not in url:  # the feed's long poll goes on whatever is read
-            asked.append(url)
-        return await request(method, url, **kwargs)
-
-    hub._request = counted  # type: ignore[method-assign]
+    asked = count_requests(made)
     for name in names:  # the plan's publisher reads what its plan brought: all local
         assert len(await made.spoke.read_bytes(WHO, name)) == SIZE
     assert asked == []
@@ -404,3 +411,21 @@ async def test_a_planned_file_once_cached_is_read_with_no_request_to_the_hub(
     other = Principal(user="someone-else", site="spoke", protocol="test")
     await made.spoke.read_bytes(other, names[0])  # the hub's word for this user is not had
     assert len(asked) == 1
+
+
+async def test_a_lapsed_admission_is_asked_again_ahead_of_the_read(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    names = await hub_files(made, "l", 3)
+    prefetcher.publish(Plan("lapse/0", 0, (0, 1, 2)).encode(), files(names), [SIZE] * 3, WHO)
+    await until(lambda: prefetcher.stats.prefetched_files == 3)
+    fetched = made.link.down.bytes
+    made.spoke._admitted.clear()  # as if the reads came more than a lease term later
+    asked = count_requests(made)
+    await until(lambda: all(made.spoke.admitted_until(WHO, n) > time.monotonic() for n in names))
+    assert len(asked) == 3  # one question per file, asked by the prefetcher
+    assert made.link.down.bytes - fetched < SIZE  # and no file came again
+    for name in names:
+        assert len(await made.spoke.read_bytes(WHO, name)) == SIZE
+    assert len(asked) == 3  # the reads asked nothing

@@ -57,7 +57,7 @@ from ..prefetch.planned import PlanPolicy
 from ..prefetch.policy import EvictionPolicy, Key
 from ..prefetch.window import Window
 from .cache import PREFETCHING, Cache, CachedFile, block_span
-from .namespace import SpokeNamespace
+from .namespace import LEASE_MARGIN, SpokeNamespace
 from .predict import Predictions, Target
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ WINDOW = 0.8  # of the cache's capacity, the most a plan's look-ahead spans
 TICK_S = 0.05  # longest the loop sleeps when nothing wakes it
 SLACK_S = 1.0  # how late a job may run before eviction stops counting on a read
 PREDICT_WINDOW = 0.25  # of the cache's capacity, the most predicted bytes held unread
+ADMITTING = 64  # hub questions "may the reader read this cached file" in flight, at most
 RETRY_S = 1.0  # a prefetch that failed for a moment waits this long, then longer...
 RETRY_MAX_S = 60.0  # ...up to this
 
@@ -262,6 +263,7 @@ class Prefetcher:
         self._in_flight: dict[Key, tuple[asyncio.Task[None], int]] = {}  # -> bytes booked
         self.predict = Predictions(spoke)
         self._predicting: dict[Key, tuple[asyncio.Task[None], int]] = {}  # unit keys, as above
+        self._admitting: dict[Key, asyncio.Task[None]] = {}  # see _readmit
         self._predicted: dict[int, Key] = {}  # cache file id -> unit fetched for it, unread
         # path -> the feed position its prefetch was refused at (or found it gone)
         self._refused: dict[str, int] = {}
@@ -292,6 +294,7 @@ class Prefetcher:
 
     async def close(self) -> None:
         tasks = [t for t, _ in (*self._in_flight.values(), *self._predicting.values())]
+        tasks += self._admitting.values()
         if self._task is not None:
             tasks.append(self._task)
         for task in tasks:
@@ -331,8 +334,9 @@ class Prefetcher:
         keys = [self._intern(paths.normalize(name)) for name in names]
         for key, size in zip(keys, sizes or (), strict=False):
             self.sizes[key] = size
-        for key in keys:
-            self._reader[key] = who
+        if who is not SYSTEM:  # the spoke's own plans (tests) are read by no one in particular
+            for key in keys:
+                self._reader[key] = who
         translated = Plan(plan.job_id, plan.start, tuple(keys[k] for k in plan.keys))
         self.schedule.publish(translated, self.clock())
         self.jobs[plan.job_id] = _JobState(plan.start, frozenset(translated.keys), plan.start)
@@ -441,20 +445,22 @@ class Prefetcher:
         entry = None if version is None else self.cache.get(self.paths[key], version)
         return entry is not None and entry.complete()
 
-    def _choose(self) -> list[Key]:
+    def _choose(self) -> tuple[list[Key], list[Key]]:
         """Files to fetch now: uncached ones in deadline order from where the jobs' reads
-        are, while the look-ahead fits in the cache and the bytes in flight in the link."""
+        are, while the look-ahead fits in the cache and the bytes in flight in the link;
+        and cached ones to re-admit for their reader (``_readmit``)."""
         budget = self._budget()
         if budget <= 0 and self._busy():
             # the link's lead is in flight: nothing goes out until a fetch ends, so the
             # walk over the look-ahead (which every demand read wakes) can wait for that
-            return []
+            return [], []
         now = self.clock()
         start = {job_id: job.read_to for job_id, job in self.jobs.items()}
         window = int(self.cache.capacity * WINDOW)
         chosen: list[Key] = []
+        readmit: list[Key] = []
         seen: set[Key] = set()
-        for _, key in self.schedule.upcoming(now, start):
+        for when, key in self.schedule.upcoming(now, start):
             if key in seen:
                 continue
             seen.add(key)
@@ -463,13 +469,27 @@ class Prefetcher:
             if window < 0:
                 break
             done = any(job.reads[key] > job.passed[key] for job in self.jobs.values())
-            if key in self._in_flight or done or self._cached(key) or self._held(self.paths[key]):
+            if key in self._in_flight or done or self._held(self.paths[key]):
+                continue
+            if self._cached(key):
+                if self._lapses_before(key, when):
+                    readmit.append(key)
                 continue
             if size > budget and (chosen or self._busy()):
                 break
             budget -= size
             chosen.append(key)
-        return chosen
+        return chosen, readmit[: max(0, ADMITTING - len(self._admitting))]
+
+    def _lapses_before(self, key: Key, when: float) -> bool:
+        """Whether the hub's word that the key's reader may read it ends before the read
+        planned at ``when``, and a word asked now would last until then (the current lease
+        covers it): the hub is then asked ahead of the read, not by it."""
+        who = self._reader.get(key)
+        if who is None or key in self._admitting:
+            return False
+        path = self.paths[key]
+        return self.spoke.admitted_until(who, path) < when < self.spoke.lease_until - LEASE_MARGIN
 
     def _budget(self) -> int:
         """Bytes that may go in flight now: the window, less what plans and predictions
@@ -540,9 +560,12 @@ class Prefetcher:
             try:
                 await self.predict.observe()
                 if self.jobs:
-                    for key in self._choose():
+                    chosen, readmit = self._choose()
+                    for key in chosen:
                         task = asyncio.create_task(self._fetch(key))
                         self._in_flight[key] = (task, self.sizes.get(key, 0))
+                    for key in readmit:
+                        self._admitting[key] = asyncio.create_task(self._readmit(key))
                 # after the plans: predictions take the room they leave
                 for target in self._choose_predicted():
                     task = asyncio.create_task(self._fetch_predicted(target))
@@ -610,6 +633,21 @@ class Prefetcher:
         finally:
             self._in_flight.pop(key, None)
             self._wake.set()
+
+    async def _readmit(self, key: Key) -> None:
+        """Ask the hub, as the reader, for a cached planned file whose admission lapses
+        before its read: the hub's word holds for one lease term (so that a revoked right
+        stops cached reads within one), and a cache that holds more than a lease term of
+        reading would otherwise cost the reader that round trip again for every file read
+        later than that. A question of a few hundred bytes, off the reader's path."""
+        path = self.paths[key]
+        asked_at = self.spoke.seq
+        try:
+            await self.spoke.stat_for_read(self._reader[key], path)
+        except LoomError as exc:  # the read will hear it; meanwhile it is not asked again
+            self._failed(path, asked_at, exc)
+        finally:
+            self._admitting.pop(key, None)
 
     async def _fetch_predicted(self, target: Target) -> None:
         asked_at = self.spoke.seq
