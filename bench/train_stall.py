@@ -109,6 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--file-kib", type=int, help="size of each file")
     parser.add_argument("--rate", type=float, default=100, help="link MB/s")
     parser.add_argument("--latency-ms", type=float, default=20, help="one-way link latency")
+    parser.add_argument(
+        "--unshaped", action="store_true",
+        help="no rate limit on the link (--rate still sizes compute and the bound): "
+        "where loomfs's own ceiling is",
+    )  # fmt: skip
     parser.add_argument("--cache", type=float, default=0.6, help="cache size / data set")
     parser.add_argument("--compute", type=float, default=1.1, help="compute / transfer time")
     parser.add_argument("--batch", type=int, default=8)
@@ -120,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = args.files or (120 if args.quick else 300)
     size = (args.file_kib or (512 if args.quick else 1024)) * 1024
     rate = args.rate * MB
+    shaped = None if args.unshaped else rate
     total = files * size
     transfer = total / rate
     batches = -(-files // args.batch)
@@ -127,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bound = max(compute * batches, transfer)
     cache = f"{int(total * args.cache)}"
     print(
-        f"{files} files x {size // 1024} KiB = {total / MB:.0f} MB; link {args.rate:.0f} MB/s, "
+        f"{files} files x {size // 1024} KiB = {total / MB:.0f} MB; link {args.rate:.0f} MB/s"
+        f"{' (nominal: unshaped)' if args.unshaped else ''}, "
         f"{args.latency_ms:.0f} ms; cache {args.cache:.0%}; compute {compute * 1000:.1f} ms "
         f"x {batches} batches; stall bound {bound:.2f} s/epoch"
     )
@@ -153,8 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 times = epochs(LocalFiles(data), shuffled, **loop)
             else:
                 with spoke_site(
-                    tmp / f"{run}-{mode}", data, "/data", rate=rate, latency=args.latency_ms / 1000,
-                    cache_size=cache, prefetch=mode not in ("lru", "lru-seq"),
+                    tmp / f"{run}-{mode}", data, "/data", rate=shaped,
+                    latency=args.latency_ms / 1000, cache_size=cache,
+                    prefetch=mode not in ("lru", "lru-seq"),
                     kernel=args.link == "kernel",
                 ) as site:  # fmt: skip
                     ds: lt.FileDataset[bytes] = lt.FileDataset(f"loomfs://{site.address}/data")

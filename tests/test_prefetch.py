@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 from functools import cache
@@ -24,6 +25,7 @@ from loomfs.prefetch import (
     SequentialPredictor,
     StridePredictor,
 )
+from loomfs.prefetch.window import GAIN, Window
 
 
 class Clock:
@@ -346,3 +348,67 @@ def test_forecast_trusts_a_predictor_while_its_guesses_are_read() -> None:
     for key in rng.sample(range(1000, 100_000), 400):  # random reads: its guesses miss
         forecast.observe(key)
     assert forecast.predictions() == []
+
+
+# -- the prefetch window -------------------------------------------------------------------
+
+
+def fill(window: Window, rate: float, rtt: float, size: int, fetches: int) -> None:
+    """The prefetcher over a link of ``rate`` bytes/s and round trip ``rtt``, until the
+    window's startup ends (or ``fetches`` were sent): it keeps the window's bytes in flight
+    in fetches of ``size``; each crosses the link (one at a time, at the rate) after half
+    the round trip and is complete half a round trip later."""
+    clock, free = 0.0, 0.0
+    flight: list[tuple[float, float]] = []  # (complete at, sent at)
+    for _ in range(fetches):
+        if not window.startup:
+            return
+        while flight and len(flight) * size >= window.size():
+            done, sent = heapq.heappop(flight)
+            window.record(sent, done, size)
+            clock = done
+        free = max(free, clock + rtt / 2) + size / rate
+        heapq.heappush(flight, (free + rtt / 2, clock))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rate=st.floats(1e6, 2e9),
+    rtt=st.floats(0.001, 0.2),
+    size=st.sampled_from([64 << 10, 512 << 10, 1 << 20, 4 << 20]),
+)
+def test_the_window_grows_to_the_bandwidth_delay_product_not_its_own_throughput(
+    rate: float, rtt: float, size: int
+) -> None:
+    floor, cap = 4 << 20, 1 << 40
+    window = Window(floor=floor, cap=cap)
+    bdp = rate * rtt
+    size = max(size, int(bdp / 256))  # a few hundred fetches in flight at most: quick
+    fill(window, rate, rtt, size, 48 * int(max(bdp, floor) / size) + 1000)
+    assert not window.startup  # the probe ended: the rate stopped growing
+    # enough in flight to fill the link (a fetch's worth of granularity aside)...
+    assert window.size() >= min(bdp, cap) * 0.9 - size
+    # ...and not much more than twice that (a floor above it aside)
+    assert window.size() <= GAIN * max(floor, 1.6 * bdp + 2 * size)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    floor=st.integers(1, 1 << 30),
+    cap=st.integers(1, 1 << 30),
+    fetches=st.lists(
+        st.tuples(st.floats(0, 100), st.floats(0, 5), st.integers(1, 1 << 30)), max_size=60
+    ),
+)
+def test_the_window_never_exceeds_the_cache_budget(
+    floor: int, cap: int, fetches: list[tuple[float, float, int]]
+) -> None:
+    window = Window(floor=floor, cap=cap)
+    for start, took, size in sorted(fetches):
+        window.record(start, start + took, size)
+        assert min(floor, cap) <= window.size() <= cap
+
+
+def test_a_window_needs_a_positive_floor_and_cap() -> None:
+    with pytest.raises(InvalidArgument, match="positive"):
+        Window(floor=0, cap=1)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import random
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,9 +25,10 @@ from loomfs.prefetch.adaptive import AdaptivePolicy
 from loomfs.prefetch.plan import Plan
 from loomfs.prefetch.planned import PlanPolicy
 from loomfs.prefetch.policy import LRUPolicy
+from loomfs.rest.client import RestNamespace
 from loomfs.spoke.cache import PREFETCHING
 from loomfs.spoke.predict import Target
-from loomfs.spoke.prefetcher import PREDICT_WINDOW, Bandwidth, Prefetcher, SpokePolicy
+from loomfs.spoke.prefetcher import PREDICT_WINDOW, Prefetcher, SpokePolicy
 from loomfs.testing.fabric import Fabric, fabric
 
 WHO = Principal(user="tester", site="spoke", protocol="test")
@@ -122,16 +124,6 @@ async def test_bad_plans_change_nothing(env: tuple[Fabric, Prefetcher]) -> None:
     assert prefetcher.report()["job_ids"] == [] and prefetcher.paths == []
     prefetcher.heartbeat("unknown", 5)  # a heartbeat overtaking its plan is ignored
     assert prefetcher.report()["jobs"] == 0
-
-
-def test_the_link_model_counts_overlapping_fetches_once() -> None:
-    link = Bandwidth(default=1.0)
-    assert link.estimate() == 1.0
-    link.record(0.0, 1.0, 100)
-    link.record(0.5, 1.5, 100)  # overlaps: 200 bytes in 1.5 s of a busy link
-    assert link.estimate() == pytest.approx(200 / 1.5)
-    link.record(10.0, 11.0, 300)  # the first two fall out of the window
-    assert link.estimate() == pytest.approx(300.0)
 
 
 async def test_the_read_pointer_follows_reads_out_of_order(
@@ -386,3 +378,54 @@ async def test_refused_and_deleted_files_are_asked_for_once_until_they_change(
             assert prefetcher._held(refused)
         finally:
             await prefetcher.close()
+
+
+def count_requests(made: Fabric) -> list[str]:
+    """The spoke's requests to its hub from now on (the feed's long poll aside)."""
+    asked: list[str] = []
+    hub = made.spoke.hub
+    assert isinstance(hub, RestNamespace)
+    request = hub._request
+
+    async def counted(method: str, url: str, **kwargs: Any) -> Any:
+        if "/changes" not in url:
+            asked.append(url)
+        return await request(method, url, **kwargs)
+
+    hub._request = counted  # type: ignore[method-assign]
+    return asked
+
+
+async def test_a_planned_file_once_cached_is_read_with_no_request_to_the_hub(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    names = await hub_files(made, "z", 3)
+    prefetcher.publish(Plan("zero/0", 0, (0, 1, 2)).encode(), files(names), [SIZE] * 3, WHO)
+    await until(lambda: prefetcher.stats.prefetched_files == 3)
+    asked = count_requests(made)
+    for name in names:  # the plan's publisher reads what its plan brought: all local
+        assert len(await made.spoke.read_bytes(WHO, name)) == SIZE
+    assert asked == []
+    assert prefetcher.report()["hits"] == 3
+    other = Principal(user="someone-else", site="spoke", protocol="test")
+    await made.spoke.read_bytes(other, names[0])  # the hub's word for this user is not had
+    assert len(asked) == 1
+
+
+async def test_a_lapsed_admission_is_asked_again_ahead_of_the_read(
+    env: tuple[Fabric, Prefetcher],
+) -> None:
+    made, prefetcher = env
+    names = await hub_files(made, "l", 3)
+    prefetcher.publish(Plan("lapse/0", 0, (0, 1, 2)).encode(), files(names), [SIZE] * 3, WHO)
+    await until(lambda: prefetcher.stats.prefetched_files == 3)
+    fetched = made.link.down.bytes
+    made.spoke._admitted.clear()  # as if the reads came more than a lease term later
+    asked = count_requests(made)
+    await until(lambda: all(made.spoke.admitted_until(WHO, n) > time.monotonic() for n in names))
+    assert len(asked) == 3  # one question per file, asked by the prefetcher
+    assert made.link.down.bytes - fetched < SIZE  # and no file came again
+    for name in names:
+        assert len(await made.spoke.read_bytes(WHO, name)) == SIZE
+    assert len(asked) == 3  # the reads asked nothing

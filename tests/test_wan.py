@@ -179,3 +179,21 @@ def test_the_kernel_link_carries_bytes_intact_both_ways_through_its_relay(
         assert link.cpu_seconds() >= 0.0
     assert link.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                             text=True, check=True).stdout  # fmt: skip
+
+
+def test_a_reply_crosses_the_relay_whole_while_the_connection_stays_open() -> None:
+    # a request and its reply, the next request only after it: a blocking splice held
+    # the reply's tail in the relay until more bytes came (kernel 6.18), which never did
+    with KernelLink(rate=100e6, latency=0.02) as link:
+        host, relayed = link.forward(_echo_in(link))
+        with socket.create_connection((host, relayed)) as sock:
+            sock.settimeout(30)  # a hang fails the test instead of stopping the suite
+            for size in (524_588, 3_000, 524_588, 1_100_000, 524_588):
+                payload = os.urandom(size)
+                sock.sendall(payload)
+                got = bytearray()
+                while len(got) < size:
+                    data = sock.recv(1 << 20)
+                    assert data, "the relay closed the connection"
+                    got += data
+                assert bytes(got) == payload

@@ -14,10 +14,11 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from ..core.types import Principal
 from ..errors import InvalidArgument
 from ..prefetch.plan import Plan
 from . import wire
-from .server import _body, _json
+from .server import WHO, _body, _json
 
 PLANS = f"{wire.API}/plans"
 
@@ -25,7 +26,9 @@ PLANS = f"{wire.API}/plans"
 class Plans(Protocol):
     """What the routes call: a spoke's prefetcher (``spoke.prefetcher.Prefetcher``)."""
 
-    def publish(self, blob: bytes, files: bytes, sizes: list[int] | None = None) -> Plan: ...
+    def publish(
+        self, blob: bytes, files: bytes, sizes: list[int] | None = None, who: Principal = ...
+    ) -> Plan: ...
 
     def heartbeat(self, job_id: str, position: int) -> None: ...
 
@@ -59,7 +62,8 @@ def routes(prefetcher: Plans) -> list[web.RouteDef]:
             not isinstance(sizes, list) or not all(type(s) is int and s >= 0 for s in sizes)
         ):
             raise InvalidArgument("'sizes' must be a list of non-negative integers")
-        plan = prefetcher.publish(_blob(body, "plan"), _blob(body, "files"), sizes)
+        who = request[WHO]  # its files are fetched as the caller: the hub decides for them
+        plan = prefetcher.publish(_blob(body, "plan"), _blob(body, "files"), sizes, who)
         return _json({"job": plan.job_id, "start": plan.start, "reads": len(plan.keys)}, 201)
 
     async def heartbeat(request: web.Request) -> web.Response:

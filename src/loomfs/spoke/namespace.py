@@ -625,7 +625,12 @@ class SpokeNamespace(Namespace):
         return any(at > seq and paths.is_within(path, top) for top, at in self._evicted.items())
 
     def _is_admitted(self, who: Principal, path: str) -> bool:
-        return self._admitted.get((who.user, path), 0.0) > time.monotonic()
+        return self.admitted_until(who, path) > time.monotonic()
+
+    def admitted_until(self, who: Principal, path: str) -> float:
+        """Until when (monotonic) the hub's word that ``who`` may read ``path`` holds at
+        this spoke; 0 if it never said so under a lease."""
+        return self._admitted.get((who.user, path), 0.0)
 
     def _admit(self, who: Principal, path: str) -> None:
         """The hub just let ``who`` read ``path``: remember it for the current lease."""

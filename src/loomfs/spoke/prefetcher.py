@@ -7,8 +7,9 @@ every job, so jobs over the same data share a schedule (``prefetch.plan.Schedule
 then walks the merged plans in deadline order from where each job's reads really are and
 fetches files that are not cached, as long as
 
-- the bytes in flight stay under what the link carries in ``LEAD_S`` (measured from recent
-  fetches, the bandwidth model), so a demand read never queues behind more than that;
+- the bytes in flight stay in the window (``prefetch.window.Window``: probed up like
+  TCP's slow start, then twice the link's bandwidth-delay product), enough to keep the
+  link full and few enough that a demand read queues behind about two round trips;
 - the data it looks ahead over fits in ``WINDOW`` of the cache, so a prefetch never evicts
   something needed sooner than itself.
 
@@ -40,7 +41,6 @@ import contextlib
 import logging
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,14 +50,15 @@ from prometheus_client import Counter, Gauge
 from .. import paths
 from ..core.metrics import SPOKE
 from ..core.retry import Backoff, retryable
-from ..core.types import SYSTEM, Entry
+from ..core.types import SYSTEM, Entry, Principal
 from ..errors import InvalidArgument, LoomError
 from ..prefetch.adaptive import AdaptivePolicy, HistoryPredictor
 from ..prefetch.plan import Plan, Schedule
 from ..prefetch.planned import PlanPolicy
 from ..prefetch.policy import EvictionPolicy, Key
+from ..prefetch.window import Window
 from .cache import PREFETCHING, Cache, CachedFile, block_span
-from .namespace import SpokeNamespace
+from .namespace import LEASE_MARGIN, SpokeNamespace
 from .predict import Predictions, Target
 
 log = logging.getLogger(__name__)
@@ -90,41 +91,14 @@ STALL = Counter(
 )
 JOBS = Gauge("loomfs_prefetch_jobs", "Jobs with an active plan", registry=SPOKE)
 
-LEAD_S = 0.5  # bytes in flight: what the link carries in this long
-MIN_IN_FLIGHT = 4 << 20
+MIN_IN_FLIGHT = 4 << 20  # the window's floor, and where its startup begins
 WINDOW = 0.8  # of the cache's capacity, the most a plan's look-ahead spans
 TICK_S = 0.05  # longest the loop sleeps when nothing wakes it
-BANDWIDTH_WINDOW_S = 5.0
 SLACK_S = 1.0  # how late a job may run before eviction stops counting on a read
 PREDICT_WINDOW = 0.25  # of the cache's capacity, the most predicted bytes held unread
+ADMITTING = 64  # hub questions "may the reader read this cached file" in flight, at most
 RETRY_S = 1.0  # a prefetch that failed for a moment waits this long, then longer...
 RETRY_MAX_S = 60.0  # ...up to this
-
-
-class Bandwidth:
-    """Throughput of the link, from the fetches of the last few seconds: bytes over the
-    time any of them was in flight (idle gaps do not count)."""
-
-    def __init__(self, default: float = 10e6) -> None:
-        self.default = default
-        self._done: deque[tuple[float, float, int]] = deque()  # (start, end, bytes)
-
-    def record(self, start: float, end: float, size: int) -> None:
-        self._done.append((start, end, size))
-        while self._done and self._done[0][1] < end - BANDWIDTH_WINDOW_S:
-            self._done.popleft()
-
-    def estimate(self) -> float:
-        if not self._done:
-            return self.default
-        busy, covered, total = 0.0, -1.0, 0
-        for began, end, size in sorted(self._done):
-            total += size
-            began = max(began, covered)  # noqa: PLW2901 - overlaps count once
-            if end > began:
-                busy += end - began
-                covered = end
-        return total / busy if busy > 0 else self.default
 
 
 @dataclass(slots=True)
@@ -150,7 +124,9 @@ class Stats:
     prefetched_files: int = 0
     jobs: int = 0
     policy: str = "adaptive"
-    bandwidth: float = 0.0
+    bandwidth: float = 0.0  # the highest rate the window measured lately
+    window: int = 0  # bytes the prefetcher may have in flight
+    rtt: float | None = None  # the lowest round trip it saw lately
     # the part of the prefetching above that predictions (no plan) did
     predicted_bytes: int = 0
     predicted_files: int = 0  # ranges fetched: whole small files, blocks of large ones
@@ -170,6 +146,8 @@ class Stats:
             "jobs": self.jobs,
             "policy": self.policy,
             "bandwidth": self.bandwidth,
+            "window": self.window,
+            "rtt": self.rtt,
             "predicted_bytes": self.predicted_bytes,
             "predicted_files": self.predicted_files,
             "predicted_hits": self.predicted_hits,
@@ -288,8 +266,9 @@ class Prefetcher:
         self.key_of: dict[str, Key] = {}
         self.sizes: dict[Key, int] = {}
         self.versions: dict[Key, int] = {}  # the file version last read or fetched
+        self._reader: dict[Key, Principal] = {}  # who a key is fetched as: its plan's publisher
         self.jobs: dict[str, _JobState] = {}
-        self.bandwidth = Bandwidth()
+        self.window = Window(floor=MIN_IN_FLIGHT, cap=int(self.cache.capacity * WINDOW))
         self.stats = Stats()
         # cache file id -> blocks prefetched, not yet read (a large file is read ahead, and
         # read, a few blocks at a time)
@@ -300,6 +279,7 @@ class Prefetcher:
         self._in_flight: dict[Key, tuple[asyncio.Task[None], int]] = {}  # -> bytes booked
         self.predict = Predictions(spoke)
         self._predicting: dict[Key, tuple[asyncio.Task[None], int]] = {}  # unit keys, as above
+        self._admitting: dict[Key, asyncio.Task[None]] = {}  # see _readmit
         self._predicted: dict[int, Key] = {}  # cache file id -> unit fetched for it, unread
         # path -> the feed position its prefetch was refused at (or found it gone)
         self._refused: dict[str, int] = {}
@@ -330,6 +310,7 @@ class Prefetcher:
 
     async def close(self) -> None:
         tasks = [t for t, _ in (*self._in_flight.values(), *self._predicting.values())]
+        tasks += self._admitting.values()
         if self._task is not None:
             tasks.append(self._task)
         for task in tasks:
@@ -347,9 +328,16 @@ class Prefetcher:
             self.paths.append(path)
         return key
 
-    def publish(self, blob: bytes, files: bytes, sizes: list[int] | None = None) -> Plan:
+    def publish(
+        self,
+        blob: bytes,
+        files: bytes,
+        sizes: list[int] | None = None,
+        who: Principal = SYSTEM,
+    ) -> Plan:
         """Adopt a plan: ``blob`` is ``Plan.encode()`` over the dataset's sample ids,
-        ``files`` the dataset's paths (zlib of newline-joined), ``sizes`` their sizes."""
+        ``files`` the dataset's paths (zlib of newline-joined), ``sizes`` their sizes;
+        ``who`` published it, and its files are fetched as that user (see ``_fetch``)."""
         plan = Plan.decode(blob)
         try:
             names = zlib.decompress(files).decode().split("\n") if files else []
@@ -362,6 +350,9 @@ class Prefetcher:
         keys = [self._intern(paths.normalize(name)) for name in names]
         for key, size in zip(keys, sizes or (), strict=False):
             self.sizes[key] = size
+        if who is not SYSTEM:  # the spoke's own plans (tests) are read by no one in particular
+            for key in keys:
+                self._reader[key] = who
         translated = Plan(plan.job_id, plan.start, tuple(keys[k] for k in plan.keys))
         self.schedule.publish(translated, self.clock())
         self.jobs[plan.job_id] = _JobState(plan.start, frozenset(translated.keys), plan.start)
@@ -394,7 +385,9 @@ class Prefetcher:
     def report(self) -> dict[str, Any]:
         self.stats.jobs = len(self.jobs)
         self.stats.policy = "plan" if self.policy.mode else "adaptive"
-        self.stats.bandwidth = self.bandwidth.estimate()
+        self.stats.bandwidth = self.window.rate
+        self.stats.window = self.window.size()
+        self.stats.rtt = self.window.rtt
         return self.stats.as_dict() | {"job_ids": sorted(self.jobs)}
 
     # -- the cache observer ----------------------------------------------------------------
@@ -468,20 +461,22 @@ class Prefetcher:
         entry = None if version is None else self.cache.get(self.paths[key], version)
         return entry is not None and entry.complete()
 
-    def _choose(self) -> list[Key]:
+    def _choose(self) -> tuple[list[Key], list[Key]]:
         """Files to fetch now: uncached ones in deadline order from where the jobs' reads
-        are, while the look-ahead fits in the cache and the bytes in flight in the link."""
+        are, while the look-ahead fits in the cache and the bytes in flight in the link;
+        and cached ones to re-admit for their reader (``_readmit``)."""
         budget = self._budget()
         if budget <= 0 and self._busy():
             # the link's lead is in flight: nothing goes out until a fetch ends, so the
             # walk over the look-ahead (which every demand read wakes) can wait for that
-            return []
+            return [], []
         now = self.clock()
         start = {job_id: job.read_to for job_id, job in self.jobs.items()}
         window = int(self.cache.capacity * WINDOW)
         chosen: list[Key] = []
+        readmit: list[Key] = []
         seen: set[Key] = set()
-        for _, key in self.schedule.upcoming(now, start):
+        for when, key in self.schedule.upcoming(now, start):
             if key in seen:
                 continue
             seen.add(key)
@@ -490,20 +485,33 @@ class Prefetcher:
             if window < 0:
                 break
             done = any(job.reads[key] > job.passed[key] for job in self.jobs.values())
-            if key in self._in_flight or done or self._cached(key) or self._held(self.paths[key]):
+            if key in self._in_flight or done or self._held(self.paths[key]):
+                continue
+            if self._cached(key):
+                if self._lapses_before(key, when):
+                    readmit.append(key)
                 continue
             if size > budget and (chosen or self._busy()):
                 break
             budget -= size
             chosen.append(key)
-        return chosen
+        return chosen, readmit[: max(0, ADMITTING - len(self._admitting))]
+
+    def _lapses_before(self, key: Key, when: float) -> bool:
+        """Whether the hub's word that the key's reader may read it ends before the read
+        planned at ``when``, and a word asked now would last until then (the current lease
+        covers it): the hub is then asked ahead of the read, not by it."""
+        who = self._reader.get(key)
+        if who is None or key in self._admitting:
+            return False
+        path = self.paths[key]
+        return self.spoke.admitted_until(who, path) < when < self.spoke.lease_until - LEASE_MARGIN
 
     def _budget(self) -> int:
-        """Bytes that may go in flight now: what the link carries in ``LEAD_S``, less what
-        plans and predictions have in flight."""
-        in_flight = max(MIN_IN_FLIGHT, int(self.bandwidth.estimate() * LEAD_S))
+        """Bytes that may go in flight now: the window, less what plans and predictions
+        have in flight."""
         booked = (*self._in_flight.values(), *self._predicting.values())
-        return in_flight - sum(size for _, size in booked)
+        return self.window.size() - sum(size for _, size in booked)
 
     def _busy(self) -> bool:
         return bool(self._in_flight or self._predicting)
@@ -568,9 +576,12 @@ class Prefetcher:
             try:
                 await self.predict.observe()
                 if self.jobs:
-                    for key in self._choose():
+                    chosen, readmit = self._choose()
+                    for key in chosen:
                         task = asyncio.create_task(self._fetch(key))
                         self._in_flight[key] = (task, self.sizes.get(key, 0))
+                    for key in readmit:
+                        self._admitting[key] = asyncio.create_task(self._readmit(key))
                 # after the plans: predictions take the room they leave
                 for target in self._choose_predicted():
                     task = asyncio.create_task(self._fetch_predicted(target))
@@ -582,7 +593,7 @@ class Prefetcher:
                 self._retry.succeeded("")
 
     async def _read_ahead(
-        self, path: str, offset: int = 0, length: int | None = None
+        self, path: str, offset: int = 0, length: int | None = None, who: Principal = SYSTEM
     ) -> tuple[Entry, CachedFile | None, int]:
         """Read a range as the prefetcher (filling the cache, no demand read): the file's
         entry, its cache file, and the bytes of the range this read brought there (counted
@@ -594,7 +605,7 @@ class Prefetcher:
         watches.append(demanded)
         token = PREFETCHING.set(True)
         try:
-            async with await self.spoke.read(SYSTEM, path, offset, length) as reader:
+            async with await self.spoke.read(who, path, offset, length) as reader:
                 entry = reader.entry
                 cached = self.cache.get(path, entry.version)
                 blocks = block_span(reader.offset, reader.length)
@@ -611,14 +622,22 @@ class Prefetcher:
             if brought - demanded:
                 self._unread.setdefault(cached.id, set()).update(brought - demanded)
         self.stats.fetched_bytes += fetched
-        self.bandwidth.record(began, self.clock(), fetched)
+        if fetched:  # a read the cache answered says nothing of the link
+            self.window.record(began, self.clock(), fetched)
         return entry, cached, fetched
 
     async def _fetch(self, key: Key) -> None:
+        """Fetch a planned file as its plan's publisher: the hub decides (and audits) for
+        the user whose loader will read it, and its answer admits that user at this spoke
+        for the lease (``SpokeNamespace._admit``), so the loader's read of the cached file
+        asks the hub nothing. Fetched as the spoke itself, each such read cost a round
+        trip for the hub's word that this user may read it: one RTT per file per worker,
+        what kept ``bench/train_stall.py``'s plan mode at 4x all-local with a full cache.
+        A plan can't bring into the cache what its publisher may not read, either."""
         path = self.paths[key]
         asked_at = self.spoke.seq
         try:
-            entry, _, fetched = await self._read_ahead(path)
+            entry, _, fetched = await self._read_ahead(path, who=self._reader.get(key, SYSTEM))
             self.sizes[key] = entry.size
             self.versions[key] = entry.version
             self.stats.prefetched_files += 1
@@ -630,6 +649,21 @@ class Prefetcher:
         finally:
             self._in_flight.pop(key, None)
             self._wake.set()
+
+    async def _readmit(self, key: Key) -> None:
+        """Ask the hub, as the reader, for a cached planned file whose admission lapses
+        before its read: the hub's word holds for one lease term (so that a revoked right
+        stops cached reads within one), and a cache that holds more than a lease term of
+        reading would otherwise cost the reader that round trip again for every file read
+        later than that. A question of a few hundred bytes, off the reader's path."""
+        path = self.paths[key]
+        asked_at = self.spoke.seq
+        try:
+            await self.spoke.stat_for_read(self._reader[key], path)
+        except LoomError as exc:  # the read will hear it; meanwhile it is not asked again
+            self._failed(path, asked_at, exc)
+        finally:
+            self._admitting.pop(key, None)
 
     async def _fetch_predicted(self, target: Target) -> None:
         asked_at = self.spoke.seq

@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import os
 import secrets
+import select
 import shutil
 import socket
 import subprocess
@@ -103,9 +104,8 @@ class KernelLink(NetNamespace):
 
     def forward(self, port: int) -> tuple[str, int]:
         """The address this namespace dials for the far namespace's ``127.0.0.1:port``:
-        a relay delaying by ``latency`` (the far side's own address if there is none)."""
-        if not self.latency:
-            return self.host_ip, port
+        a relay delaying by ``latency`` (with none, still the relay: the port is the far
+        side's loopback, which this namespace can't reach)."""
         ready = self.workdir / f"relay-{port}"
         relay = self.popen([
             sys.executable, "-m", "loomfs.testing.kwan", "--listen", self.host_ip,
@@ -159,10 +159,19 @@ class DelayLine:
             self.ready.notify()
 
     def _intake(self) -> None:
+        # The sockets are non-blocking, and a splice goes out only once poll says bytes
+        # are there: a blocking splice from a TCP socket (kernel 6.18) kept what it had
+        # moved into the pipe while it waited for the rest of its PIECE, so the tail of
+        # a response sat in the relay until the peer's next bytes came (the 512 KiB
+        # reply of train_stall, for up to the client's 300 s timeout).
         turn = 0
         try:
             while True:
-                n = os.splice(self.src.fileno(), self.pipes[turn][1], PIECE)
+                _wait(self.src, select.POLLIN)
+                try:
+                    n = os.splice(self.src.fileno(), self.pipes[turn][1], PIECE)
+                except BlockingIOError:
+                    continue
                 if n == 0:
                     break
                 self._push((time.monotonic() + self.latency, turn, n))
@@ -186,7 +195,10 @@ class DelayLine:
                         self.dst.shutdown(socket.SHUT_WR)
                     return
                 while n:
-                    n -= os.splice(self.pipes[turn][0], self.dst.fileno(), n)
+                    try:
+                        n -= os.splice(self.pipes[turn][0], self.dst.fileno(), n)
+                    except BlockingIOError:
+                        _wait(self.dst, select.POLLOUT)
         except OSError:
             self._abort()
 
@@ -202,6 +214,13 @@ class DelayLine:
             os.close(w)
 
 
+def _wait(sock: socket.socket, event: int) -> None:
+    """Until ``sock`` is ready for ``event`` (or has failed: the splice then says how)."""
+    poller = select.poll()
+    poller.register(sock, event)
+    poller.poll()
+
+
 def _relay_one(near: socket.socket, port: int, latency: float) -> None:
     try:
         far = socket.create_connection(("127.0.0.1", port))
@@ -210,6 +229,7 @@ def _relay_one(near: socket.socket, port: int, latency: float) -> None:
         return
     for sock in (near, far):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)  # see DelayLine._intake
     lines = [DelayLine(near, far, latency), DelayLine(far, near, latency)]
     for thread in [t for line in lines for t in line.run()]:
         thread.join()
