@@ -1,16 +1,20 @@
 """Several hub gateways over one PostgreSQL catalog and one posix volume (hub layer, over
 REST): two real ``loomfs hub serve`` processes, one path hammered with conditional writes
 from both, and a history checker: no two writes with the same expected version both
-succeed, and no acknowledged write is lost. And one gateway's change feed wakes for a
-commit made through the other (LISTEN/NOTIFY), not at its next poll."""
+succeed, and no acknowledged write is lost. One gateway's change feed wakes for a commit
+made through the other (LISTEN/NOTIFY), not at its next poll. And a gateway killed with
+kill -9 in the middle of a commit is repaired by the other from the intent record in the
+database: the volume and the catalog agree again, on the old state or the new."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from loomfs.config import Config
@@ -19,6 +23,7 @@ from loomfs.core.types import SYSTEM
 from loomfs.errors import Conflict
 from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
+from loomfs.testing import stages
 from loomfs.testing.hubproc import HubProcess, cli_ok
 from loomfs.testing.postgres import PostgresServer
 
@@ -184,3 +189,78 @@ async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
     finally:
         await second.stop()
         await first.stop()
+
+
+def _intents_left(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM intents").fetchone()
+        return int(row[0]) if row else 0
+
+
+def _repaired(url: str) -> bool:
+    """Whether every intent record goes (the test's own watchdog: a minute)."""
+    deadline = time.monotonic() + 60
+    while _intents_left(url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _intents_left(url) == 0
+
+
+async def _killed_mid_commit(
+    killed: HubProcess, other: HubProcess, at: Path, stage: str, catalog: str
+) -> None:
+    admin = other.admin
+    to_killed = RestNamespace(killed.url, credentials=admin)
+    to_other = RestNamespace(other.url, credentials=admin)
+    try:
+        await to_other.write(WHO, "/v/f.txt", _body(b"old"))
+        writing = asyncio.ensure_future(
+            to_killed.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
+        )
+        await stages.reached(at, stage, writing)
+        assert _intents_left(catalog) == 1  # noted in the database before the volume moved
+        killed.kill()
+        with pytest.raises(Exception):  # noqa: B017 (its connection went with the process)
+            await writing
+        assert await asyncio.to_thread(_repaired, catalog), "the dead one's was never repaired"
+        on_disk = (killed.data_dir.parent / "volume" / "f.txt").read_bytes()
+        async with await to_other.read(WHO, "/v/f.txt") as reader:
+            served = b"".join([chunk async for chunk in reader.chunks()])
+        assert served == on_disk, "the catalog and the volume disagree after the repair"
+        assert on_disk == (b"old" if stage == "staged" else b"new bytes")
+        # the writer's retry, through the survivor: a write renamed into place is answered
+        # from the repair (not landed twice), one that never got there lands now
+        again = await to_other.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
+        if stage == "staged":
+            assert again.version > reader.entry.version
+        else:
+            assert again.version == reader.entry.version
+    finally:
+        await to_killed.close()
+        await to_other.close()
+
+
+@pytest.mark.parametrize("stage", ["staged", "renamed"])
+def test_a_gateway_killed_mid_commit_is_repaired_by_the_other(
+    postgres: PostgresServer, tmp_path: Path, stage: str
+) -> None:
+    (tmp_path / "volume").mkdir()
+    catalog = postgres.create_database()
+    env = {
+        "LOOMFS_CATALOG__URL": catalog,
+        "LOOMFS_HUB__RESCAN_INTERVAL": "0",  # only the repair can make the two agree
+        "LOOMFS_HUB__WATCH": "false",
+        "LOOMFS_HUB__REPAIR_INTERVAL": "0.1",
+    }
+    paused, at = stages.pausing(tmp_path, stage)
+    with HubProcess(tmp_path / "b", env) as other:
+        cli_ok(
+            other.data_dir,
+            "--hub",
+            other.url,
+            "volume",
+            "add",
+            "/v",
+            f"posix://{tmp_path / 'volume'}",
+        )
+        with HubProcess(tmp_path / "a", {**env, **paused}) as killed:
+            asyncio.run(_killed_mid_commit(killed, other, at, stage, catalog))

@@ -50,7 +50,7 @@ from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.deltastore import DeltaStore
-from .hub.intents import IntentLog
+from .hub.intents import IntentLog, SharedIntentLog
 from .hub.namespace import HubNamespace
 from .hub.versions import VersionStore
 from .hub.watch import PosixWatcher
@@ -107,6 +107,13 @@ def own_names(config: Config) -> set[str]:
     return own
 
 
+def intent_log(catalog: Catalog, path: Path, durable: bool) -> IntentLog:
+    """The log of changes under way: in the catalog's database where several gateways
+    may share it, so that any of them repairs a dead one's; else the local file."""
+    records = catalog.intent_records()
+    return IntentLog(path, durable=durable) if records is None else SharedIntentLog(path, records)
+
+
 class HubService:
     def __init__(self, config: Config, *, durable: bool = True) -> None:
         """``durable=False``: changes survive a crash of the process at once and power
@@ -120,7 +127,7 @@ class HubService:
             self.catalog,
             Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
             self.placement,
-            intents=IntentLog(config.site.data_dir / "writes.intents", durable=durable),
+            intents=intent_log(self.catalog, config.site.data_dir / "writes.intents", durable),
             versions=VersionStore(self.catalog, config.site.data_dir / "versions"),
         )
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
@@ -170,6 +177,8 @@ class HubService:
             await self._start_watcher(volume.mount)
         if self.config.hub.rescan_interval > 0:
             self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
+        if isinstance(self.namespace.intents, SharedIntentLog) and self.config.hub.repair_interval:
+            self._spawn(self._repair_forever(self.config.hub.repair_interval))
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -231,6 +240,17 @@ class HubService:
             await asyncio.sleep(interval)
             for mount in list(self.namespace.mounts):
                 await self._logged_sync(mount)
+
+    async def _repair_forever(self, interval: float) -> None:
+        """Repair the changes of gateways that died (a kill, a lost machine) soon, not
+        at their restart: until then their paths' volume and catalog may disagree."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if repaired := await self.namespace.repair():
+                    log.info("repaired a gone gateway's changes", extra={"paths": repaired})
+            except LoomError as exc:  # the database is away: the next round tries again
+                log.warning("could not repair", extra={"error": str(exc)})
 
     # -- VolumeAdmin -----------------------------------------------------------------------
 

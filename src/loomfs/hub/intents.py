@@ -19,6 +19,11 @@ replaces is kept aside under one until the catalog has it): a hub stopped meanwh
 those behind, where only a sweep of the directory finds them. So a write's staging is
 noted too (``staging``, not synced: a line lost with the power costs a stray file, not a
 wrong one), and ``recover`` sweeps the directories noted but not done.
+
+Gateways sharing one catalog database (PostgreSQL) note their changes in it instead
+(``SharedIntentLog``): one killed mid-change is repaired by any other, as soon as it is
+gone (``HubNamespace.repair``), not at its own next start on the machine that died. Only
+the staging lines (a stray temp file is this machine's) stay in the local file.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..core.catalog.base import IntentRecords
 from ..errors import LoomError, from_oserror
 
 #: the size past which the log is emptied at the next moment no write is open
@@ -62,6 +68,14 @@ class IntentLog:
                 last[path] = key[0] if key else None
         return {path: last[path] for path in sorted(open_) if open_[path] > 0}
 
+    async def orphans(self) -> dict[str, str | None]:
+        """The unfinished changes (``unfinished``) of writers that stopped, to repair now:
+        this log's own, before ``open`` (none once it is this process's)."""
+        return self.unfinished() if self._fd is None else {}
+
+    async def repaired(self) -> None:
+        """The ``orphans`` are repaired (here ``open`` forgets them)."""
+
     def staged(self) -> list[str]:
         """Each path whose write was staging when the hub stopped: its directory may hold
         the temp files that staging left."""
@@ -92,6 +106,9 @@ class IntentLog:
             self._size = 0
         except OSError as exc:
             raise self._failed(exc) from exc
+
+    async def drain(self) -> None:
+        """Wait for the ``end``s under way (before the catalog closes)."""
 
     def close(self) -> None:
         if self._fd is not None:
@@ -154,3 +171,55 @@ class IntentLog:
 
     def _failed(self, exc: OSError) -> LoomError:
         return from_oserror(exc, str(self.path), disk=f"data directory {self.path.parent}")
+
+
+class SharedIntentLog(IntentLog):
+    """``begin`` and ``end`` as records in the catalog's database (``records``), which
+    every gateway over it can ``orphans``: those of gateways that are gone. An ``end`` is
+    a deletion made after the fact, batched with others: lost (a crash), it costs its
+    path a needless refresh by the adopter."""
+
+    def __init__(self, path: Path, records: IntentRecords) -> None:
+        super().__init__(path, durable=False)  # the file holds only staging lines
+        self.records = records
+        self._begun: dict[str, list[int]] = {}
+        self._ended: list[int] = []
+        self._ending: asyncio.Task[None] | None = None
+        self._adopted: list[int] = []
+
+    async def begin(self, path: str, write_id: str | None = None) -> None:
+        record = await self.records.begin(path, write_id)
+        self._begun.setdefault(path, []).append(record)
+
+    def end(self, path: str) -> None:
+        records = self._begun.get(path)
+        if not records:
+            return
+        self._ended.append(records.pop())
+        if not records:
+            del self._begun[path]
+        if self._ending is None or self._ending.done():
+            self._ending = asyncio.get_running_loop().create_task(self._end_ended())
+
+    async def _end_ended(self) -> None:
+        while self._ended:
+            ended, self._ended = self._ended, []
+            try:
+                await self.records.end(ended)
+            except LoomError:  # the database is away: the records outlive their changes
+                return
+
+    async def orphans(self) -> dict[str, str | None]:
+        """Adopt the records of every gateway that is gone: each path once, with the
+        write id of the last write begun there."""
+        adopted = await self.records.adopt()
+        self._adopted += [record for record, *_ in adopted]
+        return {path: write_id for _, path, write_id in adopted}
+
+    async def repaired(self) -> None:
+        adopted, self._adopted = self._adopted, []
+        await self.records.end(adopted)
+
+    async def drain(self) -> None:
+        if self._ending is not None:
+            await self._ending

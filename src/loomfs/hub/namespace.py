@@ -227,32 +227,44 @@ class HubNamespace(ResolvingNamespace):
 
     async def refresh(self, path: str) -> Entry | None:
         """Re-read one object's facts from its volume and record any change (None: gone)."""
-        mounted, key = self._in_volume(path)
         async with self._serialized(path):
-            try:
-                info = await mounted.backend.stat(key)
-            except NotFound:
-                await self.catalog.apply([Delete(path, recursive=True, missing_ok=True)])
-                return None
-            before = await self.catalog.get(path)
-            put = put_for(mounted.volume.mount, info)
-            if before is not None and _recorded(before, put):
-                # most often the echo (inotify) of a write this namespace just recorded
-                return before
-            if key and before is None:
-                parent = paths.split(path)[0]
-                if await self.catalog.get(parent) is None:
-                    # its directory is new as well: import the nearest new ancestor's subtree
-                    await self.refresh(parent)
-            [applied] = await self.catalog.apply([put])
+            entry, fresh_dir = await self._refresh(path)
+        if fresh_dir:
+            await self._sync_dir(path)
+        return entry
+
+    async def _sync_dir(self, path: str) -> None:
+        mounted, key = self._in_volume(path)
+        await self.sync_volume(mounted.volume.mount, prefix=key)
+
+    async def _refresh(self, path: str) -> tuple[Entry | None, bool]:
+        """``refresh`` with ``path`` held, but for the sweep of a directory new there
+        (True: it is due, outside the hold)."""
+        mounted, key = self._in_volume(path)
+        try:
+            info = await mounted.backend.stat(key)
+        except NotFound:
+            await self.catalog.apply([Delete(path, recursive=True, missing_ok=True)])
+            return None, False
+        before = await self.catalog.get(path)
+        put = put_for(mounted.volume.mount, info)
+        if before is not None and _recorded(before, put):
+            # most often the echo (inotify) of a write this namespace just recorded
+            return before, False
+        if key and before is None:
+            parent = paths.split(path)[0]
+            if await self.catalog.get(parent) is None:
+                # its directory is new as well: import the nearest new ancestor's subtree
+                await self.refresh(parent)
+        [applied] = await self.catalog.apply([put])
         # Only a directory new at this path (created, moved in, or another one swapped in)
         # has contents the catalog lacks. A known directory whose mtime moved had its
         # children reported one by one; sweeping it on each change made filling a large
         # directory quadratic.
         fresh_dir = before is None or before.kind is not EntryKind.DIR or before.inode != info.inode
-        if info.kind is EntryKind.DIR and applied.change is not None and key and fresh_dir:
-            await self.sync_volume(mounted.volume.mount, prefix=key)
-        return applied.entry
+        return applied.entry, bool(
+            info.kind is EntryKind.DIR and applied.change is not None and key and fresh_dir
+        )
 
     async def refresh_all(self, changed: Iterable[str]) -> None:
         """``refresh`` each path a volume's watcher reported, in order (parents first),
@@ -1104,21 +1116,7 @@ class HubNamespace(ResolvingNamespace):
         start a new intent log. After ``load_volumes``."""
         if self.intents is None:
             return
-        unfinished = self.intents.unfinished()
-        for path, write_id in unfinished.items():
-            try:
-                before = await self.catalog.get(path)
-                after = await self.refresh(path)
-                if before is not None and before.is_dir and after is not None and after.is_dir:
-                    # a removal below it may have stopped part way
-                    mounted, key = self._in_volume(path)
-                    await self.sync_volume(mounted.volume.mount, prefix=key)
-                if write_id is not None and after is not None and after != before:
-                    # the write's bytes are at its name (nothing else wrote there under
-                    # its lock): its retry is answered with this, not landed again
-                    await self.catalog.remember_write(write_id, after)
-            except LoomError as exc:  # say its volume is gone: nothing to agree with
-                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
+        unfinished = await self.repair()
         swept = 0
         for path in self.intents.staged():
             hit = self._resolve(path)
@@ -1133,13 +1131,39 @@ class HubNamespace(ResolvingNamespace):
         if unfinished or swept:
             log.info(
                 "recovered unfinished writes",
-                extra={"paths": len(unfinished), "temp_files_removed": swept},
+                extra={"paths": unfinished, "temp_files_removed": swept},
             )
         self.intents.open()
+
+    async def repair(self) -> int:
+        """Record what the volumes hold at each path a writer that stopped (this hub
+        before its start, or another gateway over the same database, gone) changed there
+        without recording it; how many paths. Each is held meanwhile, as a writer would."""
+        if self.intents is None:
+            return 0
+        unfinished = await self.intents.orphans()
+        for path, write_id in unfinished.items():
+            try:
+                async with self._serialized(path):
+                    before = await self.catalog.get(path)
+                    after, fresh_dir = await self._refresh(path)
+                    if write_id is not None and after is not None and after != before:
+                        # the write's bytes are at its name (nothing else wrote there
+                        # under its lock): its retry is answered with this, not landed again
+                        await self.catalog.remember_write(write_id, after)
+                # a directory's removal below it may have stopped part way
+                stayed_dir = before is not None and before.is_dir and after is not None
+                if fresh_dir or (stayed_dir and after is not None and after.is_dir):
+                    await self._sync_dir(path)
+            except LoomError as exc:  # say its volume is gone: nothing to agree with
+                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
+        await self.intents.repaired()
+        return len(unfinished)
 
     async def close(self) -> None:
         for mounted in self._mounts.values():
             await mounted.backend.close()
         self._mounts.clear()
         if self.intents is not None:
+            await self.intents.drain()
             self.intents.close()

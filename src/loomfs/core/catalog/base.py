@@ -133,6 +133,27 @@ class VolumeUpdate:
     last_scan_ns: int | None = None
 
 
+class IntentRecords(ABC):
+    """Changes under way at a volume, noted in the catalog's database so that any process
+    over it can repair those of a process that died (``loomfs.hub.intents``): each record
+    is its writer's until that writer is gone, then whoever ``adopt``s it first."""
+
+    @abstractmethod
+    async def begin(self, path: str, write_id: str | None) -> int:
+        """Note a change of ``path`` about to reach its volume (durable once returned);
+        the record's id."""
+
+    @abstractmethod
+    async def end(self, records: Sequence[int]) -> None:
+        """Forget records whose changes are recorded or undone."""
+
+    @abstractmethod
+    async def adopt(self) -> list[tuple[int, str, str | None]]:
+        """Take over the records of writers that are gone: (id, path, write id), oldest
+        first; ``end`` them once repaired (a process that dies meanwhile leaves them to
+        the next adopter)."""
+
+
 class Catalog(ABC):
     """A site's metadata store. Created by ``loomfs.core.registry.open_catalog(url)``."""
 
@@ -159,6 +180,11 @@ class Catalog(ABC):
         one process are the namespace's own (in-process) locks; this adds the database's.
         Here nothing: an engine with one writing process (SQLite) needs nothing more."""
         return contextlib.nullcontext()
+
+    def intent_records(self) -> IntentRecords | None:
+        """Where the changes under way are noted when several processes share this
+        catalog. None here: one process writes it, and keeps its own (local) log."""
+        return None
 
     def commits_seen(self) -> int:
         """A mark to pass to ``changed``: moves with each commit this catalog is told of."""

@@ -5,19 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
 
 from ...errors import AlreadyExists, BackendUnavailable, InsufficientStorage, LoomError
 from ...paths import normalize
-from .base import ScanRow
+from .base import IntentRecords, ScanRow
 from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
 
 COMMITS_CHANNEL = "loomfs_commits"
+
+T = TypeVar("T")
 
 
 class PostgresCatalog(SqlCatalog):
@@ -51,6 +54,9 @@ class PostgresCatalog(SqlCatalog):
         # in (or wait behind) the catalog connection's transactions. A gateway that dies
         # loses its session, and with it its locks.
         self._locker: Any = None
+        #: this gateway, as its intent records name it: alive while its locker session
+        #: holds the advisory lock of this name (``gateway_lock_key``)
+        self.gateway = uuid.uuid4().hex
         self._lock_thread = ThreadPoolExecutor(1, thread_name_prefix="loomfs-pathlock")
         self._notified = 0
         self._wake = asyncio.Event()
@@ -60,18 +66,31 @@ class PostgresCatalog(SqlCatalog):
     def from_url(cls, url: str) -> PostgresCatalog:
         return cls(url)
 
-    def _lock_sql(self, sql: str, key: int) -> bool:
+    def _session(self) -> Any:
+        """The locker connection, (re)connected holding this gateway's liveness lock."""
         if self._locker is None or self._locker.closed:
-            self._locker = self._connect()
-        row = self._locker.execute(sql, (key,)).fetchone()
+            locker = self._connect()
+            locker.execute("SELECT pg_advisory_lock(%s)", (gateway_lock_key(self.gateway),))
+            self._locker = locker
+        return self._locker
+
+    def _lock_sql(self, sql: str, key: int) -> bool:
+        row = self._session().execute(sql, (key,)).fetchone()
         return bool(row[0])
 
     async def _on_locker(self, sql: str, key: int) -> bool:
+        return await self._in_session(lambda: self._lock_sql(sql, key), "path lock")
+
+    async def _in_session(self, fn: Callable[[], T], what: str) -> T:
+        """``fn`` on the locker's thread (its connection is that thread's alone)."""
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._lock_thread, self._lock_sql, sql, key)
+            return await loop.run_in_executor(self._lock_thread, fn)
         except psycopg.Error as exc:
-            raise BackendUnavailable(f"catalog database (path lock): {exc}") from exc
+            raise BackendUnavailable(f"catalog database ({what}): {exc}") from exc
+
+    def intent_records(self) -> IntentRecords:
+        return _Intents(self)
 
     @contextlib.asynccontextmanager
     async def serialized(self, path: str) -> AsyncIterator[None]:
@@ -101,6 +120,8 @@ class PostgresCatalog(SqlCatalog):
 
     async def open(self) -> None:
         await super().open()
+        # alive (the liveness lock held) before any record of this gateway's is made
+        await self._in_session(self._session, "gateway lock")
         try:
             listener = await psycopg.AsyncConnection.connect(
                 self.url, autocommit=True, connect_timeout=10
@@ -169,6 +190,70 @@ class PostgresCatalog(SqlCatalog):
         if isinstance(exc, pgerrors.DiskFull):
             return InsufficientStorage(f"catalog database: {exc}")
         return BackendUnavailable(f"catalog database: {exc}")
+
+
+class _Intents(IntentRecords):
+    """Intent records in the ``intents`` table, each statement its own transaction on the
+    locker's session (autocommit): the session whose liveness lock says its gateway is
+    alive. A gateway is gone once another session can take that lock."""
+
+    def __init__(self, catalog: PostgresCatalog) -> None:
+        self._catalog = catalog
+
+    async def begin(self, path: str, write_id: str | None) -> int:
+        def insert() -> int:
+            row = (
+                self._catalog._session()
+                .execute(
+                    "INSERT INTO intents (owner, path, write_id) VALUES (%s, %s, %s) RETURNING id",
+                    (self._catalog.gateway, path, write_id),
+                )
+                .fetchone()
+            )
+            return int(row[0])
+
+        return await self._catalog._in_session(insert, "intent record")
+
+    async def end(self, records: Sequence[int]) -> None:
+        if records:
+            ids = list(records)
+            await self._catalog._in_session(
+                lambda: self._catalog._session().execute(
+                    "DELETE FROM intents WHERE id = ANY(%s)", (ids,)
+                ),
+                "intent record",
+            )
+
+    async def adopt(self) -> list[tuple[int, str, str | None]]:
+        me = self._catalog.gateway
+
+        def adopt() -> list[tuple[int, str, str | None]]:
+            session = self._catalog._session()
+            owners = session.execute(
+                "SELECT DISTINCT owner FROM intents WHERE owner <> %s", (me,)
+            ).fetchall()
+            taken: list[tuple[int, str, str | None]] = []
+            for (owner,) in owners:
+                key = gateway_lock_key(owner)
+                if not session.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                    continue  # alive: its records are its own
+                try:  # gone, and held by this session: no other adopter meanwhile
+                    taken += session.execute(
+                        "UPDATE intents SET owner = %s WHERE owner = %s"
+                        " RETURNING id, path, write_id",
+                        (me, owner),
+                    ).fetchall()
+                finally:
+                    session.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            return sorted(taken)
+
+        return await self._catalog._in_session(adopt, "intent records")
+
+
+def gateway_lock_key(gateway: str) -> int:
+    """The advisory lock key of a gateway's liveness (``path_lock_key``'s kind)."""
+    digest = hashlib.blake2b(b"loomfs-gateway\0" + gateway.encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)
 
 
 def path_lock_key(path: str) -> int:

@@ -292,6 +292,17 @@ def _migrations(d: Dialect) -> list[str]:
             PRIMARY KEY (policy, path, subject, deny)
         )
         """,
+        # migration 13: changes under way at a volume (core.catalog.base.IntentRecords),
+        # by the gateway (``owner``) making them, for several gateways over one database
+        f"""
+        CREATE TABLE intents (
+            id {d.id_column},
+            owner TEXT NOT NULL,
+            path {d.text} NOT NULL,
+            write_id TEXT
+        );
+        CREATE INDEX intents_owner ON intents (owner)
+        """,
     ]
 
 
