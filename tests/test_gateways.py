@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psycopg
@@ -186,6 +186,34 @@ async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
         assert [(c.path, c.version) for c in feed.changes] == [("/v/new.txt", made.version)]
         # woken by the commit's notification, not by the long poll's end (the old code)
         assert woken == [True], woken
+    finally:
+        await second.stop()
+        await first.stop()
+
+
+async def test_a_write_lease_taken_through_one_gateway_holds_at_the_other(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    first = HubService(_hub_config(tmp_path / "a", url))
+    await first.start()
+    second = HubService(_hub_config(tmp_path / "b", url))
+    spoke, other = replace(SYSTEM, site="gpu-1"), replace(SYSTEM, site="gpu-2")
+    try:
+        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        await second.start()
+        assert await first.namespace.lease_write(spoke, "/v/f.txt") > 0
+        with pytest.raises(Conflict, match="gpu-1"):  # another site, another gateway
+            await second.namespace.write(other, "/v/f.txt", _body(b"theirs"))
+        with pytest.raises(Conflict, match="gpu-1"):
+            await second.namespace.lease_write(other, "/v/f.txt")
+        # the holder writes through either gateway, renews through the other
+        made = await second.namespace.write(spoke, "/v/f.txt", _body(b"mine"))
+        assert await second.namespace.lease_write(spoke, "/v/f.txt") > 0
+        await first.namespace.release_write(spoke, "/v/f.txt")
+        after = await second.namespace.write(other, "/v/f.txt", _body(b"theirs"))
+        assert after.version > made.version
     finally:
         await second.stop()
         await first.stop()

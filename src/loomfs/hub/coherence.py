@@ -20,6 +20,7 @@ from pathlib import Path
 
 from prometheus_client import Gauge, Histogram
 
+from ..core.catalog.base import WriteLeaseRecords
 from ..errors import Conflict
 
 LEASES = Gauge("loomfs_hub_read_leases", "Spokes holding a live read lease")
@@ -100,18 +101,18 @@ class WriteLeases:
         self.ttl = ttl
         self._held: dict[str, tuple[str, float]] = {}  # path -> (site, expiry)
 
-    def acquire(self, path: str, site: str) -> float:
-        self.check(path, site)
+    async def acquire(self, path: str, site: str) -> float:
+        await self.check(path, site)
         self._held[path] = (site, time.monotonic() + self.ttl)
         WRITE_LEASES.set(len(self._held))
         return self.ttl
 
-    def release(self, path: str, site: str) -> None:
+    async def release(self, path: str, site: str) -> None:
         if self._held.get(path, ("", 0.0))[0] == site:
             del self._held[path]
         WRITE_LEASES.set(len(self._held))
 
-    def check(self, path: str, site: str) -> None:
+    async def check(self, path: str, site: str) -> None:
         """``Conflict`` if another site holds a live write lease of ``path``."""
         holder = self._held.get(path)
         if holder is None or holder[0] == site:
@@ -121,7 +122,39 @@ class WriteLeases:
             del self._held[path]
             WRITE_LEASES.set(len(self._held))
             return
-        raise Conflict(
-            f"{path} is being written at site {holder[0]!r} (write lease, {left:.0f} s left)",
-            path=path,
-        )
+        raise _held_elsewhere(path, holder[0], left)
+
+
+class SharedWriteLeases(WriteLeases):
+    """Write leases in the catalog's database (``records``), for gateways sharing it: a
+    lease taken through one is honoured by every other, and outlives a gateway's restart
+    (its term on the database's clock)."""
+
+    def __init__(self, ttl: float, records: WriteLeaseRecords) -> None:
+        super().__init__(ttl)
+        self.records = records
+
+    async def acquire(self, path: str, site: str) -> float:
+        holder = await self.records.take(path, site, self.ttl)
+        if holder is not None:
+            raise _held_elsewhere(path, *holder)
+        return self.ttl
+
+    async def release(self, path: str, site: str) -> None:
+        await self.records.give_back(path, site)
+
+    async def check(self, path: str, site: str) -> None:
+        holder = await self.records.holder(path, site)
+        if holder is not None:
+            raise _held_elsewhere(path, *holder)
+
+
+def write_leases(ttl: float, records: WriteLeaseRecords | None) -> WriteLeases:
+    """In the database where ``records`` are, else in this process's memory."""
+    return WriteLeases(ttl) if records is None else SharedWriteLeases(ttl, records)
+
+
+def _held_elsewhere(path: str, site: str, left: float) -> Conflict:
+    return Conflict(
+        f"{path} is being written at site {site!r} (write lease, {left:.0f} s left)", path=path
+    )

@@ -64,7 +64,7 @@ from ..errors import (
 )
 from ..namespace.base import LIST_PAGE, NULL_VERSION, Reader, ResolvingNamespace, Version
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
-from .coherence import Leases, WriteLeases
+from .coherence import Leases, write_leases
 from .intents import IntentLog
 from .versions import Row, VersionStore, no_store
 
@@ -153,7 +153,7 @@ class HubNamespace(ResolvingNamespace):
         #: spokes' read leases: a commit is acknowledged once they have applied it
         self.leases = leases or Leases(0)
         #: paths a site is writing: other sites' changes to them are refused meanwhile
-        self.write_leases = WriteLeases(write_lease)
+        self.write_leases = write_leases(write_lease, catalog.write_lease_records())
         self.assimilator = Assimilator(catalog)
         self._mounts: dict[str, Mounted] = {}
         # one writer per path in this process: the precondition check, the volume write and
@@ -460,7 +460,7 @@ class HubNamespace(ResolvingNamespace):
             # under the path's lock, where the staged bytes become visible and are
             # recorded: the lock is never held while a client streams, however slowly. An
             # empty file (a FUSE create) has nothing to stream: only the second check.
-            self.write_leases.check(path, who.site)
+            await self.write_leases.check(path, who.site)
             await self._writable(path, if_version, exclusive)
         committed: list[Applied] = []
         repeated: list[Entry] = []
@@ -474,7 +474,7 @@ class HubNamespace(ResolvingNamespace):
                     # the same write, sent again while this one streamed: it stands
                     repeated.append(done)
                     raise _Repeated
-                self.write_leases.check(path, who.site)
+                await self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 if state is not None and current is not None:
                     await self._keep(state, current)
@@ -594,7 +594,7 @@ class HubNamespace(ResolvingNamespace):
         if (await self._entry(src)).is_dir:
             raise PermissionDenied(f"a directory cannot have hard links: {src}", path=src)
         # a file another site is writing gets no second name to be written through
-        self.write_leases.check(src, who.site)
+        await self.write_leases.check(src, who.site)
         async with self._intended(src):
             entry = await self._create_new(
                 who, mounted, dst, lambda: mounted.backend.link(src_key, dst_key)
@@ -615,7 +615,7 @@ class HubNamespace(ResolvingNamespace):
         """Make a new name that must not exist yet, in an existing directory, and record
         it: symlinks, special files and hard links."""
         async with self._serialized(path):
-            self.write_leases.check(path, who.site)  # another site's lease on the new name
+            await self.write_leases.check(path, who.site)  # another site's lease on the new name
             if await self.catalog.get(path) is not None:
                 raise AlreadyExists(f"already exists: {path}", path=path)
             await self._dir(paths.split(path)[0])
@@ -696,8 +696,8 @@ class HubNamespace(ResolvingNamespace):
         # spokes that policy refuses (they may keep the old name's data as chunk sources)
         before = await self.placement.covering(src) if self.placement is not None else set()
         async with self._serialized(first, second):
-            self.write_leases.check(src, who.site)
-            self.write_leases.check(dst, who.site)
+            await self.write_leases.check(src, who.site)
+            await self.write_leases.check(dst, who.site)
             entry = await self._entry(src)
             target = await self.catalog.get(dst)
             if target is not None and (not overwrite or target.is_dir or entry.is_dir):
@@ -726,7 +726,7 @@ class HubNamespace(ResolvingNamespace):
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
         async with self._serialized(path):
-            self.write_leases.check(path, who.site)
+            await self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if if_version is not None and entry.version != if_version:
                 raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
@@ -773,7 +773,7 @@ class HubNamespace(ResolvingNamespace):
         path = paths.normalize(path)
         hit = self._resolve(path)
         async with self._serialized(path):
-            self.write_leases.check(path, who.site)
+            await self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
                 mounted, key = hit
@@ -973,10 +973,10 @@ class HubNamespace(ResolvingNamespace):
     async def lease_write(self, who: Principal, path: str) -> float:
         path = paths.normalize(path)
         self._below_mount(path)  # only paths of a volume can be written
-        return self.write_leases.acquire(path, who.site)
+        return await self.write_leases.acquire(path, who.site)
 
     async def release_write(self, who: Principal, path: str) -> None:
-        self.write_leases.release(paths.normalize(path), who.site)
+        await self.write_leases.release(paths.normalize(path), who.site)
 
     async def resolve(self, path: str) -> str:
         """The namespace path whose bytes a read of ``path`` returns: a symlink's final

@@ -154,6 +154,25 @@ class IntentRecords(ABC):
         the next adopter)."""
 
 
+class WriteLeaseRecords(ABC):
+    """Which site is writing which path (``loomfs.hub.coherence.WriteLeases``), in the
+    catalog's database, for several gateways over it: a lease taken through one is
+    honoured by all. Terms run on the database's clock."""
+
+    @abstractmethod
+    async def take(self, path: str, site: str, ttl: float) -> tuple[str, float] | None:
+        """Lease ``path`` to ``site`` for ``ttl`` s from now; None, or the other site
+        holding it and its seconds left (nothing taken)."""
+
+    @abstractmethod
+    async def give_back(self, path: str, site: str) -> None: ...
+
+    @abstractmethod
+    async def holder(self, path: str, site: str) -> tuple[str, float] | None:
+        """The site other than ``site`` holding a live lease of ``path``, and its seconds
+        left."""
+
+
 class Catalog(ABC):
     """A site's metadata store. Created by ``loomfs.core.registry.open_catalog(url)``."""
 
@@ -184,6 +203,11 @@ class Catalog(ABC):
     def intent_records(self) -> IntentRecords | None:
         """Where the changes under way are noted when several processes share this
         catalog. None here: one process writes it, and keeps its own (local) log."""
+        return None
+
+    def write_lease_records(self) -> WriteLeaseRecords | None:
+        """Where write leases live when several processes share this catalog. None here:
+        in the one process's memory."""
         return None
 
     def commits_seen(self) -> int:

@@ -15,7 +15,7 @@ from psycopg import errors as pgerrors
 
 from ...errors import AlreadyExists, BackendUnavailable, InsufficientStorage, LoomError
 from ...paths import normalize
-from .base import IntentRecords, ScanRow
+from .base import IntentRecords, ScanRow, WriteLeaseRecords
 from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
 
 COMMITS_CHANNEL = "loomfs_commits"
@@ -91,6 +91,9 @@ class PostgresCatalog(SqlCatalog):
 
     def intent_records(self) -> IntentRecords:
         return _Intents(self)
+
+    def write_lease_records(self) -> WriteLeaseRecords:
+        return _WriteLeases(self)
 
     @contextlib.asynccontextmanager
     async def serialized(self, path: str) -> AsyncIterator[None]:
@@ -248,6 +251,55 @@ class _Intents(IntentRecords):
             return sorted(taken)
 
         return await self._catalog._in_session(adopt, "intent records")
+
+
+#: the database's clock in nanoseconds, as the lease terms are kept
+_NOW_NS = "(extract(epoch FROM clock_timestamp()) * 1e9)::bigint"
+
+
+class _WriteLeases(WriteLeaseRecords):
+    """Rows of ``write_leases``, one statement each on the locker's session."""
+
+    def __init__(self, catalog: PostgresCatalog) -> None:
+        self._catalog = catalog
+
+    async def _one(self, sql: str, args: tuple[object, ...]) -> tuple[str, float] | None:
+        def run() -> tuple[str, float] | None:
+            row = self._catalog._session().execute(sql, args).fetchone()
+            return None if row is None else (str(row[0]), float(row[1]))
+
+        return await self._catalog._in_session(run, "write lease")
+
+    async def take(self, path: str, site: str, ttl: float) -> tuple[str, float] | None:
+        # one statement: taken if free, expired or this site's own; else who holds it
+        return await self._one(
+            f"""
+            WITH taken AS (
+                INSERT INTO write_leases (path, site, expires_ns)
+                VALUES (%s, %s, {_NOW_NS} + %s)
+                ON CONFLICT (path) DO UPDATE SET site = EXCLUDED.site,
+                    expires_ns = EXCLUDED.expires_ns
+                WHERE write_leases.site = EXCLUDED.site OR write_leases.expires_ns <= {_NOW_NS}
+                RETURNING path
+            )
+            SELECT site, (expires_ns - {_NOW_NS}) / 1e9 FROM write_leases
+            WHERE path = %s AND NOT EXISTS (SELECT 1 FROM taken)
+            """,
+            (path, site, int(ttl * 1e9), path),
+        )
+
+    async def give_back(self, path: str, site: str) -> None:
+        await self._one(
+            "DELETE FROM write_leases WHERE path = %s AND site = %s RETURNING site, 0",
+            (path, site),
+        )
+
+    async def holder(self, path: str, site: str) -> tuple[str, float] | None:
+        return await self._one(
+            f"SELECT site, (expires_ns - {_NOW_NS}) / 1e9 FROM write_leases"
+            f" WHERE path = %s AND site <> %s AND expires_ns > {_NOW_NS}",
+            (path, site),
+        )
 
 
 def gateway_lock_key(gateway: str) -> int:

@@ -292,8 +292,10 @@ def _migrations(d: Dialect) -> list[str]:
             PRIMARY KEY (policy, path, subject, deny)
         )
         """,
-        # migration 13: changes under way at a volume (core.catalog.base.IntentRecords),
-        # by the gateway (``owner``) making them, for several gateways over one database
+        # migration 13: for several gateways over one database, the changes under way at
+        # a volume (core.catalog.base.IntentRecords) by the gateway (``owner``) making
+        # them, and sites' write leases (WriteLeaseRecords), expiring on the database's
+        # clock
         f"""
         CREATE TABLE intents (
             id {d.id_column},
@@ -301,7 +303,12 @@ def _migrations(d: Dialect) -> list[str]:
             path {d.text} NOT NULL,
             write_id TEXT
         );
-        CREATE INDEX intents_owner ON intents (owner)
+        CREATE INDEX intents_owner ON intents (owner);
+        CREATE TABLE write_leases (
+            path {d.text} PRIMARY KEY,
+            site TEXT NOT NULL,
+            expires_ns BIGINT NOT NULL
+        )
         """,
     ]
 
