@@ -4,13 +4,16 @@ from both, and a history checker: no two writes with the same expected version b
 succeed, and no acknowledged write is lost. One gateway's change feed wakes for a commit
 made through the other (LISTEN/NOTIFY), not at its next poll. And a gateway killed with
 kill -9 in the middle of a commit is repaired by the other from the intent record in the
-database: the volume and the catalog agree again, on the old state or the new."""
+database: the volume and the catalog agree again, on the old state or the new. A spoke
+given both gateways' URLs keeps reading and writing when one of them is killed; a write
+lease taken through one is honoured by the other."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from loomfs.errors import Conflict
 from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
 from loomfs.testing import stages
-from loomfs.testing.hubproc import HubProcess, cli_ok
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.postgres import PostgresServer
 
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
@@ -292,3 +295,55 @@ def test_a_gateway_killed_mid_commit_is_repaired_by_the_other(
         )
         with HubProcess(tmp_path / "a", {**env, **paused}) as killed:
             asyncio.run(_killed_mid_commit(killed, other, at, stage, catalog))
+
+
+async def _through_spoke(url: str, admin: tuple[str, str], kill: Callable[[], None]) -> None:
+    spoke = RestNamespace(url, credentials=admin)
+    try:
+        await spoke.write(WHO, "/v/before.txt", _body(b"before"))
+        kill()  # the gateway the spoke was using
+        await spoke.write(WHO, "/v/after.txt", _body(b"after"))
+        for name, data in [("after.txt", b"after"), ("before.txt", b"before")]:
+            async with await spoke.read(WHO, f"/v/{name}") as reader:
+                assert b"".join([chunk async for chunk in reader.chunks()]) == data
+        listed = [entry.path async for entry in spoke.list(WHO, "/v")]
+        assert listed == ["/v/after.txt", "/v/before.txt"], listed
+    finally:
+        await spoke.close()
+
+
+def test_a_spoke_of_two_gateways_goes_on_when_one_is_killed(
+    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first_dir, second_dir, spoke_dir = tmp_path / "a", tmp_path / "b", tmp_path / "spoke"
+    (tmp_path / "volume").mkdir()
+    env = {
+        "LOOMFS_CATALOG__URL": postgres.create_database(),
+        "LOOMFS_FABRIC__LISTEN": "127.0.0.1:0",
+        "LOOMFS_HUB__RESCAN_INTERVAL": "0",
+    }
+    for name, value in env.items():  # the CLI's offline commands too
+        monkeypatch.setenv(name, value)
+    # the gateways are one site: one identity, the one certificate the spoke pins
+    cli_ok(first_dir, "site", "init", "--name", "hub")
+    shutil.copytree(first_dir / "identity", second_dir / "identity")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-1")
+    cli_ok(
+        first_dir,
+        "site",
+        "add",
+        "gpu-1",
+        "--offline",
+        "--cert",
+        str(spoke_dir / "identity/site.pem"),
+    )
+    with HubProcess(first_dir, env) as first:
+        volume = f"posix://{tmp_path / 'volume'}"
+        cli_ok(first_dir, "--hub", first.url, "volume", "add", "/v", volume)
+        with HubProcess(second_dir, env) as second:  # it finds the volume in the catalog
+            both = f"{first.urls['fabric']},{second.urls['fabric']}"
+            with SpokeProcess(spoke_dir, args=spoke_args(first_dir, both, "/v")) as spoke:
+                asyncio.run(_through_spoke(spoke.url, first.admin, first.kill))
+            # acknowledged through the survivor: on the volume and in its catalog
+            assert (tmp_path / "volume" / "after.txt").read_bytes() == b"after"
+            assert cli_ok(second_dir, "--hub", second.url, "cat", "/v/after.txt") == "after"

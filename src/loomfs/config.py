@@ -238,7 +238,8 @@ class FabricSection(_Section):
 
 
 class SpokeSection(TlsSettings):
-    #: the hub's fabric URL (https://host:port) and its pinned certificate
+    #: the hub's fabric URL (https://host:port) and its pinned certificate; a hub of
+    #: several gateways: their URLs, comma-separated (one identity, so one certificate)
     hub: str | None = None
     hub_cert: Path | None = None
     #: namespace paths of the hub that this spoke serves; in the environment, joined by

@@ -44,7 +44,7 @@ from .core.types import SYSTEM, Feed, VolumeState
 from .core.users import UserRegistry
 from .errors import BackendUnavailable, ConfigError, LoomError, NotFound
 from .fabric.identity import SiteIdentity, https_certificate, https_server_context
-from .fabric.probe import check_link
+from .fabric.probe import check_links
 from .fabric.server import FabricServer, TlsSite
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
@@ -690,7 +690,7 @@ class SpokeService:
         spoke = self.config.spoke
         assert spoke.hub is not None and spoke.hub_cert is not None  # checked in __init__
         try:
-            await check_link(
+            await check_links(
                 spoke.hub, self.tls, site=self.identity.name,
                 site_cert=self.identity.cert_path, hub_cert=spoke.hub_cert,
             )  # fmt: skip
@@ -737,7 +737,7 @@ class SpokeService:
         if spoke.tls_cert is not None:
             certs["HTTPS certificate"] = spoke.tls_cert
         probe = functools.partial(
-            check_link, spoke.hub, self.tls, site=self.identity.name,
+            check_links, spoke.hub, self.tls, site=self.identity.name,
             site_cert=self.identity.cert_path, hub_cert=spoke.hub_cert,
         )  # fmt: skip
         return await health.spoke_checks(
