@@ -34,6 +34,9 @@ WHO = SYSTEM  # the REST server decides who the caller is, from the credentials 
 PATH = "/v/hot.txt"
 WRITERS_PER_GATEWAY = 3
 ATTEMPTS_PER_WRITER = 25
+#: between the rename and the commit: the stage where the volume is ahead of the catalog
+#: until someone repairs it (each stage of the local intent log: test_stage_kills)
+KILLED_AT = "renamed"
 
 
 @dataclass(frozen=True)
@@ -236,9 +239,7 @@ def _repaired(url: str) -> bool:
     return _intents_left(url) == 0
 
 
-async def _killed_mid_commit(
-    killed: HubProcess, other: HubProcess, at: Path, stage: str, catalog: str
-) -> None:
+async def _killed_mid_commit(killed: HubProcess, other: HubProcess, at: Path, catalog: str) -> None:
     admin = other.admin
     to_killed = RestNamespace(killed.url, credentials=admin)
     to_other = RestNamespace(other.url, credentials=admin)
@@ -247,7 +248,7 @@ async def _killed_mid_commit(
         writing = asyncio.ensure_future(
             to_killed.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
         )
-        await stages.reached(at, stage, writing)
+        await stages.reached(at, KILLED_AT, writing)
         assert _intents_left(catalog) == 1  # noted in the database before the volume moved
         killed.kill()
         with pytest.raises(Exception):  # noqa: B017 (its connection went with the process)
@@ -257,22 +258,18 @@ async def _killed_mid_commit(
         async with await to_other.read(WHO, "/v/f.txt") as reader:
             served = b"".join([chunk async for chunk in reader.chunks()])
         assert served == on_disk, "the catalog and the volume disagree after the repair"
-        assert on_disk == (b"old" if stage == "staged" else b"new bytes")
-        # the writer's retry, through the survivor: a write renamed into place is answered
-        # from the repair (not landed twice), one that never got there lands now
+        assert on_disk == b"new bytes"  # renamed into place: the repair recorded it
+        # the writer's retry, through the survivor, is answered from the repair: not
+        # landed twice
         again = await to_other.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
-        if stage == "staged":
-            assert again.version > reader.entry.version
-        else:
-            assert again.version == reader.entry.version
+        assert again.version == reader.entry.version
     finally:
         await to_killed.close()
         await to_other.close()
 
 
-@pytest.mark.parametrize("stage", ["staged", "renamed"])
 def test_a_gateway_killed_mid_commit_is_repaired_by_the_other(
-    postgres: PostgresServer, tmp_path: Path, stage: str
+    postgres: PostgresServer, tmp_path: Path
 ) -> None:
     (tmp_path / "volume").mkdir()
     catalog = postgres.create_database()
@@ -282,7 +279,7 @@ def test_a_gateway_killed_mid_commit_is_repaired_by_the_other(
         "LOOMFS_HUB__WATCH": "false",
         "LOOMFS_HUB__REPAIR_INTERVAL": "0.1",
     }
-    paused, at = stages.pausing(tmp_path, stage)
+    paused, at = stages.pausing(tmp_path, KILLED_AT)
     with HubProcess(tmp_path / "b", env) as other:
         cli_ok(
             other.data_dir,
@@ -294,7 +291,7 @@ def test_a_gateway_killed_mid_commit_is_repaired_by_the_other(
             f"posix://{tmp_path / 'volume'}",
         )
         with HubProcess(tmp_path / "a", {**env, **paused}) as killed:
-            asyncio.run(_killed_mid_commit(killed, other, at, stage, catalog))
+            asyncio.run(_killed_mid_commit(killed, other, at, catalog))
 
 
 async def _through_spoke(url: str, admin: tuple[str, str], kill: Callable[[], None]) -> None:
