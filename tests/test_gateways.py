@@ -344,3 +344,29 @@ def test_a_spoke_of_two_gateways_goes_on_when_one_is_killed(
             # acknowledged through the survivor: on the volume and in its catalog
             assert (tmp_path / "volume" / "after.txt").read_bytes() == b"after"
             assert cli_ok(second_dir, "--hub", second.url, "cat", "/v/after.txt") == "after"
+
+
+async def test_a_commit_through_one_gateway_waits_for_a_spoke_leased_at_the_other(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    first = HubService(_hub_config(tmp_path / "a", url))
+    await first.start()
+    second = HubService(_hub_config(tmp_path / "b", url))
+    try:
+        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        await second.start()
+        head = await first.catalog.head_seq()
+        # a spoke's poll at the first gateway: leased, everything so far applied
+        await first.feed("gpu-1", head, 100, ack=head)
+        writing = asyncio.ensure_future(second.namespace.write(SYSTEM, "/v/f", _body(b"x")))
+        [change] = (await second.feed(None, head, 100, wait=60.0)).changes  # committed
+        seq = change.seq
+        await asyncio.wait({writing}, timeout=0.3)  # settling, however long it is given
+        assert not writing.done(), "acknowledged before the leased spoke applied it"
+        await first.feed("gpu-1", seq, 100, ack=seq)  # its next poll, at the first again
+        assert (await writing).version > 0
+    finally:
+        await second.stop()
+        await first.stop()

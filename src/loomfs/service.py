@@ -48,7 +48,7 @@ from .fabric.probe import check_links
 from .fabric.server import FabricServer, TlsSite
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
-from .hub.coherence import Leases
+from .hub.coherence import read_leases
 from .hub.deltastore import DeltaStore
 from .hub.intents import IntentLog, SharedIntentLog
 from .hub.namespace import HubNamespace
@@ -125,7 +125,11 @@ class HubService:
         self.placement = PlacementAuthorizer(self.catalog, SiteRegistry(self.catalog))
         self.namespace = HubNamespace(
             self.catalog,
-            Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
+            read_leases(
+                config.hub.lease_ttl,
+                config.site.data_dir / "leases.granted",
+                self.catalog.read_lease_records(),
+            ),
             self.placement,
             intents=intent_log(self.catalog, config.site.data_dir / "writes.intents", durable),
             versions=VersionStore(self.catalog, config.site.data_dir / "versions"),
@@ -309,7 +313,7 @@ class HubService:
     ) -> Feed:
         """Changes after ``since``, held up to ``wait`` seconds until there is one (a long
         poll). A spoke's poll also renews its read lease and acknowledges ``ack``."""
-        lease = self.namespace.leases.renew(site, ack) if site is not None else None
+        lease = await self.namespace.leases.renew(site, ack) if site is not None else None
         deadline = time.monotonic() + wait
         while True:
             seen = self.catalog.commits_seen()  # before the read: a commit after it wakes

@@ -7,7 +7,9 @@ or its lease has expired. A spoke may therefore serve an open from what it knows
 round trip, while its lease lasts: any commit finished before the open began has already
 been applied there. After a hub restart the leases it granted are forgotten, so if it
 granted any within the last lease term (a marker file's mtime says when), commits wait
-out the rest of that term (a grace period) before they are acknowledged.
+out the rest of that term (a grace period) before they are acknowledged. Gateways sharing
+one catalog database keep the leases there instead (``SharedLeases``, ``SharedWriteLeases``):
+a spoke polling one gateway holds its lease at every other.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from prometheus_client import Gauge, Histogram
 
-from ..core.catalog.base import WriteLeaseRecords
+from ..core.catalog.base import ReadLeaseRecords, WriteLeaseRecords
 from ..errors import Conflict
 
 LEASES = Gauge("loomfs_hub_read_leases", "Spokes holding a live read lease")
@@ -46,7 +48,7 @@ class Leases:
             left = marker.stat().st_mtime + ttl - time.time()
             self._grace_until = time.monotonic() + max(0.0, left)
 
-    def renew(self, site: str, acked: int) -> float:
+    async def renew(self, site: str, acked: int) -> float:
         """A poll from ``site`` that has applied every change up to ``acked``; returns the
         lease term granted from now."""
         lease = self._leases.get(site)
@@ -88,6 +90,39 @@ class Leases:
             event = self._event
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), min(deadlines) - now)
+
+
+class SharedLeases(Leases):
+    """Read leases in the catalog's database (``records``), for gateways sharing it: a
+    spoke's poll at any gateway renews its lease for all, and a commit at any waits for
+    every live holder, woken by each renewal's notification. The leases outlive a
+    gateway's restart, so no grace period follows one."""
+
+    def __init__(self, ttl: float, records: ReadLeaseRecords) -> None:
+        super().__init__(ttl)
+        self.records = records
+
+    async def renew(self, site: str, acked: int) -> float:
+        await self.records.renew(site, acked, self.ttl)
+        return self.ttl
+
+    async def settle(self, seq: int) -> None:
+        if self.ttl <= 0:
+            return
+        started = time.monotonic()
+        while True:
+            seen = self.records.acks_seen()  # before the read: a renewal after it wakes
+            left = await self.records.behind(seq)
+            if not left:
+                SETTLE.observe(time.monotonic() - started)
+                return
+            await self.records.acked(seen, min(left))
+
+
+def read_leases(ttl: float, marker: Path, records: ReadLeaseRecords | None) -> Leases:
+    """In the database where ``records`` are, else in this process's memory (granted
+    ones noted by ``marker``'s mtime, for the grace period after a restart)."""
+    return Leases(ttl, marker) if records is None else SharedLeases(ttl, records)
 
 
 class WriteLeases:

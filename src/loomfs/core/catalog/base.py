@@ -173,6 +173,28 @@ class WriteLeaseRecords(ABC):
         left."""
 
 
+class ReadLeaseRecords(ABC):
+    """Spokes' read leases and what each has acknowledged (``loomfs.hub.coherence``), in
+    the catalog's database, for several gateways over it: a commit through one waits
+    for the spokes that poll another."""
+
+    @abstractmethod
+    async def renew(self, site: str, acked: int, ttl: float) -> None:
+        """``site`` holds a lease for ``ttl`` s from now and has applied up to ``acked``."""
+
+    @abstractmethod
+    async def behind(self, seq: int) -> list[float]:
+        """The seconds left of each live lease whose holder has not acknowledged ``seq``."""
+
+    @abstractmethod
+    def acks_seen(self) -> int:
+        """A mark to pass to ``acked``: moves with each renewal any gateway records."""
+
+    @abstractmethod
+    async def acked(self, seen: int, limit: float) -> None:
+        """Wait for a renewal after ``seen``, at most ``limit`` seconds."""
+
+
 class Catalog(ABC):
     """A site's metadata store. Created by ``loomfs.core.registry.open_catalog(url)``."""
 
@@ -203,6 +225,11 @@ class Catalog(ABC):
     def intent_records(self) -> IntentRecords | None:
         """Where the changes under way are noted when several processes share this
         catalog. None here: one process writes it, and keeps its own (local) log."""
+        return None
+
+    def read_lease_records(self) -> ReadLeaseRecords | None:
+        """Where read leases live when several processes share this catalog. None here:
+        in the one process's memory."""
         return None
 
     def write_lease_records(self) -> WriteLeaseRecords | None:

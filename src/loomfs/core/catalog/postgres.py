@@ -15,10 +15,12 @@ from psycopg import errors as pgerrors
 
 from ...errors import AlreadyExists, BackendUnavailable, InsufficientStorage, LoomError
 from ...paths import normalize
-from .base import IntentRecords, ScanRow, WriteLeaseRecords
+from .base import IntentRecords, ReadLeaseRecords, ScanRow, WriteLeaseRecords
 from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
 
 COMMITS_CHANNEL = "loomfs_commits"
+#: a spoke's read lease renewed (and its acknowledgement recorded) by any gateway
+ACKS_CHANNEL = "loomfs_acks"
 
 T = TypeVar("T")
 
@@ -60,6 +62,8 @@ class PostgresCatalog(SqlCatalog):
         self._lock_thread = ThreadPoolExecutor(1, thread_name_prefix="loomfs-pathlock")
         self._notified = 0
         self._wake = asyncio.Event()
+        self._acks = 0
+        self._acked = asyncio.Event()
         self._listening: asyncio.Task[None] | None = None
 
     @classmethod
@@ -94,6 +98,9 @@ class PostgresCatalog(SqlCatalog):
 
     def write_lease_records(self) -> WriteLeaseRecords:
         return _WriteLeases(self)
+
+    def read_lease_records(self) -> ReadLeaseRecords:
+        return _ReadLeases(self)
 
     @contextlib.asynccontextmanager
     async def serialized(self, path: str) -> AsyncIterator[None]:
@@ -130,13 +137,19 @@ class PostgresCatalog(SqlCatalog):
                 self.url, autocommit=True, connect_timeout=10
             )
             await listener.execute(f"LISTEN {COMMITS_CHANNEL}")
+            await listener.execute(f"LISTEN {ACKS_CHANNEL}")
         except psycopg.Error as exc:
             raise BackendUnavailable(f"catalog database (listener): {exc}") from exc
         self._listening = asyncio.create_task(self._listen(listener))
 
     async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
         try:
-            async for _ in listener.notifies():
+            async for notice in listener.notifies():
+                if notice.channel == ACKS_CHANNEL:
+                    self._acks += 1
+                    self._acked.set()
+                    self._acked = asyncio.Event()
+                    continue
                 self._notified += 1
                 self._wake.set()
                 self._wake = asyncio.Event()
@@ -300,6 +313,53 @@ class _WriteLeases(WriteLeaseRecords):
             f" WHERE path = %s AND site <> %s AND expires_ns > {_NOW_NS}",
             (path, site),
         )
+
+
+class _ReadLeases(ReadLeaseRecords):
+    """Rows of ``read_leases``; each renewal notifies ``ACKS_CHANNEL`` (at its commit)."""
+
+    def __init__(self, catalog: PostgresCatalog) -> None:
+        self._catalog = catalog
+
+    async def renew(self, site: str, acked: int, ttl: float) -> None:
+        sql = f"""
+            WITH renewed AS (
+                INSERT INTO read_leases (site, acked, expires_ns)
+                VALUES (%s, %s, {_NOW_NS} + %s)
+                ON CONFLICT (site) DO UPDATE
+                SET acked = GREATEST(read_leases.acked, EXCLUDED.acked),
+                    expires_ns = EXCLUDED.expires_ns
+                RETURNING site
+            )
+            SELECT pg_notify('{ACKS_CHANNEL}', '') FROM renewed
+        """
+        args = (site, acked, int(ttl * 1e9))
+        await self._catalog._in_session(
+            lambda: self._catalog._session().execute(sql, args).fetchall(), "read lease"
+        )
+
+    async def behind(self, seq: int) -> list[float]:
+        sql = (
+            f"SELECT (expires_ns - {_NOW_NS}) / 1e9 FROM read_leases"
+            f" WHERE acked < %s AND expires_ns > {_NOW_NS}"
+        )
+        rows = await self._catalog._in_session(
+            lambda: self._catalog._session().execute(sql, (seq,)).fetchall(), "read lease"
+        )
+        return [float(left) for (left,) in rows]
+
+    def acks_seen(self) -> int:
+        return self._catalog._acks
+
+    async def acked(self, seen: int, limit: float) -> None:
+        catalog = self._catalog
+        if catalog._listening is None or catalog._listening.done():
+            await asyncio.sleep(max(0.0, min(catalog.NOTIFIED_POLL_S, limit)))  # polled
+        elif catalog._acks == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    catalog._acked.wait(), max(0.0, min(catalog.NOTIFIED_POLL_S, limit))
+                )
 
 
 def gateway_lock_key(gateway: str) -> int:

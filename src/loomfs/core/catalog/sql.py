@@ -294,8 +294,8 @@ def _migrations(d: Dialect) -> list[str]:
         """,
         # migration 13: for several gateways over one database, the changes under way at
         # a volume (core.catalog.base.IntentRecords) by the gateway (``owner``) making
-        # them, and sites' write leases (WriteLeaseRecords), expiring on the database's
-        # clock
+        # them, and sites' write and read leases (WriteLeaseRecords, ReadLeaseRecords),
+        # expiring on the database's clock
         f"""
         CREATE TABLE intents (
             id {d.id_column},
@@ -307,6 +307,11 @@ def _migrations(d: Dialect) -> list[str]:
         CREATE TABLE write_leases (
             path {d.text} PRIMARY KEY,
             site TEXT NOT NULL,
+            expires_ns BIGINT NOT NULL
+        );
+        CREATE TABLE read_leases (
+            site TEXT PRIMARY KEY,
+            acked BIGINT NOT NULL,
             expires_ns BIGINT NOT NULL
         )
         """,
