@@ -1,16 +1,23 @@
 """Several hub gateways over one PostgreSQL catalog and one posix volume (hub layer, over
 REST): two real ``loomfs hub serve`` processes, one path hammered with conditional writes
 from both, and a history checker: no two writes with the same expected version both
-succeed, and no acknowledged write is lost. And one gateway's change feed wakes for a
-commit made through the other (LISTEN/NOTIFY), not at its next poll."""
+succeed, and no acknowledged write is lost. One gateway's change feed wakes for a commit
+made through the other (LISTEN/NOTIFY), not at its next poll. And a gateway killed with
+kill -9 in the middle of a commit is repaired by the other from the intent record in the
+database: the volume and the catalog agree again, on the old state or the new. A spoke
+given both gateways' URLs keeps reading and writing when one of them is killed; a write
+lease taken through one is honoured by the other."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from loomfs.config import Config
@@ -19,13 +26,17 @@ from loomfs.core.types import SYSTEM
 from loomfs.errors import Conflict
 from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
-from loomfs.testing.hubproc import HubProcess, cli_ok
+from loomfs.testing import stages
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.postgres import PostgresServer
 
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
 PATH = "/v/hot.txt"
 WRITERS_PER_GATEWAY = 3
 ATTEMPTS_PER_WRITER = 25
+#: between the rename and the commit: the stage where the volume is ahead of the catalog
+#: until someone repairs it (each stage of the local intent log: test_stage_kills)
+KILLED_AT = "renamed"
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,181 @@ async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
         ]
         # woken by the commit's notification, not by the long poll's end (the old code)
         assert woken == [True], woken
+    finally:
+        await second.stop()
+        await first.stop()
+
+
+async def test_a_write_lease_taken_through_one_gateway_holds_at_the_other(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    first = HubService(_hub_config(tmp_path / "a", url))
+    await first.start()
+    second = HubService(_hub_config(tmp_path / "b", url))
+    spoke, other = replace(SYSTEM, site="gpu-1"), replace(SYSTEM, site="gpu-2")
+    try:
+        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        await second.start()
+        assert await first.namespace.lease_write(spoke, "/v/f.txt") > 0
+        with pytest.raises(Conflict, match="gpu-1"):  # another site, another gateway
+            await second.namespace.write(other, "/v/f.txt", _body(b"theirs"))
+        with pytest.raises(Conflict, match="gpu-1"):
+            await second.namespace.lease_write(other, "/v/f.txt")
+        # the holder writes through either gateway, renews through the other
+        made = await second.namespace.write(spoke, "/v/f.txt", _body(b"mine"))
+        assert await second.namespace.lease_write(spoke, "/v/f.txt") > 0
+        await first.namespace.release_write(spoke, "/v/f.txt")
+        after = await second.namespace.write(other, "/v/f.txt", _body(b"theirs"))
+        assert after.version > made.version
+    finally:
+        await second.stop()
+        await first.stop()
+
+
+def _intents_left(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM intents").fetchone()
+        return int(row[0]) if row else 0
+
+
+def _repaired(url: str) -> bool:
+    """Whether every intent record goes (the test's own watchdog: a minute)."""
+    deadline = time.monotonic() + 60
+    while _intents_left(url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _intents_left(url) == 0
+
+
+async def _killed_mid_commit(killed: HubProcess, other: HubProcess, at: Path, catalog: str) -> None:
+    admin = other.admin
+    to_killed = RestNamespace(killed.url, credentials=admin)
+    to_other = RestNamespace(other.url, credentials=admin)
+    try:
+        await to_other.write(WHO, "/v/f.txt", _body(b"old"))
+        writing = asyncio.ensure_future(
+            to_killed.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
+        )
+        await stages.reached(at, KILLED_AT, writing)
+        assert _intents_left(catalog) == 1  # noted in the database before the volume moved
+        killed.kill()
+        with pytest.raises(Exception):  # noqa: B017 (its connection went with the process)
+            await writing
+        assert await asyncio.to_thread(_repaired, catalog), "the dead one's was never repaired"
+        on_disk = (killed.data_dir.parent / "volume" / "f.txt").read_bytes()
+        async with await to_other.read(WHO, "/v/f.txt") as reader:
+            served = b"".join([chunk async for chunk in reader.chunks()])
+        assert served == on_disk, "the catalog and the volume disagree after the repair"
+        assert on_disk == b"new bytes"  # renamed into place: the repair recorded it
+        # the writer's retry, through the survivor, is answered from the repair: not
+        # landed twice
+        again = await to_other.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
+        assert again.version == reader.entry.version
+    finally:
+        await to_killed.close()
+        await to_other.close()
+
+
+def test_a_gateway_killed_mid_commit_is_repaired_by_the_other(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    (tmp_path / "volume").mkdir()
+    catalog = postgres.create_database()
+    env = {
+        "LOOMFS_CATALOG__URL": catalog,
+        "LOOMFS_HUB__RESCAN_INTERVAL": "0",  # only the repair can make the two agree
+        "LOOMFS_HUB__WATCH": "false",
+        "LOOMFS_HUB__REPAIR_INTERVAL": "0.1",
+    }
+    paused, at = stages.pausing(tmp_path, KILLED_AT)
+    with HubProcess(tmp_path / "b", env) as other:
+        cli_ok(
+            other.data_dir,
+            "--hub",
+            other.url,
+            "volume",
+            "add",
+            "/v",
+            f"posix://{tmp_path / 'volume'}",
+        )
+        with HubProcess(tmp_path / "a", {**env, **paused}) as killed:
+            asyncio.run(_killed_mid_commit(killed, other, at, catalog))
+
+
+async def _through_spoke(url: str, admin: tuple[str, str], kill: Callable[[], None]) -> None:
+    spoke = RestNamespace(url, credentials=admin)
+    try:
+        await spoke.write(WHO, "/v/before.txt", _body(b"before"))
+        kill()  # the gateway the spoke was using
+        await spoke.write(WHO, "/v/after.txt", _body(b"after"))
+        for name, data in [("after.txt", b"after"), ("before.txt", b"before")]:
+            async with await spoke.read(WHO, f"/v/{name}") as reader:
+                assert b"".join([chunk async for chunk in reader.chunks()]) == data
+        listed = [entry.path async for entry in spoke.list(WHO, "/v")]
+        assert listed == ["/v/after.txt", "/v/before.txt"], listed
+    finally:
+        await spoke.close()
+
+
+def test_a_spoke_of_two_gateways_goes_on_when_one_is_killed(
+    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first_dir, second_dir, spoke_dir = tmp_path / "a", tmp_path / "b", tmp_path / "spoke"
+    (tmp_path / "volume").mkdir()
+    env = {
+        "LOOMFS_CATALOG__URL": postgres.create_database(),
+        "LOOMFS_FABRIC__LISTEN": "127.0.0.1:0",
+        "LOOMFS_HUB__RESCAN_INTERVAL": "0",
+    }
+    for name, value in env.items():  # the CLI's offline commands too
+        monkeypatch.setenv(name, value)
+    # the gateways are one site: one identity, the one certificate the spoke pins
+    cli_ok(first_dir, "site", "init", "--name", "hub")
+    shutil.copytree(first_dir / "identity", second_dir / "identity")
+    cli_ok(spoke_dir, "site", "init", "--name", "gpu-1")
+    cli_ok(
+        first_dir,
+        "site",
+        "add",
+        "gpu-1",
+        "--offline",
+        "--cert",
+        str(spoke_dir / "identity/site.pem"),
+    )
+    with HubProcess(first_dir, env) as first:
+        volume = f"posix://{tmp_path / 'volume'}"
+        cli_ok(first_dir, "--hub", first.url, "volume", "add", "/v", volume)
+        with HubProcess(second_dir, env) as second:  # it finds the volume in the catalog
+            both = f"{first.urls['fabric']},{second.urls['fabric']}"
+            with SpokeProcess(spoke_dir, args=spoke_args(first_dir, both, "/v")) as spoke:
+                asyncio.run(_through_spoke(spoke.url, first.admin, first.kill))
+            # acknowledged through the survivor: on the volume and in its catalog
+            assert (tmp_path / "volume" / "after.txt").read_bytes() == b"after"
+            assert cli_ok(second_dir, "--hub", second.url, "cat", "/v/after.txt") == "after"
+
+
+async def test_a_commit_through_one_gateway_waits_for_a_spoke_leased_at_the_other(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    first = HubService(_hub_config(tmp_path / "a", url))
+    await first.start()
+    second = HubService(_hub_config(tmp_path / "b", url))
+    try:
+        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        await second.start()
+        head = await first.catalog.head_seq()
+        # a spoke's poll at the first gateway: leased, everything so far applied
+        await first.feed("gpu-1", head, 100, ack=head)
+        writing = asyncio.ensure_future(second.namespace.write(SYSTEM, "/v/f", _body(b"x")))
+        [change] = (await second.feed(None, head, 100, wait=60.0)).changes  # committed
+        seq = change.seq
+        await asyncio.wait({writing}, timeout=0.3)  # settling, however long it is given
+        assert not writing.done(), "acknowledged before the leased spoke applied it"
+        await first.feed("gpu-1", seq, 100, ack=seq)  # its next poll, at the first again
+        assert (await writing).version > 0
     finally:
         await second.stop()
         await first.stop()

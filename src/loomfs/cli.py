@@ -269,7 +269,11 @@ async def connected(ctx: click.Context, *, admin: bool = False) -> AsyncIterator
 @click.option(
     "--config", "config_path", type=click.Path(path_type=Path), help="loomfs.toml to use."
 )
-@click.option("--hub", envvar="LOOMFS_HUB", help="Hub URL (default: client.hub in the config).")
+@click.option(
+    "--hub",
+    envvar="LOOMFS_HUB",
+    help="Hub URL, or several gateways' comma-separated (default: client.hub in the config).",
+)
 @click.version_option(package_name="loomfs")
 @click.pass_context
 def main(ctx: click.Context, config_path: Path | None, hub: str | None) -> None:
@@ -1003,7 +1007,9 @@ def spoke() -> None:
 
 
 @spoke.command("serve")
-@click.option("--hub", "hub_url", help="The hub's fabric URL, https://host:port.")
+@click.option(
+    "--hub", "hub_url", help="The hub's fabric URL, https://host:port (gateways: comma-separated)."
+)
 @click.option("--hub-cert", type=click.Path(path_type=Path), help="The hub's certificate.")
 @click.option("--attach", multiple=True, help="A namespace path of the hub to serve here.")
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Where cached data lives.")

@@ -82,6 +82,9 @@ class HubSection(TlsSettings):
     listen: str = "127.0.0.1:7070"
     #: seconds between rescans of every volume (S3 changes are found this way); 0 = never
     rescan_interval: float = 600.0
+    #: seconds between looks for changes left half done by a gateway that died, when
+    #: several share the catalog's database (PostgreSQL); 0 = only at start
+    repair_interval: float = 2.0
     #: follow posix volumes with inotify
     watch: bool = True
     #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke
@@ -235,7 +238,8 @@ class FabricSection(_Section):
 
 
 class SpokeSection(TlsSettings):
-    #: the hub's fabric URL (https://host:port) and its pinned certificate
+    #: the hub's fabric URL (https://host:port) and its pinned certificate; a hub of
+    #: several gateways: their URLs, comma-separated (one identity, so one certificate)
     hub: str | None = None
     hub_cert: Path | None = None
     #: namespace paths of the hub that this spoke serves; in the environment, joined by

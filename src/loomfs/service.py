@@ -45,13 +45,13 @@ from .core.types import SYSTEM, Feed, VolumeState
 from .core.users import UserRegistry
 from .errors import BackendUnavailable, ConfigError, LoomError, NotFound
 from .fabric.identity import SiteIdentity, https_certificate, https_server_context
-from .fabric.probe import check_link
+from .fabric.probe import check_links
 from .fabric.server import FabricServer, TlsSite
 from .hub.assimilate import ScanStats, path_of
 from .hub.chunks import HubChunks
-from .hub.coherence import Leases
+from .hub.coherence import read_leases
 from .hub.deltastore import DeltaStore
-from .hub.intents import IntentLog
+from .hub.intents import IntentLog, SharedIntentLog
 from .hub.namespace import HubNamespace
 from .hub.versions import VersionStore
 from .hub.watch import PosixWatcher
@@ -110,6 +110,13 @@ def own_names(config: Config) -> set[str]:
     return own
 
 
+def intent_log(catalog: Catalog, path: Path, durable: bool) -> IntentLog:
+    """The log of changes under way: in the catalog's database where several gateways
+    may share it, so that any of them repairs a dead one's; else the local file."""
+    records = catalog.intent_records()
+    return IntentLog(path, durable=durable) if records is None else SharedIntentLog(path, records)
+
+
 class HubService:
     def __init__(self, config: Config, *, durable: bool = True) -> None:
         """``durable=False``: changes survive a crash of the process at once and power
@@ -121,9 +128,13 @@ class HubService:
         self.placement = PlacementAuthorizer(self.catalog, SiteRegistry(self.catalog))
         self.namespace = HubNamespace(
             self.catalog,
-            Leases(config.hub.lease_ttl, config.site.data_dir / "leases.granted"),
+            read_leases(
+                config.hub.lease_ttl,
+                config.site.data_dir / "leases.granted",
+                self.catalog.read_lease_records(),
+            ),
             self.placement,
-            intents=IntentLog(config.site.data_dir / "writes.intents", durable=durable),
+            intents=intent_log(self.catalog, config.site.data_dir / "writes.intents", durable),
             versions=VersionStore(self.catalog, config.site.data_dir / "versions"),
         )
         #: the site's audit log ([audit] enabled): it buffers from now on and is written
@@ -173,6 +184,8 @@ class HubService:
             await self._start_watcher(volume.mount)
         if self.config.hub.rescan_interval > 0:
             self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
+        if isinstance(self.namespace.intents, SharedIntentLog) and self.config.hub.repair_interval:
+            self._spawn(self._repair_forever(self.config.hub.repair_interval))
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -235,6 +248,17 @@ class HubService:
             for mount in list(self.namespace.mounts):
                 await self._logged_sync(mount)
 
+    async def _repair_forever(self, interval: float) -> None:
+        """Repair the changes of gateways that died (a kill, a lost machine) soon, not
+        at their restart: until then their paths' volume and catalog may disagree."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if repaired := await self.namespace.repair():
+                    log.info("repaired a gone gateway's changes", extra={"paths": repaired})
+            except LoomError as exc:  # the database is away: the next round tries again
+                log.warning("could not repair", extra={"error": str(exc)})
+
     # -- VolumeAdmin -----------------------------------------------------------------------
 
     async def add_volume(
@@ -292,7 +316,7 @@ class HubService:
     ) -> Feed:
         """Changes after ``since``, held up to ``wait`` seconds until there is one (a long
         poll). A spoke's poll also renews its read lease and acknowledges ``ack``."""
-        lease = self.namespace.leases.renew(site, ack) if site is not None else None
+        lease = await self.namespace.leases.renew(site, ack) if site is not None else None
         deadline = time.monotonic() + wait
         while True:
             seen = self.catalog.commits_seen()  # before the read: a commit after it wakes
@@ -676,7 +700,7 @@ class SpokeService:
         spoke = self.config.spoke
         assert spoke.hub is not None and spoke.hub_cert is not None  # checked in __init__
         try:
-            await check_link(
+            await check_links(
                 spoke.hub, self.tls, site=self.identity.name,
                 site_cert=self.identity.cert_path, hub_cert=spoke.hub_cert,
             )  # fmt: skip
@@ -724,7 +748,7 @@ class SpokeService:
         if spoke.tls_cert is not None:
             certs["HTTPS certificate"] = spoke.tls_cert
         probe = functools.partial(
-            check_link, spoke.hub, self.tls, site=self.identity.name,
+            check_links, spoke.hub, self.tls, site=self.identity.name,
             site_cert=self.identity.cert_path, hub_cert=spoke.hub_cert,
         )  # fmt: skip
         return await health.spoke_checks(

@@ -18,8 +18,25 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import BackendUnavailable, ConfigError
+from ..rest.client import hub_urls
 
 TIMEOUT = 10.0
+
+
+async def check_links(
+    urls: str, context: ssl.SSLContext, *, site: str, site_cert: Path, hub_cert: Path
+) -> None:
+    """``check_link`` of each of a hub's gateways (``hub_urls``) until one works: one
+    gateway down is no reason to start offline. Wrong trust or a wrong address is a
+    ``ConfigError`` at once."""
+    failures: list[str] = []
+    for url in hub_urls(urls):
+        try:
+            await check_link(url, context, site=site, site_cert=site_cert, hub_cert=hub_cert)
+            return
+        except BackendUnavailable as exc:
+            failures.append(str(exc))
+    raise BackendUnavailable("; ".join(failures))
 
 
 async def check_link(

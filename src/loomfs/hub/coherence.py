@@ -7,7 +7,9 @@ or its lease has expired. A spoke may therefore serve an open from what it knows
 round trip, while its lease lasts: any commit finished before the open began has already
 been applied there. After a hub restart the leases it granted are forgotten, so if it
 granted any within the last lease term (a marker file's mtime says when), commits wait
-out the rest of that term (a grace period) before they are acknowledged.
+out the rest of that term (a grace period) before they are acknowledged. Gateways sharing
+one catalog database keep the leases there instead (``SharedLeases``, ``SharedWriteLeases``):
+a spoke polling one gateway holds its lease at every other.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from prometheus_client import Gauge, Histogram
 
+from ..core.catalog.base import ReadLeaseRecords, WriteLeaseRecords
 from ..core.metrics import HUB
 from ..errors import Conflict
 
@@ -48,7 +51,7 @@ class Leases:
             left = marker.stat().st_mtime + ttl - time.time()
             self._grace_until = time.monotonic() + max(0.0, left)
 
-    def renew(self, site: str, acked: int) -> float:
+    async def renew(self, site: str, acked: int) -> float:
         """A poll from ``site`` that has applied every change up to ``acked``; returns the
         lease term granted from now."""
         lease = self._leases.get(site)
@@ -92,6 +95,39 @@ class Leases:
                 await asyncio.wait_for(event.wait(), min(deadlines) - now)
 
 
+class SharedLeases(Leases):
+    """Read leases in the catalog's database (``records``), for gateways sharing it: a
+    spoke's poll at any gateway renews its lease for all, and a commit at any waits for
+    every live holder, woken by each renewal's notification. The leases outlive a
+    gateway's restart, so no grace period follows one."""
+
+    def __init__(self, ttl: float, records: ReadLeaseRecords) -> None:
+        super().__init__(ttl)
+        self.records = records
+
+    async def renew(self, site: str, acked: int) -> float:
+        await self.records.renew(site, acked, self.ttl)
+        return self.ttl
+
+    async def settle(self, seq: int) -> None:
+        if self.ttl <= 0:
+            return
+        started = time.monotonic()
+        while True:
+            seen = self.records.acks_seen()  # before the read: a renewal after it wakes
+            left = await self.records.behind(seq)
+            if not left:
+                SETTLE.observe(time.monotonic() - started)
+                return
+            await self.records.acked(seen, min(left))
+
+
+def read_leases(ttl: float, marker: Path, records: ReadLeaseRecords | None) -> Leases:
+    """In the database where ``records`` are, else in this process's memory (granted
+    ones noted by ``marker``'s mtime, for the grace period after a restart)."""
+    return Leases(ttl, marker) if records is None else SharedLeases(ttl, records)
+
+
 class WriteLeases:
     """Which site is writing which path. A spoke takes the lease when a write begins and
     gives it up once the write is committed, so a writer elsewhere (another spoke, or a
@@ -103,18 +139,18 @@ class WriteLeases:
         self.ttl = ttl
         self._held: dict[str, tuple[str, float]] = {}  # path -> (site, expiry)
 
-    def acquire(self, path: str, site: str) -> float:
-        self.check(path, site)
+    async def acquire(self, path: str, site: str) -> float:
+        await self.check(path, site)
         self._held[path] = (site, time.monotonic() + self.ttl)
         WRITE_LEASES.set(len(self._held))
         return self.ttl
 
-    def release(self, path: str, site: str) -> None:
+    async def release(self, path: str, site: str) -> None:
         if self._held.get(path, ("", 0.0))[0] == site:
             del self._held[path]
         WRITE_LEASES.set(len(self._held))
 
-    def check(self, path: str, site: str) -> None:
+    async def check(self, path: str, site: str) -> None:
         """``Conflict`` if another site holds a live write lease of ``path``."""
         holder = self._held.get(path)
         if holder is None or holder[0] == site:
@@ -124,7 +160,39 @@ class WriteLeases:
             del self._held[path]
             WRITE_LEASES.set(len(self._held))
             return
-        raise Conflict(
-            f"{path} is being written at site {holder[0]!r} (write lease, {left:.0f} s left)",
-            path=path,
-        )
+        raise _held_elsewhere(path, holder[0], left)
+
+
+class SharedWriteLeases(WriteLeases):
+    """Write leases in the catalog's database (``records``), for gateways sharing it: a
+    lease taken through one is honoured by every other, and outlives a gateway's restart
+    (its term on the database's clock)."""
+
+    def __init__(self, ttl: float, records: WriteLeaseRecords) -> None:
+        super().__init__(ttl)
+        self.records = records
+
+    async def acquire(self, path: str, site: str) -> float:
+        holder = await self.records.take(path, site, self.ttl)
+        if holder is not None:
+            raise _held_elsewhere(path, *holder)
+        return self.ttl
+
+    async def release(self, path: str, site: str) -> None:
+        await self.records.give_back(path, site)
+
+    async def check(self, path: str, site: str) -> None:
+        holder = await self.records.holder(path, site)
+        if holder is not None:
+            raise _held_elsewhere(path, *holder)
+
+
+def write_leases(ttl: float, records: WriteLeaseRecords | None) -> WriteLeases:
+    """In the database where ``records`` are, else in this process's memory."""
+    return WriteLeases(ttl) if records is None else SharedWriteLeases(ttl, records)
+
+
+def _held_elsewhere(path: str, site: str, left: float) -> Conflict:
+    return Conflict(
+        f"{path} is being written at site {site!r} (write lease, {left:.0f} s left)", path=path
+    )

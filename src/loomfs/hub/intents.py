@@ -20,6 +20,11 @@ replaces is kept aside under one until the catalog has it): a hub stopped meanwh
 those behind, where only a sweep of the directory finds them. So a write's staging is
 noted too (``staging``, not synced: a line lost with the power costs a stray file, not a
 wrong one), and ``recover`` sweeps the directories noted but not done.
+
+Gateways sharing one catalog database (PostgreSQL) note their changes in it instead
+(``SharedIntentLog``): one killed mid-change is repaired by any other, as soon as it is
+gone (``HubNamespace.repair``), not at its own next start on the machine that died. Only
+the staging lines (a stray temp file is this machine's) stay in the local file.
 """
 
 from __future__ import annotations
@@ -30,12 +35,21 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..core.catalog.base import IntentRecords
 from ..errors import LoomError, from_oserror
 
 #: the size past which the log is emptied at the next moment no write is open
 KEEP = 256 << 10
+
+
+class Orphan(NamedTuple):
+    """A change a stopped writer left unfinished at a path: the idempotency key of the
+    last write begun there, and the tags (``WriteTags.as_json``) it set with its content."""
+
+    write_id: str | None
+    tags: dict[str, object] | None
 
 
 class IntentLog:
@@ -66,7 +80,7 @@ class IntentLog:
 
     def tags(self) -> dict[str, dict[str, object]]:
         """The tags (``WriteTags.as_json``) the last write begun at each path set with its
-        content: where ``recover`` finds that write's bytes, it sets them too."""
+        content: where ``repair`` finds that write's bytes, it sets them too."""
         last: dict[str, dict[str, object]] = {}
         for op, path, *rest in self._lines():
             if op == "begin":
@@ -75,6 +89,18 @@ class IntentLog:
                 else:
                     last.pop(path, None)
         return last
+
+    async def orphans(self) -> dict[str, Orphan]:
+        """The unfinished changes (``unfinished``, with their ``tags``) of writers that
+        stopped, to repair now: this log's own, before ``open`` (none once it is this
+        process's)."""
+        if self._fd is not None:
+            return {}
+        tags = self.tags()
+        return {path: Orphan(key, tags.get(path)) for path, key in self.unfinished().items()}
+
+    async def repaired(self) -> None:
+        """The ``orphans`` are repaired (here ``open`` forgets them)."""
 
     def staged(self) -> list[str]:
         """Each path whose write was staging when the hub stopped: its directory may hold
@@ -106,6 +132,9 @@ class IntentLog:
             self._size = 0
         except OSError as exc:
             raise self._failed(exc) from exc
+
+    async def drain(self) -> None:
+        """Wait for the ``end``s under way (before the catalog closes)."""
 
     def close(self) -> None:
         if self._fd is not None:
@@ -172,3 +201,57 @@ class IntentLog:
 
     def _failed(self, exc: OSError) -> LoomError:
         return from_oserror(exc, str(self.path), disk=f"data directory {self.path.parent}")
+
+
+class SharedIntentLog(IntentLog):
+    """``begin`` and ``end`` as records in the catalog's database (``records``), which
+    every gateway over it can ``orphans``: those of gateways that are gone. An ``end`` is
+    a deletion made after the fact, batched with others: lost (a crash), it costs its
+    path a needless refresh by the adopter."""
+
+    def __init__(self, path: Path, records: IntentRecords) -> None:
+        super().__init__(path, durable=False)  # the file holds only staging lines
+        self.records = records
+        self._begun: dict[str, list[int]] = {}
+        self._ended: list[int] = []
+        self._ending: asyncio.Task[None] | None = None
+        self._adopted: list[int] = []
+
+    async def begin(
+        self, path: str, write_id: str | None = None, tags: dict[str, object] | None = None
+    ) -> None:
+        record = await self.records.begin(path, write_id, tags)
+        self._begun.setdefault(path, []).append(record)
+
+    def end(self, path: str) -> None:
+        records = self._begun.get(path)
+        if not records:
+            return
+        self._ended.append(records.pop())
+        if not records:
+            del self._begun[path]
+        if self._ending is None or self._ending.done():
+            self._ending = asyncio.get_running_loop().create_task(self._end_ended())
+
+    async def _end_ended(self) -> None:
+        while self._ended:
+            ended, self._ended = self._ended, []
+            try:
+                await self.records.end(ended)
+            except LoomError:  # the database is away: the records outlive their changes
+                return
+
+    async def orphans(self) -> dict[str, Orphan]:
+        """Adopt the records of every gateway that is gone: each path once, with the
+        write id and tags of the last write begun there."""
+        adopted = await self.records.adopt()
+        self._adopted += [record for record, *_ in adopted]
+        return {path: Orphan(write_id, tags) for _, path, write_id, tags in adopted}
+
+    async def repaired(self) -> None:
+        adopted, self._adopted = self._adopted, []
+        await self.records.end(adopted)
+
+    async def drain(self) -> None:
+        if self._ending is not None:
+            await self._ending

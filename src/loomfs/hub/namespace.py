@@ -75,7 +75,7 @@ from ..namespace.base import (
     tags_now,
 )
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
-from .coherence import Leases, WriteLeases
+from .coherence import Leases, write_leases
 from .intents import IntentLog
 from .versions import Row, VersionStore, no_store
 
@@ -164,7 +164,7 @@ class HubNamespace(ResolvingNamespace):
         #: spokes' read leases: a commit is acknowledged once they have applied it
         self.leases = leases or Leases(0)
         #: paths a site is writing: other sites' changes to them are refused meanwhile
-        self.write_leases = WriteLeases(write_lease)
+        self.write_leases = write_leases(write_lease, catalog.write_lease_records())
         self.assimilator = Assimilator(catalog)
         self._mounts: dict[str, Mounted] = {}
         # one writer per path in this process: the precondition check, the volume write and
@@ -238,32 +238,44 @@ class HubNamespace(ResolvingNamespace):
 
     async def refresh(self, path: str) -> Entry | None:
         """Re-read one object's facts from its volume and record any change (None: gone)."""
-        mounted, key = self._in_volume(path)
         async with self._serialized(path):
-            try:
-                info = await mounted.backend.stat(key)
-            except NotFound:
-                await self.catalog.apply([Delete(path, recursive=True, missing_ok=True)])
-                return None
-            before = await self.catalog.get(path)
-            put = put_for(mounted.volume.mount, info)
-            if before is not None and _recorded(before, put):
-                # most often the echo (inotify) of a write this namespace just recorded
-                return before
-            if key and before is None:
-                parent = paths.split(path)[0]
-                if await self.catalog.get(parent) is None:
-                    # its directory is new as well: import the nearest new ancestor's subtree
-                    await self.refresh(parent)
-            [applied] = await self.catalog.apply([put])
+            entry, fresh_dir = await self._refresh(path)
+        if fresh_dir:
+            await self._sync_dir(path)
+        return entry
+
+    async def _sync_dir(self, path: str) -> None:
+        mounted, key = self._in_volume(path)
+        await self.sync_volume(mounted.volume.mount, prefix=key)
+
+    async def _refresh(self, path: str) -> tuple[Entry | None, bool]:
+        """``refresh`` with ``path`` held, but for the sweep of a directory new there
+        (True: it is due, outside the hold)."""
+        mounted, key = self._in_volume(path)
+        try:
+            info = await mounted.backend.stat(key)
+        except NotFound:
+            await self.catalog.apply([Delete(path, recursive=True, missing_ok=True)])
+            return None, False
+        before = await self.catalog.get(path)
+        put = put_for(mounted.volume.mount, info)
+        if before is not None and _recorded(before, put):
+            # most often the echo (inotify) of a write this namespace just recorded
+            return before, False
+        if key and before is None:
+            parent = paths.split(path)[0]
+            if await self.catalog.get(parent) is None:
+                # its directory is new as well: import the nearest new ancestor's subtree
+                await self.refresh(parent)
+        [applied] = await self.catalog.apply([put])
         # Only a directory new at this path (created, moved in, or another one swapped in)
         # has contents the catalog lacks. A known directory whose mtime moved had its
         # children reported one by one; sweeping it on each change made filling a large
         # directory quadratic.
         fresh_dir = before is None or before.kind is not EntryKind.DIR or before.inode != info.inode
-        if info.kind is EntryKind.DIR and applied.change is not None and key and fresh_dir:
-            await self.sync_volume(mounted.volume.mount, prefix=key)
-        return applied.entry
+        return applied.entry, bool(
+            info.kind is EntryKind.DIR and applied.change is not None and key and fresh_dir
+        )
 
     async def refresh_all(self, changed: Iterable[str]) -> None:
         """``refresh`` each path a volume's watcher reported, in order (parents first),
@@ -460,7 +472,7 @@ class HubNamespace(ResolvingNamespace):
             # under the path's lock, where the staged bytes become visible and are
             # recorded: the lock is never held while a client streams, however slowly. An
             # empty file (a FUSE create) has nothing to stream: only the second check.
-            self.write_leases.check(path, who.site)
+            await self.write_leases.check(path, who.site)
             await self._writable(path, if_version, exclusive)
         committed: list[Applied] = []
         repeated: list[Entry] = []
@@ -475,7 +487,7 @@ class HubNamespace(ResolvingNamespace):
                     # the same write, sent again while this one streamed: it stands
                     repeated.append(done)
                     raise _Repeated
-                self.write_leases.check(path, who.site)
+                await self.write_leases.check(path, who.site)
                 current = await self._writable(path, if_version, exclusive)
                 made = tags_now(tags)  # the data has ended: its tags can be known
                 if made is not None:
@@ -607,7 +619,7 @@ class HubNamespace(ResolvingNamespace):
         if (await self._entry(src)).is_dir:
             raise PermissionDenied(f"a directory cannot have hard links: {src}", path=src)
         # a file another site is writing gets no second name to be written through
-        self.write_leases.check(src, who.site)
+        await self.write_leases.check(src, who.site)
         async with self._intended(src):
             entry = await self._create_new(
                 who, mounted, dst, lambda: mounted.backend.link(src_key, dst_key)
@@ -628,7 +640,7 @@ class HubNamespace(ResolvingNamespace):
         """Make a new name that must not exist yet, in an existing directory, and record
         it: symlinks, special files and hard links."""
         async with self._serialized(path):
-            self.write_leases.check(path, who.site)  # another site's lease on the new name
+            await self.write_leases.check(path, who.site)  # another site's lease on the new name
             if await self.catalog.get(path) is not None:
                 raise AlreadyExists(f"already exists: {path}", path=path)
             await self._dir(paths.split(path)[0])
@@ -733,8 +745,8 @@ class HubNamespace(ResolvingNamespace):
         # spokes that policy refuses (they may keep the old name's data as chunk sources)
         before = await self.placement.covering(src) if self.placement is not None else set()
         async with self._serialized(first, second):
-            self.write_leases.check(src, who.site)
-            self.write_leases.check(dst, who.site)
+            await self.write_leases.check(src, who.site)
+            await self.write_leases.check(dst, who.site)
             entry = await self._entry(src)
             target = await self.catalog.get(dst)
             if target is not None and (not overwrite or target.is_dir or entry.is_dir):
@@ -765,7 +777,7 @@ class HubNamespace(ResolvingNamespace):
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
         async with self._serialized(path):
-            self.write_leases.check(path, who.site)
+            await self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if if_version is not None and entry.version != if_version:
                 raise Conflict(f"{path} is at version {entry.version}, not {if_version}", path=path)
@@ -815,7 +827,7 @@ class HubNamespace(ResolvingNamespace):
         path = paths.normalize(path)
         hit = self._resolve(path)
         async with self._serialized(path):
-            self.write_leases.check(path, who.site)
+            await self.write_leases.check(path, who.site)
             entry = await self._entry(path)
             if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
                 mounted, key = hit
@@ -1017,10 +1029,10 @@ class HubNamespace(ResolvingNamespace):
     async def lease_write(self, who: Principal, path: str) -> float:
         path = paths.normalize(path)
         self._below_mount(path)  # only paths of a volume can be written
-        return self.write_leases.acquire(path, who.site)
+        return await self.write_leases.acquire(path, who.site)
 
     async def release_write(self, who: Principal, path: str) -> None:
-        self.write_leases.release(paths.normalize(path), who.site)
+        await self.write_leases.release(paths.normalize(path), who.site)
 
     async def resolve(self, path: str) -> str:
         """The namespace path whose bytes a read of ``path`` returns: a symlink's final
@@ -1161,7 +1173,7 @@ class HubNamespace(ResolvingNamespace):
         if self.intents is None:
             return
         # first: a hard-linked file a write stopped in (torn) gets its old bytes back
-        # here, before its name is re-read below
+        # here, before its name is re-read by the repair below
         swept = 0
         for path in self.intents.staged():
             hit = self._resolve(path)
@@ -1173,38 +1185,49 @@ class HubNamespace(ResolvingNamespace):
                         await self.refresh(paths.split(path)[0])  # its mtime moved
                 except LoomError as exc:
                     log.warning("could not sweep", extra={"path": path, "error": str(exc)})
-        unfinished = self.intents.unfinished()
-        tagged = self.intents.tags()
-        for path, write_id in unfinished.items():
-            try:
-                before = await self.catalog.get(path)
-                after = await self.refresh(path)
-                if before is not None and before.is_dir and after is not None and after.is_dir:
-                    # a removal below it may have stopped part way
-                    mounted, key = self._in_volume(path)
-                    await self.sync_volume(mounted.volume.mount, prefix=key)
-                if after is not None and (before is None or after.version != before.version):
-                    # the write's bytes are at its name (nothing else wrote there under
-                    # its lock): its retry is answered with this, not landed again, and
-                    # its tags go with them, as its record would have held them
-                    if write_id is not None:
-                        await self.catalog.remember_write(write_id, after)
-                    if path in tagged:
-                        tags = WriteTags.from_json(tagged[path])
-                        stale = tags.stale(await self.catalog.get_tags(path))
-                        await self.catalog.set_tags(path, tags.resolved(after.version), stale)
-            except LoomError as exc:  # say its volume is gone: nothing to agree with
-                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
+        unfinished = await self.repair()
         if unfinished or swept:
             log.info(
                 "recovered unfinished writes",
-                extra={"paths": len(unfinished), "temp_files_removed": swept},
+                extra={"paths": unfinished, "temp_files_removed": swept},
             )
         self.intents.open()
+
+    async def repair(self) -> int:
+        """Record what the volumes hold at each path a writer that stopped (this hub
+        before its start, or another gateway over the same database, gone) changed there
+        without recording it; how many paths. Each is held meanwhile, as a writer would."""
+        if self.intents is None:
+            return 0
+        unfinished = await self.intents.orphans()
+        for path, (write_id, tagged) in unfinished.items():
+            try:
+                async with self._serialized(path):
+                    before = await self.catalog.get(path)
+                    after, fresh_dir = await self._refresh(path)
+                    if after is not None and (before is None or after.version != before.version):
+                        # the write's bytes are at its name (nothing else wrote there under
+                        # its lock): its retry is answered with this, not landed again, and
+                        # its tags go with them, as its record would have held them
+                        if write_id is not None:
+                            await self.catalog.remember_write(write_id, after)
+                        if tagged is not None:
+                            tags = WriteTags.from_json(tagged)
+                            stale = tags.stale(await self.catalog.get_tags(path))
+                            await self.catalog.set_tags(path, tags.resolved(after.version), stale)
+                # a directory's removal below it may have stopped part way
+                stayed_dir = before is not None and before.is_dir and after is not None
+                if fresh_dir or (stayed_dir and after is not None and after.is_dir):
+                    await self._sync_dir(path)
+            except LoomError as exc:  # say its volume is gone: nothing to agree with
+                log.warning("could not recover a write", extra={"path": path, "error": str(exc)})
+        await self.intents.repaired()
+        return len(unfinished)
 
     async def close(self) -> None:
         for mounted in self._mounts.values():
             await mounted.backend.close()
         self._mounts.clear()
         if self.intents is not None:
+            await self.intents.drain()
             self.intents.close()

@@ -2,6 +2,12 @@
 
 ``RestNamespace`` is one more implementation of the namespace API, so the shared
 conformance suite runs through HTTP exactly as it runs against the hub in-process.
+
+A hub may be several gateways over one catalog (docs/SCALE.md): given their URLs
+(``https://a:7070,https://b:7070``), the client sends to one and moves to the next when
+it cannot be reached. A call that never reached the gateway is sent again at once to the
+next; one whose connection broke after it was sent is sent again only if it reads
+(a change may have been made: its caller decides, a spoke by its write's id).
 """
 
 from __future__ import annotations
@@ -42,6 +48,19 @@ if TYPE_CHECKING:
     from ..core.placement import Policy
 
 
+#: the methods sent again after a connection broke mid-call: they change nothing
+_RESENDABLE = frozenset({"GET", "HEAD"})
+
+
+def hub_urls(urls: str | Sequence[str]) -> list[str]:
+    """The gateways of one hub, from a comma-separated list or a sequence of URLs."""
+    listed = urls.split(",") if isinstance(urls, str) else list(urls)
+    found = [url.strip().rstrip("/") for url in listed if url.strip()]
+    if not found:
+        raise ConfigError("no hub URL given")
+    return found
+
+
 def _quoted(path: str) -> str:
     return quote(paths.normalize(path), safe="/")
 
@@ -63,9 +82,11 @@ class RestNamespace(FeedNamespace, ChunkLink):
         authenticate with (HTTP Basic); none: the anonymous caller. ``forward``: send each
         call's user and protocol along, as a spoke does over its mutual-TLS link (the hub
         trusts a site's word on them)."""
-        if urlsplit(base_url).scheme not in ("http", "https"):
-            raise ConfigError(f"a hub URL starts with http:// or https://, unlike {base_url!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = hub_urls(base_url)
+        for url in self.base_urls:
+            if urlsplit(url).scheme not in ("http", "https"):
+                raise ConfigError(f"a hub URL starts with http:// or https://, unlike {url!r}")
+        self._current = 0  # the gateway calls go to until it cannot be reached
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
         if ssl_context is None and ca_cert is not None:
@@ -78,6 +99,11 @@ class RestNamespace(FeedNamespace, ChunkLink):
             {"Authorization": wire.basic_authorization(*credentials)} if credentials else {}
         )
         self._forward = forward
+
+    @property
+    def base_url(self) -> str:
+        """The gateway calls go to now."""
+        return self.base_urls[self._current]
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -106,18 +132,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
                 wire.USER_HEADER: who.user,
                 wire.PROTOCOL_HEADER: who.protocol,
             }
-        try:
-            response = await self.session.request(method, self.base_url + url, **kwargs)
-        except aiohttp.ClientConnectorCertificateError as exc:
-            # not retryable, and not the network's fault: say what to trust
-            raise AuthenticationFailed(
-                f"the TLS certificate of {self.base_url} is not trusted "
-                f"({exc.certificate_error}): trust the site's certificate (its https.pem, "
-                "whose SHA-256 fingerprint the site logs at start, or its CA) with [client] "
-                "ca_cert, LOOMFS_CA_CERT or the SDK's ca_cert"
-            ) from exc
-        except aiohttp.ClientConnectionError as exc:
-            raise BackendUnavailable(f"cannot reach {self.base_url}: {exc}") from exc
+        response = await self._send(method, url, **kwargs)
         if response.status >= 400:
             try:
                 body = await response.json(content_type=None)
@@ -127,6 +142,32 @@ class RestNamespace(FeedNamespace, ChunkLink):
                 response.release()
             raise wire.error_from(response.status, body)
         return response
+
+    async def _send(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """The response of the first gateway that answers, from the current one on."""
+        failures: list[str] = []
+        for _ in self.base_urls:
+            base = self.base_url
+            try:
+                return await self.session.request(method, base + url, **kwargs)
+            except aiohttp.ClientConnectorCertificateError as exc:
+                # not retryable, and not the network's fault: say what to trust
+                raise AuthenticationFailed(
+                    f"the TLS certificate of {base} is not trusted "
+                    f"({exc.certificate_error}): trust the site's certificate (its https.pem, "
+                    "whose SHA-256 fingerprint the site logs at start, or its CA) with [client] "
+                    "ca_cert, LOOMFS_CA_CERT or the SDK's ca_cert"
+                ) from exc
+            except aiohttp.ClientConnectionError as exc:
+                failures.append(f"{base}: {exc}")
+                # the next call goes to the next gateway, whatever this one's fate
+                self._current = (self._current + 1) % len(self.base_urls)
+                # not connected: nothing was sent (a body's stream is not yet read)
+                if not isinstance(exc, aiohttp.ClientConnectorError) and (
+                    method not in _RESENDABLE
+                ):
+                    break
+        raise BackendUnavailable(f"cannot reach {'; '.join(failures)}")
 
     async def _json(
         self, method: str, url: str, *, who: Principal | None = None, **kwargs: Any

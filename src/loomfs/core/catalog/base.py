@@ -135,6 +135,68 @@ class VolumeUpdate:
     last_scan_ns: int | None = None
 
 
+class IntentRecords(ABC):
+    """Changes under way at a volume, noted in the catalog's database so that any process
+    over it can repair those of a process that died (``loomfs.hub.intents``): each record
+    is its writer's until that writer is gone, then whoever ``adopt``s it first."""
+
+    @abstractmethod
+    async def begin(self, path: str, write_id: str | None, tags: dict[str, object] | None) -> int:
+        """Note a change of ``path`` about to reach its volume (durable once returned),
+        with the tags a write sets with its content; the record's id."""
+
+    @abstractmethod
+    async def end(self, records: Sequence[int]) -> None:
+        """Forget records whose changes are recorded or undone."""
+
+    @abstractmethod
+    async def adopt(self) -> list[tuple[int, str, str | None, dict[str, object] | None]]:
+        """Take over the records of writers that are gone: (id, path, write id, tags), oldest
+        first; ``end`` them once repaired (a process that dies meanwhile leaves them to
+        the next adopter)."""
+
+
+class WriteLeaseRecords(ABC):
+    """Which site is writing which path (``loomfs.hub.coherence.WriteLeases``), in the
+    catalog's database, for several gateways over it: a lease taken through one is
+    honoured by all. Terms run on the database's clock."""
+
+    @abstractmethod
+    async def take(self, path: str, site: str, ttl: float) -> tuple[str, float] | None:
+        """Lease ``path`` to ``site`` for ``ttl`` s from now; None, or the other site
+        holding it and its seconds left (nothing taken)."""
+
+    @abstractmethod
+    async def give_back(self, path: str, site: str) -> None: ...
+
+    @abstractmethod
+    async def holder(self, path: str, site: str) -> tuple[str, float] | None:
+        """The site other than ``site`` holding a live lease of ``path``, and its seconds
+        left."""
+
+
+class ReadLeaseRecords(ABC):
+    """Spokes' read leases and what each has acknowledged (``loomfs.hub.coherence``), in
+    the catalog's database, for several gateways over it: a commit through one waits
+    for the spokes that poll another."""
+
+    @abstractmethod
+    async def renew(self, site: str, acked: int, ttl: float) -> None:
+        """``site`` holds a lease for ``ttl`` s from now and has applied up to ``acked``."""
+
+    @abstractmethod
+    async def behind(self, seq: int) -> list[float]:
+        """The seconds left of each live lease whose holder has not acknowledged ``seq``."""
+
+    @abstractmethod
+    def acks_seen(self) -> int:
+        """A mark to pass to ``acked``: moves with each renewal any gateway records."""
+
+    @abstractmethod
+    async def acked(self, seen: int, limit: float) -> None:
+        """Wait for a renewal after ``seen``, at most ``limit`` seconds."""
+
+
 class Catalog(ABC):
     """A site's metadata store. Created by ``loomfs.core.registry.open_catalog(url)``."""
 
@@ -161,6 +223,21 @@ class Catalog(ABC):
         one process are the namespace's own (in-process) locks; this adds the database's.
         Here nothing: an engine with one writing process (SQLite) needs nothing more."""
         return contextlib.nullcontext()
+
+    def intent_records(self) -> IntentRecords | None:
+        """Where the changes under way are noted when several processes share this
+        catalog. None here: one process writes it, and keeps its own (local) log."""
+        return None
+
+    def read_lease_records(self) -> ReadLeaseRecords | None:
+        """Where read leases live when several processes share this catalog. None here:
+        in the one process's memory."""
+        return None
+
+    def write_lease_records(self) -> WriteLeaseRecords | None:
+        """Where write leases live when several processes share this catalog. None here:
+        in the one process's memory."""
+        return None
 
     def commits_seen(self) -> int:
         """A mark to pass to ``changed``: moves with each commit this catalog is told of."""

@@ -5,19 +5,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
 
 from ...errors import AlreadyExists, BackendUnavailable, InsufficientStorage, LoomError
 from ...paths import normalize
-from .base import ScanRow
+from .base import IntentRecords, ReadLeaseRecords, ScanRow, WriteLeaseRecords
 from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
 
 COMMITS_CHANNEL = "loomfs_commits"
+#: a spoke's read lease renewed (and its acknowledgement recorded) by any gateway
+ACKS_CHANNEL = "loomfs_acks"
+
+T = TypeVar("T")
 
 
 class PostgresCatalog(SqlCatalog):
@@ -51,27 +57,51 @@ class PostgresCatalog(SqlCatalog):
         # in (or wait behind) the catalog connection's transactions. A gateway that dies
         # loses its session, and with it its locks.
         self._locker: Any = None
+        #: this gateway, as its intent records name it: alive while its locker session
+        #: holds the advisory lock of this name (``gateway_lock_key``)
+        self.gateway = uuid.uuid4().hex
         self._lock_thread = ThreadPoolExecutor(1, thread_name_prefix="loomfs-pathlock")
         self._notified = 0
         self._wake = asyncio.Event()
+        self._acks = 0
+        self._acked = asyncio.Event()
         self._listening: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> PostgresCatalog:
         return cls(url)
 
-    def _lock_sql(self, sql: str, key: int) -> bool:
+    def _session(self) -> Any:
+        """The locker connection, (re)connected holding this gateway's liveness lock."""
         if self._locker is None or self._locker.closed:
-            self._locker = self._connect()
-        row = self._locker.execute(sql, (key,)).fetchone()
+            locker = self._connect()
+            locker.execute("SELECT pg_advisory_lock(%s)", (gateway_lock_key(self.gateway),))
+            self._locker = locker
+        return self._locker
+
+    def _lock_sql(self, sql: str, key: int) -> bool:
+        row = self._session().execute(sql, (key,)).fetchone()
         return bool(row[0])
 
     async def _on_locker(self, sql: str, key: int) -> bool:
+        return await self._in_session(lambda: self._lock_sql(sql, key), "path lock")
+
+    async def _in_session(self, fn: Callable[[], T], what: str) -> T:
+        """``fn`` on the locker's thread (its connection is that thread's alone)."""
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._lock_thread, self._lock_sql, sql, key)
+            return await loop.run_in_executor(self._lock_thread, fn)
         except psycopg.Error as exc:
-            raise BackendUnavailable(f"catalog database (path lock): {exc}") from exc
+            raise BackendUnavailable(f"catalog database ({what}): {exc}") from exc
+
+    def intent_records(self) -> IntentRecords:
+        return _Intents(self)
+
+    def write_lease_records(self) -> WriteLeaseRecords:
+        return _WriteLeases(self)
+
+    def read_lease_records(self) -> ReadLeaseRecords:
+        return _ReadLeases(self)
 
     @contextlib.asynccontextmanager
     async def serialized(self, path: str) -> AsyncIterator[None]:
@@ -101,18 +131,26 @@ class PostgresCatalog(SqlCatalog):
 
     async def open(self) -> None:
         await super().open()
+        # alive (the liveness lock held) before any record of this gateway's is made
+        await self._in_session(self._session, "gateway lock")
         try:
             listener = await psycopg.AsyncConnection.connect(
                 self.url, autocommit=True, connect_timeout=10
             )
             await listener.execute(f"LISTEN {COMMITS_CHANNEL}")
+            await listener.execute(f"LISTEN {ACKS_CHANNEL}")
         except psycopg.Error as exc:
             raise BackendUnavailable(f"catalog database (listener): {exc}") from exc
         self._listening = asyncio.create_task(self._listen(listener))
 
     async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
         try:
-            async for _ in listener.notifies():
+            async for notice in listener.notifies():
+                if notice.channel == ACKS_CHANNEL:
+                    self._acks += 1
+                    self._acked.set()
+                    self._acked = asyncio.Event()
+                    continue
                 self._notified += 1
                 self._wake.set()
                 self._wake = asyncio.Event()
@@ -169,6 +207,173 @@ class PostgresCatalog(SqlCatalog):
         if isinstance(exc, pgerrors.DiskFull):
             return InsufficientStorage(f"catalog database: {exc}")
         return BackendUnavailable(f"catalog database: {exc}")
+
+
+class _Intents(IntentRecords):
+    """Intent records in the ``intents`` table, each statement its own transaction on the
+    locker's session (autocommit): the session whose liveness lock says its gateway is
+    alive. A gateway is gone once another session can take that lock."""
+
+    def __init__(self, catalog: PostgresCatalog) -> None:
+        self._catalog = catalog
+
+    async def begin(self, path: str, write_id: str | None, tags: dict[str, object] | None) -> int:
+        noted = None if tags is None else json.dumps(tags)
+
+        def insert() -> int:
+            row = (
+                self._catalog._session()
+                .execute(
+                    "INSERT INTO intents (owner, path, write_id, tags) VALUES (%s, %s, %s, %s)"
+                    " RETURNING id",
+                    (self._catalog.gateway, path, write_id, noted),
+                )
+                .fetchone()
+            )
+            return int(row[0])
+
+        return await self._catalog._in_session(insert, "intent record")
+
+    async def end(self, records: Sequence[int]) -> None:
+        if records:
+            ids = list(records)
+            await self._catalog._in_session(
+                lambda: self._catalog._session().execute(
+                    "DELETE FROM intents WHERE id = ANY(%s)", (ids,)
+                ),
+                "intent record",
+            )
+
+    async def adopt(self) -> list[tuple[int, str, str | None, dict[str, object] | None]]:
+        me = self._catalog.gateway
+
+        def adopt() -> list[tuple[int, str, str | None, str | None]]:
+            session = self._catalog._session()
+            owners = session.execute(
+                "SELECT DISTINCT owner FROM intents WHERE owner <> %s", (me,)
+            ).fetchall()
+            taken: list[tuple[int, str, str | None, str | None]] = []
+            for (owner,) in owners:
+                key = gateway_lock_key(owner)
+                if not session.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+                    continue  # alive: its records are its own
+                try:  # gone, and held by this session: no other adopter meanwhile
+                    taken += session.execute(
+                        "UPDATE intents SET owner = %s WHERE owner = %s"
+                        " RETURNING id, path, write_id, tags",
+                        (me, owner),
+                    ).fetchall()
+                finally:
+                    session.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            return sorted(taken)
+
+        taken = await self._catalog._in_session(adopt, "intent records")
+        return [
+            (record, path, write_id, None if tags is None else json.loads(tags))
+            for record, path, write_id, tags in taken
+        ]
+
+
+#: the database's clock in nanoseconds, as the lease terms are kept
+_NOW_NS = "(extract(epoch FROM clock_timestamp()) * 1e9)::bigint"
+
+
+class _WriteLeases(WriteLeaseRecords):
+    """Rows of ``write_leases``, one statement each on the locker's session."""
+
+    def __init__(self, catalog: PostgresCatalog) -> None:
+        self._catalog = catalog
+
+    async def _one(self, sql: str, args: tuple[object, ...]) -> tuple[str, float] | None:
+        def run() -> tuple[str, float] | None:
+            row = self._catalog._session().execute(sql, args).fetchone()
+            return None if row is None else (str(row[0]), float(row[1]))
+
+        return await self._catalog._in_session(run, "write lease")
+
+    async def take(self, path: str, site: str, ttl: float) -> tuple[str, float] | None:
+        # one statement: taken if free, expired or this site's own; else who holds it
+        return await self._one(
+            f"""
+            WITH taken AS (
+                INSERT INTO write_leases (path, site, expires_ns)
+                VALUES (%s, %s, {_NOW_NS} + %s)
+                ON CONFLICT (path) DO UPDATE SET site = EXCLUDED.site,
+                    expires_ns = EXCLUDED.expires_ns
+                WHERE write_leases.site = EXCLUDED.site OR write_leases.expires_ns <= {_NOW_NS}
+                RETURNING path
+            )
+            SELECT site, (expires_ns - {_NOW_NS}) / 1e9 FROM write_leases
+            WHERE path = %s AND NOT EXISTS (SELECT 1 FROM taken)
+            """,
+            (path, site, int(ttl * 1e9), path),
+        )
+
+    async def give_back(self, path: str, site: str) -> None:
+        await self._one(
+            "DELETE FROM write_leases WHERE path = %s AND site = %s RETURNING site, 0",
+            (path, site),
+        )
+
+    async def holder(self, path: str, site: str) -> tuple[str, float] | None:
+        return await self._one(
+            f"SELECT site, (expires_ns - {_NOW_NS}) / 1e9 FROM write_leases"
+            f" WHERE path = %s AND site <> %s AND expires_ns > {_NOW_NS}",
+            (path, site),
+        )
+
+
+class _ReadLeases(ReadLeaseRecords):
+    """Rows of ``read_leases``; each renewal notifies ``ACKS_CHANNEL`` (at its commit)."""
+
+    def __init__(self, catalog: PostgresCatalog) -> None:
+        self._catalog = catalog
+
+    async def renew(self, site: str, acked: int, ttl: float) -> None:
+        sql = f"""
+            WITH renewed AS (
+                INSERT INTO read_leases (site, acked, expires_ns)
+                VALUES (%s, %s, {_NOW_NS} + %s)
+                ON CONFLICT (site) DO UPDATE
+                SET acked = GREATEST(read_leases.acked, EXCLUDED.acked),
+                    expires_ns = EXCLUDED.expires_ns
+                RETURNING site
+            )
+            SELECT pg_notify('{ACKS_CHANNEL}', '') FROM renewed
+        """
+        args = (site, acked, int(ttl * 1e9))
+        await self._catalog._in_session(
+            lambda: self._catalog._session().execute(sql, args).fetchall(), "read lease"
+        )
+
+    async def behind(self, seq: int) -> list[float]:
+        sql = (
+            f"SELECT (expires_ns - {_NOW_NS}) / 1e9 FROM read_leases"
+            f" WHERE acked < %s AND expires_ns > {_NOW_NS}"
+        )
+        rows = await self._catalog._in_session(
+            lambda: self._catalog._session().execute(sql, (seq,)).fetchall(), "read lease"
+        )
+        return [float(left) for (left,) in rows]
+
+    def acks_seen(self) -> int:
+        return self._catalog._acks
+
+    async def acked(self, seen: int, limit: float) -> None:
+        catalog = self._catalog
+        if catalog._listening is None or catalog._listening.done():
+            await asyncio.sleep(max(0.0, min(catalog.NOTIFIED_POLL_S, limit)))  # polled
+        elif catalog._acks == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    catalog._acked.wait(), max(0.0, min(catalog.NOTIFIED_POLL_S, limit))
+                )
+
+
+def gateway_lock_key(gateway: str) -> int:
+    """The advisory lock key of a gateway's liveness (``path_lock_key``'s kind)."""
+    digest = hashlib.blake2b(b"loomfs-gateway\0" + gateway.encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)
 
 
 def path_lock_key(path: str) -> int:

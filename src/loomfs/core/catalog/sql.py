@@ -298,6 +298,30 @@ def _migrations(d: Dialect) -> list[str]:
             PRIMARY KEY (policy, path, subject, deny)
         )
         """,
+        # migration 13: for several gateways over one database, the changes under way at
+        # a volume (core.catalog.base.IntentRecords) by the gateway (``owner``) making
+        # them, and sites' write and read leases (WriteLeaseRecords, ReadLeaseRecords),
+        # expiring on the database's clock
+        f"""
+        CREATE TABLE intents (
+            id {d.id_column},
+            owner TEXT NOT NULL,
+            path {d.text} NOT NULL,
+            write_id TEXT,
+            tags TEXT
+        );
+        CREATE INDEX intents_owner ON intents (owner);
+        CREATE TABLE write_leases (
+            path {d.text} PRIMARY KEY,
+            site TEXT NOT NULL,
+            expires_ns BIGINT NOT NULL
+        );
+        CREATE TABLE read_leases (
+            site TEXT PRIMARY KEY,
+            acked BIGINT NOT NULL,
+            expires_ns BIGINT NOT NULL
+        )
+        """,
     ]
 
 
