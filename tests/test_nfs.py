@@ -772,6 +772,67 @@ def test_a_change_over_another_protocol_shows_in_attributes_and_reads(site: Site
     asyncio.run(change())
 
 
+async def _read_all(c: RpcClient, handle: bytes) -> tuple[int, bytes]:
+    """READ of a small file's first 4 KiB: (status, bytes)."""
+    p = Packer()
+    p.uhyper(0)
+    p.uint(4096)
+    body = await c.nfs(READ, handle_args(handle, p.value()))
+    status = body.uint()
+    if status != e.NFS3_OK:
+        return status, b""
+    post_op(body)
+    body.uint()
+    body.boolean()
+    return status, body.opaque(4096)
+
+
+def test_a_handle_follows_its_file_through_renames_over_another_protocol(site: Site) -> None:
+    """Handles name the entry, not its path: a file renamed over REST (alone, then with
+    its directory) is still read and written through the handle a client held, a new file
+    at the old name is another object, and a removed one is STALE."""
+    work = site.vol / "work"
+
+    async def wander() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.mkdir(SYSTEM, "/data/work/camp")
+            await rest.write_bytes(SYSTEM, "/data/work/camp/tent.txt", b"pitched")
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, camp = await c.lookup(root, "work")
+                assert camp is not None
+                _, camp = await c.lookup(camp, "camp")
+                assert camp is not None
+                _, tent = await c.lookup(camp, "tent.txt")
+                assert tent is not None
+                body = await c.nfs(GETATTR, handle_args(tent))
+                assert body.uint() == e.NFS3_OK
+                fileid = fattr(body).fileid
+                await rest.rename(SYSTEM, "/data/work/camp/tent.txt", "/data/work/camp/moved.txt")
+                await rest.write_bytes(SYSTEM, "/data/work/camp/tent.txt", b"a new tent")
+                assert await _read_all(c, tent) == (e.NFS3_OK, b"pitched")
+                await rest.rename(SYSTEM, "/data/work/camp", "/data/work/base")
+                assert await _read_all(c, tent) == (e.NFS3_OK, b"pitched")
+                body = await c.nfs(GETATTR, handle_args(tent))
+                assert body.uint() == e.NFS3_OK
+                assert fattr(body).fileid == fileid
+                await _write(c, tent, 0, b"struck!", FILE_SYNC)
+                assert (work / "base" / "moved.txt").read_bytes() == b"struck!"
+                assert (work / "base" / "tent.txt").read_bytes() == b"a new tent"
+                # the directory's handle followed it too: its listing is the new one
+                _, other = await c.lookup(camp, "tent.txt")
+                assert other is not None and other != tent
+                assert await _read_all(c, other) == (e.NFS3_OK, b"a new tent")
+                await rest.remove(SYSTEM, "/data/work/base/moved.txt")
+                assert await c.status_of(GETATTR, handle_args(tent)) == e.NFS3ERR_STALE
+                assert await _read_all(c, other) == (e.NFS3_OK, b"a new tent")
+        finally:
+            await rest.close()
+
+    asyncio.run(wander())
+
+
 # -- writes, COMMIT and handles over restarts ------------------------------------------------
 
 

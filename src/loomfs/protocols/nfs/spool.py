@@ -204,6 +204,12 @@ class Spools:
             if spool.dirty and paths.is_within(spool.path, top):
                 await self.commit(spool.object_id)
 
+    def moved(self, object_id: int, path: str) -> None:
+        """The file was renamed over another protocol: its writes land at its new name."""
+        spool = self._spools.get(object_id)
+        if spool is not None:
+            spool.path = path
+
     def discard(self, object_id: int) -> None:
         """The file is gone: what was not committed of it goes too."""
         spool = self._spools.get(object_id)
