@@ -605,7 +605,8 @@ def test_stopping_the_hub_stops_smbd_and_its_helpers_and_unmounts(tmp_path: Path
 
 
 def test_a_killed_hub_takes_its_smbd_with_it(tmp_path: Path) -> None:
-    """kill -9 of the hub gives it no chance to stop smbd: smbd goes by itself."""
+    """kill -9 of the hub gives it no chance to stop smbd or samba-dcerpcd (the RPC
+    services, which a share listing starts): both go by themselves, with their workers."""
     site = tmp_path / "site"
     site.mkdir()
     cli_ok(site, "user", "add", "erin", "--offline")
@@ -615,10 +616,18 @@ def test_a_killed_hub_takes_its_smbd_with_it(tmp_path: Path) -> None:
     try:
         smbd = int((site / "smb" / "samba" / "pid" / "smbd.pid").read_text().split()[0])
         assert smbd in running_with(conf_path)
+        port = hub.urls["smb"].rpartition(":")[2]
+        listing = subprocess.run(
+            ["smbclient", "-L", "127.0.0.1", "-p", port, "-U", "erin%erin-Secret-6"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert "loomfs" in listing.stdout, listing.stdout + listing.stderr
+        running = running_with(conf_path)
+        assert len(running) >= 3  # smbd, samba-dcerpcd, its RPC workers
         hub.kill()  # its process group; smbd is in a session of its own
 
         def gone() -> None:
-            assert _dead(smbd)
+            assert [pid for pid in running if not _dead(pid)] == []
 
         _eventually(gone)
     finally:
