@@ -833,6 +833,28 @@ def test_a_handle_follows_its_file_through_renames_over_another_protocol(site: S
     asyncio.run(wander())
 
 
+def test_a_size_beyond_the_disks_limit_is_inval_and_changes_nothing(site: Site) -> None:
+    """pjdfstest ftruncate/12: a truncate to ~1 PB is EFBIG or EINVAL, not a server fault."""
+    path = site.vol / "work" / "huge.txt"
+
+    async def grow() -> int:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.write_bytes(SYSTEM, "/data/work/huge.txt", b"small")
+        finally:
+            await rest.close()
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, work = await c.lookup(root, "work")
+            assert work is not None
+            _, handle = await c.lookup(work, "huge.txt")
+            assert handle is not None
+            return await c.status_of(SETATTR, handle_args(handle, sattr(size=10**15) + _uint(0)))
+
+    assert asyncio.run(grow()) == e.NFS3ERR_INVAL
+    assert path.read_bytes() == b"small"
+
+
 # -- writes, COMMIT and handles over restarts ------------------------------------------------
 
 

@@ -146,7 +146,10 @@ class Spools:
         """Set the file's size and commit it (SETATTR is synchronous)."""
         self.failure(object_id)
         async with self._held(who, object_id, entry) as spool:
-            os.ftruncate(spool.fd, size)
+            try:
+                os.ftruncate(spool.fd, size)
+            except OSError as exc:  # EFBIG: past what the spool's disk holds
+                raise from_oserror(exc, entry.path, disk=f"the NFS spool {self.directory}") from exc
             spool.dirty, spool.who = True, who
         committed = await self.commit(object_id)
         assert committed is not None
