@@ -34,6 +34,7 @@ from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.nfs import errors as e
 from loomfs.protocols.nfs import pmap
+from loomfs.protocols.nfs.handles import HandleTable
 from loomfs.protocols.nfs.rpc import (
     AUTH_ERROR,
     AUTH_TOOWEAK,
@@ -853,6 +854,39 @@ def test_a_size_beyond_the_disks_limit_is_inval_and_changes_nothing(site: Site) 
 
     assert asyncio.run(grow()) == e.NFS3ERR_INVAL
     assert path.read_bytes() == b"small"
+
+
+_PATHS = st.sampled_from(["/d/a", "/d/b", "/d/c", "/e/a"])
+_SEEN = st.tuples(st.just("seen"), _PATHS, st.integers(1, 4))
+_MOVED = st.tuples(st.just("renamed"), _PATHS, _PATHS)
+_GONE = st.tuples(st.just("retired"), _PATHS, st.integers(1, 4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(_SEEN, _MOVED, _GONE), max_size=30))
+def test_one_entry_is_one_object_id_wherever_it_is_seen(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, str, object]]
+) -> None:
+    """Whatever paths an entry is seen at, and whatever renames the table is told of, an
+    entry keeps its object id until it is retired, and two entries never share one."""
+    table = HandleTable(tmp_path_factory.mktemp("handles"))
+    given_ids: dict[int, int] = {}
+    try:
+        for op, path, other in steps:
+            if op == "seen":
+                assert isinstance(other, int)
+                object_id = table.id(path, other)
+                assert given_ids.setdefault(other, object_id) == object_id
+                assert table.known(object_id) == (path, True, other)
+            elif op == "renamed":
+                assert isinstance(other, str)
+                if not other.startswith(path + "/"):
+                    table.renamed(path, other)
+            elif isinstance(other, int) and other in given_ids:
+                table.retire(given_ids.pop(other))
+            assert len(set(given_ids.values())) == len(given_ids)
+    finally:
+        table.close()
 
 
 # -- writes, COMMIT and handles over restarts ------------------------------------------------

@@ -146,11 +146,12 @@ class HandleTable:
                 if row[1] != path:  # renamed over another protocol: its name as it is now
                     self.db.execute("UPDATE handles SET path = ? WHERE id = ?", (path, row[0]))
                 return int(row[0])
-        # an id given before its entry's identity was known (a create's answer has none)
+        # without an identity (a create's answer, a spoke's own pending write): what is at
+        # the path; with one, an id given before it was known
         row = self.db.execute(
-            "SELECT id FROM handles WHERE path = ? AND live = 1 AND entry IS NULL "
+            "SELECT id FROM handles WHERE path = ? AND live = 1 AND (entry IS NULL OR ? IS NULL) "
             "ORDER BY id DESC LIMIT 1",
-            (path,),
+            (path, entry),
         ).fetchone()
         if row is not None:
             if entry is not None:

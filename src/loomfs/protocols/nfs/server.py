@@ -370,7 +370,8 @@ class NfsServer:
         STALE if it is gone."""
         with contextlib.suppress(NotFound):
             entry = await self.ns.stat(who, target.path)
-            if target.entry is None or entry.id == target.entry:
+            # an entry without an id (a spoke's own pending write) is taken for the object
+            if target.entry is None or entry.id is None or entry.id == target.entry:
                 if target.entry is None and entry.id is not None:
                     self.handles.adopt(target.object_id, entry.id)
                     target.entry = entry.id
