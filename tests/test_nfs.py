@@ -862,7 +862,7 @@ _MOVED = st.tuples(st.just("renamed"), _PATHS, _PATHS)
 _GONE = st.tuples(st.just("retired"), _PATHS, st.integers(1, 4))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.one_of(_SEEN, _MOVED, _GONE), max_size=30))
 def test_one_entry_is_one_object_id_wherever_it_is_seen(
     tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, str, object]]
