@@ -16,8 +16,8 @@ sessions run as many), so the kernel's own check guards the way in. Its director
 ``root:loomfs-smb`` mode 0710: only root and members of that group, which exists only in
 the account files smbd is given (nss_wrapper), pass. Root (smbd before it becomes the
 user, and any other root process, which could read the volumes' disks anyway) looks
-names up and stats them as ``resolver`` (at a hub: loomfs itself), since smbd resolves
-each share's path as root; for anything else it is ``anonymous`` to the namespace,
+names up and stats them as ``resolver`` (the site itself; a spoke's hub sees the spoke),
+since smbd resolves each share's path as root; for anything else it is ``anonymous``,
 never the administrator. smbd enters a share as the user, so every directory above the
 mount must let her pass: the mount is not in the data directory (often 0700) but in
 ``RUN_DIR``, under a name derived from the data directory, so that a later start finds
