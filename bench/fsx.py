@@ -16,10 +16,13 @@ https://github.com/kdave/xfstests``; its code is never copied into this reposito
 scratch directory, with gcc and a config.h written here (no autoconf, no libaio, no XFS
 headers). The file lies on a fresh site's posix volume mounted with ``loomfs mount``, or
 (``--via spoke``) on a mount over a spoke's REST API, the spoke attaching the hub's volume
-through an emulated link. fsx's log files stay in the scratch directory, off the mount.
+through an emulated link, or (``--via nfs``, as root) on the NFSv3 export of a hub, mounted
+by the stock Linux client in the QEMU guest of ``loomfs.testing.guest`` with the Kubernetes
+recipe's options (fsx is then built static and run in the guest; ``--fsync`` makes each
+write a COMMIT). fsx's log files stay in the scratch directory, off the mount.
 
     PYTHONPATH=src python bench/fsx.py --source /tmp/xfstests --ops 100000 [--no-mmap]
-        [--fsync] [--closeprob 20] [--seed 1] [--via spoke]
+        [--fsync] [--closeprob 20] [--seed 1] [--via spoke|nfs]
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from loomfs.testing.fuse import MountProcess, prepare_site
+from loomfs.testing.guest import Guest
+from loomfs.testing.guesthub import GuestHub
 from loomfs.testing.sites import spoke_site
 
 #: what fsx.c's global.h includes when autoconf finds it; all present on Linux with glibc
@@ -54,8 +59,9 @@ _DONE = re.compile(r"All (\d+) operations completed A-OK!")
 _SKIPPED = re.compile(r"^main: (.+?),? disabling!$", re.M)
 
 
-def build(source: Path, scratch: Path) -> Path:
-    """fsx from ``source`` (an xfstests checkout: ltp/fsx.c, src/global.h, src/statx.h)."""
+def build(source: Path, scratch: Path, *, static: bool = False) -> Path:
+    """fsx from ``source`` (an xfstests checkout: ltp/fsx.c, src/global.h, src/statx.h);
+    ``static`` for the guest, which has no libc of its own."""
     fsx_c = source / "ltp" / "fsx.c"
     if not fsx_c.exists():
         raise SystemExit(f"{fsx_c} is missing: give --source a checkout of kdave/xfstests")
@@ -67,7 +73,8 @@ def build(source: Path, scratch: Path) -> Path:
     binary = scratch / "fsx"
     subprocess.run(
         ["gcc", "-O2", "-D_GNU_SOURCE", "-DNO_XFS", "-w", f"-I{include}",
-         f"-I{source / 'src'}", f"-I{source / 'include'}", str(fsx_c), "-o", str(binary)],
+         f"-I{source / 'src'}", f"-I{source / 'include'}", *(["-static"] if static else []),
+         str(fsx_c), "-o", str(binary)],
         check=True,
     )  # fmt: skip
     return binary
@@ -103,9 +110,9 @@ def run(
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="loomfs-fsx-") as tmp:
         scratch = Path(tmp)
-        fsx = build(source, scratch)
-        logs = scratch / "logs"
-        logs.mkdir()
+        fsx = build(source, scratch, static=via == "nfs")
+        logs = scratch / "share" / "logs"
+        logs.mkdir(parents=True)
         argv = ["-N", str(ops), "-S", str(seed)]
         if not mmap:
             argv += ["-R", "-W"]
@@ -114,28 +121,51 @@ def run(
         if closeprob:
             argv += ["-c", str(closeprob)]
         argv += extra
-        with mounted(scratch, via) as (directory, mount):
-            proc = subprocess.run(
-                [str(fsx), *argv, "-P", str(logs), str(directory / "fsx.data")],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            log_tail = mount.log()[-5000:]
-        output = proc.stdout + proc.stderr
+        if via == "nfs":
+            returncode, output, log_tail = _over_nfs(scratch, fsx, argv)
+        else:
+            with mounted(scratch, via) as (directory, mount):
+                proc = subprocess.run(
+                    [str(fsx), *argv, "-P", str(logs), str(directory / "fsx.data")],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                log_tail = mount.log()[-5000:]
+            returncode, output = proc.returncode, proc.stdout + proc.stderr
         done = _DONE.search(output)
         return {
             "argv": " ".join(argv),
             "via": via,
             "ops": ops,
             "seed": seed,
-            "passed": proc.returncode == 0 and done is not None,
+            "passed": returncode == 0 and done is not None,
             "completed": int(done.group(1)) if done else None,
             "unsupported": sorted(set(_SKIPPED.findall(output))),
             "output_tail": output[-6000:],
             "fsxlog_tail": _tail(logs / "fsx.data.fsxlog"),
             "mount_log_tail": log_tail,
         }
+
+
+def _over_nfs(scratch: Path, fsx: Path, argv: list[str]) -> tuple[int, str, str]:
+    """fsx in the guest on a hub's NFS export: (its exit status, its output, the hub's log)."""
+    share = scratch / "share"
+    shutil.copy(fsx, share / "fsx")
+    exported = scratch / "export"
+    exported.mkdir(mode=0o755)
+    with Guest(timeout=3600) as guest, GuestHub(guest, scratch / "site", exported) as hub:
+        mount = hub.export().mount("/mnt")
+        script = f"""mkdir -p /mnt
+{mount} || exit 10
+/host/fsx {shlex.join(argv)} -P /host/logs /mnt/fsx.data > /host/out.txt 2>&1
+echo $? > /host/rc
+umount /mnt
+"""
+        guest.run(script, share=share)
+        log_tail = hub.hub.log_path.read_text(errors="replace")[-5000:]
+    rc = share / "rc"
+    return int(rc.read_text()) if rc.exists() else -1, _tail(share / "out.txt"), log_tail
 
 
 def _tail(path: Path) -> str:
@@ -152,7 +182,7 @@ def main() -> None:
     parser.add_argument(
         "--closeprob", type=int, default=0, help="close and reopen once in N ops (-c; 0: never)"
     )
-    parser.add_argument("--via", choices=("hub", "spoke"), default="hub")
+    parser.add_argument("--via", choices=("hub", "spoke", "nfs"), default="hub")
     parser.add_argument(
         "--fsx-args", default="", help="more fsx options: --fsx-args='-l 8388608 -o 1048576'"
     )

@@ -34,6 +34,7 @@ from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.nfs import errors as e
 from loomfs.protocols.nfs import pmap
+from loomfs.protocols.nfs.handles import HandleTable
 from loomfs.protocols.nfs.rpc import (
     AUTH_ERROR,
     AUTH_TOOWEAK,
@@ -770,6 +771,122 @@ def test_a_change_over_another_protocol_shows_in_attributes_and_reads(site: Site
             await rest.close()
 
     asyncio.run(change())
+
+
+async def _read_all(c: RpcClient, handle: bytes) -> tuple[int, bytes]:
+    """READ of a small file's first 4 KiB: (status, bytes)."""
+    p = Packer()
+    p.uhyper(0)
+    p.uint(4096)
+    body = await c.nfs(READ, handle_args(handle, p.value()))
+    status = body.uint()
+    if status != e.NFS3_OK:
+        return status, b""
+    post_op(body)
+    body.uint()
+    body.boolean()
+    return status, body.opaque(4096)
+
+
+def test_a_handle_follows_its_file_through_renames_over_another_protocol(site: Site) -> None:
+    """Handles name the entry, not its path: a file renamed over REST (alone, then with
+    its directory) is still read and written through the handle a client held, a new file
+    at the old name is another object, and a removed one is STALE."""
+    work = site.vol / "work"
+
+    async def wander() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.mkdir(SYSTEM, "/data/work/camp")
+            await rest.write_bytes(SYSTEM, "/data/work/camp/tent.txt", b"pitched")
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, camp = await c.lookup(root, "work")
+                assert camp is not None
+                _, camp = await c.lookup(camp, "camp")
+                assert camp is not None
+                _, tent = await c.lookup(camp, "tent.txt")
+                assert tent is not None
+                body = await c.nfs(GETATTR, handle_args(tent))
+                assert body.uint() == e.NFS3_OK
+                fileid = fattr(body).fileid
+                await rest.rename(SYSTEM, "/data/work/camp/tent.txt", "/data/work/camp/moved.txt")
+                await rest.write_bytes(SYSTEM, "/data/work/camp/tent.txt", b"a new tent")
+                assert await _read_all(c, tent) == (e.NFS3_OK, b"pitched")
+                await rest.rename(SYSTEM, "/data/work/camp", "/data/work/base")
+                assert await _read_all(c, tent) == (e.NFS3_OK, b"pitched")
+                body = await c.nfs(GETATTR, handle_args(tent))
+                assert body.uint() == e.NFS3_OK
+                assert fattr(body).fileid == fileid
+                await _write(c, tent, 0, b"struck!", FILE_SYNC)
+                assert (work / "base" / "moved.txt").read_bytes() == b"struck!"
+                assert (work / "base" / "tent.txt").read_bytes() == b"a new tent"
+                # the directory's handle followed it too: its listing is the new one
+                _, other = await c.lookup(camp, "tent.txt")
+                assert other is not None and other != tent
+                assert await _read_all(c, other) == (e.NFS3_OK, b"a new tent")
+                await rest.remove(SYSTEM, "/data/work/base/moved.txt")
+                assert await c.status_of(GETATTR, handle_args(tent)) == e.NFS3ERR_STALE
+                assert await _read_all(c, other) == (e.NFS3_OK, b"a new tent")
+        finally:
+            await rest.close()
+
+    asyncio.run(wander())
+
+
+def test_a_size_beyond_the_disks_limit_is_inval_and_changes_nothing(site: Site) -> None:
+    """pjdfstest ftruncate/12: a truncate to ~1 PB is EFBIG or EINVAL, not a server fault."""
+    path = site.vol / "work" / "huge.txt"
+
+    async def grow() -> int:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.write_bytes(SYSTEM, "/data/work/huge.txt", b"small")
+        finally:
+            await rest.close()
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, work = await c.lookup(root, "work")
+            assert work is not None
+            _, handle = await c.lookup(work, "huge.txt")
+            assert handle is not None
+            return await c.status_of(SETATTR, handle_args(handle, sattr(size=10**15) + _uint(0)))
+
+    assert asyncio.run(grow()) == e.NFS3ERR_INVAL
+    assert path.read_bytes() == b"small"
+
+
+_PATHS = st.sampled_from(["/d/a", "/d/b", "/d/c", "/e/a"])
+_SEEN = st.tuples(st.just("seen"), _PATHS, st.integers(1, 4))
+_MOVED = st.tuples(st.just("renamed"), _PATHS, _PATHS)
+_GONE = st.tuples(st.just("retired"), _PATHS, st.integers(1, 4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(_SEEN, _MOVED, _GONE), max_size=30))
+def test_one_entry_is_one_object_id_wherever_it_is_seen(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, str, object]]
+) -> None:
+    """Whatever paths an entry is seen at, and whatever renames the table is told of, an
+    entry keeps its object id until it is retired, and two entries never share one."""
+    table = HandleTable(tmp_path_factory.mktemp("handles"))
+    given_ids: dict[int, int] = {}
+    try:
+        for op, path, other in steps:
+            if op == "seen":
+                assert isinstance(other, int)
+                object_id = table.id(path, other)
+                assert given_ids.setdefault(other, object_id) == object_id
+                assert table.known(object_id) == (path, True, other)
+            elif op == "renamed":
+                assert isinstance(other, str)
+                if not other.startswith(path + "/"):
+                    table.renamed(path, other)
+            elif isinstance(other, int) and other in given_ids:
+                table.retire(given_ids.pop(other))
+            assert len(set(given_ids.values())) == len(given_ids)
+    finally:
+        table.close()
 
 
 # -- writes, COMMIT and handles over restarts ------------------------------------------------

@@ -338,6 +338,11 @@ def test_a_private_directory_is_a_share_for_those_it_is_granted_to(site: Site) -
     done = site.smbclient("get plans.txt plans-bob2.txt", user="bob", share="private")
     assert "NT_STATUS_ACCESS_DENIED" in done.stdout + done.stderr
     assert not (site.tmp / "plans-bob2.txt").exists()
+    # alice may write there, not give files away: her new file keeps the hub's owner
+    (site.tmp / "draft.txt").write_bytes(b"alice's draft")
+    done = site.smbclient("put draft.txt draft.txt", share="private")
+    assert "NT_STATUS" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert (site.vol / "private" / "draft.txt").read_bytes() == b"alice's draft"
 
 
 def test_a_read_only_share_refuses_changes(site: Site) -> None:
@@ -516,6 +521,10 @@ async def _prepare_hub_and_spoke(hub_dir: Path, spoke_dir: Path, data: Path) -> 
         await PolicyStore(hub_catalog).put(
             Policy.build("eu-only", ["/datasets/d/eu/**"], ["region=eu"])
         )
+        # a private directory, shared as is: only carol may enter it
+        acl = AclStore(hub_catalog)
+        await acl.set_private("/datasets/d/lab", True)
+        await acl.grant("user:carol", "write", "/datasets/d/lab")
     finally:
         await hub_catalog.close()
     # a spoke's logins are its own: its users live in its own site catalog
@@ -530,8 +539,12 @@ async def _prepare_hub_and_spoke(hub_dir: Path, spoke_dir: Path, data: Path) -> 
 
 
 def test_a_spoke_serves_smb_and_refuses_what_may_not_go_there(tmp_path: Path) -> None:
+    """A spoke's shares, one of them a private directory (which smbd, as root, must
+    resolve before it becomes the user: the spoke looks it up as itself)."""
     hub_dir, spoke_dir, data = tmp_path / "hub", tmp_path / "spoke", tmp_path / "data"
     (data / "eu").mkdir(parents=True)
+    (data / "lab").mkdir()
+    (data / "lab" / "notes.txt").write_bytes(b"carol's lab notes")
     (data / "in.txt").write_bytes(b"from the hub\n" * 1000)
     (data / "eu" / "resident.txt").write_bytes(b"stays in the EU")
     SiteIdentity.create(hub_dir / "identity", "hub-eu")
@@ -540,14 +553,15 @@ def test_a_spoke_serves_smb_and_refuses_what_may_not_go_there(tmp_path: Path) ->
     (tmp_path / "out.txt").write_bytes(b"written at the spoke over SMB")
     with HubProcess(hub_dir, {"LOOMFS_FABRIC__LISTEN": "127.0.0.1:0"}) as hub:
         env = {"LOOMFS_SMB__LISTEN": "127.0.0.1:0",
-               "LOOMFS_SMB__SHARES": '{"d": {"path": "/datasets/d"}}'}  # fmt: skip
+               "LOOMFS_SMB__SHARES": '{"d": {"path": "/datasets/d"}, '
+                                     '"lab": {"path": "/datasets/d/lab"}}'}  # fmt: skip
         args = spoke_args(hub_dir, hub.urls["fabric"], "/datasets/d")
         with SpokeProcess(spoke_dir, env, args=args) as spoke:
             port = str(int(spoke.urls["smb"].rpartition(":")[2]))
 
-            def smb(commands: str) -> str:
+            def smb(commands: str, share: str = "d") -> str:
                 done = subprocess.run(
-                    ["smbclient", "//127.0.0.1/d", "-p", port, "-m", "SMB3",
+                    ["smbclient", f"//127.0.0.1/{share}", "-p", port, "-m", "SMB3",
                      "-U", "carol%carol-Secret-4", "-c", commands],
                     capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
                 )  # fmt: skip
@@ -556,9 +570,13 @@ def test_a_spoke_serves_smb_and_refuses_what_may_not_go_there(tmp_path: Path) ->
             out = smb("get in.txt in.txt; put out.txt out.txt")
             assert "NT_STATUS" not in out, out
             refused = smb("get eu\\resident.txt resident.txt")
+            lab = smb("get notes.txt notes.txt; put out.txt mine.txt", share="lab")
+            assert "NT_STATUS" not in lab, lab
     assert (tmp_path / "in.txt").read_bytes() == (data / "in.txt").read_bytes()
     # without write-back a spoke's write is the hub's before it is acknowledged
     assert (data / "out.txt").read_bytes() == b"written at the spoke over SMB"
+    assert (tmp_path / "notes.txt").read_bytes() == b"carol's lab notes"
+    assert (data / "lab" / "mine.txt").read_bytes() == b"written at the spoke over SMB"
     assert "NT_STATUS_ACCESS_DENIED" in refused or "NT_STATUS_OBJECT_NAME_NOT_FOUND" in refused
     got = tmp_path / "resident.txt"
     assert not got.exists() or got.read_bytes() == b""
@@ -605,7 +623,8 @@ def test_stopping_the_hub_stops_smbd_and_its_helpers_and_unmounts(tmp_path: Path
 
 
 def test_a_killed_hub_takes_its_smbd_with_it(tmp_path: Path) -> None:
-    """kill -9 of the hub gives it no chance to stop smbd: smbd goes by itself."""
+    """kill -9 of the hub gives it no chance to stop smbd or samba-dcerpcd (the RPC
+    services, which a share listing starts): both go by themselves, with their workers."""
     site = tmp_path / "site"
     site.mkdir()
     cli_ok(site, "user", "add", "erin", "--offline")
@@ -615,10 +634,18 @@ def test_a_killed_hub_takes_its_smbd_with_it(tmp_path: Path) -> None:
     try:
         smbd = int((site / "smb" / "samba" / "pid" / "smbd.pid").read_text().split()[0])
         assert smbd in running_with(conf_path)
+        port = hub.urls["smb"].rpartition(":")[2]
+        listing = subprocess.run(
+            ["smbclient", "-L", "127.0.0.1", "-p", port, "-U", "erin%erin-Secret-6"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert "loomfs" in listing.stdout, listing.stdout + listing.stderr
+        running = running_with(conf_path)
+        assert len(running) >= 3  # smbd, samba-dcerpcd, its RPC workers
         hub.kill()  # its process group; smbd is in a session of its own
 
         def gone() -> None:
-            assert _dead(smbd)
+            assert [pid for pid in running if not _dead(pid)] == []
 
         _eventually(gone)
     finally:

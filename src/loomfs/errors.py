@@ -180,6 +180,7 @@ def from_oserror(exc: OSError, path: str | None = None, *, disk: str | None = No
         _errno.ENAMETOOLONG: InvalidPath,
         _errno.ELOOP: InvalidPath,
         _errno.EROFS: PermissionDenied,
+        _errno.EFBIG: InvalidArgument,  # a size or offset past what the file system holds
     }
     cls = table.get(exc.errno or 0, LoomError)
     if cls is InsufficientStorage and disk is not None:

@@ -581,9 +581,10 @@ def smb_listeners(
     config: Config, namespace: Namespace, catalog: Catalog, *, hub: bool
 ) -> list[SocketListener]:
     """Samba's smbd over a mount of ``namespace`` where ``[smb] listen`` is set (users and
-    their SMB passwords from ``catalog``'s registry). At a hub, smbd resolves share paths
-    (as root, before it becomes the user) as the site itself, so a share may be private;
-    a spoke's calls go to its hub as their users, and loomfs itself is none of them."""
+    their SMB passwords from ``catalog``'s registry). smbd resolves share paths (as root,
+    before it becomes the user) as the site itself, so a share may be private: at a hub
+    loomfs, audited as smb; at a spoke the spoke, which its hub sees as ``site:NAME`` (an
+    internal principal's calls go as the site)."""
     smb = config.smb
     if not smb.listen:
         return []
@@ -591,7 +592,7 @@ def smb_listeners(
     server = SmbServer(
         namespace, UserRegistry(catalog), shares,
         state_dir=config.site.data_dir / "smb", site=config.site.name, smbd=smb.smbd,
-        resolver=replace(SYSTEM, site=config.site.name, protocol="smb") if hub else None,
+        resolver=replace(SYSTEM, site=config.site.name, protocol="smb" if hub else "internal"),
         extended_attributes=smb.extended_attributes,
     )  # fmt: skip
     return [SocketListener("smb", "smb", server, host_port(smb.listen, "smb.listen"))]

@@ -114,7 +114,9 @@ class Entry:
     ``version`` is the change-log sequence number of the last change to the content, so
     it only grows, and a (path, version) pair never names two different contents even
     across delete and re-create. Entries of one volume with the same ``inode`` and
-    ``nlink`` > 1 are hard links of one file.
+    ``nlink`` > 1 are hard links of one file. ``id`` is the catalog row's number where the
+    entry came from a catalog (None where it did not, or not yet: a create's answer): it
+    stays the entry's through renames and new versions, so it names the object, not the path.
     """
 
     path: str
@@ -133,6 +135,8 @@ class Entry:
     #: access and status-change times (None where the storage keeps none: the mtime stands in)
     atime_ns: int | None = None
     ctime_ns: int | None = None
+    #: not part of what an entry is (two looks at one file compare equal with or without it)
+    id: int | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:

@@ -369,6 +369,12 @@ class HubNamespace(ResolvingNamespace):
             entry = replace(entry, nlink=2 + await self.catalog.subdirs(entry.path))
         return entry
 
+    async def locate(self, who: Principal, entry_id: int) -> Entry:
+        found = await self.catalog.get_by_id(entry_id)
+        if found is None:
+            raise NotFound(f"no entry has the id {entry_id}")
+        return await self.stat(who, found.path)
+
     async def list(
         self, who: Principal, path: str, *, start_after: str | None = None, limit: int | None = None
     ) -> AsyncIterator[Entry]:

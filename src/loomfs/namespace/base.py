@@ -299,6 +299,13 @@ class Namespace(ABC):
         no links itself, answers as ``stat``."""
         return await self.stat(who, path)
 
+    async def locate(self, who: Principal, entry_id: int) -> Entry:
+        """The entry whose ``Entry.id`` is ``entry_id``, wherever renames over any protocol
+        took it (what a name that outlives renames, an NFS handle, needs); ``NotFound``
+        once it is removed. A namespace whose entries carry no ids of its own (a spoke's
+        are its hub's) cannot."""
+        raise NotSupported("this namespace does not find entries by their id")
+
     async def exists(self, who: Principal, path: str) -> bool:
         try:
             await self.stat(who, path)

@@ -381,6 +381,8 @@ def spec() -> dict[str, Any]:
                         "nlink": {"type": "integer"},
                         "atime_ns": {"type": ["integer", "null"]},
                         "ctime_ns": {"type": ["integer", "null"]},
+                        # the hub catalog's number for the entry: it outlives renames
+                        "id": {"type": ["integer", "null"]},
                     },
                 },
                 "Tags": {"type": "object", "additionalProperties": {"type": "string"}},

@@ -255,6 +255,10 @@ class Catalog(ABC):
     async def get(self, path: str) -> Entry | None: ...
 
     @abstractmethod
+    async def get_by_id(self, entry_id: int) -> Entry | None:
+        """The entry whose ``Entry.id`` is ``entry_id``, wherever it is now."""
+
+    @abstractmethod
     async def get_many(self, paths: Sequence[str]) -> dict[str, Entry]: ...
 
     @abstractmethod

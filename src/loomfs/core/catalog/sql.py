@@ -464,6 +464,7 @@ def _entry(row: Sequence[Any]) -> Entry:
         nlink=row[14],
         atime_ns=row[15],
         ctime_ns=row[16],
+        id=row[0],
     )
 
 
@@ -645,6 +646,15 @@ class SqlCatalog(Catalog):
         hit = await self._lookup(lambda cur: self._get(cur, path))
         return None if hit is None else hit[1]
 
+    async def get_by_id(self, entry_id: int) -> Entry | None:
+        def fn(cur: Cursor) -> Entry | None:
+            row = self._q(
+                cur, f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id = ?", (entry_id,)
+            ).fetchone()
+            return None if row is None else _entry(row)
+
+        return await self._lookup(fn)
+
     async def get_many(self, paths_: Sequence[str]) -> dict[str, Entry]:
         if len(paths_) <= _BATCH:
             hits = await self._lookup(lambda cur: self._get_many(cur, paths_))
@@ -816,6 +826,7 @@ class SqlCatalog(Catalog):
                 op.nlink,
                 op.atime_ns,
                 op.ctime_ns,
+                old_id,  # a new row's number is known only once it is inserted
             )
             row = (
                 op.kind.value,

@@ -24,7 +24,7 @@ from ... import paths
 from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
 from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
-from ...errors import Conflict, LoomError
+from ...errors import Conflict, LoomError, PermissionDenied
 from ...namespace.base import Namespace
 from .abi import (
     ENOATTR,
@@ -325,7 +325,20 @@ class LoomOperations:
         changes = _ownership(entry, ctx)
         if mode is not None and stat.S_IMODE(entry.mode) != mode:
             changes["mode"] = mode
-        return await self.ns.set_attrs(who, entry.path, **changes) if changes else entry
+        return await self._set_owning(who, entry.path, changes) if changes else entry
+
+    async def _set_owning(self, who: Principal, path: str, changes: dict[str, int]) -> Entry:
+        """``set_attrs`` of ``changes``, which may give a new entry to its maker: where that
+        change of owner is refused (it needs admin, which a grant of write in a governed
+        directory is not), the entry keeps the owner the site gave it and the rest is set.
+        A local disk would give it to her; in loomfs only an admin gives files away."""
+        try:
+            return await self.ns.set_attrs(who, path, **changes)
+        except PermissionDenied:
+            rest = {key: value for key, value in changes.items() if key not in ("uid", "gid")}
+            if rest == changes:
+                raise
+            return await self.ns.set_attrs(who, path, **rest)
 
     async def _buffer(
         self, node: Node, who: Principal, version: int, *, empty: bool
@@ -386,7 +399,7 @@ class LoomOperations:
         pending, buffer.pending = buffer.pending, {}
         before = buffer.base_version
         try:
-            node.entry = await self.ns.set_attrs(who, node.path, **pending)
+            node.entry = await self._set_owning(who, node.path, pending)
         except BaseException:
             buffer.pending = {**pending, **buffer.pending}
             raise

@@ -1,16 +1,19 @@
 """NFS file handles (protocol layer): stable, authenticated names of namespace objects.
 
 A handle is ``magic | export id | object id | MAC``: the export id is the first bytes of a
-hash of the export's path, the object id a number this server gave the object's path in
-its handle table (SQLite, under the data directory), and the MAC an HMAC of both with a key
-kept beside it. So a handle survives a restart (the table and key are on disk), a forged or
-altered one is NFS3ERR_BADHANDLE before anything is looked up, and one naming a removed
-object is NFS3ERR_STALE: removal through NFS retires its id (a new file of the same name
-gets a new one), and a path that is gone is stale whichever protocol removed it. Inode
-numbers cannot serve: a namespace write replaces a posix file atomically, under a new inode.
+hash of the export's path, the object id a number this server gave the object in its
+handle table (SQLite, under the data directory), and the MAC an HMAC of both with a key
+kept beside it. So a handle survives a restart (the table and key are on disk), and a forged
+or altered one is NFS3ERR_BADHANDLE before anything is looked up. Inode numbers cannot
+serve: a namespace write replaces a posix file atomically, under a new inode.
 
-Renames through NFS move the ids of everything below the old name to the new one, so open
-handles keep working; a rename made over another protocol leaves the old handles stale.
+An object id stands for the entry's identity where the namespace gives one (``Entry.id``,
+the hub catalog's row, which a rename or a new version keeps) and remembers the path it
+was last seen at. The server looks there first and, where that path is gone or now names
+another entry, asks the namespace where the entry went (``Namespace.locate``): a rename
+over any protocol keeps the handle valid, and a removed object is NFS3ERR_STALE. Where the
+namespace has no ids (a spoke), the path is all there is: renames through NFS move the ids
+below the old name to the new one, and a rename over another protocol leaves them stale.
 The object id doubles as NFS's ``fileid`` and READDIR's cookie, both stable across restarts.
 """
 
@@ -39,6 +42,8 @@ def export_id(path: str) -> int:
 class Known(NamedTuple):
     path: str
     live: bool
+    #: the entry's identity (``Entry.id``); None where the namespace gave none
+    entry: int | None
 
 
 def _load_key(path: Path) -> bytes:
@@ -71,8 +76,15 @@ class HandleTable:
             "CREATE TABLE IF NOT EXISTS handles (id INTEGER PRIMARY KEY AUTOINCREMENT, "
             "path TEXT NOT NULL, live INTEGER NOT NULL DEFAULT 1)"
         )
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(handles)")}
+        if "entry" not in columns:  # a table of a server that keyed its handles by path
+            self.db.execute("ALTER TABLE handles ADD COLUMN entry INTEGER")
+        # two live ids may hold one path for a while (an entry renamed away over another
+        # protocol, then a new one at its name), never one entry
+        self.db.execute("DROP INDEX IF EXISTS handles_live")
         self.db.execute(
-            "CREATE UNIQUE INDEX IF NOT EXISTS handles_live ON handles (path) WHERE live = 1"
+            "CREATE UNIQUE INDEX IF NOT EXISTS handles_entry ON handles (entry) "
+            "WHERE live = 1 AND entry IS NOT NULL"
         )
         self.db.execute("CREATE INDEX IF NOT EXISTS handles_path ON handles (path)")
 
@@ -103,30 +115,72 @@ class HandleTable:
     # -- the table -------------------------------------------------------------------------
 
     def known(self, object_id: int) -> Known | None:
-        row = self.db.execute("SELECT path, live FROM handles WHERE id = ?", (object_id,))
+        row = self.db.execute("SELECT path, live, entry FROM handles WHERE id = ?", (object_id,))
         found = row.fetchone()
-        return None if found is None else Known(found[0], bool(found[1]))
+        return None if found is None else Known(found[0], bool(found[1]), found[2])
 
-    def find(self, path: str) -> int | None:
-        """The object id of ``path``, if it has one."""
-        row = self.db.execute("SELECT id FROM handles WHERE path = ? AND live = 1", (path,))
-        found = row.fetchone()
-        return None if found is None else int(found[0])
+    def find(self, path: str, entry: int | None = None) -> int | None:
+        """The object id of the entry ``entry`` (else of what is at ``path``), if it has one."""
+        if entry is not None:
+            row = self.db.execute(
+                "SELECT id FROM handles WHERE entry = ? AND live = 1", (entry,)
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+        # not another entry's id whose path is out of date (it was renamed away)
+        row = self.db.execute(
+            "SELECT id FROM handles WHERE path = ? AND live = 1 AND (entry IS NULL OR ? IS NULL) "
+            "ORDER BY id DESC LIMIT 1",
+            (path, entry),
+        ).fetchone()
+        return None if row is None else int(row[0])
 
-    def id(self, path: str) -> int:
-        """The object id of ``path``, made if it has none."""
-        found = self.find(path)
-        if found is not None:
-            return found
-        cur = self.db.execute("INSERT INTO handles (path) VALUES (?)", (path,))
+    def id(self, path: str, entry: int | None = None) -> int:
+        """The object id of the entry ``entry`` now at ``path`` (of whatever is at ``path``
+        where the namespace gave no identity), made if it has none."""
+        if entry is not None:
+            row = self.db.execute(
+                "SELECT id, path FROM handles WHERE entry = ? AND live = 1", (entry,)
+            ).fetchone()
+            if row is not None:
+                if row[1] != path:  # renamed over another protocol: its name as it is now
+                    self.db.execute("UPDATE handles SET path = ? WHERE id = ?", (path, row[0]))
+                return int(row[0])
+        # without an identity (a create's answer, a spoke's own pending write): what is at
+        # the path; with one, an id given before it was known
+        row = self.db.execute(
+            "SELECT id FROM handles WHERE path = ? AND live = 1 AND (entry IS NULL OR ? IS NULL) "
+            "ORDER BY id DESC LIMIT 1",
+            (path, entry),
+        ).fetchone()
+        if row is not None:
+            if entry is not None:
+                self.db.execute("UPDATE handles SET entry = ? WHERE id = ?", (entry, row[0]))
+            return int(row[0])
+        cur = self.db.execute("INSERT INTO handles (path, entry) VALUES (?, ?)", (path, entry))
         assert cur.lastrowid is not None
         return cur.lastrowid
 
+    def adopt(self, object_id: int, entry: int) -> None:
+        """The object ``object_id`` (given without an identity) is the entry ``entry``."""
+        self.db.execute(
+            "UPDATE handles SET entry = ? WHERE id = ? AND entry IS NULL AND NOT EXISTS "
+            "(SELECT 1 FROM handles WHERE entry = ? AND live = 1)",
+            (entry, object_id, entry),
+        )
+
+    def retire(self, object_id: int) -> None:
+        """The object is gone: its handles are stale."""
+        self.db.execute("UPDATE handles SET live = 0 WHERE id = ?", (object_id,))
+
     def removed(self, path: str) -> None:
-        """``path`` and everything below it are gone: their handles are stale."""
+        """``path`` and everything below it are gone: the handles of what is known only by
+        its path are stale (an entry with an identity is found gone when next looked at,
+        since it may have been renamed away before)."""
         below = path.rstrip("/") + "/"
         self.db.execute(
-            "UPDATE handles SET live = 0 WHERE live = 1 AND (path = ? OR substr(path, 1, ?) = ?)",
+            "UPDATE handles SET live = 0 WHERE live = 1 AND entry IS NULL "
+            "AND (path = ? OR substr(path, 1, ?) = ?)",
             (path, len(below), below),
         )
 

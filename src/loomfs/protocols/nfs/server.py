@@ -12,6 +12,7 @@ translates. File handles are in ``handles.py``, writes gathered until COMMIT in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import logging
@@ -37,6 +38,7 @@ from ...errors import (
     Conflict,
     LoomError,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
 from ...namespace.base import Namespace
@@ -119,16 +121,19 @@ class Export:
         return any(address in network for network in self.networks)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Target:
     """What a handle names: the export it was handed out through (the client's file
-    system: fsid), the innermost export holding it (whose rules hold), its object id
-    and its current path."""
+    system: fsid), the innermost export holding it (whose rules hold), its object id,
+    its entry's identity (None: unknown) and its path, which ``NfsServer._stat`` updates
+    where the entry was renamed over another protocol; ``peer``: the client asking."""
 
     export: Export
     rules: Export
     object_id: int
+    entry: int | None
     path: str
+    peer: str
 
 
 @dataclass(slots=True)
@@ -352,25 +357,46 @@ class NfsServer:
         known = self.handles.known(object_id)
         if known is None or not known.live or not paths.is_within(known.path, export.path):
             raise NfsError(e.NFS3ERR_STALE, "the object is gone")
+        target = Target(export, export, object_id, known.entry, known.path, call.peer)
+        self._place(target, known.path)
+        return target
+
+    def _place(self, target: Target, path: str) -> None:
+        """``target`` is at ``path``, whose innermost export's rules hold for it."""
+        if not paths.is_within(path, target.export.path):  # moved out of the client's export
+            raise NfsError(e.NFS3ERR_STALE, f"{target.path} is no longer in {target.export.path}")
         # an export inside the one mounted keeps its own rules for what is below it
-        rules = self._export_of(known.path) or export
-        if not rules.admits(call.peer):
-            raise NfsError(e.NFS3ERR_ACCES, f"{call.peer} may not use {rules.path}")
-        return Target(export, rules, object_id, known.path)
+        rules = self._export_of(path) or target.export
+        if not rules.admits(target.peer):
+            raise NfsError(e.NFS3ERR_ACCES, f"{target.peer} may not use {rules.path}")
+        target.rules, target.path = rules, path
 
     def _handle(self, export: Export, entry: Entry) -> tuple[bytes, int]:
-        object_id = self.handles.id(entry.path)
+        object_id = self.handles.id(entry.path, entry.id)
         return self.handles.encode(export.id, object_id), object_id
 
     async def _stat(self, who: Principal, target: Target) -> Entry:
-        """The entry a handle names now; STALE if it is gone."""
-        try:
+        """The entry a handle names now, found where renames over other protocols took it;
+        STALE if it is gone."""
+        with contextlib.suppress(NotFound):
             entry = await self.ns.stat(who, target.path)
-        except NotFound:
-            self.handles.removed(target.path)
-            self.spools.discard(target.object_id)
-            raise NfsError(e.NFS3ERR_STALE, f"{target.path} is gone") from None
-        return entry
+            # an entry without an id (a spoke's own pending write) is taken for the object
+            if target.entry is None or entry.id is None or entry.id == target.entry:
+                if target.entry is None and entry.id is not None:
+                    self.handles.adopt(target.object_id, entry.id)
+                    target.entry = entry.id
+                return entry
+        # its path is gone or names another entry now: where did this one go?
+        if target.entry is not None:
+            with contextlib.suppress(NotFound, NotSupported):
+                moved = await self.ns.locate(who, target.entry)
+                self._place(target, moved.path)
+                self.handles.id(moved.path, moved.id)
+                self.spools.moved(target.object_id, moved.path)
+                return moved
+        self.handles.retire(target.object_id)
+        self.spools.discard(target.object_id)
+        raise NfsError(e.NFS3ERR_STALE, f"{target.path} is gone")
 
     async def _stat_quiet(self, who: Principal, path: str) -> Entry | None:
         try:
@@ -427,7 +453,7 @@ class NfsServer:
             p.boolean(False)
             return
         p.boolean(True)
-        self._fattr(p, entry, self.handles.id(entry.path), export)
+        self._fattr(p, entry, self.handles.id(entry.path, entry.id), export)
 
     def _pre_op(self, p: Packer, before: tuple[int, int, int] | None) -> None:
         if before is None:
@@ -513,15 +539,21 @@ class NfsServer:
             # look (STALE, NOTDIR), and its attributes are optional (the client's cache
             # of them is only refreshed by them), so a hit costs one namespace call
             directory, path = None, paths.join(target.path, _check_name(name))
+        found: Entry | None = None
         try:
-            entry = await self.ns.stat(who, path)
+            found = await self.ns.stat(who, path)
         except LoomError as exc:
-            status = to_nfsstat(exc)
+            status, seen = to_nfsstat(exc), target.path
             directory = directory or await self._looked_in(who, target)
-            p = Packer()
-            p.uint(status)
-            self._post_op(p, directory, target.export)
-            raise _Answered(p) from None
+            if target.path != seen:  # the directory was renamed over another protocol
+                with contextlib.suppress(NotFound):
+                    found = await self.ns.stat(who, paths.join(target.path, name))
+            if found is None:
+                p = Packer()
+                p.uint(status)
+                self._post_op(p, directory, target.export)
+                raise _Answered(p) from None
+        entry = found
         handle, object_id = self._handle(target.export, entry)
         p = Packer()
         p.opaque(handle)
@@ -700,7 +732,7 @@ class NfsServer:
             if how == 1 or entry.kind is not EntryKind.FILE or not retransmitted:
                 raise
             if how == 0 and entry.kind is EntryKind.FILE and s.size == 0 and entry.size:
-                self.spools.discard(self.handles.id(path))
+                self.spools.discard(self.handles.id(path, entry.id))
                 entry = await self.ns.write(who, path, aiter_bytes(b""))
         p = Packer()
         await self._created(p, who, target, before, entry)
@@ -759,10 +791,11 @@ class NfsServer:
         if not directory and entry.is_dir:
             raise NfsError(e.NFS3ERR_ISDIR, path)
         await self.ns.remove(who, path, recursive=False)
-        known = self.handles.find(path)  # a file never handed out has no id to retire
+        known = self.handles.find(path, entry.id)  # a file never handed out has no id
         if known is not None:
             self.spools.discard(known)
-        if known is not None or directory:  # ids below a directory go with it
+            self.handles.retire(known)
+        if directory:  # ids below a directory go with it
             self.handles.removed(path)
         p = Packer()
         await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
@@ -883,7 +916,7 @@ class NfsServer:
         """One entry3 (or entryplus3) and the size of its name part, which is what
         READDIRPLUS's dircount counts; the cookie is the object id plus 2 unless given."""
         p = Packer()
-        object_id = self.handles.id(entry.path)
+        object_id = self.handles.id(entry.path, entry.id)
         p.boolean(True)
         p.uhyper(object_id)
         p.string(name)
@@ -976,7 +1009,7 @@ class NfsServer:
         if entry is not None and not entry.is_dir:
             p.uint(e.NFS3ERR_NOTDIR)
             return p
-        object_id = self.handles.id(path)
+        object_id = self.handles.id(path, None if entry is None else entry.id)
         self.mounts.add((call.peer, path))
         p.uint(MNT3_OK)
         p.opaque(self.handles.encode(export.id, object_id))

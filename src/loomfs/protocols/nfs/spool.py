@@ -146,7 +146,10 @@ class Spools:
         """Set the file's size and commit it (SETATTR is synchronous)."""
         self.failure(object_id)
         async with self._held(who, object_id, entry) as spool:
-            os.ftruncate(spool.fd, size)
+            try:
+                os.ftruncate(spool.fd, size)
+            except OSError as exc:  # EFBIG: past what the spool's disk holds
+                raise from_oserror(exc, entry.path, disk=f"the NFS spool {self.directory}") from exc
             spool.dirty, spool.who = True, who
         committed = await self.commit(object_id)
         assert committed is not None
@@ -203,6 +206,12 @@ class Spools:
         for spool in list(self._spools.values()):
             if spool.dirty and paths.is_within(spool.path, top):
                 await self.commit(spool.object_id)
+
+    def moved(self, object_id: int, path: str) -> None:
+        """The file was renamed over another protocol: its writes land at its new name."""
+        spool = self._spools.get(object_id)
+        if spool is not None:
+            spool.path = path
 
     def discard(self, object_id: int) -> None:
         """The file is gone: what was not committed of it goes too."""

@@ -86,10 +86,13 @@ def smb_conf(
     passdb: Path,
     shares: Iterable[Share],
     extended_attributes: bool = True,
+    rpc_on_demand: bool = True,
 ) -> str:
     """smb.conf of a standalone server on ``host``:``port`` with its state under ``state``:
     SMB2 and later only, signing required, no NetBIOS, no printing, no guests; names are
-    case-sensitive and DOS attributes are not kept (they would be xattrs, i.e. tags)."""
+    case-sensitive and DOS attributes are not kept (they would be xattrs, i.e. tags).
+    ``rpc_on_demand``: smbd starts samba-dcerpcd when a client first asks for an RPC
+    (else its starter runs it)."""
     wildcard = host in ("0.0.0.0", "::", "")
     settings: dict[str, str] = {
         "server role": "standalone server",
@@ -125,6 +128,7 @@ def smb_conf(
         "short preserve case": "yes",
         "mangled names": "no",
         "wide links": "no",
+        "rpc start on demand helpers": "yes" if rpc_on_demand else "no",
     }
     if not wildcard:
         settings["interfaces"] = host

@@ -1,9 +1,12 @@
 """Samba over the namespace (protocol layer): a private loomfs mount, smbd as a child.
 
 ``SmbServer`` mounts the namespace in a directory of its own (FUSE, in this process), in
-which each share is a directory, and runs ``smbd`` over it: in a session of its own
-(smbd signals its whole process group when it exits), stopped by its pid, started again
-if it dies, and told to stop when this process dies without stopping it. Samba logs a
+which each share is a directory, and runs ``smbd`` over it, and ``samba-dcerpcd`` (the RPC
+services: share listings, user lookups) beside it, rather than letting smbd start it on
+demand, when it would leave smbd's process group and outlive a killed hub. Each runs in
+a session of its own (smbd signals its whole process group when it exits), is stopped by
+its pid, started again if it dies, and told to stop when this process dies without
+stopping it. Samba logs a
 user in against the NT hash in the registry and runs her session as her uid of the SMB
 range (``users.SmbLogin``); the mount maps that uid back to her, so the namespace decides
 and audits each call as hers, protocol ``smb``.
@@ -13,8 +16,8 @@ sessions run as many), so the kernel's own check guards the way in. Its director
 ``root:loomfs-smb`` mode 0710: only root and members of that group, which exists only in
 the account files smbd is given (nss_wrapper), pass. Root (smbd before it becomes the
 user, and any other root process, which could read the volumes' disks anyway) looks
-names up and stats them as ``resolver`` (at a hub: loomfs itself), since smbd resolves
-each share's path as root; for anything else it is ``anonymous`` to the namespace,
+names up and stats them as ``resolver`` (the site itself; a spoke's hub sees the spoke),
+since smbd resolves each share's path as root; for anything else it is ``anonymous``,
 never the administrator. smbd enters a share as the user, so every directory above the
 mount must let her pass: the mount is not in the data directory (often 0700) but in
 ``RUN_DIR``, under a name derived from the data directory, so that a later start finds
@@ -60,6 +63,7 @@ NSS_WRAPPER = "libnss_wrapper.so"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: where the mounts of SMB servers are (root's, traversable, not listable)
 RUN_DIR = Path("/run/loomfs-smb")
+SMBD, DCERPCD = "smbd", "samba-dcerpcd"
 
 
 class SmbServer:
@@ -100,7 +104,8 @@ class SmbServer:
             for name, share in sorted(shares.items())
         ]
         self.smbd = smbd
-        self.proc: asyncio.subprocess.Process | None = None
+        #: the Samba daemons running now, by program (smbd, samba-dcerpcd)
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
         self._logins: list[SmbLogin] | None = None
         self._ops: LoomOperations | None = None
         self._session: Session | None = None
@@ -123,24 +128,32 @@ class SmbServer:
         self._stop_leftovers()
         logins = await self.users.smb_logins()
         self._write_accounts(logins)
+        dcerpcd = dcerpcd_of(smbd)  # None: a Samba older than 4.16, which has none
         self.conf_path.write_text(
             conf.smb_conf(
                 host=host, port=port, state=self.samba_dir, passdb=self.passdb,
                 shares=self.shares, extended_attributes=self.extended_attributes,
+                rpc_on_demand=dcerpcd is None,
             )
         )  # fmt: skip
+        programs = [(SMBD, *smbd_command(smbd, self.conf_path, self.accounts))]
+        if dcerpcd is not None:
+            programs.append(
+                (DCERPCD, *dcerpcd_command(str(dcerpcd), self.conf_path, self.accounts))
+            )
         mounted_now: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks.append(asyncio.create_task(self._serve_mount(logins, mounted_now)))
         try:
             await mounted_now
-            self.proc = await self._spawn(smbd)
-            self._tasks.append(asyncio.create_task(self._supervise(smbd)))
+            for program, argv, env in programs:
+                await self._spawn(program, argv, env)
+                self._tasks.append(asyncio.create_task(self._supervise(program, argv, env)))
             self._tasks.append(asyncio.create_task(self._follow_registry()))
             await self._listening(host, port)
         except BaseException:
             await self.stop()  # nothing half started stays: no caller will stop it
             raise
-        log.info("smbd serving", extra={"port": port, "pid": self.proc.pid})
+        log.info("smbd serving", extra={"port": port, "pid": self.procs[SMBD].pid})
         return port
 
     async def stop(self) -> None:
@@ -149,10 +162,10 @@ class SmbServer:
         for task in supervisor:
             task.cancel()
         await asyncio.gather(*supervisor, return_exceptions=True)
-        if self.proc is not None:
-            await _stop(self.proc)
-            self.proc = None
-        kill_all(running_with(self.conf_path))  # the RPC helpers smbd started
+        for proc in self.procs.values():
+            await _stop(proc)
+        self.procs.clear()
+        kill_all(running_with(self.conf_path))  # RPC workers left by a daemon killed
         if self._session is not None:
             self._session.terminate()
         await asyncio.gather(*self._tasks[:1], return_exceptions=True)
@@ -239,24 +252,41 @@ class SmbServer:
 
     # -- smbd --------------------------------------------------------------------------------
 
-    async def _spawn(self, smbd: str) -> asyncio.subprocess.Process:
-        argv, env = smbd_command(smbd, self.conf_path, self.accounts)
-        # stdin is /dev/null: a foreground smbd exits at EOF when its stdin is a pipe
-        with (self.samba_dir / "log" / "smbd.out").open("ab") as out:
-            return await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True, preexec_fn=dying_with(os.getpid()),
-            )  # fmt: skip
+    async def _spawn(self, program: str, argv: list[str], env: dict[str, str]) -> None:
+        """Start ``program``; samba-dcerpcd only once it serves (it closes the pipe it is
+        given then), since smbd answers a client's RPC with nothing while it starts."""
+        ready: tuple[int, int] | None = os.pipe() if program == DCERPCD else None
+        if ready is not None:
+            argv = [*argv, f"--ready-signal-fd={ready[1]}"]
+        try:
+            # stdin is /dev/null: a foreground smbd exits at EOF when its stdin is a pipe
+            with (self.samba_dir / "log" / f"{program}.out").open("ab") as out:
+                proc = self.procs[program] = await asyncio.create_subprocess_exec(
+                    *argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=env, start_new_session=True, preexec_fn=dying_with(os.getpid()),
+                    pass_fds=() if ready is None else (ready[1],),
+                )  # fmt: skip
+            if ready is not None:
+                os.close(ready[1])
+                ready = (ready[0], -1)
+                await _closed_or_dead(ready[0], proc)
+        finally:
+            for fd in ready or ():
+                if fd >= 0:
+                    os.close(fd)
 
-    async def _supervise(self, smbd: str) -> None:
+    async def _supervise(self, program: str, argv: list[str], env: dict[str, str]) -> None:
         while True:
-            assert self.proc is not None
-            code = await self.proc.wait()
+            proc = self.procs[program]
+            code = await proc.wait()
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its sessions die with it
-            log.warning("smbd exited (%s): starting it again", code, extra={"code": code})
+                os.killpg(proc.pid, signal.SIGKILL)  # its sessions or workers die with it
+            log.warning(
+                "%s exited (%s): starting it again", program, code,
+                extra={"program": program, "code": code},
+            )  # fmt: skip
             await asyncio.sleep(RESTART_DELAY)
-            self.proc = await self._spawn(smbd)
+            await self._spawn(program, argv, env)
 
     async def _listening(self, host: str, port: int) -> None:
         target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
@@ -266,8 +296,7 @@ class SmbServer:
             try:
                 _, writer = await asyncio.open_connection(target, port)
             except OSError:
-                assert self.proc is not None
-                if self.proc.returncode is not None or loop.time() > deadline:
+                if self.procs[SMBD].returncode is not None or loop.time() > deadline:
                     log_file = self.samba_dir / "log" / "smbd.out"
                     tail = log_file.read_text(errors="replace")[-2000:]
                     raise ConfigError(f"smbd did not start listening on {port}: {tail}") from None
@@ -283,6 +312,29 @@ def smbd_command(
     """smbd's command line and environment: in the foreground, no process group of its
     own making (it is started in a session of its own), its accounts from ``accounts``
     (passwd, group) through nss_wrapper. Start it with ``start_new_session``."""
+    return _samba_command(smbd, [], conf_path, accounts)
+
+
+def dcerpcd_command(
+    dcerpcd: str, conf_path: Path, accounts: tuple[Path, Path]
+) -> tuple[list[str], dict[str, str]]:
+    """samba-dcerpcd's, as smbd's (``smbd_command``), serving every RPC service Samba has."""
+    return _samba_command(dcerpcd, ["--libexec-rpcds"], conf_path, accounts)
+
+
+def dcerpcd_of(smbd: str) -> Path | None:
+    """The samba-dcerpcd of the Samba whose smbd is ``smbd`` (in its libexec), if it has one."""
+    found = shutil.which(smbd)
+    if found is None:
+        return None
+    prefix = Path(found).resolve().parent.parent  # /usr/sbin/smbd: /usr
+    dcerpcd = prefix / "libexec" / "samba" / "samba-dcerpcd"
+    return dcerpcd if dcerpcd.is_file() else None
+
+
+def _samba_command(
+    program: str, options: list[str], conf_path: Path, accounts: tuple[Path, Path]
+) -> tuple[list[str], dict[str, str]]:
     passwd, group = accounts
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -290,7 +342,7 @@ def smbd_command(
         "NSS_WRAPPER_PASSWD": str(passwd),
         "NSS_WRAPPER_GROUP": str(group),
     }
-    argv = [smbd, "--foreground", "--no-process-group", "--debug-stdout",
+    argv = [program, *options, "--foreground", "--no-process-group", "--debug-stdout",
             "--configfile", str(conf_path)]  # fmt: skip
     return argv, env
 
@@ -356,6 +408,22 @@ def _free_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+async def _closed_or_dead(fd: int, proc: asyncio.subprocess.Process) -> None:
+    """Until the pipe's other end ``fd`` reads is closed, or ``proc`` exits (its
+    supervisor starts it again), or START_TIMEOUT passes (it is slow, not broken)."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(fd, lambda: None if readable.done() else readable.set_result(None))
+    exited = asyncio.ensure_future(proc.wait())
+    try:
+        await asyncio.wait([readable, exited], timeout=START_TIMEOUT,
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    finally:
+        loop.remove_reader(fd)
+        readable.cancel()
+        exited.cancel()
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
