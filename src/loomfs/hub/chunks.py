@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter
 
+from ..chunks import bundle as bundles
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.codec import (
     DEFAULT_SETTINGS,
@@ -491,6 +492,34 @@ class HubChunks:
                 return await reader.read_all()
         except (Conflict, NotFound):
             return None
+
+    # -- small files in bundles -----------------------------------------------------------
+
+    async def bundle(self, files: Sequence[tuple[bytes, bytes]]) -> tuple[list[int], bytes]:
+        """One frame (``chunks.bundle``) of the bytes of ``files``, given as (bytes, the
+        BLAKE3 id of the version the receiver holds of that path, or b""), and the
+        indices of the files whose held version is its dictionary, in order: those
+        changed whose held bytes the delta store keeps. Each file sent is kept there by
+        its id (it will be held, a base for its next version)."""
+
+        def run() -> tuple[list[int], bytes]:
+            store = self.delta_store
+            bases: list[int] = []
+            base_bytes: list[bytes] = []
+            for index, (_, have) in enumerate(files):
+                if store is None or not have:
+                    continue
+                held = store.chunk(have)
+                if held is not None and sum(map(len, base_bytes)) + len(held) <= bundles.MAX_BYTES:
+                    bases.append(index)
+                    base_bytes.append(held)
+            frame = bundles.encode([data for data, _ in files], base_bytes)
+            if store is not None:
+                for data, _ in files:
+                    store.keep(chunk_id(data), data)
+            return bases, frame
+
+        return await asyncio.get_running_loop().run_in_executor(self._encoders, run)
 
     # -- upload ----------------------------------------------------------------------------
 
