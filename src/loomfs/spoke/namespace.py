@@ -666,9 +666,12 @@ class SpokeNamespace(Namespace):
         stats = WarmStats()
         top = self._inside(top)
 
-        async def one(entry: Entry) -> None:
+        def held(entry: Entry) -> int:
             before = self.cache.get(entry.path, entry.version)
-            had = before.cached_bytes if before is not None else 0
+            return before.cached_bytes if before is not None else 0
+
+        async def one(entry: Entry, had: int | None = None) -> None:
+            had = held(entry) if had is None else had  # what was cached before the warm-up
             try:
                 source = await self.cache.read(
                     entry.path, entry.version, entry.size, 0, entry.size, self._fetch
@@ -695,9 +698,10 @@ class SpokeNamespace(Namespace):
         # Small files go a bundle at a time: one request and one frame for many of them,
         # deltas included (``Cache.fill_small``), then each is a read of what is cached.
         async def bundled(entries: list[Entry]) -> None:
+            had = [held(entry) for entry in entries]
             await self.cache.fill_small([(e.path, e.version, e.size) for e in entries])
-            for entry in entries:
-                await one(entry)
+            for entry, before in zip(entries, had, strict=True):
+                await one(entry, before)
 
         running: set[asyncio.Task[None]] = set()
         small: list[Entry] = []
