@@ -495,6 +495,12 @@ class HubChunks:
 
     # -- small files in bundles -----------------------------------------------------------
 
+    async def keep_whole(self, data: bytes, frame: bytes) -> None:
+        """A small file sent whole (as ``frame``), kept by its id: the receiver holds it
+        now, and it is the base of a bundle's delta of its next version."""
+        if self.delta_store is not None:
+            await asyncio.to_thread(self.delta_store.keep, chunk_id(data), data, frame)
+
     async def bundle(self, files: Sequence[tuple[bytes, bytes]]) -> tuple[list[int], bytes]:
         """One frame (``chunks.bundle``) of the bytes of ``files``, given as (bytes, the
         BLAKE3 id of the version the receiver holds of that path, or b""), and the

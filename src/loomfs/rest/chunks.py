@@ -119,6 +119,8 @@ class ChunkRoutes:
             digest = chunk_id(data)
             # content the spoke holds (a version with only a new mtime, a copy): its id only
             body = b"" if digest == have else await asyncio.to_thread(encode_chunk, data)
+            if body:
+                await self.chunks.keep_whole(data, body)
             Transfer("hub", "down", path, logical=len(data), wire=len(body)).done()
             headers = {
                 wire.ENTRY_HEADER: wire.entry_header(reader.entry),
