@@ -20,6 +20,7 @@ from loomfs.chunks import bundle
 from loomfs.chunks.codec import chunk_id
 from loomfs.core.types import SYSTEM, Principal
 from loomfs.errors import CorruptData
+from loomfs.namespace.chunklink import SmallAsk
 from loomfs.rest import client as rest_client
 from loomfs.testing.fabric import fabric
 from loomfs.testing.loop import LoopThread
@@ -156,3 +157,29 @@ def test_a_changed_small_file_comes_as_a_delta_in_its_bundle(tmp_path: Path, fir
             assert loop.run(put(edited, "warm")) < whole // 4
         finally:
             loop.run(made.__aexit__(None, None, None))
+
+
+async def test_a_bundle_skips_what_it_cannot_send_and_names_held_bytes(tmp_path: Path) -> None:
+    """Missing, moved on, too large, a directory: None each (the spoke fetches those alone);
+    a file whose bytes the asker holds comes back as those bytes, without crossing."""
+    async with fabric(tmp_path) as env:
+        hub = env.hub.namespace
+        await hub.mkdir(SYSTEM, "/vol/s")
+        kept = await hub.write_bytes(SYSTEM, "/vol/s/kept", b"same bytes" * 50)
+        old = await hub.write_bytes(SYSTEM, "/vol/s/moved", b"v1")
+        await hub.write_bytes(SYSTEM, "/vol/s/moved", b"v2")
+        big = await hub.write_bytes(SYSTEM, "/vol/s/big", b"x" * 5_000)
+        plain = await hub.write_bytes(SYSTEM, "/vol/s/plain", b"plain text\n" * 20)
+        held = b"same bytes" * 50
+        asks = [
+            SmallAsk("/vol/s/kept", kept.version, held, chunk_id(held)),
+            SmallAsk("/vol/s/moved", old.version),
+            SmallAsk("/vol/s/big", big.version),
+            SmallAsk("/vol/s/gone", 1),
+            SmallAsk("/vol/s", 1),
+            SmallAsk("/vol/s/plain", plain.version, b"other", chunk_id(b"other")),
+        ]
+        link = env.spoke.cache.chunks
+        assert link is not None
+        got = await link.link.fetch_small(asks, small=4_096)
+        assert got == [held, None, None, None, None, b"plain text\n" * 20]

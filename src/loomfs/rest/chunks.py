@@ -155,13 +155,16 @@ class ChunkRoutes:
             raise InvalidArgument("a bundle's files are [path, version, held id hex]") from None
         namespace = self.server.namespace
         limit = asyncio.Semaphore(READS_AT_ONCE)
+        room = [bundle.MAX_BYTES]  # what the answer may still hold: files past it are skipped
 
         async def one(path: str, version: int) -> bytes | None:
             async with limit:
                 try:
                     async with await namespace.read(who, path, if_version=version) as reader:
-                        if reader.entry.kind is not EntryKind.FILE or reader.entry.size > small:
+                        size = reader.entry.size
+                        if reader.entry.kind is not EntryKind.FILE or size > min(small, room[0]):
                             return None
+                        room[0] -= size
                         return await reader.read_all()
                 except _SKIPPED:
                     return None
@@ -172,7 +175,7 @@ class ChunkRoutes:
         sent_at: list[int] = []  # the ask of each file sent
         total = 0
         for index, ((_, _, have), data) in enumerate(zip(asks, datas, strict=True)):
-            if data is None or total + len(data) > bundle.MAX_BYTES:
+            if data is None:
                 head.append([bundle.SKIP, 0, ""])
                 continue
             digest = chunk_id(data)
