@@ -15,6 +15,9 @@ and chunks the index finds in any file, through the namespace's write: atomicall
 place, with the writer's version precondition, leases and the change feed as for any
 write. The map of the committed version is known then and stored at once.
 
+Small files go whole, alone or many in one bundle (``chunks.bundle``); each one sent is
+kept in the delta store by its id, the base of a delta when its next version is bundled.
+
 With a ``ChunkGate`` (the hub's governed namespace) every call names its caller and is
 decided as the namespace would: a chunk map is a read of its file, a commit a write of
 its path, and a chunk asked for by id is sent only out of a file the caller may read. A

@@ -6,13 +6,15 @@ ids travel as hex in JSON. Errors go through the REST server's middleware like a
 
 Governance: ``HubChunks`` works on the hub's inner namespace, so the routes that name a
 path decide here, through the server's governed namespace: a chunk map (or a small file
-whole) is served only to a caller allowed to read the path, and a chunked commit is a
-write of the path (both authorized and audited like the namespace's own calls). Chunks by
-id (frames, missing, upload) name no path: they are served only to a site acting for
-itself (``site:NAME``, which the ACL already lets do everything), never to a request that
-carries a user. A spoke learns chunk ids only from a map it was served or from its own
-bytes, and its cache serves a user only what the hub admitted for that user
-(``spoke.namespace``); so a user can't reach content by id that a rule keeps from them.
+whole, or each file of a bundle) is served only to a caller allowed to read the path, and
+a chunked commit is a write of the path (both authorized and audited like the namespace's
+own calls). A bundle's bases are named by id, as bytes the asker holds: only a dictionary
+its own copy decodes against. Chunks by id (frames, missing, upload) name no path: they
+are served only to a site acting for itself (``site:NAME``, which the ACL already lets do
+everything), never to a request that carries a user. A spoke learns chunk ids only from a
+map it was served or from its own bytes, and its cache serves a user only what the hub
+admitted for that user (``spoke.namespace``); so a user can't reach content by id that a
+rule keeps from them.
 """
 
 from __future__ import annotations

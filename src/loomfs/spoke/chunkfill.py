@@ -20,6 +20,11 @@ file (changed in place at the hub) or another cached file in the same directory 
 file's layout (a checkpoint series), the hub may send delta frames against it: it is named
 as the base only when complete here, and decoding failures fall back to plain frames.
 
+Small files (up to the cache's ``SMALL_FILE``) come whole, never by map: one by one as
+reads miss, or many in one bundle (``chunks.bundle``) as a warm-up asks for a tree. Either
+way the spoke names the id of the version of the path it holds: the same bytes cost that
+id, changed ones (in a bundle) a delta against it.
+
 The filler never touches the cache's data files itself: it reads chunk bytes back through
 the cache (``read``: decrypted where the cache is sealed at rest, so a sealed cache's
 chunk index works the same) and assembled runs are stored by the cache as blocks (sealed
