@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from loomfs.chunks import bundle
 from loomfs.chunks.codec import chunk_id
 from loomfs.core.types import SYSTEM, Principal
-from loomfs.errors import CorruptData
+from loomfs.errors import CorruptData, NotFound
 from loomfs.namespace.chunklink import SmallAsk
 from loomfs.rest import client as rest_client
 from loomfs.testing.fabric import fabric
@@ -183,3 +183,22 @@ async def test_a_bundle_skips_what_it_cannot_send_and_names_held_bytes(tmp_path:
         assert link is not None
         got = await link.link.fetch_small(asks, small=4_096)
         assert got == [held, None, None, None, None, b"plain text\n" * 20]
+
+
+async def test_a_warm_up_falls_back_to_one_file_at_a_time_when_bundles_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub from before bundles answers 404: every file still comes, one by one."""
+
+    async def refused(*_: object, **__: object) -> list[bytes | None]:
+        raise NotFound("no such route")
+
+    monkeypatch.setattr(rest_client.RestNamespace, "fetch_small", refused)
+    async with fabric(tmp_path) as env:
+        tree = {f"/vol/f/{i}.txt": f"file {i}\n".encode() * (i + 1) for i in range(5)}
+        await env.hub.namespace.mkdir(SYSTEM, "/vol/f")
+        for path, data in tree.items():
+            await env.hub.namespace.write_bytes(SYSTEM, path, data)
+        stats = await env.spoke.warm(WHO, "/vol/f")
+        assert stats.files == len(tree)
+        assert {p: await env.spoke.read_bytes(WHO, p) for p in tree} == tree

@@ -42,7 +42,7 @@ from prometheus_client import Counter, Gauge
 from ..chunks import bundle
 from ..chunks.chunkmap import ChunkMap
 from ..core.streams import ByteSource, LocalFileSource
-from ..errors import BackendUnavailable, Conflict, CorruptData, InsufficientStorage
+from ..errors import Conflict, CorruptData, InsufficientStorage, LoomError
 from ..namespace.chunklink import ChunkLink
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
 from .chunkfill import SCHEMA as CHUNK_SCHEMA
@@ -855,7 +855,7 @@ class Cache:
         assert self.chunks is not None
         try:
             got = await self.chunks.bundle(entries, SMALL_FILE)
-        except (CorruptData, BackendUnavailable) as exc:
+        except LoomError as exc:  # say, a hub from before bundles (404): each file alone
             log.warning("a bundle of small files failed; fetching them one by one: %s", exc)
             return
         for entry, data in zip(entries, got, strict=True):
