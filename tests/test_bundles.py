@@ -160,7 +160,7 @@ def test_a_changed_small_file_comes_as_a_delta_in_its_bundle(tmp_path: Path, fir
 
 
 async def test_a_bundle_skips_what_it_cannot_send_and_names_held_bytes(tmp_path: Path) -> None:
-    """Missing, moved on, too large, a directory: None each (the spoke fetches those alone);
+    """Missing, moved on, too large, a directory, token ids: None each (fetched alone);
     a file whose bytes the asker holds comes back as those bytes, without crossing."""
     async with fabric(tmp_path) as env:
         hub = env.hub.namespace
@@ -170,6 +170,9 @@ async def test_a_bundle_skips_what_it_cannot_send_and_names_held_bytes(tmp_path:
         await hub.write_bytes(SYSTEM, "/vol/s/moved", b"v2")
         big = await hub.write_bytes(SYSTEM, "/vol/s/big", b"x" * 5_000)
         plain = await hub.write_bytes(SYSTEM, "/vol/s/plain", b"plain text\n" * 20)
+        rng = random.Random(3)  # token ids: shuffled into byte planes alone, not bundled
+        ids = b"".join(rng.randrange(1_000).to_bytes(2, "little") for _ in range(1_500))
+        tokens = await hub.write_bytes(SYSTEM, "/vol/s/tokens", ids)
         held = b"same bytes" * 50
         asks = [
             SmallAsk("/vol/s/kept", kept.version, held, chunk_id(held)),
@@ -178,11 +181,12 @@ async def test_a_bundle_skips_what_it_cannot_send_and_names_held_bytes(tmp_path:
             SmallAsk("/vol/s/gone", 1),
             SmallAsk("/vol/s", 1),
             SmallAsk("/vol/s/plain", plain.version, b"other", chunk_id(b"other")),
+            SmallAsk("/vol/s/tokens", tokens.version),
         ]
         link = env.spoke.cache.chunks
         assert link is not None
         got = await link.link.fetch_small(asks, small=4_096)
-        assert got == [held, None, None, None, None, b"plain text\n" * 20]
+        assert got == [held, None, None, None, None, b"plain text\n" * 20, None]
 
 
 async def test_a_warm_up_falls_back_to_one_file_at_a_time_when_bundles_fail(
