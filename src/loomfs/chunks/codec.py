@@ -232,6 +232,12 @@ def add_back(packed: bytes, base: bytes, width: int, ref_offset: int) -> bytes:
     return edges[:head] + words_out + edges[head:]
 
 
+def numeric(data: bytes, settings: CodecSettings = DEFAULT_SETTINGS) -> bool:
+    """Whether ``data`` compresses better as byte planes (token ids, tensors): a frame of
+    its own shuffles it, where a bundle's shared stream could not."""
+    return _best_width(data, settings)[0] != 0
+
+
 def _best_width(data: bytes, settings: CodecSettings) -> tuple[int, float]:
     """The shuffle width that compresses a sample from the middle best, and the sample's
     compressed/raw ratio there. Small chunks are their own sample."""

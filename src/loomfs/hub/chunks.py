@@ -15,6 +15,9 @@ and chunks the index finds in any file, through the namespace's write: atomicall
 place, with the writer's version precondition, leases and the change feed as for any
 write. The map of the committed version is known then and stored at once.
 
+Small files go whole, alone or many in one bundle (``chunks.bundle``); each one sent is
+kept in the delta store by its id, the base of a delta when its next version is bundled.
+
 With a ``ChunkGate`` (the hub's governed namespace) every call names its caller and is
 decided as the namespace would: a chunk map is a read of its file, a commit a write of
 its path, and a chunk asked for by id is sent only out of a file the caller may read. A
@@ -41,6 +44,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter
 
+from ..chunks import bundle as bundles
 from ..chunks.chunkmap import ChunkMap
 from ..chunks.codec import (
     DEFAULT_SETTINGS,
@@ -496,6 +500,40 @@ class HubChunks:
                 return await reader.read_all()
         except (Conflict, NotFound):
             return None
+
+    # -- small files in bundles -----------------------------------------------------------
+
+    async def keep_whole(self, data: bytes, frame: bytes) -> None:
+        """A small file sent whole (as ``frame``), kept by its id: the receiver holds it
+        now, and it is the base of a bundle's delta of its next version."""
+        if self.delta_store is not None:
+            await asyncio.to_thread(self.delta_store.keep, chunk_id(data), data, frame)
+
+    async def bundle(self, files: Sequence[tuple[bytes, bytes]]) -> tuple[list[int], bytes]:
+        """One frame (``chunks.bundle``) of the bytes of ``files``, given as (bytes, the
+        BLAKE3 id of the version the receiver holds of that path, or b""), and the
+        indices of the files whose held version is its dictionary, in order: those
+        changed whose held bytes the delta store keeps. Each file sent is kept there by
+        its id (it will be held, a base for its next version)."""
+
+        def run() -> tuple[list[int], bytes]:
+            store = self.delta_store
+            bases: list[int] = []
+            base_bytes: list[bytes] = []
+            for index, (_, have) in enumerate(files):
+                if store is None or not have:
+                    continue
+                held = store.chunk(have)
+                if held is not None and sum(map(len, base_bytes)) + len(held) <= bundles.MAX_BYTES:
+                    bases.append(index)
+                    base_bytes.append(held)
+            frame = bundles.encode([data for data, _ in files], base_bytes)
+            if store is not None:
+                for data, _ in files:
+                    store.keep(chunk_id(data), data)
+            return bases, frame
+
+        return await asyncio.get_running_loop().run_in_executor(self._encoders, run)
 
     # -- upload ----------------------------------------------------------------------------
 

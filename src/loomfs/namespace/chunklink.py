@@ -50,6 +50,10 @@ class ChunkService(Protocol):
 
     async def missing(self, ids: Sequence[bytes], who: Principal | None = None) -> list[bytes]: ...
 
+    async def bundle(self, files: Sequence[tuple[bytes, bytes]]) -> tuple[list[int], bytes]: ...
+
+    async def keep_whole(self, data: bytes, frame: bytes) -> None: ...
+
     async def receive(
         self, records: AsyncIterator[tuple[bytes, bytes]], transfer: Transfer | None = None
     ) -> int: ...
@@ -81,6 +85,18 @@ class Opened:
     held: bytes | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SmallAsk:
+    """A small file a receiver asks for in a bundle: ``path`` at ``version``, and the bytes
+    it holds of another version of that path (``held``, with their id ``have``), if any:
+    the hub sends nothing for the file if they are its bytes, else maybe a delta."""
+
+    path: str
+    version: int
+    held: bytes | None = None
+    have: bytes = b""
+
+
 class ChunkLink(ABC):
     @abstractmethod
     async def open_chunked(
@@ -89,6 +105,13 @@ class ChunkLink(ABC):
         """The current version of ``path``: whole if it is at most ``small`` bytes (only
         its id, as ``held``, if that is ``have``: content the caller holds), else its chunk
         map; opened for ``who`` (None: for the spoke itself)."""
+
+    @abstractmethod
+    async def fetch_small(self, asks: Sequence[SmallAsk], *, small: int) -> list[bytes | None]:
+        """The bytes of each file asked (of up to ``small`` bytes), in one request and one
+        frame for them all (``chunks.bundle``), each verified by its id; None for a file the
+        hub sent none of (no longer at that version, not small, refused: the caller fetches
+        it alone, which says why)."""
 
     @abstractmethod
     def fetch_chunks(

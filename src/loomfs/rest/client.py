@@ -41,7 +41,7 @@ from ..errors import (
     RangeNotSatisfiable,
 )
 from ..namespace.base import FeedNamespace, Reader, WriteTagsArg
-from ..namespace.chunklink import ChunkLink, Opened
+from ..namespace.chunklink import ChunkLink, Opened, SmallAsk
 from . import wire
 
 if TYPE_CHECKING:
@@ -177,11 +177,26 @@ class RestNamespace(FeedNamespace, ChunkLink):
             return await response.json()
 
     async def _lines(self, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+        # the session leaves bodies as sent (file reads are bytes as they are); a listing
+        # comes gzipped where the server compresses it
+        encoding = response.headers.get("Content-Encoding", "identity")
+        inflate = zlib.decompressobj(wbits=47) if encoding in ("gzip", "deflate") else None
         async with response:
             try:
-                async for line in response.content:
-                    if line.strip():
-                        yield json.loads(line)
+                rest = b""
+                async for data in response.content.iter_any():
+                    *lines, rest = (rest + (inflate.decompress(data) if inflate else data)).split(
+                        b"\n"
+                    )
+                    for line in lines:
+                        if line.strip():
+                            yield json.loads(line)
+                if inflate is not None:
+                    rest += inflate.flush()
+                if rest.strip():
+                    yield json.loads(rest)
+            except zlib.error as exc:
+                raise CorruptData(f"a compressed answer of {self.base_url} is damaged") from exc
             except aiohttp.ClientError as exc:  # say the hub was killed mid-job
                 raise BackendUnavailable(
                     f"{self.base_url} ended its answer before the last line: did it stop? "
@@ -574,6 +589,42 @@ class RestNamespace(FeedNamespace, ChunkLink):
             return await response.read()
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"the link to {self.base_url} broke: {exc}") from exc
+
+    async def fetch_small(
+        self, asks: Sequence[SmallAsk], *, small: int
+    ) -> builtins.list[bytes | None]:
+        # the codec needs the chunks extra: only a chunked link (a spoke's) comes here
+        from ..chunks import bundle  # noqa: PLC0415
+
+        files = [[a.path, a.version, a.have.hex()] for a in asks]
+        response = await self._request(
+            "POST",
+            f"{wire.API}/chunks/small",
+            data=bundle.pack({"small": small, "files": files}),
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        async with response:
+            head, frame = bundle.split(await self._body(response))
+        try:
+            answers = [(int(how), int(n), bytes.fromhex(cid)) for how, n, cid in head["files"]]
+            bases = [asks[int(i)].held or b"" for i in head["bases"]]
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise CorruptData("a bundle's head is malformed") from None
+        if len(answers) != len(asks):
+            raise CorruptData(f"a bundle answers {len(answers)} files of {len(asks)}")
+        sent = [(size, cid) for how, size, cid in answers if how == bundle.SENT]
+        datas = iter(
+            await asyncio.to_thread(
+                bundle.decode, frame, [s for s, _ in sent], [c for _, c in sent], bases
+            )
+        )
+        out: builtins.list[bytes | None] = []
+        for ask, (how, _, _) in zip(asks, answers, strict=True):
+            if how == bundle.SENT:
+                out.append(next(datas))
+            else:  # held: the bytes named by ``have`` (checked by the asker against it)
+                out.append(ask.held if how == bundle.HELD and ask.have else None)
+        return out
 
     async def fetch_chunks(
         self,

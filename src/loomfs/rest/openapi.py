@@ -462,6 +462,17 @@ def _chunk_paths(if_match: dict[str, Any]) -> dict[str, Any]:
                 ),
             ),
         },
+        "/v1/chunks/small": {
+            "post": _op(
+                "Many small files in one answer (loomfs.chunks.bundle): the ask is zstd JSON "
+                "{small, files: [[path, version, held id hex]]}, the answer a varint-framed "
+                "zstd JSON head (per file: skipped, held or sent, size, id) and one zstd frame "
+                "of the files sent, against the held versions named in the head as its "
+                "dictionary",
+                {"200": _octets("the head and the frame")},
+                requestBody={"content": {"application/octet-stream": {"schema": {}}}},
+            ),
+        },
         "/v1/chunks/missing": {
             "post": _op(
                 "Which of these chunks the hub holds in no file",

@@ -285,6 +285,9 @@ class RestServer:
         # is a clean 404 rather than a broken stream
         first = await anext(entries, None)
         response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        # a listing is ~250 bytes of JSON per entry, mostly repeats: gzip (if the client
+        # takes it) makes a tree's listings cost a tenth (bench/transfer.py, corpus 7)
+        response.enable_compression()
         await response.prepare(request)
         lines: list[bytes] = []
         if first is not None:

@@ -39,10 +39,11 @@ from typing import Any, Protocol
 import blake3
 from prometheus_client import Counter, Gauge
 
+from ..chunks import bundle
 from ..chunks.chunkmap import ChunkMap
 from ..core.metrics import SPOKE
 from ..core.streams import ByteSource, LocalFileSource
-from ..errors import Conflict, CorruptData, InsufficientStorage
+from ..errors import Conflict, CorruptData, InsufficientStorage, LoomError
 from ..namespace.chunklink import ChunkLink
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
 from .chunkfill import SCHEMA as CHUNK_SCHEMA
@@ -843,6 +844,38 @@ class Cache:
         if self.chunks is not None and size > SMALL_FILE:
             with contextlib.suppress(Exception):
                 await self.chunks.chunk_map(self._ensure(path, version, size))
+
+    async def fill_small(self, files: Sequence[tuple[str, int, int]]) -> None:
+        """Fetch the small files of ``files`` (path, version, size) this cache lacks, in
+        one request per bundle (``ChunkFiller.bundle``), ahead of their reads (a warm-up
+        does, for a directory's files). What the hub sent none of, or a bundle that failed,
+        is left to each file's own fill, which asks again and reports why."""
+        if self.chunks is None:
+            return
+        lacking = [
+            entry
+            for path, version, size in files
+            if 0 < size <= SMALL_FILE
+            and not (entry := self._ensure(path, version, size)).complete()
+        ]
+        batch: list[CachedFile] = []
+        for index, entry in enumerate(lacking):
+            batch.append(entry)
+            full = sum(f.size for f in batch) + SMALL_FILE > bundle.MAX_BYTES
+            if full or len(batch) == bundle.MAX_FILES or index == len(lacking) - 1:
+                await self._fill_bundle(batch)
+                batch = []
+
+    async def _fill_bundle(self, entries: list[CachedFile]) -> None:
+        assert self.chunks is not None
+        try:
+            got = await self.chunks.bundle(entries, SMALL_FILE)
+        except LoomError as exc:  # say, a hub from before bundles (404): each file alone
+            log.warning("a bundle of small files failed; fetching them one by one: %s", exc)
+            return
+        for entry, data in zip(entries, got, strict=True):
+            if data is not None and len(data) == entry.size:
+                await self.store(entry.path, entry.version, entry.size, 0, data)
 
     def set_map(self, path: str, version: int, size: int, chunk_map: ChunkMap) -> None:
         """Keep the chunk map of a version (read from the hub with its entry)."""

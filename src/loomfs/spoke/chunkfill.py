@@ -20,6 +20,11 @@ file (changed in place at the hub) or another cached file in the same directory 
 file's layout (a checkpoint series), the hub may send delta frames against it: it is named
 as the base only when complete here, and decoding failures fall back to plain frames.
 
+Small files (up to the cache's ``SMALL_FILE``) come whole, never by map: one by one as
+reads miss, or many in one bundle (``chunks.bundle``) as a warm-up asks for a tree. Either
+way the spoke names the id of the version of the path it holds: the same bytes cost that
+id, changed ones (in a bundle) a delta against it.
+
 The filler never touches the cache's data files itself: it reads chunk bytes back through
 the cache (``read``: decrypted where the cache is sealed at rest, so a sealed cache's
 chunk index works the same) and assembled runs are stored by the cache as blocks (sealed
@@ -47,7 +52,7 @@ from ..chunks.plan import choose_reference, plan_transfer
 from ..chunks.records import record
 from ..core.types import Entry
 from ..errors import Conflict, CorruptData
-from ..namespace.chunklink import ChunkLink
+from ..namespace.chunklink import ChunkLink, SmallAsk
 from .journal import PlainFile
 
 if TYPE_CHECKING:
@@ -215,22 +220,47 @@ class ChunkFiller:
         version of the path held here (rewritten with the same bytes, as upgrades and
         copies leave files); None if the hub is at another version now (the caller
         fetches the range, which says so)."""
-        held, have = await asyncio.to_thread(self._held_version, entry, small)
+        held, have = await asyncio.to_thread(self._newest_whole, self._others(entry, small))
         opened = await self.link.open_chunked(entry.path, small=small, have=have)
         if opened.entry.version != entry.version:
             return None
         data = held if opened.held is not None else opened.whole
         return None if data is None else data[start : start + length]
 
-    def _held_version(self, entry: CachedFile, small: int) -> tuple[bytes | None, bytes]:
-        """The bytes and id of the newest other version of ``entry``'s path cached whole
-        (up to ``small`` bytes); (None, b"") if there is none. Worker threads call this."""
-        others = [
+    async def bundle(self, entries: Sequence[CachedFile], small: int) -> list[bytes | None]:
+        """The bytes of each of ``entries`` (small files) in one request, verified: a file
+        whose bytes are those of a version of its path held here costs its id, a changed
+        one a delta against that version where the hub still has it (``chunks.bundle``);
+        None for a file the hub sent none of (the caller fetches it alone)."""
+
+        wanted = {entry.path for entry in entries}
+        others: dict[str, list[CachedFile]] = {}
+        for cached in self._files().values():  # on the loop's thread, which changes them
+            if cached.path in wanted and cached.size <= small and cached.complete():
+                others.setdefault(cached.path, []).append(cached)
+
+        def asks() -> list[SmallAsk]:
+            out = []
+            for entry in entries:
+                mine = [f for f in others.get(entry.path, ()) if f.id != entry.id]
+                held, have = self._newest_whole(mine)
+                out.append(SmallAsk(entry.path, entry.version, held, have))
+            return out
+
+        return await self.link.fetch_small(await asyncio.to_thread(asks), small=small)
+
+    def _others(self, entry: CachedFile, small: int) -> list[CachedFile]:
+        """The other versions of ``entry``'s path cached whole (up to ``small`` bytes)."""
+        return [
             f
             for f in self._files().values()
             if f.path == entry.path and f.id != entry.id and f.size <= small and f.complete()
         ]
-        for other in sorted(others, key=lambda f: f.version, reverse=True):
+
+    def _newest_whole(self, versions: list[CachedFile]) -> tuple[bytes | None, bytes]:
+        """The bytes and id of the newest of ``versions`` that reads back whole; (None, b"")
+        if none does (worker threads call this)."""
+        for other in sorted(versions, key=lambda f: f.version, reverse=True):
             data = self._read(other.id, 0, other.size)
             if data is not None and len(data) == other.size:
                 return data, chunk_id(data)
