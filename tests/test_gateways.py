@@ -365,8 +365,10 @@ async def test_a_commit_through_one_gateway_waits_for_a_spoke_leased_at_the_othe
         # a spoke's poll at the first gateway: leased, everything so far applied
         await first.feed("gpu-1", head, 100, ack=head)
         writing = asyncio.ensure_future(second.namespace.write(SYSTEM, "/v/f", _body(b"x")))
-        [change] = (await second.feed(None, head, 100, wait=60.0)).changes  # committed
-        seq = change.seq
+        # committed (with its directory's new times, in the same commit)
+        changes = (await second.feed(None, head, 100, wait=60.0)).changes
+        assert "/v/f" in {c.path for c in changes}
+        seq = max(c.seq for c in changes)
         await asyncio.wait({writing}, timeout=0.3)  # settling, however long it is given
         assert not writing.done(), "acknowledged before the leased spoke applied it"
         await first.feed("gpu-1", seq, 100, ack=seq)  # its next poll, at the first again
