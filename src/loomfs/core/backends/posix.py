@@ -229,18 +229,20 @@ class PosixBackend(Backend):
         return fs_type(self.root) in _LOCAL_FS
 
     async def _meta(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """A metadata call on a name or two. Where nothing is flushed (not ``durable``) on
-        a local file system it takes microseconds, and the hand-off to a thread and back
-        several times that (each FUSE create and unlink paid it: bench/ns_meta.py), so it
-        is made right here, on the event loop. A durable volume's fsyncs and a network file
+        """A metadata call on a name or two that flushes nothing (a stat, a rename, an
+        unlink, opening a write's directory). On a local file system it takes
+        microseconds, and the hand-off to a thread and back several times that (each FUSE
+        create and unlink paid it, and a durable hub's NFS create paid it three times:
+        bench/ns_meta.py), so it is made right here, on the event loop. A network file
         system's round trips (or stalls) are waited for in a thread."""
-        if self._inline:
+        if self._local:
             return fn(*args, **kwargs)
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     @property
     def _inline(self) -> bool:
-        """Whether a metadata call is made right on the event loop (see ``_meta``)."""
+        """Whether a commit (which fsyncs when ``durable``) is made right on the event
+        loop: only where it flushes nothing."""
         return not self.durable and self._local
 
     # -- paths -----------------------------------------------------------------
