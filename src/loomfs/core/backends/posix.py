@@ -531,9 +531,13 @@ class PosixBackend(Backend):
     def _oserror(self, exc: OSError, key: str) -> LoomError:
         return from_oserror(exc, key, disk=f"volume {self.root}")
 
-    def _commit(self, staged: _Staged, mode: int | None) -> ObjectInfo:
+    def _commit(
+        self, staged: _Staged, mode: int | None, first: Callable[[], None] | None = None
+    ) -> ObjectInfo:
         """Put the staged file at its name, keeping what it replaces aside (``_settle``
-        removes that, ``_undo`` puts it back)."""
+        removes that, ``_undo`` puts it back); ``first`` before anything (``Commit``)."""
+        if first is not None:
+            first()
         key, parent, name = staged.key, staged.parent, staged.name
         if staged.temp is None:
             made = self._create_empty(staged, mode)
@@ -649,14 +653,14 @@ class PosixBackend(Backend):
                 raise
         committing: asyncio.Future[ObjectInfo] | None = None
 
-        async def commit() -> ObjectInfo:
+        async def commit(first: Callable[[], None] | None = None) -> ObjectInfo:
             nonlocal committing
             if empty and self._inline:
-                return self._commit(staged, mode)  # no await: a cancel can't split it
+                return self._commit(staged, mode, first)  # no await: a cancel can't split it
             # in a thread, which a cancel does not stop: the undo waits for it, here, so
             # that it is done before the caller goes on (a hub notes the change as over
             # then; a stopping process would otherwise exit before the undo ran)
-            committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode))
+            committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode, first))
             try:
                 return await asyncio.shield(committing)
             except asyncio.CancelledError:
@@ -711,7 +715,8 @@ class PosixBackend(Backend):
             if mode is not None and not _as_created(mode):
                 os.fchmod(fd, mode)  # exactly that, whatever the umask took away
             if self.durable:
-                os.fsync(fd)
+                # no bytes to flush: the directory's fsync commits the new name with its
+                # inode (mode, owner), which the same metadata journal holds
                 os.fsync(parent)
             info = _info(key, os.fstat(fd), name, parent)
         except OSError as exc:
