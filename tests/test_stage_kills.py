@@ -13,6 +13,7 @@ import hashlib
 import signal
 import stat
 import tempfile
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from loomfs.config import load_config
 from loomfs.core.backends.posix import TEMP_PREFIX, PosixBackend
 from loomfs.core.types import SYSTEM, Entry, Principal
 from loomfs.errors import LoomError
-from loomfs.hub.intents import IntentLog
+from loomfs.hub.intents import IntentLog, Note
 from loomfs.rest.client import RestNamespace
 from loomfs.rest.wire import API, WRITE_ID_HEADER
 from loomfs.service import HubService
@@ -161,7 +162,7 @@ async def test_a_hub_killed_writing_a_hard_linked_file_in_place_leaves_it_old_or
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["begin", "end", "stage", "unstage"]),
+            st.sampled_from(["begin", "note", "drop", "end", "stage", "unstage"]),
             st.sampled_from(["/v/a", "/v/b", "/v/c"]),
         ),
         max_size=30,
@@ -171,10 +172,12 @@ def test_the_intent_log_names_every_write_begun_and_not_ended(
     steps: list[tuple[str, str]],
 ) -> None:
     """Writes of a few paths stage, begin and end their commits interleaved (one path
-    twice at once too); the log a crash leaves at any point names exactly the paths with
-    a commit still open, each with the idempotency key of its last write begun, and the
-    paths with a staging still open; and it is emptied past its bound (small here, so
-    that it is) whenever nothing is open."""
+    twice at once too), some begun by a note written in another thread (as a volume's
+    commit writes it) and some by a note ended without ever being written (a commit that
+    never ran); the log a crash leaves at any point names exactly the paths with a commit
+    still open, each with the idempotency key of its last write begun, and the paths with
+    a staging still open; and it is emptied past its bound (small here, so that it is)
+    whenever nothing is open."""
     keep, line = 64, 40  # a line here is at most 40 bytes
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         log = IntentLog(Path(tmp) / "writes.intents", durable=False, keep=keep)
@@ -183,13 +186,27 @@ def test_the_intent_log_names_every_write_begun_and_not_ended(
         open_: Counter[str] = Counter()
         last: dict[str, str] = {}
         staging: dict[str, list[contextlib.ExitStack]] = {}
+        notes: dict[str, list[Note]] = {}
         for number, (op, path) in enumerate(steps):
             if op == "begin":
                 asyncio.run(log.begin(path, f"spoke:{number}"))
                 open_[path] += 1
                 last[path] = f"spoke:{number}"
+            elif op == "note":
+                note = asyncio.run(log.note(path, f"spoke:{number}"))
+                writer = threading.Thread(target=note)
+                writer.start()
+                writer.join()
+                notes.setdefault(path, []).append(note)
+                open_[path] += 1
+                last[path] = f"spoke:{number}"
+            elif op == "drop":
+                asyncio.run(log.note(path, f"spoke:{number}")).end()
             elif op == "end" and open_[path]:
-                log.end(path)
+                if notes.get(path):
+                    notes[path].pop().end()
+                else:
+                    log.end(path)
                 open_[path] -= 1
             elif op == "stage":
                 one = contextlib.ExitStack()

@@ -128,7 +128,8 @@ class IntentLog:
         """Start an empty log (``unfinished`` read the last one first)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            self._fd = os.open(self.path, flags)
             self._size = 0
         except OSError as exc:
             raise self._failed(exc) from exc
@@ -144,19 +145,30 @@ class IntentLog:
     async def begin(
         self, path: str, write_id: str | None = None, tags: dict[str, object] | None = None
     ) -> None:
-        # counted first: an end meanwhile must not empty the log under this line
-        self._open += 1
+        note = await self.note(path, write_id, tags)
         try:
-            line: list[object] = ["begin", path, write_id]
-            if tags is not None:
-                line.append(tags)
             if self.durable:  # an fsync: waited for in a thread
-                await asyncio.to_thread(self._append, line, sync=True)
+                await asyncio.to_thread(note)
             else:  # one write to the page cache: less than a thread's hand-off
-                self._append(line, sync=False)
+                note()
         except BaseException:
-            self._open -= 1
+            note.end()
             raise
+
+    async def note(
+        self, path: str, write_id: str | None = None, tags: dict[str, object] | None = None
+    ) -> Note:
+        """A commit of ``path`` to begin, with the tags its write sets with its content:
+        the returned note writes its line when called (blocking: with its fsync when
+        ``durable``), so a write's volume commit can call it in the thread it commits in
+        (``Commit``'s ``first``): one hand-off for both fsyncs. ``Note.end`` closes it,
+        whether or not it was written."""
+        # counted now: an end meanwhile must not empty the log under this line
+        self._open += 1
+        line: list[object] = ["begin", path, write_id]
+        if tags is not None:
+            line.append(tags)
+        return Note(self, path, line)
 
     def end(self, path: str) -> None:
         self._close_one(["end", path])
@@ -180,8 +192,7 @@ class IntentLog:
         if self._fd is None:
             return
         if self._open == 0 and self._size >= self.keep:  # nothing between the two to keep
-            os.ftruncate(self._fd, 0)
-            os.lseek(self._fd, 0, os.SEEK_SET)
+            os.ftruncate(self._fd, 0)  # appends go on at the new end
             self._size = 0
         else:
             # lost (a crash, a full disk), it costs the path a needless refresh or sweep:
@@ -193,6 +204,8 @@ class IntentLog:
         if self._fd is None:
             return
         try:
+            # (a note's thread and the loop may both add: a count lost between them only
+            # delays the emptying)
             self._size += os.write(self._fd, (json.dumps(line) + "\n").encode())
             if sync:
                 os.fsync(self._fd)
@@ -201,6 +214,29 @@ class IntentLog:
 
     def _failed(self, exc: OSError) -> LoomError:
         return from_oserror(exc, str(self.path), disk=f"data directory {self.path.parent}")
+
+
+class Note:
+    """One commit's begin line (``IntentLog.note``): written by calling it, from any
+    thread (the log is opened for appending, so lines from two threads never overlap);
+    ``line`` None: written already (a shared log's record)."""
+
+    def __init__(self, log: IntentLog, path: str, line: list[object] | None) -> None:
+        self.log, self.path, self.line = log, path, line
+        self.written = line is None
+
+    def __call__(self) -> None:
+        if self.line is not None and not self.written:
+            self.log._append(self.line, sync=self.log.durable)
+            self.written = True
+
+    def end(self) -> None:
+        """The commit is over (recorded, or undone). A line never written gets no end
+        line: an unmatched end would hide the next begin of its path from ``unfinished``."""
+        if self.written:
+            self.log.end(self.path)
+        else:
+            self.log._open -= 1
 
 
 class SharedIntentLog(IntentLog):
@@ -217,11 +253,13 @@ class SharedIntentLog(IntentLog):
         self._ending: asyncio.Task[None] | None = None
         self._adopted: list[int] = []
 
-    async def begin(
+    async def note(
         self, path: str, write_id: str | None = None, tags: dict[str, object] | None = None
-    ) -> None:
+    ) -> Note:
+        """A record in the database (a round trip: here, not in the volume's thread)."""
         record = await self.records.begin(path, write_id, tags)
         self._begun.setdefault(path, []).append(record)
+        return Note(self, path, None)
 
     def end(self, path: str) -> None:
         records = self._begun.get(path)

@@ -76,7 +76,7 @@ from ..namespace.base import (
 )
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, write_leases
-from .intents import IntentLog
+from .intents import IntentLog, Note
 from .versions import Row, VersionStore, no_store
 
 log = logging.getLogger(__name__)
@@ -483,11 +483,12 @@ class HubNamespace(ResolvingNamespace):
         committed: list[Applied] = []
         repeated: list[Entry] = []
         retagged: list[dict[str, str]] = []  # the tags before, where the write sets some
-        cancelled = began = False
+        cancelled = False
+        note: Note | None = None
         state = self._versioned(path)
 
         async def gate(commit: Commit) -> ObjectInfo:
-            nonlocal cancelled, began
+            nonlocal cancelled, note
             async with self._serialized(path):
                 if remembered is not None and (done := await self.catalog.written(remembered)):
                     # the same write, sent again while this one streamed: it stands
@@ -505,11 +506,12 @@ class HubNamespace(ResolvingNamespace):
                 if state is not None and current is not None:
                     await self._keep(state, current)
                 if self.intents is not None:
-                    await self.intents.begin(
+                    # noted where the volume commits (its thread): one hand-off for both
+                    # fsyncs (a shared log's record is made here, before it)
+                    note = await self.intents.note(
                         path, remembered, None if made is None else made.as_json()
                     )
-                    began = True
-                info = await commit()
+                info = await commit(note)
                 # The volume's write fails (and is undone) if this gate does; once the
                 # catalog is recording it, a cancel (its client gone) waits for that, so
                 # that a write the catalog holds is never undone on the volume.
@@ -539,8 +541,8 @@ class HubNamespace(ResolvingNamespace):
         except _Repeated:
             return repeated[0]
         finally:  # recorded, or undone on the volume: either way whole
-            if began and self.intents is not None:
-                self.intents.end(path)
+            if note is not None:
+                note.end()
         if cancelled:
             raise asyncio.CancelledError
         # acknowledged once the spokes have applied it: waited for outside the path's

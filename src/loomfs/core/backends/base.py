@@ -16,13 +16,22 @@ import contextlib
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
+from typing import Protocol
 
 from ...errors import LoomError, NotFound, NotSupported
 from ..streams import ByteSource
 from ..types import EntryKind, ObjectInfo
 
-#: the step that makes staged bytes visible at the key
-Commit = Callable[[], Awaitable[ObjectInfo]]
+
+class Commit(Protocol):
+    """The step that makes staged bytes visible at the key. ``first``, if given, is a
+    blocking call made where the step runs, just before the volume changes (a hub's
+    durable note of the commit: one hand-off to a thread for the note's fsync and the
+    commit's own); if it raises, nothing changed."""
+
+    def __call__(self, first: Callable[[], None] | None = None) -> Awaitable[ObjectInfo]: ...
+
+
 #: what a writer wraps around that step (see ``Backend.write``)
 Gate = Callable[[Commit], Awaitable[ObjectInfo]]
 #: told of each key a scan could not read, and why (see ``Backend.scan``)

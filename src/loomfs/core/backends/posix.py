@@ -235,18 +235,20 @@ class PosixBackend(Backend):
         return fs_type(self.root) in _LOCAL_FS
 
     async def _meta(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """A metadata call on a name or two. Where nothing is flushed (not ``durable``) on
-        a local file system it takes microseconds, and the hand-off to a thread and back
-        several times that (each FUSE create and unlink paid it: bench/ns_meta.py), so it
-        is made right here, on the event loop. A durable volume's fsyncs and a network file
+        """A metadata call on a name or two that flushes nothing (a stat, a rename, an
+        unlink, opening a write's directory). On a local file system it takes
+        microseconds, and the hand-off to a thread and back several times that (each FUSE
+        create and unlink paid it, and a durable hub's NFS create paid it three times:
+        bench/ns_meta.py), so it is made right here, on the event loop. A network file
         system's round trips (or stalls) are waited for in a thread."""
-        if self._inline:
+        if self._local:
             return fn(*args, **kwargs)
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     @property
     def _inline(self) -> bool:
-        """Whether a metadata call is made right on the event loop (see ``_meta``)."""
+        """Whether a commit (which fsyncs when ``durable``) is made right on the event
+        loop: only where it flushes nothing."""
         return not self.durable and self._local
 
     # -- paths -----------------------------------------------------------------
@@ -535,9 +537,13 @@ class PosixBackend(Backend):
     def _oserror(self, exc: OSError, key: str) -> LoomError:
         return from_oserror(exc, key, disk=f"volume {self.root}")
 
-    def _commit(self, staged: _Staged, mode: int | None) -> ObjectInfo:
+    def _commit(
+        self, staged: _Staged, mode: int | None, first: Callable[[], None] | None = None
+    ) -> ObjectInfo:
         """Put the staged file at its name, keeping what it replaces aside (``_settle``
-        removes that, ``_undo`` puts it back)."""
+        removes that, ``_undo`` puts it back); ``first`` before anything (``Commit``)."""
+        if first is not None:
+            first()
         key, parent, name = staged.key, staged.parent, staged.name
         if staged.temp is None:
             made = self._create_empty(staged, mode)
@@ -683,14 +689,14 @@ class PosixBackend(Backend):
                 raise
         committing: asyncio.Future[ObjectInfo] | None = None
 
-        async def commit() -> ObjectInfo:
+        async def commit(first: Callable[[], None] | None = None) -> ObjectInfo:
             nonlocal committing
             if empty and self._inline:
-                return self._commit(staged, mode)  # no await: a cancel can't split it
+                return self._commit(staged, mode, first)  # no await: a cancel can't split it
             # in a thread, which a cancel does not stop: the undo waits for it, here, so
             # that it is done before the caller goes on (a hub notes the change as over
             # then; a stopping process would otherwise exit before the undo ran)
-            committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode))
+            committing = asyncio.ensure_future(asyncio.to_thread(self._commit, staged, mode, first))
             try:
                 return await asyncio.shield(committing)
             except asyncio.CancelledError:
@@ -745,7 +751,8 @@ class PosixBackend(Backend):
             if mode is not None and not _as_created(mode):
                 os.fchmod(fd, mode)  # exactly that, whatever the umask took away
             if self.durable:
-                os.fsync(fd)
+                # no bytes to flush: the directory's fsync commits the new name with its
+                # inode (mode, owner), which the same metadata journal holds
                 os.fsync(parent)
             info = _info(key, os.fstat(fd), name, parent)
         except OSError as exc:

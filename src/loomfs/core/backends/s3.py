@@ -390,7 +390,11 @@ class S3Backend(Backend):
                 break
         else:
 
-            async def put(body: bytes = bytes(buffer)) -> ObjectInfo:
+            async def put(
+                first: Callable[[], None] | None = None, body: bytes = bytes(buffer)
+            ) -> ObjectInfo:
+                if first is not None:
+                    await asyncio.to_thread(first)
                 await self._call(
                     key, self._client.put_object, Bucket=self.bucket, Key=obj, Body=body
                 )
@@ -410,7 +414,9 @@ class S3Backend(Backend):
                 buffer += next_chunk
             parts.append(await self._part(key, obj, upload_id, len(parts) + 1, Body=bytes(buffer)))
 
-            async def complete() -> ObjectInfo:
+            async def complete(first: Callable[[], None] | None = None) -> ObjectInfo:
+                if first is not None:
+                    await asyncio.to_thread(first)
                 await self._complete(key, obj, upload_id, parts)
                 return await self.stat(key)
 

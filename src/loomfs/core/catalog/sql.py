@@ -727,7 +727,10 @@ class SqlCatalog(Catalog):
             ).fetchone()
             return int(row[0])
 
-        return await self._run(self._read, fn)
+        # a walk of the subdirectories' partial index (entries_subdirs), not of every
+        # child: a lookup, answered where lookups are (every stat of a directory asks it,
+        # and an NFS create or removal stats its directory twice)
+        return await self._lookup(fn)
 
     async def max_id(self) -> int:
         row = await self._run(

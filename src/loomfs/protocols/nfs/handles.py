@@ -63,6 +63,15 @@ def _load_key(path: Path) -> bytes:
     return key
 
 
+def _below(path: str) -> tuple[str, str]:
+    """The bounds of the paths strictly below ``path``, as a range the path index walks
+    (a substr() comparison scanned the whole table: every REMOVE paid for every handle
+    ever made): every such path starts with ``path/``, and so sorts (bytewise, as SQLite
+    compares text) from ``path/`` up to, not including, ``path0`` ('0' follows '/')."""
+    top = path.rstrip("/")
+    return top + "/", top + "0"
+
+
 class HandleTable:
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -177,23 +186,21 @@ class HandleTable:
         """``path`` and everything below it are gone: the handles of what is known only by
         its path are stale (an entry with an identity is found gone when next looked at,
         since it may have been renamed away before)."""
-        below = path.rstrip("/") + "/"
         self.db.execute(
             "UPDATE handles SET live = 0 WHERE live = 1 AND entry IS NULL "
-            "AND (path = ? OR substr(path, 1, ?) = ?)",
-            (path, len(below), below),
+            "AND (path = ? OR (path >= ? AND path < ?))",
+            (path, *_below(path)),
         )
 
     def renamed(self, src: str, dst: str) -> None:
         """``src`` (and everything below it) is now ``dst``; what ``dst`` was is gone."""
-        below = src.rstrip("/") + "/"
         self.db.execute("BEGIN")
         try:
             self.removed(dst)
             self.db.execute(
                 "UPDATE handles SET path = ? || substr(path, ?) "
-                "WHERE live = 1 AND (path = ? OR substr(path, 1, ?) = ?)",
-                (dst, len(src) + 1, src, len(below), below),
+                "WHERE live = 1 AND (path = ? OR (path >= ? AND path < ?))",
+                (dst, len(src) + 1, src, *_below(src)),
             )
             self.db.execute("COMMIT")
         except BaseException:
