@@ -130,45 +130,43 @@ class HandleTable:
 
     def find(self, path: str, entry: int | None = None) -> int | None:
         """The object id of the entry ``entry`` (else of what is at ``path``), if it has one."""
-        if entry is not None:
-            row = self.db.execute(
-                "SELECT id FROM handles WHERE entry = ? AND live = 1", (entry,)
-            ).fetchone()
-            if row is not None:
-                return int(row[0])
-        # not another entry's id whose path is out of date (it was renamed away)
+        if entry is not None and (held := self._of_entry(entry)) is not None:
+            return held[0]
+        return self._at(path, entry)
+
+    def id(self, path: str, entry: int | None = None) -> int:
+        """The object id of the entry ``entry`` now at ``path`` (of whatever is at ``path``
+        where the namespace gave no identity), made if it has none."""
+        if entry is not None and (held := self._of_entry(entry)) is not None:
+            if held[1] != path:  # renamed over another protocol: its name as it is now
+                self.db.execute("UPDATE handles SET path = ? WHERE id = ?", (path, held[0]))
+            return held[0]
+        # without an identity (a create's answer, a spoke's own pending write): what is at
+        # the path; with one, an id given before it was known
+        object_id = self._at(path, entry)
+        if object_id is not None:
+            if entry is not None:
+                self.db.execute("UPDATE handles SET entry = ? WHERE id = ?", (entry, object_id))
+            return object_id
+        cur = self.db.execute("INSERT INTO handles (path, entry) VALUES (?, ?)", (path, entry))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def _of_entry(self, entry: int) -> tuple[int, str] | None:
+        row = self.db.execute(
+            "SELECT id, path FROM handles WHERE entry = ? AND live = 1", (entry,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def _at(self, path: str, entry: int | None) -> int | None:
+        """The live object id at ``path`` known only by it (any, for ``entry`` None):
+        never another entry's whose path is out of date (it was renamed away)."""
         row = self.db.execute(
             "SELECT id FROM handles WHERE path = ? AND live = 1 AND (entry IS NULL OR ? IS NULL) "
             "ORDER BY id DESC LIMIT 1",
             (path, entry),
         ).fetchone()
         return None if row is None else int(row[0])
-
-    def id(self, path: str, entry: int | None = None) -> int:
-        """The object id of the entry ``entry`` now at ``path`` (of whatever is at ``path``
-        where the namespace gave no identity), made if it has none."""
-        if entry is not None:
-            row = self.db.execute(
-                "SELECT id, path FROM handles WHERE entry = ? AND live = 1", (entry,)
-            ).fetchone()
-            if row is not None:
-                if row[1] != path:  # renamed over another protocol: its name as it is now
-                    self.db.execute("UPDATE handles SET path = ? WHERE id = ?", (path, row[0]))
-                return int(row[0])
-        # without an identity (a create's answer, a spoke's own pending write): what is at
-        # the path; with one, an id given before it was known
-        row = self.db.execute(
-            "SELECT id FROM handles WHERE path = ? AND live = 1 AND (entry IS NULL OR ? IS NULL) "
-            "ORDER BY id DESC LIMIT 1",
-            (path, entry),
-        ).fetchone()
-        if row is not None:
-            if entry is not None:
-                self.db.execute("UPDATE handles SET entry = ? WHERE id = ?", (entry, row[0]))
-            return int(row[0])
-        cur = self.db.execute("INSERT INTO handles (path, entry) VALUES (?, ?)", (path, entry))
-        assert cur.lastrowid is not None
-        return cur.lastrowid
 
     def adopt(self, object_id: int, entry: int) -> None:
         """The object ``object_id`` (given without an identity) is the entry ``entry``."""
