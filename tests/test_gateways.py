@@ -11,6 +11,7 @@ lease taken through one is honoured by the other."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -161,6 +162,26 @@ def _hub_config(data_dir: Path, catalog_url: str) -> Config:
     )  # fmt: skip
 
 
+@contextlib.asynccontextmanager
+async def _two_gateways(
+    postgres: PostgresServer, tmp_path: Path
+) -> AsyncIterator[tuple[HubService, HubService]]:
+    """Two in-process gateways over one new database, with the volume /v (added through
+    the first before the second starts: a gateway sees the volumes there at its start)."""
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    first = HubService(_hub_config(tmp_path / "a", url))
+    await first.start()
+    second = HubService(_hub_config(tmp_path / "b", url))
+    try:
+        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        await second.start()
+        yield first, second
+    finally:
+        await second.stop()
+        await first.stop()
+
+
 async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
     postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,14 +197,7 @@ async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
         woken.append(catalog.commits_seen() != seen)
 
     monkeypatch.setattr(PostgresCatalog, "changed", waits)
-    url = postgres.create_database()
-    (tmp_path / "volume").mkdir()
-    first = HubService(_hub_config(tmp_path / "a", url))
-    await first.start()
-    second = HubService(_hub_config(tmp_path / "b", url))
-    try:
-        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
-        await second.start()
+    async with _two_gateways(postgres, tmp_path) as (first, second):
         head = await second.catalog.head_seq()
         polled = asyncio.ensure_future(second.feed(None, head, 100, wait=30.0))
         await waiting.wait()
@@ -196,23 +210,13 @@ async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(
         ]
         # woken by the commit's notification, not by the long poll's end (the old code)
         assert woken == [True], woken
-    finally:
-        await second.stop()
-        await first.stop()
 
 
 async def test_a_write_lease_taken_through_one_gateway_holds_at_the_other(
     postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    url = postgres.create_database()
-    (tmp_path / "volume").mkdir()
-    first = HubService(_hub_config(tmp_path / "a", url))
-    await first.start()
-    second = HubService(_hub_config(tmp_path / "b", url))
     spoke, other = replace(SYSTEM, site="gpu-1"), replace(SYSTEM, site="gpu-2")
-    try:
-        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
-        await second.start()
+    async with _two_gateways(postgres, tmp_path) as (first, second):
         assert await first.namespace.lease_write(spoke, "/v/f.txt") > 0
         with pytest.raises(Conflict, match="gpu-1"):  # another site, another gateway
             await second.namespace.write(other, "/v/f.txt", _body(b"theirs"))
@@ -224,9 +228,6 @@ async def test_a_write_lease_taken_through_one_gateway_holds_at_the_other(
         await first.namespace.release_write(spoke, "/v/f.txt")
         after = await second.namespace.write(other, "/v/f.txt", _body(b"theirs"))
         assert after.version > made.version
-    finally:
-        await second.stop()
-        await first.stop()
 
 
 def _intents_left(url: str) -> int:
@@ -353,14 +354,7 @@ def test_a_spoke_of_two_gateways_goes_on_when_one_is_killed(
 async def test_a_commit_through_one_gateway_waits_for_a_spoke_leased_at_the_other(
     postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    url = postgres.create_database()
-    (tmp_path / "volume").mkdir()
-    first = HubService(_hub_config(tmp_path / "a", url))
-    await first.start()
-    second = HubService(_hub_config(tmp_path / "b", url))
-    try:
-        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
-        await second.start()
+    async with _two_gateways(postgres, tmp_path) as (first, second):
         head = await first.catalog.head_seq()
         # a spoke's poll at the first gateway: leased, everything so far applied
         await first.feed("gpu-1", head, 100, ack=head)
@@ -373,6 +367,3 @@ async def test_a_commit_through_one_gateway_waits_for_a_spoke_leased_at_the_othe
         assert not writing.done(), "acknowledged before the leased spoke applied it"
         await first.feed("gpu-1", seq, 100, ack=seq)  # its next poll, at the first again
         assert (await writing).version > 0
-    finally:
-        await second.stop()
-        await first.stop()
