@@ -235,7 +235,12 @@ def run(
     users = [(user_id, key, secret) for _, user_id, _, key, secret in USERS]
     # inotify off: the hub's subtree rescan of a directory that changed races writes in
     # flight into it (see docs/COMPATIBILITY.md); here the gateway is the only writer
-    hub_config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
+    # a lifecycle "day" is the suite's lc_debug_interval (10 s, as RGW's
+    # rgw_lc_debug_interval), and the rules run every 2 s of it
+    hub_config = (
+        "[hub]\nrescan_interval = 0\nwatch = false\nlifecycle_interval = 2\n"
+        'lifecycle_day = 10\n[log]\nlevel = "WARNING"\n'
+    )
     # unsigned requests are the anonymous caller: the suite reads public-read objects so
     with s3_gateway_hub(scratch, users, hub_config, "anonymous = true\n") as hub:
         endpoint = hub.urls["s3"]

@@ -82,6 +82,10 @@ class HubSection(TlsSettings):
     listen: str = "127.0.0.1:7070"
     #: seconds between rescans of every volume (S3 changes are found this way); 0 = never
     rescan_interval: float = 600.0
+    #: seconds between runs of the lifecycle rules (S3 lifecycle expiration); 0 = never
+    lifecycle_interval: float = 3600.0
+    #: seconds a lifecycle rule's "day" lasts (shortened only to test expiration)
+    lifecycle_day: float = 86400.0
     #: follow posix volumes with inotify
     watch: bool = True
     #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke

@@ -51,6 +51,7 @@ from .hub.chunks import HubChunks
 from .hub.coherence import Leases
 from .hub.deltastore import DeltaStore
 from .hub.intents import IntentLog
+from .hub.lifecycle import Expirer
 from .hub.namespace import HubNamespace
 from .hub.versions import VersionStore
 from .hub.watch import PosixWatcher
@@ -137,6 +138,7 @@ class HubService:
             audit=self.audit,
             rules=self.authorizer,
         )
+        self.expirer = Expirer(self.governed, self.catalog, config.hub.lifecycle_day)
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         store_size = parse_size(config.hub.delta_store_size)
@@ -170,6 +172,8 @@ class HubService:
             await self._start_watcher(volume.mount)
         if self.config.hub.rescan_interval > 0:
             self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
+        if self.config.hub.lifecycle_interval > 0:
+            self._spawn(self._expire_forever(self.config.hub.lifecycle_interval))
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -231,6 +235,14 @@ class HubService:
             await asyncio.sleep(interval)
             for mount in list(self.namespace.mounts):
                 await self._logged_sync(mount)
+
+    async def _expire_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expirer.run_once(time.time())
+            except LoomError as exc:
+                log.error("lifecycle run failed", extra={"error": str(exc)})
 
     # -- VolumeAdmin -----------------------------------------------------------------------
 
@@ -312,7 +324,7 @@ class HubService:
 
     def s3_gateway(self) -> S3Gateway:
         s3 = self.config.s3
-        return S3Gateway(
+        gateway = S3Gateway(
             self.governed,
             # a signed request per key lookup: remembered as long as ACL rules are
             UserRegistry(self.catalog, remember=acl.REFRESH),
@@ -325,7 +337,10 @@ class HubService:
             max_object_size=s3.max_object_size,
             max_part_size=s3.max_part_size,
             max_upload_size=s3.max_upload_size,
+            lifecycle_day=self.config.hub.lifecycle_day,
         )
+        self.expirer.hooks.append(gateway.expire_uploads)
+        return gateway
 
     def authenticator(self) -> RegistryAuthenticator:
         return RegistryAuthenticator(

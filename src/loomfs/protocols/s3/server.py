@@ -51,10 +51,11 @@ from ...errors import (
     NotSupported,
     PermissionDenied,
 )
+from ...namespace import lifecycle as rules_of
 from ...namespace.base import NULL_VERSION, VERSIONING_STATES, Namespace, Version
 from ...namespace.governed import GovernedNamespace
 from ..http import parse_range, serve_reader
-from . import acl, checksums, cors, policy, post, sigv2, sigv4, tagging
+from . import acl, checksums, cors, lifecycle, policy, post, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Part, Staging, Upload
@@ -371,6 +372,7 @@ class S3Gateway:
         max_part_size: int = 5 * GiB,
         max_upload_size: int = 5 * TiB,
         clock: Callable[[], float] = time.time,
+        lifecycle_day: float = rules_of.DAY_S,
     ) -> None:
         self.ns = namespace
         #: the namespace's access rules, where it keeps them: S3 ACLs are translated to them
@@ -388,6 +390,7 @@ class S3Gateway:
         self.max_upload_size = max_upload_size
         self.verifier = sigv4.Verifier(region, clock)
         self.region = region
+        self.lifecycle_day = lifecycle_day
         #: each bucket's versioning state as the namespace last said (this gateway is what
         #: sets it): a PUT or DELETE in an unversioned bucket asks no more than before
         self._versioning: dict[str, str | None] = {}
@@ -540,6 +543,12 @@ class S3Gateway:
                 "GET": self.get_cors,
                 "PUT": self.put_cors,
                 "DELETE": self.delete_cors,
+            }.get(method)
+        elif "lifecycle" in q and c.bucket and not c.key:
+            handler = {
+                "GET": self.get_lifecycle,
+                "PUT": self.put_lifecycle,
+                "DELETE": self.delete_lifecycle,
             }.get(method)
         elif "versioning" in q and c.bucket and not c.key:
             handler = {"GET": self.get_versioning, "PUT": self.put_versioning}.get(method)
@@ -807,6 +816,46 @@ class S3Gateway:
     async def delete_cors(self, c: Call) -> web.Response:
         await self._set_s3_tags(c, await self._bucket_entry(c), {}, cors.PREFIX)
         return web.Response(status=204)
+
+    async def get_lifecycle(self, c: Call) -> web.Response:
+        rules = rules_of.of(await self.ns.get_tags(c.who, await self._bucket_entry(c)))
+        if not rules:
+            raise S3Error(*ABSENT_CONFIG["lifecycle"])
+        return _xml(lifecycle.as_xml(rules))
+
+    async def put_lifecycle(self, c: Call) -> web.Response:
+        rules = lifecycle.from_xml(await _read_document(c.request))
+        folder = await self._bucket_entry(c)
+        await self._set_s3_tags(c, folder, rules_of.as_tags(rules), rules_of.PREFIX)
+        return web.Response()
+
+    async def delete_lifecycle(self, c: Call) -> web.Response:
+        await self._set_s3_tags(c, await self._bucket_entry(c), {}, rules_of.PREFIX)
+        return web.Response(status=204)
+
+    def _bucket_of(self, folder: str) -> str | None:
+        """The bucket whose directory ``folder`` is, if one is."""
+        named = next((name for name, path in self.buckets.items() if path == folder), None)
+        if named is not None or self.bucket_root is None:
+            return named
+        parent, name = paths.split(folder)
+        return name if parent == self.bucket_root and _valid_bucket_name(name) else None
+
+    async def expire_uploads(self, folder: str, rules: list[rules_of.Rule], now: float) -> None:
+        """The hub's lifecycle hook: abort the uploads a rule's AbortIncompleteMultipart
+        Upload says are too old (the hub's ``lifecycle_day`` is a day here too)."""
+        bucket = self._bucket_of(folder)
+        timed = [r for r in rules if r.abort_days is not None]
+        if bucket is None or not timed:
+            return
+        for upload in await self.staging.uploads(bucket):
+            for rule in timed:
+                assert rule.abort_days is not None
+                due = upload.initiated_ns / 1e9 + rule.abort_days * self.lifecycle_day
+                if upload.key.startswith(rule.prefix) and now >= due:
+                    await self.staging.remove(upload)
+                    log.info("upload expired", extra={"path": folder, "key": upload.key})
+                    break
 
     async def _cors_rules(self, bucket: str) -> list[cors.Rule]:
         """A bucket's CORS rules, read for a browser that has not (yet) said who it is:
