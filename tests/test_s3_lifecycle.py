@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from botocore.exceptions import ClientError
-from test_s3_gateway import Gateway
 
 from loomfs.core.types import SYSTEM
 from loomfs.hub.lifecycle import Expirer
 from loomfs.namespace import lifecycle
+from test_s3_gateway import Gateway
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
