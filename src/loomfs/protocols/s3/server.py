@@ -558,6 +558,12 @@ class S3Gateway:
                 "PUT": self.put_policy,
                 "DELETE": self.delete_policy,
             }.get(method)
+        elif "publicAccessBlock" in q and c.bucket and not c.key and self.rules is not None:
+            handler = {
+                "GET": self.get_public_block,
+                "PUT": self.put_public_block,
+                "DELETE": self.delete_public_block,
+            }.get(method)
         elif "policyStatus" in q and c.bucket and not c.key and self.rules is not None:
             handler = {"GET": self.get_policy_status}.get(method)
         elif "tagging" in q and c.bucket:
@@ -609,7 +615,11 @@ class S3Gateway:
             check_key(c.key)
         # a canned ACL S3 does not know is an error on every request that may carry one;
         # one it knows, on a create, is not applied (see acl.py) but does not fail it
-        acl.check_canned(c.request.headers.get("x-amz-acl"))
+        canned = acl.check_canned(c.request.headers.get("x-amz-acl"))
+        if canned is not None and c.key and method in ("PUT", "POST") and self.rules is not None:
+            # before the write: a public access block refuses the object, not only its ACL
+            subjects = {s for s, _ in acl.canned(canned, bucket=False)}
+            await self.rules.check_public_grants(self.object_path(c), subjects)
         if handler != self.create_bucket:
             await self._check_owner(c, "x-amz-expected-bucket-owner")
         response = await handler(c)
@@ -800,6 +810,24 @@ class S3Gateway:
     async def delete_policy(self, c: Call) -> web.Response:
         rules, folder = await self._policy_bucket(c)
         await rules.set_bucket_policy(c.who, folder, None)
+        return web.Response(status=204)
+
+    async def get_public_block(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        block = await rules.public_block(c.who, folder)
+        if block is None:
+            raise S3Error(*ABSENT_CONFIG["publicAccessBlock"])
+        return _xml(policy.public_block_xml(block))
+
+    async def put_public_block(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        block = policy.public_block_from_xml(await _read_document(c.request))
+        await rules.set_public_block(c.who, folder, block)
+        return web.Response()
+
+    async def delete_public_block(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        await rules.set_public_block(c.who, folder, None)
         return web.Response(status=204)
 
     async def get_cors(self, c: Call) -> web.Response:
