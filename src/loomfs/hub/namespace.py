@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import stat
+import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import (
@@ -62,6 +63,7 @@ from ..errors import (
     NotFound,
     PermissionDenied,
 )
+from ..namespace import objectlock
 from ..namespace.base import LIST_PAGE, NULL_VERSION, Reader, ResolvingNamespace, Version
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
@@ -507,6 +509,10 @@ class HubNamespace(ResolvingNamespace):
         entry = self._noted(await self._settled(committed[0]))
         if state is not None and self.version_store is not None:
             await self.version_store.written(state, entry)
+            # the old version keeps its lock (in its kept tags); the new one starts unlocked
+            locked = [k for k in await self.catalog.get_tags(path) if k in objectlock.VERSION_KEYS]
+            if locked:
+                await self._set_tags(path, {}, locked)
         await self._links_changed(mounted, entry, path)
         return entry
 
@@ -827,7 +833,17 @@ class HubNamespace(ResolvingNamespace):
             _check_tag(key, value)
         for key in remove:
             _check_tag(key)
-        path = paths.normalize(path)
+        if objectlock.touches([*set_, *remove]) or objectlock.ENABLED in remove:
+            raise PermissionDenied(
+                "a version's object lock changes only through set_lock, and a directory's "
+                "object lock is never disabled",
+                path=path,
+            )
+        return await self._set_tags(paths.normalize(path), set_, remove)
+
+    async def _set_tags(
+        self, path: str, set_: Mapping[str, str], remove: Sequence[str] = ()
+    ) -> dict[str, str]:
         before = await self.catalog.get_tags(path) if self.placement is not None else {}
         tags = await self.catalog.set_tags(path, set_, remove)
         if self.placement is not None and await self.placement.tightened(path, before, tags):
@@ -862,6 +878,10 @@ class HubNamespace(ResolvingNamespace):
     async def set_versioning(self, who: Principal, path: str, state: str) -> None:
         path = paths.normalize(path)
         await self._dir(path)
+        if state != "Enabled" and objectlock.ENABLED in await self.catalog.get_tags(path):
+            raise InvalidArgument(
+                f"{path} has object lock enabled: its versioning cannot be suspended", path=path
+            )
         await self._store(path).set_state(path, state)
 
     async def versioning(self, who: Principal, path: str) -> str | None:
@@ -913,15 +933,22 @@ class HubNamespace(ResolvingNamespace):
         old = row.version(False).entry()
         return Reader(old, start, BytesSource(data[start : start + count]))
 
-    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+    async def remove_version(
+        self, who: Principal, path: str, vid: str, *, bypass: bool = False
+    ) -> Version | None:
         path = paths.normalize(path)
         store = self._store(path)
         row, entry, now = await self._version_row(path, vid)
-        if (
+        current = (
             entry is not None
             and entry.kind is EntryKind.FILE
             and ((now.vid if now else NULL_VERSION) == vid)
-        ):
+        )
+        if current or row is not None:
+            tags = await self.catalog.get_tags(path) if current or row is None else row.tags
+            objectlock.check_removal(path, tags, bypass=bypass, now=time.time())
+        if current:
+            assert entry is not None
             gone = Version(path, vid, now.seq if now else entry.version, False, True)
             self._unversioned.add(path)  # no marker: it goes for good
             try:
@@ -938,6 +965,40 @@ class HubNamespace(ResolvingNamespace):
             await self._restore(who, path)
         return gone
 
+    async def set_lock(
+        self,
+        who: Principal,
+        path: str,
+        vid: str | None,
+        lock: objectlock.Lock,
+        *,
+        bypass: bool = False,
+    ) -> None:
+        path = paths.normalize(path)
+        if self._versioned(path) != "Enabled":
+            raise InvalidArgument(f"object lock needs {path} to be versioned (Enabled)", path=path)
+        store = self._store(path)
+        row, entry, now = await self._version_row(path, vid or "")
+        current = vid is None or (entry is not None and (now.vid if now else NULL_VERSION) == vid)
+        if current:
+            if entry is None or entry.kind is not EntryKind.FILE:
+                raise NotFound(f"no such file: {path}", path=path)
+            tags = await self.catalog.get_tags(path)
+        elif row is not None and not row.marker:
+            tags = row.tags
+        else:
+            raise NotFound(f"{path} has no version {vid}", path=path)
+        old = objectlock.Lock.of(tags)
+        objectlock.check_change(path, old, lock, bypass=bypass, now=time.time())
+        new = lock.as_tags()
+        stale = [k for k in objectlock.VERSION_KEYS if k in tags and k not in new]
+        if current:
+            await self._set_tags(path, new, stale)
+        else:
+            assert row is not None
+            kept = {k: v for k, v in tags.items() if k not in stale} | new
+            await store.set_row_tags(path, row.vid, kept)
+
     async def _restore(self, who: Principal, path: str) -> None:
         """Make the newest remaining version of ``path`` its file again, if it is one
         (not a delete marker): the file gets a new namespace version, named by the old id."""
@@ -952,7 +1013,7 @@ class HubNamespace(ResolvingNamespace):
             await self.mkdir(who, paths.split(path)[0], parents=True, exist_ok=True)
             entry = await self.write(who, path, aiter_bytes(data))
             if newest.tags:
-                await self.set_tags(who, path, newest.tags)
+                await self._set_tags(path, newest.tags)
         finally:
             self._unversioned.discard(path)
         await store.drop(path, newest.vid)

@@ -177,6 +177,18 @@ class VersionStore:
 
         await self._cat._run(self._cat._write, fn)
 
+    async def set_row_tags(self, path: str, vid: str, tags: dict[str, str]) -> None:
+        """Make ``tags`` those an old version keeps (its object lock changed)."""
+
+        def fn(cur: Cursor) -> None:
+            self._cat._q(
+                cur,
+                "UPDATE versions SET tags = ? WHERE path = ? AND vid = ?",
+                (json.dumps(tags, sort_keys=True), path, vid),
+            )
+
+        await self._cat._run(self._cat._write, fn)
+
     async def drop(self, path: str, *vids: str, current: bool = False) -> None:
         def fn(cur: Cursor) -> None:
             for vid in vids:

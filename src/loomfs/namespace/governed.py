@@ -71,6 +71,7 @@ from ..errors import (
     PermissionDenied,
 )
 from .base import FeedNamespace, Reader, ResolvingNamespace, Version
+from .objectlock import Lock
 
 T = TypeVar("T")
 
@@ -697,10 +698,26 @@ class GovernedNamespace(FeedNamespace):
             detail=vid, nbytes=lambda reader: reader.length,
         )  # fmt: skip
 
-    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+    async def remove_version(
+        self, who: Principal, path: str, vid: str, *, bypass: bool = False
+    ) -> Version | None:
+        if bypass:  # past a retention: its administrator's (S3's BypassGovernanceRetention)
+            await self.authorize_admin(who, "bypass_retention", path)
         return await self._governed(
             who, "remove_version", Action.WRITE, path,
-            lambda: self.inner.remove_version(who, path, vid), detail=vid,
+            lambda: self.inner.remove_version(who, path, vid, bypass=bypass),
+            detail=vid + (" bypassing governance" if bypass else ""),
+        )  # fmt: skip
+
+    async def set_lock(
+        self, who: Principal, path: str, vid: str | None, lock: Lock, *, bypass: bool = False
+    ) -> None:
+        if bypass:
+            await self.authorize_admin(who, "bypass_retention", path)
+        await self._governed(
+            who, "set_lock", Action.WRITE, path,
+            lambda: self.inner.set_lock(who, path, vid, lock, bypass=bypass),
+            detail=f"{vid or 'current'}: {lock}" + (" bypassing governance" if bypass else ""),
         )  # fmt: skip
 
     async def lease_write(self, who: Principal, path: str) -> float:

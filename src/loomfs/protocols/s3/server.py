@@ -52,10 +52,12 @@ from ...errors import (
     PermissionDenied,
 )
 from ...namespace import lifecycle as rules_of
+from ...namespace import objectlock as nslock
 from ...namespace.base import NULL_VERSION, VERSIONING_STATES, Namespace, Version
 from ...namespace.governed import GovernedNamespace
+from ...namespace.objectlock import Lock
 from ..http import parse_range, serve_reader
-from . import acl, checksums, cors, lifecycle, policy, post, sigv2, sigv4, tagging
+from . import acl, checksums, cors, lifecycle, objectlock, policy, post, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Part, Staging, Upload
@@ -391,6 +393,9 @@ class S3Gateway:
         self.verifier = sigv4.Verifier(region, clock)
         self.region = region
         self.lifecycle_day = lifecycle_day
+        #: whether each bucket has object lock, as last seen (a write into one without
+        #: asks nothing more): this gateway is what enables it, and it is never disabled
+        self._lock_enabled: dict[str, bool] = {}
         #: each bucket's versioning state as the namespace last said (this gateway is what
         #: sets it): a PUT or DELETE in an unversioned bucket asks no more than before
         self._versioning: dict[str, str | None] = {}
@@ -550,6 +555,10 @@ class S3Gateway:
                 "PUT": self.put_lifecycle,
                 "DELETE": self.delete_lifecycle,
             }.get(method)
+        elif "object-lock" in q and c.bucket and not c.key:
+            handler = {"GET": self.get_lock_config, "PUT": self.put_lock_config}.get(method)
+        elif ("retention" in q or "legal-hold" in q) and c.key:
+            handler = {"GET": self.get_lock, "PUT": self.put_lock}.get(method)
         elif "versioning" in q and c.bucket and not c.key:
             handler = {"GET": self.get_versioning, "PUT": self.put_versioning}.get(method)
         elif "policy" in q and c.bucket and not c.key and self.rules is not None:
@@ -623,6 +632,8 @@ class S3Gateway:
         if handler != self.create_bucket:
             await self._check_owner(c, "x-amz-expected-bucket-owner")
         response = await handler(c)
+        if handler in (self.put_object, self.copy_object, self.complete_upload):
+            await self._lock_new(c)
         if c.version_id is not None:
             response.headers["x-amz-version-id"] = c.version_id
         return response
@@ -885,6 +896,78 @@ class S3Gateway:
                     log.info("upload expired", extra={"path": folder, "key": upload.key})
                     break
 
+    # -- object lock (the namespace's: namespace.objectlock) ---------------------------------
+
+    async def _locked_bucket(self, c: Call) -> tuple[str, dict[str, str]]:
+        """The bucket's directory and tags; InvalidRequest unless it has object lock."""
+        folder = await self._bucket_entry(c)
+        tags = await self.ns.get_tags(c.who, folder)
+        self._lock_enabled[c.bucket] = nslock.ENABLED in tags
+        if nslock.ENABLED not in tags:
+            raise S3Error("InvalidRequest", "the bucket has no object lock configuration")
+        return folder, tags
+
+    async def get_lock_config(self, c: Call) -> web.Response:
+        tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
+        if nslock.ENABLED not in tags:
+            raise S3Error(*ABSENT_CONFIG["object-lock"])
+        return _xml(objectlock.configuration_xml(tags))
+
+    async def put_lock_config(self, c: Call) -> web.Response:
+        folder = await self._bucket_entry(c)
+        tags = objectlock.configuration_from_xml(await _read_document(c.request))
+        if await self.ns.versioning(c.who, folder) != "Enabled":
+            raise S3Error("InvalidBucketState", "object lock needs versioning Enabled")
+        await self.ns.set_tags(c.who, folder, tags)
+        self._lock_enabled[c.bucket] = True
+        return web.Response()
+
+    async def _lock_target(self, c: Call) -> tuple[str, str | None, Lock]:
+        """(path, version id or None for the current one, its lock now)."""
+        await self._locked_bucket(c)
+        path = paths.normalize(self.object_path(c))
+        vid = c.query.get("versionId")
+        if vid is None:
+            return path, None, Lock.of(await self.ns.get_tags(c.who, path))
+        version = await self._version(c, vid)
+        if version is None or version.marker:
+            raise S3Error("NoSuchVersion", "the specified version does not exist")
+        return path, vid, Lock.of(version.tags)
+
+    async def get_lock(self, c: Call) -> web.Response:
+        _, _, lock = await self._lock_target(c)
+        if "legal-hold" in c.query:
+            if not lock.hold and Lock.of({}) == lock:
+                raise S3Error("NoSuchObjectLockConfiguration", "the object has no legal hold")
+            return _xml(objectlock.legal_hold_xml(lock))
+        return _xml(objectlock.retention_xml(lock))
+
+    async def put_lock(self, c: Call) -> web.Response:
+        path, vid, old = await self._lock_target(c)
+        body = await _read_document(c.request)
+        if "legal-hold" in c.query:
+            new = objectlock.legal_hold_from_xml(body, old)
+        else:
+            new = objectlock.retention_from_xml(body, old)
+        await self.ns.set_lock(c.who, path, vid, new, bypass=_bypass(c))
+        return web.Response()
+
+    async def _lock_new(self, c: Call) -> None:
+        """Lock the object a write just made as its headers or the bucket's default say."""
+        headers = {k.lower(): v for k, v in c.request.headers.items()}
+        asked = any(k.startswith("x-amz-object-lock-") for k in headers)
+        if not asked and self._lock_enabled.get(c.bucket) is False:
+            return  # known to have no object lock: no catalog trip
+        tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
+        self._lock_enabled[c.bucket] = nslock.ENABLED in tags
+        if nslock.ENABLED not in tags:
+            if asked:
+                raise S3Error("InvalidRequest", "the bucket has no object lock configuration")
+            return
+        lock = objectlock.from_headers(headers, tags)
+        if lock is not None:
+            await self.ns.set_lock(c.who, paths.normalize(self.object_path(c)), None, lock)
+
     async def _cors_rules(self, bucket: str) -> list[cors.Rule]:
         """A bucket's CORS rules, read for a browser that has not (yet) said who it is:
         as the system, since S3 answers a preflight before any signature; only the
@@ -944,12 +1027,20 @@ class S3Gateway:
             if self.region != "us-east-1":
                 raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket") from None
             return web.Response(headers={"Location": f"/{c.bucket}"})
-        await self.ns.set_tags(c.who, folder, {OWNER_TAG: c.who.user, LOCATION_TAG: location})
+        made = {OWNER_TAG: c.who.user, LOCATION_TAG: location}
+        locked = c.request.headers.get("x-amz-bucket-object-lock-enabled", "").lower() == "true"
+        if locked:  # versioned for good (namespace.objectlock)
+            await self.ns.set_versioning(c.who, folder, "Enabled")
+            made[nslock.ENABLED] = "Enabled"
+        self._versioning.pop(c.bucket, None)
+        self._lock_enabled[c.bucket] = locked
+        await self.ns.set_tags(c.who, folder, made)
         await self._acl_on_create(c, folder)
         return web.Response(headers={"Location": f"/{c.bucket}"})
 
     async def delete_bucket(self, c: Call) -> web.Response:
         self._versioning.pop(c.bucket, None)
+        self._lock_enabled.pop(c.bucket, None)
         folder = await self._bucket_entry(c)
         if c.bucket in self.buckets:
             raise S3Error("AccessDenied", "a configured bucket cannot be deleted over S3")
@@ -1690,7 +1781,7 @@ class S3Gateway:
         """Delete one version of ``key`` for good; the response's headers."""
         path = paths.normalize(self.object_path(c, key))
         try:
-            gone = await self.ns.remove_version(c.who, path, vid)
+            gone = await self.ns.remove_version(c.who, path, vid, bypass=_bypass(c))
         except NotSupported:
             raise S3Error("NoSuchVersion", "this gateway keeps no versions") from None
         if not await self.ns.exists(c.who, path):
@@ -2075,6 +2166,10 @@ def _delete_conditions(headers: Mapping[str, str]) -> Callable[[Entry], bool] | 
         return same_time and (size is None or size.strip() == str(entry.size))
 
     return holds
+
+
+def _bypass(c: Call) -> bool:
+    return c.request.headers.get("x-amz-bypass-governance-retention", "").lower() == "true"
 
 
 def _is_form_post(request: web.Request, key: str) -> bool:
