@@ -110,3 +110,24 @@ def test_a_compliance_retention_is_only_lengthened(gw: Gateway) -> None:
     # a removal without a version only hides it behind a delete marker: it is kept
     s3.delete_object(Bucket=BUCKET, Key="k")
     assert _versions(s3) == [vid]
+
+
+def test_a_bucket_goes_with_its_versions_never_with_locked_ones(gw: Gateway) -> None:
+    s3 = gw.client()
+    s3.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    vid = s3.put_object(Bucket=BUCKET, Key="a/k", Body=b"x")["VersionId"]
+    s3.put_object_legal_hold(Bucket=BUCKET, Key="a/k", LegalHold={"Status": "ON"})
+    marker = s3.delete_object(Bucket=BUCKET, Key="a/k")["VersionId"]
+    assert _code(s3.delete_bucket, Bucket=BUCKET) == "BucketNotEmpty"  # its versions are kept
+    s3.delete_object(Bucket=BUCKET, Key="a/k", VersionId=marker)
+    assert s3.get_object(Bucket=BUCKET, Key="a/k")["Body"].read() == b"x"  # back
+    s3.delete_object(Bucket=BUCKET, Key="a/k")
+    assert _versions(s3) == [vid]  # kept, though its directory was pruned
+    # a removal of the tree would take the locked version along: refused
+    with pytest.raises(PermissionDenied):
+        gw.call(gw.ns.remove(SYSTEM, FOLDER, recursive=True))
+    s3.put_object_legal_hold(Bucket=BUCKET, Key="a/k", VersionId=vid, LegalHold={"Status": "OFF"})
+    gw.call(gw.ns.remove(SYSTEM, FOLDER, recursive=True))
+    store = gw.ns.version_store
+    assert store is not None
+    assert gw.call(store.rows(FOLDER)) == []  # no rows left behind

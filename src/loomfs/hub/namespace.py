@@ -732,6 +732,7 @@ class HubNamespace(ResolvingNamespace):
             state = None if entry.is_dir else self._versioned(path)
             if state is not None:
                 await self._keep(state, entry)
+            kept = await self._kept_below(path) if entry.is_dir and recursive else False
             async with self._intended(path):
                 if entry.is_dir and recursive:
                     # deepest first, so each directory is empty when its turn comes
@@ -749,6 +750,8 @@ class HubNamespace(ResolvingNamespace):
                 await self.version_store.marked(state, path, seq)
             elif entry.is_dir and self.version_store is not None:
                 await self.version_store.forget_state(path)
+                if kept:  # a tree removed whole takes its versions along
+                    await self.version_store.forget_rows(path)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
         await self._links_changed(mounted, entry, path)
@@ -858,6 +861,21 @@ class HubNamespace(ResolvingNamespace):
         if self.version_store is None or path in self._unversioned:
             return None
         return self.version_store.state_of(path)
+
+    async def _kept_below(self, path: str) -> bool:
+        """Whether versions are kept at or below the directory ``path``, which a removal
+        of the whole tree takes along (an empty directory's removal, such as S3's prune
+        of a key's parents, keeps them: they are the keys', not the directory's);
+        PermissionDenied if one of them, or a file there, is locked."""
+        store = self.version_store
+        if store is None or not store.versioned_near(path):
+            return False  # no state here, above or below: no version can be kept
+        rows = await store.rows(path)
+        now = time.time()
+        for row in rows:
+            tags = await self.catalog.get_tags(row.path) if row.current else row.tags
+            objectlock.check_removal(row.path, tags, bypass=False, now=now)
+        return bool(rows)
 
     def _store(self, path: str) -> VersionStore:
         if self.version_store is None:

@@ -125,6 +125,25 @@ class VersionStore:
         await self._cat._run(self._cat._write, fn)
         self._states = {p: s for p, s in self._states.items() if not paths.is_within(p, path)}
 
+    def versioned_near(self, path: str) -> bool:
+        """Whether a state is set at, above or below ``path`` (else it has no versions)."""
+        return bool(self._states) and any(
+            paths.is_within(p, path) or paths.is_within(path, p) for p in self._states or ()
+        )
+
+    async def forget_rows(self, path: str) -> None:
+        """Drop the version rows of ``path`` and below (a removed directory's)."""
+        below = path.rstrip("/") + "/"
+
+        def fn(cur: Cursor) -> None:
+            self._cat._q(
+                cur,
+                "DELETE FROM versions WHERE path = ? OR substr(path, 1, ?) = ?",
+                (path, len(below), below),
+            )
+
+        await self._cat._run(self._cat._write, fn)
+
     # -- rows ------------------------------------------------------------------------------
 
     async def rows(self, path: str) -> list[Row]:

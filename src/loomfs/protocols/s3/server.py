@@ -1044,6 +1044,10 @@ class S3Gateway:
         folder = await self._bucket_entry(c)
         if c.bucket in self.buckets:
             raise S3Error("AccessDenied", "a configured bucket cannot be deleted over S3")
+        if await self.ns.versioning(c.who, folder) is not None and await self.ns.versions(
+            c.who, folder
+        ):  # as S3: kept versions and delete markers are the bucket's content too
+            raise S3Error("BucketNotEmpty", "the bucket you tried to delete has versions")
         try:
             await self.ns.remove(c.who, folder)
         except DirectoryNotEmpty:
