@@ -68,7 +68,7 @@ from ..namespace.base import LIST_PAGE, NULL_VERSION, Reader, ResolvingNamespace
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, WriteLeases
 from .intents import IntentLog
-from .versions import Row, VersionStore, no_store
+from .versions import RegionFile, Row, VersionStore, no_store
 
 log = logging.getLogger(__name__)
 
@@ -887,11 +887,14 @@ class HubNamespace(ResolvingNamespace):
         before it is replaced or removed)."""
         if entry.kind is not EntryKind.FILE:
             return
+        tags = await self.catalog.get_tags(entry.path)
         reader = await self._open(entry.path, entry, 0, None)
         async with reader:
-            data = await reader.read_all()
-        tags = await self.catalog.get_tags(entry.path)
-        await self._store(entry.path).keep(state, entry, tags, data)
+            # a local file is chunked straight from its descriptor, in the store's thread:
+            # a big file's old version is never held in memory whole
+            region = reader.region
+            body = RegionFile(region) if region is not None else await reader.read_all()
+            await self._store(entry.path).keep(state, entry, tags, body)
 
     async def set_versioning(self, who: Principal, path: str, state: str) -> None:
         path = paths.normalize(path)

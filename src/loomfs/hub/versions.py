@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
-from ..chunks.cdc import iter_chunks
+from ..chunks.cdc import Readable, iter_chunks
 from ..chunks.codec import chunk_id, decode_frame, encode_chunk
 from ..core.catalog.base import Catalog
 from ..core.catalog.sql import Cursor, SqlCatalog
+from ..core.streams import FileRegion
 from ..core.types import Entry
 from ..errors import CorruptData, InvalidArgument, NotFound, NotSupported, UnsupportedScheme
 from ..namespace.base import NULL_VERSION, VERSIONING_STATES, Version
@@ -219,9 +220,12 @@ class VersionStore:
 
     # -- the namespace's hooks -------------------------------------------------------------
 
-    async def keep(self, state: str, entry: Entry, tags: dict[str, str], data: bytes) -> None:
-        """Keep the file ``entry`` (its bytes ``data``) as an old version before it is
-        replaced or removed; in a suspended directory the null version is not kept."""
+    async def keep(
+        self, state: str, entry: Entry, tags: dict[str, str], data: bytes | Readable
+    ) -> None:
+        """Keep the file ``entry`` (its bytes ``data``, or a file to read them from) as an
+        old version before it is replaced or removed; in a suspended directory the null
+        version is not kept."""
         rows = await self.path_rows(entry.path)
         now = self.current_of(rows, entry)
         vid = now.vid if now is not None else NULL_VERSION
@@ -259,9 +263,9 @@ class VersionStore:
     def _chunk_path(self, hex_id: str) -> Path:
         return self.root / hex_id[:2] / hex_id
 
-    def _store(self, data: bytes) -> list[str]:
+    def _store(self, data: bytes | Readable) -> list[str]:
         ids = []
-        for piece in iter_chunks(io.BytesIO(data)):
+        for piece in iter_chunks(io.BytesIO(data) if isinstance(data, bytes) else data):
             hex_id = chunk_id(piece).hex()
             ids.append(hex_id)
             target = self._chunk_path(hex_id)
@@ -287,6 +291,22 @@ class VersionStore:
         if row.marker:
             raise NotFound(f"version {row.vid} of {row.path} is a delete marker", path=row.path)
         return await asyncio.to_thread(self._load, row.chunks)
+
+
+class RegionFile:
+    """A region of an open local file as a ``Readable`` (``os.preadv`` at its offset)."""
+
+    def __init__(self, region: FileRegion) -> None:
+        self._fd, self._pos = region.fd, region.offset
+        self._end = region.offset + region.length
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        want = min(len(buffer), self._end - self._pos)
+        if want <= 0:
+            return 0
+        got = os.preadv(self._fd, [buffer[:want]], self._pos)
+        self._pos += got
+        return got
 
 
 def no_store(path: str) -> NotSupported:
