@@ -60,8 +60,6 @@ def _filter(
         for t in where
         if local(t.tag) == "Tag"
     )
-    if form == "filter" and len(found) > 1:
-        raise S3Error("MalformedXML", "a Filter with more than one condition needs And")
     return (
         form,
         child_text(where, "Prefix") or "",
