@@ -94,6 +94,8 @@ def test_a_compliance_retention_is_only_lengthened(gw: Gateway) -> None:
                         ObjectLockRetainUntilDate=LATER)["VersionId"]  # fmt: skip
     retention = s3.get_object_retention(Bucket=BUCKET, Key="k", VersionId=vid)["Retention"]
     assert retention == {"Mode": "COMPLIANCE", "RetainUntilDate": LATER}
+    head = s3.head_object(Bucket=BUCKET, Key="k")
+    assert (head["ObjectLockMode"], head["ObjectLockRetainUntilDate"]) == ("COMPLIANCE", LATER)
     sooner: Any = {"Mode": "COMPLIANCE", "RetainUntilDate": LATER - datetime.timedelta(days=1)}
     put = s3.put_object_retention
     assert _code(put, Bucket=BUCKET, Key="k", Retention=sooner,

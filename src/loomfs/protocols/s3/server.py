@@ -1296,6 +1296,7 @@ class S3Gateway:
             "Last-Modified": http_time(entry.mtime_ns),
             "Accept-Ranges": "bytes",
             **_meta_headers(tags),
+            **objectlock.headers_of(tags),
         }
         if "versionId" in c.query:
             headers["x-amz-version-id"] = c.query["versionId"]
