@@ -817,11 +817,13 @@ class GovernedNamespace(FeedNamespace):
         op = "delete_public_block" if block is None else "set_public_block"
         await self.administered(who, op, path, change, detail=str(block or ""))
 
-    async def check_public_grants(self, path: str, subjects: Iterable[str]) -> None:
-        """PermissionDenied if the public access block binding ``path`` refuses rules
-        granting to ``subjects`` (asked before a write that would set them, so that the
-        write is not done)."""
-        await self._rules().check_public(path, subjects, "acl")
+    async def check_public_grants(
+        self, path: str, subjects: Iterable[str], what: str = "acl"
+    ) -> None:
+        """PermissionDenied if the public access block binding ``path`` refuses ``what``
+        ("acl" rules, a "policy") granting to ``subjects`` (asked before a write that would
+        set them, so that the write is not done, or before a policy is translated)."""
+        await self._rules().check_public(path, subjects, what)
 
     async def mkdir_owned(self, who: Principal, path: str) -> Entry:
         """Make the directory ``path`` (write needed, as for mkdir) private to its maker,

@@ -253,6 +253,24 @@ def public_block_xml(block: PublicBlock) -> bytes:
     )
 
 
+def allows_everyone(body: bytes) -> bool:
+    """Whether a policy document has an Allow for everyone (Principal ``*``): what a
+    public access block's BlockPublicPolicy refuses, whether or not it translates."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    statements = doc.get("Statement") if isinstance(doc, dict) else None
+    if isinstance(statements, dict):
+        statements = [statements]
+    return any(
+        isinstance(stmt, dict)
+        and stmt.get("Effect") == "Allow"
+        and stmt.get("Principal") in ("*", {"AWS": "*"})
+        for stmt in statements or ()
+    )
+
+
 def translate(body: bytes, bucket: str, folder: str) -> tuple[str, list[PolicyRule]]:
     """The document (as kept and given back) and the rules of a PutBucketPolicy's body,
     for the bucket ``bucket`` whose directory is ``folder``; MalformedPolicy if any of it

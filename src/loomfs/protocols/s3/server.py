@@ -810,6 +810,8 @@ class S3Gateway:
     async def put_policy(self, c: Call) -> web.Response:
         rules, folder = await self._policy_bucket(c)
         body = await c.request.content.read(policy.MAX_SIZE + 1)
+        if policy.allows_everyone(body):  # a public access block refuses it as it is
+            await rules.check_public_grants(folder, {policy.EVERYONE_SUBJECT}, "policy")
         document, made = policy.translate(body, c.bucket, folder)
         await rules.set_bucket_policy(c.who, folder, document, made)
         return web.Response(status=204)
