@@ -1194,24 +1194,36 @@ class S3Gateway:
         encode = q.get("encoding-type") == "url"
         max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
         after = q.get("key-marker") or ""
-        items, _ = await self._page(c, prefix, delimiter, None, 1 << 62)
+        # the objects as they are, from the key marker on, one more than a page: past the
+        # last of them nothing is complete (an object there may sort before a kept version)
+        items, more = await self._page(c, prefix, delimiter, after or None, max_keys + 1)
+        limit = items[-1].key if more and items else None
         kept = await self.ns.versions(c.who, folder)
-        named = {(v.path, v.vid): v for v in kept if v.latest and not v.marker}
-        rows: list[tuple[str, Xml]] = []
+        now_of = {v.path: v for v in kept if v.latest and not v.marker}
+        # (key, version id, the object as it is or the element of a kept version): an
+        # object's tags are asked only if it is shown
+        rows: list[tuple[str, str, Entry | Xml]] = []
         prefixes = {i.key for i in items if i.entry is None}
         owner = self._owner(c, await self._bucket_owner(c))
         for item in items:
-            if item.entry is None:
-                continue
-            now = next((v for (p, _), v in named.items() if p == item.entry.path), None)
-            tags = await self.ns.get_tags(c.who, item.entry.path)
-            vid = now.vid if now is not None else NULL_VERSION
-            rows.append(
-                (item.key, self._version_row(item.key, vid, True, item.entry, tags, owner, encode))
-            )
+            if item.entry is not None:
+                now = now_of.get(item.entry.path)
+                rows.append((item.key, now.vid if now else NULL_VERSION, item.entry))
+        # the version-id-marker: the rest of the key-marker's own versions come first
+        vid_marker = q.get("version-id-marker") if after else None
+        passed = vid_marker is None
         for version in kept:
             key = version.path[len(folder) + 1 :]
             if (version.latest and not version.marker) or not key.startswith(prefix):
+                if key == after and version.vid == vid_marker:
+                    passed = True  # the marker named the object as it is
+                continue
+            if key == after and not passed:
+                passed = version.vid == vid_marker
+                continue
+            if key < after or (key == after and vid_marker is None):
+                continue
+            if limit is not None and key > limit:
                 continue
             cut = key.find(delimiter, len(prefix)) if delimiter else -1
             if cut >= 0:
@@ -1227,15 +1239,21 @@ class S3Gateway:
                 element = self._version_row(
                     key, version.vid, False, version.entry(), version.tags, owner, encode
                 )
-            rows.append((key, element))
+            rows.append((key, version.vid, element))
         rows.sort(key=lambda r: r[0])  # stable: each key's versions stay newest first
-        rows = [r for r in rows if r[0] > after]
         truncated = len(rows) > max_keys
-        shown = rows[:max_keys]
-        next_key = shown[-1][0] if truncated and shown else None
+        shown: list[Xml] = []
+        for key, vid, row in rows[:max_keys]:
+            if isinstance(row, Entry):
+                tags = await self.ns.get_tags(c.who, row.path)
+                row = self._version_row(key, vid, True, row, tags, owner, encode)  # noqa: PLW2901
+            shown.append(row)
+        last = rows[max_keys - 1] if truncated and max_keys else None
+        if limit is not None:
+            prefixes = {p for p in prefixes if p <= limit}
         return _versions_result(
-            c, after, next_key, None, max_keys, truncated,
-            nodes([element for _, element in shown]),
+            c, after, last[0] if last else None, last[1] if last else None, max_keys, truncated,
+            nodes(shown),
             nodes([el("CommonPrefixes", el("Prefix", _enc(p, encode))) for p in sorted(prefixes)]),
         )  # fmt: skip
 
