@@ -939,8 +939,6 @@ class S3Gateway:
     async def get_lock(self, c: Call) -> web.Response:
         _, _, lock = await self._lock_target(c)
         if "legal-hold" in c.query:
-            if not lock.hold and Lock.of({}) == lock:
-                raise S3Error("NoSuchObjectLockConfiguration", "the object has no legal hold")
             return _xml(objectlock.legal_hold_xml(lock))
         return _xml(objectlock.retention_xml(lock))
 
@@ -1830,6 +1828,8 @@ class S3Gateway:
         status = child_text(root, "Status")
         if local(root.tag) != "VersioningConfiguration" or status not in VERSIONING_STATES:
             raise S3Error("MalformedXML", "Status must be Enabled or Suspended")
+        if status != "Enabled" and nslock.ENABLED in await self.ns.get_tags(c.who, folder):
+            raise S3Error("InvalidBucketState", "a bucket with object lock stays versioned")
         try:
             await self.ns.set_versioning(c.who, folder, status)
         except NotSupported:
