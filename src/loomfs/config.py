@@ -85,6 +85,10 @@ class HubSection(TlsSettings):
     #: seconds between looks for changes left half done by a gateway that died, when
     #: several share the catalog's database (PostgreSQL); 0 = only at start
     repair_interval: float = 2.0
+    #: seconds between runs of the lifecycle rules (S3 lifecycle expiration); 0 = never
+    lifecycle_interval: float = 3600.0
+    #: seconds a lifecycle rule's "day" lasts (shortened only to test expiration)
+    lifecycle_day: float = 86400.0
     #: follow posix volumes with inotify
     watch: bool = True
     #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke

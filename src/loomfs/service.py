@@ -52,6 +52,7 @@ from .hub.chunks import HubChunks
 from .hub.coherence import read_leases
 from .hub.deltastore import DeltaStore
 from .hub.intents import IntentLog, SharedIntentLog
+from .hub.lifecycle import Expirer
 from .hub.namespace import HubNamespace
 from .hub.versions import VersionStore
 from .hub.watch import PosixWatcher
@@ -151,6 +152,7 @@ class HubService:
             audit=self.audit,
             rules=self.authorizer,
         )
+        self.expirer = Expirer(self.governed, self.catalog, config.hub.lifecycle_day)
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         store_size = parse_size(config.hub.delta_store_size)
@@ -186,6 +188,8 @@ class HubService:
             self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
         if isinstance(self.namespace.intents, SharedIntentLog) and self.config.hub.repair_interval:
             self._spawn(self._repair_forever(self.config.hub.repair_interval))
+        if self.config.hub.lifecycle_interval > 0:
+            self._spawn(self._expire_forever(self.config.hub.lifecycle_interval))
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -258,6 +262,14 @@ class HubService:
                     log.info("repaired a gone gateway's changes", extra={"paths": repaired})
             except LoomError as exc:  # the database is away: the next round tries again
                 log.warning("could not repair", extra={"error": str(exc)})
+
+    async def _expire_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expirer.run_once(time.time())
+            except LoomError as exc:
+                log.error("lifecycle run failed", extra={"error": str(exc)})
 
     # -- VolumeAdmin -----------------------------------------------------------------------
 
@@ -339,7 +351,7 @@ class HubService:
 
     def s3_gateway(self) -> S3Gateway:
         s3 = self.config.s3
-        return S3Gateway(
+        gateway = S3Gateway(
             self.governed,
             # a signed request per key lookup: remembered as long as ACL rules are
             UserRegistry(self.catalog, remember=acl.REFRESH),
@@ -352,7 +364,10 @@ class HubService:
             max_object_size=s3.max_object_size,
             max_part_size=s3.max_part_size,
             max_upload_size=s3.max_upload_size,
+            lifecycle_day=self.config.hub.lifecycle_day,
         )
+        self.expirer.hooks.append(gateway.expire_uploads)
+        return gateway
 
     def authenticator(self) -> RegistryAuthenticator:
         return RegistryAuthenticator(

@@ -29,6 +29,11 @@ bucket owner's admin too, but never the admin right itself, so the owner can alw
 it; group ``admin`` and spokes acting for themselves are above it). A deny alone does not
 make an open path governed: it only takes away.
 
+A public access block (``PublicBlock``, S3's) on a path binds it and everything below:
+``block_acls`` refuses new rules that grant to ``everyone`` or ``authenticated`` there,
+``ignore_acls`` makes such rules grant nothing; ``block_policy`` refuses a bucket policy
+that would grant to them, ``restrict_policy`` makes such policy rules grant nothing.
+
 Every change bumps the catalog counter ``acl``; a hub compares it with the generation it
 holds at most every ``refresh`` seconds and reloads on a change, so a ``loomfs acl``
 command run in another process takes effect within that time.
@@ -100,6 +105,31 @@ class PolicyRule:
     bits: int
 
 
+PUBLIC_SUBJECTS = frozenset({f"group:{EVERYONE}", f"group:{AUTHENTICATED}"})
+
+
+@dataclass(frozen=True, slots=True)
+class PublicBlock:
+    block_acls: bool = False
+    ignore_acls: bool = False
+    block_policy: bool = False
+    restrict_policy: bool = False
+
+    @property
+    def flags(self) -> int:
+        return sum(1 << i for i, on in enumerate(self._values()) if on)
+
+    def _values(self) -> tuple[bool, bool, bool, bool]:
+        return (self.block_acls, self.ignore_acls, self.block_policy, self.restrict_policy)
+
+    @classmethod
+    def of_flags(cls, flags: int) -> PublicBlock:
+        return cls(*(bool(flags >> i & 1) for i in range(4)))
+
+    def __or__(self, other: PublicBlock) -> PublicBlock:
+        return PublicBlock.of_flags(self.flags | other.flags)
+
+
 def granted(action: Action) -> int:
     """The bits a grant of ``action`` holds."""
     return _GRANTS[action]
@@ -152,8 +182,14 @@ class AclPolicy:
         members: Mapping[str, frozenset[str]] | None = None,
         generation: int = 0,
         policies: Iterable[PolicyRule] = (),
+        blocks: Mapping[str, PublicBlock] | None = None,
     ) -> None:
         self.generation = generation
+        self.blocks = dict(blocks or {})
+        # what rules and policies give everyone / every authenticated caller, kept apart
+        # too: a public access block takes them out of the sums in ``_rules``
+        self._public: dict[str, dict[str, int]] = {}  # path -> subject -> bits (rules)
+        self._public_policy: dict[str, dict[str, int]] = {}  # ... (a policy's allows)
         self.private = frozenset(private)
         self.members = dict(members or {})
         self._rules: dict[str, dict[str, int]] = {}  # path -> subject -> granted bits
@@ -162,6 +198,9 @@ class AclPolicy:
         for rule in rules:
             on_path = self._rules.setdefault(rule.path, {})
             on_path[rule.subject] = on_path.get(rule.subject, 0) | _GRANTS[rule.permission]
+            if rule.subject in PUBLIC_SUBJECTS:
+                public = self._public.setdefault(rule.path, {})
+                public[rule.subject] = public.get(rule.subject, 0) | _GRANTS[rule.permission]
             self._granted.setdefault(rule.subject, set()).add(rule.path)
             self.at[rule.path] = self.at.get(rule.path, frozenset()) | {
                 (rule.subject, rule.permission)
@@ -173,6 +212,9 @@ class AclPolicy:
             on_path[made.subject] = on_path.get(made.subject, 0) | made.bits
             if not made.deny:
                 self._granted.setdefault(made.subject, set()).add(made.path)
+                if made.subject in PUBLIC_SUBJECTS:
+                    public = self._public_policy.setdefault(made.path, {})
+                    public[made.subject] = public.get(made.subject, 0) | made.bits
         self._governing = frozenset(self._rules) | self.private
         # every path something is decided on: a deny governs nothing, but must be asked
         self._watched = self._governing | frozenset(self._denied)
@@ -188,6 +230,7 @@ class AclPolicy:
     def _grant(self, subjects: list[str], path: str) -> tuple[bool, int]:
         """(whether anything governs ``path``, the bits the subjects hold there)."""
         governed, best = False, 0
+        block = self.block_on(path) if self.blocks else None
         for p in (path, *paths.ancestors(path)):
             if p in self.private:
                 governed = True
@@ -195,8 +238,27 @@ class AclPolicy:
             if on_path is not None:
                 governed = True
                 for subject in subjects:
-                    best |= on_path.get(subject, 0)
+                    if block is not None and subject in PUBLIC_SUBJECTS:
+                        best |= self._public_bits(p, subject, block)
+                    else:
+                        best |= on_path.get(subject, 0)
         return governed, best
+
+    def _public_bits(self, path: str, subject: str, block: PublicBlock) -> int:
+        """What ``path``'s rules and policy rules give a public ``subject`` under ``block``."""
+        bits = 0 if block.ignore_acls else self._public.get(path, {}).get(subject, 0)
+        if not block.restrict_policy:
+            bits |= self._public_policy.get(path, {}).get(subject, 0)
+        return bits
+
+    def block_on(self, path: str) -> PublicBlock:
+        """The public access block binding ``path``: those on it and its ancestors."""
+        block = PublicBlock()
+        for p in (path, *paths.ancestors(path)):
+            found = self.blocks.get(p)
+            if found is not None:
+                block |= found
+        return block
 
     def _taken(self, subjects: list[str], path: str) -> int:
         """The bits a deny rule takes from the subjects on ``path``."""
@@ -233,6 +295,11 @@ class AclPolicy:
         return action is Action.LIST and self._leads_to_grant(subjects, path)
 
     def _leads_to_grant(self, subjects: list[str], path: str) -> bool:
+        if self.blocks:
+            block = self.block_on(path)
+            if block.ignore_acls or block.restrict_policy:
+                # the way down to a public grant is not shown where any is taken away
+                subjects = [s for s in subjects if s not in PUBLIC_SUBJECTS]
         return any(
             granted != path and paths.is_within(granted, path)
             for subject in subjects
@@ -493,6 +560,7 @@ class AclStore:
             ("acl_private", "path"),
             ("acl_policies", "path"),
             ("acl_policy_rules", "policy"),
+            ("acl_public_blocks", "path"),
         )
 
         def fn(cur: Cursor) -> None:
@@ -541,6 +609,19 @@ class AclStore:
 
         await self._change(fn)
 
+    async def set_public_block(self, path: str, block: PublicBlock | None) -> None:
+        """Make ``block`` the public access block on ``path`` (None: none)."""
+        path = paths.normalize(path)
+
+        def fn(cur: Cursor) -> None:
+            q = self._cat._q
+            q(cur, "DELETE FROM acl_public_blocks WHERE path = ?", (path,))
+            if block is not None:
+                q(cur, "INSERT INTO acl_public_blocks (path, flags) VALUES (?, ?)",
+                  (path, block.flags))  # fmt: skip
+
+        await self._change(fn)
+
     async def generation(self) -> int:
         return await self._cat._run(self._cat._read, self._generation)
 
@@ -575,7 +656,12 @@ class AclStore:
                     cur, "SELECT path, subject, deny, bits FROM acl_policy_rules ORDER BY path"
                 ).fetchall()
             ]
-            return rules, private, AclPolicy(rules, private, frozen, generation, policies)
+            blocks = {
+                str(r[0]): PublicBlock.of_flags(int(r[1]))
+                for r in q(cur, "SELECT path, flags FROM acl_public_blocks").fetchall()
+            }
+            policy = AclPolicy(rules, private, frozen, generation, policies, blocks)
+            return rules, private, policy
 
         return await self._cat._run(self._cat._read, fn)
 
@@ -656,6 +742,23 @@ class AclAuthorizer:
 
     async def public_within(self, path: str) -> bool:
         return (await self._current()).public_within(paths.normalize(path))
+
+    async def public_block(self, path: str) -> PublicBlock | None:
+        """The public access block set on ``path`` itself, None if none."""
+        return (await self._current()).blocks.get(paths.normalize(path))
+
+    async def check_public(self, path: str, subjects: Iterable[str], what: str) -> None:
+        """PermissionDenied if the public access block on ``path`` refuses giving anything
+        to ``subjects`` by ``what`` ("acl" rules or a "policy")."""
+        path = paths.normalize(path)
+        block = (await self._current()).block_on(path)
+        refused = block.block_acls if what == "acl" else block.block_policy
+        public = sorted(PUBLIC_SUBJECTS.intersection(subjects))
+        if refused and public:
+            raise PermissionDenied(
+                f"the public access block on {path} refuses a {what} that grants to {public[0]}",
+                path=path,
+            )
 
     def groups_of(self, user: str) -> frozenset[str]:
         """The registry's groups of ``user``, as of the rules in memory."""

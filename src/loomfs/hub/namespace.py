@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import stat
+import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import (
@@ -65,6 +66,7 @@ from ..errors import (
     NotFound,
     PermissionDenied,
 )
+from ..namespace import objectlock
 from ..namespace.base import (
     LIST_PAGE,
     NULL_VERSION,
@@ -77,7 +79,7 @@ from ..namespace.base import (
 from .assimilate import Assimilator, Progress, ScanStats, path_of, put_for
 from .coherence import Leases, write_leases
 from .intents import IntentLog, Note
-from .versions import Row, VersionStore, no_store
+from .versions import RegionFile, Row, VersionStore, no_store
 
 log = logging.getLogger(__name__)
 
@@ -552,6 +554,10 @@ class HubNamespace(ResolvingNamespace):
             await self._tightened(path, retagged[0], await self.catalog.get_tags(path))
         if state is not None and self.version_store is not None:
             await self.version_store.written(state, entry)
+            # the old version keeps its lock (in its kept tags); the new one starts unlocked
+            locked = [k for k in await self.catalog.get_tags(path) if k in objectlock.VERSION_KEYS]
+            if locked:
+                await self._set_tags(path, {}, locked)
         await self._links_changed(mounted, entry, path)
         return entry
 
@@ -797,6 +803,7 @@ class HubNamespace(ResolvingNamespace):
             state = None if entry.is_dir else self._versioned(path)
             if state is not None:
                 await self._keep(state, entry)
+            kept = await self._kept_below(path) if entry.is_dir and recursive else False
             async with self._intended(path):
                 if entry.is_dir and recursive:
                     # deepest first, so each directory is empty when its turn comes
@@ -817,6 +824,8 @@ class HubNamespace(ResolvingNamespace):
                 await self.version_store.marked(state, path, seq)
             elif entry.is_dir and self.version_store is not None:
                 await self.version_store.forget_state(path)
+                if kept:  # a tree removed whole takes its versions along
+                    await self.version_store.forget_rows(path)
         if applied.change is not None:
             await self.leases.settle(applied.change.seq)
         await self._links_changed(mounted, entry, path)
@@ -901,7 +910,17 @@ class HubNamespace(ResolvingNamespace):
             _check_tag(key, value)
         for key in remove:
             _check_tag(key)
-        path = paths.normalize(path)
+        if objectlock.touches([*set_, *remove]) or objectlock.ENABLED in remove:
+            raise PermissionDenied(
+                "a version's object lock changes only through set_lock, and a directory's "
+                "object lock is never disabled",
+                path=path,
+            )
+        return await self._set_tags(paths.normalize(path), set_, remove)
+
+    async def _set_tags(
+        self, path: str, set_: Mapping[str, str], remove: Sequence[str] = ()
+    ) -> dict[str, str]:
         before = await self.catalog.get_tags(path) if self.placement is not None else {}
         tags = await self.catalog.set_tags(path, set_, remove)
         await self._tightened(path, before, tags)
@@ -920,6 +939,21 @@ class HubNamespace(ResolvingNamespace):
             return None
         return self.version_store.state_of(path)
 
+    async def _kept_below(self, path: str) -> bool:
+        """Whether versions are kept at or below the directory ``path``, which a removal
+        of the whole tree takes along (an empty directory's removal, such as S3's prune
+        of a key's parents, keeps them: they are the keys', not the directory's);
+        PermissionDenied if one of them, or a file there, is locked."""
+        store = self.version_store
+        if store is None or not store.versioned_near(path):
+            return False  # no state here, above or below: no version can be kept
+        rows = await store.rows(path)
+        now = time.time()
+        for row in rows:
+            tags = await self.catalog.get_tags(row.path) if row.current else row.tags
+            objectlock.check_removal(row.path, tags, bypass=False, now=now)
+        return bool(rows)
+
     def _store(self, path: str) -> VersionStore:
         if self.version_store is None:
             raise no_store(path)
@@ -930,15 +964,22 @@ class HubNamespace(ResolvingNamespace):
         before it is replaced or removed)."""
         if entry.kind is not EntryKind.FILE:
             return
+        tags = await self.catalog.get_tags(entry.path)
         reader = await self._open(entry.path, entry, 0, None)
         async with reader:
-            data = await reader.read_all()
-        tags = await self.catalog.get_tags(entry.path)
-        await self._store(entry.path).keep(state, entry, tags, data)
+            # a local file is chunked straight from its descriptor, in the store's thread:
+            # a big file's old version is never held in memory whole
+            region = reader.region
+            body = RegionFile(region) if region is not None else await reader.read_all()
+            await self._store(entry.path).keep(state, entry, tags, body)
 
     async def set_versioning(self, who: Principal, path: str, state: str) -> None:
         path = paths.normalize(path)
         await self._dir(path)
+        if state != "Enabled" and objectlock.ENABLED in await self.catalog.get_tags(path):
+            raise InvalidArgument(
+                f"{path} has object lock enabled: its versioning cannot be suspended", path=path
+            )
         await self._store(path).set_state(path, state)
 
     async def versioning(self, who: Principal, path: str) -> str | None:
@@ -990,15 +1031,22 @@ class HubNamespace(ResolvingNamespace):
         old = row.version(False).entry()
         return Reader(old, start, BytesSource(data[start : start + count]))
 
-    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+    async def remove_version(
+        self, who: Principal, path: str, vid: str, *, bypass: bool = False
+    ) -> Version | None:
         path = paths.normalize(path)
         store = self._store(path)
         row, entry, now = await self._version_row(path, vid)
-        if (
+        current = (
             entry is not None
             and entry.kind is EntryKind.FILE
             and ((now.vid if now else NULL_VERSION) == vid)
-        ):
+        )
+        if current or row is not None:
+            tags = await self.catalog.get_tags(path) if current or row is None else row.tags
+            objectlock.check_removal(path, tags, bypass=bypass, now=time.time())
+        if current:
+            assert entry is not None
             gone = Version(path, vid, now.seq if now else entry.version, False, True)
             self._unversioned.add(path)  # no marker: it goes for good
             try:
@@ -1014,6 +1062,40 @@ class HubNamespace(ResolvingNamespace):
         if await self.catalog.get(path) is None:
             await self._restore(who, path)
         return gone
+
+    async def set_lock(
+        self,
+        who: Principal,
+        path: str,
+        vid: str | None,
+        lock: objectlock.Lock,
+        *,
+        bypass: bool = False,
+    ) -> None:
+        path = paths.normalize(path)
+        if self._versioned(path) != "Enabled":
+            raise InvalidArgument(f"object lock needs {path} to be versioned (Enabled)", path=path)
+        store = self._store(path)
+        row, entry, now = await self._version_row(path, vid or "")
+        current = vid is None or (entry is not None and (now.vid if now else NULL_VERSION) == vid)
+        if current:
+            if entry is None or entry.kind is not EntryKind.FILE:
+                raise NotFound(f"no such file: {path}", path=path)
+            tags = await self.catalog.get_tags(path)
+        elif row is not None and not row.marker:
+            tags = row.tags
+        else:
+            raise NotFound(f"{path} has no version {vid}", path=path)
+        old = objectlock.Lock.of(tags)
+        objectlock.check_change(path, old, lock, bypass=bypass, now=time.time())
+        new = lock.as_tags()
+        stale = [k for k in objectlock.VERSION_KEYS if k in tags and k not in new]
+        if current:
+            await self._set_tags(path, new, stale)
+        else:
+            assert row is not None
+            kept = {k: v for k, v in tags.items() if k not in stale} | new
+            await store.set_row_tags(path, row.vid, kept)
 
     async def _restore(self, who: Principal, path: str) -> None:
         """Make the newest remaining version of ``path`` its file again, if it is one

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
-from ..chunks.cdc import iter_chunks
+from ..chunks.cdc import Readable, iter_chunks
 from ..chunks.codec import chunk_id, decode_frame, encode_chunk
 from ..core.catalog.base import Catalog
 from ..core.catalog.sql import Cursor, SqlCatalog
+from ..core.streams import FileRegion
 from ..core.types import Entry
 from ..errors import CorruptData, InvalidArgument, NotFound, NotSupported, UnsupportedScheme
 from ..namespace.base import NULL_VERSION, VERSIONING_STATES, Version
@@ -125,6 +126,25 @@ class VersionStore:
         await self._cat._run(self._cat._write, fn)
         self._states = {p: s for p, s in self._states.items() if not paths.is_within(p, path)}
 
+    def versioned_near(self, path: str) -> bool:
+        """Whether a state is set at, above or below ``path`` (else it has no versions)."""
+        return bool(self._states) and any(
+            paths.is_within(p, path) or paths.is_within(path, p) for p in self._states or ()
+        )
+
+    async def forget_rows(self, path: str) -> None:
+        """Drop the version rows of ``path`` and below (a removed directory's)."""
+        below = path.rstrip("/") + "/"
+
+        def fn(cur: Cursor) -> None:
+            self._cat._q(
+                cur,
+                "DELETE FROM versions WHERE path = ? OR substr(path, 1, ?) = ?",
+                (path, len(below), below),
+            )
+
+        await self._cat._run(self._cat._write, fn)
+
     # -- rows ------------------------------------------------------------------------------
 
     async def rows(self, path: str) -> list[Row]:
@@ -177,6 +197,18 @@ class VersionStore:
 
         await self._cat._run(self._cat._write, fn)
 
+    async def set_row_tags(self, path: str, vid: str, tags: dict[str, str]) -> None:
+        """Make ``tags`` those an old version keeps (its object lock changed)."""
+
+        def fn(cur: Cursor) -> None:
+            self._cat._q(
+                cur,
+                "UPDATE versions SET tags = ? WHERE path = ? AND vid = ?",
+                (json.dumps(tags, sort_keys=True), path, vid),
+            )
+
+        await self._cat._run(self._cat._write, fn)
+
     async def drop(self, path: str, *vids: str, current: bool = False) -> None:
         def fn(cur: Cursor) -> None:
             for vid in vids:
@@ -188,9 +220,12 @@ class VersionStore:
 
     # -- the namespace's hooks -------------------------------------------------------------
 
-    async def keep(self, state: str, entry: Entry, tags: dict[str, str], data: bytes) -> None:
-        """Keep the file ``entry`` (its bytes ``data``) as an old version before it is
-        replaced or removed; in a suspended directory the null version is not kept."""
+    async def keep(
+        self, state: str, entry: Entry, tags: dict[str, str], data: bytes | Readable
+    ) -> None:
+        """Keep the file ``entry`` (its bytes ``data``, or a file to read them from) as an
+        old version before it is replaced or removed; in a suspended directory the null
+        version is not kept."""
         rows = await self.path_rows(entry.path)
         now = self.current_of(rows, entry)
         vid = now.vid if now is not None else NULL_VERSION
@@ -228,9 +263,9 @@ class VersionStore:
     def _chunk_path(self, hex_id: str) -> Path:
         return self.root / hex_id[:2] / hex_id
 
-    def _store(self, data: bytes) -> list[str]:
+    def _store(self, data: bytes | Readable) -> list[str]:
         ids = []
-        for piece in iter_chunks(io.BytesIO(data)):
+        for piece in iter_chunks(io.BytesIO(data) if isinstance(data, bytes) else data):
             hex_id = chunk_id(piece).hex()
             ids.append(hex_id)
             target = self._chunk_path(hex_id)
@@ -256,6 +291,22 @@ class VersionStore:
         if row.marker:
             raise NotFound(f"version {row.vid} of {row.path} is a delete marker", path=row.path)
         return await asyncio.to_thread(self._load, row.chunks)
+
+
+class RegionFile:
+    """A region of an open local file as a ``Readable`` (``os.preadv`` at its offset)."""
+
+    def __init__(self, region: FileRegion) -> None:
+        self._fd, self._pos = region.fd, region.offset
+        self._end = region.offset + region.length
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        want = min(len(buffer), self._end - self._pos)
+        if want <= 0:
+            return 0
+        got = os.preadv(self._fd, [buffer[:want]], self._pos)
+        self._pos += got
+        return got
 
 
 def no_store(path: str) -> NotSupported:

@@ -17,6 +17,7 @@ from types import TracebackType
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
 from ..core.types import Entry, EntryKind, Feed, Principal, WriteTags
 from ..errors import NotSupported
+from .objectlock import Lock
 
 LIST_PAGE = 1000
 #: the states a versioned directory can be set to (S3's names); a directory never set is
@@ -253,9 +254,19 @@ class Namespace(ABC):
         delete marker is ``NotFound`` too)."""
         raise NotSupported("this namespace keeps no versions", path=path)
 
-    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+    async def remove_version(
+        self, who: Principal, path: str, vid: str, *, bypass: bool = False
+    ) -> Version | None:
         """Delete version ``vid`` of ``path`` for good (what it was, None if none); if it
-        was the latest, the newest remaining one becomes the file again."""
+        was the latest, the newest remaining one becomes the file again. PermissionDenied
+        if its object lock holds it (``bypass``: past a GOVERNANCE retention)."""
+        raise NotSupported("this namespace keeps no versions", path=path)
+
+    async def set_lock(
+        self, who: Principal, path: str, vid: str | None, lock: Lock, *, bypass: bool = False
+    ) -> None:
+        """Make ``lock`` the retention and legal hold of version ``vid`` of ``path`` (None:
+        the current one), as ``namespace.objectlock`` allows."""
         raise NotSupported("this namespace keeps no versions", path=path)
 
     # -- derived helpers, written once for every implementation ----------------------------

@@ -59,7 +59,7 @@ from functools import partial
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from .. import paths
-from ..core.acl import ANONYMOUS, AclAuthorizer, PolicyRule, is_site
+from ..core.acl import ANONYMOUS, AclAuthorizer, PolicyRule, PublicBlock, is_site
 from ..core.audit import AuditSink
 from ..core.types import Action, Change, ChangeOp, Entry, EntryKind, Feed, Principal
 from ..errors import (
@@ -71,6 +71,7 @@ from ..errors import (
     PermissionDenied,
 )
 from .base import FeedNamespace, Reader, ResolvingNamespace, Version, WriteTagsArg
+from .objectlock import Lock
 
 T = TypeVar("T")
 
@@ -703,10 +704,26 @@ class GovernedNamespace(FeedNamespace):
             detail=vid, nbytes=lambda reader: reader.length,
         )  # fmt: skip
 
-    async def remove_version(self, who: Principal, path: str, vid: str) -> Version | None:
+    async def remove_version(
+        self, who: Principal, path: str, vid: str, *, bypass: bool = False
+    ) -> Version | None:
+        if bypass:  # past a retention: its administrator's (S3's BypassGovernanceRetention)
+            await self.authorize_admin(who, "bypass_retention", path)
         return await self._governed(
             who, "remove_version", Action.WRITE, path,
-            lambda: self.inner.remove_version(who, path, vid), detail=vid,
+            lambda: self.inner.remove_version(who, path, vid, bypass=bypass),
+            detail=vid + (" bypassing governance" if bypass else ""),
+        )  # fmt: skip
+
+    async def set_lock(
+        self, who: Principal, path: str, vid: str | None, lock: Lock, *, bypass: bool = False
+    ) -> None:
+        if bypass:
+            await self.authorize_admin(who, "bypass_retention", path)
+        await self._governed(
+            who, "set_lock", Action.WRITE, path,
+            lambda: self.inner.set_lock(who, path, vid, lock, bypass=bypass),
+            detail=f"{vid or 'current'}: {lock}" + (" bypassing governance" if bypass else ""),
         )  # fmt: skip
 
     async def lease_write(self, who: Principal, path: str) -> float:
@@ -750,6 +767,7 @@ class GovernedNamespace(FeedNamespace):
 
         async def change() -> None:
             now, marked = await rules.rules_at(path)
+            await rules.check_public(path, {s for s, _ in wanted - now}, "acl")
             if now != wanted or (private is not None and private != marked):
                 await rules.store.replace(path, wanted, private=private)
                 await rules.reload()
@@ -778,12 +796,40 @@ class GovernedNamespace(FeedNamespace):
         rules, made = self._rules(), tuple(made)
 
         async def change() -> None:
+            allowed = {r.subject for r in made if not r.deny and r.bits}
+            await rules.check_public(path, allowed, "policy")
             await rules.store.set_policy(path, document, made)
             await rules.reload()
 
         detail = "removed" if document is None else f"{len(made)} rules: {document}"
         op = "delete_policy" if document is None else "set_policy"
         await self.administered(who, op, path, change, detail=detail[:4096])
+
+    async def public_block(self, who: Principal, path: str) -> PublicBlock | None:
+        """The public access block set on ``path`` (None: none); an admin's to read."""
+        rules = self._rules()
+        return await self.administered(
+            who, "get_public_block", path, lambda: rules.public_block(path)
+        )
+
+    async def set_public_block(self, who: Principal, path: str, block: PublicBlock | None) -> None:
+        """Make ``block`` (None: none) the public access block on ``path`` and below."""
+        rules = self._rules()
+
+        async def change() -> None:
+            await rules.store.set_public_block(path, block)
+            await rules.reload()
+
+        op = "delete_public_block" if block is None else "set_public_block"
+        await self.administered(who, op, path, change, detail=str(block or ""))
+
+    async def check_public_grants(
+        self, path: str, subjects: Iterable[str], what: str = "acl"
+    ) -> None:
+        """PermissionDenied if the public access block binding ``path`` refuses ``what``
+        ("acl" rules, a "policy") granting to ``subjects`` (asked before a write that would
+        set them, so that the write is not done, or before a policy is translated)."""
+        await self._rules().check_public(path, subjects, what)
 
     async def mkdir_owned(self, who: Principal, path: str) -> Entry:
         """Make the directory ``path`` (write needed, as for mkdir) private to its maker,

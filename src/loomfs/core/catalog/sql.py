@@ -322,6 +322,9 @@ def _migrations(d: Dialect) -> list[str]:
             expires_ns BIGINT NOT NULL
         )
         """,
+        # migration 14: public access blocks (loomfs.core.acl.PublicBlock): per path the
+        # flags of the block on it and below
+        f"CREATE TABLE acl_public_blocks (path {d.text} PRIMARY KEY, flags INTEGER NOT NULL)",
     ]
 
 

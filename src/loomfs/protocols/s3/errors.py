@@ -52,6 +52,7 @@ STATUS: dict[str, int] = {
     "InvalidPartOrder": 400,
     "InvalidRange": 416,
     "InvalidRequest": 400,
+    "InvalidBucketState": 409,
     "InvalidTag": 400,
     "KeyTooLongError": 400,
     "MalformedACLError": 400,

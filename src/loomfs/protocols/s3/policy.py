@@ -30,6 +30,10 @@ configuration (ACLs, policy, tags, CORS) stays its administrator's and is not gi
 policy. Condition, NotPrincipal, NotAction and NotResource, other services' actions,
 resources outside the bucket, wildcards inside a key, and accounts as principals are
 refused. A Deny binds the bucket owner too, except for the policy itself (its admin).
+
+A public access block (Put/Get/DeletePublicAccessBlock) is the namespace's too
+(``core.acl.PublicBlock`` on the bucket's path), so it binds every protocol: public ACL
+rules and policies are refused or made to grant nothing, as its four flags say.
 """
 
 from __future__ import annotations
@@ -41,11 +45,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ... import paths
-from ...core.acl import EVERYONE, PolicyRule, granted, needed, parse_subject
+from ...core.acl import EVERYONE, PolicyRule, PublicBlock, granted, needed, parse_subject
 from ...core.types import Action
 from ...errors import InvalidArgument
 from .errors import S3Error
-from .xmlio import document, el
+from .xmlio import child_text, document, el, local, parse
 
 VERSIONS = frozenset({"2012-10-17", "2008-10-17"})
 MAX_SIZE = 20 * 1024  # S3's limit on a bucket policy's document
@@ -222,6 +226,49 @@ def status_xml(public: bool) -> bytes:
     """GetBucketPolicyStatus's answer: public when the bucket's rules (its ACL's or its
     policy's) grant anything to everyone or to every authenticated caller."""
     return document("PolicyStatus", el("IsPublic", "true" if public else "false"))
+
+
+BLOCK_FIELDS = ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")
+
+
+def public_block_from_xml(body: bytes) -> PublicBlock:
+    """A PutPublicAccessBlock's PublicAccessBlockConfiguration (a field left out: false)."""
+    root = parse(body)
+    if local(root.tag) != "PublicAccessBlockConfiguration":
+        raise S3Error("MalformedXML", "the root element must be PublicAccessBlockConfiguration")
+    values = []
+    for name in BLOCK_FIELDS:
+        text = (child_text(root, name) or "false").strip().lower()
+        if text not in ("true", "false"):
+            raise S3Error("MalformedXML", f"{name} is true or false")
+        values.append(text == "true")
+    return PublicBlock(*values)
+
+
+def public_block_xml(block: PublicBlock) -> bytes:
+    on = (block.block_acls, block.ignore_acls, block.block_policy, block.restrict_policy)
+    return document(
+        "PublicAccessBlockConfiguration",
+        *(el(name, value) for name, value in zip(BLOCK_FIELDS, on, strict=True)),
+    )
+
+
+def allows_everyone(body: bytes) -> bool:
+    """Whether a policy document has an Allow for everyone (Principal ``*``): what a
+    public access block's BlockPublicPolicy refuses, whether or not it translates."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    statements = doc.get("Statement") if isinstance(doc, dict) else None
+    if isinstance(statements, dict):
+        statements = [statements]
+    return any(
+        isinstance(stmt, dict)
+        and stmt.get("Effect") == "Allow"
+        and stmt.get("Principal") in ("*", {"AWS": "*"})
+        for stmt in statements or ()
+    )
 
 
 def translate(body: bytes, bucket: str, folder: str) -> tuple[str, list[PolicyRule]]:

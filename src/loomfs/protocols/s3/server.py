@@ -52,10 +52,13 @@ from ...errors import (
     NotSupported,
     PermissionDenied,
 )
+from ...namespace import lifecycle as rules_of
+from ...namespace import objectlock as nslock
 from ...namespace.base import NULL_VERSION, VERSIONING_STATES, Namespace, Version
 from ...namespace.governed import GovernedNamespace
+from ...namespace.objectlock import Lock
 from ..http import parse_range, serve_reader
-from . import acl, checksums, cors, policy, post, sigv2, sigv4, tagging
+from . import acl, checksums, cors, lifecycle, objectlock, policy, post, sigv2, sigv4, tagging
 from .errors import S3Error, error_xml, from_loom
 from .listing import MARKER_TAG, Item, Lister, check_key
 from .multipart import Part, Staging, Upload
@@ -373,6 +376,7 @@ class S3Gateway:
         max_part_size: int = 5 * GiB,
         max_upload_size: int = 5 * TiB,
         clock: Callable[[], float] = time.time,
+        lifecycle_day: float = rules_of.DAY_S,
     ) -> None:
         self.ns = namespace
         #: the namespace's access rules, where it keeps them: S3 ACLs are translated to them
@@ -390,6 +394,10 @@ class S3Gateway:
         self.max_upload_size = max_upload_size
         self.verifier = sigv4.Verifier(region, clock)
         self.region = region
+        self.lifecycle_day = lifecycle_day
+        #: whether each bucket has object lock, as last seen (a write into one without
+        #: asks nothing more): this gateway is what enables it, and it is never disabled
+        self._lock_enabled: dict[str, bool] = {}
         #: each bucket's versioning state as the namespace last said (this gateway is what
         #: sets it): a PUT or DELETE in an unversioned bucket asks no more than before
         self._versioning: dict[str, str | None] = {}
@@ -545,6 +553,16 @@ class S3Gateway:
                 "PUT": self.put_cors,
                 "DELETE": self.delete_cors,
             }.get(method)
+        elif "lifecycle" in q and c.bucket and not c.key:
+            handler = {
+                "GET": self.get_lifecycle,
+                "PUT": self.put_lifecycle,
+                "DELETE": self.delete_lifecycle,
+            }.get(method)
+        elif "object-lock" in q and c.bucket and not c.key:
+            handler = {"GET": self.get_lock_config, "PUT": self.put_lock_config}.get(method)
+        elif ("retention" in q or "legal-hold" in q) and c.key:
+            handler = {"GET": self.get_lock, "PUT": self.put_lock}.get(method)
         elif "versioning" in q and c.bucket and not c.key:
             handler = {"GET": self.get_versioning, "PUT": self.put_versioning}.get(method)
         elif "policy" in q and c.bucket and not c.key and self.rules is not None:
@@ -552,6 +570,12 @@ class S3Gateway:
                 "GET": self.get_policy,
                 "PUT": self.put_policy,
                 "DELETE": self.delete_policy,
+            }.get(method)
+        elif "publicAccessBlock" in q and c.bucket and not c.key and self.rules is not None:
+            handler = {
+                "GET": self.get_public_block,
+                "PUT": self.put_public_block,
+                "DELETE": self.delete_public_block,
             }.get(method)
         elif "policyStatus" in q and c.bucket and not c.key and self.rules is not None:
             handler = {"GET": self.get_policy_status}.get(method)
@@ -604,10 +628,16 @@ class S3Gateway:
             check_key(c.key)
         # a canned ACL S3 does not know is an error on every request that may carry one;
         # one it knows, on a create, is not applied (see acl.py) but does not fail it
-        acl.check_canned(c.request.headers.get("x-amz-acl"))
+        canned = acl.check_canned(c.request.headers.get("x-amz-acl"))
+        if canned is not None and c.key and method in ("PUT", "POST") and self.rules is not None:
+            # before the write: a public access block refuses the object, not only its ACL
+            subjects = {s for s, _ in acl.canned(canned, bucket=False)}
+            await self.rules.check_public_grants(self.object_path(c), subjects)
         if handler != self.create_bucket:
             await self._check_owner(c, "x-amz-expected-bucket-owner")
         response = await handler(c)
+        if handler in (self.put_object, self.copy_object, self.complete_upload):
+            await self._lock_new(c)
         if c.version_id is not None:
             response.headers["x-amz-version-id"] = c.version_id
         return response
@@ -784,6 +814,8 @@ class S3Gateway:
     async def put_policy(self, c: Call) -> web.Response:
         rules, folder = await self._policy_bucket(c)
         body = await c.request.content.read(policy.MAX_SIZE + 1)
+        if policy.allows_everyone(body):  # a public access block refuses it as it is
+            await rules.check_public_grants(folder, {policy.EVERYONE_SUBJECT}, "policy")
         document, made = policy.translate(body, c.bucket, folder)
         await rules.set_bucket_policy(c.who, folder, document, made)
         return web.Response(status=204)
@@ -795,6 +827,24 @@ class S3Gateway:
     async def delete_policy(self, c: Call) -> web.Response:
         rules, folder = await self._policy_bucket(c)
         await rules.set_bucket_policy(c.who, folder, None)
+        return web.Response(status=204)
+
+    async def get_public_block(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        block = await rules.public_block(c.who, folder)
+        if block is None:
+            raise S3Error(*ABSENT_CONFIG["publicAccessBlock"])
+        return _xml(policy.public_block_xml(block))
+
+    async def put_public_block(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        block = policy.public_block_from_xml(await _read_document(c.request))
+        await rules.set_public_block(c.who, folder, block)
+        return web.Response()
+
+    async def delete_public_block(self, c: Call) -> web.Response:
+        rules, folder = await self._policy_bucket(c)
+        await rules.set_public_block(c.who, folder, None)
         return web.Response(status=204)
 
     async def get_cors(self, c: Call) -> web.Response:
@@ -811,6 +861,116 @@ class S3Gateway:
     async def delete_cors(self, c: Call) -> web.Response:
         await self._set_s3_tags(c, await self._bucket_entry(c), {}, cors.PREFIX)
         return web.Response(status=204)
+
+    async def get_lifecycle(self, c: Call) -> web.Response:
+        rules = rules_of.of(await self.ns.get_tags(c.who, await self._bucket_entry(c)))
+        if not rules:
+            raise S3Error(*ABSENT_CONFIG["lifecycle"])
+        return _xml(lifecycle.as_xml(rules))
+
+    async def put_lifecycle(self, c: Call) -> web.Response:
+        rules = lifecycle.from_xml(await _read_document(c.request))
+        folder = await self._bucket_entry(c)
+        await self._set_s3_tags(c, folder, rules_of.as_tags(rules), rules_of.PREFIX)
+        return web.Response()
+
+    async def delete_lifecycle(self, c: Call) -> web.Response:
+        await self._set_s3_tags(c, await self._bucket_entry(c), {}, rules_of.PREFIX)
+        return web.Response(status=204)
+
+    def _bucket_of(self, folder: str) -> str | None:
+        """The bucket whose directory ``folder`` is, if one is."""
+        named = next((name for name, path in self.buckets.items() if path == folder), None)
+        if named is not None or self.bucket_root is None:
+            return named
+        parent, name = paths.split(folder)
+        return name if parent == self.bucket_root and _valid_bucket_name(name) else None
+
+    async def expire_uploads(self, folder: str, rules: list[rules_of.Rule], now: float) -> None:
+        """The hub's lifecycle hook: abort the uploads a rule's AbortIncompleteMultipart
+        Upload says are too old (the hub's ``lifecycle_day`` is a day here too)."""
+        bucket = self._bucket_of(folder)
+        timed = [r for r in rules if r.abort_days is not None]
+        if bucket is None or not timed:
+            return
+        for upload in await self.staging.uploads(bucket):
+            for rule in timed:
+                assert rule.abort_days is not None
+                due = upload.initiated_ns / 1e9 + rule.abort_days * self.lifecycle_day
+                if upload.key.startswith(rule.prefix) and now >= due:
+                    await self.staging.remove(upload)
+                    log.info("upload expired", extra={"path": folder, "key": upload.key})
+                    break
+
+    # -- object lock (the namespace's: namespace.objectlock) ---------------------------------
+
+    async def _locked_bucket(self, c: Call) -> tuple[str, dict[str, str]]:
+        """The bucket's directory and tags; InvalidRequest unless it has object lock."""
+        folder = await self._bucket_entry(c)
+        tags = await self.ns.get_tags(c.who, folder)
+        self._lock_enabled[c.bucket] = nslock.ENABLED in tags
+        if nslock.ENABLED not in tags:
+            raise S3Error("InvalidRequest", "the bucket has no object lock configuration")
+        return folder, tags
+
+    async def get_lock_config(self, c: Call) -> web.Response:
+        tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
+        if nslock.ENABLED not in tags:
+            raise S3Error(*ABSENT_CONFIG["object-lock"])
+        return _xml(objectlock.configuration_xml(tags))
+
+    async def put_lock_config(self, c: Call) -> web.Response:
+        folder = await self._bucket_entry(c)
+        tags = objectlock.configuration_from_xml(await _read_document(c.request))
+        if await self.ns.versioning(c.who, folder) != "Enabled":
+            raise S3Error("InvalidBucketState", "object lock needs versioning Enabled")
+        await self.ns.set_tags(c.who, folder, tags)
+        self._lock_enabled[c.bucket] = True
+        return web.Response()
+
+    async def _lock_target(self, c: Call) -> tuple[str, str | None, Lock]:
+        """(path, version id or None for the current one, its lock now)."""
+        await self._locked_bucket(c)
+        path = paths.normalize(self.object_path(c))
+        vid = c.query.get("versionId")
+        if vid is None:
+            return path, None, Lock.of(await self.ns.get_tags(c.who, path))
+        version = await self._version(c, vid)
+        if version is None or version.marker:
+            raise S3Error("NoSuchVersion", "the specified version does not exist")
+        return path, vid, Lock.of(version.tags)
+
+    async def get_lock(self, c: Call) -> web.Response:
+        _, _, lock = await self._lock_target(c)
+        if "legal-hold" in c.query:
+            return _xml(objectlock.legal_hold_xml(lock))
+        return _xml(objectlock.retention_xml(lock))
+
+    async def put_lock(self, c: Call) -> web.Response:
+        path, vid, old = await self._lock_target(c)
+        body = await _read_document(c.request)
+        if "legal-hold" in c.query:
+            new = objectlock.legal_hold_from_xml(body, old)
+        else:
+            new = objectlock.retention_from_xml(body, old)
+        await self.ns.set_lock(c.who, path, vid, new, bypass=_bypass(c))
+        return web.Response()
+
+    async def _lock_new(self, c: Call) -> None:
+        """Lock the object a write just made as its headers or the bucket's default say."""
+        headers = {k.lower(): v for k, v in c.request.headers.items()}
+        asked = any(k.startswith("x-amz-object-lock-") for k in headers)
+        if not asked and self._lock_enabled.get(c.bucket) is False:
+            return  # known to have no object lock: no catalog trip
+        tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
+        self._lock_enabled[c.bucket] = nslock.ENABLED in tags
+        if nslock.ENABLED not in tags:
+            if asked:
+                raise S3Error("InvalidRequest", "the bucket has no object lock configuration")
+            return
+        lock = objectlock.from_headers(headers, tags)
+        if lock is not None:
+            await self.ns.set_lock(c.who, paths.normalize(self.object_path(c)), None, lock)
 
     async def _cors_rules(self, bucket: str) -> list[cors.Rule]:
         """A bucket's CORS rules, read for a browser that has not (yet) said who it is:
@@ -871,15 +1031,27 @@ class S3Gateway:
             if self.region != "us-east-1":
                 raise S3Error("BucketAlreadyOwnedByYou", "you already own this bucket") from None
             return web.Response(headers={"Location": f"/{c.bucket}"})
-        await self.ns.set_tags(c.who, folder, {OWNER_TAG: c.who.user, LOCATION_TAG: location})
+        made = {OWNER_TAG: c.who.user, LOCATION_TAG: location}
+        locked = c.request.headers.get("x-amz-bucket-object-lock-enabled", "").lower() == "true"
+        if locked:  # versioned for good (namespace.objectlock)
+            await self.ns.set_versioning(c.who, folder, "Enabled")
+            made[nslock.ENABLED] = "Enabled"
+        self._versioning.pop(c.bucket, None)
+        self._lock_enabled[c.bucket] = locked
+        await self.ns.set_tags(c.who, folder, made)
         await self._acl_on_create(c, folder)
         return web.Response(headers={"Location": f"/{c.bucket}"})
 
     async def delete_bucket(self, c: Call) -> web.Response:
         self._versioning.pop(c.bucket, None)
+        self._lock_enabled.pop(c.bucket, None)
         folder = await self._bucket_entry(c)
         if c.bucket in self.buckets:
             raise S3Error("AccessDenied", "a configured bucket cannot be deleted over S3")
+        if await self.ns.versioning(c.who, folder) is not None and await self.ns.versions(
+            c.who, folder
+        ):  # as S3: kept versions and delete markers are the bucket's content too
+            raise S3Error("BucketNotEmpty", "the bucket you tried to delete has versions")
         try:
             await self.ns.remove(c.who, folder)
         except DirectoryNotEmpty:
@@ -1024,24 +1196,36 @@ class S3Gateway:
         encode = q.get("encoding-type") == "url"
         max_keys = min(_int_param(q.get("max-keys"), "max-keys", MAX_KEYS), MAX_KEYS)
         after = q.get("key-marker") or ""
-        items, _ = await self._page(c, prefix, delimiter, None, 1 << 62)
+        # the objects as they are, from the key marker on, one more than a page: past the
+        # last of them nothing is complete (an object there may sort before a kept version)
+        items, more = await self._page(c, prefix, delimiter, after or None, max_keys + 1)
+        limit = items[-1].key if more and items else None
         kept = await self.ns.versions(c.who, folder)
-        named = {(v.path, v.vid): v for v in kept if v.latest and not v.marker}
-        rows: list[tuple[str, Xml]] = []
+        now_of = {v.path: v for v in kept if v.latest and not v.marker}
+        # (key, version id, the object as it is or the element of a kept version): an
+        # object's tags are asked only if it is shown
+        rows: list[tuple[str, str, Entry | Xml]] = []
         prefixes = {i.key for i in items if i.entry is None}
         owner = self._owner(c, await self._bucket_owner(c))
         for item in items:
-            if item.entry is None:
-                continue
-            now = next((v for (p, _), v in named.items() if p == item.entry.path), None)
-            tags = await self.ns.get_tags(c.who, item.entry.path)
-            vid = now.vid if now is not None else NULL_VERSION
-            rows.append(
-                (item.key, self._version_row(item.key, vid, True, item.entry, tags, owner, encode))
-            )
+            if item.entry is not None:
+                now = now_of.get(item.entry.path)
+                rows.append((item.key, now.vid if now else NULL_VERSION, item.entry))
+        # the version-id-marker: the rest of the key-marker's own versions come first
+        vid_marker = q.get("version-id-marker") if after else None
+        passed = vid_marker is None
         for version in kept:
             key = version.path[len(folder) + 1 :]
             if (version.latest and not version.marker) or not key.startswith(prefix):
+                if key == after and version.vid == vid_marker:
+                    passed = True  # the marker named the object as it is
+                continue
+            if key == after and not passed:
+                passed = version.vid == vid_marker
+                continue
+            if key < after or (key == after and vid_marker is None):
+                continue
+            if limit is not None and key > limit:
                 continue
             cut = key.find(delimiter, len(prefix)) if delimiter else -1
             if cut >= 0:
@@ -1057,15 +1241,21 @@ class S3Gateway:
                 element = self._version_row(
                     key, version.vid, False, version.entry(), version.tags, owner, encode
                 )
-            rows.append((key, element))
+            rows.append((key, version.vid, element))
         rows.sort(key=lambda r: r[0])  # stable: each key's versions stay newest first
-        rows = [r for r in rows if r[0] > after]
         truncated = len(rows) > max_keys
-        shown = rows[:max_keys]
-        next_key = shown[-1][0] if truncated and shown else None
+        shown: list[Xml] = []
+        for key, vid, row in rows[:max_keys]:
+            if isinstance(row, Entry):
+                tags = await self.ns.get_tags(c.who, row.path)
+                row = self._version_row(key, vid, True, row, tags, owner, encode)  # noqa: PLW2901
+            shown.append(row)
+        last = rows[max_keys - 1] if truncated and max_keys else None
+        if limit is not None:
+            prefixes = {p for p in prefixes if p <= limit}
         return _versions_result(
-            c, after, next_key, None, max_keys, truncated,
-            nodes([element for _, element in shown]),
+            c, after, last[0] if last else None, last[1] if last else None, max_keys, truncated,
+            nodes(shown),
             nodes([el("CommonPrefixes", el("Prefix", _enc(p, encode))) for p in sorted(prefixes)]),
         )  # fmt: skip
 
@@ -1128,6 +1318,7 @@ class S3Gateway:
             "Last-Modified": http_time(entry.mtime_ns),
             "Accept-Ranges": "bytes",
             **_meta_headers(tags),
+            **objectlock.headers_of(tags),
         }
         if "versionId" in c.query:
             headers["x-amz-version-id"] = c.query["versionId"]
@@ -1621,7 +1812,7 @@ class S3Gateway:
         """Delete one version of ``key`` for good; the response's headers."""
         path = paths.normalize(self.object_path(c, key))
         try:
-            gone = await self.ns.remove_version(c.who, path, vid)
+            gone = await self.ns.remove_version(c.who, path, vid, bypass=_bypass(c))
         except NotSupported:
             raise S3Error("NoSuchVersion", "this gateway keeps no versions") from None
         if not await self.ns.exists(c.who, path):
@@ -1645,6 +1836,8 @@ class S3Gateway:
         status = child_text(root, "Status")
         if local(root.tag) != "VersioningConfiguration" or status not in VERSIONING_STATES:
             raise S3Error("MalformedXML", "Status must be Enabled or Suspended")
+        if status != "Enabled" and nslock.ENABLED in await self.ns.get_tags(c.who, folder):
+            raise S3Error("InvalidBucketState", "a bucket with object lock stays versioned")
         try:
             await self.ns.set_versioning(c.who, folder, status)
         except NotSupported:
@@ -2007,6 +2200,10 @@ def _delete_conditions(headers: Mapping[str, str]) -> Callable[[Entry], bool] | 
         return same_time and (size is None or size.strip() == str(entry.size))
 
     return holds
+
+
+def _bypass(c: Call) -> bool:
+    return c.request.headers.get("x-amz-bypass-governance-retention", "").lower() == "true"
 
 
 def _is_form_post(request: web.Request, key: str) -> bool:
