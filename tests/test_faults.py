@@ -228,8 +228,10 @@ class Hub:
         elif stage == "rename":
             real = PosixBackend._commit
 
-            def commit(backend: PosixBackend, staged: Any, mode: int | None) -> object:
-                real(backend, staged, mode)
+            def commit(
+                backend: PosixBackend, staged: Any, mode: int | None, first: Any = None
+            ) -> object:
+                real(backend, staged, mode, first)
                 raise OSError(errno.ENOSPC, "injected: the directory's fsync found no space")
 
             PosixBackend._commit = commit  # type: ignore[assignment,method-assign]
