@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomfs.cli import _shown, main
+from loomfs.cli import main
+from loomfs.cli.files import _shown
 from loomfs.core.types import KIND_BITS, Entry, EntryKind
 from loomfs.testing.hubproc import HubProcess, cli_ok, hub_cert
 

@@ -1,0 +1,5 @@
+"""``python -m loomfs.cli``: the ``loomfs`` command."""
+
+from . import main
+
+main()
