@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loomfs import cli
 from loomfs.cli import main
 from loomfs.cli.files import _shown
 from loomfs.core.types import KIND_BITS, Entry, EntryKind
@@ -137,11 +141,27 @@ def test_stat_shows_a_mode_the_same_with_or_without_its_type_bits(
 
 
 def _leaves(group: click.Group) -> Iterator[click.Command]:
-    for command in group.commands.values():
+    # looked up by name: main imports a command's module when it is asked for
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             yield from _leaves(command)
         else:
             yield command
+
+
+def test_each_command_is_found_in_the_module_that_adds_it() -> None:
+    # a command missing from the table would be invisible; one named wrongly, not found
+    for info in pkgutil.iter_modules(cli.__path__):
+        if info.name != "__main__":  # which runs the command
+            importlib.import_module(f"loomfs.cli.{info.name}")
+    assert set(main.commands) == set(cli.COMMAND_MODULES)
+    for name, command in main.commands.items():
+        assert command.callback is not None, name
+        module = inspect.unwrap(command.callback).__module__
+        assert module == f"loomfs.cli.{cli.COMMAND_MODULES[name]}", name
 
 
 def test_every_command_takes_the_global_options_after_its_name() -> None:
@@ -149,7 +169,8 @@ def test_every_command_takes_the_global_options_after_its_name() -> None:
     for command in _leaves(main):
         flags = {flag for param in command.params for flag in param.opts}
         assert {"--hub", "--config"} <= flags, command.name
-    own = {p.name for p in main.commands["spoke"].commands["serve"].params}  # type: ignore[attr-defined]
+    spoke = main.get_command(click.Context(main), "spoke")
+    own = {p.name for p in spoke.commands["serve"].params}  # type: ignore[union-attr]
     assert "hub_url" in own  # spoke serve's --hub is the hub it attaches, its own
 
 

@@ -9,7 +9,8 @@ the chunk codecs), and a plain ``pip install loomfs``, without the extras, start
 
 This package holds the root group and what every command shares (the client, errors as
 one line, output, the global options); a module a command group (``files``, ``volumes``,
-``serving``, ``sites``, ``access``, ``mount``, ``top``, ``audit``) adds its commands to it.
+``serving``, ``sites``, ``access``, ``mount``, ``top``, ``audit``) adds its commands to it,
+imported only when one of its commands is asked for (``COMMAND_MODULES``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import importlib
 import json
 import sys
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterable
@@ -228,6 +230,32 @@ class OneLineErrors(Commands):
             sys.exit(1)
 
 
+#: main's commands -> the module of this package that adds them: a command loads its own
+#: module alone (``ls`` neither rich's tables nor the modules of mount, top, audit...)
+COMMAND_MODULES = {
+    **dict.fromkeys(("ls", "stat", "cat", "put", "rm", "mv", "mkdir", "tag", "changes"), "files"),
+    **dict.fromkeys(("hub", "serve", "spoke", "warm", "sync"), "serving"),
+    **dict.fromkeys(("user", "group", "acl", "whoami"), "access"),
+    **dict.fromkeys(("site", "policy"), "sites"),
+    **dict.fromkeys(("status", "top"), "top"),
+    "volume": "volumes",
+    "mount": "mount",
+    "audit": "audit",
+}
+
+
+class Root(OneLineErrors):
+    """The root group, whose commands' modules are imported when a command is looked up."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            importlib.import_module(f"{__name__}.{COMMAND_MODULES[cmd_name]}")
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMAND_MODULES})
+
+
 def client(ctx: click.Context, *, admin: bool = False) -> RestNamespace:
     """A client of the hub (or spoke); ``admin``: for an administration command."""
     state: State = ctx.find_object(State)  # type: ignore[assignment]
@@ -244,7 +272,7 @@ async def connected(ctx: click.Context, *, admin: bool = False) -> AsyncIterator
         await ns.close()
 
 
-@click.group(cls=OneLineErrors)
+@click.group(cls=Root)
 @click.option(
     "--config", "config_path", type=click.Path(path_type=Path), help="loomfs.toml to use."
 )
@@ -265,9 +293,3 @@ def main(ctx: click.Context, config_path: Path | None, hub: str | None) -> None:
 
 def _time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-# every command module registers its commands on ``main``, which they import from here
-from . import access, audit, files, mount, serving, sites, top, volumes  # noqa: E402
-
-__all__ = ["access", "audit", "files", "main", "mount", "serving", "sites", "top", "volumes"]

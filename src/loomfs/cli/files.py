@@ -10,15 +10,9 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from stat import S_IMODE, filemode
+from typing import TYPE_CHECKING
 
 import click
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TransferSpeedColumn,
-)
 
 from ..core.types import KIND_BITS, Entry
 from ..rest.wire import change_json, entry_json
@@ -34,6 +28,9 @@ from . import (
     out,
     run,
 )
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 # -- files -------------------------------------------------------------------------------
 
@@ -139,6 +136,15 @@ async def put(
     ctx: click.Context, src: str, dst: str, if_version: int | None, exclusive: bool
 ) -> None:
     """Upload local file SRC ('-' for standard input) to DST, atomically."""
+    # here, not at the module's start: the other file commands draw no progress bar
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TransferSpeedColumn,
+    )
+
     ns = client(ctx)
     source = None if src == "-" else Path(src)
     progress = (
