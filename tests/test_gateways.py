@@ -218,6 +218,12 @@ async def test_a_volume_added_or_removed_through_one_gateway_is_followed_by_the_
         with pytest.raises(PermissionDenied, match="not inside a volume"):
             await second.namespace.write(SYSTEM, "/v/g.txt", _body(b"too late"))
         assert not (tmp_path / "volume" / "g.txt").exists()
+        # the mount again, other storage: the second serves the new one's
+        (tmp_path / "other").mkdir()
+        await first.add_volume("/v", f"posix://{tmp_path / 'other'}", lambda _: None)
+        await _follows(second, "/v", mounted=True)
+        await second.namespace.write(SYSTEM, "/v/g.txt", _body(b"elsewhere"))
+        assert (tmp_path / "other" / "g.txt").read_bytes() == b"elsewhere"
 
 
 async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(

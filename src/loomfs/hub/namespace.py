@@ -197,7 +197,12 @@ class HubNamespace(ResolvingNamespace):
         those it removed: what was mounted, and the mounts dropped."""
         async with self._volumes_lock:
             volumes = {volume.mount: volume for volume in await self.catalog.volumes()}
-            gone = [mount for mount in self._mounts if mount not in volumes]
+            # a mount whose volume is another one now was removed and added again since
+            gone = [
+                mount
+                for mount, mounted in self._mounts.items()
+                if mount not in volumes or volumes[mount].id != mounted.volume.id
+            ]
             for mount in gone:
                 await self._mounts.pop(mount).backend.close()
             added = [volume for mount, volume in volumes.items() if mount not in self._mounts]
