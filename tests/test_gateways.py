@@ -6,7 +6,8 @@ made through the other (LISTEN/NOTIFY), not at its next poll. And a gateway kill
 kill -9 in the middle of a commit is repaired by the other from the intent record in the
 database: the volume and the catalog agree again, on the old state or the new. A spoke
 given both gateways' URLs keeps reading and writing when one of them is killed; a write
-lease taken through one is honoured by the other."""
+lease taken through one is honoured by the other. A volume added or removed through one
+gateway is mounted or unmounted by the other as it commits, without a restart."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from loomfs import service
 from loomfs.config import Config
 from loomfs.core.catalog.postgres import PostgresCatalog
 from loomfs.core.types import SYSTEM
-from loomfs.errors import Conflict
+from loomfs.errors import Conflict, NotFound, PermissionDenied
 from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
 from loomfs.testing import stages
@@ -162,24 +164,66 @@ def _hub_config(data_dir: Path, catalog_url: str) -> Config:
     )  # fmt: skip
 
 
+async def _follows(gateway: HubService, mount: str, *, mounted: bool) -> None:
+    """Wait until ``gateway`` has (un)mounted ``mount`` (the test's own watchdog: a
+    minute), as another gateway's commit told it."""
+    deadline = time.monotonic() + 60
+
+    def followed() -> bool:
+        return (mount in gateway.namespace.mounts) == mounted
+
+    # its mounts are all it shows of the following: no event to wait on
+    while not followed() and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    assert followed(), f"{mount} never followed"
+
+
 @contextlib.asynccontextmanager
 async def _two_gateways(
     postgres: PostgresServer, tmp_path: Path
 ) -> AsyncIterator[tuple[HubService, HubService]]:
-    """Two in-process gateways over one new database, with the volume /v (added through
-    the first before the second starts: a gateway sees the volumes there at its start)."""
+    """Two in-process gateways over one new database, with the volume /v, added through
+    the first once both run (the second mounts it as the catalog tells it)."""
     url = postgres.create_database()
     (tmp_path / "volume").mkdir()
     first = HubService(_hub_config(tmp_path / "a", url))
-    await first.start()
     second = HubService(_hub_config(tmp_path / "b", url))
+    await first.start()
     try:
-        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
         await second.start()
+        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        await _follows(second, "/v", mounted=True)
         yield first, second
     finally:
         await second.stop()
         await first.stop()
+
+
+async def test_a_volume_added_or_removed_through_one_gateway_is_followed_by_the_other(
+    postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no poll of the volumes would come in the test's lifetime: only a notification
+    monkeypatch.setattr(service, "VOLUMES_POLL", 3600.0)
+    async with _two_gateways(postgres, tmp_path) as (first, second):
+        # served by the second, which was running when the first added it
+        made = await second.namespace.write(SYSTEM, "/v/f.txt", _body(b"through b"))
+        assert (tmp_path / "volume" / "f.txt").read_bytes() == b"through b"
+        async with await first.namespace.read(SYSTEM, "/v/f.txt") as reader:
+            assert reader.entry.version == made.version
+        await first.remove_volume("/v")
+        await _follows(second, "/v", mounted=False)
+        # as one hub refuses them once a volume is gone: no entry, and nowhere to write
+        with pytest.raises(NotFound):
+            await second.namespace.stat(SYSTEM, "/v/f.txt")
+        with pytest.raises(PermissionDenied, match="not inside a volume"):
+            await second.namespace.write(SYSTEM, "/v/g.txt", _body(b"too late"))
+        assert not (tmp_path / "volume" / "g.txt").exists()
+        # the mount again, other storage: the second serves the new one's
+        (tmp_path / "other").mkdir()
+        await first.add_volume("/v", f"posix://{tmp_path / 'other'}", lambda _: None)
+        await _follows(second, "/v", mounted=True)
+        await second.namespace.write(SYSTEM, "/v/g.txt", _body(b"elsewhere"))
+        assert (tmp_path / "other" / "g.txt").read_bytes() == b"elsewhere"
 
 
 async def test_a_commit_on_one_gateway_wakes_a_long_poll_on_the_other(

@@ -33,7 +33,7 @@ from .core.admin import LocalAdmin, check_volume_url
 from .core.audit import AuditLog, AuditReader, load_key
 from .core.backends.base import Capability
 from .core.backends.posix import TEMP_PREFIX, PosixBackend
-from .core.catalog.base import Catalog
+from .core.catalog.base import Catalog, Notices
 from .core.certs import fingerprint
 from .core.directory import Directory
 from .core.dirlock import DirectoryLock
@@ -81,6 +81,9 @@ SCANNED = Counter(
 )
 FEED_POLL = 0.05
 TRUST_REFRESH = 2.0
+#: how often a gateway reads the volumes anyway, though no notice came (one lost with
+#: the listener's connection)
+VOLUMES_POLL = 5.0
 HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change", registry=HUB)
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub", registry=HUB)
 
@@ -186,6 +189,8 @@ class HubService:
             await self._start_watcher(volume.mount)
         if self.config.hub.rescan_interval > 0:
             self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
+        if (notices := self.catalog.volume_notices()) is not None:
+            self._spawn(self._follow_volumes_forever(notices))
         if isinstance(self.namespace.intents, SharedIntentLog) and self.config.hub.repair_interval:
             self._spawn(self._repair_forever(self.config.hub.repair_interval))
         if self.config.hub.lifecycle_interval > 0:
@@ -251,6 +256,26 @@ class HubService:
             await asyncio.sleep(interval)
             for mount in list(self.namespace.mounts):
                 await self._logged_sync(mount)
+
+    async def _follow_volumes_forever(self, notices: Notices) -> None:
+        """Mount the volumes other gateways add and unmount those they remove, as they
+        commit: their import or removal is theirs, this gateway serves and watches."""
+        while True:
+            seen = notices.seen  # before the read: a change after it wakes
+            try:
+                added, gone = await self.namespace.follow_volumes()
+            except LoomError as exc:  # the database is away: the next round reads again
+                log.warning("could not follow the volumes", extra={"error": str(exc)})
+                added, gone = [], []
+            for mount in gone:
+                if (watcher := self._watchers.pop(mount, None)) is not None:
+                    await watcher.stop()
+                log.info("volume removed elsewhere", extra={"mount": mount})
+            for volume in added:
+                await self._start_watcher(volume.mount)
+                log.info("volume added elsewhere", extra={"mount": volume.mount})
+            VOLUMES.set(len(self.namespace.mounts))
+            await notices.after(seen, VOLUMES_POLL)
 
     async def _repair_forever(self, interval: float) -> None:
         """Repair the changes of gateways that died (a kill, a lost machine) soon, not

@@ -169,6 +169,9 @@ class HubNamespace(ResolvingNamespace):
         self.write_leases = write_leases(write_lease, catalog.write_lease_records())
         self.assimilator = Assimilator(catalog)
         self._mounts: dict[str, Mounted] = {}
+        # between a volume's commit in the catalog and its (un)mounting here: what
+        # ``follow_volumes`` reads of the catalog then matches the mounts
+        self._volumes_lock = asyncio.Lock()
         # one writer per path in this process: the precondition check, the volume write and
         # the catalog commit happen under it, and so do refreshes prompted by inotify
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -189,6 +192,24 @@ class HubNamespace(ResolvingNamespace):
                 self._mounts[volume.mount] = Mounted(volume, self._open_backend(volume.url))
         return volumes
 
+    async def follow_volumes(self) -> tuple[list[Volume], list[str]]:
+        """Mount the volumes another process sharing the catalog added since, unmount
+        those it removed: what was mounted, and the mounts dropped."""
+        async with self._volumes_lock:
+            volumes = {volume.mount: volume for volume in await self.catalog.volumes()}
+            # a mount whose volume is another one now was removed and added again since
+            gone = [
+                mount
+                for mount, mounted in self._mounts.items()
+                if mount not in volumes or volumes[mount].id != mounted.volume.id
+            ]
+            for mount in gone:
+                await self._mounts.pop(mount).backend.close()
+            added = [volume for mount, volume in volumes.items() if mount not in self._mounts]
+            for volume in added:
+                self._mounts[volume.mount] = Mounted(volume, self._open_backend(volume.url))
+        return added, gone
+
     @property
     def mounts(self) -> dict[str, Mounted]:
         return dict(self._mounts)
@@ -199,13 +220,14 @@ class HubNamespace(ResolvingNamespace):
         if mount == paths.ROOT:
             raise InvalidArgument("a volume cannot be mounted at the root")
         backend = self._open_backend(url)
-        try:
-            await backend.check()
-            volume = await self.catalog.add_volume(mount, backend.url)
-        except BaseException:
-            await backend.close()
-            raise
-        self._mounts[mount] = Mounted(volume, backend)
+        async with self._volumes_lock:
+            try:
+                await backend.check()
+                volume = await self.catalog.add_volume(mount, backend.url)
+            except BaseException:
+                await backend.close()
+                raise
+            self._mounts[mount] = Mounted(volume, backend)
         return await self.sync_volume(mount, progress)
 
     def _open_backend(self, url: str) -> Backend:
@@ -233,8 +255,9 @@ class HubNamespace(ResolvingNamespace):
     async def remove_volume(self, mount: str) -> None:
         """Forget a volume's metadata; its data stays untouched where it is."""
         mount = paths.normalize(mount)
-        await self.catalog.remove_volume(mount)
-        mounted = self._mounts.pop(mount, None)
+        async with self._volumes_lock:
+            await self.catalog.remove_volume(mount)
+            mounted = self._mounts.pop(mount, None)
         if mounted is not None:
             await mounted.backend.close()
 

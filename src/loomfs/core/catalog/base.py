@@ -197,6 +197,26 @@ class ReadLeaseRecords(ABC):
         """Wait for a renewal after ``seen``, at most ``limit`` seconds."""
 
 
+class Notices:
+    """Wake-ups of one kind another process sends through the catalog's database: a
+    count of those arrived (a mark to wait from) and an event for the next one."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self._next = asyncio.Event()
+
+    def arrived(self) -> None:
+        self.seen += 1
+        self._next.set()
+        self._next = asyncio.Event()
+
+    async def after(self, seen: int, limit: float) -> None:
+        """Return once one arrived after the mark ``seen``, or after ``limit`` seconds."""
+        if self.seen == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._next.wait(), max(0.0, limit))
+
+
 class Catalog(ABC):
     """A site's metadata store. Created by ``loomfs.core.registry.open_catalog(url)``."""
 
@@ -237,6 +257,11 @@ class Catalog(ABC):
     def write_lease_records(self) -> WriteLeaseRecords | None:
         """Where write leases live when several processes share this catalog. None here:
         in the one process's memory."""
+        return None
+
+    def volume_notices(self) -> Notices | None:
+        """Told of each volume any process sharing this catalog adds or removes (at its
+        commit). None here: one process writes it, so its volumes change through it alone."""
         return None
 
     def commits_seen(self) -> int:

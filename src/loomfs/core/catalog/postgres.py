@@ -16,12 +16,14 @@ from psycopg import errors as pgerrors
 
 from ...errors import AlreadyExists, BackendUnavailable, InsufficientStorage, LoomError
 from ...paths import normalize
-from .base import IntentRecords, ReadLeaseRecords, ScanRow, WriteLeaseRecords
+from .base import IntentRecords, Notices, ReadLeaseRecords, ScanRow, WriteLeaseRecords
 from .sql import SCAN_COLUMNS, Cursor, Dialect, SqlCatalog
 
 COMMITS_CHANNEL = "loomfs_commits"
 #: a spoke's read lease renewed (and its acknowledgement recorded) by any gateway
 ACKS_CHANNEL = "loomfs_acks"
+#: a volume added or removed, by any gateway: the others mount or unmount it
+VOLUMES_CHANNEL = "loomfs_volumes"
 
 T = TypeVar("T")
 
@@ -42,6 +44,7 @@ class PostgresCatalog(SqlCatalog):
         temp_table_options="ON COMMIT DELETE ROWS",
         # delivered at commit, to every gateway's listener (one per transaction)
         notify_commit=f"NOTIFY {COMMITS_CHANNEL}",
+        notify_volumes=f"NOTIFY {VOLUMES_CHANNEL}",
     )
 
     #: the longest pause between two tries of a path another gateway holds
@@ -61,10 +64,9 @@ class PostgresCatalog(SqlCatalog):
         #: holds the advisory lock of this name (``gateway_lock_key``)
         self.gateway = uuid.uuid4().hex
         self._lock_thread = ThreadPoolExecutor(1, thread_name_prefix="loomfs-pathlock")
-        self._notified = 0
-        self._wake = asyncio.Event()
-        self._acks = 0
-        self._acked = asyncio.Event()
+        self._commits = Notices()
+        self._acks = Notices()
+        self._volume_changes = Notices()
         self._listening: asyncio.Task[None] | None = None
 
     @classmethod
@@ -137,40 +139,41 @@ class PostgresCatalog(SqlCatalog):
             listener = await psycopg.AsyncConnection.connect(
                 self.url, autocommit=True, connect_timeout=10
             )
-            await listener.execute(f"LISTEN {COMMITS_CHANNEL}")
-            await listener.execute(f"LISTEN {ACKS_CHANNEL}")
+            for channel in (COMMITS_CHANNEL, ACKS_CHANNEL, VOLUMES_CHANNEL):
+                await listener.execute(f"LISTEN {channel}")
         except psycopg.Error as exc:
             raise BackendUnavailable(f"catalog database (listener): {exc}") from exc
         self._listening = asyncio.create_task(self._listen(listener))
 
     async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
+        channels = {
+            COMMITS_CHANNEL: self._commits,
+            ACKS_CHANNEL: self._acks,
+            VOLUMES_CHANNEL: self._volume_changes,
+        }
         try:
             async for notice in listener.notifies():
-                if notice.channel == ACKS_CHANNEL:
-                    self._acks += 1
-                    self._acked.set()
-                    self._acked = asyncio.Event()
-                    continue
-                self._notified += 1
-                self._wake.set()
-                self._wake = asyncio.Event()
+                channels[notice.channel].arrived()
         except psycopg.Error:
             pass  # the listener's connection is gone: ``changed`` falls back to polling
         finally:
             await listener.close()
 
+    def listening(self) -> bool:
+        """Whether notifications still arrive (else their waiters poll)."""
+        return self._listening is not None and not self._listening.done()
+
+    def volume_notices(self) -> Notices:
+        return self._volume_changes
+
     def commits_seen(self) -> int:
-        return self._notified
+        return self._commits.seen
 
     async def changed(self, seen: int, poll: float, limit: float) -> None:
-        if self._listening is None or self._listening.done():
+        if not self.listening():
             await super().changed(seen, poll, limit)
             return
-        if self._notified == seen:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), max(0.0, min(self.NOTIFIED_POLL_S, limit))
-                )
+        await self._commits.after(seen, min(self.NOTIFIED_POLL_S, limit))
 
     async def close(self) -> None:
         if self._listening is not None:
@@ -357,17 +360,14 @@ class _ReadLeases(ReadLeaseRecords):
         return [float(left) for (left,) in rows]
 
     def acks_seen(self) -> int:
-        return self._catalog._acks
+        return self._catalog._acks.seen
 
     async def acked(self, seen: int, limit: float) -> None:
         catalog = self._catalog
-        if catalog._listening is None or catalog._listening.done():
+        if not catalog.listening():
             await asyncio.sleep(max(0.0, min(catalog.NOTIFIED_POLL_S, limit)))  # polled
-        elif catalog._acks == seen:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    catalog._acked.wait(), max(0.0, min(catalog.NOTIFIED_POLL_S, limit))
-                )
+        else:
+            await catalog._acks.after(seen, min(catalog.NOTIFIED_POLL_S, limit))
 
 
 def gateway_lock_key(gateway: str) -> int:

@@ -77,6 +77,7 @@ class Dialect:
     lock_writers: str | None = None  # run right after begin_write, where begin alone won't
     temp_table_options: str = ""  # ends CREATE TEMP TABLE (PostgreSQL: empty it at commit)
     notify_commit: str | None = None  # run before COMMIT: wakes other processes' feeds
+    notify_volumes: str | None = None  # the same, in a commit that adds or removes a volume
 
 
 def _migrations(d: Dialect) -> list[str]:
@@ -1148,9 +1149,14 @@ class SqlCatalog(Catalog):
                 f"RETURNING {self._VOLUME_COLUMNS}",
                 (mount, url, VolumeState.IMPORTING.value, now),
             ).fetchone()
+            self._volumes_changed(cur)
             return self._volume(row)
 
         return await self._run(self._write, fn)
+
+    def _volumes_changed(self, cur: Cursor) -> None:
+        if self.dialect.notify_volumes:  # other processes sharing the catalog follow
+            cur.execute(self.dialect.notify_volumes)
 
     def _volumes(self, cur: Cursor) -> list[Volume]:
         rows = self._q(cur, f"SELECT {self._VOLUME_COLUMNS} FROM volumes ORDER BY mount").fetchall()
@@ -1187,6 +1193,7 @@ class SqlCatalog(Catalog):
                 raise NotFound(f"no volume is mounted at {mount}", path=mount)
             self._apply(cur, [Delete(mount, recursive=True, missing_ok=True)], None)
             self._q(cur, "DELETE FROM volumes WHERE mount = ?", (mount,))
+            self._volumes_changed(cur)
 
         await self._run(self._write, fn)
 
