@@ -281,7 +281,9 @@ class ChunkFiller:
         got = await self.link.fetch_small(asked, small=small, holds=bundle.holds(set(ids.values())))
         if not any(isinstance(g, Named) for g in got):
             return [None if isinstance(g, Named) else g for g in got]
-        by_id = {cid: (file_id, files[file_id].size) for file_id, cid in ids.items()}
+        # sizes as listed before the hop: a file dropped since reads back as None
+        sizes = {cached.id: cached.size for cached in whole}
+        by_id = {cid: (file_id, sizes[file_id]) for file_id, cid in ids.items()}
 
         def found() -> list[bytes | None]:
             out: list[bytes | None] = []
