@@ -3,7 +3,8 @@
 The codec round-trips any files against any bases and refuses a damaged frame or a wrong
 base; over a real spoke and the link emulator, random small trees warmed, edited at
 random (changed, restamped with the same bytes, added, removed) and warmed again come
-out byte for byte, in one bundle request per warm-up.
+out byte for byte, in one bundle request per warm-up; a tree of copies of files the
+spoke holds under other paths moves their ids, not their bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +22,7 @@ from loomfs.chunks import bundle
 from loomfs.chunks.codec import chunk_id
 from loomfs.core.types import SYSTEM, Principal
 from loomfs.errors import CorruptData, NotFound
-from loomfs.namespace.chunklink import SmallAsk
+from loomfs.namespace.chunklink import Named, SmallAsk
 from loomfs.rest import client as rest_client
 from loomfs.testing.fabric import fabric
 from loomfs.testing.loop import LoopThread
@@ -78,9 +80,9 @@ def test_warmed_trees_edited_at_random_come_out_byte_for_byte(
     asked: list[int] = []
     real = rest_client.RestNamespace.fetch_small
 
-    async def counted(self: rest_client.RestNamespace, asks: list, *, small: int) -> list:  # type: ignore[type-arg]
+    async def counted(self: rest_client.RestNamespace, asks: list, **how: Any) -> list:  # type: ignore[type-arg]
         asked.append(len(asks))
-        return await real(self, asks, small=small)
+        return await real(self, asks, **how)
 
     monkeypatch.setattr(rest_client.RestNamespace, "fetch_small", counted)
     with LoopThread() as loop:
@@ -161,7 +163,8 @@ def test_a_changed_small_file_comes_as_a_delta_in_its_bundle(tmp_path: Path, fir
 
 async def test_a_bundle_skips_what_it_cannot_send_and_names_held_bytes(tmp_path: Path) -> None:
     """Missing, moved on, too large, a directory, token ids: None each (fetched alone);
-    a file whose bytes the asker holds comes back as those bytes, without crossing."""
+    a file whose bytes the asker holds comes back as those bytes, without crossing, or
+    as their id where the asker's filter of held ids names them."""
     async with fabric(tmp_path) as env:
         hub = env.hub.namespace
         await hub.mkdir(SYSTEM, "/vol/s")
@@ -187,6 +190,12 @@ async def test_a_bundle_skips_what_it_cannot_send_and_names_held_bytes(tmp_path:
         assert link is not None
         got = await link.link.fetch_small(asks, small=4_096)
         assert got == [held, None, None, None, None, b"plain text\n" * 20, None]
+        # bytes the asker's filter says it holds under another path: their id alone
+        plain_id = chunk_id(b"plain text\n" * 20)
+        named = await link.link.fetch_small(
+            [SmallAsk("/vol/s/plain", plain.version)], small=4_096, holds=bundle.holds([plain_id])
+        )
+        assert named == [Named(plain_id)]
 
 
 async def test_a_warm_up_falls_back_to_one_file_at_a_time_when_bundles_fail(
@@ -206,3 +215,80 @@ async def test_a_warm_up_falls_back_to_one_file_at_a_time_when_bundles_fail(
         stats = await env.spoke.warm(WHO, "/vol/f")
         assert stats.files == len(tree)
         assert {p: await env.spoke.read_bytes(WHO, p) for p in tree} == tree
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(st.lists(st.binary(min_size=1, max_size=64), max_size=50, unique=True))
+def test_a_holds_filter_holds_every_id_it_was_made_of(keys: list[bytes]) -> None:
+    ids = [chunk_id(k) for k in keys]
+    bits = bundle.holds(ids)
+    assert all(bundle.may_hold(bits, cid) for cid in ids)
+    assert len(bits) == max(8, (len(ids) * bundle.HOLD_BITS + 7) // 8)
+    assert not bundle.may_hold(b"", chunk_id(b"anything"))  # an empty filter holds nothing
+
+
+@st.composite
+def copies(draw: st.DrawFn) -> tuple[int, int, dict[str, int]]:
+    """A seed and a count of small incompressible files (``held``), and a tree of copies
+    of them (renamed, moved to other directories, some copied twice): path -> file."""
+    count = draw(st.integers(1, 6))
+    made = draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=8))
+    dirs = ["", "lib/", "lib/deep/", "other/"]
+    tree = {f"{draw(st.sampled_from(dirs))}c{i}.{n}.bin": n for i, n in enumerate(made)}
+    return draw(st.integers(0, 1 << 30)), count, tree
+
+
+def held(seed: int, count: int, top: str) -> dict[str, bytes]:
+    # bytes of this round only (a replayed draw would find the last round's held)
+    rng = random.Random(seed)
+    return {f"src/{i}.bin": top.encode() + rng.randbytes(rng.randrange(16_000, 32_000))
+            for i in range(count)}  # fmt: skip
+
+
+def test_a_tree_of_copies_of_held_files_moves_only_their_ids(tmp_path: Path) -> None:
+    """Files whose bytes the spoke holds under other paths cost ids, not bytes: a warm-up
+    of a tree of copies moves under 2 KB and 500 bytes a file (listings, entries, ids;
+    one of its files would cost 16 KB), and every file reads back byte for byte."""
+    with LoopThread() as loop:
+        made = fabric(tmp_path)
+        env = loop.run(made.__aenter__())
+        hub = env.hub.namespace
+        rounds = iter(range(1_000))
+        try:
+
+            async def put(top: str, tree: dict[str, bytes]) -> None:
+                for path, data in tree.items():
+                    parent = f"{top}/{path}".rsplit("/", 1)[0]
+                    await hub.mkdir(SYSTEM, parent, parents=True, exist_ok=True)
+                    await hub.write_bytes(SYSTEM, f"{top}/{path}", data)
+
+            async def warm(top: str, tree: dict[str, bytes]) -> int:
+                before = env.link.down.bytes
+                await env.spoke.warm(WHO, top)
+                moved = env.link.down.bytes - before
+                for path, data in tree.items():
+                    assert await env.spoke.read_bytes(WHO, f"{top}/{path}") == data
+                return moved
+
+            @settings(
+                max_examples=5,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
+            @given(copies())
+            def run(case: tuple[int, int, dict[str, int]]) -> None:
+                seed, count, tree = case
+                top = f"/vol/c{next(rounds)}"
+                files = held(seed, count, top)
+                loop.run(put(f"{top}/a", files))
+                first = loop.run(warm(f"{top}/a", files))
+                assert first > sum(map(len, files.values()))  # incompressible: all crossed
+                copied = {path: files[f"src/{n}.bin"] for path, n in tree.items()}
+                loop.run(put(f"{top}/b", copied))
+                moved = loop.run(warm(f"{top}/b", copied))
+                assert moved < 2_000 + 500 * len(copied)
+
+            run()
+        finally:
+            loop.run(made.__aexit__(None, None, None))

@@ -16,17 +16,24 @@ ids, and the receiver checks every file it decodes against the id the sender nam
 it: a damaged frame or a wrong base raises ``CorruptData`` and hands nothing on.
 
 On the wire (``POST /v1/chunks/small``) the ask is zstd-compressed JSON ``{"small": N,
-"files": [[path, version, held id hex or ""], ...]}`` (paths of one tree share most of
-their bytes), the answer ``varint head length | head | frame``, the head zstd-compressed
-JSON ``{"files": [[how, size, id hex], ...], "bases": [index, ...]}`` with ``how`` one
-of ``SKIP`` (sent alone, if at all), ``HELD`` (the receiver's held bytes) or ``SENT`` (in
-the frame, in order).
+"files": [[path, version, held id hex or ""], ...], "holds": filter hex}`` (paths of one
+tree share most of their bytes), the answer ``varint head length | head | frame``, the
+head zstd-compressed JSON ``{"files": [[how, size, id hex], ...], "bases": [index, ...]}``
+with ``how`` one of ``SKIP`` (sent alone, if at all), ``HELD`` (the receiver's held bytes
+of that path, id "", or, id named, bytes it holds under any path) or ``SENT`` (in the
+frame, in order).
+
+Dedup against any file the receiver holds (a copy, a rename, the same licence in every
+package) costs it a Bloom filter of the ids of the small files it holds, ``holds``: 12
+bits an id, a twentieth of the ids themselves. The sender names the id of a file whose
+id the filter may hold; the receiver finds the bytes by that id and checks them against
+it, and a false positive (about 0.3%) or bytes gone since are fetched alone.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import zstandard
@@ -43,6 +50,9 @@ MAX_BYTES = 16 << 20  # bytes of files (and, apart, of bases) in one bundle
 MAX_FILES = 4096  # files asked in one bundle
 MAX_HEAD = 4 << 20  # bytes of an ask's or an answer's JSON, decompressed
 SKIP, HELD, SENT = 0, 1, 2
+HOLD_BITS = 12  # filter bits per held id: 0.3% false positives with 8 probes
+HOLD_PROBES = 8  # each 4 bytes of the (uniformly random) BLAKE3 id
+MAX_HOLDS = 1 << 17  # ids in one filter (192 KB)
 _MIN_WINDOW_LOG = 20
 
 
@@ -96,6 +106,26 @@ def decode(
             raise CorruptData("a file of a bundle does not match its id")
         out.append(data)
     return out
+
+
+def holds(ids: Collection[bytes]) -> bytes:
+    """The Bloom filter of the BLAKE3 ``ids`` (at most ``MAX_HOLDS``) a receiver holds."""
+    if len(ids) > MAX_HOLDS:
+        raise ValueError(f"a filter holds at most {MAX_HOLDS} ids")
+    bits = bytearray(max(8, (len(ids) * HOLD_BITS + 7) // 8))
+    for cid in ids:
+        for pos in _probes(cid, len(bits) * 8):
+            bits[pos >> 3] |= 1 << (pos & 7)
+    return bytes(bits)
+
+
+def may_hold(bits: bytes, cid: bytes) -> bool:
+    """Whether the filter ``bits`` may hold ``cid`` (an empty filter holds nothing)."""
+    return bool(bits) and all(bits[p >> 3] >> (p & 7) & 1 for p in _probes(cid, len(bits) * 8))
+
+
+def _probes(cid: bytes, nbits: int) -> list[int]:
+    return [int.from_bytes(cid[4 * i : 4 * i + 4], "little") % nbits for i in range(HOLD_PROBES)]
 
 
 def pack(value: Any) -> bytes:

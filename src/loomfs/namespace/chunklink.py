@@ -97,6 +97,15 @@ class SmallAsk:
     have: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class Named:
+    """A file of a bundle sent as its BLAKE3 ``id`` alone: bytes the receiver's filter of
+    the ids it holds (``chunks.bundle.holds``) may hold, under any path; the receiver
+    finds them by that id and checks them against it."""
+
+    id: bytes
+
+
 class ChunkLink(ABC):
     @abstractmethod
     async def open_chunked(
@@ -107,11 +116,14 @@ class ChunkLink(ABC):
         map; opened for ``who`` (None: for the spoke itself)."""
 
     @abstractmethod
-    async def fetch_small(self, asks: Sequence[SmallAsk], *, small: int) -> list[bytes | None]:
+    async def fetch_small(
+        self, asks: Sequence[SmallAsk], *, small: int, holds: bytes = b""
+    ) -> list[bytes | Named | None]:
         """The bytes of each file asked (of up to ``small`` bytes), in one request and one
-        frame for them all (``chunks.bundle``), each verified by its id; None for a file the
-        hub sent none of (no longer at that version, not small, refused: the caller fetches
-        it alone, which says why)."""
+        frame for them all (``chunks.bundle``), each verified by its id; ``Named`` for one
+        whose id the filter ``holds`` (of the ids the caller holds) may hold; None for a
+        file the hub sent none of (no longer at that version, not small, refused: the
+        caller fetches it alone, which says why)."""
 
     @abstractmethod
     def fetch_chunks(

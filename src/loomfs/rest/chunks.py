@@ -155,6 +155,12 @@ class ChunkRoutes:
             asks = [(str(p), int(v), bytes.fromhex(h)) for p, v, h in files]
         except (TypeError, ValueError):
             raise InvalidArgument("a bundle's files are [path, version, held id hex]") from None
+        try:  # ids of the small files the asker holds anywhere (``bundle.holds``)
+            holds = bytes.fromhex(ask.get("holds") or "")
+        except (TypeError, ValueError):
+            raise InvalidArgument("a bundle's 'holds' is a hex filter") from None
+        if len(holds) > bundle.MAX_HOLDS * bundle.HOLD_BITS // 8:
+            raise InvalidArgument(f"a bundle's 'holds' names at most {bundle.MAX_HOLDS} ids")
         namespace = self.server.namespace
         limit = asyncio.Semaphore(READS_AT_ONCE)
         room = [bundle.MAX_BYTES]  # what the answer may still hold: files past it are skipped
@@ -183,6 +189,9 @@ class ChunkRoutes:
             digest = chunk_id(data)
             if digest == have:  # content the spoke holds (a new mtime, a copy): its id only
                 head.append([bundle.HELD, len(data), ""])
+                continue
+            if bundle.may_hold(holds, digest):  # held under another path: the asker checks
+                head.append([bundle.HELD, len(data), digest.hex()])
                 continue
             if not have and await asyncio.to_thread(numeric, data):
                 # token shards and tensors: alone, their frame is shuffled into byte planes

@@ -41,7 +41,7 @@ from ..errors import (
     RangeNotSatisfiable,
 )
 from ..namespace.base import FeedNamespace, Reader, WriteTagsArg
-from ..namespace.chunklink import ChunkLink, Opened, SmallAsk
+from ..namespace.chunklink import ChunkLink, Named, Opened, SmallAsk
 from . import wire
 
 if TYPE_CHECKING:
@@ -591,8 +591,8 @@ class RestNamespace(FeedNamespace, ChunkLink):
             raise BackendUnavailable(f"the link to {self.base_url} broke: {exc}") from exc
 
     async def fetch_small(
-        self, asks: Sequence[SmallAsk], *, small: int
-    ) -> builtins.list[bytes | None]:
+        self, asks: Sequence[SmallAsk], *, small: int, holds: bytes = b""
+    ) -> builtins.list[bytes | Named | None]:
         # the codec needs the chunks extra: only a chunked link (a spoke's) comes here
         from ..chunks import bundle  # noqa: PLC0415
 
@@ -600,7 +600,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
         response = await self._request(
             "POST",
             f"{wire.API}/chunks/small",
-            data=bundle.pack({"small": small, "files": files}),
+            data=bundle.pack({"small": small, "files": files, "holds": holds.hex()}),
             headers={"Content-Type": "application/octet-stream"},
         )
         async with response:
@@ -618,10 +618,12 @@ class RestNamespace(FeedNamespace, ChunkLink):
                 bundle.decode, frame, [s for s, _ in sent], [c for _, c in sent], bases
             )
         )
-        out: builtins.list[bytes | None] = []
-        for ask, (how, _, _) in zip(asks, answers, strict=True):
+        out: builtins.list[bytes | Named | None] = []
+        for ask, (how, _, cid) in zip(asks, answers, strict=True):
             if how == bundle.SENT:
                 out.append(next(datas))
+            elif how == bundle.HELD and cid:  # held elsewhere: the asker finds and checks it
+                out.append(Named(cid))
             else:  # held: the bytes named by ``have`` (checked by the asker against it)
                 out.append(ask.held if how == bundle.HELD and ask.have else None)
         return out
