@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from loomfs.chunks import bundle
 from loomfs.chunks.codec import chunk_id
 from loomfs.core.types import SYSTEM, Principal
-from loomfs.errors import CorruptData, NotFound
+from loomfs.errors import CorruptData, LoomError, NotFound
 from loomfs.namespace.chunklink import Named, SmallAsk
 from loomfs.rest import client as rest_client
+from loomfs.rest import wire
 from loomfs.testing.fabric import fabric
 from loomfs.testing.loop import LoopThread
 
@@ -290,5 +291,55 @@ def test_a_tree_of_copies_of_held_files_moves_only_their_ids(tmp_path: Path) -> 
                 assert moved < 2_000 + 500 * len(copied)
 
             run()
+        finally:
+            loop.run(made.__aexit__(None, None, None))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=12,
+)
+
+
+_ASKS = st.one_of(
+    st.binary(max_size=64),  # not a packed ask at all
+    _JSON.map(bundle.pack),
+    st.fixed_dictionaries(  # the right shape, wrong parts
+        {"small": st.integers(0, 1 << 20), "files": st.lists(_JSON, max_size=3)},
+        optional={"holds": _JSON | st.just("ab" * (bundle.MAX_HOLDS * 2))},
+    ).map(bundle.pack),
+)
+
+
+def test_a_malformed_bundle_ask_is_a_clear_refusal(tmp_path: Path) -> None:
+    """Whatever a caller sends as a bundle's ask (bytes, any JSON, the right keys with
+    wrong values, a filter past its bound), the hub answers it or refuses it in words
+    (a 4xx): never an internal error."""
+    with LoopThread() as loop:
+        made = fabric(tmp_path)
+        env = loop.run(made.__aenter__())
+        try:
+            link = env.spoke.cache.chunks
+            assert link is not None
+
+            async def ask(body: bytes) -> int:
+                headers = {"Content-Type": "application/octet-stream"}
+                try:
+                    response = await link.link._request(
+                        "POST", f"{wire.API}/chunks/small", data=body, headers=headers
+                    )
+                except LoomError as exc:
+                    return wire.status_of(exc)
+                async with response:
+                    return response.status
+
+            @settings(max_examples=60, deadline=None)
+            @given(_ASKS)
+            def refused_in_words(body: bytes) -> None:
+                status = loop.run(ask(body))
+                assert status < 500, f"{body!r}: {status}"
+
+            refused_in_words()
         finally:
             loop.run(made.__aexit__(None, None, None))

@@ -147,8 +147,13 @@ class ChunkRoutes:
         who = self.server.principal(request)
         if (request.content_length or 0) > bundle.MAX_HEAD:
             raise InvalidArgument(f"a bundle's ask is at most {bundle.MAX_HEAD} bytes")
-        ask = bundle.unpack(await request.read())
-        files, small = ask.get("files") if isinstance(ask, dict) else None, ask.get("small")
+        try:
+            ask = bundle.unpack(await request.read())
+        except CorruptData as exc:  # the caller's bytes, not this hub's data
+            raise InvalidArgument(str(exc)) from None
+        if not isinstance(ask, dict):
+            raise InvalidArgument("a bundle's ask is an object of files, small and holds")
+        files, small = ask.get("files"), ask.get("small")
         if not isinstance(files, list) or len(files) > bundle.MAX_FILES or type(small) is not int:
             raise InvalidArgument(f"a bundle asks for up to {bundle.MAX_FILES} files, small")
         try:
