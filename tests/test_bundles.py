@@ -322,17 +322,19 @@ def test_a_malformed_bundle_ask_is_a_clear_refusal(tmp_path: Path) -> None:
         try:
             link = env.spoke.cache.chunks
             assert link is not None
+            rest = link.link
+            assert isinstance(rest, rest_client.RestNamespace)
 
             async def ask(body: bytes) -> int:
                 headers = {"Content-Type": "application/octet-stream"}
                 try:
-                    response = await link.link._request(
+                    response = await rest._request(
                         "POST", f"{wire.API}/chunks/small", data=body, headers=headers
                     )
                 except LoomError as exc:
                     return wire.status_of(exc)
                 async with response:
-                    return response.status
+                    return int(response.status)
 
             @settings(max_examples=60, deadline=None)
             @given(_ASKS)
