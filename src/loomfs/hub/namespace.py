@@ -485,6 +485,7 @@ class HubNamespace(ResolvingNamespace):
         committed: list[Applied] = []
         repeated: list[Entry] = []
         retagged: list[dict[str, str]] = []  # the tags before, where the write sets some
+        locking: list[str] = []  # the lock tags the write gives its new version
         cancelled = False
         note: Note | None = None
         state = self._versioned(path)
@@ -502,6 +503,13 @@ class HubNamespace(ResolvingNamespace):
                 if made is not None:
                     for tag, value in made.resolved(0).items():
                         _check_tag(tag, value)
+                    if objectlock.touches(made.stamped):
+                        raise InvalidArgument("a lock's tags are set, not stamped", path=path)
+                    # a restored version (unversioned while written back) keeps its lock
+                    store = self.version_store
+                    versioning = None if store is None else store.state_of(path)
+                    objectlock.check_new(path, made.set, versioning)
+                    locking.extend(k for k in made.set if k in objectlock.VERSION_KEYS)
                     if self.placement is not None:
                         before = {} if current is None else await self.catalog.get_tags(path)
                         retagged.append(before)
@@ -554,8 +562,13 @@ class HubNamespace(ResolvingNamespace):
             await self._tightened(path, retagged[0], await self.catalog.get_tags(path))
         if state is not None and self.version_store is not None:
             await self.version_store.written(state, entry)
-            # the old version keeps its lock (in its kept tags); the new one starts unlocked
-            locked = [k for k in await self.catalog.get_tags(path) if k in objectlock.VERSION_KEYS]
+            # the old version keeps its lock (in its kept tags); the new one starts with
+            # the lock its write gave it (committed with its content), or none
+            locked = [
+                k
+                for k in await self.catalog.get_tags(path)
+                if k in objectlock.VERSION_KEYS and k not in locking
+            ]
             if locked:
                 await self._set_tags(path, {}, locked)
         await self._links_changed(mounted, entry, path)

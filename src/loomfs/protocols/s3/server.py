@@ -636,8 +636,6 @@ class S3Gateway:
         if handler != self.create_bucket:
             await self._check_owner(c, "x-amz-expected-bucket-owner")
         response = await handler(c)
-        if handler in (self.put_object, self.copy_object, self.complete_upload):
-            await self._lock_new(c)
         if c.version_id is not None:
             response.headers["x-amz-version-id"] = c.version_id
         return response
@@ -956,21 +954,19 @@ class S3Gateway:
         await self.ns.set_lock(c.who, path, vid, new, bypass=_bypass(c))
         return web.Response()
 
-    async def _lock_new(self, c: Call) -> None:
-        """Lock the object a write just made as its headers or the bucket's default say."""
-        headers = {k.lower(): v for k, v in c.request.headers.items()}
-        asked = any(k.startswith("x-amz-object-lock-") for k in headers)
-        if not asked and self._lock_enabled.get(c.bucket) is False:
-            return  # known to have no object lock: no catalog trip
+    async def _new_lock(self, c: Call, asked: Lock | None) -> dict[str, str]:
+        """The lock tags a new object gets, written with its content: those ``asked``
+        (its x-amz-object-lock-* headers), else the bucket's default retention."""
+        if asked is None and self._lock_enabled.get(c.bucket) is False:
+            return {}  # known to have no object lock: no catalog trip
         tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
         self._lock_enabled[c.bucket] = nslock.ENABLED in tags
         if nslock.ENABLED not in tags:
-            if asked:
+            if asked is not None:
                 raise S3Error("InvalidRequest", "the bucket has no object lock configuration")
-            return
-        lock = objectlock.from_headers(headers, tags)
-        if lock is not None:
-            await self.ns.set_lock(c.who, paths.normalize(self.object_path(c)), None, lock)
+            return {}
+        lock = objectlock.with_default(asked, tags)
+        return {} if lock is None else lock.as_tags()
 
     async def _cors_rules(self, bucket: str) -> list[cors.Rule]:
         """A bucket's CORS rules, read for a browser that has not (yet) said who it is:
@@ -1461,11 +1457,14 @@ class S3Gateway:
         etag: str | None = None,
         content_md5: bytes | None = None,
         checksum: Callable[[], checksums.Kept | None] = lambda: None,
+        lock: Lock | None = None,
         limit: int,
     ) -> tuple[Entry, str]:
-        """Stream ``data`` into the object at ``path`` and record its S3 tags, with the
-        additional checksum ``checksum`` gives once ``data`` has ended."""
+        """Stream ``data`` into the object at ``path`` and record its S3 tags and lock
+        (``lock`` asked for, or the bucket's default), with the additional checksum
+        ``checksum`` gives once ``data`` has ended."""
         await self._bucket_entry(c)
+        locked = await self._new_lock(c, lock)
         await self._ensure_parent(c, path)
         exclusive, if_version = await self._write_conditions(c, path)
         tally = Tally(limit)
@@ -1482,7 +1481,7 @@ class S3Gateway:
             stamped = {ETAG_TAG: etag or tally.etag}
             if (kept := checksum()) is not None:
                 stamped[CHECKSUM_TAG] = kept.text()
-            return WriteTags(dict(meta), stamped, replace_prefix=TAG)
+            return WriteTags({**meta, **locked}, stamped, replace_prefix=TAG)
 
         entry = await self.ns.write(
             c.who, path, checked(), exclusive=exclusive, if_version=if_version, tags=tags
@@ -1544,6 +1543,7 @@ class S3Gateway:
             _stored_meta(headers),
             content_md5=content_md5,
             checksum=checksums.as_kept(declared),
+            lock=objectlock.asked(headers),
             limit=self.max_object_size,
         )
         await self._acl_on_create(c, path)
@@ -1695,7 +1695,10 @@ class S3Gateway:
             await self._set_s3_tags(c, path, {**meta, ETAG_TAG: f"{entry.version} {etag}"})
             result = entry
         else:
-            result, etag = await self._store(c, path, data, meta, limit=self.max_object_size)
+            asked = objectlock.asked(headers)
+            result, etag = await self._store(
+                c, path, data, meta, lock=asked, limit=self.max_object_size
+            )
         await self._acl_on_create(c, path)
         return _xml(
             document(
@@ -1953,6 +1956,10 @@ class S3Gateway:
             checksum = f"{algorithm} {kind}"
             answer = {"x-amz-checksum-algorithm": algorithm.upper(), "x-amz-checksum-type": kind}
         meta = _stored_meta(headers)
+        asked = objectlock.asked(headers)
+        if asked is not None:  # kept with the upload, written with its object on Complete
+            await self._new_lock(c, asked)
+            meta |= asked.as_tags()
         upload = await self.staging.create(c.bucket, c.key, c.who.user, meta, checksum)
         response = _xml(
             document(
@@ -2054,7 +2061,17 @@ class S3Gateway:
             sums = ",".join(p.checksum.partition(" ")[2] for p in parts if p.checksum)
             if len(sums) <= MAX_PARTS_TAG:  # else a part's GET has no checksum to answer
                 meta[PART_SUMS_TAG] = sums
-        await self._store(c, path, data, meta, etag=etag, checksum=kept, limit=self.max_upload_size)
+        asked = Lock.of(meta) if nslock.touches(meta) else None
+        await self._store(
+            c,
+            path,
+            data,
+            meta,
+            etag=etag,
+            checksum=kept,
+            lock=asked,
+            limit=self.max_upload_size,
+        )
         checksum = kept()
         await self.staging.finish(upload, etag, checksum.text() if checksum else None)
         return self._completed(c, etag, checksum)
