@@ -190,7 +190,8 @@ def _rule_xml(rule: Rule) -> tuple[str | None, ...]:
 def expiration_header(
     rules: list[Rule], key: str, size: int, tags: dict[str, str], mtime_ns: int, day_s: float
 ) -> str | None:
-    """x-amz-expiration for an object: when the first rule that expires it will."""
+    """x-amz-expiration for a current object: when the first enabled rule that picks it
+    expires it (as the hub will: not rounded up to a midnight, as S3 rounds)."""
     for rule in rules:
         if not rule.enabled or not rule.picks(key, size, tags):
             continue

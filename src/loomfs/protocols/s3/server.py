@@ -398,6 +398,8 @@ class S3Gateway:
         #: whether each bucket has object lock, as last seen (a write into one without
         #: asks nothing more): this gateway is what enables it, and it is never disabled
         self._lock_enabled: dict[str, bool] = {}
+        #: buckets' lifecycle rules, for x-amz-expiration (kept as ``_versioning`` is)
+        self._rules: dict[str, list[rules_of.Rule]] = {}
         #: each bucket's versioning state as the namespace last said (this gateway is what
         #: sets it): a PUT or DELETE in an unversioned bucket asks no more than before
         self._versioning: dict[str, str | None] = {}
@@ -870,11 +872,25 @@ class S3Gateway:
         rules = lifecycle.from_xml(await _read_document(c.request))
         folder = await self._bucket_entry(c)
         await self._set_s3_tags(c, folder, rules_of.as_tags(rules), rules_of.PREFIX)
+        self._rules[c.bucket] = rules
         return web.Response()
 
     async def delete_lifecycle(self, c: Call) -> web.Response:
         await self._set_s3_tags(c, await self._bucket_entry(c), {}, rules_of.PREFIX)
+        self._rules[c.bucket] = []
         return web.Response(status=204)
+
+    async def _expiration(self, c: Call, entry: Entry, tags: dict[str, str]) -> dict[str, str]:
+        """The x-amz-expiration header of the call's (current) object; {} if no rule
+        expires it. The rules are read as the system, as a preflight's are: anyone who
+        may read the object may learn when it goes."""
+        if c.bucket not in self._rules:
+            folder = self.bucket_dir(c.bucket)
+            self._rules[c.bucket] = rules_of.of(await self.ns.get_tags(SYSTEM, folder))
+        header = lifecycle.expiration_header(
+            self._rules[c.bucket], c.key, entry.size, tags, entry.mtime_ns, self.lifecycle_day
+        )
+        return {} if header is None else {"x-amz-expiration": header}
 
     def _bucket_of(self, folder: str) -> str | None:
         """The bucket whose directory ``folder`` is, if one is."""
@@ -1033,6 +1049,7 @@ class S3Gateway:
             await self.ns.set_versioning(c.who, folder, "Enabled")
             made[nslock.ENABLED] = "Enabled"
         self._versioning.pop(c.bucket, None)
+        self._rules.pop(c.bucket, None)
         self._lock_enabled[c.bucket] = locked
         await self.ns.set_tags(c.who, folder, made)
         await self._acl_on_create(c, folder)
@@ -1040,6 +1057,7 @@ class S3Gateway:
 
     async def delete_bucket(self, c: Call) -> web.Response:
         self._versioning.pop(c.bucket, None)
+        self._rules.pop(c.bucket, None)
         self._lock_enabled.pop(c.bucket, None)
         folder = await self._bucket_entry(c)
         if c.bucket in self.buckets:
@@ -1315,6 +1333,7 @@ class S3Gateway:
             "Accept-Ranges": "bytes",
             **_meta_headers(tags),
             **objectlock.headers_of(tags),
+            **(await self._expiration(c, entry, tags) if old is None else {}),
         }
         if "versionId" in c.query:
             headers["x-amz-version-id"] = c.query["versionId"]
@@ -1536,11 +1555,12 @@ class S3Gateway:
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
             await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
-        _, etag = await self._store(
+        meta = _stored_meta(headers)
+        entry, etag = await self._store(
             c,
             path,
             data,
-            _stored_meta(headers),
+            meta,
             content_md5=content_md5,
             checksum=checksums.as_kept(declared),
             lock=objectlock.asked(headers),
@@ -1548,6 +1568,7 @@ class S3Gateway:
         )
         await self._acl_on_create(c, path)
         answer = {"ETag": etag, **(declared.kept().headers() if declared else {})}
+        answer |= await self._expiration(c, entry, meta)
         return web.Response(headers=answer)
 
     async def post_object(self, request: web.Request, bucket: str) -> web.Response:
