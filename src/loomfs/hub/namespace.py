@@ -1076,6 +1076,25 @@ class HubNamespace(ResolvingNamespace):
             await self._restore(who, path)
         return gone
 
+    async def mark_removed(self, who: Principal, path: str) -> str | None:
+        path = paths.normalize(path)
+        state = self._versioned(path)
+        if state is None or self.version_store is None:
+            return None
+        async with self._serialized(path):
+            if await self.catalog.get(path) is not None:
+                raise AlreadyExists(f"{path} is there: remove it instead", path=path)
+            rows = await self.version_store.path_rows(path)
+            if rows and rows[0].marker:
+                return rows[0].vid  # hidden already: one marker says so
+            # No change is made, so none is numbered (the change log has no gaps): the
+            # marker is as new as the newest change, newer than every version of a path
+            # that has no file, unless that change is one of them (then it says enough).
+            seq = await self.catalog.head_seq()
+            if any(r.seq == seq or r.vid == str(seq) for r in rows):
+                return None
+            return await self.version_store.marked(state, path, seq)
+
     async def set_lock(
         self,
         who: Principal,

@@ -1825,12 +1825,16 @@ class S3Gateway:
             raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
 
     async def _marker_left(self, c: Call, key: str) -> dict[str, str]:
-        """The headers naming the delete marker a delete of ``key`` left (if it did)."""
+        """The headers naming the delete marker a delete of ``key`` left: the one its
+        removal left, or for a key that was not there one left now (as S3 leaves)."""
         path = paths.normalize(self.object_path(c, key))
-        newest = next((v for v in await self.ns.versions(c.who, path) if v.path == path), None)
-        if newest is None or not newest.marker:
+        try:
+            vid = await self.ns.mark_removed(c.who, path)
+        except AlreadyExists:  # not an object (a directory): nothing was deleted
             return {}
-        return {"x-amz-delete-marker": "true", "x-amz-version-id": newest.vid}
+        if vid is None:
+            return {}
+        return {"x-amz-delete-marker": "true", "x-amz-version-id": vid}
 
     async def _remove_version(self, c: Call, key: str, vid: str) -> dict[str, str]:
         """Delete one version of ``key`` for good; the response's headers."""
