@@ -505,10 +505,8 @@ class HubNamespace(ResolvingNamespace):
                         _check_tag(tag, value)
                     if objectlock.touches(made.stamped):
                         raise InvalidArgument("a lock's tags are set, not stamped", path=path)
-                    # a restored version (unversioned while written back) keeps its lock
-                    store = self.version_store
-                    versioning = None if store is None else store.state_of(path)
-                    objectlock.check_new(path, made.set, versioning)
+                    if path not in self._unversioned:  # a restored version keeps its own
+                        objectlock.check_new(path, made.set, state)
                     locking.extend(k for k in made.set if k in objectlock.VERSION_KEYS)
                     if self.placement is not None:
                         before = {} if current is None else await self.catalog.get_tags(path)
