@@ -882,13 +882,15 @@ class S3Gateway:
 
     async def _expiration(self, c: Call, entry: Entry, tags: dict[str, str]) -> dict[str, str]:
         """The x-amz-expiration header of the call's (current) object; {} if no rule
-        expires it. The rules are read as the system, as a preflight's are: anyone who
-        may read the object may learn when it goes."""
+        expires it. Its days are S3's (a hub run with a shortened ``lifecycle_day``, for
+        a test, expires sooner than it says, as RGW's debug interval does). The rules are
+        read as the system, as a preflight's are: anyone who may read the object may
+        learn when it goes."""
         if c.bucket not in self._rules:
             folder = self.bucket_dir(c.bucket)
             self._rules[c.bucket] = rules_of.of(await self.ns.get_tags(SYSTEM, folder))
         header = lifecycle.expiration_header(
-            self._rules[c.bucket], c.key, entry.size, tags, entry.mtime_ns, self.lifecycle_day
+            self._rules[c.bucket], c.key, entry.size, tags, entry.mtime_ns
         )
         return {} if header is None else {"x-amz-expiration": header}
 
