@@ -2158,7 +2158,9 @@ def test_versions_follow_the_model(gw: Gateway, s3: S3Client, ops: list[tuple[st
             answer = s3.delete_object(Bucket=bucket, Key="d/k")
             if state is None:
                 model = []
-            elif model and model[0][1] is not None:  # of no object: no marker (COMPATIBILITY)
+            elif model and model[0][1] is None:  # hidden already: one marker says so
+                assert answer["VersionId"] == model[0][0]
+            else:  # of an object or of none, as S3's
                 if state == "Suspended":
                     model = [v for v in model if v[0] != "null"]
                 model.insert(0, (answer["VersionId"], None))
@@ -2238,3 +2240,24 @@ def test_versions_page_by_key_marker(gw: Gateway, s3: S3Client) -> None:
                    "VersionIdMarker": page["NextVersionIdMarker"]}  # fmt: skip
     # a page may end inside a key's versions: the next goes on from that version
     assert paged == every
+
+
+def test_a_delete_of_a_missing_key_leaves_a_marker(s3: S3Client) -> None:
+    """In a versioned bucket a DELETE of a key that is not there leaves a delete marker, as
+    S3's does (over DeleteObjects too); a key hidden already keeps its one marker."""
+    s3.put_bucket_versioning(Bucket="data", VersioningConfiguration={"Status": "Enabled"})
+    gone = s3.delete_object(Bucket="data", Key="never/was")
+    assert gone["DeleteMarker"] is True
+    again = s3.delete_object(Bucket="data", Key="never/was")
+    assert again["VersionId"] == gone["VersionId"]
+    (done,) = s3.delete_objects(Bucket="data", Delete={"Objects": [{"Key": "nor/this"}]})["Deleted"]
+    assert done["DeleteMarker"] is True
+    markers = s3.list_object_versions(Bucket="data")["DeleteMarkers"]
+    assert {(m["Key"], m["VersionId"], m["IsLatest"]) for m in markers} == {
+        ("never/was", gone["VersionId"], True),
+        ("nor/this", done["DeleteMarkerVersionId"], True),
+    }
+    s3.put_object(Bucket="data", Key="never/was", Body=b"now")  # newer than its marker
+    listed = s3.list_object_versions(Bucket="data", Prefix="never/")
+    assert [v["IsLatest"] for v in listed["Versions"]] == [True]
+    assert [m["IsLatest"] for m in listed["DeleteMarkers"]] == [False]

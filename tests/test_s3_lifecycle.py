@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +114,27 @@ def test_the_hub_expires_objects_and_uploads_by_the_rules(gw: Gateway) -> None:
     for key in ("mp/u", "other/u"):
         s3.create_multipart_upload(Bucket="lcb", Key=key)
     s3.put_bucket_lifecycle_configuration(Bucket="lcb", LifecycleConfiguration={"Rules": RULES})
+    # PUT, GET and HEAD say when the first enabled rule that picks the object expires it
+    put = s3.put_object(Bucket="lcb", Key="expire1/a", Body=b"x")
+    got = s3.get_object(Bucket="lcb", Key="expire1/a")
+    tagged = s3.head_object(Bucket="lcb", Key="tagged/x")
+    answers: list[tuple[Any, datetime, str]] = [
+        (put, got["LastModified"], "one"),
+        (got, got["LastModified"], "one"),
+        (tagged, tagged["LastModified"], "tagged"),
+    ]
+    for response, modified, rule in answers:
+        header = response["ResponseMetadata"]["HTTPHeaders"]["x-amz-expiration"]
+        assert header.endswith(f'rule-id="{rule}"')
+        # S3's way: the midnight (UTC) after the mtime plus the rule's day
+        when = parsedate_to_datetime(header.split('"')[1])
+        assert (when.hour, when.minute, when.second) == (0, 0, 0)
+        assert timedelta(0) <= when - (modified + timedelta(days=1)) <= timedelta(days=1)
+    for key in ("keep/a", "tagged/y", "other/z"):
+        assert (
+            "x-amz-expiration"
+            not in s3.head_object(Bucket="lcb", Key=key)["ResponseMetadata"]["HTTPHeaders"]
+        )
     now = time.time()
     everything = {"expire1/a", "expire1/b/c", "keep/a", "tagged/x", "tagged/y", "other/z"}
     assert _expire(gw, now + DAY / 2) == 0

@@ -5,15 +5,15 @@ retention is never shortened, whoever asks and over whichever protocol."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from loomfs.core.types import SYSTEM
-from loomfs.errors import PermissionDenied
+from loomfs.core.types import SYSTEM, WriteTags
+from loomfs.errors import InvalidArgument, PermissionDenied
 from loomfs.namespace.objectlock import Lock
 from test_s3_gateway import Gateway
 
@@ -133,3 +133,45 @@ def test_a_bucket_goes_with_its_versions_never_with_locked_ones(gw: Gateway) -> 
     store = gw.ns.version_store
     assert store is not None
     assert gw.call(store.rows(FOLDER)) == []  # no rows left behind
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def test_a_new_objects_lock_commits_with_its_bytes(gw: Gateway) -> None:
+    s3 = gw.client()
+    s3.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
+    s3.create_bucket(Bucket="plain")
+    # lock headers on a bucket without object lock: refused before anything is written
+    asked: Any = {"ObjectLockMode": "GOVERNANCE", "ObjectLockRetainUntilDate": LATER}
+    assert _code(s3.put_object, Bucket="plain", Key="k", Body=b"x", **asked) == "InvalidRequest"
+    assert _code(s3.head_object, Bucket="plain", Key="k") == "404"
+    # the namespace takes a lock in the write's own tags (one commit), checked as set_lock's
+    path = f"{FOLDER}/n"
+    until = repr(LATER.timestamp())
+    lock = WriteTags({"lock.mode": "COMPLIANCE", "lock.until": until})
+    entry = gw.call(gw.ns.write(SYSTEM, path, _one(b"n"), tags=lock))
+    assert Lock.of(gw.call(gw.ns.get_tags(SYSTEM, path))) == Lock("COMPLIANCE", LATER.timestamp())
+    with pytest.raises(PermissionDenied):
+        gw.call(gw.ns.remove_version(SYSTEM, path, str(entry.version), bypass=True))
+    for bad, where in (
+        ({"lock.mode": "FOREVER", "lock.until": until}, path),
+        ({"lock.mode": "COMPLIANCE"}, path),
+        ({"lock.mode": "COMPLIANCE", "lock.until": until}, "/data/buckets/plain/n"),
+    ):
+        with pytest.raises(InvalidArgument):
+            gw.call(gw.ns.write(SYSTEM, where, _one(b"x"), tags=WriteTags(bad)))
+    with pytest.raises(PermissionDenied):  # users still never set a lock's tags directly
+        gw.call(gw.ns.set_tags(SYSTEM, path, {"lock.hold": "ON"}))
+    # lock headers on CreateMultipartUpload are kept with the upload, applied on Complete
+    upload = s3.create_multipart_upload(Bucket=BUCKET, Key="m", ObjectLockLegalHoldStatus="ON",
+                                        **asked)["UploadId"]  # fmt: skip
+    etag = s3.upload_part(Bucket=BUCKET, Key="m", UploadId=upload, PartNumber=1,
+                          Body=b"part")["ETag"]  # fmt: skip
+    parts: Any = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+    s3.complete_multipart_upload(Bucket=BUCKET, Key="m", UploadId=upload, MultipartUpload=parts)
+    head = s3.head_object(Bucket=BUCKET, Key="m")
+    assert (head["ObjectLockMode"], head["ObjectLockRetainUntilDate"]) == ("GOVERNANCE", LATER)
+    assert head["ObjectLockLegalHoldStatus"] == "ON"
+    assert _code(s3.create_multipart_upload, Bucket="plain", Key="m", **asked) == ("InvalidRequest")

@@ -508,6 +508,7 @@ class HubNamespace(ResolvingNamespace):
         committed: list[Applied] = []
         repeated: list[Entry] = []
         retagged: list[dict[str, str]] = []  # the tags before, where the write sets some
+        locking: list[str] = []  # the lock tags the write gives its new version
         cancelled = False
         note: Note | None = None
         state = self._versioned(path)
@@ -525,6 +526,11 @@ class HubNamespace(ResolvingNamespace):
                 if made is not None:
                     for tag, value in made.resolved(0).items():
                         _check_tag(tag, value)
+                    if objectlock.touches(made.stamped):
+                        raise InvalidArgument("a lock's tags are set, not stamped", path=path)
+                    if path not in self._unversioned:  # a restored version keeps its own
+                        objectlock.check_new(path, made.set, state)
+                    locking.extend(k for k in made.set if k in objectlock.VERSION_KEYS)
                     if self.placement is not None:
                         before = {} if current is None else await self.catalog.get_tags(path)
                         retagged.append(before)
@@ -577,8 +583,13 @@ class HubNamespace(ResolvingNamespace):
             await self._tightened(path, retagged[0], await self.catalog.get_tags(path))
         if state is not None and self.version_store is not None:
             await self.version_store.written(state, entry)
-            # the old version keeps its lock (in its kept tags); the new one starts unlocked
-            locked = [k for k in await self.catalog.get_tags(path) if k in objectlock.VERSION_KEYS]
+            # the old version keeps its lock (in its kept tags); the new one starts with
+            # the lock its write gave it (committed with its content), or none
+            locked = [
+                k
+                for k in await self.catalog.get_tags(path)
+                if k in objectlock.VERSION_KEYS and k not in locking
+            ]
             if locked:
                 await self._set_tags(path, {}, locked)
         await self._links_changed(mounted, entry, path)
@@ -1085,6 +1096,25 @@ class HubNamespace(ResolvingNamespace):
         if await self.catalog.get(path) is None:
             await self._restore(who, path)
         return gone
+
+    async def mark_removed(self, who: Principal, path: str) -> str | None:
+        path = paths.normalize(path)
+        state = self._versioned(path)
+        if state is None or self.version_store is None:
+            return None
+        async with self._serialized(path):
+            if await self.catalog.get(path) is not None:
+                raise AlreadyExists(f"{path} is there: remove it instead", path=path)
+            rows = await self.version_store.path_rows(path)
+            if rows and rows[0].marker:
+                return rows[0].vid  # hidden already: one marker says so
+            # No change is made, so none is numbered (the change log has no gaps): the
+            # marker is as new as the newest change, newer than every version of a path
+            # that has no file, unless that change is one of them (then it says enough).
+            seq = await self.catalog.head_seq()
+            if any(r.seq == seq or r.vid == str(seq) for r in rows):
+                return None
+            return await self.version_store.marked(state, path, seq)
 
     async def set_lock(
         self,

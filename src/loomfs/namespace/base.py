@@ -262,6 +262,11 @@ class Namespace(ABC):
         if its object lock holds it (``bypass``: past a GOVERNANCE retention)."""
         raise NotSupported("this namespace keeps no versions", path=path)
 
+    async def mark_removed(self, who: Principal, path: str) -> str | None:
+        """Leave a delete marker at ``path``, which has no file (S3's DELETE of a missing
+        key in a versioned bucket): its id; None where no versions are kept there."""
+        raise NotSupported("this namespace keeps no versions", path=path)
+
     async def set_lock(
         self, who: Principal, path: str, vid: str | None, lock: Lock, *, bypass: bool = False
     ) -> None:

@@ -715,6 +715,11 @@ class GovernedNamespace(FeedNamespace):
             detail=vid + (" bypassing governance" if bypass else ""),
         )  # fmt: skip
 
+    async def mark_removed(self, who: Principal, path: str) -> str | None:
+        return await self._governed(
+            who, "mark_removed", Action.WRITE, path, lambda: self.inner.mark_removed(who, path)
+        )
+
     async def set_lock(
         self, who: Principal, path: str, vid: str | None, lock: Lock, *, bypass: bool = False
     ) -> None:

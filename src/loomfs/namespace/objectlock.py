@@ -10,7 +10,9 @@ retention (until ``lock.until``) or on legal hold cannot be removed for good; a 
 the file only hides it behind a delete marker, as it always does in a versioned directory.
 A GOVERNANCE retention may be shortened or removed, and its version removed, by a caller
 that asks to bypass it (``bypass``, S3's x-amz-bypass-governance-retention); a COMPLIANCE
-retention by nobody, only lengthened. A lock's tags change only through ``set_lock``.
+retention by nobody, only lengthened. A lock's tags change only through ``set_lock``, or
+with a new version's content in the write that makes it (``check_new``): a crash between
+the two cannot leave the version unlocked.
 """
 
 from __future__ import annotations
@@ -55,6 +57,22 @@ class Lock:
 def touches(keys: Iterable[str]) -> bool:
     """Whether a tag change names a version's lock tags (only ``set_lock`` may)."""
     return any(k in VERSION_KEYS for k in keys)
+
+
+def check_new(path: str, tags: Mapping[str, str], versioning: str | None) -> None:
+    """InvalidArgument unless the tags a write gives a new version set a valid lock, in a
+    versioned (Enabled) directory, if they set one at all."""
+    if not touches(tags):
+        return
+    if versioning != "Enabled":
+        raise InvalidArgument(f"object lock needs {path} to be versioned (Enabled)", path=path)
+    try:
+        lock = Lock.of(tags)
+    except ValueError:
+        raise InvalidArgument(f"{UNTIL} is seconds since the epoch", path=path) from None
+    if (lock.mode is None) != (lock.until is None) or (HOLD in tags and not lock.hold):
+        raise InvalidArgument(f"{MODE} and {UNTIL} come together, {HOLD} is ON", path=path)
+    check_change(path, Lock(), lock, bypass=False, now=0.0)
 
 
 def check_removal(path: str, tags: Mapping[str, str], *, bypass: bool, now: float) -> None:

@@ -12,11 +12,12 @@ a Filter's And); a rule sent without an ID gets one, as S3 gives.
 
 from __future__ import annotations
 
+import math
 import secrets
 import xml.etree.ElementTree as ET
 
 from ...errors import InvalidArgument
-from ...namespace.lifecycle import MAX_RULE_CHARS, Rule, parse_date
+from ...namespace.lifecycle import DAY_S, MAX_RULE_CHARS, Rule, parse_date
 from . import tagging
 from .errors import S3Error
 from .xmlio import child_text, document, el, http_time, local, nodes, parse
@@ -188,13 +189,16 @@ def _rule_xml(rule: Rule) -> tuple[str | None, ...]:
 
 
 def expiration_header(
-    rules: list[Rule], key: str, size: int, tags: dict[str, str], mtime_ns: int, day_s: float
+    rules: list[Rule], key: str, size: int, tags: dict[str, str], mtime_ns: int
 ) -> str | None:
-    """x-amz-expiration for an object: when the first rule that expires it will."""
+    """x-amz-expiration for a current object: the day the first enabled rule that picks
+    it expires it, S3's way (its mtime plus the days, rounded up to a midnight UTC: the
+    hub may expire it up to a day sooner)."""
     for rule in rules:
         if not rule.enabled or not rule.picks(key, size, tags):
             continue
-        when = rule.expires_at(mtime_ns, day_s)
+        when = rule.expires_at(mtime_ns, DAY_S)
         if when is not None:
-            return f'expiry-date="{http_time(int(when * 1e9))}", rule-id="{rule.id}"'
+            midnight = math.ceil(when / DAY_S) * DAY_S
+            return f'expiry-date="{http_time(int(midnight * 1e9))}", rule-id="{rule.id}"'
     return None

@@ -101,9 +101,8 @@ def legal_hold_xml(lock: Lock) -> bytes:
     return document("LegalHold", el("Status", "ON" if lock.hold else "OFF"))
 
 
-def from_headers(headers: Mapping[str, str], bucket_tags: Mapping[str, str]) -> Lock | None:
-    """The lock a new object gets: its x-amz-object-lock-* headers, else the bucket's
-    default retention; None if none."""
+def asked(headers: Mapping[str, str]) -> Lock | None:
+    """The lock a write's x-amz-object-lock-* headers ask for its object; None if none."""
     mode = headers.get("x-amz-object-lock-mode")
     until = headers.get("x-amz-object-lock-retain-until-date")
     hold = headers.get("x-amz-object-lock-legal-hold") == "ON"
@@ -116,10 +115,18 @@ def from_headers(headers: Mapping[str, str], bucket_tags: Mapping[str, str]) -> 
         if mode not in MODES:
             raise S3Error("InvalidArgument", f"unknown object lock mode {mode!r}")
         return Lock(mode, _when(until), hold)
+    return Lock(hold=True) if hold else None
+
+
+def with_default(lock: Lock | None, bucket_tags: Mapping[str, str]) -> Lock | None:
+    """The lock a new object gets: the one it asked for (``asked``), else the bucket's
+    default retention (with the legal hold it asked for); None if none."""
+    if lock is not None and lock.mode is not None:
+        return lock
     default = objectlock.default_lock(bucket_tags)
     if default is None:
-        return Lock(hold=True) if hold else None
-    return Lock(default.mode, default.until, hold)
+        return lock
+    return Lock(default.mode, default.until, lock is not None and lock.hold)
 
 
 def headers_of(tags: Mapping[str, str]) -> dict[str, str]:

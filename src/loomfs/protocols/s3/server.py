@@ -398,6 +398,8 @@ class S3Gateway:
         #: whether each bucket has object lock, as last seen (a write into one without
         #: asks nothing more): this gateway is what enables it, and it is never disabled
         self._lock_enabled: dict[str, bool] = {}
+        #: buckets' lifecycle rules, for x-amz-expiration (kept as ``_versioning`` is)
+        self._rules: dict[str, list[rules_of.Rule]] = {}
         #: each bucket's versioning state as the namespace last said (this gateway is what
         #: sets it): a PUT or DELETE in an unversioned bucket asks no more than before
         self._versioning: dict[str, str | None] = {}
@@ -636,8 +638,6 @@ class S3Gateway:
         if handler != self.create_bucket:
             await self._check_owner(c, "x-amz-expected-bucket-owner")
         response = await handler(c)
-        if handler in (self.put_object, self.copy_object, self.complete_upload):
-            await self._lock_new(c)
         if c.version_id is not None:
             response.headers["x-amz-version-id"] = c.version_id
         return response
@@ -872,11 +872,27 @@ class S3Gateway:
         rules = lifecycle.from_xml(await _read_document(c.request))
         folder = await self._bucket_entry(c)
         await self._set_s3_tags(c, folder, rules_of.as_tags(rules), rules_of.PREFIX)
+        self._rules[c.bucket] = rules
         return web.Response()
 
     async def delete_lifecycle(self, c: Call) -> web.Response:
         await self._set_s3_tags(c, await self._bucket_entry(c), {}, rules_of.PREFIX)
+        self._rules[c.bucket] = []
         return web.Response(status=204)
+
+    async def _expiration(self, c: Call, entry: Entry, tags: dict[str, str]) -> dict[str, str]:
+        """The x-amz-expiration header of the call's (current) object; {} if no rule
+        expires it. Its days are S3's (a hub run with a shortened ``lifecycle_day``, for
+        a test, expires sooner than it says, as RGW's debug interval does). The rules are
+        read as the system, as a preflight's are: anyone who may read the object may
+        learn when it goes."""
+        if c.bucket not in self._rules:
+            folder = self.bucket_dir(c.bucket)
+            self._rules[c.bucket] = rules_of.of(await self.ns.get_tags(SYSTEM, folder))
+        header = lifecycle.expiration_header(
+            self._rules[c.bucket], c.key, entry.size, tags, entry.mtime_ns
+        )
+        return {} if header is None else {"x-amz-expiration": header}
 
     def _bucket_of(self, folder: str) -> str | None:
         """The bucket whose directory ``folder`` is, if one is."""
@@ -956,21 +972,19 @@ class S3Gateway:
         await self.ns.set_lock(c.who, path, vid, new, bypass=_bypass(c))
         return web.Response()
 
-    async def _lock_new(self, c: Call) -> None:
-        """Lock the object a write just made as its headers or the bucket's default say."""
-        headers = {k.lower(): v for k, v in c.request.headers.items()}
-        asked = any(k.startswith("x-amz-object-lock-") for k in headers)
-        if not asked and self._lock_enabled.get(c.bucket) is False:
-            return  # known to have no object lock: no catalog trip
+    async def _new_lock(self, c: Call, asked: Lock | None) -> dict[str, str]:
+        """The lock tags a new object gets, written with its content: those ``asked``
+        (its x-amz-object-lock-* headers), else the bucket's default retention."""
+        if asked is None and self._lock_enabled.get(c.bucket) is False:
+            return {}  # known to have no object lock: no catalog trip
         tags = await self.ns.get_tags(c.who, await self._bucket_entry(c))
         self._lock_enabled[c.bucket] = nslock.ENABLED in tags
         if nslock.ENABLED not in tags:
-            if asked:
+            if asked is not None:
                 raise S3Error("InvalidRequest", "the bucket has no object lock configuration")
-            return
-        lock = objectlock.from_headers(headers, tags)
-        if lock is not None:
-            await self.ns.set_lock(c.who, paths.normalize(self.object_path(c)), None, lock)
+            return {}
+        lock = objectlock.with_default(asked, tags)
+        return {} if lock is None else lock.as_tags()
 
     async def _cors_rules(self, bucket: str) -> list[cors.Rule]:
         """A bucket's CORS rules, read for a browser that has not (yet) said who it is:
@@ -1037,6 +1051,7 @@ class S3Gateway:
             await self.ns.set_versioning(c.who, folder, "Enabled")
             made[nslock.ENABLED] = "Enabled"
         self._versioning.pop(c.bucket, None)
+        self._rules.pop(c.bucket, None)
         self._lock_enabled[c.bucket] = locked
         await self.ns.set_tags(c.who, folder, made)
         await self._acl_on_create(c, folder)
@@ -1044,6 +1059,7 @@ class S3Gateway:
 
     async def delete_bucket(self, c: Call) -> web.Response:
         self._versioning.pop(c.bucket, None)
+        self._rules.pop(c.bucket, None)
         self._lock_enabled.pop(c.bucket, None)
         folder = await self._bucket_entry(c)
         if c.bucket in self.buckets:
@@ -1319,6 +1335,7 @@ class S3Gateway:
             "Accept-Ranges": "bytes",
             **_meta_headers(tags),
             **objectlock.headers_of(tags),
+            **(await self._expiration(c, entry, tags) if old is None else {}),
         }
         if "versionId" in c.query:
             headers["x-amz-version-id"] = c.query["versionId"]
@@ -1461,11 +1478,14 @@ class S3Gateway:
         etag: str | None = None,
         content_md5: bytes | None = None,
         checksum: Callable[[], checksums.Kept | None] = lambda: None,
+        lock: Lock | None = None,
         limit: int,
     ) -> tuple[Entry, str]:
-        """Stream ``data`` into the object at ``path`` and record its S3 tags, with the
-        additional checksum ``checksum`` gives once ``data`` has ended."""
+        """Stream ``data`` into the object at ``path`` and record its S3 tags and lock
+        (``lock`` asked for, or the bucket's default), with the additional checksum
+        ``checksum`` gives once ``data`` has ended."""
         await self._bucket_entry(c)
+        locked = await self._new_lock(c, lock)
         await self._ensure_parent(c, path)
         exclusive, if_version = await self._write_conditions(c, path)
         tally = Tally(limit)
@@ -1482,7 +1502,7 @@ class S3Gateway:
             stamped = {ETAG_TAG: etag or tally.etag}
             if (kept := checksum()) is not None:
                 stamped[CHECKSUM_TAG] = kept.text()
-            return WriteTags(dict(meta), stamped, replace_prefix=TAG)
+            return WriteTags({**meta, **locked}, stamped, replace_prefix=TAG)
 
         entry = await self.ns.write(
             c.who, path, checked(), exclusive=exclusive, if_version=if_version, tags=tags
@@ -1537,17 +1557,20 @@ class S3Gateway:
             await self.ns.mkdir(c.who, path, parents=True, exist_ok=True)
             await self._set_s3_tags(c, path, {**_stored_meta(headers), MARKER_TAG: "1"})
             return web.Response(headers={"ETag": EMPTY_MD5})
-        _, etag = await self._store(
+        meta = _stored_meta(headers)
+        entry, etag = await self._store(
             c,
             path,
             data,
-            _stored_meta(headers),
+            meta,
             content_md5=content_md5,
             checksum=checksums.as_kept(declared),
+            lock=objectlock.asked(headers),
             limit=self.max_object_size,
         )
         await self._acl_on_create(c, path)
         answer = {"ETag": etag, **(declared.kept().headers() if declared else {})}
+        answer |= await self._expiration(c, entry, meta)
         return web.Response(headers=answer)
 
     async def post_object(self, request: web.Request, bucket: str) -> web.Response:
@@ -1695,7 +1718,10 @@ class S3Gateway:
             await self._set_s3_tags(c, path, {**meta, ETAG_TAG: f"{entry.version} {etag}"})
             result = entry
         else:
-            result, etag = await self._store(c, path, data, meta, limit=self.max_object_size)
+            asked = objectlock.asked(headers)
+            result, etag = await self._store(
+                c, path, data, meta, lock=asked, limit=self.max_object_size
+            )
         await self._acl_on_create(c, path)
         return _xml(
             document(
@@ -1801,12 +1827,16 @@ class S3Gateway:
             raise S3Error("PreconditionFailed", "at least one of the preconditions failed")
 
     async def _marker_left(self, c: Call, key: str) -> dict[str, str]:
-        """The headers naming the delete marker a delete of ``key`` left (if it did)."""
+        """The headers naming the delete marker a delete of ``key`` left: the one its
+        removal left, or for a key that was not there one left now (as S3 leaves)."""
         path = paths.normalize(self.object_path(c, key))
-        newest = next((v for v in await self.ns.versions(c.who, path) if v.path == path), None)
-        if newest is None or not newest.marker:
+        try:
+            vid = await self.ns.mark_removed(c.who, path)
+        except AlreadyExists:  # not an object (a directory): nothing was deleted
             return {}
-        return {"x-amz-delete-marker": "true", "x-amz-version-id": newest.vid}
+        if vid is None:
+            return {}
+        return {"x-amz-delete-marker": "true", "x-amz-version-id": vid}
 
     async def _remove_version(self, c: Call, key: str, vid: str) -> dict[str, str]:
         """Delete one version of ``key`` for good; the response's headers."""
@@ -1953,6 +1983,10 @@ class S3Gateway:
             checksum = f"{algorithm} {kind}"
             answer = {"x-amz-checksum-algorithm": algorithm.upper(), "x-amz-checksum-type": kind}
         meta = _stored_meta(headers)
+        asked = objectlock.asked(headers)
+        if asked is not None:  # kept with the upload, written with its object on Complete
+            await self._new_lock(c, asked)
+            meta |= asked.as_tags()
         upload = await self.staging.create(c.bucket, c.key, c.who.user, meta, checksum)
         response = _xml(
             document(
@@ -2054,7 +2088,17 @@ class S3Gateway:
             sums = ",".join(p.checksum.partition(" ")[2] for p in parts if p.checksum)
             if len(sums) <= MAX_PARTS_TAG:  # else a part's GET has no checksum to answer
                 meta[PART_SUMS_TAG] = sums
-        await self._store(c, path, data, meta, etag=etag, checksum=kept, limit=self.max_upload_size)
+        asked = Lock.of(meta) if nslock.touches(meta) else None
+        await self._store(
+            c,
+            path,
+            data,
+            meta,
+            etag=etag,
+            checksum=kept,
+            lock=asked,
+            limit=self.max_upload_size,
+        )
         checksum = kept()
         await self.staging.finish(upload, etag, checksum.text() if checksum else None)
         return self._completed(c, etag, checksum)
