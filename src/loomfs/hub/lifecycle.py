@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 
 from .. import paths
 from ..core.catalog.base import Catalog
-from ..core.catalog.sql import Cursor, SqlCatalog
 from ..core.types import Principal
 from ..errors import DirectoryNotEmpty, LoomError, NotFound
 from ..namespace.base import Namespace, Version
@@ -44,28 +43,13 @@ class Expirer:
     ) -> None:
         """``namespace``: the governed one, so every expiry is decided and audited."""
         self.ns = namespace
-        self._cat = catalog if isinstance(catalog, SqlCatalog) else None
+        self.catalog = catalog
         self.day_s = day_s
         self.hooks: list[Hook] = []
 
     async def configured(self) -> dict[str, list[Rule]]:
         """Every directory that has lifecycle rules, with them: one catalog query."""
-        if self._cat is None:
-            return {}
-        cat = self._cat
-
-        def fn(cur: Cursor) -> list[tuple[str, str, str, str]]:
-            rows = cat._q(
-                cur,
-                "SELECT e.parent, e.name, t.key, t.value FROM tags t "
-                "JOIN entries e ON e.id = t.entry_id WHERE substr(t.key, 1, ?) = ?",
-                (len(PREFIX), PREFIX),
-            ).fetchall()
-            return [(str(a), str(b), str(c), str(d)) for a, b, c, d in rows]
-
-        found: dict[str, dict[str, str]] = {}
-        for parent, name, key, value in await cat._run(cat._read, fn):
-            found.setdefault(paths.join(parent, name), {})[key] = value
+        found = await self.catalog.tagged_with(PREFIX)
         return {folder: of(tags) for folder, tags in found.items()}
 
     async def run_once(self, now: float) -> int:

@@ -363,6 +363,11 @@ class Catalog(ABC):
         """The names of the children of ``parent`` that have tags, in one query (a
         listing's extended attributes: most names have none)."""
 
+    @abstractmethod
+    async def tagged_with(self, prefix: str) -> dict[str, dict[str, str]]:
+        """Every path with a tag whose key starts with ``prefix``, with those tags, in one
+        query (the directories a hub task such as lifecycle expiration works on)."""
+
     async def get_with_tags(self, path: str) -> tuple[Entry, dict[str, str]] | None:
         """An entry and its tags, or None; an engine may fetch both in one round trip."""
         entry = await self.get(path)

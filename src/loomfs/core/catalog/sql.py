@@ -1092,6 +1092,21 @@ class SqlCatalog(Catalog):
 
         return await self._run(self._read, fn)
 
+    async def tagged_with(self, prefix: str) -> dict[str, dict[str, str]]:
+        def fn(cur: Cursor) -> dict[str, dict[str, str]]:
+            rows = self._q(
+                cur,
+                "SELECT e.parent, e.name, t.key, t.value FROM tags t "
+                "JOIN entries e ON e.id = t.entry_id WHERE substr(t.key, 1, ?) = ?",
+                (len(prefix), prefix),
+            ).fetchall()
+            found: dict[str, dict[str, str]] = {}
+            for parent, name, key, value in rows:
+                found.setdefault(paths.join(parent, name), {})[key] = value
+            return found
+
+        return await self._run(self._read, fn)
+
     async def get_with_tags(self, path: str) -> tuple[Entry, dict[str, str]] | None:
         # one trip to the catalog thread, not two: an S3 GET or HEAD needs both
         def fn(cur: Cursor) -> tuple[Entry, dict[str, str]] | None:
