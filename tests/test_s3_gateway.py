@@ -191,6 +191,21 @@ def s3(gw: Gateway) -> S3Client:
     return gw.client()
 
 
+def governed_gateway(tmp_path: Path) -> Gateway:
+    """A gateway over the governed namespace with /data/buckets made: the one the S3
+    feature suites (lifecycle, object lock, public access block) start from."""
+    gateway = Gateway(tmp_path, governed=True)
+    gateway.call(gateway.ns.mkdir(SYSTEM, "/data/buckets"))
+    return gateway
+
+
+def error_code(call: Callable[..., object], **kwargs: Any) -> str:
+    """The S3 error code ``call(**kwargs)`` is refused with."""
+    with pytest.raises(ClientError) as err:
+        call(**kwargs)
+    return str(err.value.response["Error"]["Code"])
+
+
 def code_of(exc: pytest.ExceptionInfo[ClientError]) -> str:
     return str(exc.value.response["Error"]["Code"])
 

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from botocore.exceptions import ClientError
 
-from loomfs.core.types import SYSTEM
 from loomfs.hub.lifecycle import Expirer
 from loomfs.namespace import lifecycle
-from test_s3_gateway import Gateway
+from test_s3_gateway import Gateway, governed_gateway
+from test_s3_gateway import error_code as _code
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -27,16 +26,9 @@ DAY = lifecycle.DAY_S
 
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[Gateway]:
-    gateway = Gateway(tmp_path, governed=True)
-    gateway.call(gateway.ns.mkdir(SYSTEM, "/data/buckets"))
+    gateway = governed_gateway(tmp_path)
     yield gateway
     gateway.stop()
-
-
-def _code(call: Any, **kwargs: Any) -> str:
-    with pytest.raises(ClientError) as err:
-        call(**kwargs)
-    return str(err.value.response["Error"]["Code"])
 
 
 def _keys(s3: S3Client, bucket: str) -> set[str]:

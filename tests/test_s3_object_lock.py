@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from botocore.exceptions import ClientError
 
 from loomfs.core.types import SYSTEM, WriteTags
 from loomfs.errors import InvalidArgument, PermissionDenied
 from loomfs.namespace.objectlock import Lock
-from test_s3_gateway import Gateway
+from test_s3_gateway import Gateway, governed_gateway
+from test_s3_gateway import error_code as _code
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -26,16 +26,9 @@ LATER = datetime.datetime(2099, 1, 1, tzinfo=datetime.UTC)
 
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[Gateway]:
-    gateway = Gateway(tmp_path, governed=True)
-    gateway.call(gateway.ns.mkdir(SYSTEM, "/data/buckets"))
+    gateway = governed_gateway(tmp_path)
     yield gateway
     gateway.stop()
-
-
-def _code(call: Any, **kwargs: Any) -> str:
-    with pytest.raises(ClientError) as err:
-        call(**kwargs)
-    return str(err.value.response["Error"]["Code"])
 
 
 def _versions(s3: S3Client) -> list[str]:

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from botocore import UNSIGNED
-from botocore.exceptions import ClientError
 
 from loomfs.core.acl import ANONYMOUS
-from loomfs.core.types import SYSTEM, Principal
+from loomfs.core.types import Principal
 from loomfs.errors import PermissionDenied
-from test_s3_gateway import Gateway
+from test_s3_gateway import Gateway, governed_gateway
+from test_s3_gateway import error_code as _code
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -26,16 +26,9 @@ NOBODY = Principal(ANONYMOUS, protocol="sftp")
 
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[Gateway]:
-    gateway = Gateway(tmp_path, governed=True)
-    gateway.call(gateway.ns.mkdir(SYSTEM, "/data/buckets"))
+    gateway = governed_gateway(tmp_path)
     yield gateway
     gateway.stop()
-
-
-def _code(call: Any, **kwargs: Any) -> str:
-    with pytest.raises(ClientError) as err:
-        call(**kwargs)
-    return str(err.value.response["Error"]["Code"])
 
 
 def _block(s3: S3Client, **flags: bool) -> None:
