@@ -228,4 +228,7 @@ def test_admin_listings_in_json(hub: HubProcess, tmp_path: Path) -> None:
         "rules": [{"path": "/d", "subject": "group:team", "permission": "read"}],
         "private": ["/p"],
     }
-    assert lines("status") == []  # no chunk has moved: nothing, and still JSON
+    # the site's own line; no chunk has moved, so no line of transfers
+    [site] = lines("status")
+    assert site["role"] == "hub" and site["status"] == "ready" and site["reasons"] == []
+    assert site["Volumes"] == 0 and site["Write leases"] == 0

@@ -2,10 +2,11 @@
 metric the dashboard names is one a site exports, a hub shows no spoke metric and a spoke
 no hub one; a mount's requests timed by op, its errors counted by errno; the console's
 history (rates, ratios, gauges of its samples) and its charts (every value drawn inside
-the box)."""
+the box); a spoke's timed link round trip."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import re
@@ -22,6 +23,7 @@ from loomfs.core.metrics import REQUEST_SECONDS, History, Measure
 from loomfs.protocols.console.charts import HEIGHT, WIDTH, chart
 from loomfs.protocols.fuse.session import ERRORS as FUSE_ERRORS
 from loomfs.protocols.fuse.session import Session
+from loomfs.testing.fabric import fabric
 
 DASHBOARD = Path(__file__).parents[1] / "docs" / "grafana-dashboard.json"
 SUFFIXES = {"histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}
@@ -160,3 +162,17 @@ def test_a_chart_draws_every_value_inside_its_box(values: list[float | None], un
     assert len(drawn.lines) == len(runs)
     assert drawn.last == ("-" if not values or values[-1] is None else drawn.last)
     assert (drawn.dot is None) == (not values or values[-1] is None)
+
+
+async def test_a_spoke_times_its_link_and_exports_the_round_trip(tmp_path: Path) -> None:
+    # the emulated link holds each direction 40 ms: no timing of it can come out shorter
+    async with fabric(tmp_path, latency=0.04) as env:
+        spoke = env.spokes["gpu-west"]
+        for _ in range(200):  # timed at start, then every RTT_EVERY seconds
+            if spoke.link_rtt is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert spoke.link_rtt is not None and spoke.link_rtt >= 0.08
+        assert spoke.status()["link"]["rtt_s"] == spoke.link_rtt
+        shown = metrics.totals(metrics.exposition("spoke").decode())
+        assert shown["loomfs_spoke_link_rtt_seconds"] == spoke.link_rtt

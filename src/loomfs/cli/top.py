@@ -29,26 +29,48 @@ from . import (
 @click.pass_context
 @run
 async def status(ctx: click.Context, as_json: bool) -> None:
-    """Bytes moved as chunks by a site (the --hub URL: a hub's or a spoke's): logical,
-    on the wire, and saved by dedup and by compression, per role and direction."""
+    """A site at a glance (the --hub URL: a hub's or a spoke's): its readiness; at a hub
+    its volumes, change log and leases; at a spoke its link (up, round trip), cache,
+    write-back backlog and prefetch jobs; and the bytes moved as chunks (logical, on the
+    wire, saved by dedup and by compression), per role and direction. With --json a
+    line for the site, then one per role and direction."""
     from ..chunks.metrics import REPORTED, summarize
+    from ..core.metrics import SNAPSHOT, role_of, totals
 
     async with connected(ctx) as ns:
-        rows = summarize(await ns.metrics())
+        ready = await ns.readiness()
+        text = await ns.metrics()
+    now, rows = totals(text), summarize(text)
+    role = role_of(now)
+    # since the site started: no earlier sample, the whole count is the increase
+    figures = [(m, m.value(now, {}, 1.0)) for m in SNAPSHOT[role]]
     if as_json:
-        for (role, direction), values in sorted(rows.items()):  # bytes: whole numbers
-            _json_line({"role": role, "direction": direction} | {k: int(values[k]) for k in values})
+        _json_line(
+            {"site": ready.get("site"), "role": role, "status": ready.get("status"),
+             "reasons": ready.get("reasons", [])}
+            | {m.title: v for m, v in figures}
+        )  # fmt: skip
+        for (r, direction), values in sorted(rows.items()):  # bytes: whole numbers
+            _json_line({"role": r, "direction": direction} | {k: int(values[k]) for k in values})
         return
+    site = Table(title=f"{role} {ready.get('site')}: {ready.get('status')}", show_header=False)
+    site.add_column("measure")
+    site.add_column("value", justify="right")
+    for reason in ready.get("reasons", []):
+        site.add_row("degraded", str(reason))
+    for measure, value in figures:
+        site.add_row(measure.title, measure.shown(value))
+    console.print(site)
     if not rows:
         console.print("no chunk transfers yet")
         return
     table = Table(title="chunk transfers since the site started")
     for column in ("role", "direction", *REPORTED, "wire/logical"):
         table.add_column(column, justify="left" if column in ("role", "direction") else "right")
-    for (role, direction), values in sorted(rows.items()):
+    for (r, direction), values in sorted(rows.items()):
         logical = values["logical"]
         ratio = f"{values['wire'] / logical:.3f}" if logical else "-"
-        table.add_row(role, direction, *(f"{int(v):,}" for v in values.values()), ratio)
+        table.add_row(r, direction, *(f"{int(v):,}" for v in values.values()), ratio)
     console.print(table)
 
 
@@ -86,12 +108,12 @@ def top(ctx: click.Context, once: bool, interval: float) -> None:
 async def _top(ctx: click.Context, once: bool, interval: float) -> None:
     from rich.live import Live
 
-    from ..core.metrics import MEASURES, History, Role, totals
+    from ..core.metrics import MEASURES, History, role_of, totals
 
     async with connected(ctx) as ns:
         now = totals(await ns.metrics())
         # each role's /metrics holds its own metrics only (core.metrics)
-        role: Role = "spoke" if "loomfs_spoke_link_up" in now else "hub"
+        role = role_of(now)
         history = History(MEASURES[role], keep=40)
         history.sample(now, time.monotonic())
 

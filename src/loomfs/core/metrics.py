@@ -59,6 +59,12 @@ def totals(text: str) -> dict[str, float]:
     return summed
 
 
+def role_of(now: Mapping[str, float]) -> Role:
+    """Which part a site plays, from its ``totals``: each role's ``/metrics`` holds its
+    own metrics only."""
+    return "spoke" if "loomfs_spoke_link_up" in now else "hub"
+
+
 def size(n: float | None) -> str:
     """Bytes in binary units."""
     if n is None:
@@ -76,7 +82,7 @@ class Measure:
     sum of counters, or the ratio of two counters' increases over the same interval."""
 
     title: str
-    unit: Literal["bytes", "bytes/s", "/s", "ratio", "count", "up"]
+    unit: Literal["bytes", "bytes/s", "/s", "ratio", "count", "up", "seconds"]
     of: tuple[str, ...]  # the counters (summed) or the gauge
     over: tuple[str, ...] = ()  # a ratio's denominator
     kind: Literal["gauge", "rate", "ratio"] = "rate"
@@ -111,6 +117,8 @@ class Measure:
                 return f"{value:.0%}"
             case "up":
                 return "up" if value >= 1 else "down"
+            case "seconds":
+                return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.1f} s"
             case _:
                 return f"{value:,.0f}"
 
@@ -119,6 +127,15 @@ _REQUESTS = Measure(
     "Requests", "/s", ("loomfs_request_seconds_count", "loomfs_http_requests_total")
 )
 _LINK = Measure("Link bytes", "bytes/s", ("loomfs_transfer_wire_bytes_total",))
+_LINK_UP = Measure("Link up", "up", ("loomfs_spoke_link_up",), kind="gauge")
+_LINK_RTT = Measure("Link round trip", "seconds", ("loomfs_spoke_link_rtt_seconds",), kind="gauge")
+_HIT_RATIO = Measure(
+    "Cache hit ratio",
+    "ratio",
+    ('loomfs_cache_reads_total{hit="true"}',),
+    over=("loomfs_cache_reads_total",),
+    kind="ratio",
+)
 MEASURES: dict[Role, tuple[Measure, ...]] = {
     "hub": (
         _REQUESTS,
@@ -128,21 +145,47 @@ MEASURES: dict[Role, tuple[Measure, ...]] = {
         Measure("Read leases", "count", ("loomfs_hub_read_leases",), kind="gauge"),
     ),
     "spoke": (
-        Measure("Link up", "up", ("loomfs_spoke_link_up",), kind="gauge"),
+        _LINK_UP,
+        _LINK_RTT,
         _LINK,
         _REQUESTS,
-        Measure(
-            "Cache hit ratio",
-            "ratio",
-            ('loomfs_cache_reads_total{hit="true"}',),
-            over=("loomfs_cache_reads_total",),
-            kind="ratio",
-        ),
+        _HIT_RATIO,
         Measure("Cache used", "bytes", ("loomfs_cache_used_bytes",), kind="gauge"),
         Measure("Write-back backlog", "count", ("loomfs_spoke_journal_writes",), kind="gauge"),
     ),
 }
 """What ``loomfs top`` shows and the console charts, by role."""
+
+SNAPSHOT: dict[Role, tuple[Measure, ...]] = {
+    "hub": (
+        Measure("Volumes", "count", ("loomfs_volumes",), kind="gauge"),
+        Measure("Change log head", "count", ("loomfs_change_log_head",), kind="gauge"),
+        Measure("Read leases", "count", ("loomfs_hub_read_leases",), kind="gauge"),
+        Measure("Write leases", "count", ("loomfs_hub_write_leases",), kind="gauge"),
+        Measure("Audit records waiting", "count", ("loomfs_audit_buffer_depth",), kind="gauge"),
+    ),
+    "spoke": (
+        _LINK_UP,
+        _LINK_RTT,
+        Measure("Change feed at", "count", ("loomfs_spoke_feed_seq",), kind="gauge"),
+        Measure("Cache used", "bytes", ("loomfs_cache_used_bytes",), kind="gauge"),
+        Measure("Cache capacity", "bytes", ("loomfs_cache_capacity_bytes",), kind="gauge"),
+        _HIT_RATIO,
+        Measure("Write-back backlog", "count", ("loomfs_spoke_journal_writes",), kind="gauge"),
+        Measure("Write-back bytes", "bytes", ("loomfs_spoke_journal_bytes",), kind="gauge"),
+        Measure(
+            "Oldest write-back", "seconds", ("loomfs_spoke_journal_oldest_seconds",), kind="gauge"
+        ),
+        Measure(
+            "Writes the hub refuses",
+            "count",
+            ("loomfs_spoke_journal_refused_writes",),
+            kind="gauge",
+        ),
+        Measure("Prefetch jobs", "count", ("loomfs_prefetch_jobs",), kind="gauge"),
+    ),
+}
+"""What ``loomfs status`` shows, by role: each a gauge, or a ratio since the site started."""
 
 
 class History:

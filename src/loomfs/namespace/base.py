@@ -348,6 +348,12 @@ class FeedNamespace(Namespace):
         """Changes after ``since``, held up to ``wait`` seconds until there is one; ``ack``
         says every change up to it is applied (and renews the caller's read lease)."""
 
+    async def round_trip(self) -> float | None:
+        """Seconds one bare request to this namespace takes there and back (the link's
+        round trip, for its metrics), or None where there is no link to time (in the
+        same process)."""
+        return None
+
 
 class ResolvingNamespace(Namespace):
     """A namespace that can say what a call will really touch (a hub's, over its

@@ -18,6 +18,7 @@ import builtins
 import json
 import ssl
 import tempfile
+import time
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -542,6 +543,23 @@ class RestNamespace(FeedNamespace, ChunkLink):
         return Feed(
             [wire.change_from(c) for c in data["changes"]], int(data["head"]), data.get("lease")
         )
+
+    async def round_trip(self) -> float:
+        """Timed over a kept connection to ``/healthz``, which does no work: so mostly
+        the network's round trip (a first call also times its TCP and TLS set-up)."""
+        began = time.perf_counter()
+        response = await self._request("GET", "/healthz")
+        async with response:
+            await response.read()
+        return time.perf_counter() - began
+
+    async def readiness(self) -> dict[str, Any]:
+        """The site's ``/readyz`` answer (its name, ``ready`` or ``degraded``, and the
+        reasons), also when it is degraded."""
+        response = await self._send("GET", "/readyz")
+        async with response:
+            found: dict[str, Any] = await response.json(content_type=None)
+        return found
 
     async def whoami(self, credentials: tuple[str, str] | None = None) -> dict[str, Any]:
         """Who the server takes this client for; with ``credentials``, for that pair (a

@@ -90,6 +90,12 @@ STALE_READS = Counter(
     registry=SPOKE,
 )
 LINK_UP = Gauge("loomfs_spoke_link_up", "1 while the spoke reaches its hub", registry=SPOKE)
+LINK_RTT = Gauge(
+    "loomfs_spoke_link_rtt_seconds",
+    "The last timed round trip of a bare request to the hub",
+    registry=SPOKE,
+)
+RTT_EVERY = 10.0  # seconds between the link's round-trip timings
 FEED_SEQ = Gauge(
     "loomfs_spoke_feed_seq", "The last change-feed sequence number applied", registry=SPOKE
 )
@@ -222,6 +228,7 @@ class SpokeNamespace(Namespace):
         self.online = True
         #: why the hub, reachable, refuses this site's feed (revoked, say); None while not
         self.link_error: AuthenticationFailed | None = None
+        self.link_rtt: float | None = None  # seconds, the last timing while online
         self._link_retry: Backoff[str] = Backoff(RETRY, RETRY_MAX)  # the feed, the uploads
         self._stuck_retry: Backoff[int] = Backoff(STUCK_RETRY, STUCK_RETRY_MAX)  # by seq
 
@@ -250,6 +257,7 @@ class SpokeNamespace(Namespace):
         self._tasks = [
             asyncio.create_task(self._follow()),
             asyncio.create_task(self._upload_forever()),
+            asyncio.create_task(self._time_link()),
         ]
         if len(self.journal):
             self._wake.set()  # writes acknowledged before a restart
@@ -294,6 +302,17 @@ class SpokeNamespace(Namespace):
                 self.lease_term = feed.lease
                 self.lease_until = sent + feed.lease
 
+    async def _time_link(self) -> None:
+        """The link's round trip every ``RTT_EVERY`` seconds while it is up (a timing
+        that fails says nothing the feed does not say already)."""
+        while True:
+            if self.online:
+                with contextlib.suppress(LoomError):
+                    self.link_rtt = await self.hub.round_trip()
+                    if self.link_rtt is not None:
+                        LINK_RTT.set(self.link_rtt)
+            await asyncio.sleep(RTT_EVERY)
+
     @property
     def leased(self) -> bool:
         """Whether opens may trust what this spoke knows without asking the hub."""
@@ -332,6 +351,7 @@ class SpokeNamespace(Namespace):
                 "seq": self.seq,
                 "leased": self.leased,
                 "lease_term": self.lease_term,
+                "rtt_s": self.link_rtt,
             },
             "cache": {
                 "used": cache.used_bytes,

@@ -122,10 +122,16 @@ def pausing(tmp: Path, stage: str) -> tuple[dict[str, str], Path]:
     return {"PYTHONPATH": path, "LOOMFS_TEST_STAGE": stage, "LOOMFS_TEST_AT": str(at)}, at
 
 
+#: seconds a process may take to reach its stage (one starting beside a loaded suite)
+REACH_WITHIN = 120.0
+
+
 async def reached(at: Path, stage: str, task: asyncio.Future[Any] | None = None) -> None:
     """Wait until the process says it is at ``stage`` (or ``task``, the change, ended
     without getting there: a failure naming the stage)."""
-    for _ in range(1500):
+    # generous: a process starting on a loaded machine is slow, never wrong, to get there
+    deadline = time.monotonic() + REACH_WITHIN
+    while time.monotonic() < deadline:
         if at.exists() or (task is not None and task.done()):
             break
         await asyncio.sleep(0.02)
