@@ -376,6 +376,10 @@ async def test_a_hubs_metrics_show_no_spoke_gauges_and_its_charts_sample_them(hu
         raise AssertionError(f"the charts were never sampled: {page}")
     titles = re.findall(r'<span class="title">([^<]+)</span>', page)
     assert titles == ["Requests", "Link bytes", "Catalog calls", "Audit records", "Read leases"]
+    day = await (await hub.http.get("/ui/charts?span=24h")).text()
+    assert re.findall(r'<span class="title">([^<]+)</span>', day) == titles and "<circle" in day
+    wrong = await hub.http.get("/ui/charts?span=1y")
+    assert wrong.status == 400 and "span must be one of" in await wrong.text()
 
 
 async def test_loomfs_top_once_prints_a_frame_of_the_sites_rates(hub: Hub) -> None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import json
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import Counter, Histogram
@@ -20,7 +22,9 @@ import loomfs.protocols.sftp.errors
 import loomfs.service  # noqa: F401  (every metric's module, registered)
 from loomfs.core import metrics
 from loomfs.core.metrics import REQUEST_SECONDS, History, Measure
+from loomfs.errors import InvalidArgument
 from loomfs.protocols.console.charts import HEIGHT, WIDTH, chart
+from loomfs.protocols.console.history import POINTS, SPANS, HistoryStore, span_of
 from loomfs.protocols.fuse.session import ERRORS as FUSE_ERRORS
 from loomfs.protocols.fuse.session import Session
 from loomfs.testing.fabric import fabric
@@ -162,6 +166,63 @@ def test_a_chart_draws_every_value_inside_its_box(values: list[float | None], un
     assert len(drawn.lines) == len(runs)
     assert drawn.last == ("-" if not values or values[-1] is None else drawn.last)
     assert (drawn.dot is None) == (not values or values[-1] is None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gaps=st.lists(st.floats(1, 400), min_size=1, max_size=60),
+    values=st.lists(st.one_of(st.none(), st.floats(0, 1e9)), min_size=60, max_size=60),
+    span=st.sampled_from(sorted(SPANS.values())),
+)
+def test_the_stored_history_is_each_slices_mean_and_breaks_where_the_site_was_down(
+    tmp_path_factory: pytest.TempPathFactory, gaps: list[float], values: list[float | None],
+    span: float,
+) -> None:  # fmt: skip
+    path = tmp_path_factory.mktemp("history") / "h.db"
+    every = 5.0
+    store = HistoryStore(path, every=every)
+    times, at = [], 1_700_000_000.0
+    for gap, value in zip(gaps, values, strict=False):
+        at += gap
+        times.append(at)
+        store.add(at, {"m": value, "gone": 1.0})
+    store.close()
+    now = times[-1]
+    # a restart: what the first process sampled is there for the next
+    found = HistoryStore(path, every=every).series(["m"], span, now)
+    assert set(found) == {"m"}  # a measure not asked for is not drawn
+    width = max(span / POINTS, every)
+    since = now - span
+    slices: dict[int, list[float | None]] = {}
+    for t, v in zip(times, values, strict=False):
+        if t >= since:
+            slices.setdefault(int((t - since) // width), []).append(v)
+    drawn = [(t, v) for t, v in found["m"]]
+    kept = [
+        (t, v)
+        for t, v in drawn
+        if not (v is None and round((t - since) / width - 0.5) not in slices)
+    ]
+    assert len(kept) == len(slices)
+    for (t, v), part in zip(kept, sorted(slices), strict=True):
+        assert t == pytest.approx(since + (part + 0.5) * width)
+        known = [x for x in slices[part] if x is not None]
+        assert v == (pytest.approx(sum(known) / len(known)) if known else None)
+    # a break (None) stands exactly where no sample came for longer than the pauses explain
+    breaks = len(drawn) - len(kept)
+    parts = sorted(slices)
+    gap = max(3 * every, 2 * width)
+    expected = sum(
+        1 for a, b in itertools.pairwise(parts)
+        if (b - a) * width > gap and any(x is not None for x in slices[a])
+    )  # fmt: skip
+    assert breaks == expected
+
+
+def test_a_chart_span_is_one_of_the_named_ones() -> None:
+    assert span_of(None) == SPANS["10m"] and span_of("24h") == 86_400
+    with pytest.raises(InvalidArgument, match="span must be one of"):
+        span_of("1y")
 
 
 async def test_a_spoke_times_its_link_and_exports_the_round_trip(tmp_path: Path) -> None:

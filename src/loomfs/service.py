@@ -88,6 +88,9 @@ HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub", registry=HUB)
 
 
+HISTORY_FILE = "console-history.db"  # the console charts' samples (a day of them)
+
+
 def console_sessions(config: Config) -> Sessions:
     """The web console's sessions, kept in the data directory over restarts."""
     return Sessions(store=config.site.data_dir / "console-sessions.db")
@@ -419,6 +422,7 @@ class HubService:
         console = Console(
             self.governed, authenticate.identify, site=self.config.site.name, admin=api,
             sessions=console_sessions(self.config), audit=self.audit,
+            history=self.config.site.data_dir / HISTORY_FILE,
         )  # fmt: skip
         return RestServer(
             self.governed,
@@ -765,6 +769,7 @@ class SpokeService:
             self.namespace, self.authenticate.identify, site=self.namespace.site,
             spoke=self.namespace, prefetch=prefetcher.report if prefetcher is not None else None,
             sessions=console_sessions(self.config),
+            history=self.config.site.data_dir / HISTORY_FILE,
         )  # fmt: skip
         return RestServer(
             self.namespace,

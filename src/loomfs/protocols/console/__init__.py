@@ -42,11 +42,11 @@ from ...rest.admin import AdminApi
 from ...rest.auth import Identity
 from ..http import serve_reader
 from .charts import charts
+from .history import SPANS, HistoryStore, span_of
 from .sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, same
 
 UI = "/ui"
 SAMPLE_EVERY = 5.0  # seconds between the charts' samples
-KEPT = 120  # samples each chart keeps: ten minutes
 PAGE = 100  # directory entries per page
 PROTOCOL = "console"  # what the audit log says a console user's calls came by
 HERE = Path(__file__).parent
@@ -110,11 +110,13 @@ class Console:
         prefetch: Callable[[], Mapping[str, Any]] | None = None,
         sessions: Sessions | None = None,
         audit: AuditSink | None = None,
+        history: Path | None = None,
     ) -> None:
         """``identify``: the site's REST authenticator's check of Basic credentials
         (``rest.auth``); ``admin``: a hub's admin API; ``spoke`` and ``prefetch``: a
         spoke's status and its prefetcher's report; ``audit``: where logins and logouts
-        are recorded (the site's audit log)."""
+        are recorded (the site's audit log); ``history``: the file that keeps the charts'
+        samples (``history.HistoryStore``; none: in memory)."""
         self.namespace = namespace
         self.identify = identify
         self.site = site
@@ -130,7 +132,9 @@ class Console:
         )
         self.templates.filters.update(size=size, time=_time, ui_path=_ui_path)
         self.role: Role = "spoke" if spoke is not None else "hub"
-        self.history = History(MEASURES[self.role], keep=KEPT)
+        # the last sample only, for the next one's rates; the store keeps them all
+        self.history = History(MEASURES[self.role], keep=1)
+        self.store = HistoryStore(history, every=SAMPLE_EVERY)
 
     def routes(self) -> list[web.RouteDef]:
         routes = [
@@ -171,6 +175,7 @@ class Console:
     def sample(self) -> None:
         """One sample of this site's metrics into the charts' history."""
         self.history.sample(totals(exposition(self.role).decode()), time.monotonic())
+        self.store.add(time.time(), {m.title: p[-1][1] for m, p in self.history.series.items()})
 
     async def sampling(self, app: web.Application) -> AsyncIterator[None]:
         """The history's sampler, every ``SAMPLE_EVERY`` seconds for as long as ``app``
@@ -186,13 +191,20 @@ class Console:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        self.store.close()
 
     async def charts(self, request: web.Request, who: Principal, session: Session) -> web.Response:
-        """The history's charts: this site's own figures, open to every user logged in,
-        as ``/metrics`` is open to every caller."""
-        drawn = charts(self.history.series.items(), SAMPLE_EVERY * KEPT)
+        """The history's charts over ``?span=`` (``history.SPANS``): this site's own
+        figures, open to every user logged in, as ``/metrics`` is open to every caller."""
+        name = request.query.get("span")
+        span = span_of(name)
+        measures = MEASURES[self.role]
+        found = await asyncio.to_thread(
+            self.store.series, [m.title for m in measures], span, time.time()
+        )
+        drawn = charts(((m, found[m.title]) for m in measures), span)
         return self.render("charts.html", session, who, charts=drawn, every=SAMPLE_EVERY,
-                           notice="")  # fmt: skip
+                           spans=list(SPANS), span=name or "10m", notice="")  # fmt: skip
 
     # -- rendering and sessions ------------------------------------------------------------
 
