@@ -64,6 +64,7 @@ from ..errors import (
     LoomError,
     NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
 from ..namespace import objectlock
@@ -507,10 +508,10 @@ class HubNamespace(ResolvingNamespace):
         attrs: Mapping[str, int],
         owner_optional: bool = False,
     ) -> Entry:
+        # no owner is optional here: the hub is told what to set (the governed namespace
+        # above decides what may be)
         if not self.writes_attrs(path):
-            return await super().write_with_attrs(
-                who, path, data, if_version=if_version, attrs=attrs
-            )
+            raise NotSupported(f"{path}: its volume keeps no attributes of its own", path=path)
         return await self._write(who, path, data, if_version=if_version, attrs=attrs)
 
     async def _write(
