@@ -7,9 +7,10 @@ with ``[smb]``), the other a plain directory on the same disk. Rows: a large fil
 smbclient session putting many 4 KiB files), and with ``--list N`` the seconds an ``ls``
 of a directory of N files takes (made on the disk beforehand, so loomfs assimilates
 them). Prints each row with the loomfs/plain ratio; the goal is >= 0.7 on every row
-(for seconds, plain/loomfs). Then where loomfs's creates went: the FUSE requests of its
-mount per put (count and mean milliseconds, ``loomfs_request_seconds{protocol="smb"}``)
-and the catalog calls per put. Needs root, samba, smbclient, libnss-wrapper.
+(for seconds, plain/loomfs). Then where loomfs's time went: the FUSE requests of its
+mount per put and per listed entry (count and mean milliseconds,
+``loomfs_request_seconds{protocol="smb"}``) and the catalog calls. Needs root, samba,
+smbclient, libnss-wrapper.
 
     sudo python bench/smb.py [--size-mb 256] [--files 500] [--list 100000] [--json out.json]
 """
@@ -55,7 +56,7 @@ Scrape = tuple[Counter[str], defaultdict[str, float]]
 def measure(
     port: int, work: Path, args: argparse.Namespace, probe: Callable[[], Scrape] | None = None
 ) -> tuple[dict[str, float], list[Scrape]]:
-    """The rows, and what ``probe`` read before and after the creates."""
+    """The rows, and what ``probe`` read before and after the creates (and the listing)."""
     probed: list[Scrape] = []
     write_s = smbclient(port, "put big.bin big.bin", work)
     read_s = smbclient(port, "get big.bin /dev/null", work)
@@ -72,6 +73,8 @@ def measure(
         probed.append(probe())
     if args.list:
         rows[f"ls of {args.list} s"] = smbclient(port, f"cd {MANY}; ls", work)
+        if probe is not None:
+            probed.append(probe())
     return rows, probed
 
 
@@ -105,6 +108,16 @@ def scrape(url: str) -> Scrape:
             elif sample.name.endswith("_sum"):
                 seconds[key] += sample.value
     return counts, seconds
+
+
+def report(before: Scrape, after: Scrape, what: str, count: int) -> None:
+    """The requests and catalog calls between two scrapes, per ``what``, slowest first."""
+    (before_n, before_s), (after_n, after_s) = before, after
+    print(f"\nper {what} of loomfs's {count}: count, mean ms")
+    for key in sorted(after_n - before_n, key=lambda k: -(after_s[k] - before_s[k])):
+        n = after_n[key] - before_n[key]
+        ms = (after_s[key] - before_s[key]) * 1000 / n
+        print(f"  {key:28} {n / count:8.4f}  {ms:7.3f}")
 
 
 def main() -> None:
@@ -141,12 +154,9 @@ def main() -> None:
     for row, base in plain.items():
         ratio = base / loomfs[row] if row.endswith(" s") else loomfs[row] / base
         print(f"| {row} | {base:.1f} | {loomfs[row]:.1f} | {ratio:.2f}x |")
-    (before_n, before_s), (after_n, after_s) = between
-    print(f"\nper put of loomfs's {args.files}: count, mean ms")
-    for key in sorted(after_n - before_n, key=lambda k: -(after_s[k] - before_s[k])):
-        n = after_n[key] - before_n[key]
-        ms = (after_s[key] - before_s[key]) * 1000 / n
-        print(f"  {key:28} {n / args.files:6.2f}  {ms:7.2f}")
+    report(between[0], between[1], "put", args.files)
+    if args.list:
+        report(between[1], between[2], "listed entry", args.list)
     if args.json is not None:
         args.json.write_text(json.dumps({"plain": plain, "loomfs": loomfs}, indent=1))
 
