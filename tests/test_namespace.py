@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from loomfs.core.acl import AclAuthorizer
 from loomfs.core.registry import open_catalog
-from loomfs.core.streams import LocalFile
-from loomfs.core.types import Principal
+from loomfs.core.streams import LocalFile, aiter_bytes
+from loomfs.core.types import Entry, Principal
 from loomfs.errors import DirectoryNotEmpty, LoomError
 from loomfs.hub.namespace import HubNamespace
 from loomfs.namespace.base import Namespace
@@ -226,3 +226,77 @@ async def _check_directory_times(tmp: Path, ops: list[tuple[str, ...]]) -> None:
                 assert (entry.mtime_ns, entry.ctime_ns) == (disk.st_mtime_ns, disk.st_ctime_ns), (
                     f"{directory} after {op} {path} {other}"
                 )
+
+
+# -- a FUSE close's write and attributes in one change (Samba's puts) ----------------------
+
+_ATTRS = st.fixed_dictionaries(
+    {},
+    optional={
+        "mode": st.sampled_from([0o600, 0o640, 0o644]),
+        "mtime_ns": st.integers(1_000_000_000_000_000_000, 1_800_000_000_000_000_000),
+        "atime_ns": st.integers(1_000_000_000_000_000_000, 1_800_000_000_000_000_000),
+        "uid": st.just(1234),
+        "gid": st.just(5678),
+    },
+).filter(bool)  # a close with no attributes set is a plain write
+
+
+@settings(max_examples=12, deadline=None)
+@given(_ATTRS, st.booleans(), st.booleans())
+def test_a_write_with_attributes_is_one_change_decided_and_recorded_as_the_two_calls(
+    attrs: dict[str, int], admin: bool, owner_optional: bool
+) -> None:
+    """``write_with_attrs`` on a posix volume ends where ``write`` then ``set_attrs_owning``
+    (or ``set_attrs``) would, with the same audit records, in one catalog change instead
+    of two; a refused change of owner is dropped only where it may be, and otherwise
+    nothing is written."""
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(_check_write_with_attrs(Path(tmp), attrs, admin, owner_optional))
+
+
+async def _check_write_with_attrs(
+    tmp: Path, attrs: dict[str, int], admin: bool, owner_optional: bool
+) -> None:
+    (tmp / "vol").mkdir()
+    async with hub_over(f"sqlite://{tmp / 'c.db'}", f"posix://{tmp / 'vol'}") as hub:
+        acl = AclAuthorizer(hub.catalog)
+        await acl.store.set_private("/vol", True)
+        await acl.store.grant(f"user:{WHO.user}", "admin" if admin else "write", "/vol")
+        events: list[tuple[str, str, str]] = []
+        ns = GovernedNamespace(hub, [acl], audit=Recorder(events), rules=acl)
+        one, two = [await hub.write_bytes(WHO, f"/vol/{n}", b"") for n in ("one", "two")]
+        assert hub.writes_attrs(one.path)
+        refused = ("uid" in attrs or "gid" in attrs) and not admin
+        before = await hub.catalog.head_seq()
+        if refused and not owner_optional:
+            with pytest.raises(LoomError, match="may not"):
+                await ns.write_with_attrs(WHO, one.path, aiter_bytes(b"new bytes"),
+                                          if_version=one.version, attrs=attrs)  # fmt: skip
+            assert await hub.catalog.head_seq() == before
+            assert await hub.read_bytes(WHO, one.path) == b""
+            assert events == [("set_attrs", one.path, "denied")]
+            return
+        combined = await ns.write_with_attrs(
+            WHO, one.path, aiter_bytes(b"new bytes"), if_version=one.version, attrs=attrs,
+            owner_optional=owner_optional,
+        )  # fmt: skip
+        assert await hub.catalog.head_seq() == before + 1
+        mine = sorted((op, result) for op, _, result in events)
+        events.clear()
+        await ns.write_bytes(WHO, two.path, b"new bytes", if_version=two.version)
+        apart = await ns.set_attrs_owning(WHO, two.path, attrs)
+        assert mine == sorted((op, result) for op, _, result in events)
+        for entry in (combined, await hub.stat(WHO, one.path)):
+            assert _attrs_of(entry, attrs) == _attrs_of(apart, attrs)
+            for key, value in attrs.items():
+                if not (refused and key in ("uid", "gid")):
+                    got = entry.mode & 0o7777 if key == "mode" else getattr(entry, key)
+                    assert got == value, key
+        assert await hub.read_bytes(WHO, one.path) == b"new bytes"
+
+
+def _attrs_of(entry: Entry, attrs: dict[str, int]) -> tuple[object, ...]:
+    """What two writes at different moments share: their times only where set."""
+    times = tuple(getattr(entry, key) for key in ("mtime_ns", "atime_ns") if key in attrs)
+    return (entry.mode, entry.uid, entry.gid, entry.size, *times)

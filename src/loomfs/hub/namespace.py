@@ -64,6 +64,7 @@ from ..errors import (
     LoomError,
     NotADirectory,
     NotFound,
+    NotSupported,
     PermissionDenied,
 )
 from ..namespace import objectlock
@@ -483,6 +484,51 @@ class HubNamespace(ResolvingNamespace):
         write_id: str | None = None,
         tags: WriteTagsArg = None,
     ) -> Entry:
+        return await self._write(
+            who, path, data, if_version=if_version, exclusive=exclusive, mode=mode,
+            write_id=write_id, tags=tags,
+        )  # fmt: skip
+
+    def writes_attrs(self, path: str) -> bool:
+        # where the volume keeps them on the file itself: set before the catalog records it
+        hit = self._resolve(paths.normalize(path))
+        return hit is not None and bool(hit[1]) and self._keeps_attrs(hit[0])
+
+    @staticmethod
+    def _keeps_attrs(mounted: Mounted) -> bool:
+        return Capability.POSIX_MODE in mounted.backend.capabilities
+
+    async def write_with_attrs(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None,
+        attrs: Mapping[str, int],
+        owner_optional: bool = False,
+    ) -> Entry:
+        # no owner is optional here: the hub is told what to set (the governed namespace
+        # above decides what may be)
+        if not self.writes_attrs(path):
+            raise NotSupported(f"{path}: its volume keeps no attributes of its own", path=path)
+        return await self._write(who, path, data, if_version=if_version, attrs=attrs)
+
+    async def _write(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None = None,
+        exclusive: bool = False,
+        mode: int | None = None,
+        write_id: str | None = None,
+        tags: WriteTagsArg = None,
+        attrs: Mapping[str, int] | None = None,
+    ) -> Entry:
+        """``write``; ``attrs``: set on the volume's new file before the catalog records
+        it, so that the bytes and the attributes are one change (one version)."""
         path = paths.normalize(path)
         mounted, key = self._below_mount(path)
         # a key is the caller site's own: another site can't learn or spoil its answers
@@ -543,6 +589,8 @@ class HubNamespace(ResolvingNamespace):
                         path, remembered, None if made is None else made.as_json()
                     )
                 info = await commit(note)
+                if attrs:
+                    info = await mounted.backend.set_attrs(key, **attrs)
                 # The volume's write fails (and is undone) if this gate does; once the
                 # catalog is recording it, a cancel (its client gone) waits for that, so
                 # that a write the catalog holds is never undone on the volume.
@@ -880,7 +928,7 @@ class HubNamespace(ResolvingNamespace):
         async with self._serialized(path):
             await self.write_leases.check(path, who.site)
             entry = await self._entry(path)
-            if hit is not None and hit[1] and Capability.POSIX_MODE in hit[0].backend.capabilities:
+            if hit is not None and hit[1] and self._keeps_attrs(hit[0]):
                 mounted, key = hit
                 async with self._intended(path):
                     info = await mounted.backend.set_attrs(

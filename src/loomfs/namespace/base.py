@@ -16,7 +16,7 @@ from types import TracebackType
 
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
 from ..core.types import Entry, EntryKind, Feed, Principal, WriteTags
-from ..errors import NotSupported
+from ..errors import NotSupported, PermissionDenied
 from .objectlock import Lock
 
 LIST_PAGE = 1000
@@ -91,6 +91,11 @@ class Reader(ByteSource):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def without_owner(attrs: Mapping[str, int]) -> dict[str, int]:
+    """``attrs`` less a change of owner (uid, gid)."""
+    return {key: value for key, value in attrs.items() if key not in ("uid", "gid")}
 
 
 class Namespace(ABC):
@@ -193,6 +198,40 @@ class Namespace(ABC):
         the volume keeps them (posix) they change there too, else in the catalog only. A
         new mtime is a content change (new version): tools such as rsync and make read it
         so. The atime is kept only where the volume keeps it."""
+
+    def writes_attrs(self, path: str) -> bool:
+        """Whether ``write_with_attrs`` can write the file at ``path``: in one change."""
+        return False
+
+    async def write_with_attrs(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None,
+        attrs: Mapping[str, int],
+        owner_optional: bool = False,
+    ) -> Entry:
+        """``write``, then ``set_attrs(**attrs)`` on what it wrote, as one change (where
+        ``writes_attrs``): a FUSE close saves the bytes and the mode, times and owner set
+        while the file was open. Decided and audited as the two calls. ``owner_optional``:
+        where the owner change (uid, gid) is refused, the rest is set, as
+        ``set_attrs_owning`` would."""
+        raise NotSupported(f"no write with attributes in one change at {path}", path=path)
+
+    async def set_attrs_owning(self, who: Principal, path: str, attrs: Mapping[str, int]) -> Entry:
+        """``set_attrs(**attrs)``, which may give a new entry to its maker: where that
+        change of owner is refused (it needs admin, which a grant of write in a governed
+        directory is not), the entry keeps the owner the site gave it and the rest is set.
+        A local disk would give it to her; in loomfs only an admin gives files away."""
+        try:
+            return await self.set_attrs(who, path, **attrs)
+        except PermissionDenied:
+            rest = without_owner(attrs)
+            if rest == attrs:
+                raise
+            return await self.set_attrs(who, path, **rest)
 
     @abstractmethod
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...

@@ -70,7 +70,14 @@ from ..errors import (
     NotSupported,
     PermissionDenied,
 )
-from .base import FeedNamespace, Reader, ResolvingNamespace, Version, WriteTagsArg
+from .base import (
+    FeedNamespace,
+    Reader,
+    ResolvingNamespace,
+    Version,
+    WriteTagsArg,
+    without_owner,
+)
 from .objectlock import Lock
 
 T = TypeVar("T")
@@ -570,6 +577,38 @@ class GovernedNamespace(FeedNamespace):
             nbytes=lambda entry: entry.size,
         )  # fmt: skip
 
+    def writes_attrs(self, path: str) -> bool:
+        return self.inner.writes_attrs(path)
+
+    async def write_with_attrs(
+        self,
+        who: Principal,
+        path: str,
+        data: AsyncIterable[bytes],
+        *,
+        if_version: int | None,
+        attrs: Mapping[str, int],
+        owner_optional: bool = False,
+    ) -> Entry:
+        # both decided before either is made, each recorded as its own call would be
+        await self._changing(who, "write", path, Action.WRITE)
+        try:
+            await self._attrs_decided(who, path, attrs)
+        except PermissionDenied:
+            rest = without_owner(attrs)
+            if not owner_optional or rest == attrs:
+                raise
+            attrs = rest
+            await self._attrs_decided(who, path, attrs)
+        entry = await self._run(
+            who, "write", path,
+            lambda: self.inner.write_with_attrs(who, path, data, if_version=if_version,
+                                                attrs=attrs),
+            nbytes=lambda entry: entry.size,
+        )  # fmt: skip
+        self._record(who, "set_attrs", path, "ok")
+        return entry
+
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
     ) -> Entry:
@@ -634,17 +673,23 @@ class GovernedNamespace(FeedNamespace):
         mtime_ns: int | None = None,
         atime_ns: int | None = None,
     ) -> Entry:
-        if mode is not None and mode & SET_ID:
-            await self._privileged(who, "set_attrs", path, "a set-user-ID or set-group-ID bit")
-        chown = uid is not None or gid is not None
-        action = Action.ADMIN if chown else Action.WRITE
-        await self._changing(who, "set_attrs", path, action, attrs=True)
+        attrs = {"mode": mode, "uid": uid, "gid": gid}
+        await self._attrs_decided(who, path, {k: v for k, v in attrs.items() if v is not None})
         return await self._run(
             who, "set_attrs", path,
             lambda: self.inner.set_attrs(
                 who, path, mode=mode, uid=uid, gid=gid, mtime_ns=mtime_ns, atime_ns=atime_ns
             ),
         )  # fmt: skip
+
+    async def _attrs_decided(self, who: Principal, path: str, attrs: Mapping[str, int]) -> None:
+        """Decide ``set_attrs(**attrs)``: a change of owner is an administrator's, a
+        set-ID bit needs admin by name; the rest is a write."""
+        mode = attrs.get("mode")
+        if mode is not None and mode & SET_ID:
+            await self._privileged(who, "set_attrs", path, "a set-user-ID or set-group-ID bit")
+        action = Action.ADMIN if "uid" in attrs or "gid" in attrs else Action.WRITE
+        await self._changing(who, "set_attrs", path, action, attrs=True)
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self._governed(

@@ -35,7 +35,7 @@ def plain_samba(scratch: Path) -> Iterator[int]:
     state, share = scratch / "plain-state", scratch / "plain-share"
     for name in conf.STATE_DIRS:
         (state / name).mkdir(parents=True, exist_ok=True)
-    share.mkdir()
+    share.mkdir(exist_ok=True)  # it may hold files already
     os.chown(share, SMB_UID_BASE, conf.GID)  # the share's directory is its user's
     login = SmbLogin(USER, SMB_UID_BASE, nt_hash(PASSWORD), time.time_ns())
     passwd, group = scratch / "passwd", scratch / "group"
@@ -71,8 +71,15 @@ def plain_samba(scratch: Path) -> Iterator[int]:
 @contextlib.contextmanager
 def loomfs_samba(scratch: Path) -> Iterator[int]:
     """A hub serving a posix volume as ``SHARE`` over SMB; its smbd's port."""
+    with loomfs_samba_hub(scratch) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def loomfs_samba_hub(scratch: Path) -> Iterator[tuple[int, HubProcess]]:
+    """``loomfs_samba``, with the hub too (its metrics; the volume is ``scratch``/vol)."""
     vol = scratch / "vol"
-    vol.mkdir()
+    vol.mkdir(exist_ok=True)  # it may hold files already: they are assimilated
     os.chown(vol, SMB_UID_BASE, conf.GID)  # as the plain share's (the user gets that uid)
     site = scratch / "site"
     site.mkdir()
@@ -84,7 +91,7 @@ def loomfs_samba(scratch: Path) -> Iterator[int]:
                       f'[smb.shares]\n{SHARE} = {{ path = "/vol" }}\n')  # fmt: skip
     env = {"LOOMFS_CONFIG": str(config), "LOOMFS_HUB__VOLUME_ROOTS": str(scratch)}
     with HubProcess(site, env=env) as hub:
-        yield int(hub.urls["smb"].rpartition(":")[2])
+        yield int(hub.urls["smb"].rpartition(":")[2]), hub
 
 
 async def _add_volume(site: Path, vol: Path) -> None:

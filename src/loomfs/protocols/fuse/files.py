@@ -98,8 +98,9 @@ class WriteBuffer:
         #: why a change to it failed: it holds part of one, and must never be committed
         self.broken: LoomError | None = None
         #: attributes set while the file is open for writing (``Namespace.set_attrs``
-        #: keywords), saved after the content at the next commit: a create, its owner,
-        #: mode and times then cost two changes in all, not one each
+        #: keywords), saved with the content at the next commit (one change where the
+        #: namespace ``writes_attrs``): a create, its owner, mode and times then cost two
+        #: changes in all, not one each
         self.pending: dict[str, int] = {}
 
     @property

@@ -24,7 +24,7 @@ from ... import paths
 from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
 from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
-from ...errors import Conflict, LoomError, PermissionDenied
+from ...errors import Conflict, LoomError
 from ...namespace.base import Namespace
 from .abi import (
     ENOATTR,
@@ -325,20 +325,7 @@ class LoomOperations:
         changes = _ownership(entry, ctx)
         if mode is not None and stat.S_IMODE(entry.mode) != mode:
             changes["mode"] = mode
-        return await self._set_owning(who, entry.path, changes) if changes else entry
-
-    async def _set_owning(self, who: Principal, path: str, changes: dict[str, int]) -> Entry:
-        """``set_attrs`` of ``changes``, which may give a new entry to its maker: where that
-        change of owner is refused (it needs admin, which a grant of write in a governed
-        directory is not), the entry keeps the owner the site gave it and the rest is set.
-        A local disk would give it to her; in loomfs only an admin gives files away."""
-        try:
-            return await self.ns.set_attrs(who, path, **changes)
-        except PermissionDenied:
-            rest = {key: value for key, value in changes.items() if key not in ("uid", "gid")}
-            if rest == changes:
-                raise
-            return await self.ns.set_attrs(who, path, **rest)
+        return await self.ns.set_attrs_owning(who, entry.path, changes) if changes else entry
 
     async def _buffer(
         self, node: Node, who: Principal, version: int, *, empty: bool
@@ -368,19 +355,42 @@ class LoomOperations:
                 buffer.committed_generation = generation
                 buffer.pending.clear()
                 return
+            both = buffer.dirty and bool(buffer.pending) and self.ns.writes_attrs(node.path)
             if buffer.dirty:
-                await self._save_content(node, who, buffer, generation)
+                await self._save_content(node, who, buffer, generation, with_attrs=both)
             if buffer.pending:
                 await self._save_attrs(node, who, buffer)
 
     async def _save_content(
-        self, node: Node, who: Principal, buffer: WriteBuffer, generation: int
+        self,
+        node: Node,
+        who: Principal,
+        buffer: WriteBuffer,
+        generation: int,
+        *,
+        with_attrs: bool,
     ) -> None:
+        """The bytes; ``with_attrs``: with the attributes set meanwhile, in one change (a
+        Samba put sets the mode and the write time before its close)."""
+        pending, buffer.pending = (buffer.pending, {}) if with_attrs else ({}, buffer.pending)
         try:
-            entry = await self.ns.write(
-                who, node.path, buffer.body(), if_version=buffer.base_version
-            )
-        except Conflict:
+            if with_attrs:
+                entry = await self.ns.write_with_attrs(
+                    who,
+                    node.path,
+                    buffer.body(),
+                    if_version=buffer.base_version,
+                    attrs=pending,
+                    owner_optional=True,
+                )
+            else:
+                entry = await self.ns.write(
+                    who, node.path, buffer.body(), if_version=buffer.base_version
+                )
+        except BaseException as exc:
+            buffer.pending = {**pending, **buffer.pending}
+            if not isinstance(exc, Conflict):
+                raise
             log.warning(
                 "not saved: %s changed elsewhere since version %d was opened for writing",
                 node.path,
@@ -399,7 +409,7 @@ class LoomOperations:
         pending, buffer.pending = buffer.pending, {}
         before = buffer.base_version
         try:
-            node.entry = await self._set_owning(who, node.path, pending)
+            node.entry = await self.ns.set_attrs_owning(who, node.path, pending)
         except BaseException:
             buffer.pending = {**pending, **buffer.pending}
             raise
