@@ -184,6 +184,8 @@ class LocalReads:
             return _refusal(InvalidArgument("a local read request is one JSON object")), []
         except LoomError as exc:
             return _refusal(exc), []
+        # side by side: a batch's cold files are fetched together (one after another,
+        # bench/train_stall.py's epochs were slower, the link less busy)
         answers: list[Answer] = await asyncio.gather(*(self._open(who, *r) for r in reads))
         return {"reads": [a for a, _ in answers]}, [fd for _, fd in answers if fd is not None]
 
