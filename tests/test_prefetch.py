@@ -219,6 +219,53 @@ def test_schedule_prefetches_within_budget_skipping_cached() -> None:
     assert chosen == [2]  # 7 does not fit, so nothing later is fetched before it
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(5, 2000),
+    batch=st.integers(1, 64),
+    bursts=st.integers(8, 40),
+    within=st.floats(1e-5, 1e-3),
+)
+def test_a_bursty_reader_is_measured_at_its_average_rate(
+    rate: float, batch: int, bursts: int, within: float
+) -> None:
+    """Reads that come a batch at once (a DataLoader worker reading cached files) are
+    heartbeats microseconds apart: the schedule still takes the job for its average rate,
+    not the rate inside a burst."""
+    schedule = Schedule(default_rate=rate, smoothing=0.5, rate_window_s=0.25)
+    schedule.publish(Plan("job", 0, tuple(range(batch * bursts))), 0.0)
+    for burst in range(bursts):
+        at = (burst + 1) * batch / rate
+        for read in range(1, batch + 1):
+            schedule.heartbeat("job", burst * batch + read, at + read * within)
+    measured = schedule._jobs["job"].rate
+    assert rate / 2 <= measured <= rate * 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    reads=st.integers(0, 50),
+    lead=st.integers(0, 40),
+    stalled_s=st.floats(0, 100),
+    rate=st.floats(1, 5000),
+)
+def test_a_stalled_job_is_never_taken_past_what_its_sampler_handed_out(
+    reads: int, lead: int, stalled_s: float, rate: float
+) -> None:
+    """However long a job waits on a miss, the files its sampler has not handed out yet
+    keep a finite next use: eviction never takes them for read already (before the
+    bound, a job stalled long enough looked done with its whole plan)."""
+    keys = tuple(range(200))
+    schedule = Schedule(default_rate=rate, slack_s=1.0)
+    schedule.publish(Plan("job", 0, keys), 0.0)
+    schedule.issued("job", reads + lead)
+    if reads:
+        schedule.heartbeat("job", reads, 1.0)
+    now = 1.0 + stalled_s
+    for key in keys[reads + lead :]:
+        assert schedule.next_use(key, now) < float("inf")
+
+
 POLICIES = ["lru", "plan", "adaptive"]
 OPERATIONS = ["insert", "access", "pin", "unpin", "evict"]
 

@@ -28,6 +28,7 @@ from loomfs.hub.versions import VersionStore
 from loomfs.rest.admin import routes as admin_routes
 from loomfs.rest.chunks import ChunkRoutes
 from loomfs.rest.client import RestNamespace
+from loomfs.rest.local import LocalReads
 from loomfs.rest.openapi import spec
 from loomfs.rest.plans import routes as plan_routes
 from loomfs.rest.server import RestServer
@@ -63,7 +64,11 @@ def test_openapi_is_valid_and_covers_every_route() -> None:
         namespace=None,  # type: ignore[arg-type]
         admin=object(),  # type: ignore[arg-type]
         spoke=object(),  # type: ignore[arg-type]
-        routes=[*plan_routes(None), *admin_routes(None, None)],  # type: ignore[arg-type]
+        routes=[
+            *plan_routes(None),  # type: ignore[arg-type]
+            *admin_routes(None, None),  # type: ignore[arg-type]
+            *LocalReads(None, None).routes(),  # type: ignore[arg-type]
+        ],
     ).app()
     ChunkRoutes(RestServer(namespace=None), chunks=None).register(app)  # type: ignore[arg-type]
     routes = {

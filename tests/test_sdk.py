@@ -181,6 +181,8 @@ def test_the_prefetcher_fetches_what_the_plan_reads_next(tmp_path: Path) -> None
             assert time.monotonic() < deadline, ahead.prefetch_report()
             time.sleep(0.05)
         before = ahead.link.down.bytes
+        # a loader on the spoke's machine: the bytes come from the cache files
+        assert ds.fs.local_reader(ds.files[0]) is not None
         for index in [first, *it]:
             assert ds[index] == (data / f"f{index:02d}.bin").read_bytes()
         # every file was cached before it was read: the reads crossed the link with no data

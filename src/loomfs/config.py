@@ -261,6 +261,10 @@ class SpokeSection(TlsSettings):
     anonymous: bool = True
     #: follow the plans data loaders publish (prefetch, evict by next use); off = LRU only
     prefetch: bool = True
+    #: a loader on this machine (``loomfs.torch.FileDataset``) reads cached files from the
+    #: cache files, on descriptors this spoke hands over a local socket after deciding
+    #: each open as a REST read; false: every read goes over HTTP
+    local_reads: bool = True
 
     _attached = field_validator("attach", mode="before")(_joined)
 

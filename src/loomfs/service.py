@@ -66,6 +66,7 @@ from .protocols.smb import SmbServer
 from .rest.admin import AdminApi, AdminRoutes, exports_of
 from .rest.auth import HubAuthenticator, RegistryAuthenticator
 from .rest.client import RestNamespace
+from .rest.local import LocalReads
 from .rest.plans import routes as plan_routes
 from .rest.server import RestServer
 from .spoke.cache import Cache
@@ -771,6 +772,10 @@ class SpokeService:
             sessions=console_sessions(self.config),
             history=self.config.site.data_dir / HISTORY_FILE,
         )  # fmt: skip
+        # a loader on this machine reads cached files from the cache files, each open
+        # decided as the REST read it stands for
+        local = LocalReads(self.namespace, self.authenticate.principal_of)
+        on = self.config.spoke.local_reads
         return RestServer(
             self.namespace,
             spoke=self.namespace,
@@ -779,9 +784,10 @@ class SpokeService:
             routes=[
                 *(plan_routes(prefetcher) if prefetcher is not None else ()),
                 *console.routes(),
+                *(local.routes() if on else ()),
             ],
             health=self.health,
-            running=[console.sampling],
+            running=[console.sampling, *([local.serving] if on else [])],
         )
 
     async def health(self) -> dict[str, health.Check]:

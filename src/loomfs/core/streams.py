@@ -29,6 +29,10 @@ class FileRegion:
     fd: int
     offset: int
     length: int
+    #: the bytes of the region never change while the descriptor is open (a verified cache
+    #: file: a new version is a new file, eviction unlinks): the descriptor itself may be
+    #: handed to another process to read them (``rest.local``)
+    fixed: bool = False
 
 
 class ByteSource(ABC):
@@ -85,12 +89,14 @@ def fsync_dir(directory: Path) -> None:
 class LocalFileSource(ByteSource):
     """A range of an open local file; owns the descriptor and closes it."""
 
-    def __init__(self, fd: int, offset: int, length: int, path: str) -> None:
+    def __init__(
+        self, fd: int, offset: int, length: int, path: str, *, fixed: bool = False
+    ) -> None:
         self._fd = fd
         self._path = path
         self._fingerprint = file_fingerprint(os.fstat(fd))
         self.length = length
-        self.region = FileRegion(fd, offset, length)
+        self.region = FileRegion(fd, offset, length, fixed)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         assert self.region is not None

@@ -123,10 +123,17 @@ class _Job:
     position: float
     at: float
     rate: float
+    #: where the rate's current measurement began (position, time)
+    since: tuple[float, float] = (0.0, 0.0)
+    #: samples the job's sampler has handed out: no read goes past them
+    issued: float = math.inf
 
     def position_at(self, now: float) -> float:
-        """Samples read by ``now``: the next one to read has this index."""
-        return self.position + (now - self.at) * self.rate
+        """Samples read by ``now``: the next one to read has this index. Extrapolated at
+        the job's rate, but never past what its sampler handed out: a job stalled on a
+        miss would otherwise run ahead on paper, until every file it is about to read
+        looked read already and was evicted as soon as it was fetched."""
+        return min(self.position + (now - self.at) * self.rate, max(self.position, self.issued))
 
     def time_of(self, index: int) -> float:
         """When the sample at ``index`` is read: it is the ``index + 1``-th read."""
@@ -142,12 +149,29 @@ class Schedule:
     slack_s`` is stale and its holder should ask again (``PlanPolicy`` does).
     """
 
-    def __init__(self, *, default_rate: float = 1.0, slack_s: float = 0.0, smoothing: float = 0.2):
-        if default_rate <= 0 or slack_s < 0 or not 0 < smoothing <= 1:
-            raise InvalidArgument("rate must be positive, slack non-negative, smoothing in (0, 1]")
+    def __init__(
+        self,
+        *,
+        default_rate: float = 1.0,
+        slack_s: float = 0.0,
+        smoothing: float = 0.2,
+        rate_window_s: float = 0.0,
+    ):
+        """``rate_window_s``: the shortest span a rate is measured over. Reads arrive in
+        bursts (a DataLoader worker's batch, read from the cache files in a millisecond,
+        moves the position by a batch at once): measured between two heartbeats of one
+        burst, a rate would be thousands of samples a second, the position extrapolated
+        far past the reads, and the files about to be read taken as read already,
+        evicted as soon as fetched (bench/train_stall.py fetched each file up to 12
+        times)."""
+        if default_rate <= 0 or slack_s < 0 or not 0 < smoothing <= 1 or rate_window_s < 0:
+            raise InvalidArgument(
+                "rate must be positive, slack and rate window non-negative, smoothing in (0, 1]"
+            )
         self.default_rate = default_rate
         self.slack_s = slack_s
         self._smoothing = smoothing
+        self._rate_window_s = rate_window_s
         self._jobs: dict[str, _Job] = {}
         self.version = 0
         """Bumped when a plan is published or ended: every next-use estimate may change."""
@@ -159,7 +183,8 @@ class Schedule:
             positions.setdefault(key, []).append(plan.start + offset)
         old = self._jobs.get(plan.job_id)
         rate = old.rate if old is not None else self.default_rate
-        self._jobs[plan.job_id] = _Job(plan, positions, float(plan.start), now, rate)
+        start = float(plan.start)
+        self._jobs[plan.job_id] = _Job(plan, positions, start, now, rate, (start, now))
         self.version += 1
 
     def heartbeat(self, job_id: str, position: int, now: float) -> None:
@@ -168,11 +193,22 @@ class Schedule:
         job = self._jobs.get(job_id)
         if job is None:
             return
-        if now > job.at and position > job.position:
-            measured = (position - job.position) / (now - job.at)
+        began, since = job.since
+        if position < began:  # a plan restarted behind: measure afresh from here
+            job.since = (float(position), now)
+        elif now - since >= self._rate_window_s and now > since and position > began:
+            measured = (position - began) / (now - since)
             job.rate += self._smoothing * (measured - job.rate)
+            job.since = (float(position), now)
         job.position = float(position)
         job.at = now
+
+    def issued(self, job_id: str, issued: int) -> None:
+        """Record that ``job_id``'s sampler has handed out ``issued`` samples (its reads
+        run behind that by what the data loader holds in flight)."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.issued = float(issued)
 
     def end(self, job_id: str) -> None:
         if self._jobs.pop(job_id, None) is not None:

@@ -69,7 +69,11 @@ class Authenticator(ABC):
         self._known: dict[str, tuple[Identity, float]] = {}
 
     async def __call__(self, request: web.Request) -> Principal:
-        header = request.headers.get("Authorization")
+        return await self.principal_of(request.headers.get("Authorization"))
+
+    async def principal_of(self, header: str | None) -> Principal:
+        """The caller an ``Authorization`` header (or none) stands for, over REST (an
+        HTTP request, or a local read the REST API announced: ``rest.local``)."""
         if header is None:
             if not self.anonymous:
                 raise AuthenticationFailed(

@@ -39,6 +39,7 @@ from ..errors import (
     Conflict,
     CorruptData,
     LoomError,
+    NotSupported,
     RangeNotSatisfiable,
 )
 from ..namespace.base import FeedNamespace, Reader, WriteTagsArg
@@ -522,6 +523,20 @@ class RestNamespace(FeedNamespace, ChunkLink):
 
     async def end_plan(self, job: str) -> None:
         (await self._request("POST", f"{wire.API}/plans/end", json={"job": job})).release()
+
+    @property
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header this client sends (None: the anonymous caller)."""
+        return self._headers.get("Authorization")
+
+    async def local_reads(self) -> dict[str, Any] | None:
+        """Where a spoke takes local reads (``rest.local``): its socket and token; None
+        where the site serves none (a hub, a spoke with ``[spoke] local_reads`` off)."""
+        try:
+            found: dict[str, Any] = await self._json("GET", f"{wire.API}/local")
+        except NotSupported:  # the route is missing: HTTP 404 without a loomfs error
+            return None
+        return found
 
     async def prefetch_report(self) -> dict[str, Any]:
         """The spoke prefetcher's metrics and active jobs."""

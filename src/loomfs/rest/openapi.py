@@ -339,6 +339,13 @@ def spec() -> dict[str, Any]:
                     requestBody=_json_body(["job"], job={"type": "string"}),
                 ),
             },
+            "/v1/local": {
+                "get": _op(
+                    "At a spoke: its local socket for reads from the cache files on this "
+                    "machine (rest.local), and the token the socket greets with",
+                    {"200": _json_ok({"type": "object"}, "socket (@: abstract) and token")},
+                ),
+            },
             "/openapi.json": {"get": _op("This document", {"200": _json_ok({"type": "object"})})},
             "/metrics": {"get": _op("Prometheus metrics", {"200": {"description": "text format"}})},
             "/healthz": {"get": _op("Liveness", {"200": _json_ok({"type": "object"})})},

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator
@@ -41,6 +42,9 @@ from ..core.streams import BUFFER_SIZE
 from ..core.types import SYSTEM, Entry, EntryKind
 from ..errors import AlreadyExists, InvalidPath, IsADirectory, LoomError, NotFound
 from ..rest.client import RestNamespace
+from .local import LocalReader
+
+log = logging.getLogger(__name__)
 
 PROTOCOL = "loomfs"
 WHO = SYSTEM  # the REST server decides who the caller is, from the credentials sent
@@ -118,6 +122,21 @@ class LoomFileSystem(AsyncFileSystem):  # type: ignore[misc]  # fsspec is untype
 
     def client(self, path: str) -> RestNamespace:
         return self.split(path)[2]
+
+    def local_reader(self, path: str) -> LocalReader | None:
+        """Reads of the site of ``path`` from its cache files (``sdk.local``) where it is
+        a spoke on this machine that takes them; else None: read over HTTP. Asked of
+        the site each time: a connection goes only to the socket it announces now."""
+        client = self.client(path)
+        try:
+            announced = self.call(client.local_reads())
+        except LoomError as exc:
+            log.info("no local reads from %s: %s", client.base_url, exc)
+            return None
+        if announced is None:
+            return None
+        reader = LocalReader(announced, client.authorization)
+        return reader if reader.connect() else None
 
     @staticmethod
     async def _details(site: str, client: RestNamespace, link: Entry) -> dict[str, Any]:

@@ -900,7 +900,7 @@ class _CacheSource(LocalFileSource):
     def __init__(
         self, fd: int, offset: int, length: int, path: str, release: Callable[[], None]
     ) -> None:
-        super().__init__(fd, offset, length, path)
+        super().__init__(fd, offset, length, path, fixed=True)
         self._release = release
 
     async def verify(self) -> None:

@@ -95,6 +95,7 @@ MIN_IN_FLIGHT = 4 << 20  # the window's floor, and where its startup begins
 WINDOW = 0.8  # of the cache's capacity, the most a plan's look-ahead spans
 TICK_S = 0.05  # longest the loop sleeps when nothing wakes it
 SLACK_S = 1.0  # how late a job may run before eviction stops counting on a read
+RATE_WINDOW_S = 0.25  # a job's read rate is measured over this much time at least
 PREDICT_WINDOW = 0.25  # of the cache's capacity, the most predicted bytes held unread
 ADMITTING = 64  # hub questions "may the reader read this cached file" in flight, at most
 RETRY_S = 1.0  # a prefetch that failed for a moment waits this long, then longer...
@@ -261,7 +262,7 @@ class Prefetcher:
         self.spoke = spoke
         self.cache: Cache = spoke.cache
         self.clock = clock
-        self.schedule = Schedule(default_rate=100.0, slack_s=SLACK_S)
+        self.schedule = Schedule(default_rate=100.0, slack_s=SLACK_S, rate_window_s=RATE_WINDOW_S)
         self.paths: list[str] = []
         self.key_of: dict[str, Key] = {}
         self.sizes: dict[Key, int] = {}
@@ -373,6 +374,7 @@ class Prefetcher:
         if job is None:
             return
         job.issued = position
+        self.schedule.issued(job_id, position)
         if job.read_to == job.start:
             self.schedule.heartbeat(job_id, position, self.clock())
         self._wake.set()
