@@ -19,13 +19,20 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import boto3
 import psycopg
 import pytest
+from aiohttp import web
+from botocore.client import Config as BotoConfig
+from botocore.exceptions import ClientError
+from mypy_boto3_s3 import S3Client
+from mypy_boto3_s3.type_defs import CompletedMultipartUploadTypeDef
 
 from loomfs import service
 from loomfs.config import Config
 from loomfs.core.catalog.postgres import PostgresCatalog
 from loomfs.core.types import SYSTEM
+from loomfs.core.users import AccessKey, UserRegistry
 from loomfs.errors import Conflict, NotFound, PermissionDenied
 from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
@@ -157,10 +164,12 @@ def test_the_history_checker_refuses_what_it_must(attempts: list[Attempt], ok: b
 
 
 def _hub_config(data_dir: Path, catalog_url: str) -> Config:
+    # one staging directory, as on storage the gateways share; the bucket "data" is /v
     return Config.model_validate(
         {"site": {"data_dir": str(data_dir)}, "audit": {"enabled": False},
-         "catalog": {"url": catalog_url},
-         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(data_dir.parent)]}}
+         "catalog": {"url": catalog_url}, "s3": {"buckets": {"data": "/v"}},
+         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(data_dir.parent)],
+                 "staging_dir": str(data_dir.parent / "staging")}}
     )  # fmt: skip
 
 
@@ -179,24 +188,33 @@ async def _follows(gateway: HubService, mount: str, *, mounted: bool) -> None:
 
 
 @contextlib.asynccontextmanager
+async def _gateways(
+    postgres: PostgresServer, tmp_path: Path, count: int
+) -> AsyncIterator[list[HubService]]:
+    """``count`` in-process gateways over one new database, with the volume /v, added
+    through the first once all run (the others mount it as the catalog tells them)."""
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    started: list[HubService] = []
+    try:
+        for name in "abc"[:count]:
+            started.append(HubService(_hub_config(tmp_path / name, url)))
+            await started[-1].start()
+        await started[0].add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        for other in started[1:]:
+            await _follows(other, "/v", mounted=True)
+        yield started
+    finally:
+        for gateway in reversed(started):
+            await gateway.stop()
+
+
+@contextlib.asynccontextmanager
 async def _two_gateways(
     postgres: PostgresServer, tmp_path: Path
 ) -> AsyncIterator[tuple[HubService, HubService]]:
-    """Two in-process gateways over one new database, with the volume /v, added through
-    the first once both run (the second mounts it as the catalog tells it)."""
-    url = postgres.create_database()
-    (tmp_path / "volume").mkdir()
-    first = HubService(_hub_config(tmp_path / "a", url))
-    second = HubService(_hub_config(tmp_path / "b", url))
-    await first.start()
-    try:
-        await second.start()
-        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
-        await _follows(second, "/v", mounted=True)
+    async with _gateways(postgres, tmp_path, 2) as (first, second):
         yield first, second
-    finally:
-        await second.stop()
-        await first.stop()
 
 
 async def test_a_volume_added_or_removed_through_one_gateway_is_followed_by_the_other(
@@ -411,3 +429,91 @@ async def test_a_commit_through_one_gateway_waits_for_a_spoke_leased_at_the_othe
         assert not writing.done(), "acknowledged before the leased spoke applied it"
         await first.feed("gpu-1", seq, 100, ack=seq)  # its next poll, at the first again
         assert (await writing).version > 0
+
+
+@contextlib.asynccontextmanager
+async def _s3_endpoints(gateways: list[HubService]) -> AsyncIterator[list[str]]:
+    """Each gateway's S3 listener, on a port of its own."""
+    runners = [web.AppRunner(gateway.s3_gateway().app()) for gateway in gateways]
+    try:
+        urls = []
+        for runner in runners:
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            urls.append(f"http://127.0.0.1:{port}")
+        yield urls
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def _s3_client(url: str, key: AccessKey) -> S3Client:
+    return boto3.client(
+        "s3", endpoint_url=url, region_name="us-east-1",
+        aws_access_key_id=key.access_key, aws_secret_access_key=key.secret,
+        config=BotoConfig(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+    )  # fmt: skip
+
+
+async def test_a_multipart_upload_goes_on_through_any_gateway(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    first_part, last_part = bytes(range(256)) * (5 << 12), b"the end"  # 5 MiB, then a tail
+    async with _gateways(postgres, tmp_path, 3) as gateways, _s3_endpoints(gateways) as urls:
+        users = UserRegistry(gateways[0].catalog)
+        await users.add_user("alice")
+        key = await users.add_access_key("alice")
+        a, b, c = (_s3_client(url, key) for url in urls)
+        made = await asyncio.to_thread(a.create_multipart_upload, Bucket="data", Key="big.bin")
+        upload = made["UploadId"]
+        # listed through another gateway before any part came
+        listed = await asyncio.to_thread(c.list_multipart_uploads, Bucket="data")
+        assert [u["UploadId"] for u in listed["Uploads"]] == [upload]
+        sent = [
+            await asyncio.to_thread(
+                client.upload_part, Bucket="data", Key="big.bin", UploadId=upload,
+                PartNumber=number, Body=body,
+            )
+            for client, number, body in [(b, 1, first_part), (a, 2, last_part)]
+        ]  # fmt: skip
+        shown = await asyncio.to_thread(c.list_parts, Bucket="data", Key="big.bin", UploadId=upload)
+        assert [(p["PartNumber"], p["Size"]) for p in shown["Parts"]] == [
+            (1, len(first_part)),
+            (2, len(last_part)),
+        ]
+        parts: CompletedMultipartUploadTypeDef = {
+            "Parts": [{"PartNumber": n, "ETag": s["ETag"]} for n, s in enumerate(sent, 1)]
+        }
+
+        def complete(client: S3Client) -> str:
+            done = client.complete_multipart_upload(
+                Bucket="data", Key="big.bin", UploadId=upload, MultipartUpload=parts
+            )
+            return done["ETag"]
+
+        etag = await asyncio.to_thread(complete, c)
+        assert etag.endswith('-2"')
+        # a repeated Complete (a lost reply) through yet another gateway: the same answer
+        assert await asyncio.to_thread(complete, b) == etag
+
+        def read() -> tuple[str, bytes]:
+            got = a.get_object(Bucket="data", Key="big.bin")
+            return got["ETag"], got["Body"].read()
+
+        assert await asyncio.to_thread(read) == (etag, first_part + last_part)
+        assert (tmp_path / "volume" / "big.bin").read_bytes() == first_part + last_part
+        assert list((tmp_path / "staging" / "s3-uploads").iterdir()) == []  # parts gone
+        assert (await asyncio.to_thread(b.list_multipart_uploads, Bucket="data")).get(
+            "Uploads", []
+        ) == []
+        # an upload aborted through one gateway is gone for the others
+        other = (await asyncio.to_thread(b.create_multipart_upload, Bucket="data", Key="x"))[
+            "UploadId"
+        ]
+        await asyncio.to_thread(c.abort_multipart_upload, Bucket="data", Key="x", UploadId=other)
+        with pytest.raises(ClientError, match="NoSuchUpload"):
+            await asyncio.to_thread(
+                a.upload_part, Bucket="data", Key="x", UploadId=other, PartNumber=1, Body=b"late"
+            )

@@ -84,6 +84,8 @@ TRUST_REFRESH = 2.0
 #: how often a gateway reads the volumes anyway, though no notice came (one lost with
 #: the listener's connection)
 VOLUMES_POLL = 5.0
+#: seconds after which a chunk staged in a shared [hub] staging_dir is surely abandoned
+STAGED_TTL_S = 86400.0
 HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change", registry=HUB)
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub", registry=HUB)
 
@@ -158,10 +160,12 @@ class HubService:
         self.expirer = Expirer(self.governed, self.catalog, config.hub.lifecycle_day)
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: S3 parts and uploaded chunks: on storage every gateway reaches, when set
+        self.staging_dir = config.hub.staging_dir or config.site.data_dir
         store_size = parse_size(config.hub.delta_store_size)
         self.chunks = HubChunks(
             self.namespace,
-            config.site.data_dir / "chunk-staging",
+            self.staging_dir / "chunk-staging",
             gate=self.governed,
             delta_store=DeltaStore(config.site.data_dir / "delta-store.db", store_size)
             if store_size
@@ -175,7 +179,9 @@ class HubService:
         if self.audit is not None:
             self.audit.start()
         await self.catalog.open()
-        self.chunks.clear_staging()  # chunks of uploads a stopped hub never committed
+        # chunks of uploads a stopped hub never committed; in a shared directory, other
+        # gateways' uploads may be under way: only those of a day ago are surely dead
+        self.chunks.clear_staging(STAGED_TTL_S if self.config.hub.staging_dir else None)
         volumes = await self.namespace.load_volumes()
         await self.namespace.recover()  # before any watcher or client: no write is under way
         VOLUMES.set(len(volumes))
@@ -381,7 +387,8 @@ class HubService:
             # a signed request per key lookup: remembered as long as ACL rules are
             UserRegistry(self.catalog, remember=acl.REFRESH),
             s3.buckets,
-            staging=self.config.site.data_dir / "s3-uploads",
+            staging=self.staging_dir / "s3-uploads",
+            uploads=self.catalog.upload_records(),
             region=s3.region,
             bucket_root=s3.bucket_root,
             anonymous=s3.anonymous,
