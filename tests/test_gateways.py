@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shutil
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -121,10 +123,10 @@ async def _hammer(urls: list[str], admin: tuple[str, str]) -> tuple[int, list[At
             await client.close()
 
 
-async def _content(url: str, admin: tuple[str, str]) -> tuple[int, bytes]:
+async def _content(url: str, admin: tuple[str, str], path: str = PATH) -> tuple[int, bytes]:
     client = RestNamespace(url, credentials=admin)
     try:
-        async with await client.read(WHO, PATH) as reader:
+        async with await client.read(WHO, path) as reader:
             return reader.entry.version, b"".join([chunk async for chunk in reader.chunks()])
     finally:
         await client.close()
@@ -517,3 +519,53 @@ async def test_a_multipart_upload_goes_on_through_any_gateway(
             await asyncio.to_thread(
                 a.upload_part, Bucket="data", Key="x", UploadId=other, PartNumber=1, Body=b"late"
             )
+
+
+def _scanned(gateway: HubProcess) -> float:
+    """The entries ``gateway``'s imports and rescans went through (its /metrics)."""
+    with urllib.request.urlopen(f"{gateway.url}/metrics") as response:
+        text = response.read().decode()
+    found = re.search(r"^loomfs_assimilated_entries_total (\S+)$", text, re.MULTILINE)
+    assert found is not None, "no loomfs_assimilated_entries_total in /metrics"
+    return float(found[1])
+
+
+async def _add_volume(url: str, admin: tuple[str, str], volume: str) -> None:
+    client = RestNamespace(url, credentials=admin)
+    try:
+        await client.add_volume("/v", volume)
+    finally:
+        await client.close()
+
+
+def _until(done: Callable[[], bool], what: str) -> None:
+    """Wait until ``done()`` (the test's own watchdog: a minute)."""
+    deadline = time.monotonic() + 60
+    while not done():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.05)
+
+
+def test_one_elected_gateway_rescans_and_another_takes_over_when_it_dies(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    env = {
+        "LOOMFS_CATALOG__URL": postgres.create_database(),
+        "LOOMFS_HUB__RESCAN_INTERVAL": "0.1",  # no watch: only a rescan finds new files
+        "LOOMFS_HUB__WATCH": "false",
+    }
+    with HubProcess(tmp_path / "a", env) as first:  # alone, so elected
+        admin = first.admin  # the shared catalog's: good at every gateway
+        asyncio.run(_add_volume(first.url, admin, f"posix://{volume}"))
+        with HubProcess(tmp_path / "b", env) as second:
+            (volume / "one.txt").write_bytes(b"one")
+            # the volume was empty at its import: only a rescan counts the new file
+            _until(lambda: _scanned(first) > 0, "rescanned by the elected gateway")
+            assert asyncio.run(_content(second.url, admin, "/v/one.txt"))[1] == b"one"
+            assert _scanned(second) == 0  # while the first lives, the second never scans
+            first.kill()  # kill -9: its session, and its hold on the election, end
+            (volume / "two.txt").write_bytes(b"two")
+            _until(lambda: _scanned(second) > 0, "rescanned by the next elected")
+            assert asyncio.run(_content(second.url, admin, "/v/two.txt"))[1] == b"two"

@@ -187,20 +187,12 @@ class HubService:
         VOLUMES.set(len(volumes))
         HEAD_SEQ.set(await self.catalog.head_seq())
         for volume in volumes:
-            if volume.state is VolumeState.IMPORTING:
-                log.info(
-                    "resuming import", extra={"mount": volume.mount, "after": volume.checkpoint}
-                )
-                self._spawn(self._logged_sync(volume.mount))
             await self._start_watcher(volume.mount)
-        if self.config.hub.rescan_interval > 0:
-            self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
+        self._spawn(self._elected_forever())
         if (notices := self.catalog.volume_notices()) is not None:
             self._spawn(self._follow_volumes_forever(notices))
         if isinstance(self.namespace.intents, SharedIntentLog) and self.config.hub.repair_interval:
             self._spawn(self._repair_forever(self.config.hub.repair_interval))
-        if self.config.hub.lifecycle_interval > 0:
-            self._spawn(self._expire_forever(self.config.hub.lifecycle_interval))
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -256,6 +248,40 @@ class HubService:
         HEAD_SEQ.set(await self.catalog.head_seq())
         log.info("scan done", extra={"scan": stats.as_dict()})
         return stats
+
+    async def _elected_forever(self) -> None:
+        """Once elected among the gateways over this catalog (at once for one hub), do
+        what is done once per cluster: resume the imports a stopped gateway left, rescan,
+        run the lifecycle rules; stop when no longer elected, and stand again."""
+        while True:
+            await self.catalog.elected()
+            log.info("elected to rescan and run the lifecycle rules")
+            duties: list[asyncio.Task[Any]] = []
+            try:
+                for volume in await self.catalog.volumes():
+                    if volume.state is VolumeState.IMPORTING:
+                        log.info(
+                            "resuming import",
+                            extra={"mount": volume.mount, "after": volume.checkpoint},
+                        )
+                        duties.append(asyncio.create_task(self._logged_sync(volume.mount)))
+            except LoomError as exc:  # the database is away: stand again
+                log.warning("could not read the volumes", extra={"error": str(exc)})
+            if self.config.hub.rescan_interval > 0:
+                duties.append(
+                    asyncio.create_task(self._rescan_forever(self.config.hub.rescan_interval))
+                )
+            if self.config.hub.lifecycle_interval > 0:
+                duties.append(
+                    asyncio.create_task(self._expire_forever(self.config.hub.lifecycle_interval))
+                )
+            try:
+                await self.catalog.unelected()
+            finally:
+                for duty in duties:
+                    duty.cancel()
+                await asyncio.gather(*duties, return_exceptions=True)
+            log.warning("no longer elected: stopped rescans and lifecycle runs")
 
     async def _rescan_forever(self, interval: float) -> None:
         while True:

@@ -275,6 +275,17 @@ class Catalog(ABC):
     def upload_records(self) -> UploadRecords:
         """The S3 multipart uploads kept in this catalog."""
 
+    async def elected(self) -> None:
+        """Return once this process is the one, of all sharing this catalog, that runs
+        the work done once per cluster (imports resumed, rescans, lifecycle rules). Here
+        at once: one process writes this catalog."""
+        return
+
+    async def unelected(self) -> None:
+        """Return once this process, ``elected``, is no longer (its hold on the election
+        lost). Here never."""
+        await asyncio.Event().wait()
+
     def intent_records(self) -> IntentRecords | None:
         """Where the changes under way are noted when several processes share this
         catalog. None here: one process writes it, and keeps its own (local) log."""
