@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
+import random
 import re
 import shutil
 import time
@@ -27,13 +30,18 @@ import pytest
 from aiohttp import web
 from botocore.client import Config as BotoConfig
 from botocore.exceptions import ClientError
+from click.testing import CliRunner
 from mypy_boto3_s3 import S3Client
 from mypy_boto3_s3.type_defs import CompletedMultipartUploadTypeDef
 
 from loomfs import service
+from loomfs.chunks.cdc import chunk_map_of
+from loomfs.chunks.codec import encode_chunk
+from loomfs.cli import main
 from loomfs.config import Config
-from loomfs.core.catalog.postgres import PostgresCatalog
-from loomfs.core.types import SYSTEM
+from loomfs.core.audit import AuditReader
+from loomfs.core.catalog.postgres import PostgresCatalog, gateway_lock_key
+from loomfs.core.types import SYSTEM, Entry
 from loomfs.core.users import AccessKey, UserRegistry
 from loomfs.errors import Conflict, NotFound, PermissionDenied
 from loomfs.rest.client import RestNamespace
@@ -165,10 +173,10 @@ def test_the_history_checker_refuses_what_it_must(attempts: list[Attempt], ok: b
             check_history(1, attempts)
 
 
-def _hub_config(data_dir: Path, catalog_url: str) -> Config:
+def _hub_config(data_dir: Path, catalog_url: str, *, audit: bool = False) -> Config:
     # one staging directory, as on storage the gateways share; the bucket "data" is /v
     return Config.model_validate(
-        {"site": {"data_dir": str(data_dir)}, "audit": {"enabled": False},
+        {"site": {"data_dir": str(data_dir)}, "audit": {"enabled": audit},
          "catalog": {"url": catalog_url}, "s3": {"buckets": {"data": "/v"}},
          "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(data_dir.parent)],
                  "staging_dir": str(data_dir.parent / "staging")}}
@@ -191,7 +199,7 @@ async def _follows(gateway: HubService, mount: str, *, mounted: bool) -> None:
 
 @contextlib.asynccontextmanager
 async def _gateways(
-    postgres: PostgresServer, tmp_path: Path, count: int
+    postgres: PostgresServer, tmp_path: Path, count: int, *, audit: bool = False
 ) -> AsyncIterator[list[HubService]]:
     """``count`` in-process gateways over one new database, with the volume /v, added
     through the first once all run (the others mount it as the catalog tells them)."""
@@ -200,7 +208,7 @@ async def _gateways(
     started: list[HubService] = []
     try:
         for name in "abc"[:count]:
-            started.append(HubService(_hub_config(tmp_path / name, url)))
+            started.append(HubService(_hub_config(tmp_path / name, url, audit=audit)))
             await started[-1].start()
         await started[0].add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
         for other in started[1:]:
@@ -459,9 +467,10 @@ def _s3_client(url: str, key: AccessKey) -> S3Client:
     )  # fmt: skip
 
 
-async def test_a_multipart_upload_goes_on_through_any_gateway(
-    postgres: PostgresServer, tmp_path: Path
-) -> None:
+async def test_uploads_go_on_through_any_gateway(postgres: PostgresServer, tmp_path: Path) -> None:
+    """An S3 multipart upload created through one gateway takes parts through another
+    and completes through a third; chunks a spoke uploads through one commit through
+    another (one staging directory, as on shared storage)."""
     first_part, last_part = bytes(range(256)) * (5 << 12), b"the end"  # 5 MiB, then a tail
     async with _gateways(postgres, tmp_path, 3) as gateways, _s3_endpoints(gateways) as urls:
         users = UserRegistry(gateways[0].catalog)
@@ -519,6 +528,19 @@ async def test_a_multipart_upload_goes_on_through_any_gateway(
             await asyncio.to_thread(
                 a.upload_part, Bucket="data", Key="x", UploadId=other, PartNumber=1, Body=b"late"
             )
+        # chunks staged through the first, committed through the second
+        data = random.Random(7).randbytes(3 << 20)
+        cmap = chunk_map_of(io.BytesIO(data))
+
+        async def frames() -> AsyncIterator[tuple[bytes, bytes]]:
+            for piece in cmap:
+                raw = data[piece.offset : piece.offset + piece.length]
+                yield piece.id, encode_chunk(raw)
+
+        assert await gateways[0].chunks.receive(frames()) == len(cmap)
+        made = await gateways[1].chunks.commit(SYSTEM, "/v/chunked.bin", cmap)
+        assert made.size == len(data)
+        assert (tmp_path / "volume" / "chunked.bin").read_bytes() == data
 
 
 def _scanned(gateway: HubProcess) -> float:
@@ -569,3 +591,118 @@ def test_one_elected_gateway_rescans_and_another_takes_over_when_it_dies(
             (volume / "two.txt").write_bytes(b"two")
             _until(lambda: _scanned(second) > 0, "rescanned by the next elected")
             assert asyncio.run(_content(second.url, admin, "/v/two.txt"))[1] == b"two"
+
+
+def _cut_lock_session(url: str) -> None:
+    """End the session holding the liveness lock of the gateway with intent records
+    under way, as a broken connection ends it, with that gateway still running."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT owner FROM intents").fetchone()
+        assert row is not None, "no change under way"
+        key = gateway_lock_key(row[0])
+        held = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = %s AND objid = %s",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchone()
+        assert held is not None, "its liveness lock is not held"
+        conn.execute("SELECT pg_terminate_backend(%s)", (held[0],))
+
+
+async def _session_cut_mid_commit(
+    cut: HubProcess, other: HubProcess, at: Path, catalog: str
+) -> None:
+    admin = other.admin
+    to_cut = RestNamespace(cut.url, credentials=admin)
+    to_other = RestNamespace(other.url, credentials=admin)
+    try:
+        await to_other.write(WHO, "/v/f.txt", _body(b"old"))
+        writing = asyncio.ensure_future(
+            to_cut.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
+        )
+        await stages.reached(at, KILLED_AT, writing)
+        await asyncio.to_thread(_cut_lock_session, catalog)
+        # the other takes the cut one for gone and repairs the change in flight
+        assert await asyncio.to_thread(_repaired, catalog), "never repaired"
+        # its path lock lapsed with the session: a writer through the other gets it
+        theirs = await to_other.write(WHO, "/v/f.txt", _body(b"theirs"))
+        Path(f"{at}.go").write_text("")  # and the cut one's write goes on
+        try:
+            mine: Entry | None = await writing
+        except Conflict:  # refused: its version check was made before theirs
+            mine = None
+        on_disk = (cut.data_dir.parent / "volume" / "f.txt").read_bytes()
+        for client in (to_cut, to_other):  # both gateways serve what the volume holds
+            async with await client.read(WHO, "/v/f.txt") as reader:
+                served = b"".join([chunk async for chunk in reader.chunks()])
+                version = reader.entry.version
+            assert served == on_disk, "the catalog and the volume disagree"
+        # the last write acknowledged is what they hold (on the old code, the cut one's
+        # undo put the old bytes back over theirs: an acknowledged write lost)
+        last = b"theirs" if mine is None or mine.version < theirs.version else b"new bytes"
+        assert on_disk == last, (on_disk, mine, theirs)
+        assert version >= theirs.version
+    finally:
+        await to_cut.close()
+        await to_other.close()
+
+
+def test_a_gateway_whose_lock_session_is_cut_mid_commit_stays_consistent(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The adversary's route: the lock session of a gateway that lives ends (a broken
+    connection), so another gateway takes it for gone and repairs its change in flight,
+    and a writer through the other takes the path lock it lost; then the change goes on.
+    The catalog and the volume must still agree, and hold the last acknowledged write."""
+    (tmp_path / "volume").mkdir()
+    catalog = postgres.create_database()
+    env = {
+        "LOOMFS_CATALOG__URL": catalog,
+        "LOOMFS_HUB__RESCAN_INTERVAL": "0",  # only the repair can make the two agree
+        "LOOMFS_HUB__WATCH": "false",
+        "LOOMFS_HUB__REPAIR_INTERVAL": "0.1",
+    }
+    paused, at = stages.pausing(tmp_path, KILLED_AT)
+    with HubProcess(tmp_path / "b", env) as other:
+        asyncio.run(_add_volume(other.url, other.admin, f"posix://{tmp_path / 'volume'}"))
+        with HubProcess(tmp_path / "a", {**env, **paused}) as cut:
+            asyncio.run(_session_cut_mid_commit(cut, other, at, catalog))
+
+
+async def test_each_gateway_keeps_a_chain_that_verifies_and_queries_merge_them(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    alice = replace(SYSTEM, user="alice", protocol="rest")
+    async with _gateways(postgres, tmp_path, 2, audit=True) as gateways:
+        await asyncio.gather(
+            *(
+                gateway.governed.write(alice, f"/v/{name}{n}", _body(b"x"))
+                for name, gateway in zip("ab", gateways, strict=True)
+                for n in range(10)
+            )
+        )
+    # stopped: every record written; each gateway's chain whole on its own
+    dirs = [str(tmp_path / name / "audit") for name in "ab"]
+    for directory in dirs:
+        assert AuditReader(Path(directory)).verify().ok
+    cli = CliRunner()
+    env = {"LOOMFS_SITE__DATA_DIR": str(tmp_path / "a"), "LOOMFS_CONFIG": ""}
+    verified = cli.invoke(main, ["audit", "verify", "--dir", dirs[0], "--dir", dirs[1]], env=env)
+    assert verified.exit_code == 0, verified.output
+    assert verified.output.count("ok ") == 2
+    queried = cli.invoke(
+        main,
+        ["audit", "query", "--user", "alice", "--op", "write", "--json",
+         "--dir", dirs[0], "--dir", dirs[1]],
+        env=env,
+    )  # fmt: skip
+    assert queried.exit_code == 0, queried.output
+    lines = [json.loads(line) for line in queried.output.splitlines()]
+    # both gateways' writes, in time order across the chains, each naming its chain
+    assert sorted(line["path"] for line in lines) == sorted(
+        f"/v/{name}{n}" for name in "ab" for n in range(10)
+    )
+    assert {line["chain"] for line in lines if line["path"].startswith("/v/a")} == {dirs[0]}
+    assert {line["chain"] for line in lines if line["path"].startswith("/v/b")} == {dirs[1]}
+    times = [line["time_ns"] for line in lines]
+    assert times == sorted(times)
