@@ -542,8 +542,8 @@ async def test_uploads_go_on_through_any_gateway(postgres: PostgresServer, tmp_p
                 yield piece.id, encode_chunk(raw)
 
         assert await gateways[0].chunks.receive(frames()) == len(cmap)
-        made = await gateways[1].chunks.commit(SYSTEM, "/v/chunked.bin", cmap)
-        assert made.size == len(data)
+        chunked = await gateways[1].chunks.commit(SYSTEM, "/v/chunked.bin", cmap)
+        assert chunked.size == len(data)
         assert (tmp_path / "volume" / "chunked.bin").read_bytes() == data
 
 
