@@ -113,7 +113,13 @@ async def world(tmp: Path) -> AsyncIterator[World]:
         rest = RestServer(
             hub.governed, hub, authenticate=hub.authenticator(), governance=hub.governed
         )
-        gateway = S3Gateway(hub.governed, users, {"vol": "/vol"}, staging=tmp / "s3-staging")
+        gateway = S3Gateway(
+            hub.governed,
+            users,
+            {"vol": "/vol"},
+            staging=tmp / "s3-staging",
+            uploads=hub.catalog.upload_records(),
+        )
         async with serving(rest.app()) as rest_url, serving(gateway.app()) as s3_url:
             yield World(env, keys, rest_url, s3_url)
 

@@ -364,7 +364,11 @@ async def rest_protocol(g: Governed, tmp: Path) -> AsyncIterator[Actor]:
 async def s3_protocol(g: Governed, tmp: Path) -> AsyncIterator[Actor]:
     hub = g.env.hub
     gateway = S3Gateway(
-        hub.governed, UserRegistry(hub.catalog), {"vol": "/vol"}, staging=tmp / "s3-staging"
+        hub.governed,
+        UserRegistry(hub.catalog),
+        {"vol": "/vol"},
+        staging=tmp / "s3-staging",
+        uploads=hub.catalog.upload_records(),
     )
     async with serving(gateway.app()) as url:
         yield s3_actor(url, g.keys)

@@ -7,25 +7,46 @@ kill -9 in the middle of a commit is repaired by the other from the intent recor
 database: the volume and the catalog agree again, on the old state or the new. A spoke
 given both gateways' URLs keeps reading and writing when one of them is killed; a write
 lease taken through one is honoured by the other. A volume added or removed through one
-gateway is mounted or unmounted by the other as it commits, without a restart."""
+gateway is mounted or unmounted by the other as it commits, without a restart. S3
+multipart uploads and chunk uploads go on through any gateway; only the elected gateway
+rescans, and another takes over when it is killed; a gateway whose lock session is cut
+mid-commit leaves the volume and the catalog agreeing; each gateway's audit chain
+verifies, and queries merge them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
+import random
+import re
 import shutil
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import boto3
 import psycopg
 import pytest
+from aiohttp import web
+from botocore.client import Config as BotoConfig
+from botocore.exceptions import ClientError
+from click.testing import CliRunner
+from mypy_boto3_s3 import S3Client
+from mypy_boto3_s3.type_defs import CompletedMultipartUploadTypeDef
 
 from loomfs import service
+from loomfs.chunks.cdc import chunk_map_of
+from loomfs.chunks.codec import encode_chunk
+from loomfs.cli import main
 from loomfs.config import Config
-from loomfs.core.catalog.postgres import PostgresCatalog
-from loomfs.core.types import SYSTEM
+from loomfs.core.audit import AuditReader
+from loomfs.core.catalog.postgres import PostgresCatalog, gateway_lock_key
+from loomfs.core.types import SYSTEM, Entry
+from loomfs.core.users import AccessKey, UserRegistry
 from loomfs.errors import Conflict, NotFound, PermissionDenied
 from loomfs.rest.client import RestNamespace
 from loomfs.service import HubService
@@ -114,10 +135,10 @@ async def _hammer(urls: list[str], admin: tuple[str, str]) -> tuple[int, list[At
             await client.close()
 
 
-async def _content(url: str, admin: tuple[str, str]) -> tuple[int, bytes]:
+async def _content(url: str, admin: tuple[str, str], path: str = PATH) -> tuple[int, bytes]:
     client = RestNamespace(url, credentials=admin)
     try:
-        async with await client.read(WHO, PATH) as reader:
+        async with await client.read(WHO, path) as reader:
             return reader.entry.version, b"".join([chunk async for chunk in reader.chunks()])
     finally:
         await client.close()
@@ -156,11 +177,13 @@ def test_the_history_checker_refuses_what_it_must(attempts: list[Attempt], ok: b
             check_history(1, attempts)
 
 
-def _hub_config(data_dir: Path, catalog_url: str) -> Config:
+def _hub_config(data_dir: Path, catalog_url: str, *, audit: bool = False) -> Config:
+    # one staging directory, as on storage the gateways share; the bucket "data" is /v
     return Config.model_validate(
-        {"site": {"data_dir": str(data_dir)}, "audit": {"enabled": False},
-         "catalog": {"url": catalog_url},
-         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(data_dir.parent)]}}
+        {"site": {"data_dir": str(data_dir)}, "audit": {"enabled": audit},
+         "catalog": {"url": catalog_url}, "s3": {"buckets": {"data": "/v"}},
+         "hub": {"rescan_interval": 0, "watch": False, "volume_roots": [str(data_dir.parent)],
+                 "staging_dir": str(data_dir.parent / "staging")}}
     )  # fmt: skip
 
 
@@ -179,24 +202,33 @@ async def _follows(gateway: HubService, mount: str, *, mounted: bool) -> None:
 
 
 @contextlib.asynccontextmanager
+async def _gateways(
+    postgres: PostgresServer, tmp_path: Path, count: int, *, audit: bool = False
+) -> AsyncIterator[list[HubService]]:
+    """``count`` in-process gateways over one new database, with the volume /v, added
+    through the first once all run (the others mount it as the catalog tells them)."""
+    url = postgres.create_database()
+    (tmp_path / "volume").mkdir()
+    started: list[HubService] = []
+    try:
+        for name in "abc"[:count]:
+            started.append(HubService(_hub_config(tmp_path / name, url, audit=audit)))
+            await started[-1].start()
+        await started[0].add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
+        for other in started[1:]:
+            await _follows(other, "/v", mounted=True)
+        yield started
+    finally:
+        for gateway in reversed(started):
+            await gateway.stop()
+
+
+@contextlib.asynccontextmanager
 async def _two_gateways(
     postgres: PostgresServer, tmp_path: Path
 ) -> AsyncIterator[tuple[HubService, HubService]]:
-    """Two in-process gateways over one new database, with the volume /v, added through
-    the first once both run (the second mounts it as the catalog tells it)."""
-    url = postgres.create_database()
-    (tmp_path / "volume").mkdir()
-    first = HubService(_hub_config(tmp_path / "a", url))
-    second = HubService(_hub_config(tmp_path / "b", url))
-    await first.start()
-    try:
-        await second.start()
-        await first.add_volume("/v", f"posix://{tmp_path / 'volume'}", lambda _: None)
-        await _follows(second, "/v", mounted=True)
+    async with _gateways(postgres, tmp_path, 2) as (first, second):
         yield first, second
-    finally:
-        await second.stop()
-        await first.stop()
 
 
 async def test_a_volume_added_or_removed_through_one_gateway_is_followed_by_the_other(
@@ -411,3 +443,257 @@ async def test_a_commit_through_one_gateway_waits_for_a_spoke_leased_at_the_othe
         assert not writing.done(), "acknowledged before the leased spoke applied it"
         await first.feed("gpu-1", seq, 100, ack=seq)  # its next poll, at the first again
         assert (await writing).version > 0
+
+
+@contextlib.asynccontextmanager
+async def _s3_endpoints(gateways: list[HubService]) -> AsyncIterator[list[str]]:
+    """Each gateway's S3 listener, on a port of its own."""
+    runners = [web.AppRunner(gateway.s3_gateway().app()) for gateway in gateways]
+    try:
+        urls = []
+        for runner in runners:
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            urls.append(f"http://127.0.0.1:{port}")
+        yield urls
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def _s3_client(url: str, key: AccessKey) -> S3Client:
+    return boto3.client(
+        "s3", endpoint_url=url, region_name="us-east-1",
+        aws_access_key_id=key.access_key, aws_secret_access_key=key.secret,
+        config=BotoConfig(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+    )  # fmt: skip
+
+
+async def test_uploads_go_on_through_any_gateway(postgres: PostgresServer, tmp_path: Path) -> None:
+    """An S3 multipart upload created through one gateway takes parts through another
+    and completes through a third; chunks a spoke uploads through one commit through
+    another (one staging directory, as on shared storage)."""
+    first_part, last_part = bytes(range(256)) * (5 << 12), b"the end"  # 5 MiB, then a tail
+    async with _gateways(postgres, tmp_path, 3) as gateways, _s3_endpoints(gateways) as urls:
+        users = UserRegistry(gateways[0].catalog)
+        await users.add_user("alice")
+        key = await users.add_access_key("alice")
+        a, b, c = (_s3_client(url, key) for url in urls)
+        made = await asyncio.to_thread(a.create_multipart_upload, Bucket="data", Key="big.bin")
+        upload = made["UploadId"]
+        # listed through another gateway before any part came
+        listed = await asyncio.to_thread(c.list_multipart_uploads, Bucket="data")
+        assert [u["UploadId"] for u in listed["Uploads"]] == [upload]
+        sent = [
+            await asyncio.to_thread(
+                client.upload_part, Bucket="data", Key="big.bin", UploadId=upload,
+                PartNumber=number, Body=body,
+            )
+            for client, number, body in [(b, 1, first_part), (a, 2, last_part)]
+        ]  # fmt: skip
+        shown = await asyncio.to_thread(c.list_parts, Bucket="data", Key="big.bin", UploadId=upload)
+        assert [(p["PartNumber"], p["Size"]) for p in shown["Parts"]] == [
+            (1, len(first_part)),
+            (2, len(last_part)),
+        ]
+        parts: CompletedMultipartUploadTypeDef = {
+            "Parts": [{"PartNumber": n, "ETag": s["ETag"]} for n, s in enumerate(sent, 1)]
+        }
+
+        def complete(client: S3Client) -> str:
+            done = client.complete_multipart_upload(
+                Bucket="data", Key="big.bin", UploadId=upload, MultipartUpload=parts
+            )
+            return done["ETag"]
+
+        etag = await asyncio.to_thread(complete, c)
+        assert etag.endswith('-2"')
+        # a repeated Complete (a lost reply) through yet another gateway: the same answer
+        assert await asyncio.to_thread(complete, b) == etag
+
+        def read() -> tuple[str, bytes]:
+            got = a.get_object(Bucket="data", Key="big.bin")
+            return got["ETag"], got["Body"].read()
+
+        assert await asyncio.to_thread(read) == (etag, first_part + last_part)
+        assert (tmp_path / "volume" / "big.bin").read_bytes() == first_part + last_part
+        assert list((tmp_path / "staging" / "s3-uploads").iterdir()) == []  # parts gone
+        assert (await asyncio.to_thread(b.list_multipart_uploads, Bucket="data")).get(
+            "Uploads", []
+        ) == []
+        # an upload aborted through one gateway is gone for the others
+        other = (await asyncio.to_thread(b.create_multipart_upload, Bucket="data", Key="x"))[
+            "UploadId"
+        ]
+        await asyncio.to_thread(c.abort_multipart_upload, Bucket="data", Key="x", UploadId=other)
+        with pytest.raises(ClientError, match="NoSuchUpload"):
+            await asyncio.to_thread(
+                a.upload_part, Bucket="data", Key="x", UploadId=other, PartNumber=1, Body=b"late"
+            )
+        # chunks staged through the first, committed through the second
+        data = random.Random(7).randbytes(3 << 20)
+        cmap = chunk_map_of(io.BytesIO(data))
+
+        async def frames() -> AsyncIterator[tuple[bytes, bytes]]:
+            for piece in cmap:
+                raw = data[piece.offset : piece.offset + piece.length]
+                yield piece.id, encode_chunk(raw)
+
+        assert await gateways[0].chunks.receive(frames()) == len(cmap)
+        chunked = await gateways[1].chunks.commit(SYSTEM, "/v/chunked.bin", cmap)
+        assert chunked.size == len(data)
+        assert (tmp_path / "volume" / "chunked.bin").read_bytes() == data
+
+
+def _scanned(gateway: HubProcess) -> float:
+    """The entries ``gateway``'s imports and rescans went through (its /metrics)."""
+    with urllib.request.urlopen(f"{gateway.url}/metrics") as response:
+        text = response.read().decode()
+    found = re.search(r"^loomfs_assimilated_entries_total (\S+)$", text, re.MULTILINE)
+    assert found is not None, "no loomfs_assimilated_entries_total in /metrics"
+    return float(found[1])
+
+
+async def _add_volume(url: str, admin: tuple[str, str], volume: str) -> None:
+    client = RestNamespace(url, credentials=admin)
+    try:
+        await client.add_volume("/v", volume)
+    finally:
+        await client.close()
+
+
+def _until(done: Callable[[], bool], what: str) -> None:
+    """Wait until ``done()`` (the test's own watchdog: a minute)."""
+    deadline = time.monotonic() + 60
+    while not done():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.05)
+
+
+def _cut_lock_session(url: str) -> None:
+    """End the session holding the liveness lock of the gateway with intent records
+    under way, as a broken connection ends it, with that gateway still running."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT owner FROM intents").fetchone()
+        assert row is not None, "no change under way"
+        key = gateway_lock_key(row[0])
+        held = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = %s AND objid = %s",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchone()
+        assert held is not None, "its liveness lock is not held"
+        conn.execute("SELECT pg_terminate_backend(%s)", (held[0],))
+
+
+async def _session_cut_mid_commit(
+    cut: HubProcess, other: HubProcess, at: Path, catalog: str
+) -> None:
+    admin = other.admin
+    to_cut = RestNamespace(cut.url, credentials=admin)
+    to_other = RestNamespace(other.url, credentials=admin)
+    try:
+        await to_other.write(WHO, "/v/f.txt", _body(b"old"))
+        writing = asyncio.ensure_future(
+            to_cut.write(WHO, "/v/f.txt", _body(b"new bytes"), write_id="w1")
+        )
+        await stages.reached(at, KILLED_AT, writing)
+        await asyncio.to_thread(_cut_lock_session, catalog)
+        # the other takes the cut one for gone and repairs the change in flight
+        assert await asyncio.to_thread(_repaired, catalog), "never repaired"
+        # its path lock lapsed with the session: a writer through the other gets it
+        theirs = await to_other.write(WHO, "/v/f.txt", _body(b"theirs"))
+        Path(f"{at}.go").write_text("")  # and the cut one's write goes on
+        try:
+            mine: Entry | None = await writing
+        except Conflict:  # refused: its version check was made before theirs
+            mine = None
+        on_disk = (cut.data_dir.parent / "volume" / "f.txt").read_bytes()
+        for client in (to_cut, to_other):  # both gateways serve what the volume holds
+            async with await client.read(WHO, "/v/f.txt") as reader:
+                served = b"".join([chunk async for chunk in reader.chunks()])
+                version = reader.entry.version
+            assert served == on_disk, "the catalog and the volume disagree"
+        # the last write acknowledged is what they hold (on the old code, the cut one's
+        # undo put the old bytes back over theirs: an acknowledged write lost)
+        last = b"theirs" if mine is None or mine.version < theirs.version else b"new bytes"
+        assert on_disk == last, (on_disk, mine, theirs)
+        assert version >= theirs.version
+    finally:
+        await to_cut.close()
+        await to_other.close()
+
+
+def test_a_cut_lock_session_stays_consistent_and_the_elected_gateway_is_replaced(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """The adversary's route: the lock session of a gateway that lives ends (a broken
+    connection), so another gateway takes it for gone and repairs its change in flight,
+    and a writer through the other takes the path lock it lost; then the change goes on.
+    The catalog and the volume must still agree, and hold the last acknowledged write.
+    Then (the same two processes, to spare two starts) the elected gateway, the only one
+    that rescans, is killed with kill -9, and the other is elected and rescans."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    catalog = postgres.create_database()
+    env = {
+        "LOOMFS_CATALOG__URL": catalog,
+        "LOOMFS_HUB__RESCAN_INTERVAL": "0.1",  # no watch: only a rescan finds new files
+        "LOOMFS_HUB__WATCH": "false",
+        "LOOMFS_HUB__REPAIR_INTERVAL": "0.1",
+    }
+    paused, at = stages.pausing(tmp_path, KILLED_AT)
+    with HubProcess(tmp_path / "b", env) as other:  # alone, so elected
+        admin = other.admin  # the shared catalog's: good at every gateway
+        asyncio.run(_add_volume(other.url, admin, f"posix://{volume}"))
+        with HubProcess(tmp_path / "a", {**env, **paused}) as cut:
+            asyncio.run(_session_cut_mid_commit(cut, other, at, catalog))
+            (volume / "one.txt").write_bytes(b"one")
+            # the volume was empty at its import: only a rescan counts a new file
+            _until(lambda: _scanned(other) > 0, "rescanned by the elected gateway")
+            assert _scanned(cut) == 0  # while the elected one lives, the other never scans
+            other.kill()  # kill -9: its session, and its hold on the election, end
+            (volume / "new.txt").write_bytes(b"new")
+            _until(lambda: _scanned(cut) > 0, "rescanned by the next elected")
+            assert asyncio.run(_content(cut.url, admin, "/v/new.txt"))[1] == b"new"
+
+
+async def test_each_gateway_keeps_a_chain_that_verifies_and_queries_merge_them(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    alice = replace(SYSTEM, user="alice", protocol="rest")
+    async with _gateways(postgres, tmp_path, 2, audit=True) as gateways:
+        await asyncio.gather(
+            *(
+                gateway.governed.write(alice, f"/v/{name}{n}", _body(b"x"))
+                for name, gateway in zip("ab", gateways, strict=True)
+                for n in range(10)
+            )
+        )
+    # stopped: every record written; each gateway's chain whole on its own
+    dirs = [str(tmp_path / name / "audit") for name in "ab"]
+    for directory in dirs:
+        assert AuditReader(Path(directory)).verify().ok
+    cli = CliRunner()
+    env = {"LOOMFS_SITE__DATA_DIR": str(tmp_path / "a"), "LOOMFS_CONFIG": ""}
+    verified = cli.invoke(main, ["audit", "verify", "--dir", dirs[0], "--dir", dirs[1]], env=env)
+    assert verified.exit_code == 0, verified.output
+    assert verified.output.count("ok ") == 2
+    queried = cli.invoke(
+        main,
+        ["audit", "query", "--user", "alice", "--op", "write", "--json",
+         "--dir", dirs[0], "--dir", dirs[1]],
+        env=env,
+    )  # fmt: skip
+    assert queried.exit_code == 0, queried.output
+    lines = [json.loads(line) for line in queried.output.splitlines()]
+    # both gateways' writes, in time order across the chains, each naming its chain
+    assert sorted(line["path"] for line in lines) == sorted(
+        f"/v/{name}{n}" for name in "ab" for n in range(10)
+    )
+    assert {line["chain"] for line in lines if line["path"].startswith("/v/a")} == {dirs[0]}
+    assert {line["chain"] for line in lines if line["path"].startswith("/v/b")} == {dirs[1]}
+    times = [line["time_ns"] for line in lines]
+    assert times == sorted(times)

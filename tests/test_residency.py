@@ -186,6 +186,7 @@ async def _copy_as_spoke_user(env: Fabric, src: str, dst: str) -> str:
         users,
         {"vol": "/vol"},
         staging=env.tmp / "s3-staging",
+        uploads=env.hub.catalog.upload_records(),
         site=US,
     )
     runner = web.AppRunner(gateway.app())

@@ -110,6 +110,7 @@ class Gateway:
             self.users,
             {"data": "/data"},
             staging=self.tmp / "staging",
+            uploads=self.catalog.upload_records(),
             region=REGION,
             bucket_root="/data/buckets",
             anonymous=self.governed,

@@ -103,6 +103,10 @@ class HubSection(TlsSettings):
     #: them (after '..' and symlinks are resolved); none (the default): no posix volume
     #: can be added. In the environment, joined by ':' (LOOMFS_HUB__VOLUME_ROOTS=/a:/b)
     volume_roots: list[Path] = []
+    #: where S3 multipart parts and uploaded chunks wait for their commit; several
+    #: gateways over one catalog give it one directory on storage they all reach, so an
+    #: upload may go on through any of them. None: <data_dir>, this gateway's alone
+    staging_dir: Path | None = None
 
     _roots = field_validator("volume_roots", mode="before")(_joined)
 

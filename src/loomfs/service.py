@@ -85,6 +85,8 @@ TRUST_REFRESH = 2.0
 #: how often a gateway reads the volumes anyway, though no notice came (one lost with
 #: the listener's connection)
 VOLUMES_POLL = 5.0
+#: seconds after which a chunk staged in a shared [hub] staging_dir is surely abandoned
+STAGED_TTL_S = 86400.0
 HEAD_SEQ = Gauge("loomfs_change_log_head", "Sequence number of the newest change", registry=HUB)
 VOLUMES = Gauge("loomfs_volumes", "Volumes attached to this hub", registry=HUB)
 
@@ -162,10 +164,12 @@ class HubService:
         self.expirer = Expirer(self.governed, self.catalog, config.hub.lifecycle_day)
         self._watchers: dict[str, PosixWatcher] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: S3 parts and uploaded chunks: on storage every gateway reaches, when set
+        self.staging_dir = config.hub.staging_dir or config.site.data_dir
         store_size = parse_size(config.hub.delta_store_size)
         self.chunks = HubChunks(
             self.namespace,
-            config.site.data_dir / "chunk-staging",
+            self.staging_dir / "chunk-staging",
             gate=self.governed,
             delta_store=DeltaStore(config.site.data_dir / "delta-store.db", store_size)
             if store_size
@@ -179,26 +183,20 @@ class HubService:
         if self.audit is not None:
             self.audit.start()
         await self.catalog.open()
-        self.chunks.clear_staging()  # chunks of uploads a stopped hub never committed
+        # chunks of uploads a stopped hub never committed; in a shared directory, other
+        # gateways' uploads may be under way: only those of a day ago are surely dead
+        self.chunks.clear_staging(STAGED_TTL_S if self.config.hub.staging_dir else None)
         volumes = await self.namespace.load_volumes()
         await self.namespace.recover()  # before any watcher or client: no write is under way
         VOLUMES.set(len(volumes))
         HEAD_SEQ.set(await self.catalog.head_seq())
         for volume in volumes:
-            if volume.state is VolumeState.IMPORTING:
-                log.info(
-                    "resuming import", extra={"mount": volume.mount, "after": volume.checkpoint}
-                )
-                self._spawn(self._logged_sync(volume.mount))
             await self._start_watcher(volume.mount)
-        if self.config.hub.rescan_interval > 0:
-            self._spawn(self._rescan_forever(self.config.hub.rescan_interval))
+        self._spawn(self._elected_forever())
         if (notices := self.catalog.volume_notices()) is not None:
             self._spawn(self._follow_volumes_forever(notices))
         if isinstance(self.namespace.intents, SharedIntentLog) and self.config.hub.repair_interval:
             self._spawn(self._repair_forever(self.config.hub.repair_interval))
-        if self.config.hub.lifecycle_interval > 0:
-            self._spawn(self._expire_forever(self.config.hub.lifecycle_interval))
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -254,6 +252,40 @@ class HubService:
         HEAD_SEQ.set(await self.catalog.head_seq())
         log.info("scan done", extra={"scan": stats.as_dict()})
         return stats
+
+    async def _elected_forever(self) -> None:
+        """Once elected among the gateways over this catalog (at once for one hub), do
+        what is done once per cluster: resume the imports a stopped gateway left, rescan,
+        run the lifecycle rules; stop when no longer elected, and stand again."""
+        while True:
+            await self.catalog.elected()
+            log.info("elected to rescan and run the lifecycle rules")
+            duties: list[asyncio.Task[Any]] = []
+            try:
+                for volume in await self.catalog.volumes():
+                    if volume.state is VolumeState.IMPORTING:
+                        log.info(
+                            "resuming import",
+                            extra={"mount": volume.mount, "after": volume.checkpoint},
+                        )
+                        duties.append(asyncio.create_task(self._logged_sync(volume.mount)))
+            except LoomError as exc:  # the database is away: stand again
+                log.warning("could not read the volumes", extra={"error": str(exc)})
+            if self.config.hub.rescan_interval > 0:
+                duties.append(
+                    asyncio.create_task(self._rescan_forever(self.config.hub.rescan_interval))
+                )
+            if self.config.hub.lifecycle_interval > 0:
+                duties.append(
+                    asyncio.create_task(self._expire_forever(self.config.hub.lifecycle_interval))
+                )
+            try:
+                await self.catalog.unelected()
+            finally:
+                for duty in duties:
+                    duty.cancel()
+                await asyncio.gather(*duties, return_exceptions=True)
+            log.warning("no longer elected: stopped rescans and lifecycle runs")
 
     async def _rescan_forever(self, interval: float) -> None:
         while True:
@@ -385,7 +417,8 @@ class HubService:
             # a signed request per key lookup: remembered as long as ACL rules are
             UserRegistry(self.catalog, remember=acl.REFRESH),
             s3.buckets,
-            staging=self.config.site.data_dir / "s3-uploads",
+            staging=self.staging_dir / "s3-uploads",
+            uploads=self.catalog.upload_records(),
             region=s3.region,
             bucket_root=s3.bucket_root,
             anonymous=s3.anonymous,

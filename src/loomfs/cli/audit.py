@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -48,13 +49,32 @@ def _instant(text: str | None) -> int | None:
 
 def _audit_reader(ctx: click.Context) -> AuditReader:
     """The audit directory of this site, from the config: audit commands run on the hub."""
+    state: State = ctx.find_object(State)  # type: ignore[assignment]
+    return _audit_readers(ctx, (state.config.audit_dir,))[0]
+
+
+def _audit_readers(ctx: click.Context, dirs: tuple[Path, ...]) -> list[AuditReader]:
+    """A reader of each audit directory named (each gateway of a hub writes its own
+    chain), or of this site's, from the config."""
     from ..core.audit import AuditReader, load_key
 
     state: State = ctx.find_object(State)  # type: ignore[assignment]
     config = state.config
-    if not config.audit_dir.is_dir():
-        raise NotFound(f"no audit log in {config.audit_dir} (is [site] data_dir right?)")
-    return AuditReader(config.audit_dir, load_key(config.audit.key_file))
+    readers = []
+    for directory in dirs or (config.audit_dir,):
+        if not directory.is_dir():
+            raise NotFound(f"no audit log in {directory} (is [site] data_dir right?)")
+        readers.append(AuditReader(directory, load_key(config.audit.key_file)))
+    return readers
+
+
+_DIRS = click.option(
+    "--dir",
+    "dirs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="An audit directory (repeat: one per gateway); default: this site's.",
+)
 
 
 def _audit_command(fn: Callable[..., None]) -> Callable[..., None]:
@@ -86,11 +106,13 @@ def audit() -> None:
 @click.option("--until", help="Before this time (same forms).")
 @click.option("--result", help="Only this result: ok, denied or an error code.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (everything, hashes too).")
+@_DIRS
 @click.pass_context
 @_audit_command
 def audit_query(
     ctx: click.Context,
     *,
+    dirs: tuple[Path, ...],
     user: str | None,
     site_name: str | None,
     op: str | None,
@@ -100,45 +122,61 @@ def audit_query(
     result: str | None,
     as_json: bool,
 ) -> None:
-    """Records that match every filter given, oldest first (streamed)."""
-    records = _audit_reader(ctx).query(
-        user=user, site=site_name, op=op, path_prefix=path_prefix,
+    """Records that match every filter given, oldest first (streamed); of several
+    directories, merged by time, each with the directory it came from."""
+    from ..core.audit import merged
+
+    readers = _audit_readers(ctx, dirs)
+    records = merged(
+        readers, user=user, site=site_name, op=op, path_prefix=path_prefix,
         since=_instant(since), until=_instant(until), result=result,
     )  # fmt: skip
+    several = len(readers) > 1
     if as_json:
-        for r in records:
-            _json_line(r.as_dict())
+        for index, r in records:
+            _json_line(r.as_dict() | ({"chain": str(dirs[index])} if several else {}))
         return
-    table = Table("seq", "time", "site", "protocol", "user", "op", "path", "bytes", "result")
-    for r in records:
-        table.add_row(
+    columns = ["seq", "time", "site", "protocol", "user", "op", "path", "bytes", "result"]
+    table = Table(*(["chain", *columns] if several else columns))
+    for index, r in records:
+        row = [
             str(r.seq), _time(r.time_ns), r.site, r.protocol, r.user, r.op, r.path,
             f"{r.nbytes:,}", r.result,
-        )  # fmt: skip
+        ]  # fmt: skip
+        table.add_row(*([str(dirs[index]), *row] if several else row))
     out.print(table)
 
 
 @audit.command("verify")
 @click.option("--anchor", help="SEQ:HASH from an earlier `loomfs audit head`, kept elsewhere.")
+@_DIRS
 @click.pass_context
 @_audit_command
-def audit_verify(ctx: click.Context, anchor: str | None) -> None:
-    """Check the whole chain; exit 1 naming each place it breaks (edited, removed,
-    reordered, truncated); a torn tail from a crash is reported but is no break."""
+def audit_verify(ctx: click.Context, anchor: str | None, dirs: tuple[Path, ...]) -> None:
+    """Check the whole chain (of each directory given); exit 1 naming each place one
+    breaks (edited, removed, reordered, truncated); a torn tail from a crash is reported
+    but is no break."""
     from ..core.audit import parse_anchor
 
-    report = _audit_reader(ctx).verify(parse_anchor(anchor) if anchor else None)
-    for finding in report.findings:
-        color = "red" if finding.tampering else "yellow"
-        out.print(f"[{color}]{finding}[/{color}]", highlight=False)
-    summary = (
-        f"{report.records:,} records in {report.segments} segments; "
-        f"head {report.head_seq}:{report.head_hash}"
-    )
-    if not report.ok:
-        out.print(f"[red]BROKEN[/red] {summary}", highlight=False)
+    if anchor and len(dirs) > 1:
+        raise click.BadParameter("an anchor is one chain's: give one --dir with it")
+    broken = False
+    for index, reader in enumerate(_audit_readers(ctx, dirs)):
+        report = reader.verify(parse_anchor(anchor) if anchor else None)
+        for finding in report.findings:
+            color = "red" if finding.tampering else "yellow"
+            out.print(f"[{color}]{finding}[/{color}]", highlight=False)
+        summary = (
+            f"{report.records:,} records in {report.segments} segments; "
+            f"head {report.head_seq}:{report.head_hash}"
+        )
+        if len(dirs) > 1:
+            summary += f" ({dirs[index]})"
+        broken |= not report.ok
+        verdict = "ok" if report.ok else "[red]BROKEN[/red]"
+        out.print(f"{verdict} {summary}", highlight=False)
+    if broken:
         sys.exit(1)
-    out.print(f"ok {summary}", highlight=False)
 
 
 @audit.command("head")

@@ -44,13 +44,14 @@ import contextlib
 import fcntl
 import gzip
 import hashlib
+import heapq
 import json
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -502,6 +503,18 @@ class AuditReader:
             if segment.header is not None:
                 return int(segment.header["first_seq"]) - 1, str(segment.header["prev"])
         return 0, GENESIS
+
+
+def merged(readers: Sequence[AuditReader], **filters: Any) -> Iterator[tuple[int, AuditRecord]]:
+    """The records of several chains (one per gateway of a hub, each in its own
+    directory) that match ``filters`` (``AuditReader.query``'s), merged by time: (the
+    index of its chain in ``readers``, the record)."""
+
+    def chain(index: int) -> Iterator[tuple[int, AuditRecord]]:
+        return ((index, record) for record in readers[index].query(**filters))
+
+    streams = [chain(index) for index in range(len(readers))]
+    yield from heapq.merge(*streams, key=lambda item: item[1].time_ns)
 
 
 def _header_time(path: Path) -> int | None:

@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -621,9 +622,17 @@ class HubChunks:
                 self._staged_path(cid).unlink()
         return entry
 
-    def clear_staging(self) -> None:
-        """Drop staged chunks of uploads that never committed (at start)."""
-        shutil.rmtree(self.staging, ignore_errors=True)
+    def clear_staging(self, older_than: float | None = None) -> None:
+        """Drop staged chunks of uploads that never committed (at start): all, or those
+        staged more than ``older_than`` seconds ago."""
+        if older_than is None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            return
+        cutoff = time.time() - older_than
+        for staged in self.staging.glob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                if staged.stat().st_mtime < cutoff:
+                    staged.unlink()
 
 
 def _check_batch(ids: Sequence[Any]) -> None:

@@ -633,6 +633,14 @@ class PosixBackend(Backend):
                     os.unlink(leftover, dir_fd=staged.parent)
         staged.close()
 
+    @staticmethod
+    def _still_placed(staged: _Staged) -> bool:
+        """Whether the name still holds the file this write put there."""
+        try:
+            return os.lstat(staged.name, dir_fd=staged.parent).st_ino == staged.placed
+        except FileNotFoundError:
+            return False
+
     def _undo(self, staged: _Staged) -> None:
         """A write failed, at whatever step: leave the name as it was before it."""
         parent, name = staged.parent, staged.name
@@ -647,14 +655,17 @@ class PosixBackend(Backend):
                 finally:
                     os.close(target)
                     os.close(source)
-            elif staged.placed is not None and staged.aside is not None:
+            elif staged.placed is None or not self._still_placed(staged):
+                # Nothing placed; or the name holds another's file now, put there after
+                # this write's rename (another gateway's write, this one's path lock lost
+                # with its database session): that one stands, the old file goes.
+                pass
+            elif staged.aside is not None:
                 # the old file back at its name, atomically; the new one goes with it
                 os.rename(staged.aside, name, src_dir_fd=parent, dst_dir_fd=parent)
                 staged.aside = None
-            elif (
-                staged.placed is not None and os.lstat(name, dir_fd=parent).st_ino == staged.placed
-            ):
-                # a new file: removed, if it is still the one this write made
+            else:
+                # a new file: removed
                 os.unlink(name, dir_fd=parent)
             if self.durable and staged.placed is not None:
                 os.fsync(parent)

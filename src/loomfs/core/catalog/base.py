@@ -197,6 +197,33 @@ class ReadLeaseRecords(ABC):
         """Wait for a renewal after ``seen``, at most ``limit`` seconds."""
 
 
+class UploadRecords(ABC):
+    """S3 multipart uploads under way and lately completed (``loomfs.protocols.s3.multipart``),
+    in the catalog's database, so that an upload created through one gateway takes parts
+    and completes through any other over the same catalog. A record is the caller's own
+    text (the upload as JSON); ``done`` is what its completion answered."""
+
+    @abstractmethod
+    async def add(self, upload_id: str, bucket: str, record: str) -> None: ...
+
+    @abstractmethod
+    async def get(self, upload_id: str) -> tuple[str, str | None] | None:
+        """The upload's record and, once completed, its completion's; None if unknown."""
+
+    @abstractmethod
+    async def of_bucket(self, bucket: str) -> list[str]:
+        """The records of ``bucket``'s uploads not completed."""
+
+    @abstractmethod
+    async def drop(self, upload_id: str) -> None:
+        """Forget an upload not completed (aborted, or expired)."""
+
+    @abstractmethod
+    async def finish(self, upload_id: str, done: str, forget_before_ns: int) -> None:
+        """Record the upload's completion, and forget completions older than
+        ``forget_before_ns`` (wall clock)."""
+
+
 class Notices:
     """Wake-ups of one kind another process sends through the catalog's database: a
     count of those arrived (a mark to wait from) and an event for the next one."""
@@ -243,6 +270,21 @@ class Catalog(ABC):
         one process are the namespace's own (in-process) locks; this adds the database's.
         Here nothing: an engine with one writing process (SQLite) needs nothing more."""
         return contextlib.nullcontext()
+
+    @abstractmethod
+    def upload_records(self) -> UploadRecords:
+        """The S3 multipart uploads kept in this catalog."""
+
+    async def elected(self) -> None:
+        """Return once this process is the one, of all sharing this catalog, that runs
+        the work done once per cluster (imports resumed, rescans, lifecycle rules). Here
+        at once: one process writes this catalog."""
+        return
+
+    async def unelected(self) -> None:
+        """Return once this process, ``elected``, is no longer (its hold on the election
+        lost). Here never."""
+        await asyncio.Event().wait()
 
     def intent_records(self) -> IntentRecords | None:
         """Where the changes under way are noted when several processes share this

@@ -49,6 +49,9 @@ class PostgresCatalog(SqlCatalog):
 
     #: the longest pause between two tries of a path another gateway holds
     LOCK_POLL_MAX_S = 0.05
+    #: seconds between tries of the election, and between the elected one's checks that
+    #: its session (and so its hold on the election's lock) lasts
+    ELECTION_POLL_S = 1.0
     #: how long a feed waits for a notification before it reads again anyway (a notice
     #: is lost only with the listener's connection, which then ends the listening)
     NOTIFIED_POLL_S = 1.0
@@ -68,6 +71,8 @@ class PostgresCatalog(SqlCatalog):
         self._acks = Notices()
         self._volume_changes = Notices()
         self._listening: asyncio.Task[None] | None = None
+        #: the session holding the election's lock (``elected``), or trying to
+        self._elector: psycopg.AsyncConnection[Any] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> PostgresCatalog:
@@ -175,7 +180,47 @@ class PostgresCatalog(SqlCatalog):
             return
         await self._commits.after(seen, min(self.NOTIFIED_POLL_S, limit))
 
+    async def elected(self) -> None:
+        """Hold the session advisory lock ``ELECTION_KEY`` on a connection of its own: the
+        one gateway holding it is elected until its session ends (its process killed, its
+        connection lost), when the next try of another takes it."""
+        while True:
+            try:
+                if self._elector is None:
+                    self._elector = await psycopg.AsyncConnection.connect(
+                        self.url, autocommit=True, connect_timeout=10
+                    )
+                found = await self._elector.execute(
+                    "SELECT pg_try_advisory_lock(%s)", (ELECTION_KEY,)
+                )
+                row = await found.fetchone()
+                if row is not None and row[0]:
+                    return
+            except psycopg.Error:
+                await self._drop_elector()  # the database is away: try again later
+            await asyncio.sleep(self.ELECTION_POLL_S)
+
+    async def unelected(self) -> None:
+        """Return once the elector's session is gone. Another gateway may take the lock
+        as soon as the database sees it go, up to ``ELECTION_POLL_S`` before this one
+        notices: work done once per cluster must bear that overlap (rescans and lifecycle
+        runs change paths only under their path locks)."""
+        while (elector := self._elector) is not None:
+            await asyncio.sleep(self.ELECTION_POLL_S)
+            try:
+                await elector.execute("SELECT 1")
+            except psycopg.Error:
+                break
+        await self._drop_elector()
+
+    async def _drop_elector(self) -> None:
+        if self._elector is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._elector.close()
+            self._elector = None
+
     async def close(self) -> None:
+        await self._drop_elector()
         if self._listening is not None:
             self._listening.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -368,6 +413,13 @@ class _ReadLeases(ReadLeaseRecords):
             await asyncio.sleep(max(0.0, min(catalog.NOTIFIED_POLL_S, limit)))  # polled
         else:
             await catalog._acks.after(seen, min(catalog.NOTIFIED_POLL_S, limit))
+
+
+#: the advisory lock key of the election (held by the gateway doing the work done once
+#: per cluster): of ``path_lock_key``'s kind, on a name no path or gateway has
+ELECTION_KEY = int.from_bytes(
+    hashlib.blake2b(b"loomfs-election\0", digest_size=8).digest(), "big", signed=True
+)
 
 
 def gateway_lock_key(gateway: str) -> int:

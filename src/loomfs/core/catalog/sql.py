@@ -41,6 +41,7 @@ from .base import (
     Put,
     ScanApplied,
     ScanRow,
+    UploadRecords,
     VolumeUpdate,
 )
 
@@ -326,6 +327,18 @@ def _migrations(d: Dialect) -> list[str]:
         # migration 14: public access blocks (loomfs.core.acl.PublicBlock): per path the
         # flags of the block on it and below
         f"CREATE TABLE acl_public_blocks (path {d.text} PRIMARY KEY, flags INTEGER NOT NULL)",
+        # migration 15: S3 multipart uploads (core.catalog.base.UploadRecords), so that any
+        # gateway over the database serves each upload's parts and completion
+        f"""
+        CREATE TABLE s3_uploads (
+            upload_id TEXT PRIMARY KEY,
+            bucket {d.text} NOT NULL,
+            record TEXT NOT NULL,
+            done TEXT,
+            done_ns BIGINT
+        );
+        CREATE INDEX s3_uploads_bucket ON s3_uploads (bucket)
+        """,
     ]
 
 
@@ -508,6 +521,9 @@ class SqlCatalog(Catalog):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="loomfs-catalog")
         self._conn: Any = None
         self._pruned_ns = 0  # when expired write ids were last deleted
+
+    def upload_records(self) -> UploadRecords:
+        return _Uploads(self)
 
     # -- engine hooks ----------------------------------------------------------------------
 
@@ -1262,3 +1278,45 @@ class _Sequencer:
         )
         self._start = self._last
         self._rows.clear()
+
+
+class _Uploads(UploadRecords):
+    """Rows of ``s3_uploads``: each call one statement, which commits alone (autocommit)."""
+
+    def __init__(self, catalog: SqlCatalog) -> None:
+        self._cat = catalog
+
+    async def _one(self, sql: str, args: Sequence[Any], *, rows: bool = False) -> list[Any]:
+        def fn(cur: Cursor) -> list[Any]:
+            found = self._cat._q(cur, sql, args)
+            return list(found.fetchall()) if rows else []
+
+        return await self._cat._run(self._cat._read, fn)
+
+    async def add(self, upload_id: str, bucket: str, record: str) -> None:
+        await self._one(
+            "INSERT INTO s3_uploads (upload_id, bucket, record) VALUES (?, ?, ?)",
+            (upload_id, bucket, record),
+        )
+
+    async def get(self, upload_id: str) -> tuple[str, str | None] | None:
+        rows = await self._one(
+            "SELECT record, done FROM s3_uploads WHERE upload_id = ?", (upload_id,), rows=True
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    async def of_bucket(self, bucket: str) -> list[str]:
+        rows = await self._one(
+            "SELECT record FROM s3_uploads WHERE bucket = ? AND done IS NULL", (bucket,), rows=True
+        )
+        return [record for (record,) in rows]
+
+    async def drop(self, upload_id: str) -> None:
+        await self._one("DELETE FROM s3_uploads WHERE upload_id = ? AND done IS NULL", (upload_id,))
+
+    async def finish(self, upload_id: str, done: str, forget_before_ns: int) -> None:
+        await self._one(
+            "UPDATE s3_uploads SET done = ?, done_ns = ? WHERE upload_id = ?",
+            (done, time.time_ns(), upload_id),
+        )
+        await self._one("DELETE FROM s3_uploads WHERE done_ns < ?", (forget_before_ns,))

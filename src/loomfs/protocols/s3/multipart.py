@@ -1,13 +1,16 @@
-"""Multipart uploads staged on local disk (protocol layer).
+"""Multipart uploads: records in the catalog, parts staged on disk (protocol layer).
 
 S3 clients upload parts in any order and in parallel, then name the parts that make the
-object. Parts wait in ``<staging>/<upload id>/`` under the site's data directory (one
-file per part, written to a temporary name and renamed once complete, so a part is there
-whole or not at all); completion streams them in order into one namespace write, which
-commits the object atomically, then removes the upload's directory and leaves a small
-marker, so that a client that repeats Complete (after a lost reply) gets the same answer.
-The site's data directory filling up is an error naming it (``InsufficientStorage``), and a
-part or an upload that could not be stored whole leaves nothing behind.
+object. Each upload is a record in the catalog's database (``UploadRecords``) and its parts
+wait in ``<staging>/<upload id>/`` (one file per part, written to a temporary name and
+renamed once complete, so a part is there whole or not at all). Where several gateways
+share one catalog and their staging directory is on storage they share (``[hub]
+staging_dir``), an upload created through one takes parts through another and completes
+through a third. Completion streams the parts in order into one namespace write, which
+commits the object atomically, then removes the upload's directory and records the answer,
+so that a client that repeats Complete (after a lost reply) gets the same one through any
+gateway. The staging directory filling up is an error naming it (``InsufficientStorage``),
+and a part or an upload that could not be stored whole leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...core.catalog.base import UploadRecords
 from ...core.streams import BUFFER_SIZE
 from ...errors import LoomError, from_oserror
 from .errors import S3Error
@@ -60,11 +64,12 @@ class Upload:
 
 
 class Staging:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, records: UploadRecords) -> None:
         self.root = root
+        self.records = records
 
     def _failed(self, exc: OSError) -> LoomError:
-        return from_oserror(exc, disk=f"the data directory's upload staging {self.root}")
+        return from_oserror(exc, disk=f"the upload staging directory {self.root}")
 
     def _dir(self, upload_id: str) -> Path:
         # the id comes from the client: only our own shape may become a path
@@ -79,48 +84,30 @@ class Staging:
             secrets.token_urlsafe(24), bucket, key, owner, time.time_ns(), meta, checksum
         )
         folder = self._dir(upload.upload_id)
-
-        def make() -> None:
-            self._sweep_markers()
-            folder.mkdir(parents=True)
-            try:
-                (folder / "upload.json").write_text(json.dumps(_as_dict(upload)))
-            except BaseException:
-                shutil.rmtree(folder, ignore_errors=True)
-                raise
-
         try:
-            await asyncio.to_thread(make)
+            await asyncio.to_thread(folder.mkdir, parents=True)
         except OSError as exc:
             raise self._failed(exc) from exc
+        try:  # its folder first: a part sent as soon as the record is seen has a place
+            await self.records.add(upload.upload_id, bucket, json.dumps(_as_dict(upload)))
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+            raise
         return upload
 
     async def get(self, upload_id: str, bucket: str, key: str) -> Upload:
-        folder = self._dir(upload_id)
-        try:
-            data = json.loads(await asyncio.to_thread((folder / "upload.json").read_text))
-        except (FileNotFoundError, ValueError):
-            raise S3Error("NoSuchUpload", "the specified upload does not exist") from None
-        upload = Upload(**data)
+        self._dir(upload_id)  # refuses ids that are not ours
+        found = await self.records.get(upload_id)
+        if found is None or found[1] is not None:
+            raise S3Error("NoSuchUpload", "the specified upload does not exist")
+        upload = Upload(**json.loads(found[0]))
         if (upload.bucket, upload.key) != (bucket, key):
             raise S3Error("NoSuchUpload", "the specified upload does not exist")
         return upload
 
     async def uploads(self, bucket: str) -> list[Upload]:
-        def scan() -> list[Upload]:
-            found = []
-            for meta in self.root.glob("*/upload.json"):
-                try:
-                    upload = Upload(**json.loads(meta.read_text()))
-                except (OSError, ValueError):
-                    continue  # being created or aborted right now
-                if upload.bucket == bucket:
-                    found.append(upload)
-            return sorted(found, key=lambda u: (u.key, u.initiated_ns))
-
-        if not self.root.is_dir():
-            return []
-        return await asyncio.to_thread(scan)
+        found = [Upload(**json.loads(record)) for record in await self.records.of_bucket(bucket)]
+        return sorted(found, key=lambda u: (u.key, u.initiated_ns))
 
     async def put_part(
         self,
@@ -141,6 +128,9 @@ class Staging:
         size = 0
         try:
             fobj = await asyncio.to_thread(open, temp, "xb")
+        except FileNotFoundError:
+            # aborted meanwhile, or created by a gateway whose staging is not this one's
+            raise S3Error("NoSuchUpload", "the upload's staging directory is gone") from None
         except OSError as exc:
             raise self._failed(exc) from exc
         try:
@@ -222,24 +212,20 @@ class Staging:
         return stream(), f'"{combined.hexdigest()}-{len(chosen)}"', [have[n] for n in numbers]
 
     async def remove(self, upload: Upload) -> None:
+        await self.records.drop(upload.upload_id)
         await asyncio.to_thread(shutil.rmtree, self._dir(upload.upload_id), True)
 
     async def finish(self, upload: Upload, etag: str, checksum: str | None = None) -> None:
         """Remove a completed upload's parts, remembering its ETag (and the object's
         checksum, as the gateway writes it) for a while."""
-        marker = self.root / f"{upload.upload_id}.done"
-        data = json.dumps(
-            {"bucket": upload.bucket, "key": upload.key, "etag": etag, "checksum": checksum}
-        )
+        done = json.dumps({"etag": etag, "checksum": checksum})
         try:
-            await asyncio.to_thread(marker.write_text, data)
-        except OSError:
-            # the object is committed whatever happens here: a full data directory must
-            # not turn that into an error; a repeated Complete then finds no such upload
-            log.warning("upload %s completed without its marker", upload.upload_id, exc_info=True)
-            with contextlib.suppress(OSError):
-                marker.unlink(missing_ok=True)
-        await self.remove(upload)
+            await self.records.finish(upload.upload_id, done, time.time_ns() - DONE_TTL_S * 10**9)
+        except LoomError:
+            # the object is committed whatever happens here: a catalog that failed now
+            # must not turn that into an error; a repeated Complete then finds no upload
+            log.warning("upload %s completed without its record", upload.upload_id, exc_info=True)
+        await asyncio.to_thread(shutil.rmtree, self._dir(upload.upload_id), True)
 
     async def completed(
         self, upload_id: str, bucket: str, key: str
@@ -247,20 +233,13 @@ class Staging:
         """The ETag and checksum of an upload completed lately as ``bucket``/``key``,
         else None."""
         self._dir(upload_id)  # refuses ids that are not ours
-        try:
-            data = json.loads(await asyncio.to_thread((self.root / f"{upload_id}.done").read_text))
-        except (FileNotFoundError, ValueError):
+        found = await self.records.get(upload_id)
+        if found is None or found[1] is None:
             return None
-        if (data["bucket"], data["key"]) != (bucket, key):
+        upload, done = json.loads(found[0]), json.loads(found[1])
+        if (upload["bucket"], upload["key"]) != (bucket, key):
             return None
-        return str(data["etag"]), data.get("checksum")
-
-    def _sweep_markers(self) -> None:
-        cutoff = time.time() - DONE_TTL_S
-        for marker in self.root.glob("*.done"):
-            with contextlib.suppress(FileNotFoundError):
-                if marker.stat().st_mtime < cutoff:
-                    marker.unlink()
+        return str(done["etag"]), done.get("checksum")
 
 
 def _as_dict(upload: Upload) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from prometheus_client import Counter
 
 from ... import paths
 from ...core.acl import ANONYMOUS
+from ...core.catalog.base import UploadRecords
 from ...core.metrics import REQUEST_SECONDS
 from ...core.types import SPECIAL_KINDS, SYSTEM, Action, Entry, EntryKind, Principal, WriteTags
 from ...core.users import UserRegistry
@@ -368,6 +369,7 @@ class S3Gateway:
         buckets: Mapping[str, str],
         *,
         staging: Path,
+        uploads: UploadRecords,
         region: str = "us-east-1",
         bucket_root: str | None = None,
         anonymous: bool = False,
@@ -387,7 +389,7 @@ class S3Gateway:
         self.users = users
         self.buckets = {name: paths.normalize(path) for name, path in buckets.items()}
         self.bucket_root = paths.normalize(bucket_root) if bucket_root else None
-        self.staging = Staging(staging)
+        self.staging = Staging(staging, uploads)
         self.site = site
         self.max_object_size = max_object_size
         self.max_part_size = max_part_size
