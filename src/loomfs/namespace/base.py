@@ -17,6 +17,7 @@ from types import TracebackType
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
 from ..core.types import Entry, EntryKind, Feed, Principal, WriteTags
 from ..errors import NotSupported
+from .listing import ListingDelta, delta
 from .objectlock import Lock
 
 LIST_PAGE = 1000
@@ -347,6 +348,12 @@ class FeedNamespace(Namespace):
     ) -> Feed:
         """Changes after ``since``, held up to ``wait`` seconds until there is one; ``ack``
         says every change up to it is applied (and renews the caller's read lease)."""
+
+    async def list_changed(self, who: Principal, path: str, since: int, held: str) -> ListingDelta:
+        """``path``'s listing for the holder of a copy listed at feed position ``since``,
+        whose digest is ``held`` (``namespace.listing``): only what changed where the
+        implementation can tell, else the whole listing."""
+        return delta(path, [entry async for entry in self.list(who, path)], None, held)
 
 
 class ResolvingNamespace(Namespace):

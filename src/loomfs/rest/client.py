@@ -42,6 +42,7 @@ from ..errors import (
 )
 from ..namespace.base import FeedNamespace, Reader, WriteTagsArg
 from ..namespace.chunklink import ChunkLink, Named, Opened, SmallAsk
+from ..namespace.listing import ListingDelta
 from . import wire
 
 if TYPE_CHECKING:
@@ -228,6 +229,15 @@ class RestNamespace(FeedNamespace, ChunkLink):
         )
         async for line in self._lines(response):
             yield wire.entry_from(line)
+
+    async def list_changed(self, who: Principal, path: str, since: int, held: str) -> ListingDelta:
+        response = await self._request(
+            "GET",
+            f"{wire.API}/listing{_quoted(path)}",
+            params={"since": str(since), "digest": held},
+            who=who,
+        )
+        return wire.delta_from([line async for line in self._lines(response)])
 
     async def read(
         self,
