@@ -601,7 +601,12 @@ class RestNamespace(FeedNamespace, ChunkLink):
             raise BackendUnavailable(f"the link to {self.base_url} broke: {exc}") from exc
 
     async def fetch_small(
-        self, asks: Sequence[SmallAsk], *, small: int, holds: bytes = b""
+        self,
+        asks: Sequence[SmallAsk],
+        *,
+        small: int,
+        holds: bytes = b"",
+        who: Principal | None = None,
     ) -> builtins.list[bytes | Named | None]:
         # the codec needs the chunks extra: only a chunked link (a spoke's) comes here
         from ..chunks import bundle  # noqa: PLC0415
@@ -612,6 +617,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
             f"{wire.API}/chunks/small",
             data=bundle.pack({"small": small, "files": files, "holds": holds.hex()}),
             headers={"Content-Type": "application/octet-stream"},
+            who=who,
         )
         async with response:
             head, frame = bundle.split(await self._body(response))

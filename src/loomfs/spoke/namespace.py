@@ -227,6 +227,9 @@ class SpokeNamespace(Namespace):
         # so a revoked right stops serving cached data within one lease term
         self._admitted: dict[tuple[str, str], float] = {}
         self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
+        # small files to open in the next bundle for each user, and the task that sends it
+        self._small_opens: dict[Principal, list[tuple[Entry, asyncio.Future[bool]]]] = {}
+        self._small_sending: dict[Principal, asyncio.Task[None]] = {}
         # (directory, user) -> what the hub last listed to that user there: served while
         # the hub can't be asked until the feed changes something in it, and the base of
         # the next listing's delta until the feed moves or removes it
@@ -646,7 +649,10 @@ class SpokeNamespace(Namespace):
             if self.cache.chunks is not None:
                 # with chunks: the entry and its map (small files: their bytes) come first,
                 # then only the chunks this spoke holds nowhere
-                entry, data, start = await self._open_chunked(who, path, asked_at), b"", 0
+                data, start = b"", 0
+                entry = await self._open_bundled(who, path)
+                if entry is None:
+                    entry = await self._open_chunked(who, path, asked_at)
             else:
                 async with await self.hub.read(who, path, start, want) as reader:
                     data = await reader.read_all()
@@ -665,6 +671,45 @@ class SpokeNamespace(Namespace):
                 del self._opening[path]
         opening.set_result(entry)
         return entry
+
+    async def _open_bundled(self, who: Principal, path: str) -> Entry | None:
+        """A small file whose entry a current listing kept for ``who`` names: opened with
+        the other such files opened for ``who`` meanwhile, in one bundle request read for
+        ``who`` (the hub's word that ``who`` may read it) and one frame for them all (a
+        prefetcher's files, a loader's parallel reads). While one bundle is on its way,
+        the next gathers. None where the file is not one of these, or the bundle did not
+        bring it (changed since the listing, refused): its own open then says why."""
+        assert self.cache.chunks is not None
+        parent, name = paths.split(path)
+        entry = self._current_listing(parent, who).get(name)
+        if entry is None or entry.kind is not EntryKind.FILE or not 0 < entry.size <= SMALL_FILE:
+            return None
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._small_opens.setdefault(who, []).append((entry, future))
+        if who not in self._small_sending:
+            self._small_sending[who] = asyncio.create_task(self._send_small_opens(who))
+        return entry if await future else None
+
+    async def _send_small_opens(self, who: Principal) -> None:
+        batch: builtins.list[tuple[Entry, asyncio.Future[bool]]] = []
+        try:
+            await asyncio.sleep(0)  # the opens of this turn of the loop join the first
+            while batch := self._small_opens.pop(who, []):
+                try:
+                    brought = await self.cache.fill_small(
+                        [(e.path, e.version, e.size) for e, _ in batch], who
+                    )
+                except LoomError as exc:  # each file's own open asks again and says why
+                    log.info("a bundle of opens failed: %s", exc)
+                    brought = set()
+                for entry, future in batch:
+                    if not future.done():
+                        future.set_result((entry.path, entry.version) in brought)
+        finally:
+            del self._small_sending[who]
+            for _, future in [*batch, *self._small_opens.pop(who, [])]:
+                if not future.done():
+                    future.set_result(False)
 
     def _current_opening(self, path: str) -> asyncio.Future[Entry] | None:
         """A cold open of ``path`` in flight that a read may join: none if the feed changed
