@@ -9,6 +9,7 @@ spoke holds under other paths moves their ids, not their bytes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from pathlib import Path
@@ -25,6 +26,7 @@ from loomfs.errors import CorruptData, LoomError, NotFound
 from loomfs.namespace.chunklink import Named, SmallAsk
 from loomfs.rest import client as rest_client
 from loomfs.rest import wire
+from loomfs.spoke.cache import SMALL_FILE
 from loomfs.testing.fabric import fabric
 from loomfs.testing.loop import LoopThread
 
@@ -345,3 +347,42 @@ def test_a_malformed_bundle_ask_is_a_clear_refusal(tmp_path: Path) -> None:
             refused_in_words()
         finally:
             loop.run(made.__aexit__(None, None, None))
+
+
+async def test_parallel_reads_of_listed_small_files_open_in_one_bundle_as_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files a loader (or the prefetcher) opens together, named in a listing the spoke
+    holds for the reader: one bundle request read for that reader, and then reads of
+    them ask the hub nothing; a large file still opens alone."""
+    bundles: list[tuple[int, object]] = []
+    opens: list[str] = []
+    real_small, real_open = (
+        rest_client.RestNamespace.fetch_small,
+        rest_client.RestNamespace.open_chunked,
+    )
+
+    async def small(self: rest_client.RestNamespace, asks: list, **how: Any) -> list:  # type: ignore[type-arg]
+        bundles.append((len(asks), how.get("who")))
+        return await real_small(self, asks, **how)
+
+    async def opened(self: rest_client.RestNamespace, path: str, **how: Any) -> Any:
+        opens.append(path)
+        return await real_open(self, path, **how)
+
+    monkeypatch.setattr(rest_client.RestNamespace, "fetch_small", small)
+    monkeypatch.setattr(rest_client.RestNamespace, "open_chunked", opened)
+    async with fabric(tmp_path) as env:
+        hub = env.hub.namespace
+        await hub.mkdir(SYSTEM, "/vol/p")
+        tree = {f"/vol/p/{i}.txt": f"sample {i}\n".encode() * (i + 3) for i in range(6)}
+        tree["/vol/p/big.bin"] = b"not small " * (SMALL_FILE // 10 + 1)
+        for path, data in tree.items():
+            await hub.write_bytes(SYSTEM, path, data)
+        names = [e.name async for e in env.spoke.list(WHO, "/vol/p")]
+        assert len(names) == len(tree)
+        for _ in range(2):  # the second time from the cache, under the lease
+            got = await asyncio.gather(*(env.spoke.read_bytes(WHO, p) for p in tree))
+            assert dict(zip(tree, got, strict=True)) == tree
+        assert bundles == [(6, WHO)]
+        assert opens == ["/vol/p/big.bin"]

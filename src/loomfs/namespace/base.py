@@ -17,6 +17,7 @@ from types import TracebackType
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
 from ..core.types import Entry, EntryKind, Feed, Principal, WriteTags
 from ..errors import NotSupported, PermissionDenied
+from .listing import ListingDelta, delta
 from .objectlock import Lock
 
 LIST_PAGE = 1000
@@ -392,6 +393,12 @@ class FeedNamespace(Namespace):
         round trip, for its metrics), or None where there is no link to time (in the
         same process)."""
         return None
+
+    async def list_changed(self, who: Principal, path: str, since: int, held: str) -> ListingDelta:
+        """``path``'s listing for the holder of a copy listed at feed position ``since``,
+        whose digest is ``held`` (``namespace.listing``): only what changed where the
+        implementation can tell, else the whole listing."""
+        return delta(path, [entry async for entry in self.list(who, path)], None, held)
 
 
 class ResolvingNamespace(Namespace):

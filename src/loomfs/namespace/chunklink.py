@@ -117,13 +117,18 @@ class ChunkLink(ABC):
 
     @abstractmethod
     async def fetch_small(
-        self, asks: Sequence[SmallAsk], *, small: int, holds: bytes = b""
+        self,
+        asks: Sequence[SmallAsk],
+        *,
+        small: int,
+        holds: bytes = b"",
+        who: Principal | None = None,
     ) -> list[bytes | Named | None]:
         """The bytes of each file asked (of up to ``small`` bytes), in one request and one
         frame for them all (``chunks.bundle``), each verified by its id; ``Named`` for one
         whose id the filter ``holds`` (of the ids the caller holds) may hold; None for a
         file the hub sent none of (no longer at that version, not small, refused: the
-        caller fetches it alone, which says why)."""
+        caller fetches it alone, which says why). Read for ``who`` (None: the spoke itself)."""
 
     @abstractmethod
     def fetch_chunks(

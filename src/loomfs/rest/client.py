@@ -44,6 +44,7 @@ from ..errors import (
 )
 from ..namespace.base import FeedNamespace, Reader, WriteTagsArg
 from ..namespace.chunklink import ChunkLink, Named, Opened, SmallAsk
+from ..namespace.listing import ListingDelta
 from . import wire
 
 if TYPE_CHECKING:
@@ -230,6 +231,15 @@ class RestNamespace(FeedNamespace, ChunkLink):
         )
         async for line in self._lines(response):
             yield wire.entry_from(line)
+
+    async def list_changed(self, who: Principal, path: str, since: int, held: str) -> ListingDelta:
+        response = await self._request(
+            "GET",
+            f"{wire.API}/listing{_quoted(path)}",
+            params={"since": str(since), "digest": held},
+            who=who,
+        )
+        return wire.delta_from([line async for line in self._lines(response)])
 
     async def read(
         self,
@@ -624,7 +634,12 @@ class RestNamespace(FeedNamespace, ChunkLink):
             raise BackendUnavailable(f"the link to {self.base_url} broke: {exc}") from exc
 
     async def fetch_small(
-        self, asks: Sequence[SmallAsk], *, small: int, holds: bytes = b""
+        self,
+        asks: Sequence[SmallAsk],
+        *,
+        small: int,
+        holds: bytes = b"",
+        who: Principal | None = None,
     ) -> builtins.list[bytes | Named | None]:
         # the codec needs the chunks extra: only a chunked link (a spoke's) comes here
         from ..chunks import bundle  # noqa: PLC0415
@@ -635,6 +650,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
             f"{wire.API}/chunks/small",
             data=bundle.pack({"small": small, "files": files, "holds": holds.hex()}),
             headers={"Content-Type": "application/octet-stream"},
+            who=who,
         )
         async with response:
             head, frame = bundle.split(await self._body(response))

@@ -80,6 +80,30 @@ def spec() -> dict[str, Any]:
                     ],
                 ),
             },
+            "/v1/listing/{path}": {
+                "parameters": [_PATH_PARAM],
+                "get": _op(
+                    "What changed in a directory's listing the caller holds (a hub's): a"
+                    " first line with the whole listing's digest and 'full', then the"
+                    " entries changed since (all of them where full), then {'gone': name}"
+                    " lines",
+                    {"200": _ndjson("the digest line, entries, names gone")},
+                    parameters=[
+                        {
+                            "name": "since",
+                            "in": "query",
+                            "schema": {"type": "integer"},
+                            "description": "the change-feed position the held copy was listed at",
+                        },
+                        {
+                            "name": "digest",
+                            "in": "query",
+                            "schema": {"type": "string"},
+                            "description": "the held copy's digest (namespace.listing)",
+                        },
+                    ],
+                ),
+            },
             "/v1/files/{path}": {
                 "parameters": [_PATH_PARAM],
                 "get": _op(

@@ -9,6 +9,7 @@ place while it was sent ends in a broken connection, never in a complete-looking
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import logging
@@ -22,8 +23,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 
 from ..core import metrics
 from ..core.acl import ANONYMOUS
-from ..core.types import Feed, Principal, WriteTags
+from ..core.types import Change, Feed, Principal, WriteTags
 from ..errors import InvalidArgument, LoomError, PermissionDenied
+from ..namespace import listing
 from ..namespace.base import Namespace, Reader
 from ..namespace.governed import GovernedNamespace
 from ..protocols.http import parse_range, serve_reader
@@ -127,6 +129,29 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
 
+async def _ndjson(request: web.Request, lines: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": NDJSON})
+    # a listing is ~250 bytes of JSON per entry, mostly repeats: gzip (if the client
+    # takes it) makes a tree's listings cost a tenth (bench/transfer.py, corpus 7)
+    response.enable_compression()
+    await response.prepare(request)
+    batch: list[bytes] = []
+    async for line in lines:
+        batch.append(json.dumps(line).encode() + b"\n")
+        if len(batch) >= 256:
+            await response.write(b"".join(batch))
+            batch.clear()
+    if batch:
+        await response.write(b"".join(batch))
+    await response.write_eof()
+    return response
+
+
+async def _aiter(items: Sequence[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for item in items:
+        yield item
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
         data = await request.json()
@@ -212,6 +237,7 @@ class RestServer:
         app.router.add_patch(f"{wire.API}/tags{p}", self.set_tags)
         if self.admin is not None:
             app.router.add_get(f"{wire.API}/changes", self.changes)
+            app.router.add_get(f"{wire.API}/listing{p}", self.listing)
             app.router.add_get(f"{wire.API}/volumes", self.volumes)
             app.router.add_post(f"{wire.API}/volumes", self.add_volume)
             app.router.add_post(f"{wire.API}/volumes/rescan", self.rescan)
@@ -284,23 +310,14 @@ class RestServer:
         # the first entry is awaited before the status goes out, so a missing directory
         # is a clean 404 rather than a broken stream
         first = await anext(entries, None)
-        response = web.StreamResponse(headers={"Content-Type": NDJSON})
-        # a listing is ~250 bytes of JSON per entry, mostly repeats: gzip (if the client
-        # takes it) makes a tree's listings cost a tenth (bench/transfer.py, corpus 7)
-        response.enable_compression()
-        await response.prepare(request)
-        lines: list[bytes] = []
-        if first is not None:
-            lines.append(json.dumps(wire.entry_json(first)).encode() + b"\n")
-        async for entry in entries:
-            lines.append(json.dumps(wire.entry_json(entry)).encode() + b"\n")
-            if len(lines) >= 256:
-                await response.write(b"".join(lines))
-                lines.clear()
-        if lines:
-            await response.write(b"".join(lines))
-        await response.write_eof()
-        return response
+
+        async def lines() -> AsyncIterator[dict[str, Any]]:
+            if first is not None:
+                yield wire.entry_json(first)
+            async for entry in entries:
+                yield wire.entry_json(entry)
+
+        return await _ndjson(request, lines())
 
     async def get_file(self, request: web.Request) -> web.StreamResponse:
         who, path = self.principal(request), _path(request)
@@ -439,6 +456,32 @@ class RestServer:
         )  # fmt: skip
 
     # -- hub administration ----------------------------------------------------------------
+
+    async def listing(self, request: web.Request) -> web.StreamResponse:
+        """What changed in a listing its caller holds (``namespace.listing``): ``since``
+        the feed position the copy was listed at, ``digest`` the copy's. The listing comes
+        first (as the caller, audited), the log after it, so every change it shows is read."""
+        assert self.admin is not None
+        who, path = self.principal(request), _path(request)
+        since = _int(request.query.get("since"), "since") or 0
+        entries = [entry async for entry in self.namespace.list(who, path)]
+        changes = await self._log_since(who, since)
+        answer = listing.delta(path, entries, changes, request.query.get("digest"))
+        return await _ndjson(request, _aiter(wire.delta_lines(answer)))
+
+    async def _log_since(self, who: Principal, since: int) -> builtins.list[Change] | None:
+        """The change log after ``since`` as ``who`` may see it; None past ``LOG_MAX``."""
+        assert self.admin is not None
+        changes: builtins.list[Change] = []
+        while len(changes) < listing.LOG_MAX:
+            page = (await self.admin.feed(None, since, 10_000)).changes
+            changes += page
+            if len(page) < 10_000:
+                if self.governance is not None:
+                    return await self.governance.visible_changes(who, changes)
+                return changes
+            since = page[-1].seq
+        return None
 
     async def changes(self, request: web.Request) -> web.Response:
         assert self.admin is not None

@@ -31,6 +31,7 @@ from ..errors import (
     PermissionDenied,
     RangeNotSatisfiable,
 )
+from ..namespace.listing import ListingDelta
 
 API = "/v1"
 ADMIN = f"{API}/admin"  # the hub's admin API (``rest.admin``)
@@ -101,6 +102,25 @@ def entry_json(entry: Entry) -> dict[str, Any]:
 
 def entry_from(data: dict[str, Any]) -> Entry:
     return Entry(**{**data, "kind": EntryKind(data["kind"])})
+
+
+def delta_lines(answer: ListingDelta) -> list[dict[str, Any]]:
+    """A listing's delta as the lines of a listing: a first line with the whole listing's
+    digest and whether this is all of it, the entries, then one line per name gone."""
+    head: dict[str, Any] = {"digest": answer.digest, "full": answer.full}
+    return [head, *map(entry_json, answer.entries), *({"gone": n} for n in answer.gone)]
+
+
+def delta_from(lines: list[dict[str, Any]]) -> ListingDelta:
+    if not lines or not isinstance(lines[0].get("digest"), str):
+        raise InvalidArgument("a listing's delta begins with its digest")
+    head, rest = lines[0], lines[1:]
+    return ListingDelta(
+        head["digest"],
+        full=bool(head.get("full")),
+        entries=[entry_from(line) for line in rest if "gone" not in line],
+        gone=[str(line["gone"]) for line in rest if "gone" in line],
+    )
 
 
 ENTRY_HEADER = "X-Loomfs-Entry"

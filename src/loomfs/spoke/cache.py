@@ -43,6 +43,7 @@ from ..chunks import bundle
 from ..chunks.chunkmap import ChunkMap
 from ..core.metrics import SPOKE
 from ..core.streams import ByteSource, LocalFileSource
+from ..core.types import Principal
 from ..errors import Conflict, CorruptData, InsufficientStorage, LoomError
 from ..namespace.chunklink import ChunkLink
 from ..prefetch.policy import EvictionPolicy, LRUPolicy
@@ -845,13 +846,18 @@ class Cache:
             with contextlib.suppress(Exception):
                 await self.chunks.chunk_map(self._ensure(path, version, size))
 
-    async def fill_small(self, files: Sequence[tuple[str, int, int]]) -> None:
+    async def fill_small(
+        self, files: Sequence[tuple[str, int, int]], who: Principal | None = None
+    ) -> set[tuple[str, int]]:
         """Fetch the small files of ``files`` (path, version, size) this cache lacks, in
-        one request per bundle (``ChunkFiller.bundle``), ahead of their reads (a warm-up
-        does, for a directory's files). What the hub sent none of, or a bundle that failed,
-        is left to each file's own fill, which asks again and reports why."""
+        one request per bundle (``ChunkFiller.bundle``) read for ``who`` (None: the spoke
+        itself), ahead of their reads (a warm-up does, for a directory's files); the
+        (path, version) of those the bundles brought. What the hub sent none of, or a
+        bundle that failed, is left to each file's own fill, which asks again and reports
+        why."""
+        brought: set[tuple[str, int]] = set()
         if self.chunks is None:
-            return
+            return brought
         lacking = [
             entry
             for path, version, size in files
@@ -863,19 +869,25 @@ class Cache:
             batch.append(entry)
             full = sum(f.size for f in batch) + SMALL_FILE > bundle.MAX_BYTES
             if full or len(batch) == bundle.MAX_FILES or index == len(lacking) - 1:
-                await self._fill_bundle(batch)
+                brought |= await self._fill_bundle(batch, who)
                 batch = []
+        return brought
 
-    async def _fill_bundle(self, entries: list[CachedFile]) -> None:
+    async def _fill_bundle(
+        self, entries: list[CachedFile], who: Principal | None
+    ) -> set[tuple[str, int]]:
         assert self.chunks is not None
+        brought: set[tuple[str, int]] = set()
         try:
-            got = await self.chunks.bundle(entries, SMALL_FILE)
+            got = await self.chunks.bundle(entries, SMALL_FILE, who)
         except LoomError as exc:  # say, a hub from before bundles (404): each file alone
             log.warning("a bundle of small files failed; fetching them one by one: %s", exc)
-            return
+            return brought
         for entry, data in zip(entries, got, strict=True):
             if data is not None and len(data) == entry.size:
                 await self.store(entry.path, entry.version, entry.size, 0, data)
+                brought.add((entry.path, entry.version))
+        return brought
 
     def set_map(self, path: str, version: int, size: int, chunk_map: ChunkMap) -> None:
         """Keep the chunk map of a version (read from the hub with its entry)."""

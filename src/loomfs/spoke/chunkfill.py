@@ -54,7 +54,7 @@ from ..chunks.metrics import CORRUPT, Transfer
 from ..chunks.pipeline import ChunkPipeline
 from ..chunks.plan import choose_reference, plan_transfer
 from ..chunks.records import record
-from ..core.types import Entry
+from ..core.types import Entry, Principal
 from ..errors import Conflict, CorruptData
 from ..namespace.chunklink import ChunkLink, Named, SmallAsk
 from .journal import PlainFile
@@ -238,8 +238,11 @@ class ChunkFiller:
         data = held if opened.held is not None else opened.whole
         return None if data is None else data[start : start + length]
 
-    async def bundle(self, entries: Sequence[CachedFile], small: int) -> list[bytes | None]:
-        """The bytes of each of ``entries`` (small files) in one request, verified: a file
+    async def bundle(
+        self, entries: Sequence[CachedFile], small: int, who: Principal | None = None
+    ) -> list[bytes | None]:
+        """The bytes of each of ``entries`` (small files) in one request, read for ``who``
+        (None: the spoke itself), verified: a file
         whose bytes are held here (a version of its path, or any small file: a copy, a
         rename) costs its id, a changed one a delta against the version of its path where
         the hub still has it (``chunks.bundle``); None for a file the hub sent none of or
@@ -278,7 +281,8 @@ class ChunkFiller:
         asked, ids = await asyncio.to_thread(asks)
         files = self._files()
         self._content.update((i, c) for i, c in ids.items() if i in files)
-        got = await self.link.fetch_small(asked, small=small, holds=bundle.holds(set(ids.values())))
+        holds = bundle.holds(set(ids.values()))
+        got = await self.link.fetch_small(asked, small=small, holds=holds, who=who)
         if not any(isinstance(g, Named) for g in got):
             return [None if isinstance(g, Named) else g for g in got]
         # sizes as listed before the hop: a file dropped since reads back as None

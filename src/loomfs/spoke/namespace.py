@@ -37,6 +37,7 @@ user read; anything else not journaled is ``BackendUnavailable``, never an empty
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import time
@@ -78,6 +79,7 @@ from ..errors import (
     PermissionDenied,
     from_oserror,
 )
+from ..namespace import listing
 from ..namespace.base import FeedNamespace, Namespace, Reader, WriteTagsArg, tags_now
 from .cache import BLOCK, SMALL_FILE, Cache
 from .journal import Journal, Pending, new_write_id
@@ -180,6 +182,19 @@ class _Held:
     writers: int = 0
 
 
+@dataclass(slots=True)
+class _Kept:
+    """What the hub last listed of a directory to one user, by name: ``seq`` is the feed
+    position it was asked at (every change up to it is in it), ``digest`` its digest.
+    Once the feed changes something in it, it is ``stale``: no longer served while the
+    hub can't be asked, only the base the next listing's delta applies to."""
+
+    entries: dict[str, Entry]
+    seq: int
+    digest: str
+    stale: bool = False
+
+
 class SpokeNamespace(Namespace):
     def __init__(
         self,
@@ -218,9 +233,13 @@ class SpokeNamespace(Namespace):
         # so a revoked right stops serving cached data within one lease term
         self._admitted: dict[tuple[str, str], float] = {}
         self._writing: dict[str, _Held] = {}  # write leases held at the hub, by path
-        # (directory, user) -> what the hub last listed to that user there, by name, until
-        # the feed changes something in it: served while the hub can't be asked
-        self._listings: OrderedDict[tuple[str, str], dict[str, Entry]] = OrderedDict()
+        # small files to open in the next bundle for each user, and the task that sends it
+        self._small_opens: dict[Principal, list[tuple[Entry, asyncio.Future[bool]]]] = {}
+        self._small_sending: dict[Principal, asyncio.Task[None]] = {}
+        # (directory, user) -> what the hub last listed to that user there: served while
+        # the hub can't be asked until the feed changes something in it, and the base of
+        # the next listing's delta until the feed moves or removes it
+        self._listings: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
         self._listed: dict[str, set[str]] = {}  # directory -> the users it is kept for
         self._listed_entries = 0
         self._dir_changed: dict[str, int] = {}  # directory -> seq of the last change in it
@@ -465,7 +484,7 @@ class SpokeNamespace(Namespace):
             entry = await self.hub.stat(who, path)
         except BackendUnavailable:
             parent, name = paths.split(path)
-            kept = self._listings.get((parent, who.user), {}).get(name)
+            kept = self._current_listing(parent, who).get(name)
             if kept is None and (who.user, path) in self._admitted:  # a file it may read
                 kept = self._known.get(path)
             if kept is None:  # the root, or a name this user was never shown
@@ -490,8 +509,21 @@ class SpokeNamespace(Namespace):
         if not self._visible(path):
             raise PermissionDenied(f"{path} is not attached at this spoke", path=path)
         asked_at = self.seq
-        # a whole listing is kept for offline use (a page is not the directory)
-        seen: dict[str, Entry] | None = {} if start_after is None and limit is None else None
+        # a whole listing is kept (a page is not the directory): for offline use, and as
+        # the base of the next one, which then brings only what changed
+        whole = start_after is None and limit is None
+        try:
+            held = await self._list_held(who, path) if whole else None
+        except BackendUnavailable as exc:
+            for entry in self._offline_listing(who, path, start_after, limit, exc):
+                yield entry
+            return
+        if held is not None:
+            self._keep_listing(path, who, held, asked_at)
+            for entry in held.values():
+                yield entry
+            return
+        seen: dict[str, Entry] | None = {} if whole else None
         began = False
         try:
             async for entry in self.hub.list(who, path, start_after=start_after, limit=limit):
@@ -506,42 +538,70 @@ class SpokeNamespace(Namespace):
         except BackendUnavailable as exc:
             if began:  # half a listing is no listing: the caller hears the link failed
                 raise
-            kept = self._listings.get((path, who.user))
-            if kept is None:
-                raise BackendUnavailable(
-                    f"the hub is unreachable, and this spoke keeps no listing of {path} "
-                    f"that it listed to {who.user}: {exc}",
-                    path=path,
-                ) from exc
-            self._listings.move_to_end((path, who.user))
-            OFFLINE_LISTINGS.inc()
-            after = [e for e in kept.values() if start_after is None or e.name > start_after]
-            for entry in after if limit is None else after[:limit]:
+            for entry in self._offline_listing(who, path, start_after, limit, exc):
                 yield entry
             return
         if seen is not None:
             self._keep_listing(path, who, seen, asked_at)
 
+    async def _list_held(self, who: Principal, path: str) -> dict[str, Entry] | None:
+        """``path``'s listing from the one kept for ``who`` and what the hub says changed
+        in it since (``namespace.listing``), in name order; None with none kept, or where
+        that does not come out as the hub's listing (a plain listing then says what is)."""
+        kept = self._listings.get((path, who.user))
+        # above an attached export a listing is cut to what is attached: not the hub's
+        if kept is None or not any(paths.is_within(path, top) for top in self.attached):
+            return None
+        answer = await self.hub.list_changed(who, path, kept.seq, kept.digest)
+        return listing.applied(kept.entries, answer)
+
+    def _current_listing(self, path: str, who: Principal) -> dict[str, Entry]:
+        """The listing of ``path`` kept for ``who`` that the feed has not changed since."""
+        kept = self._listings.get((path, who.user))
+        return {} if kept is None or kept.stale else kept.entries
+
+    def _offline_listing(
+        self,
+        who: Principal,
+        path: str,
+        start_after: str | None,
+        limit: int | None,
+        exc: BackendUnavailable,
+    ) -> builtins.list[Entry]:
+        kept = self._listings.get((path, who.user))
+        if kept is None or kept.stale:
+            raise BackendUnavailable(
+                f"the hub is unreachable, and this spoke keeps no listing of {path} "
+                f"that it listed to {who.user}: {exc}",
+                path=path,
+            ) from exc
+        self._listings.move_to_end((path, who.user))
+        OFFLINE_LISTINGS.inc()
+        after = [e for e in kept.entries.values() if start_after is None or e.name > start_after]
+        return after if limit is None else after[:limit]
+
     def _keep_listing(
         self, path: str, who: Principal, entries: dict[str, Entry], asked_at: int
     ) -> None:
-        """Keep what the hub listed to ``who``, unless the feed changed the directory (or
-        moved or removed one above it) while the listing was on its way."""
-        if self._dir_changed.get(path, 0) > asked_at or any(
-            self._below.get(at, 0) > asked_at for at in (path, *paths.ancestors(path))
-        ):
+        """Keep what the hub listed to ``who``, unless the feed moved or removed the
+        directory (or one above it) while the listing was on its way; a change in it
+        meanwhile makes it stale at once."""
+        if any(self._below.get(at, 0) > asked_at for at in (path, *paths.ancestors(path))):
             return
+        stale = self._dir_changed.get(path, 0) > asked_at
         self._drop_listing((path, who.user))
-        self._listings[(path, who.user)] = entries
+        self._listings[(path, who.user)] = _Kept(
+            entries, asked_at, listing.digest(entries.values()), stale
+        )
         self._listed.setdefault(path, set()).add(who.user)
         self._listed_entries += len(entries)
         while self._listed_entries > LISTINGS_MAX:
             self._drop_listing(next(iter(self._listings)))
 
     def _drop_listing(self, key: tuple[str, str]) -> None:
-        entries = self._listings.pop(key, None)
-        if entries is not None:
-            self._listed_entries -= len(entries)
+        kept = self._listings.pop(key, None)
+        if kept is not None:
+            self._listed_entries -= len(kept.entries)
             users = self._listed[key[0]]
             users.discard(key[1])
             if not users:
@@ -550,15 +610,15 @@ class SpokeNamespace(Namespace):
     def _unlist(self, path: str, seq: int, *, below: bool) -> None:
         """A change of ``path`` at ``seq``: its directory's kept listings (it is an entry
         there) are stale, and with ``below`` (moved, removed, evicted) those at or below
-        it too."""
+        it are gone."""
         parent = paths.split(path)[0]
         self._dir_changed[parent] = seq
-        stale = [parent]
+        for user in self._listed.get(parent, ()):
+            self._listings[(parent, user)].stale = True
         if below:
-            stale += [d for d in self._listed if paths.is_within(d, path)]
-        for directory in stale:
-            for user in list(self._listed.get(directory, ())):
-                self._drop_listing((directory, user))
+            for directory in [d for d in self._listed if paths.is_within(d, path)]:
+                for user in list(self._listed[directory]):
+                    self._drop_listing((directory, user))
 
     async def _open_entry(
         self, who: Principal, path: str, offset: int = 0, length: int | None = None
@@ -609,7 +669,10 @@ class SpokeNamespace(Namespace):
             if self.cache.chunks is not None:
                 # with chunks: the entry and its map (small files: their bytes) come first,
                 # then only the chunks this spoke holds nowhere
-                entry, data, start = await self._open_chunked(who, path, asked_at), b"", 0
+                data, start = b"", 0
+                entry = await self._open_bundled(who, path)
+                if entry is None:
+                    entry = await self._open_chunked(who, path, asked_at)
             else:
                 async with await self.hub.read(who, path, start, want) as reader:
                     data = await reader.read_all()
@@ -628,6 +691,45 @@ class SpokeNamespace(Namespace):
                 del self._opening[path]
         opening.set_result(entry)
         return entry
+
+    async def _open_bundled(self, who: Principal, path: str) -> Entry | None:
+        """A small file whose entry a current listing kept for ``who`` names: opened with
+        the other such files opened for ``who`` meanwhile, in one bundle request read for
+        ``who`` (the hub's word that ``who`` may read it) and one frame for them all (a
+        prefetcher's files, a loader's parallel reads). While one bundle is on its way,
+        the next gathers. None where the file is not one of these, or the bundle did not
+        bring it (changed since the listing, refused): its own open then says why."""
+        assert self.cache.chunks is not None
+        parent, name = paths.split(path)
+        entry = self._current_listing(parent, who).get(name)
+        if entry is None or entry.kind is not EntryKind.FILE or not 0 < entry.size <= SMALL_FILE:
+            return None
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._small_opens.setdefault(who, []).append((entry, future))
+        if who not in self._small_sending:
+            self._small_sending[who] = asyncio.create_task(self._send_small_opens(who))
+        return entry if await future else None
+
+    async def _send_small_opens(self, who: Principal) -> None:
+        batch: builtins.list[tuple[Entry, asyncio.Future[bool]]] = []
+        try:
+            await asyncio.sleep(0)  # the opens of this turn of the loop join the first
+            while batch := self._small_opens.pop(who, []):
+                try:
+                    brought = await self.cache.fill_small(
+                        [(e.path, e.version, e.size) for e, _ in batch], who
+                    )
+                except LoomError as exc:  # each file's own open asks again and says why
+                    log.info("a bundle of opens failed: %s", exc)
+                    brought = set()
+                for entry, future in batch:
+                    if not future.done():
+                        future.set_result((entry.path, entry.version) in brought)
+        finally:
+            del self._small_sending[who]
+            for _, future in [*batch, *self._small_opens.pop(who, [])]:
+                if not future.done():
+                    future.set_result(False)
 
     def _current_opening(self, path: str) -> asyncio.Future[Entry] | None:
         """A cold open of ``path`` in flight that a read may join: none if the feed changed
