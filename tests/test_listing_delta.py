@@ -54,15 +54,6 @@ async def dirs(env: Fabric, top: str) -> list[str]:
     return found
 
 
-async def caught_up(env: Fabric) -> None:
-    head = await env.hub.catalog.head_seq()
-    for _ in range(1500):
-        if env.spoke.seq >= head:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the spoke applied changes up to {env.spoke.seq}, not {head}")
-
-
 async def change(env: Fabric, top: str, op: tuple[str, str, str], n: int) -> None:
     """One change at the hub; one that can't be made (a missing name, a file where a
     directory is) is left out, as the hub refuses it."""
@@ -104,7 +95,7 @@ def test_held_listings_follow_random_changes_and_move_only_what_changed(tmp_path
                     (where / name).write_bytes(name.encode())
                 (where / "d0" / "f000").write_bytes(b"below")
                 await env.hub.rescan("/vol", lambda _: None)
-                await caught_up(env)
+                await env.caught_up()
                 before = env.link.down.bytes + env.link.up.bytes
                 await listed(env.spoke, top)
                 first = env.link.down.bytes + env.link.up.bytes - before
@@ -115,7 +106,7 @@ def test_held_listings_follow_random_changes_and_move_only_what_changed(tmp_path
             async def step(top: str, ops: list[tuple[str, str, str]], first: int) -> None:
                 for op in ops:
                     await change(env, top, op, next(rounds))
-                await caught_up(env)
+                await env.caught_up()
                 before = env.link.down.bytes + env.link.up.bytes
                 again = await listed(env.spoke, top)
                 moved = env.link.down.bytes + env.link.up.bytes - before

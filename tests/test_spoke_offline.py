@@ -31,16 +31,6 @@ async def listed(
     return [(e.name, e.version, e.size) async for e in entries]
 
 
-async def caught_up(env: Fabric) -> None:
-    """Until the spoke has applied every change the hub has made."""
-    head = await env.hub.catalog.head_seq()
-    for _ in range(1500):
-        if env.spoke.seq >= head:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the spoke applied changes up to {env.spoke.seq}, not {head}")
-
-
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Fabric]:
     async with fabric(tmp_path) as created:
@@ -57,7 +47,7 @@ async def test_a_cut_off_spoke_lists_what_it_listed_to_that_user(env: Fabric) ->
     online = await listed(env.spoke, ALICE, "/vol/a")
     assert await env.spoke.read_bytes(BOB, "/vol/b/z") == b"z"
     assert [name for name, _, _ in online] == ["x", "y"]
-    await caught_up(env)
+    await env.caught_up()
     env.link.cut()
     try:
         assert await listed(env.spoke, ALICE, "/vol/a") == online
@@ -77,7 +67,7 @@ async def test_a_cut_off_spoke_lists_what_it_listed_to_that_user(env: Fabric) ->
         env.link.restore()
     # a change in the directory drops what was kept: unknown offline, never stale
     await hub.write_bytes(SYSTEM, "/vol/a/new", b"new")
-    await caught_up(env)
+    await env.caught_up()
     env.link.cut()
     try:
         with pytest.raises(BackendUnavailable):
@@ -126,7 +116,7 @@ async def _offline_history(tmp: Path, ops: list[tuple[str, str, object]]) -> Non
                 assert isinstance(arg, Principal)
                 await listed(env.spoke, arg, directory)
             elif op == "cut":
-                await caught_up(env)
+                await env.caught_up()
                 env.link.cut()
                 try:
                     for directory_ in DIRS:

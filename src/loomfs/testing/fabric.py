@@ -7,6 +7,7 @@ or cut one spoke's link and count the bytes that crossed it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -54,6 +55,15 @@ class Fabric:
     @property
     def link(self) -> LinkEmulator:
         return self.links[self.first]
+
+    async def caught_up(self) -> None:
+        """Until the first spoke has applied every change the hub has made (30 s)."""
+        head = await self.hub.catalog.head_seq()
+        for _ in range(1500):
+            if self.spoke.seq >= head:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"the spoke applied changes up to {self.spoke.seq}, not {head}")
 
     def client(self, name: str, *, forward: bool = False) -> RestNamespace:
         """A fabric client as spoke ``name``, through its emulated link; ``forward``:
