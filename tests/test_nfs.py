@@ -61,6 +61,7 @@ from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok
 from loomfs.testing.loop import LoopThread
 from loomfs.testing.nfs import (
     FakePortmapper,
+    Fattr,
     RpcClient,
     diropargs,
     fattr,
@@ -576,6 +577,10 @@ async def test_every_procedure_does_to_the_volume_what_posix_would(site: Site) -
             assert await c.status_of(REMOVE, diropargs(d, name)) == e.NFS3_OK
         assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3_OK
         assert not (work / "d").exists()
+        # f lives on as work/moved, its hard link: its handle too, until that goes
+        body = await c.nfs(GETATTR, handle_args(f))
+        assert body.uint() == e.NFS3_OK and fattr(body).nlink == 1
+        assert await c.status_of(REMOVE, diropargs(wh, "moved")) == e.NFS3_OK
         assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
         assert (await c.lookup(d, "f"))[0] == e.NFS3ERR_STALE  # in a removed directory
         # special files hand out the hub's own privileges: they need admin, alice has none
@@ -832,6 +837,84 @@ def test_a_handle_follows_its_file_through_renames_over_another_protocol(site: S
             await rest.close()
 
     asyncio.run(wander())
+
+
+async def _attrs(c: RpcClient, handle: bytes) -> Fattr:
+    body = await c.nfs(GETATTR, handle_args(handle))
+    assert body.uint() == e.NFS3_OK
+    return fattr(body)
+
+
+async def _listed(c: RpcClient, directory: bytes, cookie: int = 0) -> dict[str, tuple[int, int]]:
+    """READDIRPLUS from ``cookie``: each name's (fileid, cookie)."""
+    p = Packer()
+    p.opaque(directory)
+    p.uhyper(cookie)
+    p.fixed(bytes(8))
+    p.uint(8192)
+    p.uint(65536)
+    body = await c.nfs(READDIRPLUS, p.value())
+    assert body.uint() == e.NFS3_OK
+    post_op(body)
+    body.fixed(8)
+    found = {}
+    while body.boolean():
+        fileid, name, next_cookie = body.uhyper(), body.string(255), body.uhyper()
+        post_op(body)
+        if body.boolean():
+            body.opaque(64)
+        found[name] = (fileid, next_cookie)
+    return found
+
+
+def test_the_names_of_a_hard_linked_file_are_one_nfs_object(site: Site) -> None:
+    """pjdfstest link/00: every name of a file has the same handle, fileid and link count
+    (the client caches attributes by handle: names of their own showed each other's
+    chmod, write or unlink late); a write through one name reads through the others;
+    READDIR gives each name a cookie of its own; when the first name goes, the others
+    keep the handle, and a new file at the old name is another object."""
+    work = site.vol / "work"
+
+    async def linked() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, wh = await c.lookup(root, "work")
+                assert wh is not None
+                f = await _create(c, wh, "orig")
+                await _write(c, f, 0, b"one", FILE_SYNC)
+                assert await c.status_of(LINK, handle_args(f, diropargs(wh, "twin"))) == e.NFS3_OK
+                await rest.link(SYSTEM, "/data/work/orig", "/data/work/third")  # over REST
+                handles = [(await c.lookup(wh, n))[1] for n in ("orig", "twin", "third")]
+                assert handles == [f, f, f]
+                first = await _attrs(c, f)
+                assert first.nlink == 3
+                await _write(c, f, 0, b"two", FILE_SYNC)
+                assert (work / "twin").read_bytes() == (work / "third").read_bytes() == b"two"
+                listed = await _listed(c, wh)
+                assert {listed[n][0] for n in ("orig", "twin", "third")} == {first.fileid}
+                cookies = [listed[n][1] for n in ("orig", "twin", "third")]
+                assert len(set(cookies)) == 3
+                for name, (_, cookie) in listed.items():  # a listing resumes after any name
+                    assert name not in await _listed(c, wh, cookie)
+                assert await c.status_of(REMOVE, diropargs(wh, "orig")) == e.NFS3_OK
+                after = await _attrs(c, f)
+                assert (after.fileid, after.nlink) == (first.fileid, 2)
+                assert (await c.lookup(wh, "twin"))[1] == f
+                assert await _read_all(c, f) == (e.NFS3_OK, b"two")
+                new = await _create(c, wh, "orig")
+                assert new != f and (await _attrs(c, new)).fileid != first.fileid
+                await rest.remove(SYSTEM, "/data/work/twin")  # the object's name now, over REST
+                assert (await _attrs(c, f)).nlink == 1
+                assert (await c.lookup(wh, "third"))[1] == f
+                for name in ("orig", "third"):
+                    assert await c.status_of(REMOVE, diropargs(wh, name)) == e.NFS3_OK
+                assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
+        finally:
+            await rest.close()
+
+    asyncio.run(linked())
 
 
 def test_a_size_beyond_the_disks_limit_is_inval_and_changes_nothing(site: Site) -> None:

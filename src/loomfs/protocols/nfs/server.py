@@ -93,6 +93,8 @@ class AccessGate(Protocol):
 
     async def authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None: ...
 
+    async def other_names(self, entry: Entry) -> list[str]: ...
+
 
 async def _allows(check: Awaitable[None]) -> bool:
     try:
@@ -371,9 +373,43 @@ class NfsServer:
             raise NfsError(e.NFS3ERR_ACCES, f"{target.peer} may not use {rules.path}")
         target.rules, target.path = rules, path
 
-    def _handle(self, export: Export, entry: Entry) -> tuple[bytes, int]:
-        object_id = self.handles.id(entry.path, entry.id)
+    async def _handle(self, export: Export, entry: Entry) -> tuple[bytes, int]:
+        object_id = await self._object(entry)
         return self.handles.encode(export.id, object_id), object_id
+
+    async def _object(self, entry: Entry) -> int:
+        """The object id of ``entry``: one for all names of a hard-linked file, so the
+        client caches one file's attributes once (a name first seen joins the object of
+        a name seen before). Where nothing tells names apart from files (a spoke: no
+        gate, no ids) each name is its own object."""
+        linked = entry.nlink > 1 and not entry.is_dir and entry.inode is not None
+        if not linked or self.gate is None or entry.id is None:
+            return self.handles.id(entry.path, entry.id)
+        known = self.handles.find(entry.path, entry.id)
+        if known is not None:
+            return self.handles.id(entry.path, entry.id)
+        for name in await self.gate.other_names(entry):
+            object_id = self.handles.find(name)
+            if object_id is not None:
+                self.handles.alias(entry.id, object_id, entry.path)
+                return object_id
+        return self.handles.id(entry.path, entry.id)
+
+    async def _relinked(self, who: Principal, target: Target) -> Entry | None:
+        """The object's own name is gone: the entry of another of its names (an alias),
+        which the object now stands for; None if none is left."""
+        for alias in self.handles.aliases(target.object_id):
+            try:
+                moved = await self.ns.locate(who, alias)
+            except (NotFound, NotSupported):
+                self.handles.unalias(alias)
+                continue
+            self._place(target, moved.path)
+            self.handles.moved_to(target.object_id, moved.path, alias)
+            self.spools.moved(target.object_id, moved.path)
+            target.entry = alias
+            return moved
+        return None
 
     async def _stat(self, who: Principal, target: Target) -> Entry:
         """The entry a handle names now, found where renames over other protocols took it;
@@ -394,6 +430,9 @@ class NfsServer:
                 self.handles.id(moved.path, moved.id)
                 self.spools.moved(target.object_id, moved.path)
                 return moved
+        relinked = await self._relinked(who, target)
+        if relinked is not None:
+            return relinked
         self.handles.retire(target.object_id)
         self.spools.discard(target.object_id)
         raise NfsError(e.NFS3ERR_STALE, f"{target.path} is gone")
@@ -554,7 +593,7 @@ class NfsServer:
                 self._post_op(p, directory, target.export)
                 raise _Answered(p) from None
         entry = found
-        handle, object_id = self._handle(target.export, entry)
+        handle, object_id = await self._handle(target.export, entry)
         p = Packer()
         p.opaque(handle)
         p.boolean(True)
@@ -691,7 +730,7 @@ class NfsServer:
         self, p: Packer, who: Principal, target: Target, before: Entry, entry: Entry
     ) -> None:
         """A post_op_fh3, its post_op_attr and the directory's wcc_data."""
-        handle, object_id = self._handle(target.export, entry)
+        handle, object_id = await self._handle(target.export, entry)
         p.boolean(True)
         p.opaque(handle)
         p.boolean(True)
@@ -790,9 +829,14 @@ class NfsServer:
             raise NfsError(e.NFS3ERR_NOTDIR, path)
         if not directory and entry.is_dir:
             raise NfsError(e.NFS3ERR_ISDIR, path)
-        await self.ns.remove(who, path, recursive=False)
         known = self.handles.find(path, entry.id)  # a file never handed out has no id
-        if known is not None:
+        linked = entry.nlink > 1 and not entry.is_dir
+        if known is not None and linked:  # it lives on under its other names: its writes too
+            await self.spools.commit(known)
+        await self.ns.remove(who, path, recursive=False)
+        if known is not None and linked:
+            await self._unlinked(who, target, known, entry)
+        elif known is not None:
             self.spools.discard(known)
             self.handles.retire(known)
         if directory:  # ids below a directory go with it
@@ -800,6 +844,22 @@ class NfsServer:
         p = Packer()
         await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
         return p
+
+    async def _unlinked(self, who: Principal, target: Target, object_id: int, entry: Entry) -> None:
+        """One name of the hard-linked file ``object_id`` is gone: an alias is dropped;
+        the object's own name gives way to another of its names, at once, so a new file
+        at the old name is never taken for it."""
+        known = self.handles.known(object_id)
+        if known is None or known.entry != entry.id:
+            if entry.id is not None:
+                self.handles.unalias(entry.id)
+            return
+        moved = Target(target.export, target.rules, object_id, entry.id, entry.path, target.peer)
+        with contextlib.suppress(NfsError):  # moved out of the export: stale, as any such
+            if await self._relinked(who, moved) is not None:
+                return
+        self.spools.discard(object_id)
+        self.handles.retire(object_id)
 
     @nfs_procedure(2)
     async def remove(self, call: Call) -> Packer:
@@ -844,7 +904,11 @@ class NfsServer:
         await self._stat(who, target)
         await self.spools.commit(target.object_id)
         dst = paths.join(directory.path, _check_name(name))
-        await self.ns.link(who, target.path, dst)
+        made = await self.ns.link(who, target.path, dst)
+        if made.id is None:  # a create's answer may not know its row yet
+            made = await self.ns.stat(who, dst)
+        if made.id is not None:  # the new name is the same object, not another
+            self.handles.alias(made.id, target.object_id, dst)
         p = Packer()
         self._post_op(p, await self._stat_quiet(who, target.path), target.export)
         pre = self._sizes(before, directory.object_id)
@@ -867,27 +931,28 @@ class NfsServer:
         body, used, names = Packer(), 0, 0
         budget = maxcount - LISTING_HEADER
 
-        def add(entry: Entry, name: str, cookie: int | None = None) -> bool:
+        def add(entry: Entry, name: str, object_id: int, cookie: int | None = None) -> bool:
             nonlocal used, names
-            item, name_size = self._dir_entry(entry, name, cookie, target.export, plus)
+            item, name_size = self._dir_entry(entry, name, object_id, cookie, target.export, plus)
             if used + item.size > budget or names + name_size > dircount:
                 return False
             body.extend(item)
             used, names = used + item.size, names + name_size
             return True
 
-        dots: list[tuple[Entry, str, int]] = []
+        dots: list[tuple[Entry, str, int, int]] = []
         if cookie == 0:
-            dots.append((directory, ".", 1))
+            dots.append((directory, ".", target.object_id, 1))
         if cookie <= 1:
             parent = None
             if target.path != target.export.path:
                 parent = await self._stat_quiet(who, paths.split(target.path)[0])
-            dots.append((parent or directory, "..", 2))
+            up = parent or directory
+            dots.append((up, "..", self.handles.id(up.path, up.id), 2))
         eof = all(add(*dot) for dot in dots)
         if eof:
             async for entry in self.ns.list(who, target.path, start_after=start_after):
-                if not add(entry, entry.name):
+                if not add(entry, entry.name, await self._object(entry)):
                     eof = False
                     break
         if used == 0 and not eof:
@@ -911,16 +976,26 @@ class NfsServer:
         return paths.split(known.path)[1]
 
     def _dir_entry(
-        self, entry: Entry, name: str, cookie: int | None, export: Export, plus: bool
+        self,
+        entry: Entry,
+        name: str,
+        object_id: int,
+        cookie: int | None,
+        export: Export,
+        plus: bool,
     ) -> tuple[Packer, int]:
         """One entry3 (or entryplus3) and the size of its name part, which is what
         READDIRPLUS's dircount counts; the cookie is the object id plus 2 unless given."""
         p = Packer()
-        object_id = self.handles.id(entry.path, entry.id)
         p.boolean(True)
         p.uhyper(object_id)
         p.string(name)
-        p.uhyper(object_id + 2 if cookie is None else cookie)
+        if cookie is None:  # a hard link's other names have cookies of their own
+            linked = entry.nlink > 1 and not entry.is_dir
+            cookie = (
+                self.handles.cookie(object_id, entry.id, entry.path) if linked else object_id
+            ) + 2
+        p.uhyper(cookie)
         name_size = p.size
         if plus:
             p.boolean(True)
