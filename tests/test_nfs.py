@@ -284,6 +284,57 @@ def test_a_user_the_acl_denies_gets_acces_and_no_bytes(site: Site) -> None:
     assert any(r["path"] == "/data/secret/s.txt" for r in rows)
 
 
+_WRITES = st.lists(
+    st.tuples(
+        st.sampled_from(("alice", "bob")), st.integers(0, 24), st.binary(min_size=1, max_size=8)
+    ),
+    min_size=1,
+    max_size=8,
+)
+_SHELVED = iter(range(1_000_000))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=FIXTURE)
+@given(steps=_WRITES, truncate=st.booleans())
+def test_a_writer_the_acl_refuses_changes_nothing_among_anothers_writes(
+    site: Site, steps: list[tuple[str, int, bytes]], truncate: bool
+) -> None:
+    """On /data/shelf alice may write and bob only read. Whatever order their UNSTABLE
+    WRITEs (and a SETATTR of the size by bob) come in, into one file's uncommitted writes,
+    bob's are ACCES and the committed file is alice's writes alone: a spool committed as
+    its last writer carried bob's bytes in as alice's, and his later writes skipped the
+    first-write decision."""
+    name = f"race{next(_SHELVED)}.bin"
+
+    async def race() -> bytes:
+        model = bytearray()
+        async with site.client(1000) as alice, site.client(1001) as bob:
+            root = await alice.mount("/data")
+            _, shelf = await alice.lookup(root, "shelf")
+            assert shelf is not None
+            handle = await _create(alice, shelf, name)
+            clients = {"alice": alice, "bob": bob}
+            for who, offset, data in steps:
+                p = Packer()
+                p.uhyper(offset)
+                p.uint(len(data))
+                p.uint(UNSTABLE)
+                p.opaque(data)
+                status = await clients[who].status_of(WRITE, handle_args(handle, p.value()))
+                assert status == (e.NFS3_OK if who == "alice" else e.NFS3ERR_ACCES)
+                if who == "alice":
+                    model[len(model) : offset] = bytes(max(0, offset - len(model)))
+                    model[offset : offset + len(data)] = data
+            if truncate:
+                args = handle_args(handle, sattr(size=1) + _uint(0))
+                assert await bob.status_of(SETATTR, args) == e.NFS3ERR_ACCES
+            assert await _commit(alice, handle) == e.NFS3_OK
+        return bytes(model)
+
+    expected = asyncio.run(race())
+    assert (site.vol / "shelf" / name).read_bytes() == expected
+
+
 def test_export_clients_must_be_addresses_or_networks() -> None:
     assert NfsExport(clients=["10.0.0.0/8", "::1", "192.168.1.7"]).clients[2] == "192.168.1.7"
     for wrong in ("10.0.0.300/8", "hub.example", ""):

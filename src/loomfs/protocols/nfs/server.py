@@ -699,8 +699,10 @@ class NfsServer:
         if before.kind is not EntryKind.FILE:
             raise NfsError(e.NFS3ERR_INVAL, f"{target.path} has no content")
         pre = self._sizes(before, target.object_id)
-        if self.gate is not None and self.spools.dirty(target.object_id) is None:
-            # refused now rather than at COMMIT, when the client has thrown the data away
+        spool = self.spools.dirty(target.object_id)
+        if self.gate is not None and (spool is None or spool.who != who):
+            # refused now rather than at COMMIT, when the client has thrown the data away;
+            # each user's first write into a spool (it commits the one before as theirs)
             await self.gate.authorize(who, "write", Action.WRITE, target.path)
         await self.spools.write(who, target.object_id, before, offset, data)
         committed = UNSTABLE
@@ -771,7 +773,10 @@ class NfsServer:
             if how == 1 or entry.kind is not EntryKind.FILE or not retransmitted:
                 raise
             if how == 0 and entry.kind is EntryKind.FILE and s.size == 0 and entry.size:
-                self.spools.discard(self.handles.id(path, entry.id))
+                # what others wrote lands first, as theirs: this caller's empty file,
+                # if the namespace lets it write, is the newer version (a caller it
+                # refuses must not throw their writes away)
+                await self.spools.commit(self.handles.id(path, entry.id))
                 entry = await self.ns.write(who, path, aiter_bytes(b""))
         p = Packer()
         await self._created(p, who, target, before, entry)
