@@ -15,6 +15,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -966,6 +967,46 @@ def test_the_names_of_a_hard_linked_file_are_one_nfs_object(site: Site) -> None:
             await rest.close()
 
     asyncio.run(linked())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=FIXTURE)
+@given(mode=st.integers(0, 0o7777))
+def test_a_write_by_another_than_the_owner_clears_the_set_id_bits(site: Site, mode: int) -> None:
+    """pjdfstest chmod/12: a write by a non-owner clears S_ISUID, and S_ISGID where the
+    group may execute, in the WRITE's own attributes and on the volume (the Linux client
+    leaves this to the server); the other bits stay."""
+    name = f"setid{next(_SHELVED)}.bin"
+    expected = mode & ~(stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0))
+
+    async def written() -> int:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.write_bytes(SYSTEM, f"/data/work/{name}", b"tool")
+            await rest.set_attrs(SYSTEM, f"/data/work/{name}", mode=mode)  # set-id: admin's
+        finally:
+            await rest.close()
+        async with site.client() as c:  # alice, uid 1000: not the owner
+            root = await c.mount("/data")
+            _, wh = await c.lookup(root, "work")
+            assert wh is not None
+            _, handle = await c.lookup(wh, name)
+            assert handle is not None
+            p = Packer()
+            p.uhyper(0)
+            p.uint(1)
+            p.uint(UNSTABLE)
+            p.opaque(b"T")
+            body = await c.nfs(WRITE, handle_args(handle, p.value()))
+            assert body.uint() == e.NFS3_OK
+            after = wcc(body)
+            assert after is not None
+            assert await _commit(c, handle) == e.NFS3_OK
+            return after.mode
+
+    assert asyncio.run(written()) == expected
+    on_disk = (site.vol / "work" / name).stat()
+    assert stat.S_IMODE(on_disk.st_mode) == expected
+    assert (site.vol / "work" / name).read_bytes() == b"Tool"
 
 
 def test_a_size_beyond_the_disks_limit_is_inval_and_changes_nothing(site: Site) -> None:

@@ -705,6 +705,7 @@ class NfsServer:
             # each user's first write into a spool (it commits the one before as theirs)
             await self.gate.authorize(who, "write", Action.WRITE, target.path)
         await self.spools.write(who, target.object_id, before, offset, data)
+        await self._drop_set_id(call, who, target, before)
         committed = UNSTABLE
         if stable != UNSTABLE:
             await self.spools.commit(target.object_id)
@@ -715,6 +716,16 @@ class NfsServer:
         p.uint(committed)
         p.fixed(self.write_verifier)
         return p
+
+    async def _drop_set_id(self, call: Call, who: Principal, target: Target, entry: Entry) -> None:
+        """A write by anyone but the file's owner (or root) clears its set-user-ID bit, and
+        its set-group-ID bit where the group may execute it, as a posix kernel does on its
+        own disk (the Linux client leaves it to the server: a write is no SETATTR)."""
+        bits = entry.mode & (stat_mod.S_ISUID | (stat_mod.S_ISGID * bool(entry.mode & 0o010)))
+        uid = None if call.cred is None else call.cred.uid
+        if bits and uid not in (0, entry.uid):
+            mode = entry.mode & 0o7777 & ~bits
+            await self.ns.set_attrs(who, target.path, mode=mode)
 
     @nfs_procedure(1)
     async def commit(self, call: Call) -> Packer:
