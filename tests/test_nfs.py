@@ -963,6 +963,23 @@ def test_the_names_of_a_hard_linked_file_are_one_nfs_object(site: Site) -> None:
                 for name in ("orig", "third"):
                     assert await c.status_of(REMOVE, diropargs(wh, name)) == e.NFS3_OK
                 assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
+                # names under two exports' rules stay two objects: a read-only export's
+                # name is no way to write the other's
+                await rest.write_bytes(SYSTEM, "/data/work/both.txt", b"rw")
+                await rest.link(SYSTEM, "/data/work/both.txt", "/data/pub/both.txt")
+                _, pub = await c.lookup(root, "pub")
+                assert pub is not None
+                _, in_pub = await c.lookup(pub, "both.txt")
+                _, in_work = await c.lookup(wh, "both.txt")
+                assert in_pub is not None and in_work is not None and in_pub != in_work
+                await _write(c, in_work, 0, b"RW", FILE_SYNC)
+                p = Packer()
+                p.uhyper(0)
+                p.uint(1)
+                p.uint(FILE_SYNC)
+                p.opaque(b"x")
+                assert await c.status_of(WRITE, handle_args(in_pub, p.value())) == e.NFS3ERR_ROFS
+                assert (site.vol / "pub" / "both.txt").read_bytes() == b"RW"
         finally:
             await rest.close()
 

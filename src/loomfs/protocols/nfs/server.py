@@ -380,15 +380,19 @@ class NfsServer:
     async def _object(self, entry: Entry) -> int:
         """The object id of ``entry``: one for all names of a hard-linked file, so the
         client caches one file's attributes once (a name first seen joins the object of
-        a name seen before). Where nothing tells names apart from files (a spoke: no
-        gate, no ids) each name is its own object."""
+        a name seen before) where both are under the same export's rules (a handle's
+        rules are its object's path's). Where nothing tells names apart from files (a
+        spoke: no gate, no ids) each name is its own object."""
         linked = entry.nlink > 1 and not entry.is_dir and entry.inode is not None
         if not linked or self.gate is None or entry.id is None:
             return self.handles.id(entry.path, entry.id)
         known = self.handles.find(entry.path, entry.id)
         if known is not None:
             return self.handles.id(entry.path, entry.id)
+        rules = self._export_of(entry.path)
         for name in await self.gate.other_names(entry):
+            if self._export_of(name) is not rules:
+                continue
             object_id = self.handles.find(name)
             if object_id is not None:
                 self.handles.alias(entry.id, object_id, entry.path)
@@ -404,7 +408,10 @@ class NfsServer:
             except (NotFound, NotSupported):
                 self.handles.unalias(alias)
                 continue
-            self._place(target, moved.path)
+            try:
+                self._place(target, moved.path)
+            except NfsError:  # renamed out of the client's export, or not for this client
+                continue
             self.handles.moved_to(target.object_id, moved.path, alias)
             self.spools.moved(target.object_id, moved.path)
             target.entry = alias
