@@ -1026,6 +1026,74 @@ def test_a_write_by_another_than_the_owner_clears_the_set_id_bits(site: Site, mo
     assert (site.vol / "work" / name).read_bytes() == b"Tool"
 
 
+_LINK_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(("link", "rest-link", "unlink", "rest-unlink", "rename", "write")),
+        st.integers(0, 7),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=FIXTURE)
+@given(steps=_LINK_STEPS)
+def test_every_name_of_a_file_is_its_one_handle_through_links_unlinks_and_renames(
+    site: Site, steps: list[tuple[str, int]]
+) -> None:
+    """Whatever links, unlinks and renames (over NFS or REST) a file's names go through,
+    every name the file still has looks up to the handle first handed out, with the
+    file's fileid, link count and bytes."""
+    top = f"linkage{next(_SHELVED)}"
+
+    async def wander() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.mkdir(SYSTEM, f"/data/work/{top}")
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, wh = await c.lookup(root, "work")
+                assert wh is not None
+                _, d = await c.lookup(wh, top)
+                assert d is not None
+                handle = await _create(c, d, "n0")
+                await _write(c, handle, 0, b"v0", FILE_SYNC)
+                names, content, made = ["n0"], b"v0", 1
+                for op, pick in steps:
+                    name = names[pick % len(names)]
+                    if op in ("link", "rest-link", "rename"):
+                        new, made = f"n{made}", made + 1
+                        if op == "link":
+                            args = handle_args(handle, diropargs(d, new))
+                            assert await c.status_of(LINK, args) == e.NFS3_OK
+                        elif op == "rest-link":
+                            await rest.link(
+                                SYSTEM, f"/data/work/{top}/{name}", f"/data/work/{top}/{new}"
+                            )
+                        else:
+                            args = diropargs(d, name) + diropargs(d, new)
+                            assert await c.status_of(RENAME, args) == e.NFS3_OK
+                            names.remove(name)
+                        names.append(new)
+                    elif op in ("unlink", "rest-unlink") and len(names) > 1:
+                        if op == "unlink":
+                            assert await c.status_of(REMOVE, diropargs(d, name)) == e.NFS3_OK
+                        else:
+                            await rest.remove(SYSTEM, f"/data/work/{top}/{name}")
+                        names.remove(name)
+                    elif op == "write":
+                        content = f"v{made}".encode()
+                        await _write(c, (await c.lookup(d, name))[1] or b"", 0, content, FILE_SYNC)
+                    attrs = await _attrs(c, handle)
+                    assert (attrs.nlink, attrs.size) == (len(names), len(content))
+                    for each in names:
+                        assert (await c.lookup(d, each))[1] == handle, (op, each, names)
+                    assert await _read_all(c, handle) == (e.NFS3_OK, content)
+        finally:
+            await rest.close()
+
+    asyncio.run(wander())
+
+
 def test_a_size_beyond_the_disks_limit_is_inval_and_changes_nothing(site: Site) -> None:
     """pjdfstest ftruncate/12: a truncate to ~1 PB is EFBIG or EINVAL, not a server fault."""
     path = site.vol / "work" / "huge.txt"
