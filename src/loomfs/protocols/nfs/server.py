@@ -386,8 +386,7 @@ class NfsServer:
         linked = entry.nlink > 1 and not entry.is_dir and entry.inode is not None
         if not linked or self.gate is None or entry.id is None:
             return self.handles.id(entry.path, entry.id)
-        known = self.handles.find(entry.path, entry.id)
-        if known is not None:
+        if self.handles.find(entry.path, entry.id) is not None:
             return self.handles.id(entry.path, entry.id)
         rules = self._export_of(entry.path)
         for name in await self.gate.other_names(entry):
@@ -711,8 +710,8 @@ class NfsServer:
             # refused now rather than at COMMIT, when the client has thrown the data away;
             # each user's first write into a spool (it commits the one before as theirs)
             await self.gate.authorize(who, "write", Action.WRITE, target.path)
+        await self._drop_set_id(call, who, target, before)  # refused: no byte taken
         await self.spools.write(who, target.object_id, before, offset, data)
-        await self._drop_set_id(call, who, target, before)
         committed = UNSTABLE
         if stable != UNSTABLE:
             await self.spools.commit(target.object_id)
