@@ -1149,6 +1149,50 @@ def test_one_entry_is_one_object_id_wherever_it_is_seen(
         table.close()
 
 
+_NAMES = st.sampled_from(["/d/a", "/d/b", "/d/c", "/e/a", "/e/b"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("see", "alias", "gone")), _NAMES), max_size=25))
+def test_the_names_of_one_file_share_its_object_and_keep_their_own_paths(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, str]]
+) -> None:
+    """One hard-linked file, its names at paths (entry = the path's index): an alias
+    finds the file's object by its entry, seeing an alias where it is moves neither the
+    object's own path nor another name's cookie, and each name's cookie keeps its path."""
+    table = HandleTable(tmp_path_factory.mktemp("aliases"))
+    entries = {path: i + 1 for i, path in enumerate(["/d/a", "/d/b", "/d/c", "/e/a", "/e/b"])}
+    owner: tuple[int, str] | None = None  # (object id, its own name)
+    aliased: set[str] = set()
+    try:
+        for op, path in steps:
+            entry = entries[path]
+            if owner is None:
+                owner = (table.id(path, entry), path)
+            elif op == "see" and path in aliased | {owner[1]}:  # seen again where it is
+                assert table.id(path, entry) == owner[0]
+            elif op == "alias" and path != owner[1]:
+                table.alias(entry, owner[0], path)
+                aliased.add(path)
+            elif op == "gone" and path == owner[1] and aliased:
+                heir = sorted(aliased)[0]
+                table.moved_to(owner[0], heir, entries[heir])
+                aliased.discard(heir)
+                owner = (owner[0], heir)
+            elif op == "gone" and path in aliased:
+                table.unalias(entry)
+                aliased.discard(path)
+            assert table.known(owner[0]) == (owner[1], True, entries[owner[1]])
+            cookies = {name: table.cookie(owner[0], entries[name], name) for name in aliased}
+            assert len(set(cookies.values()) | {owner[0]}) == len(aliased) + 1
+            for name, cookie in cookies.items():
+                assert table.find(name, entries[name]) == owner[0]
+                known = table.known(cookie)
+                assert known is not None and known.path == name
+    finally:
+        table.close()
+
+
 # -- writes, COMMIT and handles over restarts ------------------------------------------------
 
 
