@@ -15,6 +15,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok
 from loomfs.testing.loop import LoopThread
 from loomfs.testing.nfs import (
     FakePortmapper,
+    Fattr,
     RpcClient,
     diropargs,
     fattr,
@@ -281,6 +283,57 @@ def test_a_user_the_acl_denies_gets_acces_and_no_bytes(site: Site) -> None:
     rows = recorded()
     assert rows and {r["protocol"] for r in rows} == {"nfs"}
     assert any(r["path"] == "/data/secret/s.txt" for r in rows)
+
+
+_WRITES = st.lists(
+    st.tuples(
+        st.sampled_from(("alice", "bob")), st.integers(0, 24), st.binary(min_size=1, max_size=8)
+    ),
+    min_size=1,
+    max_size=8,
+)
+_SHELVED = iter(range(1_000_000))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=FIXTURE)
+@given(steps=_WRITES, truncate=st.booleans())
+def test_a_writer_the_acl_refuses_changes_nothing_among_anothers_writes(
+    site: Site, steps: list[tuple[str, int, bytes]], truncate: bool
+) -> None:
+    """On /data/shelf alice may write and bob only read. Whatever order their UNSTABLE
+    WRITEs (and a SETATTR of the size by bob) come in, into one file's uncommitted writes,
+    bob's are ACCES and the committed file is alice's writes alone: a spool committed as
+    its last writer carried bob's bytes in as alice's, and his later writes skipped the
+    first-write decision."""
+    name = f"race{next(_SHELVED)}.bin"
+
+    async def race() -> bytes:
+        model = bytearray()
+        async with site.client(1000) as alice, site.client(1001) as bob:
+            root = await alice.mount("/data")
+            _, shelf = await alice.lookup(root, "shelf")
+            assert shelf is not None
+            handle = await _create(alice, shelf, name)
+            clients = {"alice": alice, "bob": bob}
+            for who, offset, data in steps:
+                p = Packer()
+                p.uhyper(offset)
+                p.uint(len(data))
+                p.uint(UNSTABLE)
+                p.opaque(data)
+                status = await clients[who].status_of(WRITE, handle_args(handle, p.value()))
+                assert status == (e.NFS3_OK if who == "alice" else e.NFS3ERR_ACCES)
+                if who == "alice":
+                    model[len(model) : offset] = bytes(max(0, offset - len(model)))
+                    model[offset : offset + len(data)] = data
+            if truncate:
+                args = handle_args(handle, sattr(size=1) + _uint(0))
+                assert await bob.status_of(SETATTR, args) == e.NFS3ERR_ACCES
+            assert await _commit(alice, handle) == e.NFS3_OK
+        return bytes(model)
+
+    expected = asyncio.run(race())
+    assert (site.vol / "shelf" / name).read_bytes() == expected
 
 
 def test_export_clients_must_be_addresses_or_networks() -> None:
@@ -576,6 +629,10 @@ async def test_every_procedure_does_to_the_volume_what_posix_would(site: Site) -
             assert await c.status_of(REMOVE, diropargs(d, name)) == e.NFS3_OK
         assert await c.status_of(RMDIR, diropargs(wh, "d")) == e.NFS3_OK
         assert not (work / "d").exists()
+        # f lives on as work/moved, its hard link: its handle too, until that goes
+        body = await c.nfs(GETATTR, handle_args(f))
+        assert body.uint() == e.NFS3_OK and fattr(body).nlink == 1
+        assert await c.status_of(REMOVE, diropargs(wh, "moved")) == e.NFS3_OK
         assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
         assert (await c.lookup(d, "f"))[0] == e.NFS3ERR_STALE  # in a removed directory
         # special files hand out the hub's own privileges: they need admin, alice has none
@@ -834,6 +891,209 @@ def test_a_handle_follows_its_file_through_renames_over_another_protocol(site: S
     asyncio.run(wander())
 
 
+async def _attrs(c: RpcClient, handle: bytes) -> Fattr:
+    body = await c.nfs(GETATTR, handle_args(handle))
+    assert body.uint() == e.NFS3_OK
+    return fattr(body)
+
+
+async def _listed(c: RpcClient, directory: bytes, cookie: int = 0) -> dict[str, tuple[int, int]]:
+    """READDIRPLUS from ``cookie``: each name's (fileid, cookie)."""
+    p = Packer()
+    p.opaque(directory)
+    p.uhyper(cookie)
+    p.fixed(bytes(8))
+    p.uint(8192)
+    p.uint(65536)
+    body = await c.nfs(READDIRPLUS, p.value())
+    assert body.uint() == e.NFS3_OK
+    post_op(body)
+    body.fixed(8)
+    found = {}
+    while body.boolean():
+        fileid, name, next_cookie = body.uhyper(), body.string(255), body.uhyper()
+        post_op(body)
+        if body.boolean():
+            body.opaque(64)
+        found[name] = (fileid, next_cookie)
+    return found
+
+
+def test_the_names_of_a_hard_linked_file_are_one_nfs_object(site: Site) -> None:
+    """pjdfstest link/00: every name of a file has the same handle, fileid and link count
+    (the client caches attributes by handle: names of their own showed each other's
+    chmod, write or unlink late); a write through one name reads through the others;
+    READDIR gives each name a cookie of its own; when the first name goes, the others
+    keep the handle, and a new file at the old name is another object."""
+    work = site.vol / "work"
+
+    async def linked() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, wh = await c.lookup(root, "work")
+                assert wh is not None
+                f = await _create(c, wh, "orig")
+                await _write(c, f, 0, b"one", FILE_SYNC)
+                assert await c.status_of(LINK, handle_args(f, diropargs(wh, "twin"))) == e.NFS3_OK
+                await rest.link(SYSTEM, "/data/work/orig", "/data/work/third")  # over REST
+                handles = [(await c.lookup(wh, n))[1] for n in ("orig", "twin", "third")]
+                assert handles == [f, f, f]
+                first = await _attrs(c, f)
+                assert first.nlink == 3
+                await _write(c, f, 0, b"two", FILE_SYNC)
+                assert (work / "twin").read_bytes() == (work / "third").read_bytes() == b"two"
+                listed = await _listed(c, wh)
+                assert {listed[n][0] for n in ("orig", "twin", "third")} == {first.fileid}
+                cookies = [listed[n][1] for n in ("orig", "twin", "third")]
+                assert len(set(cookies)) == 3
+                for name, (_, cookie) in listed.items():  # a listing resumes after any name
+                    assert name not in await _listed(c, wh, cookie)
+                assert await c.status_of(REMOVE, diropargs(wh, "orig")) == e.NFS3_OK
+                after = await _attrs(c, f)
+                assert (after.fileid, after.nlink) == (first.fileid, 2)
+                assert (await c.lookup(wh, "twin"))[1] == f
+                assert await _read_all(c, f) == (e.NFS3_OK, b"two")
+                new = await _create(c, wh, "orig")
+                assert new != f and (await _attrs(c, new)).fileid != first.fileid
+                await rest.remove(SYSTEM, "/data/work/twin")  # the object's name now, over REST
+                assert (await _attrs(c, f)).nlink == 1
+                assert (await c.lookup(wh, "third"))[1] == f
+                for name in ("orig", "third"):
+                    assert await c.status_of(REMOVE, diropargs(wh, name)) == e.NFS3_OK
+                assert await c.status_of(GETATTR, handle_args(f)) == e.NFS3ERR_STALE
+                # names under two exports' rules stay two objects: a read-only export's
+                # name is no way to write the other's
+                await rest.write_bytes(SYSTEM, "/data/work/both.txt", b"rw")
+                await rest.link(SYSTEM, "/data/work/both.txt", "/data/pub/both.txt")
+                _, pub = await c.lookup(root, "pub")
+                assert pub is not None
+                _, in_pub = await c.lookup(pub, "both.txt")
+                _, in_work = await c.lookup(wh, "both.txt")
+                assert in_pub is not None and in_work is not None and in_pub != in_work
+                await _write(c, in_work, 0, b"RW", FILE_SYNC)
+                p = Packer()
+                p.uhyper(0)
+                p.uint(1)
+                p.uint(FILE_SYNC)
+                p.opaque(b"x")
+                assert await c.status_of(WRITE, handle_args(in_pub, p.value())) == e.NFS3ERR_ROFS
+                assert (site.vol / "pub" / "both.txt").read_bytes() == b"RW"
+        finally:
+            await rest.close()
+
+    asyncio.run(linked())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=FIXTURE)
+@given(mode=st.integers(0, 0o7777))
+def test_a_write_by_another_than_the_owner_clears_the_set_id_bits(site: Site, mode: int) -> None:
+    """pjdfstest chmod/12: a write by a non-owner clears S_ISUID, and S_ISGID where the
+    group may execute, in the WRITE's own attributes and on the volume (the Linux client
+    leaves this to the server); the other bits stay."""
+    name = f"setid{next(_SHELVED)}.bin"
+    expected = mode & ~(stat.S_ISUID | (stat.S_ISGID if mode & stat.S_IXGRP else 0))
+
+    async def written() -> int:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.write_bytes(SYSTEM, f"/data/work/{name}", b"tool")
+            await rest.set_attrs(SYSTEM, f"/data/work/{name}", mode=mode)  # set-id: admin's
+        finally:
+            await rest.close()
+        async with site.client() as c:  # alice, uid 1000: not the owner
+            root = await c.mount("/data")
+            _, wh = await c.lookup(root, "work")
+            assert wh is not None
+            _, handle = await c.lookup(wh, name)
+            assert handle is not None
+            p = Packer()
+            p.uhyper(0)
+            p.uint(1)
+            p.uint(UNSTABLE)
+            p.opaque(b"T")
+            body = await c.nfs(WRITE, handle_args(handle, p.value()))
+            assert body.uint() == e.NFS3_OK
+            after = wcc(body)
+            assert after is not None
+            assert await _commit(c, handle) == e.NFS3_OK
+            return after.mode
+
+    assert asyncio.run(written()) == expected
+    on_disk = (site.vol / "work" / name).stat()
+    assert stat.S_IMODE(on_disk.st_mode) == expected
+    assert (site.vol / "work" / name).read_bytes() == b"Tool"
+
+
+_LINK_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(("link", "rest-link", "unlink", "rest-unlink", "rename", "write")),
+        st.integers(0, 7),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=FIXTURE)
+@given(steps=_LINK_STEPS)
+def test_every_name_of_a_file_is_its_one_handle_through_links_unlinks_and_renames(
+    site: Site, steps: list[tuple[str, int]]
+) -> None:
+    """Whatever links, unlinks and renames (over NFS or REST) a file's names go through,
+    every name the file still has looks up to the handle first handed out, with the
+    file's fileid, link count and bytes."""
+    top = f"linkage{next(_SHELVED)}"
+
+    async def wander() -> None:
+        rest = RestNamespace(site.hub.url, credentials=site.hub.admin)
+        try:
+            await rest.mkdir(SYSTEM, f"/data/work/{top}")
+            async with site.client() as c:
+                root = await c.mount("/data")
+                _, wh = await c.lookup(root, "work")
+                assert wh is not None
+                _, d = await c.lookup(wh, top)
+                assert d is not None
+                handle = await _create(c, d, "n0")
+                await _write(c, handle, 0, b"v0", FILE_SYNC)
+                names, content, made = ["n0"], b"v0", 1
+                for op, pick in steps:
+                    name = names[pick % len(names)]
+                    if op in ("link", "rest-link", "rename"):
+                        new, made = f"n{made}", made + 1
+                        if op == "link":
+                            args = handle_args(handle, diropargs(d, new))
+                            assert await c.status_of(LINK, args) == e.NFS3_OK
+                        elif op == "rest-link":
+                            await rest.link(
+                                SYSTEM, f"/data/work/{top}/{name}", f"/data/work/{top}/{new}"
+                            )
+                        else:
+                            args = diropargs(d, name) + diropargs(d, new)
+                            assert await c.status_of(RENAME, args) == e.NFS3_OK
+                            names.remove(name)
+                        names.append(new)
+                    elif op in ("unlink", "rest-unlink") and len(names) > 1:
+                        if op == "unlink":
+                            assert await c.status_of(REMOVE, diropargs(d, name)) == e.NFS3_OK
+                        else:
+                            await rest.remove(SYSTEM, f"/data/work/{top}/{name}")
+                        names.remove(name)
+                    elif op == "write":
+                        content = f"v{made}".encode()
+                        await _write(c, (await c.lookup(d, name))[1] or b"", 0, content, FILE_SYNC)
+                    attrs = await _attrs(c, handle)
+                    assert (attrs.nlink, attrs.size) == (len(names), len(content))
+                    for each in names:
+                        assert (await c.lookup(d, each))[1] == handle, (op, each, names)
+                    assert await _read_all(c, handle) == (e.NFS3_OK, content)
+        finally:
+            await rest.close()
+
+    asyncio.run(wander())
+
+
 def test_a_size_beyond_the_disks_limit_is_inval_and_changes_nothing(site: Site) -> None:
     """pjdfstest ftruncate/12: a truncate to ~1 PB is EFBIG or EINVAL, not a server fault."""
     path = site.vol / "work" / "huge.txt"
@@ -885,6 +1145,50 @@ def test_one_entry_is_one_object_id_wherever_it_is_seen(
             elif isinstance(other, int) and other in given_ids:
                 table.retire(given_ids.pop(other))
             assert len(set(given_ids.values())) == len(given_ids)
+    finally:
+        table.close()
+
+
+_NAMES = st.sampled_from(["/d/a", "/d/b", "/d/c", "/e/a", "/e/b"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("see", "alias", "gone")), _NAMES), max_size=25))
+def test_the_names_of_one_file_share_its_object_and_keep_their_own_paths(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, str]]
+) -> None:
+    """One hard-linked file, its names at paths (entry = the path's index): an alias
+    finds the file's object by its entry, seeing an alias where it is moves neither the
+    object's own path nor another name's cookie, and each name's cookie keeps its path."""
+    table = HandleTable(tmp_path_factory.mktemp("aliases"))
+    entries = {path: i + 1 for i, path in enumerate(["/d/a", "/d/b", "/d/c", "/e/a", "/e/b"])}
+    owner: tuple[int, str] | None = None  # (object id, its own name)
+    aliased: set[str] = set()
+    try:
+        for op, path in steps:
+            entry = entries[path]
+            if owner is None:
+                owner = (table.id(path, entry), path)
+            elif op == "see" and path in aliased | {owner[1]}:  # seen again where it is
+                assert table.id(path, entry) == owner[0]
+            elif op == "alias" and path != owner[1]:
+                table.alias(entry, owner[0], path)
+                aliased.add(path)
+            elif op == "gone" and path == owner[1] and aliased:
+                heir = sorted(aliased)[0]
+                table.moved_to(owner[0], heir, entries[heir])
+                aliased.discard(heir)
+                owner = (owner[0], heir)
+            elif op == "gone" and path in aliased:
+                table.unalias(entry)
+                aliased.discard(path)
+            assert table.known(owner[0]) == (owner[1], True, entries[owner[1]])
+            cookies = {name: table.cookie(owner[0], entries[name], name) for name in aliased}
+            assert len(set(cookies.values()) | {owner[0]}) == len(aliased) + 1
+            for name, cookie in cookies.items():
+                assert table.find(name, entries[name]) == owner[0]
+                known = table.known(cookie)
+                assert known is not None and known.path == name
     finally:
         table.close()
 

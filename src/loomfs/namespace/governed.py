@@ -458,6 +458,12 @@ class GovernedNamespace(FeedNamespace):
     async def check_write(self, who: Principal, path: str) -> None:
         await self._ask(who, [Need(Action.WRITE, path)])
 
+    async def other_names(self, entry: Entry) -> builtins.list[str]:
+        """The other names of ``entry``'s file (hard links): for an edge that must give
+        one file one identity (an NFS handle) whichever name reached it. Nothing is
+        decided: the caller reveals no name, each is decided when it is looked up."""
+        return await self.inner.other_names(entry)
+
     # -- the namespace API -----------------------------------------------------------------
 
     async def stat(self, who: Principal, path: str) -> Entry:

@@ -191,12 +191,13 @@ class Fattr:
     size: int
     fileid: int
     mtime_ns: int
+    ctime_ns: int = 0
+    uid: int = 0
+    gid: int = 0
 
 
 def fattr(body: Unpacker) -> Fattr:
-    kind, mode, nlink = body.uint(), body.uint(), body.uint()
-    body.uint()  # uid
-    body.uint()  # gid
+    kind, mode, nlink, uid, gid = (body.uint() for _ in range(5))
     size = body.uhyper()
     body.uhyper()  # used
     body.uhyper()  # rdev
@@ -204,8 +205,8 @@ def fattr(body: Unpacker) -> Fattr:
     fileid = body.uhyper()
     body.uhyper()  # atime
     mtime_ns = body.uint() * 1_000_000_000 + body.uint()
-    body.uhyper()  # ctime
-    return Fattr(kind, mode, nlink, size, fileid, mtime_ns)
+    ctime_ns = body.uint() * 1_000_000_000 + body.uint()
+    return Fattr(kind, mode, nlink, size, fileid, mtime_ns, ctime_ns, uid, gid)
 
 
 def post_op(body: Unpacker) -> Fattr | None:

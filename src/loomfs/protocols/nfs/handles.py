@@ -15,6 +15,14 @@ over any protocol keeps the handle valid, and a removed object is NFS3ERR_STALE.
 namespace has no ids (a spoke), the path is all there is: renames through NFS move the ids
 below the old name to the new one, and a rename over another protocol leaves them stale.
 The object id doubles as NFS's ``fileid`` and READDIR's cookie, both stable across restarts.
+
+A file with hard links is one object whatever name it is reached by (a client caches a
+file's attributes by its handle: names with handles of their own would show each other's
+chmod, write or unlink only after the attribute cache timed out). The catalog has a row
+per name, so the entries of the other names are the object's *aliases*
+(``HandleTable.alias``): looked up by entry, an alias gives the object's id; the object
+keeps the path and entry of one name, and when that name goes the server moves it to an
+alias's (``NfsServer._stat``).
 """
 
 from __future__ import annotations
@@ -96,6 +104,14 @@ class HandleTable:
             "WHERE live = 1 AND entry IS NOT NULL"
         )
         self.db.execute("CREATE INDEX IF NOT EXISTS handles_path ON handles (path)")
+        # the entries of a hard-linked file's other names, each standing for the object;
+        # ``cookie``: a retired row of ``handles`` that keeps the name's path, so a READDIR
+        # cookie names the name, as an object id names its own
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS aliases (entry INTEGER PRIMARY KEY, "
+            "object INTEGER NOT NULL, cookie INTEGER NOT NULL)"
+        )
+        self.db.execute("CREATE INDEX IF NOT EXISTS aliases_object ON aliases (object)")
 
     def close(self) -> None:
         self.db.close()
@@ -138,7 +154,7 @@ class HandleTable:
         """The object id of the entry ``entry`` now at ``path`` (of whatever is at ``path``
         where the namespace gave no identity), made if it has none."""
         if entry is not None and (held := self._of_entry(entry)) is not None:
-            if held[1] != path:  # renamed over another protocol: its name as it is now
+            if held[1] not in (path, None):  # renamed over another protocol: its name now
                 self.db.execute("UPDATE handles SET path = ? WHERE id = ?", (path, held[0]))
             return held[0]
         # without an identity (a create's answer, a spoke's own pending write): what is at
@@ -152,11 +168,76 @@ class HandleTable:
         assert cur.lastrowid is not None
         return cur.lastrowid
 
-    def _of_entry(self, entry: int) -> tuple[int, str] | None:
+    def _of_entry(self, entry: int) -> tuple[int, str | None] | None:
+        """(object id, path) of the live object that is ``entry``, or (object id, None)
+        of the one that has it as an alias (whose path is another name's)."""
         row = self.db.execute(
             "SELECT id, path FROM handles WHERE entry = ? AND live = 1", (entry,)
         ).fetchone()
-        return None if row is None else (int(row[0]), str(row[1]))
+        if row is not None:
+            return int(row[0]), str(row[1])
+        row = self.db.execute(
+            "SELECT h.id FROM aliases a JOIN handles h ON h.id = a.object "
+            "WHERE a.entry = ? AND h.live = 1",
+            (entry,),
+        ).fetchone()
+        return None if row is None else (int(row[0]), None)
+
+    def alias(self, entry: int, object_id: int, path: str) -> None:
+        """``entry``, at ``path`` (another name of the object's file), stands for
+        ``object_id``: a handle of its own, where one was given, is retired."""
+        self.db.execute("BEGIN")
+        try:
+            self.db.execute(
+                "UPDATE handles SET live = 0 WHERE entry = ? AND live = 1 AND id != ?",
+                (entry, object_id),
+            )
+            cur = self.db.execute("INSERT INTO handles (path, live) VALUES (?, 0)", (path,))
+            self.db.execute(
+                "INSERT OR REPLACE INTO aliases (entry, object, cookie) VALUES (?, ?, ?)",
+                (entry, object_id, cur.lastrowid),
+            )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def cookie(self, object_id: int, entry: int | None, path: str) -> int:
+        """The number READDIR's cookie for the name ``path`` is made of: the object id,
+        or an alias's own (its path kept as the name is now)."""
+        if entry is None:
+            return object_id
+        row = self.db.execute(
+            "SELECT a.cookie, h.path FROM aliases a JOIN handles h ON h.id = a.cookie "
+            "WHERE a.entry = ? AND a.object = ?",
+            (entry, object_id),
+        ).fetchone()
+        if row is None:
+            return object_id
+        if row[1] != path:
+            self.db.execute("UPDATE handles SET path = ? WHERE id = ?", (path, row[0]))
+        return int(row[0])
+
+    def aliases(self, object_id: int) -> list[int]:
+        rows = self.db.execute("SELECT entry FROM aliases WHERE object = ?", (object_id,))
+        return [int(row[0]) for row in rows]
+
+    def unalias(self, entry: int) -> None:
+        """``entry``'s name is gone (an alias's: the object lives on under its own)."""
+        self.db.execute("DELETE FROM aliases WHERE entry = ?", (entry,))
+
+    def moved_to(self, object_id: int, path: str, entry: int) -> None:
+        """The object's own name is gone; it lives on as ``entry`` (its alias) at ``path``."""
+        self.db.execute("BEGIN")
+        try:
+            self.db.execute("DELETE FROM aliases WHERE entry = ?", (entry,))
+            self.db.execute(
+                "UPDATE handles SET path = ?, entry = ? WHERE id = ?", (path, entry, object_id)
+            )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     def _at(self, path: str, entry: int | None) -> int | None:
         """The live object id at ``path`` known only by it (any, for ``entry`` None):
@@ -179,6 +260,7 @@ class HandleTable:
     def retire(self, object_id: int) -> None:
         """The object is gone: its handles are stale."""
         self.db.execute("UPDATE handles SET live = 0 WHERE id = ?", (object_id,))
+        self.db.execute("DELETE FROM aliases WHERE object = ?", (object_id,))
 
     def removed(self, path: str) -> None:
         """``path`` and everything below it are gone: the handles of what is known only by

@@ -93,6 +93,8 @@ class AccessGate(Protocol):
 
     async def authorize(self, who: Principal, op: str, action: Action, *targets: str) -> None: ...
 
+    async def other_names(self, entry: Entry) -> list[str]: ...
+
 
 async def _allows(check: Awaitable[None]) -> bool:
     try:
@@ -371,9 +373,49 @@ class NfsServer:
             raise NfsError(e.NFS3ERR_ACCES, f"{target.peer} may not use {rules.path}")
         target.rules, target.path = rules, path
 
-    def _handle(self, export: Export, entry: Entry) -> tuple[bytes, int]:
-        object_id = self.handles.id(entry.path, entry.id)
+    async def _handle(self, export: Export, entry: Entry) -> tuple[bytes, int]:
+        object_id = await self._object(entry)
         return self.handles.encode(export.id, object_id), object_id
+
+    async def _object(self, entry: Entry) -> int:
+        """The object id of ``entry``: one for all names of a hard-linked file, so the
+        client caches one file's attributes once (a name first seen joins the object of
+        a name seen before) where both are under the same export's rules (a handle's
+        rules are its object's path's). Where nothing tells names apart from files (a
+        spoke: no gate, no ids) each name is its own object."""
+        linked = entry.nlink > 1 and not entry.is_dir and entry.inode is not None
+        if not linked or self.gate is None or entry.id is None:
+            return self.handles.id(entry.path, entry.id)
+        if self.handles.find(entry.path, entry.id) is not None:
+            return self.handles.id(entry.path, entry.id)
+        rules = self._export_of(entry.path)
+        for name in await self.gate.other_names(entry):
+            if self._export_of(name) is not rules:
+                continue
+            object_id = self.handles.find(name)
+            if object_id is not None:
+                self.handles.alias(entry.id, object_id, entry.path)
+                return object_id
+        return self.handles.id(entry.path, entry.id)
+
+    async def _relinked(self, who: Principal, target: Target) -> Entry | None:
+        """The object's own name is gone: the entry of another of its names (an alias),
+        which the object now stands for; None if none is left."""
+        for alias in self.handles.aliases(target.object_id):
+            try:
+                moved = await self.ns.locate(who, alias)
+            except (NotFound, NotSupported):
+                self.handles.unalias(alias)
+                continue
+            try:
+                self._place(target, moved.path)
+            except NfsError:  # renamed out of the client's export, or not for this client
+                continue
+            self.handles.moved_to(target.object_id, moved.path, alias)
+            self.spools.moved(target.object_id, moved.path)
+            target.entry = alias
+            return moved
+        return None
 
     async def _stat(self, who: Principal, target: Target) -> Entry:
         """The entry a handle names now, found where renames over other protocols took it;
@@ -394,6 +436,9 @@ class NfsServer:
                 self.handles.id(moved.path, moved.id)
                 self.spools.moved(target.object_id, moved.path)
                 return moved
+        relinked = await self._relinked(who, target)
+        if relinked is not None:
+            return relinked
         self.handles.retire(target.object_id)
         self.spools.discard(target.object_id)
         raise NfsError(e.NFS3ERR_STALE, f"{target.path} is gone")
@@ -554,7 +599,7 @@ class NfsServer:
                 self._post_op(p, directory, target.export)
                 raise _Answered(p) from None
         entry = found
-        handle, object_id = self._handle(target.export, entry)
+        handle, object_id = await self._handle(target.export, entry)
         p = Packer()
         p.opaque(handle)
         p.boolean(True)
@@ -660,9 +705,12 @@ class NfsServer:
         if before.kind is not EntryKind.FILE:
             raise NfsError(e.NFS3ERR_INVAL, f"{target.path} has no content")
         pre = self._sizes(before, target.object_id)
-        if self.gate is not None and self.spools.dirty(target.object_id) is None:
-            # refused now rather than at COMMIT, when the client has thrown the data away
+        spool = self.spools.dirty(target.object_id)
+        if self.gate is not None and (spool is None or spool.who != who):
+            # refused now rather than at COMMIT, when the client has thrown the data away;
+            # each user's first write into a spool (it commits the one before as theirs)
             await self.gate.authorize(who, "write", Action.WRITE, target.path)
+        await self._drop_set_id(call, who, target, before)  # refused: no byte taken
         await self.spools.write(who, target.object_id, before, offset, data)
         committed = UNSTABLE
         if stable != UNSTABLE:
@@ -674,6 +722,16 @@ class NfsServer:
         p.uint(committed)
         p.fixed(self.write_verifier)
         return p
+
+    async def _drop_set_id(self, call: Call, who: Principal, target: Target, entry: Entry) -> None:
+        """A write by anyone but the file's owner (or root) clears its set-user-ID bit, and
+        its set-group-ID bit where the group may execute it, as a posix kernel does on its
+        own disk (the Linux client leaves it to the server: a write is no SETATTR)."""
+        bits = entry.mode & (stat_mod.S_ISUID | (stat_mod.S_ISGID * bool(entry.mode & 0o010)))
+        uid = None if call.cred is None else call.cred.uid
+        if bits and uid not in (0, entry.uid):
+            mode = entry.mode & 0o7777 & ~bits
+            await self.ns.set_attrs(who, target.path, mode=mode)
 
     @nfs_procedure(1)
     async def commit(self, call: Call) -> Packer:
@@ -691,7 +749,7 @@ class NfsServer:
         self, p: Packer, who: Principal, target: Target, before: Entry, entry: Entry
     ) -> None:
         """A post_op_fh3, its post_op_attr and the directory's wcc_data."""
-        handle, object_id = self._handle(target.export, entry)
+        handle, object_id = await self._handle(target.export, entry)
         p.boolean(True)
         p.opaque(handle)
         p.boolean(True)
@@ -732,7 +790,10 @@ class NfsServer:
             if how == 1 or entry.kind is not EntryKind.FILE or not retransmitted:
                 raise
             if how == 0 and entry.kind is EntryKind.FILE and s.size == 0 and entry.size:
-                self.spools.discard(self.handles.id(path, entry.id))
+                # what others wrote lands first, as theirs: this caller's empty file,
+                # if the namespace lets it write, is the newer version (a caller it
+                # refuses must not throw their writes away)
+                await self.spools.commit(self.handles.id(path, entry.id))
                 entry = await self.ns.write(who, path, aiter_bytes(b""))
         p = Packer()
         await self._created(p, who, target, before, entry)
@@ -790,9 +851,14 @@ class NfsServer:
             raise NfsError(e.NFS3ERR_NOTDIR, path)
         if not directory and entry.is_dir:
             raise NfsError(e.NFS3ERR_ISDIR, path)
-        await self.ns.remove(who, path, recursive=False)
         known = self.handles.find(path, entry.id)  # a file never handed out has no id
-        if known is not None:
+        linked = entry.nlink > 1 and not entry.is_dir
+        if known is not None and linked:  # it lives on under its other names: its writes too
+            await self.spools.commit(known)
+        await self.ns.remove(who, path, recursive=False)
+        if known is not None and linked:
+            await self._unlinked(who, target, known, entry)
+        elif known is not None:
             self.spools.discard(known)
             self.handles.retire(known)
         if directory:  # ids below a directory go with it
@@ -800,6 +866,22 @@ class NfsServer:
         p = Packer()
         await self._wcc(p, who, self._sizes(before, target.object_id), target.path, target.export)
         return p
+
+    async def _unlinked(self, who: Principal, target: Target, object_id: int, entry: Entry) -> None:
+        """One name of the hard-linked file ``object_id`` is gone: an alias is dropped;
+        the object's own name gives way to another of its names, at once, so a new file
+        at the old name is never taken for it."""
+        known = self.handles.known(object_id)
+        if known is None or known.entry != entry.id:
+            if entry.id is not None:
+                self.handles.unalias(entry.id)
+            return
+        moved = Target(target.export, target.rules, object_id, entry.id, entry.path, target.peer)
+        with contextlib.suppress(NfsError):  # moved out of the export: stale, as any such
+            if await self._relinked(who, moved) is not None:
+                return
+        self.spools.discard(object_id)
+        self.handles.retire(object_id)
 
     @nfs_procedure(2)
     async def remove(self, call: Call) -> Packer:
@@ -844,7 +926,11 @@ class NfsServer:
         await self._stat(who, target)
         await self.spools.commit(target.object_id)
         dst = paths.join(directory.path, _check_name(name))
-        await self.ns.link(who, target.path, dst)
+        made = await self.ns.link(who, target.path, dst)
+        if made.id is None:  # a create's answer may not know its row yet
+            made = await self.ns.stat(who, dst)
+        if made.id is not None:  # the new name is the same object, not another
+            self.handles.alias(made.id, target.object_id, dst)
         p = Packer()
         self._post_op(p, await self._stat_quiet(who, target.path), target.export)
         pre = self._sizes(before, directory.object_id)
@@ -867,27 +953,28 @@ class NfsServer:
         body, used, names = Packer(), 0, 0
         budget = maxcount - LISTING_HEADER
 
-        def add(entry: Entry, name: str, cookie: int | None = None) -> bool:
+        def add(entry: Entry, name: str, object_id: int, cookie: int | None = None) -> bool:
             nonlocal used, names
-            item, name_size = self._dir_entry(entry, name, cookie, target.export, plus)
+            item, name_size = self._dir_entry(entry, name, object_id, cookie, target.export, plus)
             if used + item.size > budget or names + name_size > dircount:
                 return False
             body.extend(item)
             used, names = used + item.size, names + name_size
             return True
 
-        dots: list[tuple[Entry, str, int]] = []
+        dots: list[tuple[Entry, str, int, int]] = []
         if cookie == 0:
-            dots.append((directory, ".", 1))
+            dots.append((directory, ".", target.object_id, 1))
         if cookie <= 1:
             parent = None
             if target.path != target.export.path:
                 parent = await self._stat_quiet(who, paths.split(target.path)[0])
-            dots.append((parent or directory, "..", 2))
+            up = parent or directory
+            dots.append((up, "..", self.handles.id(up.path, up.id), 2))
         eof = all(add(*dot) for dot in dots)
         if eof:
             async for entry in self.ns.list(who, target.path, start_after=start_after):
-                if not add(entry, entry.name):
+                if not add(entry, entry.name, await self._object(entry)):
                     eof = False
                     break
         if used == 0 and not eof:
@@ -911,16 +998,26 @@ class NfsServer:
         return paths.split(known.path)[1]
 
     def _dir_entry(
-        self, entry: Entry, name: str, cookie: int | None, export: Export, plus: bool
+        self,
+        entry: Entry,
+        name: str,
+        object_id: int,
+        cookie: int | None,
+        export: Export,
+        plus: bool,
     ) -> tuple[Packer, int]:
         """One entry3 (or entryplus3) and the size of its name part, which is what
         READDIRPLUS's dircount counts; the cookie is the object id plus 2 unless given."""
         p = Packer()
-        object_id = self.handles.id(entry.path, entry.id)
         p.boolean(True)
         p.uhyper(object_id)
         p.string(name)
-        p.uhyper(object_id + 2 if cookie is None else cookie)
+        if cookie is None:  # a hard link's other names have cookies of their own
+            linked = entry.nlink > 1 and not entry.is_dir
+            cookie = (
+                self.handles.cookie(object_id, entry.id, entry.path) if linked else object_id
+            ) + 2
+        p.uhyper(cookie)
         name_size = p.size
         if plus:
             p.boolean(True)

@@ -14,6 +14,11 @@ write saw earlier, so no write is lost to a commit that landed in between.
 A commit that fails after its writes were answered (the idle commit, say) is kept and
 answered to the file's next WRITE or COMMIT, so a client never hears that uncommitted
 data is safe.
+
+A spool holds one user's writes: it is committed as that user, so the namespace decides
+every byte as its writer's. Another user's write into it commits it first (as its
+writer), and what the namespace refuses its writer is dropped, never left for someone
+else's commit to carry in.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 from ... import paths
 from ...core.streams import LocalFile
 from ...core.types import Entry, Principal
-from ...errors import LoomError, from_oserror
+from ...errors import LoomError, PermissionDenied, from_oserror
 from ...namespace.base import Namespace
 
 log = logging.getLogger(__name__)
@@ -116,11 +121,20 @@ class Spools:
 
     @contextlib.asynccontextmanager
     async def _held(self, who: Principal, object_id: int, entry: Entry) -> AsyncIterator[Spool]:
-        """The file's spool, locked."""
+        """The file's spool, locked, for ``who`` to write into: another user's writes in
+        it are committed first, as theirs."""
         seen: Entry | None = entry
         while True:
             spool = await self._open(who, object_id, entry.path, seen)
             async with spool.lock:
+                if spool.fd >= 0 and spool.dirty and spool.who not in (None, who):
+                    try:
+                        await self._commit_locked(spool, keep=True)
+                    except PermissionDenied as exc:  # dropped: ``who`` starts from the file
+                        log.warning(
+                            "an nfs write its writer may not make was dropped: %s", exc.message,
+                            extra={"path": spool.path, "code": exc.code},
+                        )  # fmt: skip
                 if spool.fd >= 0:
                     spool.path = entry.path
                     yield spool
@@ -191,14 +205,24 @@ class Spools:
         if spool is None:
             return None
         async with spool.lock:
-            if not spool.dirty or spool.who is None:
-                return None
-            # a failure leaves the spool dirty: the client's next COMMIT tries again
+            return await self._commit_locked(spool, keep=False)
+
+    async def _commit_locked(self, spool: Spool, *, keep: bool) -> Entry | None:
+        """Commit ``spool`` (locked) as its writer; ``keep``: hold it open even if small
+        (the caller writes into it next)."""
+        if not spool.dirty or spool.who is None:
+            return None
+        try:
             entry = await self.ns.write(spool.who, spool.path, LocalFile(spool.fd))
-            spool.dirty, spool.version = False, entry.version
-            if spool.size < KEEP_CLEAN:  # cheap to copy again: no descriptor held for it
-                self._drop(spool)
-            return entry
+        except PermissionDenied:
+            # never to land as its writer's: dropped, not left for another's commit
+            self._drop(spool)
+            raise
+        # any other failure leaves the spool dirty: the client's next COMMIT tries again
+        spool.dirty, spool.version = False, entry.version
+        if not keep and spool.size < KEEP_CLEAN:  # cheap to copy again: no descriptor held
+            self._drop(spool)
+        return entry
 
     async def commit_within(self, top: str) -> None:
         """Commit every file at or below ``top`` (before it is renamed: a spool keeps
