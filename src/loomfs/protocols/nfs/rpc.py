@@ -189,8 +189,10 @@ class RpcServer:
         try:
             reply = await self.dispatch(record, host)
             if reply is not None and not writer.is_closing():
-                writer.write((0x80000000 | reply.size).to_bytes(4, "big"))
-                writer.writelines(reply.parts)
+                # one send per reply: a record marker sent on its own is a packet of its
+                # own (TCP_NODELAY), a second wakeup of the client for every call
+                marker = (0x80000000 | reply.size).to_bytes(4, "big")
+                writer.writelines([marker, *reply.parts])
                 await writer.drain()
         except ConnectionError:
             pass
