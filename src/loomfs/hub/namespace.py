@@ -66,7 +66,7 @@ from ..errors import (
     NotFound,
     PermissionDenied,
 )
-from ..namespace import objectlock
+from ..namespace import objectlock, sse
 from ..namespace.base import (
     LIST_PAGE,
     NULL_VERSION,
@@ -531,7 +531,7 @@ class HubNamespace(ResolvingNamespace):
                     if path not in self._unversioned:  # a restored version keeps its own
                         objectlock.check_new(path, made.set, state)
                     locking.extend(k for k in made.set if k in objectlock.VERSION_KEYS)
-                    if self.placement is not None:
+                    if self.placement is not None and (made.set or made.stamped):
                         before = {} if current is None else await self.catalog.get_tags(path)
                         retagged.append(before)
                 if state is not None and current is not None:
@@ -1162,7 +1162,8 @@ class HubNamespace(ResolvingNamespace):
         self._unversioned.add(path)  # written back, not a new version
         try:
             await self.mkdir(who, paths.split(path)[0], parents=True, exist_ok=True)
-            kept = WriteTags(dict(newest.tags)) if newest.tags else None
+            # its own encryption's tags (or none), not those of the version it replaces
+            kept = WriteTags(dict(newest.tags), drop_prefix=sse.PREFIX)
             entry = await self.write(who, path, aiter_bytes(data), tags=kept)
         finally:
             self._unversioned.discard(path)
