@@ -6,7 +6,9 @@ namespace API), an SSE-S3 or SSE-KMS one reads as its plaintext for whoever may 
 from __future__ import annotations
 
 import asyncio
+import base64
 import errno
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,15 +130,34 @@ def test_sse_c_needs_its_key_for_every_read(gw: Gateway) -> None:
     )
     assert _code(part, Bucket=BUCKET, Key="mp", UploadId=uid, PartNumber=1, Body=b"p",
                  **OTHER_C) == "InvalidRequest"  # fmt: skip
-    etag = part(Bucket=BUCKET, Key="mp", UploadId=uid, PartNumber=1, Body=b"parts", **SSE_C)
+    first = b"p" * (5 << 20)  # all but the last part are at least 5 MiB
+    etag = part(Bucket=BUCKET, Key="mp", UploadId=uid, PartNumber=1, Body=first, **SSE_C)
     parts: Any = {"Parts": [{"ETag": etag["ETag"], "PartNumber": 1}]}
     done = s3.complete_multipart_upload
     assert _code(done, Bucket=BUCKET, Key="mp", UploadId=uid, MultipartUpload=parts) == (
         "InvalidRequest"
     )
-    done(Bucket=BUCKET, Key="mp", UploadId=uid, MultipartUpload=parts, **SSE_C)
-    assert get(Bucket=BUCKET, Key="mp", **SSE_C)["Body"].read() == b"parts"
+    copied = s3.upload_part_copy(Bucket=BUCKET, Key="mp", UploadId=uid, PartNumber=2,
+                                 CopySource=f"{BUCKET}/plain", **SSE_C)  # fmt: skip
+    assert copied["SSECustomerAlgorithm"] == "AES256"
+    parts["Parts"].append({"ETag": copied["CopyPartResult"]["ETag"], "PartNumber": 2})
+    answer = done(Bucket=BUCKET, Key="mp", UploadId=uid, MultipartUpload=parts, **SSE_C)
+    said = answer["ResponseMetadata"]["HTTPHeaders"]
+    assert said["x-amz-server-side-encryption-customer-algorithm"] == "AES256"
+    assert get(Bucket=BUCKET, Key="mp", **SSE_C)["Body"].read() == first + b"plain"
     assert _code(get, Bucket=BUCKET, Key="mp") == "InvalidRequest"
+    # what describes the object without reading it needs the key as a read does
+    attributes = s3.get_object_attributes
+    assert _code(attributes, Bucket=BUCKET, Key="mp", ObjectAttributes=["ObjectSize"]) == (
+        "InvalidRequest"
+    )
+    encoded = {  # botocore encodes the key for GET and PUT, not here
+        "SSECustomerAlgorithm": "AES256",
+        "SSECustomerKey": base64.b64encode(KEY).decode(),
+        "SSECustomerKeyMD5": base64.b64encode(hashlib.md5(KEY).digest()).decode(),
+    }
+    sized = attributes(Bucket=BUCKET, Key="mp", ObjectAttributes=["ObjectSize"], **encoded)
+    assert sized["ObjectSize"] == len(first) + len(b"plain")
 
 
 def test_sse_c_is_refused_to_other_protocols_and_sse_s3_is_plain_to_them(gw: Gateway) -> None:

@@ -840,6 +840,11 @@ class GovernedNamespace(FeedNamespace):
             detail=vid, nbytes=lambda reader: reader.length,
         )  # fmt: skip
 
+    async def check_key(self, who: Principal, entry: Entry, key: sse.Sealing | None) -> None:
+        """Refuse ``key`` as a read of file ``entry``'s content with it would be (an edge
+        that describes the content without reading it: S3's GetObjectAttributes)."""
+        sse.unseal(await self._seal_tags(who, entry), self.keys, key, entry.path)
+
     async def encrypted(self, who: Principal, entry: Entry) -> bool:
         """Whether the content of file ``entry`` (at its version) is stored encrypted:
         what cuts a volume's bytes into chunks must not hand those out as the content."""

@@ -1448,6 +1448,8 @@ class S3Gateway:
     async def get_object_attributes(self, c: Call) -> web.Response:
         entry, tags = await self._object(c)
         headers = c.request.headers
+        if self.sealer is not None and not entry.is_dir:  # refused as a read would be
+            await self.sealer.check_key(c.who, entry, encryption.read_key(_lowered(headers)))
         wanted = {a.strip() for a in headers.get("x-amz-object-attributes", "").split(",")}
         wanted.discard("")
         if not wanted or not wanted <= OBJECT_ATTRIBUTES:
@@ -2147,7 +2149,7 @@ class S3Gateway:
         _, _, source_data = await self._read_source(c, window)
         data, checksum = self._part_checksum(upload, source_data, None)
         part = await self.staging.put_part(upload, number, data, self.max_part_size, checksum)
-        return _xml(
+        response = _xml(
             document(
                 "CopyPartResult",
                 el("LastModified", iso_time(part.mtime_ns)),
@@ -2155,6 +2157,8 @@ class S3Gateway:
                 _part_checksum_xml(part),
             )
         )
+        response.headers.update(encryption.sealing_headers(sealing))
+        return response
 
     async def complete_upload(self, c: Call) -> web.Response:
         done = await self.staging.completed(c.query["uploadId"], c.bucket, c.key)
@@ -2244,7 +2248,7 @@ class S3Gateway:
         return hashed, lambda: checksums.Kept(algorithm, kind, found[0])
 
     def _completed(self, c: Call, etag: str, kept: checksums.Kept | None = None) -> web.Response:
-        return _xml(
+        response = _xml(
             document(
                 "CompleteMultipartUploadResult",
                 el("Location", f"/{c.bucket}/{c.key}"),
@@ -2255,6 +2259,8 @@ class S3Gateway:
                 el("ChecksumType", kept.kind) if kept else None,
             )
         )
+        response.headers.update(encryption.sealing_headers(c.sealing))
+        return response
 
     async def abort_upload(self, c: Call) -> web.Response:
         await self.staging.remove(await self._upload(c))
