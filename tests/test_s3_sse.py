@@ -151,7 +151,7 @@ def test_sse_c_needs_its_key_for_every_read(gw: Gateway) -> None:
     assert _code(attributes, Bucket=BUCKET, Key="mp", ObjectAttributes=["ObjectSize"]) == (
         "InvalidRequest"
     )
-    encoded = {  # botocore encodes the key for GET and PUT, not here
+    encoded: dict[str, Any] = {  # botocore encodes the key for GET and PUT, not here
         "SSECustomerAlgorithm": "AES256",
         "SSECustomerKey": base64.b64encode(KEY).decode(),
         "SSECustomerKeyMD5": base64.b64encode(hashlib.md5(KEY).digest()).decode(),
