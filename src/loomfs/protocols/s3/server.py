@@ -182,6 +182,7 @@ EMPTY_CONFIG = {
 # client never believes bytes are encrypted that are stored as they came
 #: what a request that meets a delete marker is answered with, besides its error
 MARKED = {"x-amz-delete-marker": "true"}
+UNMARKED = {"x-amz-delete-marker": "false"}
 SSE_PREFIXES = ("x-amz-server-side-encryption", "x-amz-copy-source-server-side-encryption")
 
 
@@ -1995,16 +1996,16 @@ class S3Gateway:
         return version
 
     async def _marked(self, c: Call) -> dict[str, str]:
-        """The headers of a missing key's 404: S3 says so where its newest version is a
-        delete marker."""
+        """The headers of a missing key's 404: whether its newest version is a delete
+        marker (AWS leaves out "false"; RGW, and the s3-tests suite, say it)."""
         if await self._bucket_versioning(c, self.bucket_dir(c.bucket)) is None:
-            return {}
+            return UNMARKED
         path = paths.normalize(self.object_path(c))
         with contextlib.suppress(NotSupported):
             newest = next((v for v in await self.ns.versions(c.who, path) if v.path == path), None)
             if newest is not None and newest.marker:
                 return MARKED
-        return {}
+        return UNMARKED
 
     async def delete_objects(self, c: Call) -> web.Response:
         state = await self._bucket_versioning(c, await self._bucket_entry(c))
