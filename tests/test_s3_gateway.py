@@ -52,6 +52,7 @@ from loomfs.errors import AlreadyExists, InvalidArgument, NotFound
 from loomfs.hub.namespace import HubNamespace
 from loomfs.hub.versions import VersionStore
 from loomfs.namespace.governed import GovernedNamespace
+from loomfs.namespace.sse import KeyStore
 from loomfs.protocols.s3 import S3Gateway, sigv4
 from loomfs.protocols.s3.listing import MARKER_TAG, Lister
 from loomfs.testing.hubproc import HubProcess
@@ -104,7 +105,9 @@ class Gateway:
             await self.users.add_user("bob")
             self.bob: AccessKey = await self.users.add_access_key("bob")
             self.authorizer = authorizer = AclAuthorizer(self.catalog)
-            served = GovernedNamespace(self.ns, [authorizer], rules=authorizer)
+            keys = KeyStore(self.tmp / "sse", ["testkey-1", "testkey-2"])
+            served = GovernedNamespace(self.ns, [authorizer], rules=authorizer, keys=keys)
+        self.served = served
         self.gateway = S3Gateway(
             served,
             self.users,
@@ -1492,8 +1495,9 @@ SSE_CASES = [
 def test_server_side_encryption_is_refused_and_changes_nothing(
     gw: Gateway, s3: S3Client, case: tuple[str, str], key: str
 ) -> None:
-    """The gateway stores bytes as they come: a request asking for SSE-S3, SSE-KMS or
-    SSE-C is NotImplemented (501), never accepted and ignored."""
+    """Over a namespace that does not encrypt (the hub's own, not the governed one; see
+    test_s3_sse for the one that does) a request asking for SSE-S3, SSE-KMS or SSE-C is
+    NotImplemented (501), never accepted and ignored."""
     s3.put_object(Bucket="data", Key="src", Body=b"plain")
     before = sorted(str(p.relative_to(gw.root)) for p in gw.root.rglob("*"))
     op, kind = case

@@ -89,6 +89,9 @@ class HubSection(TlsSettings):
     lifecycle_interval: float = 3600.0
     #: seconds a lifecycle rule's "day" lasts (shortened only to test expiration)
     lifecycle_day: float = 86400.0
+    #: ids of the keys SSE-KMS may name (the first: where a write names none), kept as
+    #: files under <data_dir>/sse/kms, made on first use: a local stand-in for a KMS
+    kms_keys: list[str] = []
     #: follow posix volumes with inotify
     watch: bool = True
     #: seconds a spoke's read lease lasts; commits wait at most this long for a silent spoke

@@ -70,6 +70,19 @@ class AuthenticationFailed(PermissionDenied):
     code = "AuthenticationFailed"
 
 
+class KeyRequired(PermissionDenied):
+    """The content is encrypted with a key only its writer holds (S3's SSE-C), and the
+    call brought none: it is read only with that key."""
+
+    code = "KeyRequired"
+
+
+class WrongKey(PermissionDenied):
+    """The key a call brought for content encrypted with its writer's key is not that key."""
+
+    code = "WrongKey"
+
+
 class InvalidPath(LoomError, ValueError):
     code = "InvalidPath"
     errno = _errno.EINVAL
@@ -143,6 +156,8 @@ ALL_ERRORS: tuple[type[LoomError], ...] = (
     Conflict,
     PermissionDenied,
     AuthenticationFailed,
+    KeyRequired,
+    WrongKey,
     InvalidPath,
     InvalidArgument,
     RangeNotSatisfiable,

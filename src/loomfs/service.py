@@ -58,6 +58,7 @@ from .hub.versions import VersionStore
 from .hub.watch import PosixWatcher
 from .namespace.base import Namespace
 from .namespace.governed import GovernedNamespace
+from .namespace.sse import KeyStore
 from .protocols.console import Console
 from .protocols.console.sessions import Sessions
 from .protocols.nfs import AccessGate, NfsServer
@@ -160,6 +161,7 @@ class HubService:
             [self.authorizer, self.placement],
             audit=self.audit,
             rules=self.authorizer,
+            keys=KeyStore(config.site.data_dir / "sse", config.hub.kms_keys),
         )
         self.expirer = Expirer(self.governed, self.catalog, config.hub.lifecycle_day)
         self._watchers: dict[str, PosixWatcher] = {}

@@ -159,6 +159,9 @@ class WriteTags:
     stamped: dict[str, str] = field(default_factory=dict)
     #: the tags under this prefix that neither names are removed (None: none are)
     replace_prefix: str | None = None
+    #: a second such prefix: the tags that describe the content itself (its encryption,
+    #: ``namespace.sse``), which a write of another protocol's tags must replace too
+    drop_prefix: str | None = None
 
     def resolved(self, version: int) -> dict[str, str]:
         """The tags as the file at ``version`` has them."""
@@ -166,16 +169,22 @@ class WriteTags:
 
     def stale(self, tags: dict[str, str]) -> list[str]:
         """The keys of ``tags`` (the file's before) that this removes."""
-        if self.replace_prefix is None:
+        prefixes = tuple(p for p in (self.replace_prefix, self.drop_prefix) if p is not None)
+        if not prefixes:
             return []
         return [
             k
             for k in tags
-            if k.startswith(self.replace_prefix) and k not in self.set and k not in self.stamped
+            if k.startswith(prefixes) and k not in self.set and k not in self.stamped
         ]
 
     def as_json(self) -> dict[str, object]:
-        return {"set": self.set, "stamped": self.stamped, "replace_prefix": self.replace_prefix}
+        data: dict[str, object] = {
+            "set": self.set, "stamped": self.stamped, "replace_prefix": self.replace_prefix
+        }  # fmt: skip
+        if self.drop_prefix is not None:  # else as before it existed (journals, old spokes)
+            data["drop_prefix"] = self.drop_prefix
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> WriteTags:
@@ -184,11 +193,12 @@ class WriteTags:
                 raise ValueError("tags must be an object of strings")
             return {str(k): str(v) for k, v in value.items()}
 
-        prefix = data.get("replace_prefix")
+        prefix, drop = data.get("replace_prefix"), data.get("drop_prefix")
         return cls(
             pairs(data.get("set", {})),
             pairs(data.get("stamped", {})),
             None if prefix is None else str(prefix),
+            None if drop is None else str(drop),
         )
 
 

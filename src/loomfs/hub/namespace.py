@@ -67,7 +67,7 @@ from ..errors import (
     NotSupported,
     PermissionDenied,
 )
-from ..namespace import objectlock
+from ..namespace import objectlock, sse
 from ..namespace.base import (
     LIST_PAGE,
     NULL_VERSION,
@@ -507,12 +507,13 @@ class HubNamespace(ResolvingNamespace):
         if_version: int | None,
         attrs: Mapping[str, int],
         owner_optional: bool = False,
+        tags: WriteTagsArg = None,
     ) -> Entry:
         # no owner is optional here: the hub is told what to set (the governed namespace
         # above decides what may be)
         if not self.writes_attrs(path):
             raise NotSupported(f"{path}: its volume keeps no attributes of its own", path=path)
-        return await self._write(who, path, data, if_version=if_version, attrs=attrs)
+        return await self._write(who, path, data, if_version=if_version, attrs=attrs, tags=tags)
 
     async def _write(
         self,
@@ -577,7 +578,7 @@ class HubNamespace(ResolvingNamespace):
                     if path not in self._unversioned:  # a restored version keeps its own
                         objectlock.check_new(path, made.set, state)
                     locking.extend(k for k in made.set if k in objectlock.VERSION_KEYS)
-                    if self.placement is not None:
+                    if self.placement is not None and (made.set or made.stamped):
                         before = {} if current is None else await self.catalog.get_tags(path)
                         retagged.append(before)
                 if state is not None and current is not None:
@@ -1210,7 +1211,8 @@ class HubNamespace(ResolvingNamespace):
         self._unversioned.add(path)  # written back, not a new version
         try:
             await self.mkdir(who, paths.split(path)[0], parents=True, exist_ok=True)
-            kept = WriteTags(dict(newest.tags)) if newest.tags else None
+            # its own encryption's tags (or none), not those of the version it replaces
+            kept = WriteTags(dict(newest.tags), drop_prefix=sse.PREFIX)
             entry = await self.write(who, path, aiter_bytes(data), tags=kept)
         finally:
             self._unversioned.discard(path)

@@ -213,12 +213,13 @@ class Namespace(ABC):
         if_version: int | None,
         attrs: Mapping[str, int],
         owner_optional: bool = False,
+        tags: WriteTagsArg = None,
     ) -> Entry:
         """``write``, then ``set_attrs(**attrs)`` on what it wrote, as one change (where
         ``writes_attrs``): a FUSE close saves the bytes and the mode, times and owner set
         while the file was open. Decided and audited as the two calls. ``owner_optional``:
         where the owner change (uid, gid) is refused, the rest is set, as
-        ``set_attrs_owning`` would."""
+        ``set_attrs_owning`` would. ``tags``: as ``write``'s."""
         raise NotSupported(f"no write with attributes in one change at {path}", path=path)
 
     async def set_attrs_owning(self, who: Principal, path: str, attrs: Mapping[str, int]) -> Entry:

@@ -65,17 +65,20 @@ from ..core.types import Action, Change, ChangeOp, Entry, EntryKind, Feed, Princ
 from ..errors import (
     AlreadyExists,
     Conflict,
+    InvalidArgument,
     LoomError,
     NotFound,
     NotSupported,
     PermissionDenied,
 )
+from . import sse
 from .base import (
     FeedNamespace,
     Reader,
     ResolvingNamespace,
     Version,
     WriteTagsArg,
+    tags_now,
     without_owner,
 )
 from .objectlock import Lock
@@ -88,6 +91,9 @@ RECHECK = 0.5
 
 #: the mode bits that make an executable run with its owner's or group's privileges
 SET_ID = stat.S_ISUID | stat.S_ISGID
+#: contents whose encryption tags are remembered (they change only with the content's
+#: version), and directories whose default encryption is
+_SEALS_KEPT = 4096
 
 
 class Need(NamedTuple):
@@ -219,8 +225,14 @@ class GovernedNamespace(FeedNamespace):
         *,
         audit: AuditSink | None = None,
         rules: AclAuthorizer | None = None,
+        keys: sse.KeyStore | None = None,
     ) -> None:
         self.inner = inner
+        #: the site's keys for SSE-S3 and SSE-KMS (None: only customers' keys encrypt)
+        self.keys = keys
+        # (path, version) -> the content's encryption tags; directory -> its default
+        self._seals: dict[tuple[str, int], dict[str, str]] = {}
+        self._defaults: dict[str, sse.Sealing | None] = {}
         self.authorizers = list(authorizers)
         self.audit = audit
         #: where the access rules of paths are kept (and decided by one of the authorizers)
@@ -502,7 +514,10 @@ class GovernedNamespace(FeedNamespace):
         length: int | None = None,
         *,
         if_version: int | None = None,
+        key: sse.Sealing | None = None,
     ) -> Reader:
+        """``key``: the customer's key of content encrypted with one (S3's SSE-C); content
+        encrypted so is refused without it (``KeyRequired``), whatever the protocol."""
         target, needs = await self._reading(who, "read", path)
         if target is None:
             return await self._opened(
@@ -510,6 +525,7 @@ class GovernedNamespace(FeedNamespace):
                 path,
                 lambda: self.inner.read(who, path, offset, length, if_version=if_version),
                 needs,
+                key,
             )
         if if_version is not None and target.version != if_version:
             conflict = Conflict(f"{path} is at version {target.version}, not {if_version}")
@@ -518,14 +534,20 @@ class GovernedNamespace(FeedNamespace):
         # the decided object itself is opened, by its own name: a link changed since is
         # not followed again
         return await self._opened(
-            who, path, lambda: self.inner.read_entry(who, target, offset, length), needs
+            who, path, lambda: self.inner.read_entry(who, target, offset, length), needs, key
         )
 
     async def read_entry(
-        self, who: Principal, entry: Entry, offset: int = 0, length: int | None = None
+        self,
+        who: Principal,
+        entry: Entry,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        key: sse.Sealing | None = None,
     ) -> Reader:
         if entry.kind is EntryKind.SYMLINK:  # the bytes are its target's: read resolves
-            return await self.read(who, entry.path, offset, length)
+            return await self.read(who, entry.path, offset, length, key=key)
         needs = [Need(Action.READ, entry.path)]
         await self._decide(who, "read", needs)
         if not self._open_to(who, Action.READ):
@@ -533,7 +555,11 @@ class GovernedNamespace(FeedNamespace):
             await self._decide(who, "read", beyond)
             needs += beyond
         return await self._opened(
-            who, entry.path, lambda: self.inner.read_entry(who, entry, offset, length), needs
+            who,
+            entry.path,
+            lambda: self.inner.read_entry(who, entry, offset, length),
+            needs,
+            key,
         )
 
     async def _opened(
@@ -542,11 +568,12 @@ class GovernedNamespace(FeedNamespace):
         path: str,
         open_: Callable[[], Awaitable[Reader]],
         needs: Sequence[Need],
+        key: sse.Sealing | None,
     ) -> Reader:
-        """Open a decided read, kept decided while it streams (``_GovernedReader``); its
-        bytes are recorded when it is closed."""
+        """Open a decided read, kept decided while it streams (``_GovernedReader``) and
+        decrypted if its content is encrypted; its bytes are recorded when it is closed."""
         try:
-            reader = await open_()
+            reader = await self._decrypted(who, await open_(), key, None)
         except LoomError as exc:
             self._record(who, "read", path, exc.code, detail=str(exc))
             raise
@@ -554,6 +581,71 @@ class GovernedNamespace(FeedNamespace):
         if self.audit is not None:
             done = partial(self._done_reading, who, path)
         return _GovernedReader(reader, partial(self._decide, who, "read", needs), done)
+
+    async def _decrypted(
+        self,
+        who: Principal,
+        reader: Reader,
+        key: sse.Sealing | None,
+        tags: Mapping[str, str] | None,
+    ) -> Reader:
+        """``reader`` as its content reads: decrypted with what its encryption tags (those
+        of its version, ``tags`` or asked) unwrap, or refused (and closed)."""
+        try:
+            if tags is None:
+                tags = await self._seal_tags(who, reader.entry)
+            cipherer = sse.unseal(tags, self.keys, key, reader.entry.path)
+        except BaseException:
+            await reader.aclose()
+            raise
+        return reader if cipherer is None else sse.DecryptedReader(reader, cipherer)
+
+    async def _seal_tags(self, who: Principal, entry: Entry) -> dict[str, str]:
+        """The encryption tags of ``entry``'s content: they change only with its version,
+        so those of a version are remembered (most files have none: an empty dict)."""
+        hit = self._seals.get((entry.path, entry.version))
+        if hit is not None:
+            return hit
+        now, tags = await self.inner.stat_tags(who, entry.path)
+        if now.version != entry.version:
+            raise Conflict(f"{entry.path} changed while it was opened", path=entry.path)
+        sealed = {k: v for k, v in tags.items() if k.startswith(sse.PREFIX)}
+        if len(self._seals) >= _SEALS_KEPT:
+            self._seals.clear()
+        self._seals[(entry.path, entry.version)] = sealed
+        return sealed
+
+    async def _default_sealing(self, who: Principal, path: str) -> sse.Sealing | None:
+        """How a write to ``path`` that asks for no encryption is encrypted: as the
+        nearest directory above it with a default says (S3's bucket default encryption).
+        Each directory's own default is remembered; every ancestor of a remembered one
+        is remembered too, so forgetting a tree (``_forget_defaults``) is one lookup."""
+        chain: list[str] = []
+        directory = paths.split(paths.normalize(path))[0]
+        while directory not in self._defaults:
+            chain.append(directory)
+            if directory == paths.ROOT:
+                break
+            directory = paths.split(directory)[0]
+        if len(self._defaults) + len(chain) > _SEALS_KEPT:
+            self._defaults.clear()
+        for missing in reversed(chain):  # the root first: ancestors are remembered first
+            try:
+                value = (await self.inner.get_tags(who, missing)).get(sse.DEFAULT_TAG)
+            except NotFound:
+                return None  # the write fails as it should; nothing to remember
+            self._defaults[missing] = None if value is None else sse.Sealing.of_default(value)
+        for directory in reversed(paths.ancestors(paths.normalize(path))):
+            if (found := self._defaults.get(directory)) is not None:
+                return found
+        return None
+
+    def _forget_defaults(self, *tops: str) -> None:
+        """Forget the defaults remembered at and below ``tops`` (moved or removed)."""
+        for top in map(paths.normalize, tops):
+            if top in self._defaults:
+                for directory in [d for d in self._defaults if paths.is_within(d, top)]:
+                    del self._defaults[directory]
 
     def _done_reading(self, who: Principal, path: str, nbytes: int) -> None:
         self._record(who, "read", path, "ok", nbytes=nbytes)
@@ -569,19 +661,39 @@ class GovernedNamespace(FeedNamespace):
         mode: int | None = None,
         write_id: str | None = None,
         tags: WriteTagsArg = None,
+        sealing: sse.Sealing | None = None,
     ) -> Entry:
+        """``sealing``: how the content is encrypted on its volume; None: as the nearest
+        directory's default says, or not at all. Either way the tags of the content it
+        replaces' encryption go with that content."""
         # the tags need no decision of their own: setting them is a write, as set_tags is
         if mode is not None and mode & SET_ID:
             await self._privileged(who, "write", path, "a set-user-ID or set-group-ID file")
         await self._changing(who, "write", path, Action.WRITE)
+        body, sealed = await self._sealed(who, path, data, sealing)
         return await self._run(
             who, "write", path,
             lambda: self.inner.write(
-                who, path, data, if_version=if_version, exclusive=exclusive, mode=mode,
-                write_id=write_id, tags=tags,
+                who, path, body, if_version=if_version, exclusive=exclusive, mode=mode,
+                write_id=write_id, tags=lambda: sse.write_tags(tags_now(tags), sealed),
             ),
             nbytes=lambda entry: entry.size,
         )  # fmt: skip
+
+    async def _sealed(
+        self, who: Principal, path: str, data: AsyncIterable[bytes], sealing: sse.Sealing | None
+    ) -> tuple[AsyncIterable[bytes], dict[str, str]]:
+        """A write's body as its volume keeps it (encrypted as ``sealing`` or the nearest
+        directory's default says, else as sent), and the encryption's tags for it."""
+        chosen = sealing if sealing is not None else await self._default_sealing(who, path)
+        if chosen is None:
+            return data, {}
+        try:
+            cipherer, sealed = sse.seal(chosen, self.keys)
+        except LoomError as exc:
+            self._record(who, "write", path, exc.code, detail=str(exc))
+            raise
+        return cipherer.through(data), sealed
 
     def writes_attrs(self, path: str) -> bool:
         return self.inner.writes_attrs(path)
@@ -606,10 +718,14 @@ class GovernedNamespace(FeedNamespace):
                 raise
             attrs = rest
             await self._attrs_decided(who, path, attrs)
+        # encrypted as a plain write would be, and rid of the old content's encryption
+        body, sealed = await self._sealed(who, path, data, None)
         entry = await self._run(
             who, "write", path,
-            lambda: self.inner.write_with_attrs(who, path, data, if_version=if_version,
-                                                attrs=attrs),
+            lambda: self.inner.write_with_attrs(
+                who, path, body, if_version=if_version, attrs=attrs,
+                tags=lambda: sse.write_tags(None, sealed),
+            ),
             nbytes=lambda entry: entry.size,
         )  # fmt: skip
         self._record(who, "set_attrs", path, "ok")
@@ -644,6 +760,11 @@ class GovernedNamespace(FeedNamespace):
         # the same)
         await self._changing(who, "link", src, Action.WRITE, attrs=True)
         await self._decide(who, "link", [Need(Action.WRITE, dst)])
+        if any(k.startswith(sse.PREFIX) for k in await self.inner.get_tags(who, src)):
+            # its encryption is tags of the name it was written by
+            refused = NotSupported(f"{src} is encrypted: it has no second name", path=src)
+            self._record(who, "link", src, refused.code, detail=str(refused))
+            raise refused
         return await self._run(
             who, "link", src, lambda: self.inner.link(who, src, dst), detail=f"-> {dst}"
         )
@@ -654,6 +775,7 @@ class GovernedNamespace(FeedNamespace):
         entry = await self._changing(who, "rename", src, Action.WRITE)
         tree = entry is not None and entry.is_dir
         await self._decide(who, "rename", [Need(Action.WRITE, dst, tree=tree)])
+        self._forget_defaults(src, dst)
         return await self._run(
             who, "rename", src,
             lambda: self.inner.rename(who, src, dst, overwrite=overwrite), detail=f"-> {dst}",
@@ -663,6 +785,7 @@ class GovernedNamespace(FeedNamespace):
         self, who: Principal, path: str, *, recursive: bool = False, if_version: int | None = None
     ) -> None:
         await self._changing(who, "remove", path, Action.WRITE)
+        self._forget_defaults(path)
         await self._run(
             who, "remove", path,
             lambda: self.inner.remove(who, path, recursive=recursive, if_version=if_version),
@@ -722,6 +845,14 @@ class GovernedNamespace(FeedNamespace):
         remove: Sequence[str] = (),
     ) -> dict[str, str]:
         # a site the data may not reach may not untag it out of its policy either
+        if any(k.startswith(sse.PREFIX) for k in [*set_, *remove]):
+            refused = InvalidArgument(
+                f"the {sse.PREFIX}* tags say how the content is encrypted: they are set "
+                "by its writes (and a directory's default by set_default_sealing)",
+                path=path,
+            )
+            self._record(who, "set_tags", path, refused.code, detail=str(refused))
+            raise refused
         return await self._governed(
             who, "set_tags", Action.WRITE, path,
             lambda: self.inner.set_tags(who, path, set_, remove),
@@ -747,12 +878,76 @@ class GovernedNamespace(FeedNamespace):
         return [v for v in found if await self.visible(who, v.path)]
 
     async def read_version(
-        self, who: Principal, path: str, vid: str, offset: int = 0, length: int | None = None
+        self,
+        who: Principal,
+        path: str,
+        vid: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        key: sse.Sealing | None = None,
     ) -> Reader:
+        async def open_() -> Reader:
+            reader = await self.inner.read_version(who, path, vid, offset, length)
+            try:  # the version's own encryption tags, kept with it
+                name = paths.normalize(path)
+                found = [v for v in await self.inner.versions(who, name) if v.path == name]
+                tags = next((v.tags for v in found if v.vid == vid), {})
+            except BaseException:
+                await reader.aclose()
+                raise
+            return await self._decrypted(who, reader, key, tags)
+
         return await self._governed(
-            who, "read_version", Action.READ, path,
-            lambda: self.inner.read_version(who, path, vid, offset, length),
+            who, "read_version", Action.READ, path, open_,
             detail=vid, nbytes=lambda reader: reader.length,
+        )  # fmt: skip
+
+    async def check_key(self, who: Principal, entry: Entry, key: sse.Sealing | None) -> None:
+        """Refuse ``key`` as a read of file ``entry``'s content with it would be (an edge
+        that describes the content without reading it: S3's GetObjectAttributes)."""
+        sse.unseal(await self._seal_tags(who, entry), self.keys, key, entry.path)
+
+    async def encrypted(self, who: Principal, entry: Entry) -> bool:
+        """Whether the content of file ``entry`` (at its version) is stored encrypted:
+        what cuts a volume's bytes into chunks must not hand those out as the content."""
+        if entry.kind is not EntryKind.FILE:
+            return False
+        return bool(await self._seal_tags(who, entry))
+
+    async def sealing_for(self, who: Principal, path: str) -> sse.Sealing | None:
+        """How a write to ``path`` that asks for no encryption is encrypted (its
+        directories' default; None: not at all), for an edge that answers how."""
+        return await self._default_sealing(who, path)
+
+    async def default_sealing(self, who: Principal, path: str) -> sse.Sealing | None:
+        """Directory ``path``'s own default encryption (S3's GetBucketEncryption)."""
+        tags = await self.get_tags(who, path)
+        value = tags.get(sse.DEFAULT_TAG)
+        return None if value is None else sse.Sealing.of_default(value)
+
+    async def set_default_sealing(
+        self, who: Principal, path: str, sealing: sse.Sealing | None
+    ) -> None:
+        """Make ``sealing`` how files written below directory ``path`` that ask for no
+        encryption are encrypted (None: not at all); a KMS key must exist."""
+        if sealing is not None:
+            value = sealing.as_default()
+            if sealing.kind is not sse.Kind.CUSTOMER and sealing.key_id is not None:
+                if self.keys is None:
+                    raise NotSupported("this site keeps no encryption keys", path=path)
+                self.keys.key(sealing.kind, sealing.key_id)
+
+        async def change() -> None:
+            if sealing is None:
+                await self.inner.set_tags(who, path, {}, [sse.DEFAULT_TAG])
+            else:
+                await self.inner.set_tags(who, path, {sse.DEFAULT_TAG: value})
+            self._forget_defaults(path)
+
+        await self._governed(
+            who, "set_default_sealing", Action.WRITE, path, change,
+            detail="none" if sealing is None else value,
         )  # fmt: skip
 
     async def remove_version(

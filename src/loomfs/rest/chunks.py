@@ -43,6 +43,7 @@ from ..errors import (
     NotSupported,
     PermissionDenied,
 )
+from ..namespace import sse
 from ..namespace.chunklink import ChunkService, Wanted
 from ..namespace.governed import GovernedNamespace
 from . import wire
@@ -113,7 +114,10 @@ class ChunkRoutes:
         entry = await namespace.stat_for_read(who, path)  # decided as a read
         if entry.kind in SPECIAL_KINDS:
             raise NotSupported(f"{path} is a special file: it has no content", path=path)
-        if entry.kind is not EntryKind.FILE or entry.size <= small:
+        # encrypted content is cut as its volume holds it, ciphertext: it goes whole,
+        # read (and decrypted, or refused without a customer's key) as any read is
+        sealed = self.governance is not None and await self.governance.encrypted(who, entry)
+        if entry.kind is not EntryKind.FILE or entry.size <= small or sealed:
             # small files come whole: a map would cost a round trip for one or two chunks
             # as one frame (zstd where it pays) named by its BLAKE3 id, which the spoke checks
             async with await namespace.read(who, entry.path, if_version=entry.version) as reader:
@@ -276,6 +280,11 @@ class ChunkRoutes:
         transfer = Transfer("hub", "up", path, wire=length)
         exclusive = request.headers.get("If-None-Match", "").strip() == "*"
         write_id, tags = write_id_of(request), tags_of(request)
+        if self.governance is not None:
+            if await self.governance.sealing_for(who, path) is not None:
+                # assembled from chunks as they came; the spoke sends it whole instead
+                raise CorruptData(f"{path} is encrypted at rest: send its bytes whole")
+            tags = sse.write_tags(tags, {})  # stored as sent: an old content's keys go
 
         def commit() -> Awaitable[Entry]:
             return self.chunks.commit(

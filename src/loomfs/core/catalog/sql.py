@@ -1075,7 +1075,8 @@ class SqlCatalog(Catalog):
     def _write_tags(self, cur: Cursor, entry_id: int, tags: WriteTags, version: int) -> None:
         """A write's tags, in its own transaction (``Put.tags``)."""
         values = tags.resolved(version)
-        gone = tags.stale(self._tags(cur, entry_id)) if tags.replace_prefix is not None else []
+        replaces = tags.replace_prefix is not None or tags.drop_prefix is not None
+        gone = tags.stale(self._tags(cur, entry_id)) if replaces else []
         cur.executemany(
             self._sql("DELETE FROM tags WHERE entry_id = ? AND key = ?"),
             [(entry_id, k) for k in [*gone, *values]],

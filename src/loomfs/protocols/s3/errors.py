@@ -7,6 +7,7 @@ that exist only in S3 (signatures, XML, multipart) are raised as ``S3Error`` dir
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from xml.sax.saxutils import escape
 
 from ...errors import (
@@ -20,12 +21,14 @@ from ...errors import (
     InvalidArgument,
     InvalidPath,
     IsADirectory,
+    KeyRequired,
     LoomError,
     NotADirectory,
     NotFound,
     NotSupported,
     PermissionDenied,
     RangeNotSatisfiable,
+    WrongKey,
 )
 
 # HTTP status of every S3 code this gateway answers with
@@ -99,6 +102,9 @@ CODES: dict[type[LoomError], str] = {
     Conflict: "PreconditionFailed",
     AuthenticationFailed: "AccessDenied",
     PermissionDenied: "AccessDenied",
+    # SSE-C: no key, or not the object's (400 as RGW and the s3-tests suite have it)
+    KeyRequired: "InvalidRequest",
+    WrongKey: "InvalidRequest",
     RangeNotSatisfiable: "InvalidRange",
     InvalidPath: "InvalidArgument",
     InvalidArgument: "InvalidArgument",
@@ -114,11 +120,20 @@ CODES: dict[type[LoomError], str] = {
 
 
 class S3Error(Exception):
-    def __init__(self, code: str, message: str, *, resource: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        resource: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """``headers``: answered with the error (a delete marker's x-amz-delete-marker)."""
         super().__init__(message)
         self.code = code
         self.message = message
         self.resource = resource
+        self.headers = dict(headers or {})
 
     @property
     def status(self) -> int:
