@@ -707,6 +707,7 @@ class GovernedNamespace(FeedNamespace):
         if_version: int | None,
         attrs: Mapping[str, int],
         owner_optional: bool = False,
+        tags: WriteTagsArg = None,
     ) -> Entry:
         # both decided before either is made, each recorded as its own call would be
         await self._changing(who, "write", path, Action.WRITE)
@@ -724,7 +725,7 @@ class GovernedNamespace(FeedNamespace):
             who, "write", path,
             lambda: self.inner.write_with_attrs(
                 who, path, body, if_version=if_version, attrs=attrs,
-                tags=lambda: sse.write_tags(None, sealed),
+                tags=lambda: sse.write_tags(tags_now(tags), sealed),
             ),
             nbytes=lambda entry: entry.size,
         )  # fmt: skip
