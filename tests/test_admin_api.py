@@ -223,6 +223,8 @@ async def test_every_admin_route_needs_the_admin_right(site: Site) -> None:
     assert ("xadmin", "acl_grant", "/x/g-xadmin", "ok") in seen
     assert ("root", "add_user", "/", "ok") in seen
     assert ("root", "remove_access_key", "/", "NotFound") in seen
+    assert ("xadmin", "add_nfs_export", "/x/e-xadmin", "ok") in seen
+    assert ("alice", "remove_nfs_export", "/x/e-alice", "denied") in seen
     # a secret is in the answer that made it, nowhere in the audit log
     answer = await site.http.post(f"{A}/users/alice/keys", json={}, headers=_auth(site, "root"))
     secret = (await answer.json())["secret"]

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from loomfs.config import NfsExport
 from loomfs.core.acl import ANONYMOUS, AclStore
+from loomfs.core.exports import NfsExports, nfs_export
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
@@ -694,7 +695,8 @@ def test_an_export_added_over_the_admin_api_is_what_mnt_answers(site: Site) -> N
     Removed, its handles are STALE and a new MNT gets /data's rules again."""
     route = f"{site.hub.url}{wire.ADMIN}/exports/nfs"
     admin = {"Authorization": wire.basic_authorization(*site.hub.admin)}
-    added = {"path": "/data/work", "clients": ["127.0.0.1/32"], "access": "ro"}
+    rules = {"clients": ["127.0.0.1/32"], "access": "ro"}
+    added = {"path": "/data/work", **rules}
     write = Packer()
     write.uhyper(0)
     write.uint(1)
@@ -724,6 +726,18 @@ def test_an_export_added_over_the_admin_api_is_what_mnt_answers(site: Site) -> N
                     assert removed.status == 204, await removed.text()
             assert await c.status_of(GETATTR, handle_args(work)) == e.NFS3ERR_STALE
             assert await written(c, await c.mount("/data/work")) == e.NFS3_OK
+            # a change another process makes in the catalog: taken at the next MNT/EXPORT
+            other = open_catalog(f"sqlite://{site.tmp / 'site' / 'catalog.db'}")
+            await other.open()
+            try:
+                elsewhere = NfsExports(other, {})
+                await elsewhere.add(*nfs_export("/data/work", rules))
+                assert "/data/work" in await _exported(c)
+                assert await written(c, await c.mount("/data/work")) == e.NFS3ERR_ROFS
+                await elsewhere.remove("/data/work")
+                assert "/data/work" not in await _exported(c)
+            finally:
+                await other.close()
 
     asyncio.run(run())
 
