@@ -1,12 +1,13 @@
 """The hub's admin API (protocol layer): users, keys, groups, ACL rules, trusted sites,
-placement policies and the audit log over REST, under ``/v1/admin``; ``AdminApi`` is the
-same calls for the web console (``console``).
+placement policies, exports (NFS ones added and removed) and the audit log over REST,
+under ``/v1/admin``; ``AdminApi`` is the same calls for the web console (``console``).
 
 Every route is administration, never open: an explicit admin right (``core.acl``) on the
-path it governs (an ACL rule's path, a policy's globs; "/" for users, groups, sites and
-every listing), then the call (``core.directory``), then one audit record of its outcome
-(``GovernedNamespace.administered``). Bad input is a 400 before anything is decided. A
-new access key's secret is in its answer only: never in a log line or an audit record.
+path it governs (an ACL rule's path, a policy's globs, an NFS export's directory; "/" for
+users, groups, sites and every listing), then the call (``core.directory``), then one
+audit record of its outcome (``GovernedNamespace.administered``). Bad input is a 400
+before anything is decided. A new access key's secret is in its answer only: never in a
+log line or an audit record.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 MOUNT (program 100005) and NFS (100003) share one TCP port, so clients need no
 portmapper (``mountport`` = ``port``). Exports are namespace directories
-(``[nfs.exports]``), each with the client networks that may use it, rw or ro, and how
+(``[nfs.exports]``, and at a hub those an administrator adds at run time:
+``core.exports``), each with the client networks that may use it, rw or ro, and how
 root is squashed. Every call runs as a ``Principal`` with protocol "nfs": an AUTH_SYS uid
 mapped through ``[nfs] uid_map``, anyone else the anonymous user, so the governed
 namespace decides and audits NFS calls as every other protocol's; this module only
