@@ -180,6 +180,14 @@ ROUTES: dict[str, tuple[Call, Callable[[str], str]]] = {
     ),
     "audit": (lambda c, h, s, w: c.get(f"{A}/audit?user=alice", headers=h), lambda w: "/"),
     "exports": (lambda c, h, s, w: c.get(f"{A}/exports", headers=h), lambda w: "/"),
+    "nfs export at /x": (
+        lambda c, h, s, w: c.post(f"{A}/exports/nfs", json={"path": f"/x/e-{w}"}, headers=h),
+        lambda w: f"/x/e-{w}",
+    ),
+    "remove nfs export at /x": (
+        lambda c, h, s, w: c.delete(f"{A}/exports/nfs", params={"path": f"/x/e-{w}"}, headers=h),
+        lambda w: f"/x/e-{w}",
+    ),
 }
 ALLOWED = {"root": set(ROUTES), "xadmin": {n for n in ROUTES if n.endswith("at /x")}}
 #: what a successful call answers: the key removal names no key of alice's
@@ -215,6 +223,8 @@ async def test_every_admin_route_needs_the_admin_right(site: Site) -> None:
     assert ("xadmin", "acl_grant", "/x/g-xadmin", "ok") in seen
     assert ("root", "add_user", "/", "ok") in seen
     assert ("root", "remove_access_key", "/", "NotFound") in seen
+    assert ("xadmin", "add_nfs_export", "/x/e-xadmin", "ok") in seen
+    assert ("alice", "remove_nfs_export", "/x/e-alice", "denied") in seen
     # a secret is in the answer that made it, nowhere in the audit log
     answer = await site.http.post(f"{A}/users/alice/keys", json={}, headers=_auth(site, "root"))
     secret = (await answer.json())["secret"]
@@ -248,12 +258,22 @@ async def test_bad_input_is_a_clear_400(site: Site) -> None:
         ("POST", "/acl/grant", {**_rule("/x"), "permission": "own"}, "list, read"),
         ("POST", "/sites", {"cert": "not a pem"}, "PEM"),
         ("POST", "/policies", {"policy": "p", "paths": ["rel/**"], "allow": ["a=b"]}, "absolute"),
+        ("POST", "/exports/nfs", {"path": "rel"}, "absolute"),
+        ("POST", "/exports/nfs", {"path": "/a/../b"}, "'..'"),
+        ("POST", "/exports/nfs", {"path": "/n", "clients": ["10.0.0.0/33"]}, "not an address"),
+        ("POST", "/exports/nfs", {"path": "/n", "clients": "10.0.0.0/8"}, "clients"),
+        ("POST", "/exports/nfs", {"path": "/n", "access": "rx"}, "access"),
+        ("POST", "/exports/nfs", {"path": "/n", "squash": "some"}, "squash"),
+        ("POST", "/exports/nfs", {"path": "/n", "mode": "rw"}, "mode"),
+        ("DELETE", "/exports/nfs", None, "?path="),
     ):
         async with site.http.request(method, f"{A}{route}", json=body, headers=root) as r:
             assert r.status == 400, (route, body)
             assert words in (await r.json())["error"]["message"], (route, body)
     async with site.http.post(f"{A}/users", data=b"{", headers=root) as r:
         assert r.status == 400
+    async with site.http.get(f"{A}/exports", headers=root) as r:
+        assert [x["path"] for x in (await r.json())["nfs"]["exports"]] == ["/"]  # none added
 
 
 @pytest.fixture

@@ -342,12 +342,26 @@ async def test_ssh_keys_are_added_and_removed_by_an_admin_only(hub: Hub) -> None
             ("root", "remove_ssh_key", "ok")} <= seen  # fmt: skip
 
 
-async def test_the_exports_page_shows_the_configured_exports_read_only(hub: Hub) -> None:
-    await login(hub.http, *hub.keys["root"])
+async def test_the_exports_page_shows_the_exports_and_adds_an_nfs_one(hub: Hub) -> None:
+    csrf = await login(hub.http, *hub.keys["root"])
     page = await (await hub.http.get("/ui/exports")).text()
-    assert "Read-only" in page and "<form" not in page.split("</header>")[1]
     nfs = page.split('id="nfs-title"')[1].split("</table>")[0]
     assert "<code>/vol/eu</code>" in nfs and "10.1.0.0/16" in nfs and "<td>ro</td>" in nfs
+    assert "Remove NFS export" not in nfs  # the config file's: removed there
+    form = {"action": "add", "path": "/vol/alice", "clients": "10.2.0.0/16, ::1", "csrf": csrf}
+    for bad, words in (({"clients": "10.2.0.0/99"}, "not an address"),
+                       ({"path": "vol"}, "absolute"), ({"csrf": "x"}, "CSRF")):  # fmt: skip
+        refused = await hub.http.post("/ui/exports", data={**form, **bad})
+        assert refused.status in (400, 403) and words in await refused.text(), bad
+    assert [x["path"] for x in await hub.service.nfs_exports.listed()] == ["/vol/eu"]
+    page = await (await hub.http.post("/ui/exports", data={**form, "squash": "all"})).text()
+    assert "exported /vol/alice over NFS" in page and "Remove NFS export /vol/alice" in page
+    (added,) = await hub.service.nfs_exports.added()
+    assert (await hub.service.nfs_exports.table())[added].squash == "all"
+    data = {"action": "remove", "path": "/vol/alice", "csrf": csrf}
+    page = await (await hub.http.post("/ui/exports", data=data)).text()
+    assert "removed NFS export /vol/alice" in page and "/vol/alice</code>" not in page
+    assert await hub.service.nfs_exports.added() == {}
     smb = page.split('id="smb-title"')[1].split("</table>")[0]
     assert "<td>eu</td>" in smb and "<code>/vol/eu</code>" in smb
     # the same call over REST: what the page shows, and refused to a non-admin
@@ -582,6 +596,13 @@ async def test_the_console_in_chromium(hub: Hub, tmp_path: Path) -> None:
         await page.get_by_role("link", name="Exports").click()
         nfs = page.get_by_role("table", name="NFS exports")
         assert await nfs.get_by_role("cell", name="10.1.0.0/16").count() == 1
+        await page.get_by_label("Directory").fill("/vol/alice")
+        await page.get_by_label("Clients").fill("10.3.0.0/16")
+        await page.get_by_label("Access").select_option("ro")
+        await page.get_by_role("button", name="Add export").click()
+        assert "exported /vol/alice over NFS" in await page.get_by_role("status").inner_text()
+        assert await nfs.get_by_role("cell", name="10.3.0.0/16").count() == 1
+        assert "/vol/alice" in await hub.service.nfs_exports.added()
         assert (
             await page.get_by_role("table", name="SMB shares")
             .get_by_role("cell", name="eu", exact=True)

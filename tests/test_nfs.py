@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 
 from loomfs.config import NfsExport
 from loomfs.core.acl import ANONYMOUS, AclStore
+from loomfs.core.exports import NfsExports, nfs_export
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
@@ -57,6 +59,7 @@ from loomfs.protocols.nfs.server import (
     principal_of,
 )
 from loomfs.protocols.nfs.xdr import Packer
+from loomfs.rest import wire
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.loop import LoopThread
@@ -684,6 +687,68 @@ def test_mount_lists_exports_and_mounts(site: Site) -> None:
     assert exports == ["/data", "/data/pub"]  # not /data/far: this client may not mount it
     assert ("127.0.0.1", "/data/work") in mounted
     assert ("127.0.0.1", "/data/work") not in unmounted
+
+
+def test_an_export_added_over_the_admin_api_is_what_mnt_answers(site: Site) -> None:
+    """An administrator exports /data/work read-only at run time: MNT and EXPORT answer
+    it at once, a write through it is ROFS; a caller who is not one changes nothing.
+    Removed, its handles are STALE and a new MNT gets /data's rules again."""
+    route = f"{site.hub.url}{wire.ADMIN}/exports/nfs"
+    admin = {"Authorization": wire.basic_authorization(*site.hub.admin)}
+    rules = {"clients": ["127.0.0.1/32"], "access": "ro"}
+    added = {"path": "/data/work", **rules}
+    write = Packer()
+    write.uhyper(0)
+    write.uint(1)
+    write.uint(FILE_SYNC)
+    write.opaque(b"x")
+
+    async def written(c: RpcClient, root: bytes) -> int:
+        _, tent = await c.lookup(root, "tent.txt")
+        tent = tent if tent is not None else await _create(c, root, "tent.txt")
+        return await c.status_of(WRITE, handle_args(tent, write.value()))
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as http, site.client() as c:
+            async with http.post(route, json=added) as refused:
+                assert refused.status == 401
+            assert "/data/work" not in await _exported(c)
+            assert await written(c, await c.mount("/data/work")) == e.NFS3_OK  # /data's rules
+            async with http.post(route, json=added, headers=admin) as made:
+                assert made.status == 201, await made.text()
+            try:
+                assert "/data/work" in await _exported(c)
+                work = await c.mount("/data/work")
+                assert await written(c, work) == e.NFS3ERR_ROFS
+            finally:
+                gone = {"path": "/data/work"}
+                async with http.delete(route, params=gone, headers=admin) as removed:
+                    assert removed.status == 204, await removed.text()
+            assert await c.status_of(GETATTR, handle_args(work)) == e.NFS3ERR_STALE
+            assert await written(c, await c.mount("/data/work")) == e.NFS3_OK
+            # a change another process makes in the catalog: taken at the next MNT/EXPORT
+            other = open_catalog(f"sqlite://{site.tmp / 'site' / 'catalog.db'}")
+            await other.open()
+            try:
+                elsewhere = NfsExports(other, {})
+                await elsewhere.add(*nfs_export("/data/work", rules))
+                assert "/data/work" in await _exported(c)
+                assert await written(c, await c.mount("/data/work")) == e.NFS3ERR_ROFS
+                await elsewhere.remove("/data/work")
+                assert "/data/work" not in await _exported(c)
+            finally:
+                await other.close()
+
+    asyncio.run(run())
+
+
+async def _exported(c: RpcClient) -> list[str]:
+    exports, found = await c.call(MOUNT_PROGRAM, 3, 5), []
+    while exports.body.boolean():
+        found.append(exports.body.string(1024))
+        while exports.body.boolean():
+            exports.body.string(1024)
+    return found
 
 
 def _readdir_args(handle: bytes, cookie: int, verifier: bytes, count: int) -> bytes:

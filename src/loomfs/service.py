@@ -26,7 +26,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import health, paths
-from .config import Config, NfsExport, SmbShare, TlsSettings, host_port, parse_size
+from .config import Config, SmbShare, TlsSettings, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
 from .core.admin import LocalAdmin, check_volume_url
@@ -37,6 +37,8 @@ from .core.catalog.base import Catalog, Notices
 from .core.certs import fingerprint
 from .core.directory import Directory
 from .core.dirlock import DirectoryLock
+from .core.exports import DEFAULT as DEFAULT_EXPORTS
+from .core.exports import NfsExports
 from .core.metrics import HUB
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
@@ -156,6 +158,7 @@ class HubService:
         # administration and the hub's own machinery use the inner one, and every governed
         # call lands in the audit log
         self.authorizer = AclAuthorizer(self.catalog)
+        self.nfs_exports = NfsExports(self.catalog, config.nfs.exports)
         self.governed = GovernedNamespace(
             self.namespace,
             [self.authorizer, self.placement],
@@ -448,8 +451,9 @@ class HubService:
             reader = AuditReader(config.audit_dir, load_key(config.audit.key_file))
         directory = Directory(self.catalog, own_names(config))
         return AdminApi(
-            directory, self.governed, audit=reader, volumes=self, exports=exports_of(config)
-        )
+            directory, self.governed, audit=reader, volumes=self, exports=exports_of(config),
+            nfs=self.nfs_exports,
+        )  # fmt: skip
 
     def rest_server(self) -> RestServer:
         """The REST API as clients get it: the governed namespace, administration decided
@@ -499,7 +503,9 @@ class HubService:
                 listeners.append(Listener("fabric", fabric.app(), listen, fabric.ssl_context()))
             sockets = [  # governed
                 *sftp_listeners(self.config, self.governed, self.catalog),
-                *nfs_listeners(self.config, self.governed, gate=self.governed),
+                *nfs_listeners(
+                    self.config, self.governed, gate=self.governed, live=self.nfs_exports
+                ),
                 *smb_listeners(self.config, self.governed, self.catalog, hub=True),
             ]
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
@@ -636,16 +642,21 @@ def sftp_listeners(config: Config, namespace: Namespace, catalog: Catalog) -> li
 
 
 def nfs_listeners(
-    config: Config, namespace: Namespace, *, gate: AccessGate | None = None
+    config: Config,
+    namespace: Namespace,
+    *,
+    gate: AccessGate | None = None,
+    live: NfsExports | None = None,
 ) -> list[SocketListener]:
     """The NFSv3 server where ``[nfs] listen`` is set; no exports configured: '/' to
-    loopback clients only. ``gate`` answers ACCESS (a hub's governed namespace)."""
+    loopback clients only. ``gate`` answers ACCESS (a hub's governed namespace); ``live``:
+    the exports added at run time too (a hub's)."""
     nfs = config.nfs
     if not nfs.listen:
         return []
     server = NfsServer(
         namespace,
-        nfs.exports or {"/": NfsExport()},
+        nfs.exports or DEFAULT_EXPORTS,
         state_dir=config.site.data_dir / "nfs",
         spool_dir=config.site.data_dir / "nfs-spool",
         uid_map=nfs.uid_map,
@@ -653,6 +664,7 @@ def nfs_listeners(
         commit_delay=nfs.commit_delay,
         gate=gate,
         rpcbind=host_port(nfs.rpcbind, "nfs.rpcbind") if nfs.rpcbind else None,
+        live=live,
     )
     return [SocketListener("nfs", "nfs", server, host_port(nfs.listen, "nfs.listen"))]
 

@@ -1,12 +1,13 @@
 """The hub's admin API (protocol layer): users, keys, groups, ACL rules, trusted sites,
-placement policies and the audit log over REST, under ``/v1/admin``; ``AdminApi`` is the
-same calls for the web console (``console``).
+placement policies, exports (NFS ones added and removed) and the audit log over REST,
+under ``/v1/admin``; ``AdminApi`` is the same calls for the web console (``console``).
 
 Every route is administration, never open: an explicit admin right (``core.acl``) on the
-path it governs (an ACL rule's path, a policy's globs; "/" for users, groups, sites and
-every listing), then the call (``core.directory``), then one audit record of its outcome
-(``GovernedNamespace.administered``). Bad input is a 400 before anything is decided. A
-new access key's secret is in its answer only: never in a log line or an audit record.
+path it governs (an ACL rule's path, a policy's globs, an NFS export's directory; "/" for
+users, groups, sites and every listing), then the call (``core.directory``), then one
+audit record of its outcome (``GovernedNamespace.administered``). Bad input is a 400
+before anything is decided. A new access key's secret is in its answer only: never in a
+log line or an audit record.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from .. import paths
-from ..config import Config, NfsExport, SmbShare
+from ..config import Config, SmbShare
 from ..core.audit import AuditReader
 from ..core.directory import Directory
+from ..core.exports import DEFAULT as DEFAULT_EXPORTS
+from ..core.exports import NfsExports, nfs_export
 from ..core.placement import Policy
 from ..core.sites import parse_labels
 from ..core.types import Principal
@@ -75,9 +78,9 @@ def _governed(policy: Policy) -> list[str]:
 
 def exports_of(config: Config) -> dict[str, Any]:
     """What each protocol serves, as ``config`` has it (with the defaults a server uses
-    when none is set). Read-only: the NFS and SMB servers take their exports when they
-    start (smbd's smb.conf is written then), so a change is an edit of the config file
-    and a restart; one made here would not reach the running servers or outlive them."""
+    when none is set). The SMB, S3 and SFTP servers take theirs when they start (smbd's
+    smb.conf is written then), so a change is an edit of the config file and a restart;
+    NFS exports may be added at run time too (``NfsExports``)."""
     nfs, smb, s3, sftp = config.nfs, config.smb, config.s3, config.sftp
     return {
         "s3": {"listen": s3.listen, "buckets": dict(s3.buckets), "bucket_root": s3.bucket_root},
@@ -85,8 +88,8 @@ def exports_of(config: Config) -> dict[str, Any]:
         "nfs": {
             "listen": nfs.listen,
             "exports": [
-                {"path": path, **export.model_dump()}
-                for path, export in sorted((nfs.exports or {"/": NfsExport()}).items())
+                {"path": path, **export.model_dump(), "source": "config"}
+                for path, export in sorted((nfs.exports or DEFAULT_EXPORTS).items())
             ],
         },
         "smb": {
@@ -116,14 +119,17 @@ class AdminApi:
         audit: AuditReader | None = None,
         volumes: Volumes | None = None,
         exports: dict[str, Any] | None = None,
+        nfs: NfsExports | None = None,
     ) -> None:
         """``audit``: the site's audit log, for ``audit_query``; ``volumes``: the hub's,
-        for ``list_volumes``; ``exports``: what its protocols serve (``exports_of``)."""
+        for ``list_volumes``; ``exports``: what its protocols serve (``exports_of``);
+        ``nfs``: its NFS exports in force, to add and remove."""
         self.directory = directory
         self.governance = governance
         self.audit = audit
         self.volumes = volumes
         self.exports = exports
+        self.nfs = nfs
 
     async def _do(
         self, who: Principal, op: str, path: str, call: Callable[[], Awaitable[T]], detail: str = ""
@@ -283,15 +289,36 @@ class AdminApi:
     # -- volumes, exports and the audit log ------------------------------------------------
 
     async def list_exports(self, who: Principal) -> dict[str, Any]:
-        """Each protocol's exports (``exports_of``), read-only."""
-        exports = self.exports
+        """Each protocol's exports (``exports_of``), the NFS ones in force now."""
+        exports, nfs = self.exports, self.nfs
         if exports is None:
             raise NotSupported("this site was given no export configuration")
 
         async def listed() -> dict[str, Any]:
-            return exports
+            if nfs is None:
+                return exports
+            return {**exports, "nfs": {**exports["nfs"], "exports": await nfs.listed()}}
 
         return await self._do(who, "list_exports", "/", listed)
+
+    def _nfs(self) -> NfsExports:
+        if self.nfs is None:
+            raise NotSupported("this site adds no NFS exports at run time: it is a spoke")
+        return self.nfs
+
+    async def add_nfs_export(self, who: Principal, path: str, fields: dict[str, Any]) -> Any:
+        """Export ``path`` over NFS (``fields``: clients, access, squash, anonymous), decided
+        on the path as an ACL rule is: served from the NFS server's next MNT."""
+        nfs, (path, export) = self._nfs(), nfs_export(path, fields)
+        return await self._do(
+            who, "add_nfs_export", path, lambda: nfs.add(path, export),
+            detail=f"clients {','.join(export.clients)}, {export.access}, squash {export.squash}",
+        )  # fmt: skip
+
+    async def remove_nfs_export(self, who: Principal, path: str) -> None:
+        """No new mount of ``path``; the handles given out under it are STALE."""
+        nfs, (path, _) = self._nfs(), nfs_export(path, {})
+        await self._do(who, "remove_nfs_export", path, lambda: nfs.remove(path))
 
     async def list_volumes(self, who: Principal) -> list[dict[str, Any]]:
         return await self._do(who, "list_volumes", "/", self._volumes().list_volumes)
@@ -379,6 +406,8 @@ class AdminRoutes:
             web.delete(f"{ADMIN}/policies/{{name}}", self.remove_policy),
             web.get(f"{ADMIN}/audit", self.audit_query),
             web.get(f"{ADMIN}/exports", self.list_exports),
+            web.post(f"{ADMIN}/exports/nfs", self.add_nfs_export),
+            web.delete(f"{ADMIN}/exports/nfs", self.remove_nfs_export),
         ]
 
     # -- users and keys --------------------------------------------------------------------
@@ -522,6 +551,19 @@ class AdminRoutes:
 
     async def list_exports(self, request: web.Request) -> web.Response:
         return _json(await self.api.list_exports(request[WHO]))
+
+    async def add_nfs_export(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        path = _text(body, "path", "an NFS export")
+        fields = {k: v for k, v in body.items() if k != "path"}
+        return _json(await self.api.add_nfs_export(request[WHO], path, fields), 201)
+
+    async def remove_nfs_export(self, request: web.Request) -> web.Response:
+        path = request.query.get("path")
+        if not path:
+            raise InvalidArgument("removing an NFS export needs ?path=")
+        await self.api.remove_nfs_export(request[WHO], path)
+        return _none()
 
     # -- the audit log ---------------------------------------------------------------------
 

@@ -643,10 +643,30 @@ def _admin_paths() -> dict[str, Any]:
         },
         f"{a}/exports": {
             "get": _op(
-                "What each protocol serves: S3 buckets, the SFTP root, NFS exports, SMB "
-                "shares (read-only: set in the config file, taken at start)",
+                "What each protocol serves: S3 buckets, the SFTP root, NFS exports (each "
+                "with its source: config or catalog), SMB shares",
                 {"200": _json_ok(obj)},
             )
+        },
+        f"{a}/exports/nfs": {
+            "post": _op(
+                "Export a namespace directory over NFS (admin right on it), served from "
+                "the NFS server's next MNT",
+                made,
+                requestBody=_json_body(
+                    ["path"],
+                    path=s,
+                    clients=strings,
+                    access={"type": "string", "enum": ["rw", "ro"]},
+                    squash={"type": "string", "enum": ["root", "all", "none"]},
+                    anonymous={"type": "boolean"},
+                ),
+            ),
+            "delete": _op(
+                "Remove an NFS export added here: no new mount, its handles are STALE",
+                done,
+                parameters=[{"name": "path", "in": "query", "required": True, "schema": s}],
+            ),
         },
         f"{a}/policies/{{name}}": {
             "parameters": [name],

@@ -388,3 +388,22 @@ class CatalogSuite:
         assert {e.version for e in await catalog.list_dir("/", limit=100)} >= {
             c.version for c in changes
         }
+
+    async def test_nfs_export_records(self, catalog: Catalog, reopen: Reopen) -> None:
+        """One export a path, seen by every process over the catalog; two adds of a path
+        at once: one wins."""
+        records, other = catalog.export_records(), await reopen()
+        try:
+            added = await asyncio.gather(
+                records.add_nfs_export("/e", '{"access": "ro"}'),
+                other.export_records().add_nfs_export("/e", '{"access": "rw"}'),
+            )
+            assert sorted(added) == [False, True]
+            seen = await other.export_records().nfs_exports()
+            assert seen == await records.nfs_exports()
+            assert list(seen) == ["/e"]
+            assert await records.remove_nfs_export("/e")
+            assert not await other.export_records().remove_nfs_export("/e")
+            assert await other.export_records().nfs_exports() == {}
+        finally:
+            await other.close()

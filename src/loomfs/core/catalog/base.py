@@ -224,6 +224,22 @@ class UploadRecords(ABC):
         ``forget_before_ns`` (wall clock)."""
 
 
+class ExportRecords(ABC):
+    """NFS exports added at run time (``loomfs.core.exports``), by namespace path: each a
+    record the caller makes (the export's settings as JSON)."""
+
+    @abstractmethod
+    async def nfs_exports(self) -> dict[str, str]: ...
+
+    @abstractmethod
+    async def add_nfs_export(self, path: str, record: str) -> bool:
+        """Store an export; False (nothing changed) if ``path`` has one already."""
+
+    @abstractmethod
+    async def remove_nfs_export(self, path: str) -> bool:
+        """Forget ``path``'s export; False if it had none."""
+
+
 class Notices:
     """Wake-ups of one kind another process sends through the catalog's database: a
     count of those arrived (a mark to wait from) and an event for the next one."""
@@ -274,6 +290,10 @@ class Catalog(ABC):
     @abstractmethod
     def upload_records(self) -> UploadRecords:
         """The S3 multipart uploads kept in this catalog."""
+
+    @abstractmethod
+    def export_records(self) -> ExportRecords:
+        """The NFS exports added at run time, kept in this catalog."""
 
     async def elected(self) -> None:
         """Return once this process is the one, of all sharing this catalog, that runs

@@ -37,6 +37,7 @@ from .base import (
     Applied,
     Catalog,
     Delete,
+    ExportRecords,
     Op,
     Put,
     ScanApplied,
@@ -62,6 +63,9 @@ _SMALL = 4  # ops of a small write (``_change``): what one namespace call applie
 
 
 class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
     def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
     def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any: ...
     def fetchone(self) -> Any: ...
@@ -339,6 +343,9 @@ def _migrations(d: Dialect) -> list[str]:
         );
         CREATE INDEX s3_uploads_bucket ON s3_uploads (bucket)
         """,
+        # migration 16: NFS exports added at run time (core.catalog.base.ExportRecords),
+        # which every NFS server over the database takes at its next MNT
+        f"CREATE TABLE nfs_exports (path {d.text} PRIMARY KEY, record TEXT NOT NULL)",
     ]
 
 
@@ -524,6 +531,9 @@ class SqlCatalog(Catalog):
 
     def upload_records(self) -> UploadRecords:
         return _Uploads(self)
+
+    def export_records(self) -> ExportRecords:
+        return _Exports(self)
 
     # -- engine hooks ----------------------------------------------------------------------
 
@@ -1281,8 +1291,9 @@ class _Sequencer:
         self._rows.clear()
 
 
-class _Uploads(UploadRecords):
-    """Rows of ``s3_uploads``: each call one statement, which commits alone (autocommit)."""
+class _Statements:
+    """Rows of a table of their own: each call one statement, which commits alone
+    (autocommit)."""
 
     def __init__(self, catalog: SqlCatalog) -> None:
         self._cat = catalog
@@ -1293,6 +1304,37 @@ class _Uploads(UploadRecords):
             return list(found.fetchall()) if rows else []
 
         return await self._cat._run(self._cat._read, fn)
+
+    async def _count(self, sql: str, args: Sequence[Any]) -> int:
+        """The rows ``sql`` (an INSERT or DELETE) changed."""
+
+        def fn(cur: Cursor) -> int:
+            return self._cat._q(cur, sql, args).rowcount
+
+        return await self._cat._run(self._cat._read, fn)
+
+
+class _Exports(_Statements, ExportRecords):
+    """Rows of ``nfs_exports``."""
+
+    async def nfs_exports(self) -> dict[str, str]:
+        rows = await self._one("SELECT path, record FROM nfs_exports", (), rows=True)
+        return {path: record for path, record in rows}
+
+    async def add_nfs_export(self, path: str, record: str) -> bool:
+        # one statement: of two adds of a path at once, over any gateways, one wins
+        added = await self._count(
+            "INSERT INTO nfs_exports (path, record) VALUES (?, ?) ON CONFLICT (path) DO NOTHING",
+            (path, record),
+        )
+        return added == 1
+
+    async def remove_nfs_export(self, path: str) -> bool:
+        return await self._count("DELETE FROM nfs_exports WHERE path = ?", (path,)) == 1
+
+
+class _Uploads(_Statements, UploadRecords):
+    """Rows of ``s3_uploads``."""
 
     async def add(self, upload_id: str, bucket: str, record: str) -> None:
         await self._one(

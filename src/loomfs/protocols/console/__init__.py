@@ -157,6 +157,7 @@ class Console:
                 web.get(f"{UI}/keys", self._page(self.ssh_keys)),
                 web.post(f"{UI}/keys", self._page(self.ssh_keys)),
                 web.get(f"{UI}/exports", self._page(self.exports)),
+                web.post(f"{UI}/exports", self._page(self.exports)),
                 web.get(f"{UI}/acl", self._page(self.acl)),
                 web.post(f"{UI}/acl", self._page(self.acl)),
                 web.get(f"{UI}/policies", self._page(self.policies)),
@@ -441,8 +442,26 @@ class Console:
                            notice=notice)  # fmt: skip
 
     async def exports(self, request: web.Request, who: Principal, session: Session) -> web.Response:
-        listed = await self._admin.list_exports(who)
-        return self.render("exports.html", session, who, exports=listed, notice="")
+        """Each protocol's exports; add an NFS export, remove one added so."""
+        api, notice = self._admin, ""
+        if request.method == "POST":
+            form = await self._form(request)
+            path = form.get("path", "")
+            if not path:
+                raise InvalidArgument("an NFS export needs its directory")
+            if form.get("action") == "remove":
+                await api.remove_nfs_export(who, path)
+                notice = f"removed NFS export {path}: its clients' handles are stale"
+            else:
+                # a field left out is the export's default, as in the config file
+                fields: dict[str, Any] = {k: form[k] for k in ("access", "squash") if form.get(k)}
+                if form.get("clients"):
+                    fields["clients"] = _words(form["clients"])
+                fields["anonymous"] = form.get("anonymous") == "on"
+                made = await api.add_nfs_export(who, path, fields)
+                notice = f"exported {made['path']} over NFS: served from the next mount"
+        listed = await api.list_exports(who)
+        return self.render("exports.html", session, who, exports=listed, notice=notice)
 
     async def acl(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         api, notice = self._admin, ""

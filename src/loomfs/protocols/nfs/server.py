@@ -2,7 +2,8 @@
 
 MOUNT (program 100005) and NFS (100003) share one TCP port, so clients need no
 portmapper (``mountport`` = ``port``). Exports are namespace directories
-(``[nfs.exports]``), each with the client networks that may use it, rw or ro, and how
+(``[nfs.exports]``, and at a hub those an administrator adds at run time:
+``core.exports``), each with the client networks that may use it, rw or ro, and how
 root is squashed. Every call runs as a ``Principal`` with protocol "nfs": an AUTH_SYS uid
 mapped through ``[nfs] uid_map``, anyone else the anonymous user, so the governed
 namespace decides and audits NFS calls as every other protocol's; this module only
@@ -52,6 +53,7 @@ from .xdr import Packer, Unpacker, XdrError
 
 if TYPE_CHECKING:
     from ...config import NfsExport
+    from ...core.exports import NfsExports
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +278,9 @@ def nfs_procedure(fail_words: int) -> Callable[[Handler], Handler]:
 class NfsServer:
     """NFSv3 and MOUNT v3 on one port over ``ns`` (the governed namespace; ``gate``: the
     same, where it can answer ACCESS ahead of the calls; ``rpcbind``: the portmapper to
-    register with)."""
+    register with; ``live``: the exports in force, ``exports`` and those added at run
+    time, taken afresh at each MNT and EXPORT call and at each change made in this
+    process: a handle under an export removed is STALE at its next call)."""
 
     def __init__(
         self,
@@ -290,6 +294,7 @@ class NfsServer:
         commit_delay: float = 2.0,
         gate: AccessGate | None = None,
         rpcbind: tuple[str, int] | None = None,
+        live: NfsExports | None = None,
     ) -> None:
         self.ns = ns
         self.gate = gate
@@ -297,20 +302,11 @@ class NfsServer:
         self._registered = False
         self.site = site
         self.uid_map = dict(uid_map or {})
-        self.exports: dict[int, Export] = {}
-        for name, config in exports.items():
-            path = paths.normalize(name)
-            export = Export(
-                path,
-                export_id(path),
-                tuple(ipaddress.ip_network(c, strict=False) for c in config.clients),
-                config.access == "ro",
-                config.squash,
-                config.anonymous,
-            )
-            if export.id in self.exports:  # 1 in 2**32 for two paths: say so, never mix them
-                raise ConfigError(f"the exports {path} and {self.exports[export.id].path} clash")
-            self.exports[export.id] = export
+        self.configured = exports
+        self.live = live
+        self.exports = self._table(exports, {})
+        if live is not None:
+            live.changed.append(self.refresh)
         self.handles = HandleTable(state_dir)
         self.spools = Spools(ns, spool_dir, commit_delay)
         #: a new one each start: clients resend the UNSTABLE writes of an earlier one
@@ -343,6 +339,45 @@ class NfsServer:
         await self.rpc.stop()
         await self.spools.close()
         self.handles.close()
+
+    # -- exports ---------------------------------------------------------------------------
+
+    def _table(
+        self, configured: Mapping[str, NfsExport], added: Mapping[str, NfsExport]
+    ) -> dict[int, Export]:
+        """Exports by id: ``configured`` (two that clash are a ``ConfigError``), then
+        ``added`` where one does not clash with an export already there."""
+        table: dict[int, Export] = {}
+        for source, exports in (("config", configured), ("catalog", added)):
+            for name, config in exports.items():
+                path = paths.normalize(name)
+                export = Export(
+                    path,
+                    export_id(path),
+                    tuple(ipaddress.ip_network(c, strict=False) for c in config.clients),
+                    config.access == "ro",
+                    config.squash,
+                    config.anonymous,
+                )
+                other = table.get(export.id)
+                if other is None:
+                    table[export.id] = export
+                elif source == "config":  # 1 in 2**32 for two paths: say so, never mix them
+                    raise ConfigError(f"the exports {path} and {other.path} clash")
+                else:
+                    log.warning("nfs export not served", extra={"path": path, "clash": other.path})
+        return table
+
+    async def refresh(self) -> None:
+        """Take the exports in force now (``live``'s)."""
+        if self.live is None:
+            return
+        try:
+            added = await self.live.added()
+        except LoomError as exc:  # the catalog out of reach: the exports last taken hold
+            log.warning("nfs exports not taken", extra={"error": str(exc)})
+            return
+        self.exports = self._table(self.configured, added)
 
     # -- identity and handles --------------------------------------------------------------
 
@@ -1080,6 +1115,7 @@ class NfsServer:
 
     async def mnt(self, call: Call) -> Packer:
         raw = call.args.string(MNTPATHLEN)
+        await self.refresh()
         p = Packer()
         try:
             path = paths.normalize(raw)
@@ -1137,6 +1173,7 @@ class NfsServer:
     async def export(self, call: Call) -> Packer:
         """The exports the caller may mount (a client such as libnfs mounts every one below
         the one it was asked for, and fails as a whole if one refuses it)."""
+        await self.refresh()
         p = Packer()
         mine = [x for x in self.exports.values() if x.admits(call.peer)]
         for export in sorted(mine, key=lambda x: x.path):
