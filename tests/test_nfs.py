@@ -1149,6 +1149,57 @@ def test_one_entry_is_one_object_id_wherever_it_is_seen(
         table.close()
 
 
+_STEPS = st.one_of(
+    _SEEN,
+    _MOVED,
+    _GONE,
+    st.tuples(st.just("removed"), _PATHS, st.none()),
+    st.tuples(st.just("adopted"), _PATHS, st.integers(1, 4)),
+    st.tuples(st.just("aliased"), _PATHS, st.integers(1, 4)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), _STEPS), max_size=30))
+def test_what_the_handle_table_keeps_read_is_what_it_holds(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[bool, tuple[str, str, object]]]
+) -> None:
+    """The table keeps the rows it read in memory: after any writes (renames, removals,
+    retirements, aliases, adoptions, new ids), each object and entry it answers for is
+    what a second table over the same file, which kept nothing, reads from disk."""
+    directory = tmp_path_factory.mktemp("kept")
+    table = HandleTable(directory)
+    seen: set[tuple[str, int | None]] = set()
+    try:
+        for anonymous, (op, path, other) in steps:
+            entry = None if anonymous or not isinstance(other, int) else other
+            if op == "seen":
+                table.id(path, entry)
+                seen.add((path, entry))
+            elif op == "renamed" and isinstance(other, str) and not other.startswith(path + "/"):
+                table.renamed(path, other)
+            elif op == "removed":
+                table.removed(path)
+            elif op in ("retired", "adopted", "aliased"):
+                object_id = table.find(path)
+                if object_id is not None and op == "retired":
+                    table.retire(object_id)
+                elif object_id is not None and op == "adopted" and isinstance(other, int):
+                    table.adopt(object_id, other)
+                elif object_id is not None and isinstance(other, int):
+                    table.alias(other + 10, object_id, path)
+            fresh = HandleTable(directory)
+            try:
+                for object_id in range(1, 40):
+                    assert table.known(object_id) == fresh.known(object_id)
+                for at, by in seen | {(p, e + 10) for p, e in seen if e is not None}:
+                    assert table.find(at, by) == fresh.find(at, by)
+            finally:
+                fresh.close()
+    finally:
+        table.close()
+
+
 _NAMES = st.sampled_from(["/d/a", "/d/b", "/d/c", "/e/a", "/e/b"])
 
 

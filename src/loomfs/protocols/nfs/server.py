@@ -21,7 +21,7 @@ import secrets
 import stat as stat_mod
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -62,6 +62,7 @@ PROGRAMS = ((NFS_PROGRAM, 3), (MOUNT_PROGRAM, 3))
 FHSIZE3 = 64
 MNTPATHLEN, NAME_MAX = 1024, 255
 MAX_IO = 1 << 20  # FSINFO's rtmax and wtmax
+_PEERS = 4096  # client addresses an export remembers its answer for
 UNSTABLE, FILE_SYNC = 0, 2  # DATA_SYNC (1) is committed and answered as FILE_SYNC
 READ_ATTEMPTS = 3
 #: a READDIR reply's own part: status, directory attributes, verifier, end of list, eof
@@ -113,7 +114,18 @@ class Export:
     squash: str
     anonymous: bool
 
+    #: what ``admits`` answered for each client address: asked on every call
+    _admitted: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+
     def admits(self, host: str) -> bool:
+        admitted = self._admitted.get(host)
+        if admitted is None:
+            if len(self._admitted) >= _PEERS:
+                self._admitted.clear()
+            admitted = self._admitted[host] = self._admits(host)
+        return admitted
+
+    def _admits(self, host: str) -> bool:
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
