@@ -96,6 +96,7 @@ class HandleTable:
         self.key = _load_key(directory / KEY_FILE)
         self._known: dict[int, Known | None] = {}
         self._entries: dict[int, tuple[int, str | None] | None] = {}
+        self._decoded: dict[bytes, tuple[int, int]] = {}
         self.db = sqlite3.connect(directory / DB_FILE, isolation_level=None)
         self.db.execute("PRAGMA journal_mode = WAL")
         # WAL with NORMAL: a commit survives the process being killed (not power loss,
@@ -139,7 +140,12 @@ class HandleTable:
         return body + self.mac(body)
 
     def decode(self, handle: bytes) -> tuple[int, int]:
-        """(export id, object id) of a handle this server made; BADHANDLE otherwise."""
+        """(export id, object id) of a handle this server made; BADHANDLE otherwise. A
+        handle checked once is remembered by its bytes (a client sends the same few
+        again and again): the same bytes carry the same MAC."""
+        decoded = self._decoded.get(handle)
+        if decoded is not None:
+            return decoded
         body, mac = handle[:-16], handle[-16:]
         if (
             len(handle) != HANDLE_SIZE
@@ -147,7 +153,11 @@ class HandleTable:
             or not hmac.compare_digest(mac, self.mac(body))
         ):
             raise NfsError(NFS3ERR_BADHANDLE, "not a handle of this server")
-        return int.from_bytes(body[2:6], "big"), int.from_bytes(body[6:14], "big")
+        decoded = int.from_bytes(body[2:6], "big"), int.from_bytes(body[6:14], "big")
+        if len(self._decoded) >= _CACHED:
+            self._decoded.clear()
+        self._decoded[handle] = decoded
+        return decoded
 
     # -- the table -------------------------------------------------------------------------
 
