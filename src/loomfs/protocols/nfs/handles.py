@@ -97,6 +97,7 @@ class HandleTable:
         self._known: dict[int, Known | None] = {}
         self._entries: dict[int, tuple[int, str | None] | None] = {}
         self._decoded: dict[bytes, tuple[int, int]] = {}
+        self._encoded: dict[tuple[int, int], bytes] = {}
         self.db = sqlite3.connect(directory / DB_FILE, isolation_level=None)
         self.db.execute("PRAGMA journal_mode = WAL")
         # WAL with NORMAL: a commit survives the process being killed (not power loss,
@@ -136,8 +137,15 @@ class HandleTable:
         return hmac.digest(self.key, body, "sha256")[:16]
 
     def encode(self, export: int, object_id: int) -> bytes:
-        body = MAGIC + export.to_bytes(4, "big") + object_id.to_bytes(8, "big")
-        return body + self.mac(body)
+        # the same numbers make the same bytes: READDIRPLUS makes one handle an entry
+        handle = self._encoded.get((export, object_id))
+        if handle is None:
+            body = MAGIC + export.to_bytes(4, "big") + object_id.to_bytes(8, "big")
+            handle = body + self.mac(body)
+            if len(self._encoded) >= _CACHED:
+                self._encoded.clear()
+            self._encoded[export, object_id] = handle
+        return handle
 
     def decode(self, handle: bytes) -> tuple[int, int]:
         """(export id, object id) of a handle this server made; BADHANDLE otherwise. A
