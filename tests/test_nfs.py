@@ -26,13 +26,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from loomfs.config import NfsExport
-from loomfs.core.acl import ANONYMOUS, AclStore
+from loomfs.core.acl import ANONYMOUS, AclAuthorizer, AclStore
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import UserRegistry
+from loomfs.errors import NotFound, PermissionDenied
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
+from loomfs.namespace.governed import GovernedNamespace
 from loomfs.protocols.nfs import errors as e
 from loomfs.protocols.nfs import pmap
 from loomfs.protocols.nfs.handles import HandleTable
@@ -46,6 +48,7 @@ from loomfs.protocols.nfs.rpc import (
     RPC_MISMATCH,
     SUCCESS,
     AuthSys,
+    Call,
     RpcDenied,
     record,
 )
@@ -54,9 +57,10 @@ from loomfs.protocols.nfs.server import (
     NFS_PROGRAM,
     PROGRAMS,
     Export,
+    NfsServer,
     principal_of,
 )
-from loomfs.protocols.nfs.xdr import Packer
+from loomfs.protocols.nfs.xdr import Packer, Unpacker
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
 from loomfs.testing.loop import LoopThread
@@ -399,6 +403,81 @@ def test_access_answers_what_the_namespace_would_decide(site: Site) -> None:
     answers = asyncio.run(ask())
     assert answers == {1000: 0x1F, 1001: 0x03}  # bob: READ and LOOKUP, nothing that writes
     assert book.read_bytes() == b"alice writes, bob reads"
+
+
+_ACL_CHANGES = st.lists(
+    st.tuples(
+        st.sampled_from(("private", "public", "grant", "revoke")),
+        st.sampled_from(("/vol", "/vol/d", "/vol/d/f", "/vol/e")),
+        st.sampled_from(("list", "read")),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(_ACL_CHANGES)
+def test_access_follows_each_acl_change_at_the_next_call(
+    tmp_path_factory: pytest.TempPathFactory, changes: list[tuple[str, str, str]]
+) -> None:
+    """After each grant, revoke or private mark, the next ACCESS of a plain file answers
+    READ exactly as the namespace's own read check decides then: what ACCESS skips for a
+    caller whom nothing is refused never outlives a rule that refuses something."""
+    tmp = tmp_path_factory.mktemp("access")
+    (tmp / "vol" / "d").mkdir(parents=True)
+    (tmp / "vol" / "d" / "f").write_bytes(b"f")
+
+    async def run() -> None:
+        catalog = open_catalog(f"sqlite://{tmp / 'catalog.db'}")
+        await catalog.open()
+        hub = HubNamespace(catalog)
+        server: NfsServer | None = None
+        try:
+            await hub.add_volume("/vol", f"posix://{tmp / 'vol'}")
+            acl = AclAuthorizer(catalog, refresh=0)
+            governed = GovernedNamespace(hub, [acl], rules=acl)
+            exports = {"/vol": NfsExport()}
+            server = NfsServer(governed, exports, state_dir=tmp / "state",
+                               spool_dir=tmp / "spool", uid_map={1000: "alice"},
+                               gate=governed)  # fmt: skip
+            export = next(iter(server.exports.values()))
+            alice = server.who(_alice_call(b""), export)
+            entry = await hub.stat(SYSTEM, "/vol/d/f")
+            handle = server.handles.encode(export.id, server.handles.id(entry.path, entry.id))
+            for change, path, permission in [("ask", "/vol", "read"), *changes]:
+                with contextlib.suppress(NotFound):  # unmarking what is not marked, ...
+                    if change in ("private", "public"):
+                        await acl.store.set_private(path, change == "private")
+                    elif change == "grant":
+                        await acl.store.grant("user:alice", permission, path)
+                    elif change == "revoke":
+                        await acl.store.revoke("user:alice", permission, path)
+                body = Unpacker((await server.access(_alice_call(handle))).value())
+                if body.uint() != e.NFS3_OK:
+                    continue  # the stat itself refused: nothing to compare
+                post_op(body)
+                allowed = body.uint() & 0x01
+                try:
+                    await governed.check_read(alice, "/vol/d/f")
+                except PermissionDenied:
+                    assert not allowed, (change, path, permission)
+                else:
+                    assert allowed, (change, path, permission)
+        finally:
+            if server is not None:
+                server.handles.close()
+            await hub.close()
+            await catalog.close()
+
+    asyncio.run(run())
+
+
+def _alice_call(handle: bytes) -> Call:
+    args = Packer()
+    args.opaque(handle)
+    args.uint(0x1F)
+    cred = AuthSys(1000, 1000, (), "test")
+    return Call(1, NFS_PROGRAM, 3, ACCESS, cred, Unpacker(args.value()), "127.0.0.1")
 
 
 # -- the RPC layer under bad input -----------------------------------------------------------
