@@ -773,6 +773,47 @@ def _readdir_args(handle: bytes, cookie: int, verifier: bytes, count: int) -> by
     return handle_args(handle, p.value())
 
 
+def test_readdirplus_gives_each_name_its_attributes_and_a_handle_of_it(site: Site) -> None:
+    """Every entryplus3 of /data/many, parsed word by word: the name, its file's size,
+    and a handle whose GETATTR is the same object."""
+
+    async def listed() -> dict[str, tuple[int, int, int]]:
+        found: dict[str, tuple[int, int, int]] = {}
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, many = await c.lookup(root, "many")
+            assert many is not None
+            cookie, verifier, eof = 0, bytes(8), False
+            while not eof:
+                p = Packer()
+                p.uhyper(cookie)
+                p.fixed(verifier)
+                p.uint(8192)
+                p.uint(32768)
+                body = await c.nfs(READDIRPLUS, handle_args(many, p.value()))
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                verifier = body.fixed(8)
+                while body.boolean():
+                    fileid, name, cookie = body.uhyper(), body.string(255), body.uhyper()
+                    attrs = post_op(body)
+                    assert attrs is not None and attrs.fileid == fileid
+                    assert body.boolean()
+                    handle = body.opaque(64)
+                    if name.startswith("f"):
+                        again = await c.nfs(GETATTR, handle_args(handle))
+                        assert again.uint() == e.NFS3_OK
+                        found[name] = (attrs.size, fileid, fattr(again).fileid)
+                eof = body.boolean()
+                body.done()
+        return found
+
+    found = asyncio.run(listed())
+    assert sorted(found) == [f"f{i:04d}" for i in range(MANY)]
+    for name, (size, fileid, again) in found.items():
+        assert (size, again) == (int(name[1:]), fileid)
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=FIXTURE)
 @given(count=st.integers(200, 6000))
 def test_readdir_pages_list_every_name_once_within_the_count(site: Site, count: int) -> None:

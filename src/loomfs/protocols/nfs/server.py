@@ -66,6 +66,11 @@ MAX_IO = 1 << 20  # FSINFO's rtmax and wtmax
 #: fattr3: type, mode, nlink, uid, gid, size, used, rdev, fsid, fileid, atime, mtime, ctime
 _FATTR3 = struct.Struct(">5I2Q2I2Q6I")
 _U32, _U64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+#: entry3's value_follows, fileid and name length; its cookie; entryplus3's handle's
+#: value_follows and length
+_ENTRY_HEAD, _COOKIE = struct.Struct(">IQI"), struct.Struct(">Q")
+_HANDLE_HEAD = struct.Struct(">II")
+_TRUE = b"\0\0\0\1"
 _PEERS = 4096  # client addresses (or uids) whose answer is remembered
 UNSTABLE, FILE_SYNC = 0, 2  # DATA_SYNC (1) is committed and answered as FILE_SYNC
 READ_ATTEMPTS = 3
@@ -1039,22 +1044,25 @@ class NfsServer:
     ) -> tuple[Packer, int]:
         """One entry3 (or entryplus3) and the size of its name part, which is what
         READDIRPLUS's dircount counts; the cookie is the object id plus 2 unless given."""
-        p = Packer()
-        p.boolean(True)
-        p.uhyper(object_id)
-        p.string(name)
         if cookie is None:  # a hard link's other names have cookies of their own
             linked = entry.nlink > 1 and not entry.is_dir
             cookie = (
                 self.handles.cookie(object_id, entry.id, entry.path) if linked else object_id
             ) + 2
-        p.uhyper(cookie)
+        # in as few parts as XDR allows: one an entry, not one a word
+        raw = name.encode()
+        p = Packer()
+        p.fixed(
+            _ENTRY_HEAD.pack(1, object_id & _U64, len(raw))
+            + raw + b"\0" * (-len(raw) % 4)
+            + _COOKIE.pack(cookie & _U64)
+        )  # fmt: skip
         name_size = p.size
         if plus:
-            p.boolean(True)
+            p.fixed(_TRUE)
             self._fattr(p, entry, object_id, export)
-            p.boolean(True)
-            p.opaque(self.handles.encode(export.id, object_id))
+            handle = self.handles.encode(export.id, object_id)
+            p.fixed(_HANDLE_HEAD.pack(1, len(handle)) + handle + b"\0" * (-len(handle) % 4))
         return p, name_size
 
     @nfs_procedure(1)
