@@ -27,14 +27,16 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from loomfs.config import NfsExport
-from loomfs.core.acl import ANONYMOUS, AclStore
+from loomfs.core.acl import ANONYMOUS, AclAuthorizer, AclStore
 from loomfs.core.exports import NfsExports, nfs_export
 from loomfs.core.registry import open_catalog
 from loomfs.core.sites import SiteRegistry
 from loomfs.core.types import SYSTEM
 from loomfs.core.users import UserRegistry
+from loomfs.errors import NotFound, PermissionDenied
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.hub.namespace import HubNamespace
+from loomfs.namespace.governed import GovernedNamespace
 from loomfs.protocols.nfs import errors as e
 from loomfs.protocols.nfs import pmap
 from loomfs.protocols.nfs.handles import HandleTable
@@ -48,6 +50,7 @@ from loomfs.protocols.nfs.rpc import (
     RPC_MISMATCH,
     SUCCESS,
     AuthSys,
+    Call,
     RpcDenied,
     record,
 )
@@ -56,9 +59,10 @@ from loomfs.protocols.nfs.server import (
     NFS_PROGRAM,
     PROGRAMS,
     Export,
+    NfsServer,
     principal_of,
 )
-from loomfs.protocols.nfs.xdr import Packer
+from loomfs.protocols.nfs.xdr import Packer, Unpacker
 from loomfs.rest import wire
 from loomfs.rest.client import RestNamespace
 from loomfs.testing.hubproc import HubProcess, SiteProcess, SpokeProcess, cli_ok, spoke_args
@@ -402,6 +406,81 @@ def test_access_answers_what_the_namespace_would_decide(site: Site) -> None:
     answers = asyncio.run(ask())
     assert answers == {1000: 0x1F, 1001: 0x03}  # bob: READ and LOOKUP, nothing that writes
     assert book.read_bytes() == b"alice writes, bob reads"
+
+
+_ACL_CHANGES = st.lists(
+    st.tuples(
+        st.sampled_from(("private", "public", "grant", "revoke")),
+        st.sampled_from(("/vol", "/vol/d", "/vol/d/f", "/vol/e")),
+        st.sampled_from(("list", "read")),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(_ACL_CHANGES)
+def test_access_follows_each_acl_change_at_the_next_call(
+    tmp_path_factory: pytest.TempPathFactory, changes: list[tuple[str, str, str]]
+) -> None:
+    """After each grant, revoke or private mark, the next ACCESS of a plain file answers
+    READ exactly as the namespace's own read check decides then: what ACCESS skips for a
+    caller whom nothing is refused never outlives a rule that refuses something."""
+    tmp = tmp_path_factory.mktemp("access")
+    (tmp / "vol" / "d").mkdir(parents=True)
+    (tmp / "vol" / "d" / "f").write_bytes(b"f")
+
+    async def run() -> None:
+        catalog = open_catalog(f"sqlite://{tmp / 'catalog.db'}")
+        await catalog.open()
+        hub = HubNamespace(catalog)
+        server: NfsServer | None = None
+        try:
+            await hub.add_volume("/vol", f"posix://{tmp / 'vol'}")
+            acl = AclAuthorizer(catalog, refresh=0)
+            governed = GovernedNamespace(hub, [acl], rules=acl)
+            exports = {"/vol": NfsExport()}
+            server = NfsServer(governed, exports, state_dir=tmp / "state",
+                               spool_dir=tmp / "spool", uid_map={1000: "alice"},
+                               gate=governed)  # fmt: skip
+            export = next(iter(server.exports.values()))
+            alice = server.who(_alice_call(b""), export)
+            entry = await hub.stat(SYSTEM, "/vol/d/f")
+            handle = server.handles.encode(export.id, server.handles.id(entry.path, entry.id))
+            for change, path, permission in [("ask", "/vol", "read"), *changes]:
+                with contextlib.suppress(NotFound):  # unmarking what is not marked, ...
+                    if change in ("private", "public"):
+                        await acl.store.set_private(path, change == "private")
+                    elif change == "grant":
+                        await acl.store.grant("user:alice", permission, path)
+                    elif change == "revoke":
+                        await acl.store.revoke("user:alice", permission, path)
+                body = Unpacker((await server.access(_alice_call(handle))).value())
+                if body.uint() != e.NFS3_OK:
+                    continue  # the stat itself refused: nothing to compare
+                post_op(body)
+                allowed = body.uint() & 0x01
+                try:
+                    await governed.check_read(alice, "/vol/d/f")
+                except PermissionDenied:
+                    assert not allowed, (change, path, permission)
+                else:
+                    assert allowed, (change, path, permission)
+        finally:
+            if server is not None:
+                server.handles.close()
+            await hub.close()
+            await catalog.close()
+
+    asyncio.run(run())
+
+
+def _alice_call(handle: bytes) -> Call:
+    args = Packer()
+    args.opaque(handle)
+    args.uint(0x1F)
+    cred = AuthSys(1000, 1000, (), "test")
+    return Call(1, NFS_PROGRAM, 3, ACCESS, cred, Unpacker(args.value()), "127.0.0.1")
 
 
 # -- the RPC layer under bad input -----------------------------------------------------------
@@ -757,6 +836,47 @@ def _readdir_args(handle: bytes, cookie: int, verifier: bytes, count: int) -> by
     p.fixed(verifier)
     p.uint(count)
     return handle_args(handle, p.value())
+
+
+def test_readdirplus_gives_each_name_its_attributes_and_a_handle_of_it(site: Site) -> None:
+    """Every entryplus3 of /data/many, parsed word by word: the name, its file's size,
+    and a handle whose GETATTR is the same object."""
+
+    async def listed() -> dict[str, tuple[int, int, int]]:
+        found: dict[str, tuple[int, int, int]] = {}
+        async with site.client() as c:
+            root = await c.mount("/data")
+            _, many = await c.lookup(root, "many")
+            assert many is not None
+            cookie, verifier, eof = 0, bytes(8), False
+            while not eof:
+                p = Packer()
+                p.uhyper(cookie)
+                p.fixed(verifier)
+                p.uint(8192)
+                p.uint(32768)
+                body = await c.nfs(READDIRPLUS, handle_args(many, p.value()))
+                assert body.uint() == e.NFS3_OK
+                post_op(body)
+                verifier = body.fixed(8)
+                while body.boolean():
+                    fileid, name, cookie = body.uhyper(), body.string(255), body.uhyper()
+                    attrs = post_op(body)
+                    assert attrs is not None and attrs.fileid == fileid
+                    assert body.boolean()
+                    handle = body.opaque(64)
+                    if name.startswith("f"):
+                        again = await c.nfs(GETATTR, handle_args(handle))
+                        assert again.uint() == e.NFS3_OK
+                        found[name] = (attrs.size, fileid, fattr(again).fileid)
+                eof = body.boolean()
+                body.done()
+        return found
+
+    found = asyncio.run(listed())
+    assert sorted(found) == [f"f{i:04d}" for i in range(MANY)]
+    for name, (size, fileid, again) in found.items():
+        assert (size, again) == (int(name[1:]), fileid)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=FIXTURE)
@@ -1210,6 +1330,57 @@ def test_one_entry_is_one_object_id_wherever_it_is_seen(
             elif isinstance(other, int) and other in given_ids:
                 table.retire(given_ids.pop(other))
             assert len(set(given_ids.values())) == len(given_ids)
+    finally:
+        table.close()
+
+
+_STEPS = st.one_of(
+    _SEEN,
+    _MOVED,
+    _GONE,
+    st.tuples(st.just("removed"), _PATHS, st.none()),
+    st.tuples(st.just("adopted"), _PATHS, st.integers(1, 4)),
+    st.tuples(st.just("aliased"), _PATHS, st.integers(1, 4)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), _STEPS), max_size=30))
+def test_what_the_handle_table_keeps_read_is_what_it_holds(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[bool, tuple[str, str, object]]]
+) -> None:
+    """The table keeps the rows it read in memory: after any writes (renames, removals,
+    retirements, aliases, adoptions, new ids), each object and entry it answers for is
+    what a second table over the same file, which kept nothing, reads from disk."""
+    directory = tmp_path_factory.mktemp("kept")
+    table = HandleTable(directory)
+    seen: set[tuple[str, int | None]] = set()
+    try:
+        for anonymous, (op, path, other) in steps:
+            entry = None if anonymous or not isinstance(other, int) else other
+            if op == "seen":
+                table.id(path, entry)
+                seen.add((path, entry))
+            elif op == "renamed" and isinstance(other, str) and not other.startswith(path + "/"):
+                table.renamed(path, other)
+            elif op == "removed":
+                table.removed(path)
+            elif op in ("retired", "adopted", "aliased"):
+                object_id = table.find(path)
+                if object_id is not None and op == "retired":
+                    table.retire(object_id)
+                elif object_id is not None and op == "adopted" and isinstance(other, int):
+                    table.adopt(object_id, other)
+                elif object_id is not None and isinstance(other, int):
+                    table.alias(other + 10, object_id, path)
+            fresh = HandleTable(directory)
+            try:
+                for object_id in range(1, 40):
+                    assert table.known(object_id) == fresh.known(object_id)
+                for at, by in seen | {(p, e + 10) for p, e in seen if e is not None}:
+                    assert table.find(at, by) == fresh.find(at, by)
+            finally:
+                fresh.close()
     finally:
         table.close()
 

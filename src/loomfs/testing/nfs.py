@@ -78,15 +78,17 @@ def auth_sys(uid: int, gid: int, machine: str = "test") -> bytes:
 class RpcClient:
     """One TCP connection to an ONC RPC server; calls one at a time."""
 
-    def __init__(self, port: int, *, uid: int | None = 1000, gid: int = 1000) -> None:
-        self.port = port
+    def __init__(
+        self, port: int, *, uid: int | None = 1000, gid: int = 1000, host: str = "127.0.0.1"
+    ) -> None:
+        self.host, self.port = host, port
         self.uid, self.gid = uid, gid
         self._xids = itertools.count(1)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
     async def __aenter__(self) -> Self:
-        self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         return self
 
     async def __aexit__(
