@@ -241,6 +241,15 @@ class RestNamespace(FeedNamespace, ChunkLink):
         )
         return wire.delta_from([line async for line in self._lines(response)])
 
+    async def list_tree(
+        self, who: Principal, top: str, held: Mapping[str, tuple[int, str]]
+    ) -> AsyncIterator[tuple[str, ListingDelta | LoomError]]:
+        response = await self._request(
+            "POST", f"{wire.API}/tree{_quoted(top)}", json={"held": held}, who=who
+        )
+        for one in wire.tree_from([line async for line in self._lines(response)]):
+            yield one
+
     async def read(
         self,
         who: Principal,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..core.types import Change, ChangeOp, Entry, EntryKind, WriteTags
@@ -121,6 +122,44 @@ def delta_from(lines: list[dict[str, Any]]) -> ListingDelta:
         entries=[entry_from(line) for line in rest if "gone" not in line],
         gone=[str(line["gone"]) for line in rest if "gone" in line],
     )
+
+
+def held_from(data: Any) -> dict[str, tuple[int, str]]:
+    """The listings a tree's caller holds (directory -> [feed position, digest])."""
+    try:
+        return {str(d): (int(seq), str(copy)) for d, (seq, copy) in dict(data).items()}
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"'held' maps directories to [position, digest]: {exc}") from None
+
+
+def tree_lines(answers: Iterable[tuple[str, ListingDelta | LoomError]]) -> list[dict[str, Any]]:
+    """A tree's listings (``namespace.listing.tree_deltas``) as lines: each directory's
+    delta (``delta_lines``) with the directory named in its first line, or one line with
+    the error that ends the tree there."""
+    lines: list[dict[str, Any]] = []
+    for directory, answer in answers:
+        if isinstance(answer, LoomError):
+            lines.append({"dir": directory, **error_body(answer)})
+            continue
+        head, *rest = delta_lines(answer)
+        lines += [{"dir": directory, **head}, *rest]
+    return lines
+
+
+def tree_from(lines: Iterable[dict[str, Any]]) -> Iterator[tuple[str, ListingDelta | LoomError]]:
+    """The directories of ``tree_lines`` and their answers, in the order sent."""
+    directory: str | None = None
+    group: list[dict[str, Any]] = []
+    for line in [*lines, {"dir": None}]:
+        if "dir" not in line:
+            group.append(line)
+            continue
+        if directory is not None:
+            yield directory, delta_from(group)
+        directory, group = line["dir"], [line]
+        if "error" in line:
+            yield str(directory), error_from(500, line)
+            return
 
 
 ENTRY_HEADER = "X-Loomfs-Entry"
