@@ -253,7 +253,7 @@ class RestNamespace(FeedNamespace, ChunkLink):
             compress="deflate" if held else None,
             who=who,
         )
-        for one in wire.tree_from([line async for line in self._lines(response)]):
+        for one in wire.tree_from([line async for line in self._lines(response)], held):
             yield one
 
     async def read(

@@ -485,7 +485,7 @@ class RestServer:
         ]
         # nothing held: every listing goes whole, no log to read
         changes = await self._log_since(who, min(s for s, _ in held.values())) if held else None
-        lines = wire.tree_lines(listing.tree_deltas(listed, changes, held))
+        lines = wire.tree_lines(listing.tree_deltas(listed, changes, held), held)
         return await _ndjson(request, _aiter(lines))
 
     async def _log_since(self, who: Principal, since: int) -> builtins.list[Change] | None:
