@@ -119,7 +119,7 @@ def test_a_trees_listings_are_the_per_directory_listings_of_the_same_user(
                 denied.append(by_hub[1] is not None)
 
             @settings(
-                max_examples=8,
+                max_examples=6,
                 deadline=None,
                 database=None,
                 suppress_health_check=list(HealthCheck),
