@@ -16,8 +16,8 @@ from types import TracebackType
 
 from ..core.streams import ByteSource, FileRegion, aiter_bytes
 from ..core.types import Entry, EntryKind, Feed, Principal, WriteTags
-from ..errors import NotSupported, PermissionDenied
-from .listing import ListingDelta, delta
+from ..errors import LoomError, NotSupported, PermissionDenied
+from .listing import TREE_MAX, ListingDelta, delta, listed_tree, tree_deltas
 from .objectlock import Lock
 
 LIST_PAGE = 1000
@@ -400,6 +400,17 @@ class FeedNamespace(Namespace):
         whose digest is ``held`` (``namespace.listing``): only what changed where the
         implementation can tell, else the whole listing."""
         return delta(path, [entry async for entry in self.list(who, path)], None, held)
+
+    async def list_tree(
+        self, who: Principal, top: str, held: Mapping[str, tuple[int, str]]
+    ) -> AsyncIterator[tuple[str, ListingDelta | LoomError]]:
+        """The listings of ``top`` and the directories below it, in the order a walk
+        meets them (``namespace.listing.listed_tree``: an error ends them, and so may a
+        budget, short of the end), for the holder of the copies ``held`` (directory ->
+        feed position, digest): only what changed where the implementation can tell."""
+        listed = listed_tree(lambda d: self.list(who, d), top, TREE_MAX)
+        for one in tree_deltas([dir_ async for dir_ in listed], None, held):
+            yield one
 
 
 class ResolvingNamespace(Namespace):

@@ -104,6 +104,22 @@ def spec() -> dict[str, Any]:
                     ],
                 ),
             },
+            "/v1/tree/{path}": {
+                "parameters": [_PATH_PARAM],
+                "post": _op(
+                    "The listings of a directory and of every directory below it (a hub's),"
+                    " in walk order, each as /v1/listing answers it with 'dir' in its first"
+                    " line; a directory the caller may not list ends it with its error line",
+                    {"200": _ndjson("per directory: its digest line, entries, names gone")},
+                    requestBody=_json_body(
+                        [],
+                        held={
+                            "type": "object",
+                            "description": "directory -> [feed position, digest] of held copies",
+                        },
+                    ),
+                ),
+            },
             "/v1/files/{path}": {
                 "parameters": [_PATH_PARAM],
                 "get": _op(

@@ -238,6 +238,7 @@ class RestServer:
         if self.admin is not None:
             app.router.add_get(f"{wire.API}/changes", self.changes)
             app.router.add_get(f"{wire.API}/listing{p}", self.listing)
+            app.router.add_post(f"{wire.API}/tree{p}", self.tree)
             app.router.add_get(f"{wire.API}/volumes", self.volumes)
             app.router.add_post(f"{wire.API}/volumes", self.add_volume)
             app.router.add_post(f"{wire.API}/volumes/rescan", self.rescan)
@@ -468,6 +469,24 @@ class RestServer:
         changes = await self._log_since(who, since)
         answer = listing.delta(path, entries, changes, request.query.get("digest"))
         return await _ndjson(request, _aiter(wire.delta_lines(answer)))
+
+    async def tree(self, request: web.Request) -> web.StreamResponse:
+        """The listings of a directory and those below it in one answer, each listed as
+        the caller (as ``listing`` lists one), and for those the caller holds (``held``:
+        directory -> [feed position, digest]) only what changed
+        (``namespace.listing.tree_deltas``). The listings come first, the log after."""
+        who, path = self.principal(request), _path(request)
+        held = wire.held_from((await _body(request)).get("held", {}))
+        listed = [
+            one
+            async for one in listing.listed_tree(
+                lambda d: self.namespace.list(who, d), path, listing.TREE_MAX
+            )
+        ]
+        # nothing held: every listing goes whole, no log to read
+        changes = await self._log_since(who, min(s for s, _ in held.values())) if held else None
+        lines = wire.tree_lines(listing.tree_deltas(listed, changes, held), held)
+        return await _ndjson(request, _aiter(lines))
 
     async def _log_since(self, who: Principal, since: int) -> builtins.list[Change] | None:
         """The change log after ``since`` as ``who`` may see it; None past ``LOG_MAX``."""

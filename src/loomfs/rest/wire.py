@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..core.types import Change, ChangeOp, Entry, EntryKind, WriteTags
@@ -121,6 +122,55 @@ def delta_from(lines: list[dict[str, Any]]) -> ListingDelta:
         entries=[entry_from(line) for line in rest if "gone" not in line],
         gone=[str(line["gone"]) for line in rest if "gone" in line],
     )
+
+
+def held_from(data: Any) -> dict[str, tuple[int, str]]:
+    """The listings a tree's caller holds (directory -> [feed position, digest])."""
+    try:
+        return {str(d): (int(seq), str(copy)) for d, (seq, copy) in dict(data).items()}
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"'held' maps directories to [position, digest]: {exc}") from None
+
+
+def tree_lines(
+    answers: Iterable[tuple[str, ListingDelta | LoomError]], held: Mapping[str, tuple[int, str]]
+) -> list[dict[str, Any]]:
+    """A tree's listings (``namespace.listing.tree_deltas``) as lines: each directory's
+    delta (``delta_lines``) with the directory named in its first line, or one line with
+    the error that ends the tree there. A directory as its holder has it (most, in a
+    tree walked again) is its name alone: its 16 bytes of digest are the holder's."""
+    lines: list[dict[str, Any]] = []
+    for directory, answer in answers:
+        if isinstance(answer, LoomError):
+            lines.append({"dir": directory, **error_body(answer)})
+            continue
+        if answer.unchanged and held.get(directory, (0, None))[1] == answer.digest:
+            lines.append({"dir": directory})
+            continue
+        head, *rest = delta_lines(answer)
+        lines += [{"dir": directory, **head}, *rest]
+    return lines
+
+
+def tree_from(
+    lines: Iterable[dict[str, Any]], held: Mapping[str, tuple[int, str]]
+) -> Iterator[tuple[str, ListingDelta | LoomError]]:
+    """The directories of ``tree_lines`` and their answers, in the order sent, for the
+    holder of the copies ``held``."""
+    directory: str | None = None
+    group: list[dict[str, Any]] = []
+    for line in [*lines, {"dir": None}]:
+        if "dir" not in line:
+            group.append(line)
+            continue
+        if directory is not None:
+            yield directory, delta_from(group)
+        directory, group = line["dir"], [line]
+        if len(line) == 1 and directory in held:  # as held: the holder's digest is it
+            group = [{"digest": held[directory][1], "full": False}]
+        if "error" in line:
+            yield str(directory), error_from(500, line)
+            return
 
 
 ENTRY_HEADER = "X-Loomfs-Entry"

@@ -555,6 +555,68 @@ class SpokeNamespace(Namespace):
         answer = await self.hub.list_changed(who, path, kept.seq, kept.digest)
         return listing.applied(kept.entries, answer)
 
+    async def walk(self, who: Principal, top: str) -> AsyncIterator[Entry]:
+        """As a walk by listings, but with one request for the listings of a whole tree
+        inside an export (``FeedNamespace.list_tree``), each kept as ``list`` keeps one
+        and sent as what changed where one is kept already."""
+        top = paths.normalize(top)
+        if not any(paths.is_within(top, at) for at in self.attached):
+            async for entry in super().walk(who, top):
+                yield entry
+            return
+        asked_at = self.seq
+        mine = [d for d, users in self._listed.items() if who.user in users]
+        held = {
+            d: (self._listings[(d, who.user)].seq, self._listings[(d, who.user)].digest)
+            for d in mine
+            if paths.is_within(d, top)
+        }
+        got: dict[str, dict[str, Entry] | LoomError | None] = {}
+        try:
+            async for directory, answer in self.hub.list_tree(who, top, held):
+                got[directory] = self._held_from_tree(who, directory, answer, asked_at)
+        except BackendUnavailable:  # walk what is kept, as listings do offline
+            got = {}
+        if top not in got:
+            async for entry in super().walk(who, top):
+                yield entry
+            return
+        async for entry in self._walk_got(who, top, got):
+            yield entry
+
+    def _held_from_tree(
+        self, who: Principal, directory: str, answer: listing.ListingDelta | LoomError, at: int
+    ) -> dict[str, Entry] | LoomError | None:
+        """A tree's answer for ``directory`` as its listing, kept as ``list`` keeps one;
+        None where it does not come out as the hub's (a plain listing says what is)."""
+        if isinstance(answer, LoomError):
+            return answer
+        kept = self._listings.get((directory, who.user))
+        entries = listing.applied({} if kept is None else kept.entries, answer)
+        if entries is None:
+            self._drop_listing((directory, who.user))
+        elif len(entries) <= LISTING_MAX:
+            self._keep_listing(directory, who, entries, at)
+        return entries
+
+    async def _walk_got(
+        self, who: Principal, directory: str, got: Mapping[str, dict[str, Entry] | LoomError | None]
+    ) -> AsyncIterator[Entry]:
+        if directory not in got:  # past the hub's budget for one tree: a tree of its own
+            async for entry in self.walk(who, directory):
+                yield entry
+            return
+        entries = got[directory]
+        if isinstance(entries, LoomError):
+            raise entries
+        if entries is None:  # the tree's answer did not add up: a plain listing
+            entries = {entry.name: entry async for entry in self.list(who, directory)}
+        for entry in entries.values():
+            yield entry
+            if entry.is_dir:
+                async for below in self._walk_got(who, entry.path, got):
+                    yield below
+
     def _current_listing(self, path: str, who: Principal) -> dict[str, Entry]:
         """The listing of ``path`` kept for ``who`` that the feed has not changed since."""
         kept = self._listings.get((path, who.user))
