@@ -22,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -1173,6 +1173,7 @@ def test_the_names_of_a_hard_linked_file_are_one_nfs_object(site: Site) -> None:
 
 @settings(max_examples=8, deadline=None, suppress_health_check=FIXTURE)
 @given(mode=st.integers(0, 0o7777))
+@example(mode=0o6140)  # the set-group-ID bit stays (no group execute): keeping it is no giving
 def test_a_write_by_another_than_the_owner_clears_the_set_id_bits(site: Site, mode: int) -> None:
     """pjdfstest chmod/12: a write by a non-owner clears S_ISUID, and S_ISGID where the
     group may execute, in the WRITE's own attributes and on the volume (the Linux client

@@ -61,7 +61,7 @@ from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 from .. import paths
 from ..core.acl import ANONYMOUS, AclAuthorizer, PolicyRule, PublicBlock, is_site
 from ..core.audit import AuditSink
-from ..core.types import Action, Change, ChangeOp, Entry, EntryKind, Feed, Principal
+from ..core.types import SYSTEM, Action, Change, ChangeOp, Entry, EntryKind, Feed, Principal
 from ..errors import (
     AlreadyExists,
     Conflict,
@@ -814,12 +814,21 @@ class GovernedNamespace(FeedNamespace):
 
     async def _attrs_decided(self, who: Principal, path: str, attrs: Mapping[str, int]) -> None:
         """Decide ``set_attrs(**attrs)``: a change of owner is an administrator's, a
-        set-ID bit needs admin by name; the rest is a write."""
+        set-ID bit the file has not got needs admin by name; the rest is a write. (Keeping
+        or clearing one is not giving it: a write by another than the owner clears the
+        set-user-ID bit and keeps the set-group-ID one of a file its group can't run.)"""
         mode = attrs.get("mode")
-        if mode is not None and mode & SET_ID:
+        if mode is not None and mode & SET_ID and mode & SET_ID & ~await self._set_id(path):
             await self._privileged(who, "set_attrs", path, "a set-user-ID or set-group-ID bit")
         action = Action.ADMIN if "uid" in attrs or "gid" in attrs else Action.WRITE
         await self._changing(who, "set_attrs", path, action, attrs=True)
+
+    async def _set_id(self, path: str) -> int:
+        """The set-ID bits the file at ``path`` has now (none where there is no file)."""
+        try:
+            return (await self.inner.stat(SYSTEM, path)).mode & SET_ID
+        except NotFound:
+            return 0
 
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self._governed(
