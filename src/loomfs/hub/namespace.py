@@ -1407,7 +1407,9 @@ class HubNamespace(ResolvingNamespace):
                         if tagged is not None:
                             tags = WriteTags.from_json(tagged)
                             stale = tags.stale(await self.catalog.get_tags(path))
-                            await self.catalog.set_tags(path, tags.resolved(after.version), stale)
+                            made = tags.resolved(after.version)
+                            if made or stale:  # else no change of tags to record
+                                await self.catalog.set_tags(path, made, stale)
                 # a directory's removal below it may have stopped part way
                 stayed_dir = before is not None and before.is_dir and after is not None
                 if fresh_dir or (stayed_dir and after is not None and after.is_dir):
