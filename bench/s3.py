@@ -14,7 +14,14 @@ server's CPU (from /proc/<pid>/stat) in cores used over the phase.
 Both servers run at once and each round measures one after the other, ``--rounds``
 times; the median round is reported (the machine is shared and its load drifts).
 
+``--versioned`` measures instead what versioning costs loomfs (issue 17): a ``--large-mb``
+object PUT, then overwritten twice with 1% of it (one run of bytes) changed each time,
+into an unversioned and a versioned bucket in turn, ``--rounds`` times; per overwrite its
+MB/s and the bytes the version store grew by. The first overwrite keeps an old version
+none of whose chunks are stored yet, the second one that shares all but the edit with it.
+
     PYTHONPATH=src python bench/s3.py [--quick] [--json out.json]
+    PYTHONPATH=src python bench/s3.py --versioned [--rounds 3]
 """
 
 from __future__ import annotations
@@ -225,6 +232,66 @@ async def run(targets: list[Target], args: argparse.Namespace) -> list[Figure]:
     return figures
 
 
+@dataclass
+class Overwrite:
+    figure: Figure
+    round: int
+    changed: int  # bytes of the object this overwrite changed
+    stored: int  # bytes the version store grew by
+
+
+def stored_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+async def overwrite_rounds(
+    plain: Target, versioned: Target, versions: Path, args: argparse.Namespace
+) -> list[Overwrite]:
+    """Per round and bucket: PUT a random object, then two overwrites with a different
+    1% changed each; each overwrite's MB/s and the version store's growth."""
+    size = args.large_mb * MB
+    edit = size // 100
+    rows: list[Overwrite] = []
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for n in range(args.rounds):
+            body = bytearray(os.urandom(size))
+            bodies = [bytes(body)]
+            for at in (size // 3, 2 * size // 3):
+                body[at : at + edit] = os.urandom(edit)
+                bodies.append(bytes(body))
+            for target in (plain, versioned):
+                url = target.url("PUT", f"overwrite/{n}")
+                await put_all(session, [url], bodies[0], 1)
+                for which, data in enumerate(bodies[1:], 1):
+                    before = stored_bytes(versions)
+
+                    async def put(data: bytes = data, url: str = url) -> float:
+                        await put_all(session, [url], data, 1)
+                        return len(data) / MB
+
+                    state = "versioned" if target is versioned else "unversioned"
+                    figure = await measured(state, f"overwrite {which}", "MB/s", target.pid, put)
+                    rows.append(Overwrite(figure, n, edit, stored_bytes(versions) - before))
+    return rows
+
+
+def print_overwrites(rows: list[Overwrite]) -> None:
+    for which in ("overwrite 1", "overwrite 2"):
+        for state in ("unversioned", "versioned"):
+            got = sorted(
+                (r for r in rows if (r.figure.phase, r.figure.server) == (which, state)),
+                key=lambda r: r.figure.rate,
+            )
+            mid = got[len(got) // 2]
+            print(
+                f"{which} {state:<12} median {mid.figure.rate:7.1f} MB/s, server cores "
+                f"{mid.figure.server_cores:.2f}, stored {mid.stored / MB:7.2f} MB "
+                f"({mid.stored / mid.changed:.2f}x the changed bytes); rounds: "
+                + ", ".join(f"{r.figure.rate:.0f} MB/s {r.stored / MB:.1f} MB" for r in got)
+            )
+
+
 def medians(figures: list[Figure]) -> dict[tuple[str, str], Figure]:
     """Per (server, phase), the round with the median rate."""
     groups: dict[tuple[str, str], list[Figure]] = {}
@@ -259,7 +326,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="medians are reported")
     parser.add_argument("--quick", action="store_true", help="2 x 64 MB, 200 small, 5 s, 1 round")
     parser.add_argument("--json", type=Path, help="write every round's figures here")
+    parser.add_argument(
+        "--versioned", action="store_true", help="loomfs only: overwrites, versioned or not"
+    )
     args = parser.parse_args()
+    if args.versioned:
+        versioned_main(args)
+        return
     if args.quick:
         args.large, args.large_mb, args.small, args.seconds, args.rounds = 2, 64, 200, 5.0, 1
     config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
@@ -276,6 +349,24 @@ def main() -> None:
     print_table(figures)
     if args.json:
         args.json.write_text(json.dumps([asdict(f) for f in figures], indent=1))
+
+
+def versioned_main(args: argparse.Namespace) -> None:
+    config = '[hub]\nrescan_interval = 0\nwatch = false\n[log]\nlevel = "WARNING"\n'
+    with (
+        tempfile.TemporaryDirectory(prefix="loomfs-bench-s3-") as scratch,
+        s3_gateway_hub(Path(scratch), [USER], config) as hub,
+    ):
+        client = signer(hub.urls["s3"], USER[1], USER[2])
+        plain, versioned = Target("loomfs", client, hub.pid), Target("loomfs", client, hub.pid)
+        client.put_bucket_versioning(
+            Bucket=versioned.bucket, VersioningConfiguration={"Status": "Enabled"}
+        )
+        versions = Path(scratch) / "hub" / "versions"
+        rows = asyncio.run(overwrite_rounds(plain, versioned, versions, args))
+    print_overwrites(rows)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
 
 
 if __name__ == "__main__":

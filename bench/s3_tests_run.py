@@ -22,10 +22,13 @@ import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from loomfs.testing.s3gateway import s3_gateway_hub
+from loomfs.testing.seaweedfs import SeaweedFS, find_weed
 
 MARKERS = (
     "not (bucket_logging or bucket_logging_cleanup or lifecycle or lifecycle_expiration or "
@@ -94,7 +97,7 @@ def group_of(name: str) -> str:
     return next((group for word, group in GROUPS if word in lowered), "other objects and buckets")
 
 
-# Why whole groups of tests fail: (pattern in the test name or failure, cause)
+# Why whole groups of tests fail: (pattern in the test name or failure, cause), first wins
 WALK = (
     "a grant on an object lets its grantee list the bucket, showing that key only: the "
     "namespace shows the way down to a grant in a private tree, where S3 refuses "
@@ -104,64 +107,70 @@ HOOKED = (
     "the suite sets or removes a header in a hook that runs before botocore signs, and "
     "signing replaces or adds it: the request arrives validly signed"
 )
+NAMES = (
+    "the registry keeps no display names: an Owner's DisplayName is the user name, so the "
+    "suite's grants, which it sorts by DisplayName, come in another order (or, with a group "
+    "grantee, which has none, cannot be sorted)"
+)
 CAUSES = (
+    ("logging", "bucket logging is not implemented (its tests first set a bucket policy "
+     "with conditions, which the namespace's rules cannot express)"),
     ("test_access_bucket_private_object", WALK),
-    (
-        "100_continue",
-        "Expect: 100-continue is answered once the signature checks: an anonymous PUT "
-        "into a private bucket gets 100 and then AccessDenied, when the write reaches the "
-        "namespace",
-    ),
-    (
-        "publicAccessBlock",
-        "a public access block test whose bucket policy the namespace's rules cannot express",
-    ),
-    (
-        "M. Tester",
-        "the registry keeps no display names: an Owner's DisplayName is the user name",
-    ),
-    (
-        "prefix of this key is an object",
-        "a key cannot be both an object and a prefix ('a' "
-        "and 'a/b'): keys are paths in a file tree",
-    ),
+    ("100_continue", "Expect: 100-continue is answered once the signature checks: an "
+     "anonymous PUT into a private bucket gets 100 and then AccessDenied, when the write "
+     "reaches the namespace"),
+    ("M. Tester", NAMES),
+    ("'<' not supported between instances of 'NoneType'", NAMES),
+    ("'FULL_CONTROL'", NAMES),
+    ("prefix of this key is an object", "a key cannot be both an object and a prefix ('a' "
+     "and 'a/b'): keys are paths in a file tree"),
     ("holds no data", "a key ending in '/' is a directory and cannot hold data"),
-    (
-        "Timeout",
-        "the hub namespace holds a path's write lock while a body streams in; the "
-        "test's single-threaded client starts a second PUT of the same key from inside the "
-        "first and both wait for ever (separate clients are merely serialized)",
-    ),
-    (
-        "versioning",
-        "bucket versioning is not implemented (buckets are unversioned: a file keeps one content)",
-    ),
-    (
-        "contentlength_none",
-        "a body with chunked Transfer-Encoding and no Content-Length is "
-        "accepted, since the core test_object_write_with_chunked_transfer_encoding needs it",
-    ),
+    ("Timeout", "the hub namespace holds a path's write lock while a body streams in; the "
+     "test's single-threaded client starts a second PUT of the same key from inside the "
+     "first and both wait for ever (separate clients are merely serialized)"),
+    ("contentlength_none", "a body with chunked Transfer-Encoding and no Content-Length is "
+     "accepted, since the core test_object_write_with_chunked_transfer_encoding needs it"),
     ("bad_authorization_", HOOKED),
     ("bad_date_none_aws2", HOOKED + " (a V2 signer sends Date, never x-amz-date)"),
-    (
-        "encryption is not supported",
-        "server-side encryption is refused (501) where the gateway's namespace is not the "
-        "governed one, which encrypts",
-    ),
-    ("policy is not supported", "bucket policies are not translated into access rules yet"),
-    (
-        "lifecycle",
-        "lifecycle: transitions (one storage class here) and the x-amz-expiration header "
-        "are not done",
-    ),
-    ("object_lock", "object lock: retention and legal hold are built; see the reason"),
-    ("logging", "bucket logging is not implemented"),
-    ("ownership", "ownership controls are not kept"),
-    ("IsPublic", "GetBucketPolicyStatus is not implemented (bucket policies are not)"),
+    ("tenant", "RGW's tenants ('tenant:bucket' names) are not supported"),
+    ("cannot be expressed", "a policy or ACL the namespace's access rules cannot express is "
+     "refused (MalformedPolicy, or 501 for an ACL)"),
+    ("MalformedPolicy", "a bucket policy the namespace's rules cannot express is refused: a "
+     "Deny or an Allow for everyone of one action where the rules grant a set, an account "
+     "principal, a resource outside the bucket"),
+    ("ownership", "ownership controls are not kept (PutBucketOwnershipControls is 501)"),
+    ("unordered", "RGW's allow-unordered listing extension"),
     ("x-rgw", "RGW's own usage statistics and headers"),
     ("usage", "RGW's own usage statistics and headers"),
-    ("cannot be expressed", "an ACL the namespace's access rules cannot express is refused"),
-)
+    ("bucket_create_naming", "a bucket name S3 refuses (an IP address, '.-' or '-.') is "
+     "accepted"),
+    ("recreate", "CreateBucket of a bucket the caller owns succeeds, as AWS us-east-1 "
+     "answers; RGW refuses it when it carries an ACL"),
+    ("test_post_object", "an anonymous POST form with an acl field: setting an ACL needs "
+     "admin on the path, which the anonymous writer of a public-read-write bucket lacks"),
+    ("unicode_metadata", "metadata with non-ASCII characters comes back as its UTF-8 bytes "
+     "read as Latin-1"),
+    ("concurrent", "a concurrent create/remove race leaves a count one off"),
+    ("sse_kms_no_key", "aws:kms without a key id uses the key store's default (as AWS uses "
+     "aws/s3); RGW refuses it"),
+    ("'BadDigest'", "a malformed checksum value is answered InvalidRequest (as AWS does) "
+     "where the suite wants BadDigest"),
+    ("if_match", "conditional DeleteObject(s) details: a condition on a key that is not "
+     "there, DeleteObjects' per-object LastModifiedTime/Size"),
+    ("x-amz-delete-marker", "a 404 without x-amz-delete-marker: false (fixed after the SSE "
+     "run)"),
+    ("torrent", "torrents are not served (501)"),
+    ("stack_delete", "a DELETE where the key's newest version is a delete marker names that "
+     "marker again; S3 stacks another"),
+    ("unreadable", "a key of bytes that are no UTF-8 is answered 404 NoSuchKey; RGW refuses "
+     "the URI (400)"),
+    ("list_buckets_paginated", "ListBuckets with MaxBuckets: the caller's first listing was "
+     "not empty (not looked into)"),
+    ("email", "grants by e-mail address are not supported (501)"),
+    ("object_attributes", "GetObjectAttributes of a version answers no VersionId"),
+    ("acl", "other ACL details (several grantees in one x-amz-grant-* header, revoking "
+     "every grant)"),
+)  # fmt: skip
 
 
 def cause_of(result: Result) -> str:
@@ -239,10 +248,35 @@ def run(
     *,
     whole: bool = False,
     select: str | None = None,
+    peer: str | None = None,
 ) -> list[Result]:
     """``select``: only the tests of test_s3.py this ``-k`` expression picks (a rerun of
-    one feature's tests after a change; the report then covers those alone)."""
-    results: list[Result] = []
+    one feature's tests after a change; the report then covers those alone). ``peer``
+    ("seaweedfs"): the same tests against that server at the same time (each run mostly
+    waits on its server), and its pass rates beside loomfs's in the report."""
+    if peer is None:
+        results = run_loomfs(checkout, python, scratch, whole=whole, select=select)
+        write_report(out, results, checkout, whole=whole)
+        return results
+    if peer != "seaweedfs":
+        raise ValueError(f"unknown peer {peer!r}: only seaweedfs")
+    (scratch / "loomfs").mkdir()
+    (scratch / "peer").mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        ours = pool.submit(
+            run_loomfs, checkout, python, scratch / "loomfs", whole=whole, select=select
+        )
+        theirs = pool.submit(
+            run_seaweedfs, checkout, python, scratch / "peer", whole=whole, select=select
+        )
+        results, peer_results = ours.result(), theirs.result()
+    write_report(out, results, checkout, whole=whole, peer=peer_results)
+    return results
+
+
+def run_loomfs(
+    checkout: Path, python: str, scratch: Path, *, whole: bool, select: str | None
+) -> list[Result]:
     users = [(user_id, key, secret) for _, user_id, _, key, secret in USERS]
     # inotify off: the hub's subtree rescan of a directory that changed races writes in
     # flight into it (see docs/COMPATIBILITY.md); here the gateway is the only writer
@@ -255,30 +289,43 @@ def run(
     )
     # unsigned requests are the anonymous caller: the suite reads public-read objects so
     with s3_gateway_hub(scratch, users, hub_config, "anonymous = true\n") as hub:
-        endpoint = hub.urls["s3"]
-        host, port = endpoint.removeprefix("http://").rsplit(":", 1)
-        conf = scratch / "s3tests.conf"
-        write_suite_config(conf, host, int(port))
-        env = {**os.environ, "S3TEST_CONF": str(conf)}
-        core = ["s3tests/functional/test_s3.py"]
-        if select is not None:
-            core += ["-k", select]
-        elif not whole:
-            core += ["-m", MARKERS, "-k", KEYWORDS]
-        suites = [("core", core)]
-        if select is None:
-            suites.append(("headers", ["s3tests/functional/test_headers.py"]))
-        for name, args in suites:
-            junit = scratch / f"{name}.xml"
-            subprocess.run(
-                [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                 "--timeout=60" if _has_timeout(python) else "-q", *args],
-                cwd=checkout, env=env, check=False, stdout=subprocess.DEVNULL,
-            )  # fmt: skip
-            results += [
-                Result(f"{name}: {r.name}", r.outcome, r.reason) for r in parse_junit(junit)
-            ]
-    write_report(out, results, checkout, whole=whole)
+        return run_suite(checkout, python, scratch, hub.urls["s3"], whole=whole, select=select)
+
+
+def run_seaweedfs(
+    checkout: Path, python: str, scratch: Path, *, whole: bool, select: str | None
+) -> list[Result]:
+    """SeaweedFS as its own CI runs s3-tests: every suite user an identity with all
+    rights, and its local KMS (which makes the suite's key ids on first use) for SSE."""
+    users = [(user_id, key, secret) for _, user_id, _, key, secret in USERS]
+    with SeaweedFS(startup_timeout=180.0, users=users, kms=True) as weed:
+        return run_suite(checkout, python, scratch, weed.endpoint, whole=whole, select=select)
+
+
+def run_suite(
+    checkout: Path, python: str, scratch: Path, endpoint: str, *, whole: bool, select: str | None
+) -> list[Result]:
+    results: list[Result] = []
+    host, port = endpoint.removeprefix("http://").rsplit(":", 1)
+    conf = scratch / "s3tests.conf"
+    write_suite_config(conf, host, int(port))
+    env = {**os.environ, "S3TEST_CONF": str(conf)}
+    core = ["s3tests/functional/test_s3.py"]
+    if select is not None:
+        core += ["-k", select]
+    elif not whole:
+        core += ["-m", MARKERS, "-k", KEYWORDS]
+    suites = [("core", core)]
+    if select is None:
+        suites.append(("headers", ["s3tests/functional/test_headers.py"]))
+    for name, args in suites:
+        junit = scratch / f"{name}.xml"
+        subprocess.run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+             "--timeout=60" if _has_timeout(python) else "-q", *args],
+            cwd=checkout, env=env, check=False, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        results += [Result(f"{name}: {r.name}", r.outcome, r.reason) for r in parse_junit(junit)]
     return results
 
 
@@ -289,7 +336,29 @@ def _has_timeout(python: str) -> bool:
     return probe.returncode == 0
 
 
-def write_report(out: Path, results: list[Result], checkout: Path, *, whole: bool = False) -> None:
+def tally(results: list[Result], key: Callable[[Result], str]) -> dict[str, tuple[int, int]]:
+    """(ran, passed) by ``key``: a skipped test did not run."""
+    ran: Counter[str] = Counter()
+    passed: Counter[str] = Counter()
+    for r in results:
+        if r.outcome != "skipped":
+            ran[key(r)] += 1
+            passed[key(r)] += r.outcome == "passed"
+    return {k: (ran[k], passed[k]) for k in ran}
+
+
+def _rate(ran: int, passed: int) -> str:
+    return f"{100 * passed / ran:.1f}%" if ran else "-"
+
+
+def write_report(
+    out: Path,
+    results: list[Result],
+    checkout: Path,
+    *,
+    whole: bool = False,
+    peer: list[Result] | None = None,
+) -> None:
     commit = subprocess.run(
         ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
@@ -314,31 +383,70 @@ def write_report(out: Path, results: list[Result], checkout: Path, *, whole: boo
                 f"and `-k '{KEYWORDS}'`; plus `s3tests/functional/test_headers.py` in full.",
             ]
         ),
+        *(
+            [
+                "",
+                "With `--peer seaweedfs` the same tests ran at the same time against",
+                f"`weed server -s3` ({_weed_version()}): every suite user (main, alt, tenant,",
+                "IAM) an identity with all rights (Admin, Read, Write, List, Tagging, as",
+                "SeaweedFS's own s3-tests CI), and its local KMS, which makes the suite's key",
+                "ids on first use, so that SSE-KMS, SSE-S3 and bucket encryption are served.",
+            ]
+            if peer is not None
+            else []
+        ),
         "",
-        "| set | tests | passed | failed | errors | skipped | pass rate |",
-        "|---|---|---|---|---|---|---|",
+        "| set | tests | passed | failed | errors | skipped | pass rate |"
+        + (" SeaweedFS ran | SeaweedFS passed | SeaweedFS pass rate |" if peer else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|---|" if peer else ""),
     ]
+    peer_sets = tally(peer or [], lambda r: r.name.split(":", 1)[0])
     for group in ("core", "headers"):
         rows = [r for r in results if r.name.startswith(group + ":")]
         counts = Counter(r.outcome for r in rows)
         ran = len(rows) - counts["skipped"]
-        rate = f"{100 * counts['passed'] / ran:.1f}%" if ran else "-"
-        lines.append(
+        line = (
             f"| {group} | {len(rows)} | {counts['passed']} | {counts['failed']} | "
-            f"{counts['error']} | {counts['skipped']} | {rate} |"
+            f"{counts['error']} | {counts['skipped']} | {_rate(ran, counts['passed'])} |"
         )
+        if peer is not None:
+            peer_ran, peer_passed = peer_sets.get(group, (0, 0))
+            line += f" {peer_ran} | {peer_passed} | {_rate(peer_ran, peer_passed)} |"
+        lines.append(line)
+    if peer is not None:
+        ours_all = tally(results, lambda r: "all")["all"]
+        theirs_all = tally(peer, lambda r: "all").get("all", (0, 0))
+        lines += [
+            "",
+            f"All: loomfs {ours_all[1]} of {ours_all[0]} ({_rate(*ours_all)}), "
+            f"SeaweedFS {theirs_all[1]} of {theirs_all[0]} ({_rate(*theirs_all)}).",
+        ]
     if whole:
-        lines += ["", "## By feature group", "", "| group | ran | passed | pass rate |"]
-        lines.append("|---|---|---|---|")
-        ran_by: Counter[str] = Counter()
-        passed_by: Counter[str] = Counter()
-        for r in results:
-            if r.outcome != "skipped":
-                ran_by[group_of(r.name)] += 1
-                passed_by[group_of(r.name)] += r.outcome == "passed"
-        for group, ran in ran_by.most_common():
-            share = 100 * passed_by[group] / ran
-            lines.append(f"| {group} | {ran} | {passed_by[group]} | {share:.0f}% |")
+        lines += ["", "## By feature group", ""]
+        by_group = tally(results, lambda r: group_of(r.name))
+        order = sorted(by_group, key=lambda g: -by_group[g][0])
+        if peer is None:
+            lines += ["| group | ran | passed | pass rate |", "|---|---|---|---|"]
+            for group in order:
+                ran, passed = by_group[group]
+                lines.append(f"| {group} | {ran} | {passed} | {_rate(ran, passed)} |")
+        else:
+            peer_groups = tally(peer, lambda r: group_of(r.name))
+            lines += [
+                "| group | loomfs ran | loomfs passed | loomfs rate | "
+                "SeaweedFS ran | SeaweedFS passed | SeaweedFS rate | ahead |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            for group in [*order, *sorted(set(peer_groups) - set(by_group))]:
+                ran, passed = by_group.get(group, (0, 0))
+                peer_ran, peer_passed = peer_groups.get(group, (0, 0))
+                ours = passed / ran if ran else 0.0
+                theirs = peer_passed / peer_ran if peer_ran else 0.0
+                ahead = "loomfs" if ours > theirs else "SeaweedFS" if theirs > ours else "even"
+                lines.append(
+                    f"| {group} | {ran} | {passed} | {_rate(ran, passed)} | {peer_ran} | "
+                    f"{peer_passed} | {_rate(peer_ran, peer_passed)} | {ahead} |"
+                )
     failures = [r for r in results if r.outcome in ("failed", "error")]
     lines += ["", "## Failures by cause", "", "| failures | cause |", "|---|---|"]
     by_cause = Counter(cause_of(r) for r in failures)
@@ -349,6 +457,13 @@ def write_report(out: Path, results: list[Result], checkout: Path, *, whole: boo
     out.write_text("\n".join(lines) + "\n")
 
 
+def _weed_version() -> str:
+    version = subprocess.run(
+        [find_weed(), "version"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return f"SeaweedFS {version[2]}" if len(version) > 2 else "SeaweedFS"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, required=True, help="ceph/s3-tests checkout")
@@ -356,11 +471,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/COMPATIBILITY.md"))
     parser.add_argument("--whole", action="store_true", help="all of test_s3.py, no selection")
     parser.add_argument("--select", help="only the test_s3.py tests this -k expression picks")
+    parser.add_argument(
+        "--peer", choices=["seaweedfs"], help="the same tests against this server too"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="loomfs-s3tests-") as scratch:
         results = run(
             args.checkout.resolve(), args.python, args.out, Path(scratch),
-            whole=args.whole or args.select is not None, select=args.select,
+            whole=args.whole or args.select is not None, select=args.select, peer=args.peer,
         )  # fmt: skip
     counts = Counter(r.outcome for r in results)
     print(json.dumps(counts), "->", args.out)

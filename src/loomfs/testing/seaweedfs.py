@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -58,13 +59,24 @@ class SeaweedFS:
     """One `weed server -s3` in a private temp dir; a context manager.
 
     ``endpoint``, ``access_key``, ``secret_key`` and ``region`` are what an S3 client needs;
-    ``client()`` builds one with them.
+    ``client()`` builds one with them. ``users`` (name, access key, secret) are more
+    identities with the same rights (a suite that signs as several users), and ``kms``
+    gives the gateway SeaweedFS's local KMS, which makes any key id asked for, so that
+    SSE-KMS and SSE-S3 are served.
     """
 
     region = "us-east-1"
 
-    def __init__(self, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        startup_timeout: float = 60.0,
+        *,
+        users: Sequence[tuple[str, str, str]] = (),
+        kms: bool = False,
+    ) -> None:
         self._weed = find_weed()
+        self._users = tuple(users)
+        self._kms = kms
         self.access_key = "loomfs-" + secrets.token_hex(6)
         self.secret_key = secrets.token_urlsafe(30)
         self._startup_timeout = startup_timeout
@@ -79,21 +91,25 @@ class SeaweedFS:
         data = self._tmp / "data"
         data.mkdir()
         config = self._tmp / "s3.json"
-        config.write_text(
-            json.dumps(
-                {
-                    "identities": [
-                        {
-                            "name": "loomfs-admin",
-                            "credentials": [
-                                {"accessKey": self.access_key, "secretKey": self.secret_key}
-                            ],
-                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                        }
-                    ]
-                }
+        rights = ["Admin", "Read", "Write", "List", "Tagging"]
+        identities = [
+            {
+                "name": name,
+                "credentials": [{"accessKey": key, "secretKey": secret}],
+                "actions": rights,
+            }
+            for name, key, secret in (
+                ("loomfs-admin", self.access_key, self.secret_key),
+                *self._users,
             )
-        )
+        ]
+        settings: dict[str, object] = {"identities": identities}
+        if self._kms:
+            settings["kms"] = {
+                "default_provider": "local",
+                "providers": {"local": {"type": "local", "enableOnDemandCreate": True}},
+            }
+        config.write_text(json.dumps(settings))
         config.chmod(0o600)
         ports = {
             name: str(free_port())
