@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from loomfs.chunks.cdc import DEFAULT_WINDOW
 from loomfs.core.types import Entry, Principal, WriteTags
@@ -27,6 +28,8 @@ from loomfs.errors import (
 from loomfs.fabric.identity import SiteIdentity
 from loomfs.namespace.base import Namespace
 from loomfs.rest.client import RestNamespace
+from loomfs.rest.server import RestServer
+from loomfs.rest.wire import API
 from loomfs.spoke.cache import CORRUPT
 from loomfs.spoke.namespace import LEASED_OPENS, SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
@@ -150,6 +153,15 @@ async def test_write_back_returns_first_and_sync_waits(tmp_path: Path) -> None:
         entry = await env.spoke.write_bytes(WHO, "/vol/step-100.pt", b"weights" * 1000)
         assert entry.version == 0 and len(env.spoke.journal) == 1
         assert not (env.volume / "step-100.pt").exists()
+        # its writer reads it back by ranges too, as fsspec and pandas do (a ranged GET
+        # resolves the range with stat_for_read: that asked the hub, which has it not yet)
+        assert (await env.spoke.stat_for_read(WHO, "/vol/step-100.pt")).size == 7000
+        server = RestServer(env.spoke, spoke=env.spoke)
+        async with TestClient(TestServer(server.app())) as http:  # one writer over REST
+            put = await http.put(f"{API}/files/vol/over-rest.pt", data=b"weights" * 1000)
+            assert put.status in (200, 201), await put.text()
+            got = await http.get(f"{API}/files/vol/over-rest.pt", headers={"Range": "bytes=7-13"})
+            assert got.status == 206 and await got.read() == b"weights"
         env.link.restore()
         async with asyncio.timeout(30):
             await env.spoke.sync()

@@ -335,7 +335,9 @@ class RestServer:
             window = parse_range(range_header, entry.size)
             if window is not None:
                 (offset, length), status = window, 206
-                if_version = if_version or entry.version  # the range was resolved against it
+                # the range was resolved against it (0: a write journaled at a spoke,
+                # which pins nothing: the hub's version of it has the same bytes)
+                if_version = if_version or entry.version or None
         async with await self.namespace.read(
             who, path, offset, length, if_version=if_version
         ) as reader:

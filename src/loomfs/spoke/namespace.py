@@ -496,6 +496,10 @@ class SpokeNamespace(Namespace):
 
     async def stat_for_read(self, who: Principal, path: str) -> Entry:
         path = self._inside(path)
+        pending = self._own_pending(who, path)
+        if pending is not None:  # its writer reads it back, as ``read`` serves it
+            with contextlib.suppress(FileNotFoundError):  # committed meanwhile: ask the hub
+                return self._pending_entry(pending)
         asked_at = self.seq
         entry = await self.hub.stat_for_read(who, path)
         self._admit(who, path)
