@@ -27,6 +27,7 @@ from loomfs.fabric.identity import SiteIdentity
 from loomfs.fabric.probe import check_link
 from loomfs.rest.server import RestServer
 from loomfs.service import HubService
+from loomfs.spoke import namespace as spoke_namespace
 from loomfs.spoke.namespace import SpokeNamespace
 from loomfs.testing.fabric import Fabric, fabric
 from loomfs.testing.postgres import PostgresServer
@@ -247,7 +248,12 @@ async def test_a_spoke_is_not_ready_when_the_hub_is_not_the_pinned_one(tmp_path:
             assert any("pinned hub certificate" in r and "expired on" in r for r in body["reasons"])
 
 
-async def test_a_revoked_spoke_is_not_ready(tmp_path: Path) -> None:
+async def test_a_revoked_spoke_is_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a refusal waits the longest retry at once (nobody acted yet): 15 s; the re-pin below
+    # is the act, and the test need not wait the production pause out
+    monkeypatch.setattr(spoke_namespace, "RETRY_MAX", 1.0)
     async with fabric(tmp_path) as made:
         server = spoke_server(made, made.hub_id.cert_path)
         async with TestClient(TestServer(server.app())) as http:
