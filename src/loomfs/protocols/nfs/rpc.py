@@ -155,7 +155,33 @@ class BadFragment(BadRecord):
 
 
 _WORD = struct.Struct(">I")
-_HEADER = struct.Struct(">6I")  # xid, msg_type, rpcvers, prog, vers, proc
+#: xid, msg_type, rpcvers, prog, vers, proc, the credential's flavor and length
+_HEADER = struct.Struct(">8I")
+_AUTH = struct.Struct(">2I")  # the verifier's flavor and length
+#: AUTH_SYS credentials remembered parsed (a client sends the same one with every call)
+MAX_CREDS = 1024
+
+
+def _call_header(
+    record: bytes,
+) -> tuple[int, int, int, int, int, int, bytes, int] | None:
+    """(xid, rpcvers, prog, vers, proc, credential flavor, credential body, where the
+    arguments start) of a call; None for a record that is not one (a reply, or short)."""
+    if len(record) < _HEADER.size + _AUTH.size:
+        return None
+    xid, mtype, rpcvers, prog, vers, proc, flavor, length = _HEADER.unpack_from(record)
+    if mtype != CALL or length > MAX_AUTH:
+        return None
+    verifier = _HEADER.size + length + -length % 4
+    if verifier + _AUTH.size > len(record):
+        return None
+    body = record[_HEADER.size : _HEADER.size + length]
+    # the verifier: AUTH_NONE and AUTH_SYS calls carry none worth reading
+    length = _AUTH.unpack_from(record, verifier)[1]
+    args = verifier + _AUTH.size + length + -length % 4
+    if length > MAX_AUTH or args > len(record):
+        return None
+    return xid, rpcvers, prog, vers, proc, flavor, body, args
 
 
 class RecordReader:
@@ -352,6 +378,7 @@ class RpcServer:
             self.programs.setdefault(program.number, {})[program.version] = program
         self._server: asyncio.Server | None = None
         self.connections: set[_Connection] = set()
+        self._creds: dict[bytes, AuthSys] = {}
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
@@ -375,25 +402,22 @@ class RpcServer:
         ``inline``: the caller steps this coroutine outside a task until it first waits,
         so a procedure the program does not mark inline is made to wait a loop turn first
         (it may need ``asyncio.current_task()`` before its first wait, as timeouts do)."""
-        if len(record) < _HEADER.size:
+        head = _call_header(record)
+        if head is None:
             return None  # not even a call header: nothing to name in a reply
-        xid, mtype, rpcvers, prog, vers, proc = _HEADER.unpack_from(record)
-        if mtype != CALL:
-            return None
-        u = Unpacker(record)
-        u.pos = _HEADER.size
-        try:
-            flavor, body = u.uint(), u.opaque(MAX_AUTH)
-            u.uint()  # the verifier's flavor: AUTH_NONE and AUTH_SYS calls carry none
-            u.opaque(MAX_AUTH)
-        except XdrError:
-            return None
+        xid, rpcvers, prog, vers, proc, flavor, body, args = head
         if rpcvers != 2:
             return denied(xid, RPC_MISMATCH, 2, 2)
-        try:
-            cred = _parse_cred(flavor, body)
-        except RpcDenied as exc:
-            return denied(xid, AUTH_ERROR, exc.stat)
+        cred = self._creds.get(body) if flavor == AUTH_SYS else None
+        if cred is None:
+            try:
+                cred = _parse_cred(flavor, body)
+            except RpcDenied as exc:
+                return denied(xid, AUTH_ERROR, exc.stat)
+            if cred is not None:
+                if len(self._creds) >= MAX_CREDS:
+                    self._creds.clear()
+                self._creds[body] = cred
         versions = self.programs.get(prog)
         if versions is None:
             return accepted(xid, PROG_UNAVAIL)
@@ -409,6 +433,8 @@ class RpcServer:
         if inline and proc not in program.inline:
             await asyncio.sleep(0)
         try:
+            u = Unpacker(record)
+            u.pos = args
             body_out = await procedure(Call(xid, prog, vers, proc, cred, u, host))
         except XdrError as exc:
             log.debug("garbage args", extra={"prog": prog, "proc": proc, "reason": str(exc)})
