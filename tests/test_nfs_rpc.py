@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loomfs.protocols.nfs import rpc
 from loomfs.protocols.nfs.rpc import (
+    AUTH_SYS,
     CONCURRENCY,
     MAX_RECORD,
     BadFragment,
@@ -22,8 +24,8 @@ from loomfs.protocols.nfs.rpc import (
     RpcServer,
     record,
 )
-from loomfs.protocols.nfs.xdr import Packer
-from loomfs.testing.nfs import RpcClient
+from loomfs.protocols.nfs.xdr import Packer, Unpacker
+from loomfs.testing.nfs import RpcClient, auth_sys
 
 PROG = 400001
 ECHO, ECHO_LATER, HOLD = 1, 2, 3
@@ -244,3 +246,53 @@ def test_a_bad_fragment_header_closes_the_connection_with_a_log_line(
     with caplog.at_level(logging.INFO, logger="loomfs.protocols.nfs.rpc"):
         asyncio.run(run())
     assert any("nfs connection closed" in r.getMessage() for r in caplog.records)
+
+
+WHO = 4
+
+
+async def _who(call: Call) -> Packer:
+    p = Packer()
+    assert call.cred is not None
+    for word in (call.cred.uid, call.cred.gid, len(call.cred.gids)):
+        p.uint(word)
+    p.string(call.cred.machine)
+    return p
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    creds=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 5), st.sampled_from(["a", "bb"])),
+        min_size=1,
+        max_size=30,
+    ),
+    remembered=st.integers(1, 4),
+)
+def test_each_call_is_decided_with_its_own_credential(
+    creds: list[tuple[int, int, str]], remembered: int
+) -> None:
+    server = RpcServer([Program(PROG, 1, {WHO: _who})])
+
+    async def run() -> None:
+        for i, (uid, gid, machine) in enumerate(creds):
+            p = Packer()
+            for word in (i, 0, 2, PROG, 1, WHO, AUTH_SYS):
+                p.uint(word)
+            p.opaque(auth_sys(uid, gid, machine))
+            p.uint(0)
+            p.opaque(b"")
+            reply = await server.dispatch(p.value(), "127.0.0.1")
+            assert reply is not None
+            body = Unpacker(reply.value()[24:])
+            assert (body.uint(), body.uint(), body.uint(), body.string(8)) == (
+                uid,
+                gid,
+                0,
+                machine,
+            )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rpc, "MAX_CREDS", remembered)  # forgetting is taken too
+        asyncio.run(run())
+    assert len(server._creds) <= remembered
