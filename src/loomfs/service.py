@@ -504,7 +504,11 @@ class HubService:
             sockets = [  # governed
                 *sftp_listeners(self.config, self.governed, self.catalog),
                 *nfs_listeners(
-                    self.config, self.governed, gate=self.governed, live=self.nfs_exports
+                    self.config,
+                    self.governed,
+                    gate=self.governed,
+                    live=self.nfs_exports,
+                    inline_reads=True,
                 ),
                 *smb_listeners(self.config, self.governed, self.catalog, hub=True),
             ]
@@ -647,10 +651,12 @@ def nfs_listeners(
     *,
     gate: AccessGate | None = None,
     live: NfsExports | None = None,
+    inline_reads: bool = False,
 ) -> list[SocketListener]:
     """The NFSv3 server where ``[nfs] listen`` is set; no exports configured: '/' to
     loopback clients only. ``gate`` answers ACCESS (a hub's governed namespace); ``live``:
-    the exports added at run time too (a hub's)."""
+    the exports added at run time too (a hub's); ``inline_reads``: the namespace's reads
+    need no task (a hub's: no link, no timeouts), so the RPC edge may answer them inline."""
     nfs = config.nfs
     if not nfs.listen:
         return []
@@ -665,6 +671,7 @@ def nfs_listeners(
         gate=gate,
         rpcbind=host_port(nfs.rpcbind, "nfs.rpcbind") if nfs.rpcbind else None,
         live=live,
+        inline_reads=inline_reads,
     )
     return [SocketListener("nfs", "nfs", server, host_port(nfs.listen, "nfs.listen"))]
 
