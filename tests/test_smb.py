@@ -31,6 +31,7 @@ from smbprotocol.header import NtStatus
 
 from loomfs.core.acl import AclStore
 from loomfs.core.audit import AuditReader
+from loomfs.core.exports import check_share_name
 from loomfs.core.nthash import md4, nt_hash
 from loomfs.core.placement import Policy, PolicyStore
 from loomfs.core.registry import open_catalog
@@ -144,7 +145,7 @@ def test_smb_conf_says_what_the_issue_asks(tmp_path: Path) -> None:
         conf.smb_conf(host="h", port=1, state=tmp_path, passdb=tmp_path / "p",
                       shares=[conf.Share("x", Path("/a\n[evil]"), False)])  # fmt: skip
     with pytest.raises(ConfigError):
-        conf.check_share_name("homes")
+        check_share_name("homes")
 
 
 @settings(max_examples=10, deadline=None)
