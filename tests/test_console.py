@@ -609,10 +609,11 @@ async def test_the_console_in_chromium(hub: Hub, tmp_path: Path) -> None:
         await page.get_by_role("link", name="Exports").click()
         nfs = page.get_by_role("table", name="NFS exports")
         assert await nfs.get_by_role("cell", name="10.1.0.0/16").count() == 1
-        await page.get_by_label("Directory").fill("/vol/alice")
-        await page.get_by_label("Clients").fill("10.3.0.0/16")
-        await page.get_by_label("Access").select_option("ro")
-        await page.get_by_role("button", name="Add export").click()
+        adding = page.get_by_role("form", name="Add an NFS export")
+        await adding.get_by_label("Directory").fill("/vol/alice")
+        await adding.get_by_label("Clients").fill("10.3.0.0/16")
+        await adding.get_by_label("Access").select_option("ro")
+        await adding.get_by_role("button", name="Add export").click()
         assert "exported /vol/alice over NFS" in await page.get_by_role("status").inner_text()
         assert await nfs.get_by_role("cell", name="10.3.0.0/16").count() == 1
         assert "/vol/alice" in await hub.service.nfs_exports.added()
