@@ -188,6 +188,16 @@ ROUTES: dict[str, tuple[Call, Callable[[str], str]]] = {
         lambda c, h, s, w: c.delete(f"{A}/exports/nfs", params={"path": f"/x/e-{w}"}, headers=h),
         lambda w: f"/x/e-{w}",
     ),
+    "smb share at /x": (
+        lambda c, h, s, w: c.post(
+            f"{A}/exports/smb", json={"share": f"s-{w}", "path": f"/x/s-{w}"}, headers=h
+        ),
+        lambda w: f"/x/s-{w}",
+    ),
+    "remove smb share at /x": (
+        lambda c, h, s, w: c.delete(f"{A}/exports/smb", params={"name": f"s-{w}"}, headers=h),
+        lambda w: f"/x/s-{w}",
+    ),
 }
 ALLOWED = {"root": set(ROUTES), "xadmin": {n for n in ROUTES if n.endswith("at /x")}}
 #: what a successful call answers: the key removal names no key of alice's
@@ -225,6 +235,8 @@ async def test_every_admin_route_needs_the_admin_right(site: Site) -> None:
     assert ("root", "remove_access_key", "/", "NotFound") in seen
     assert ("xadmin", "add_nfs_export", "/x/e-xadmin", "ok") in seen
     assert ("alice", "remove_nfs_export", "/x/e-alice", "denied") in seen
+    assert ("xadmin", "remove_smb_share", "/x/s-xadmin", "ok") in seen
+    assert ("alice", "add_smb_share", "/x/s-alice", "denied") in seen
     # a secret is in the answer that made it, nowhere in the audit log
     answer = await site.http.post(f"{A}/users/alice/keys", json={}, headers=_auth(site, "root"))
     secret = (await answer.json())["secret"]
@@ -266,6 +278,13 @@ async def test_bad_input_is_a_clear_400(site: Site) -> None:
         ("POST", "/exports/nfs", {"path": "/n", "squash": "some"}, "squash"),
         ("POST", "/exports/nfs", {"path": "/n", "mode": "rw"}, "mode"),
         ("DELETE", "/exports/nfs", None, "?path="),
+        ("POST", "/exports/smb", {"path": "/s"}, "'share'"),
+        ("POST", "/exports/smb", {"share": "a b", "path": "/s"}, "not a share name"),
+        ("POST", "/exports/smb", {"share": "homes", "path": "/s"}, "not a share name"),
+        ("POST", "/exports/smb", {"share": "s"}, "path"),
+        ("POST", "/exports/smb", {"share": "s", "path": "rel"}, "absolute"),
+        ("POST", "/exports/smb", {"share": "s", "path": "/s", "access": "rx"}, "access"),
+        ("DELETE", "/exports/smb", None, "?name="),
     ):
         async with site.http.request(method, f"{A}{route}", json=body, headers=root) as r:
             assert r.status == 400, (route, body)
@@ -273,7 +292,15 @@ async def test_bad_input_is_a_clear_400(site: Site) -> None:
     async with site.http.post(f"{A}/users", data=b"{", headers=root) as r:
         assert r.status == 400
     async with site.http.get(f"{A}/exports", headers=root) as r:
-        assert [x["path"] for x in (await r.json())["nfs"]["exports"]] == ["/"]  # none added
+        listed = await r.json()
+    assert [x["path"] for x in listed["nfs"]["exports"]] == ["/"]  # none added
+    assert [(x["share"], x["source"]) for x in listed["smb"]["shares"]] == [("loomfs", "config")]
+    # the config's share, in any case Samba compares names in: the config's to change
+    made = {"share": "LoomFS", "path": "/elsewhere"}
+    async with site.http.post(f"{A}/exports/smb", json=made, headers=root) as r:
+        assert r.status == 409, await r.text()
+    async with site.http.delete(f"{A}/exports/smb?name=loomfs", headers=root) as r:
+        assert r.status == 400 and "[smb.shares]" in await r.text()
 
 
 @pytest.fixture

@@ -364,6 +364,19 @@ async def test_the_exports_page_shows_the_exports_and_adds_an_nfs_one(hub: Hub) 
     assert await hub.service.nfs_exports.added() == {}
     smb = page.split('id="smb-title"')[1].split("</table>")[0]
     assert "<td>eu</td>" in smb and "<code>/vol/eu</code>" in smb
+    assert "Remove SMB share" not in smb  # the config file's
+    share = {"protocol": "smb", "action": "add", "share": "team", "path": "/vol/alice"}
+    for bad, words in (({"share": "a b"}, "not a share name"), ({"share": "EU"}, "config file"),
+                       ({"path": "vol"}, "absolute")):  # fmt: skip
+        refused = await hub.http.post("/ui/exports", data={**share, **bad, "csrf": csrf})
+        assert refused.status in (400, 409) and words in await refused.text(), bad
+    page = await (await hub.http.post("/ui/exports", data={**share, "csrf": csrf})).text()
+    assert "shared /vol/alice over SMB as team" in page and "Remove SMB share team" in page
+    assert list(await hub.service.smb_shares.added()) == ["team"]
+    data = {"protocol": "smb", "action": "remove", "share": "team", "csrf": csrf}
+    page = await (await hub.http.post("/ui/exports", data=data)).text()
+    assert "removed SMB share team" in page and "Remove SMB share team" not in page
+    assert await hub.service.smb_shares.added() == {}
     # the same call over REST: what the page shows, and refused to a non-admin
     for who, status in (("alice", 403), ("root", 200)):
         auth = {"Authorization": wire.basic_authorization(*hub.keys[who])}
@@ -596,10 +609,11 @@ async def test_the_console_in_chromium(hub: Hub, tmp_path: Path) -> None:
         await page.get_by_role("link", name="Exports").click()
         nfs = page.get_by_role("table", name="NFS exports")
         assert await nfs.get_by_role("cell", name="10.1.0.0/16").count() == 1
-        await page.get_by_label("Directory").fill("/vol/alice")
-        await page.get_by_label("Clients").fill("10.3.0.0/16")
-        await page.get_by_label("Access").select_option("ro")
-        await page.get_by_role("button", name="Add export").click()
+        adding = page.get_by_role("form", name="Add an NFS export")
+        await adding.get_by_label("Directory").fill("/vol/alice")
+        await adding.get_by_label("Clients").fill("10.3.0.0/16")
+        await adding.get_by_label("Access").select_option("ro")
+        await adding.get_by_role("button", name="Add export").click()
         assert "exported /vol/alice over NFS" in await page.get_by_role("status").inner_text()
         assert await nfs.get_by_role("cell", name="10.3.0.0/16").count() == 1
         assert "/vol/alice" in await hub.service.nfs_exports.added()

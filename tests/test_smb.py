@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -31,6 +32,7 @@ from smbprotocol.header import NtStatus
 
 from loomfs.core.acl import AclStore
 from loomfs.core.audit import AuditReader
+from loomfs.core.exports import check_share_name
 from loomfs.core.nthash import md4, nt_hash
 from loomfs.core.placement import Policy, PolicyStore
 from loomfs.core.registry import open_catalog
@@ -43,7 +45,7 @@ from loomfs.hub.namespace import HubNamespace
 from loomfs.protocols.smb import conf
 from loomfs.protocols.smb.server import kill_all, mount_dir, running_with
 from loomfs.rest.client import RestNamespace
-from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, spoke_args
+from loomfs.testing.hubproc import HubProcess, SpokeProcess, cli_ok, run_cli, spoke_args
 from loomfs.testing.s3gateway import gateway_client
 
 if TYPE_CHECKING:
@@ -144,7 +146,7 @@ def test_smb_conf_says_what_the_issue_asks(tmp_path: Path) -> None:
         conf.smb_conf(host="h", port=1, state=tmp_path, passdb=tmp_path / "p",
                       shares=[conf.Share("x", Path("/a\n[evil]"), False)])  # fmt: skip
     with pytest.raises(ConfigError):
-        conf.check_share_name("homes")
+        check_share_name("homes")
 
 
 @settings(max_examples=10, deadline=None)
@@ -493,6 +495,50 @@ def test_a_new_password_works_without_a_restart(site: Site) -> None:
                stdin=f"{PASSWORDS['bob']}\n".encode())  # fmt: skip
         _eventually(lambda: site.ok("ls", user="bob"))
         smbclient.reset_connection_cache()
+
+
+def test_a_share_added_at_run_time_is_served_until_removed(site: Site) -> None:
+    """``loomfs export smb add`` through the running hub: smbd serves the share without a
+    restart, also to a session opened before (that one fails without the reload message),
+    read-only as asked; ``export ls`` lists it beside the config's, each with its source;
+    after ``export smb rm`` the next connection is refused. NFS exports are added and
+    removed by the same commands."""
+    at = (site.tmp / "site", "--hub", site.hub.url)
+    kw = site.session("alice")
+    smbclient.listdir(site.unc("", share="data"), **kw)  # a session from before the change
+    said = cli_ok(*at, "export", "smb", "add", "late", "/data/private", "--access", "ro")
+    assert "sharing /data/private over SMB as late: ro" in said
+    assert "plans.txt" in _eventually(lambda: smbclient.listdir(site.unc("", "late"), **kw))
+    assert "plans.txt" in site.ok("ls", share="late")
+    (site.tmp / "late.txt").write_bytes(b"late")
+    done = site.smbclient("put late.txt late.txt", share="late")
+    assert "NT_STATUS_ACCESS_DENIED" in done.stdout + done.stderr or (
+        "NT_STATUS_MEDIA_WRITE_PROTECTED" in done.stdout
+    )
+    cli_ok(*at, "export", "nfs", "add", "/data/private", "--clients", "10.0.0.0/8",
+           "--access", "ro", "--squash", "all")  # fmt: skip
+    rows = [json.loads(line) for line in cli_ok(*at, "export", "ls", "--json").splitlines()]
+    seen = {(r["protocol"], r["name"], r["path"], r["source"]) for r in rows}
+    assert {("smb", "late", "/data/private", "catalog"), ("smb", "data", "/data", "config"),
+            ("nfs", "/data/private", "/data/private", "catalog"), ("nfs", "/", "/", "config"),
+            ("s3", "data", "/data", "config")} <= seen  # fmt: skip
+    (nfs,) = (r for r in rows if r["protocol"] == "nfs" and r["source"] == "catalog")
+    assert nfs["settings"] == "ro, clients 10.0.0.0/8, squash all" and nfs["listen"] is None
+    assert "late" in cli_ok(*at, "export", "ls")  # the table
+    refused = run_cli(*at, "export", "smb", "add", "DATA", "/elsewhere")
+    assert refused.returncode == 1 and b"config file" in refused.stderr
+    cli_ok(*at, "export", "nfs", "rm", "/data/private")
+    cli_ok(*at, "export", "smb", "rm", "late")
+    smbclient.reset_connection_cache()
+
+    def gone() -> None:
+        done = site.smbclient("ls", share="late")
+        assert "NT_STATUS_BAD_NETWORK_NAME" in done.stdout + done.stderr, done.stdout
+
+    _eventually(gone)
+    assert not any(r["source"] == "catalog" for r in map(
+        json.loads, cli_ok(*at, "export", "ls", "--json").splitlines()))  # fmt: skip
+    site.ok("ls")  # the config's shares serve on
 
 
 def test_smbd_is_started_again_when_it_dies(site: Site) -> None:

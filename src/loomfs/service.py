@@ -26,7 +26,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from . import health, paths
-from .config import Config, SmbShare, TlsSettings, host_port, parse_size
+from .config import Config, TlsSettings, host_port, parse_size
 from .core import acl
 from .core.acl import AclAuthorizer
 from .core.admin import LocalAdmin, check_volume_url
@@ -38,7 +38,7 @@ from .core.certs import fingerprint
 from .core.directory import Directory
 from .core.dirlock import DirectoryLock
 from .core.exports import DEFAULT as DEFAULT_EXPORTS
-from .core.exports import NfsExports
+from .core.exports import DEFAULT_SHARES, NfsExports, SmbShares
 from .core.metrics import HUB
 from .core.placement import PlacementAuthorizer
 from .core.registry import open_catalog
@@ -159,6 +159,7 @@ class HubService:
         # call lands in the audit log
         self.authorizer = AclAuthorizer(self.catalog)
         self.nfs_exports = NfsExports(self.catalog, config.nfs.exports)
+        self.smb_shares = SmbShares(self.catalog, config.smb.shares)
         self.governed = GovernedNamespace(
             self.namespace,
             [self.authorizer, self.placement],
@@ -452,7 +453,7 @@ class HubService:
         directory = Directory(self.catalog, own_names(config))
         return AdminApi(
             directory, self.governed, audit=reader, volumes=self, exports=exports_of(config),
-            nfs=self.nfs_exports,
+            nfs=self.nfs_exports, smb=self.smb_shares,
         )  # fmt: skip
 
     def rest_server(self) -> RestServer:
@@ -510,7 +511,9 @@ class HubService:
                     live=self.nfs_exports,
                     inline_reads=True,
                 ),
-                *smb_listeners(self.config, self.governed, self.catalog, hub=True),
+                *smb_listeners(
+                    self.config, self.governed, self.catalog, hub=True, live=self.smb_shares
+                ),
             ]
             await serve_until_signal(listeners, ready_file, "hub", sockets, local=local)
         finally:
@@ -677,22 +680,28 @@ def nfs_listeners(
 
 
 def smb_listeners(
-    config: Config, namespace: Namespace, catalog: Catalog, *, hub: bool
+    config: Config,
+    namespace: Namespace,
+    catalog: Catalog,
+    *,
+    hub: bool,
+    live: SmbShares | None = None,
 ) -> list[SocketListener]:
     """Samba's smbd over a mount of ``namespace`` where ``[smb] listen`` is set (users and
     their SMB passwords from ``catalog``'s registry). smbd resolves share paths (as root,
     before it becomes the user) as the site itself, so a share may be private: at a hub
     loomfs, audited as smb; at a spoke the spoke, which its hub sees as ``site:NAME`` (an
-    internal principal's calls go as the site)."""
+    internal principal's calls go as the site). ``live``: the shares added at run time
+    too (a hub's)."""
     smb = config.smb
     if not smb.listen:
         return []
-    shares = smb.shares or {"loomfs": SmbShare(path="/")}
+    shares = smb.shares or DEFAULT_SHARES
     server = SmbServer(
         namespace, UserRegistry(catalog), shares,
         state_dir=config.site.data_dir / "smb", site=config.site.name, smbd=smb.smbd,
         resolver=replace(SYSTEM, site=config.site.name, protocol="smb" if hub else "internal"),
-        extended_attributes=smb.extended_attributes,
+        extended_attributes=smb.extended_attributes, live=live,
     )  # fmt: skip
     return [SocketListener("smb", "smb", server, host_port(smb.listen, "smb.listen"))]
 

@@ -241,6 +241,7 @@ COMMAND_MODULES = {
     "volume": "volumes",
     "mount": "mount",
     "audit": "audit",
+    "export": "exports",
 }
 
 

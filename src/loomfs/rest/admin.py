@@ -1,9 +1,11 @@
 """The hub's admin API (protocol layer): users, keys, groups, ACL rules, trusted sites,
-placement policies, exports (NFS ones added and removed) and the audit log over REST,
+placement policies, exports (NFS exports and SMB shares added and removed) and the audit
+log over REST,
 under ``/v1/admin``; ``AdminApi`` is the same calls for the web console (``console``).
 
 Every route is administration, never open: an explicit admin right (``core.acl``) on the
-path it governs (an ACL rule's path, a policy's globs, an NFS export's directory; "/" for
+path it governs (an ACL rule's path, a policy's globs, an NFS export's or SMB share's
+directory; "/" for
 users, groups, sites and every listing), then the call (``core.directory``), then one
 audit record of its outcome (``GovernedNamespace.administered``). Bad input is a 400
 before anything is decided. A new access key's secret is in its answer only: never in a
@@ -20,11 +22,11 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from .. import paths
-from ..config import Config, SmbShare
+from ..config import Config
 from ..core.audit import AuditReader
 from ..core.directory import Directory
 from ..core.exports import DEFAULT as DEFAULT_EXPORTS
-from ..core.exports import NfsExports, nfs_export
+from ..core.exports import DEFAULT_SHARES, NfsExports, SmbShares, nfs_export, smb_share
 from ..core.placement import Policy
 from ..core.sites import parse_labels
 from ..core.types import Principal
@@ -78,9 +80,9 @@ def _governed(policy: Policy) -> list[str]:
 
 def exports_of(config: Config) -> dict[str, Any]:
     """What each protocol serves, as ``config`` has it (with the defaults a server uses
-    when none is set). The SMB, S3 and SFTP servers take theirs when they start (smbd's
-    smb.conf is written then), so a change is an edit of the config file and a restart;
-    NFS exports may be added at run time too (``NfsExports``)."""
+    when none is set). The S3 and SFTP servers take theirs when they start, so a change
+    is an edit of the config file and a restart; NFS exports and SMB shares may be added
+    at run time too (``NfsExports``, ``SmbShares``)."""
     nfs, smb, s3, sftp = config.nfs, config.smb, config.s3, config.sftp
     return {
         "s3": {"listen": s3.listen, "buckets": dict(s3.buckets), "bucket_root": s3.bucket_root},
@@ -95,8 +97,8 @@ def exports_of(config: Config) -> dict[str, Any]:
         "smb": {
             "listen": smb.listen,
             "shares": [
-                {"share": name, **share.model_dump()}
-                for name, share in sorted((smb.shares or {"loomfs": SmbShare(path="/")}).items())
+                {"share": name, **share.model_dump(), "source": "config"}
+                for name, share in sorted((smb.shares or DEFAULT_SHARES).items())
             ],
         },
     }
@@ -120,16 +122,18 @@ class AdminApi:
         volumes: Volumes | None = None,
         exports: dict[str, Any] | None = None,
         nfs: NfsExports | None = None,
+        smb: SmbShares | None = None,
     ) -> None:
         """``audit``: the site's audit log, for ``audit_query``; ``volumes``: the hub's,
         for ``list_volumes``; ``exports``: what its protocols serve (``exports_of``);
-        ``nfs``: its NFS exports in force, to add and remove."""
+        ``nfs``, ``smb``: its NFS exports and SMB shares in force, to add and remove."""
         self.directory = directory
         self.governance = governance
         self.audit = audit
         self.volumes = volumes
         self.exports = exports
         self.nfs = nfs
+        self.smb = smb
 
     async def _do(
         self, who: Principal, op: str, path: str, call: Callable[[], Awaitable[T]], detail: str = ""
@@ -289,15 +293,18 @@ class AdminApi:
     # -- volumes, exports and the audit log ------------------------------------------------
 
     async def list_exports(self, who: Principal) -> dict[str, Any]:
-        """Each protocol's exports (``exports_of``), the NFS ones in force now."""
-        exports, nfs = self.exports, self.nfs
+        """Each protocol's exports (``exports_of``), the NFS and SMB ones in force now."""
+        exports, nfs, smb = self.exports, self.nfs, self.smb
         if exports is None:
             raise NotSupported("this site was given no export configuration")
 
         async def listed() -> dict[str, Any]:
-            if nfs is None:
-                return exports
-            return {**exports, "nfs": {**exports["nfs"], "exports": await nfs.listed()}}
+            found = dict(exports)
+            if nfs is not None:
+                found["nfs"] = {**exports["nfs"], "exports": await nfs.listed()}
+            if smb is not None:
+                found["smb"] = {**exports["smb"], "shares": await smb.listed()}
+            return found
 
         return await self._do(who, "list_exports", "/", listed)
 
@@ -319,6 +326,30 @@ class AdminApi:
         """No new mount of ``path``; the handles given out under it are STALE."""
         nfs, (path, _) = self._nfs(), nfs_export(path, {})
         await self._do(who, "remove_nfs_export", path, lambda: nfs.remove(path))
+
+    def _smb(self) -> SmbShares:
+        if self.smb is None:
+            raise NotSupported("this site adds no SMB shares at run time: it is a spoke")
+        return self.smb
+
+    async def add_smb_share(self, who: Principal, name: str, fields: dict[str, Any]) -> Any:
+        """Share ``fields["path"]`` over SMB as ``name`` (``access`` ro or rw), decided on
+        the path as an ACL rule is: smbd serves it within seconds, no restart."""
+        smb, (name, share) = self._smb(), smb_share(name, fields)
+        return await self._do(
+            who, "add_smb_share", share.path, lambda: smb.add(name, share),
+            detail=f"share {name}, {share.access}",
+        )  # fmt: skip
+
+    async def remove_smb_share(self, who: Principal, name: str) -> None:
+        """Share ``name`` takes no new connection. Decided on its path; an unknown name
+        on "/", so who may not administer learns nothing."""
+        smb = self._smb()
+        known = {n.lower(): s for n, s in (await smb.table()).items()}
+        path = known[name.lower()].path if name.lower() in known else "/"
+        await self._do(
+            who, "remove_smb_share", path, lambda: smb.remove(name), detail=f"share {name}"
+        )
 
     async def list_volumes(self, who: Principal) -> list[dict[str, Any]]:
         return await self._do(who, "list_volumes", "/", self._volumes().list_volumes)
@@ -408,6 +439,8 @@ class AdminRoutes:
             web.get(f"{ADMIN}/exports", self.list_exports),
             web.post(f"{ADMIN}/exports/nfs", self.add_nfs_export),
             web.delete(f"{ADMIN}/exports/nfs", self.remove_nfs_export),
+            web.post(f"{ADMIN}/exports/smb", self.add_smb_share),
+            web.delete(f"{ADMIN}/exports/smb", self.remove_smb_share),
         ]
 
     # -- users and keys --------------------------------------------------------------------
@@ -563,6 +596,19 @@ class AdminRoutes:
         if not path:
             raise InvalidArgument("removing an NFS export needs ?path=")
         await self.api.remove_nfs_export(request[WHO], path)
+        return _none()
+
+    async def add_smb_share(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        name = _text(body, "share", "an SMB share")
+        fields = {k: v for k, v in body.items() if k != "share"}
+        return _json(await self.api.add_smb_share(request[WHO], name, fields), 201)
+
+    async def remove_smb_share(self, request: web.Request) -> web.Response:
+        name = request.query.get("name")
+        if not name:
+            raise InvalidArgument("removing an SMB share needs ?name=")
+        await self.api.remove_smb_share(request[WHO], name)
         return _none()
 
     # -- the audit log ---------------------------------------------------------------------

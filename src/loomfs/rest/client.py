@@ -814,6 +814,30 @@ class RestDirectory:
     async def remove_group(self, name: str) -> None:
         await self._done("DELETE", f"/groups/{quote(name, safe='')}")
 
+    # exports: the hub's alone (``rest.admin.AdminApi.list_exports``), with no offline twin
+
+    async def list_exports(self) -> dict[str, Any]:
+        exports: dict[str, Any] = await self._call("GET", "/exports")
+        return exports
+
+    async def add_nfs_export(self, path: str, fields: dict[str, Any]) -> dict[str, Any]:
+        made: dict[str, Any] = await self._call(
+            "POST", "/exports/nfs", json={"path": path, **fields}
+        )
+        return made
+
+    async def remove_nfs_export(self, path: str) -> None:
+        await self._done("DELETE", "/exports/nfs", params={"path": path})
+
+    async def add_smb_share(self, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        made: dict[str, Any] = await self._call(
+            "POST", "/exports/smb", json={"share": name, **fields}
+        )
+        return made
+
+    async def remove_smb_share(self, name: str) -> None:
+        await self._done("DELETE", "/exports/smb", params={"name": name})
+
     async def set_member(self, group: str, user: str, *, member: bool) -> None:
         body = {"user": user, "member": member}
         await self._done("POST", f"/groups/{quote(group, safe='')}/members", json=body)

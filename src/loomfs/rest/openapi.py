@@ -659,8 +659,8 @@ def _admin_paths() -> dict[str, Any]:
         },
         f"{a}/exports": {
             "get": _op(
-                "What each protocol serves: S3 buckets, the SFTP root, NFS exports (each "
-                "with its source: config or catalog), SMB shares",
+                "What each protocol serves: S3 buckets, the SFTP root, NFS exports and SMB "
+                "shares (each with its source: config or catalog)",
                 {"200": _json_ok(obj)},
             )
         },
@@ -682,6 +682,24 @@ def _admin_paths() -> dict[str, Any]:
                 "Remove an NFS export added here: no new mount, its handles are STALE",
                 done,
                 parameters=[{"name": "path", "in": "query", "required": True, "schema": s}],
+            ),
+        },
+        f"{a}/exports/smb": {
+            "post": _op(
+                "Share a namespace directory over SMB as a named share (admin right on the "
+                "directory), served by smbd within seconds, no restart",
+                made,
+                requestBody=_json_body(
+                    ["share", "path"],
+                    share=s,
+                    path=s,
+                    access={"type": "string", "enum": ["rw", "ro"]},
+                ),
+            ),
+            "delete": _op(
+                "Remove an SMB share added here: it takes no new connection",
+                done,
+                parameters=[{"name": "name", "in": "query", "required": True, "schema": s}],
             ),
         },
         f"{a}/policies/{{name}}": {

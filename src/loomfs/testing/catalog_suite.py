@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from ..core.catalog.base import Catalog, Delete, Put, ScanRow, VolumeUpdate
+from ..core.catalog.base import Catalog, Delete, ExportRecords, Put, ScanRow, VolumeUpdate
 from ..core.types import ChangeOp, EntryKind, VolumeState
 from ..errors import (
     AlreadyExists,
@@ -389,21 +390,31 @@ class CatalogSuite:
             c.version for c in changes
         }
 
-    async def test_nfs_export_records(self, catalog: Catalog, reopen: Reopen) -> None:
-        """One export a path, seen by every process over the catalog; two adds of a path
-        at once: one wins."""
-        records, other = catalog.export_records(), await reopen()
+    @pytest.mark.parametrize(
+        ("kind", "name"), [("nfs_export", "/e"), ("smb_share", "e")], ids=["nfs", "smb"]
+    )
+    async def test_export_records(
+        self, catalog: Catalog, reopen: Reopen, kind: str, name: str
+    ) -> None:
+        """One NFS export a path, one SMB share a name, seen by every process over the
+        catalog; two adds of one at once: one wins."""
+        other = await reopen()
+        ours, theirs = catalog.export_records(), other.export_records()
+
+        def call(records: ExportRecords, verb: str) -> Any:
+            return getattr(records, f"{verb}_{kind}" if verb else f"{kind}s")
+
         try:
             added = await asyncio.gather(
-                records.add_nfs_export("/e", '{"access": "ro"}'),
-                other.export_records().add_nfs_export("/e", '{"access": "rw"}'),
+                call(ours, "add")(name, '{"access": "ro"}'),
+                call(theirs, "add")(name, '{"access": "rw"}'),
             )
             assert sorted(added) == [False, True]
-            seen = await other.export_records().nfs_exports()
-            assert seen == await records.nfs_exports()
-            assert list(seen) == ["/e"]
-            assert await records.remove_nfs_export("/e")
-            assert not await other.export_records().remove_nfs_export("/e")
-            assert await other.export_records().nfs_exports() == {}
+            seen = await call(theirs, "")()
+            assert seen == await call(ours, "")()
+            assert list(seen) == [name]
+            assert await call(ours, "remove")(name)
+            assert not await call(theirs, "remove")(name)
+            assert await call(theirs, "")() == {}
         finally:
             await other.close()

@@ -225,8 +225,9 @@ class UploadRecords(ABC):
 
 
 class ExportRecords(ABC):
-    """NFS exports added at run time (``loomfs.core.exports``), by namespace path: each a
-    record the caller makes (the export's settings as JSON)."""
+    """NFS exports and SMB shares added at run time (``loomfs.core.exports``), NFS ones by
+    namespace path, SMB ones by share name: each a record the caller makes (its settings
+    as JSON)."""
 
     @abstractmethod
     async def nfs_exports(self) -> dict[str, str]: ...
@@ -238,6 +239,17 @@ class ExportRecords(ABC):
     @abstractmethod
     async def remove_nfs_export(self, path: str) -> bool:
         """Forget ``path``'s export; False if it had none."""
+
+    @abstractmethod
+    async def smb_shares(self) -> dict[str, str]: ...
+
+    @abstractmethod
+    async def add_smb_share(self, name: str, record: str) -> bool:
+        """Store a share; False (nothing changed) if ``name`` has one already."""
+
+    @abstractmethod
+    async def remove_smb_share(self, name: str) -> bool:
+        """Forget share ``name``; False if there was none."""
 
 
 class Notices:

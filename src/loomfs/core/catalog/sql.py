@@ -346,6 +346,9 @@ def _migrations(d: Dialect) -> list[str]:
         # migration 16: NFS exports added at run time (core.catalog.base.ExportRecords),
         # which every NFS server over the database takes at its next MNT
         f"CREATE TABLE nfs_exports (path {d.text} PRIMARY KEY, record TEXT NOT NULL)",
+        # migration 17: SMB shares added at run time, by name as Samba compares them (in
+        # lower case), which every SMB server over the database takes within seconds
+        f"CREATE TABLE smb_shares (name {d.text} PRIMARY KEY, record TEXT NOT NULL)",
     ]
 
 
@@ -1315,22 +1318,41 @@ class _Statements:
 
 
 class _Exports(_Statements, ExportRecords):
-    """Rows of ``nfs_exports``."""
+    """Rows of ``nfs_exports`` and ``smb_shares``."""
 
     async def nfs_exports(self) -> dict[str, str]:
-        rows = await self._one("SELECT path, record FROM nfs_exports", (), rows=True)
-        return {path: record for path, record in rows}
+        return await self._rows("nfs_exports", "path")
 
     async def add_nfs_export(self, path: str, record: str) -> bool:
-        # one statement: of two adds of a path at once, over any gateways, one wins
+        return await self._add("nfs_exports", "path", path, record)
+
+    async def remove_nfs_export(self, path: str) -> bool:
+        return await self._remove("nfs_exports", "path", path)
+
+    async def smb_shares(self) -> dict[str, str]:
+        return await self._rows("smb_shares", "name")
+
+    async def add_smb_share(self, name: str, record: str) -> bool:
+        return await self._add("smb_shares", "name", name, record)
+
+    async def remove_smb_share(self, name: str) -> bool:
+        return await self._remove("smb_shares", "name", name)
+
+    # the table and key names below are this class's own constants, never input
+    async def _rows(self, table: str, key: str) -> dict[str, str]:
+        rows = await self._one(f"SELECT {key}, record FROM {table}", (), rows=True)
+        return {name: record for name, record in rows}
+
+    async def _add(self, table: str, key: str, name: str, record: str) -> bool:
+        # one statement: of two adds of a name at once, over any gateways, one wins
         added = await self._count(
-            "INSERT INTO nfs_exports (path, record) VALUES (?, ?) ON CONFLICT (path) DO NOTHING",
-            (path, record),
+            f"INSERT INTO {table} ({key}, record) VALUES (?, ?) ON CONFLICT ({key}) DO NOTHING",
+            (name, record),
         )
         return added == 1
 
-    async def remove_nfs_export(self, path: str) -> bool:
-        return await self._count("DELETE FROM nfs_exports WHERE path = ?", (path,)) == 1
+    async def _remove(self, table: str, key: str, name: str) -> bool:
+        return await self._count(f"DELETE FROM {table} WHERE {key} = ?", (name,)) == 1
 
 
 class _Uploads(_Statements, UploadRecords):

@@ -442,26 +442,42 @@ class Console:
                            notice=notice)  # fmt: skip
 
     async def exports(self, request: web.Request, who: Principal, session: Session) -> web.Response:
-        """Each protocol's exports; add an NFS export, remove one added so."""
+        """Each protocol's exports; add an NFS export or an SMB share, remove one added so."""
         api, notice = self._admin, ""
         if request.method == "POST":
             form = await self._form(request)
-            path = form.get("path", "")
-            if not path:
-                raise InvalidArgument("an NFS export needs its directory")
-            if form.get("action") == "remove":
-                await api.remove_nfs_export(who, path)
-                notice = f"removed NFS export {path}: its clients' handles are stale"
+            if form.get("protocol") == "smb":
+                notice = await self._smb_share(who, form)
             else:
-                # a field left out is the export's default, as in the config file
-                fields: dict[str, Any] = {k: form[k] for k in ("access", "squash") if form.get(k)}
-                if form.get("clients"):
-                    fields["clients"] = _words(form["clients"])
-                fields["anonymous"] = form.get("anonymous") == "on"
-                made = await api.add_nfs_export(who, path, fields)
-                notice = f"exported {made['path']} over NFS: served from the next mount"
+                notice = await self._nfs_export(who, form)
         listed = await api.list_exports(who)
         return self.render("exports.html", session, who, exports=listed, notice=notice)
+
+    async def _nfs_export(self, who: Principal, form: Mapping[str, str]) -> str:
+        api, path = self._admin, form.get("path", "")
+        if not path:
+            raise InvalidArgument("an NFS export needs its directory")
+        if form.get("action") == "remove":
+            await api.remove_nfs_export(who, path)
+            return f"removed NFS export {path}: its clients' handles are stale"
+        # a field left out is the export's default, as in the config file
+        fields: dict[str, Any] = {k: form[k] for k in ("access", "squash") if form.get(k)}
+        if form.get("clients"):
+            fields["clients"] = _words(form["clients"])
+        fields["anonymous"] = form.get("anonymous") == "on"
+        made = await api.add_nfs_export(who, path, fields)
+        return f"exported {made['path']} over NFS: served from the next mount"
+
+    async def _smb_share(self, who: Principal, form: Mapping[str, str]) -> str:
+        api, name = self._admin, form.get("share", "")
+        if not name:
+            raise InvalidArgument("an SMB share needs its name")
+        if form.get("action") == "remove":
+            await api.remove_smb_share(who, name)
+            return f"removed SMB share {name}: it takes no new connection"
+        fields = {k: form[k] for k in ("path", "access") if form.get(k)}
+        made = await api.add_smb_share(who, name, fields)
+        return f"shared {made['path']} over SMB as {made['share']}: served within seconds"
 
     async def acl(self, request: web.Request, who: Principal, session: Session) -> web.Response:
         api, notice = self._admin, ""

@@ -10,7 +10,6 @@ through and no one else (see ``server``).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,9 +22,6 @@ GROUP = "loomfs-smb"
 GID = SMB_UID_BASE - 1
 #: the accounts Samba itself needs (root; the guest account, which no one logs in as)
 _SYSTEM_ACCOUNTS = {"root": (0, 0), "nobody": (65534, 65534)}
-# Samba's share names: no brackets, '=', '/', '\' or spaces; some are its own
-_SHARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-_RESERVED_SHARES = frozenset({"global", "homes", "printers", "ipc$"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +30,6 @@ class Share:
     #: the share's directory in the mount
     path: Path
     read_only: bool
-
-
-def check_share_name(name: str) -> str:
-    if not _SHARE_NAME.match(name) or name.lower() in _RESERVED_SHARES:
-        raise ConfigError(
-            f"[smb.shares] {name!r} is not a share name: 1-80 letters, digits, '.', '_' or "
-            "'-', and none of global, homes, printers"
-        )
-    return name
 
 
 def users_of(logins: Iterable[SmbLogin]) -> list[SmbLogin]:

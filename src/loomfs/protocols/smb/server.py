@@ -39,12 +39,14 @@ import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ... import paths
 from ...config import SmbShare
+from ...core.exports import SmbShares, check_share_name
 from ...core.types import Principal
 from ...core.users import SmbLogin, UserRegistry
-from ...errors import ConfigError, NotSupported
+from ...errors import ConfigError, LoomError, NotSupported
 from ...namespace.base import Namespace
 from ..fuse.mount import mounted
 from ..fuse.ops import Callers, LoomOperations
@@ -81,7 +83,10 @@ class SmbServer:
         smbd: str = "smbd",
         resolver: Principal | None = None,
         extended_attributes: bool = True,
+        live: SmbShares | None = None,
     ) -> None:
+        """``live``: the shares in force, ``shares`` and those added at run time (a hub's),
+        taken every ``REFRESH`` seconds and at once on a change made in this process."""
         self.extended_attributes = extended_attributes
         self.namespace = namespace
         #: who smbd's lookups as root run as (``fuse.ops.Callers.resolver``)
@@ -95,15 +100,13 @@ class SmbServer:
         self.conf_path = state_dir / "smb.conf"
         self.passdb = self.samba_dir / "private" / "smbpasswd"
         self.accounts = (state_dir / "accounts" / "passwd", state_dir / "accounts" / "group")
-        self.shares = [
-            conf.Share(
-                conf.check_share_name(name),
-                self.mountpoint / paths.normalize(share.path).lstrip("/"),
-                share.access == "ro",
-            )
-            for name, share in sorted(shares.items())
-        ]
+        self.shares = self._shares(shares)
+        self.live = live
+        if live is not None:
+            live.changed.append(self.refresh)
         self.smbd = smbd
+        #: smb.conf but its shares: what ``start`` decided (host, port, RPC helpers)
+        self._conf: dict[str, Any] = {}
         #: the Samba daemons running now, by program (smbd, samba-dcerpcd)
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self._logins: list[SmbLogin] | None = None
@@ -129,13 +132,12 @@ class SmbServer:
         logins = await self.users.smb_logins()
         self._write_accounts(logins)
         dcerpcd = dcerpcd_of(smbd)  # None: a Samba older than 4.16, which has none
-        self.conf_path.write_text(
-            conf.smb_conf(
-                host=host, port=port, state=self.samba_dir, passdb=self.passdb,
-                shares=self.shares, extended_attributes=self.extended_attributes,
-                rpc_on_demand=dcerpcd is None,
-            )
-        )  # fmt: skip
+        self._conf = {
+            "host": host, "port": port, "state": self.samba_dir, "passdb": self.passdb,
+            "extended_attributes": self.extended_attributes, "rpc_on_demand": dcerpcd is None,
+        }  # fmt: skip
+        await self._take_shares()
+        self._write_conf()
         programs = [(SMBD, *smbd_command(smbd, self.conf_path, self.accounts))]
         if dcerpcd is not None:
             programs.append(
@@ -202,6 +204,44 @@ class SmbServer:
                            capture_output=True, check=False)  # fmt: skip
         self.mountpoint.mkdir(exist_ok=True)
 
+    # -- shares ------------------------------------------------------------------------------
+
+    def _shares(self, table: Mapping[str, SmbShare]) -> list[conf.Share]:
+        return [
+            conf.Share(
+                check_share_name(name),
+                self.mountpoint / paths.normalize(share.path).lstrip("/"),
+                share.access == "ro",
+            )
+            for name, share in sorted(table.items())
+        ]
+
+    async def _take_shares(self) -> bool:
+        """Take the shares in force now (``live``'s); whether they changed."""
+        if self.live is None:
+            return False
+        try:
+            shares = self._shares(await self.live.table())
+        except LoomError as exc:  # the catalog out of reach: the shares last taken hold
+            log.warning("smb shares not taken", extra={"error": str(exc)})
+            return False
+        changed, self.shares = shares != self.shares, shares
+        return changed
+
+    def _write_conf(self) -> None:
+        _replace(self.conf_path, conf.smb_conf(shares=self.shares, **self._conf), 0o644)
+
+    async def refresh(self) -> None:
+        """Serve the shares in force now: smb.conf rewritten, smbd told to read it again
+        (it tells its sessions: a removed share takes no new tree connection)."""
+        if not await self._take_shares() or not self._conf:
+            return
+        self._write_conf()
+        proc = self.procs.get(SMBD)
+        if proc is not None and proc.returncode is None:
+            await reload_config(self.smbd, self.conf_path, proc.pid)
+        log.info("smb shares changed", extra={"shares": [s.name for s in self.shares]})
+
     # -- the mount ---------------------------------------------------------------------------
 
     async def _serve_mount(self, logins: list[SmbLogin], ready: asyncio.Future[None]) -> None:
@@ -237,8 +277,10 @@ class SmbServer:
         self._logins = logins
 
     async def _follow_registry(self) -> None:
+        """New logins, changed passwords and shares added or removed by another process."""
         while True:
             await asyncio.sleep(REFRESH)
+            await self.refresh()
             try:
                 logins = await self.users.smb_logins()
             except Exception:
@@ -304,6 +346,28 @@ class SmbServer:
                 continue
             writer.close()
             return
+
+
+async def reload_config(smbd: str, conf_path: Path, pid: int) -> None:
+    """Tell the smbd of ``pid`` to read ``conf_path`` again: its Samba's smbcontrol, whose
+    message the parent passes on to every session; where that fails, SIGHUP, by which the
+    parent alone reloads (new connections are its children, so they see the change)."""
+    found = shutil.which(smbd)
+    smbcontrol = None if found is None else Path(found).resolve().parent.parent / "bin"
+    command = [str(smbcontrol / "smbcontrol") if smbcontrol else "smbcontrol",
+               "--configfile", str(conf_path), str(pid), "reload-config"]  # fmt: skip
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        said, _ = await proc.communicate()
+        if proc.returncode == 0:
+            return
+        log.warning("smbcontrol failed: sending SIGHUP", extra={"output": said.decode()[-500:]})
+    except OSError as exc:
+        log.warning("no smbcontrol: sending SIGHUP", extra={"error": str(exc)})
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGHUP)
 
 
 def smbd_command(
