@@ -508,12 +508,15 @@ class HubNamespace(ResolvingNamespace):
         attrs: Mapping[str, int],
         owner_optional: bool = False,
         tags: WriteTagsArg = None,
+        exclusive: bool = False,
     ) -> Entry:
         # no owner is optional here: the hub is told what to set (the governed namespace
         # above decides what may be)
         if not self.writes_attrs(path):
             raise NotSupported(f"{path}: its volume keeps no attributes of its own", path=path)
-        return await self._write(who, path, data, if_version=if_version, attrs=attrs, tags=tags)
+        return await self._write(
+            who, path, data, if_version=if_version, exclusive=exclusive, attrs=attrs, tags=tags
+        )
 
     async def _write(
         self,

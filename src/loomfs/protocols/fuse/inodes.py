@@ -74,6 +74,9 @@ class Node:
     untagged_until: float = 0.0
     #: the backing file of the handles the kernel reads itself, while any is open
     passthrough: Passthrough | None = None
+    #: made through this mount and not in the namespace yet: a create deferred to the
+    #: file's first commit (``LoomOperations.defer_creates``)
+    pending: bool = False
 
 
 class InodeTable:
