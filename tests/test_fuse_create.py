@@ -1,12 +1,15 @@
-"""Creates deferred to the close (``loomfs mount --defer-creates``, what ``serve smb`` runs):
-through a real mount process, checked against a local directory given the same calls, and
-against the hub's namespace read directly (never through the mount)."""
+"""Creates deferred to the close (``loomfs mount --defer-creates``, what ``serve smb`` runs)
+and the extended attributes of listed names: through a real mount process, checked against
+a local directory given the same calls, against the hub's namespace read directly (never
+through the mount), and in the audit."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import os
+import pwd
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,6 +34,8 @@ USER = "alice"
 #: a directory alice may read and list but not write
 READ_ONLY = "/vol/ro"
 NAMES = ("a", "b", "c")
+#: a second caller of the mount, as its local user name (not mapped)
+NOBODY = 65534
 
 
 @dataclass
@@ -75,7 +80,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
     asyncio.run(rules())
     mnt = root / "mnt"
-    mount = MountProcess(config, mnt, "--uid-map", f"{os.getuid()}={USER}", "--defer-creates")
+    mount = MountProcess(
+        config, mnt, "--uid-map", f"{os.getuid()}={USER}", "--defer-creates", "--allow-other"
+    )
     with mount, asyncio.Runner() as runner:
         service = HubService(load_config(config))
         runner.run(service.catalog.open())
@@ -247,6 +254,42 @@ def test_a_create_the_rules_refuse_fails_at_the_create_and_writes_nothing(site: 
     assert [(r.user, r.result) for r in refused if r.op == "write"] == [(USER, "denied")]
     written = [r for r in reader.query(path_prefix=f"{top}/ok") if r.op == "write"]
     assert [(r.user, r.result) for r in written] == [(USER, "ok")]
+
+
+def test_a_listing_answers_its_names_extended_attributes_for_its_caller_alone(
+    site: Site,
+) -> None:
+    """After a listing, the extended attributes of its names are answered from what the
+    listing carried (one get_tags of the directory in the audit, none of a name) for the
+    user it was made for; another user's ask of a name goes to the namespace as theirs."""
+    mnt, top = _fresh(site)
+    for name in "xyz":
+        (mnt / name).write_bytes(b"1")
+    os.setxattr(mnt / "y", "user.k", b"v")
+    os.setxattr(mnt / "z", "user.k", b"w")
+    assert sorted(os.listdir(mnt)) == ["x", "y", "z"]
+    assert [os.listxattr(mnt / name) for name in "xyz"] == [[], ["user.k"], ["user.k"]]
+    assert os.getxattr(mnt / "z", "user.k") == b"w"
+    other = pwd.getpwuid(NOBODY).pw_name
+    # opened here and handed over: the test's directories are closed to that user
+    fd = os.open(mnt / "y", os.O_RDONLY)
+    try:
+        argv = ["getfattr", "--absolute-names", "-d", f"/proc/self/fd/{fd}"]
+        seen = subprocess.run(argv, user=NOBODY, pass_fds=[fd], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+    finally:
+        os.close(fd)
+    assert 'user.k="v"' in seen.stdout, seen.stderr
+    reader = AuditReader(site.data_dir / "audit")
+
+    def asked() -> list[tuple[str, str]]:
+        return [(r.user, r.path) for r in reader.query(path_prefix=top) if r.op == "get_tags"]
+
+    _wait_for(lambda: (other, f"{top}/y") in asked())
+    assert {user: {path for u, path in asked() if u == user} for user, _ in asked()} == {
+        USER: {top},
+        other: {f"{top}/y"},
+    }
 
 
 def _wait_for(check: Callable[[], bool]) -> None:

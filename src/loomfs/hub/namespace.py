@@ -975,8 +975,8 @@ class HubNamespace(ResolvingNamespace):
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))
 
-    async def tagged_children(self, who: Principal, path: str) -> set[str]:
-        return await self.catalog.tagged_children(paths.normalize(path))
+    async def children_tags(self, who: Principal, path: str) -> dict[str, dict[str, str]]:
+        return await self.catalog.children_tags(paths.normalize(path))
 
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
         path = paths.normalize(path)

@@ -252,10 +252,10 @@ class Namespace(ABC):
     @abstractmethod
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...
 
-    async def tagged_children(self, who: Principal, path: str) -> set[str] | None:
-        """The names of the children of the directory ``path`` that have tags, in one call
-        (a FUSE listing's extended attributes), or None where this namespace can't tell
-        in one: ask ``get_tags`` of each."""
+    async def children_tags(self, who: Principal, path: str) -> dict[str, dict[str, str]] | None:
+        """The tags of the children of the directory ``path`` that have any, by name, in
+        one call (a FUSE listing's extended attributes: Samba asks each listed name), or
+        None where this namespace can't tell in one: ask ``get_tags`` of each."""
         return None
 
     @abstractmethod

@@ -842,10 +842,10 @@ class GovernedNamespace(FeedNamespace):
             who, "get_tags", Action.LIST, path, lambda: self.inner.get_tags(who, path)
         )
 
-    async def tagged_children(self, who: Principal, path: str) -> set[str] | None:
+    async def children_tags(self, who: Principal, path: str) -> dict[str, dict[str, str]] | None:
         # what the directory's listing shows (list): one decision and record for them all
         return await self._governed(
-            who, "get_tags", Action.LIST, path, lambda: self.inner.tagged_children(who, path)
+            who, "get_tags", Action.LIST, path, lambda: self.inner.children_tags(who, path)
         )
 
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:

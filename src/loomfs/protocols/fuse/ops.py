@@ -25,6 +25,7 @@ import stat
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ParamSpec, TypeVar
 
 from ... import paths
@@ -48,7 +49,7 @@ from .abi import (
 )
 from .files import ReadStream, WriteBuffer
 from .follow import OwnChanges
-from .inodes import InodeTable, Node, Passthrough, same_kind
+from .inodes import InodeTable, ListedTags, Node, Passthrough, same_kind
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ CACHE_TIMEOUT = 1.0
 #: the I/O size st_blksize suggests to cp, dd and friends
 BLOCK_SIZE = 1 << 17
 XATTR_USER = b"user."
+#: what a listing says of the (most) names that have no tags: one shared, never changed
+_NO_TAGS: Mapping[str, str] = MappingProxyType({})
 
 
 def errno_of(exc: Exception) -> int:
@@ -151,9 +154,9 @@ class DirHandle:
     last_id: int = 0
     listing: AsyncIterator[Entry] | None = None
     pending: Entry | None = None
-    #: the names in the directory that have tags (None: unknown) and until when
-    #: (monotonic) that stands
-    tagged: set[str] | None = None
+    #: the tags of the names in the directory that have any (None: unknown) and until
+    #: when (monotonic) that stands
+    tagged: dict[str, dict[str, str]] | None = None
     tagged_until: float = 0.0
 
 
@@ -814,7 +817,7 @@ class LoomOperations:
                 except StopAsyncIteration:
                     return
             node = self.inodes.learn(entry, lookups=0)
-            await self._note_untagged(handle, node, entry)
+            await self._note_tags(handle, node, entry)
             position = handle.last_id + 1
             if not readdir_reply(token, os.fsencode(entry.name), self.attrs(node), position):
                 handle.pending = entry
@@ -864,16 +867,19 @@ class LoomOperations:
         finally:
             await listing.aclose()  # type: ignore[attr-defined]
 
-    async def _note_untagged(self, handle: DirHandle, node: Node, entry: Entry) -> None:
+    async def _note_tags(self, handle: DirHandle, node: Node, entry: Entry) -> None:
         """Samba asks each listed name for its extended attributes (the EA size of a
-        directory entry): answered from the directory's one ask of which names have tags."""
+        directory entry): answered, for the caller the listing was for, from the
+        directory's one ask of the tags of its names. Another caller asks for itself:
+        the rules may show it other names, or none."""
         now = time.monotonic()
         if now >= handle.tagged_until:
-            handle.tagged = await self.ns.tagged_children(handle.who, handle.node.path)
+            handle.tagged = await self.ns.children_tags(handle.who, handle.node.path)
             handle.tagged_until = now + self.cache_timeout
         # a hard-linked file's names are rows of their own, each with its tags
-        if handle.tagged is not None and entry.name not in handle.tagged and not node.aliases:
-            node.untagged_until = handle.tagged_until
+        if handle.tagged is not None and not node.aliases:
+            tags = handle.tagged.get(entry.name, _NO_TAGS)
+            node.listed_tags = ListedTags(handle.who, handle.tagged_until, tags)
 
     @translated
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
@@ -1069,9 +1075,12 @@ class LoomOperations:
 
     async def _tags(self, inode: int, ctx: Context) -> Mapping[str, str]:
         node = self._node(inode)
-        if node.pending or time.monotonic() < node.untagged_until:
+        if node.pending:
             return {}
-        return await self.ns.get_tags(self.who(ctx), node.path)
+        who, listed = self.who(ctx), node.listed_tags
+        if listed is not None and listed.who == who and time.monotonic() < listed.until:
+            return listed.tags  # what the listing for this caller said: decided for them
+        return await self.ns.get_tags(who, node.path)
 
     @translated
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Context) -> None:
@@ -1085,7 +1094,7 @@ class LoomOperations:
         who = self.who(ctx)
         await self._create_now(node, who)
         await self.ns.set_tags(who, node.path, {key: text})
-        node.untagged_until = 0.0
+        node.listed_tags = None
         self.inodes.touched(node)
 
     @translated
@@ -1101,7 +1110,9 @@ class LoomOperations:
         if key not in await self._tags(inode, ctx):
             raise _fail(ENOATTR)
         await self.ns.set_tags(who, path, {}, [key])
-        self.inodes.touched(self._node(inode))
+        node = self._node(inode)
+        node.listed_tags = None
+        self.inodes.touched(node)
 
     @translated
     async def statfs(self, ctx: Context) -> StatvfsData:
