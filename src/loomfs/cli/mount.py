@@ -57,6 +57,12 @@ def _uid_map(pairs: tuple[str, ...]) -> dict[int, str]:
     help="The loomfs user a local uid acts as (repeatable; default: the local user name).",
 )
 @click.option(
+    "--defer-creates",
+    is_flag=True,
+    help="Make a file created here in the namespace at its first close, content and "
+    "attributes in one change; other protocols see it from then on.",
+)
+@click.option(
     "--ready-file",
     type=click.Path(path_type=Path),
     help="Write {'pid': ...} here once mounted (for scripts).",
@@ -69,6 +75,7 @@ def mount(
     hub_url: str | None,
     allow_other: bool,
     uid_map: tuple[str, ...],
+    defer_creates: bool,
     ready_file: Path | None,
 ) -> None:
     """Mount the namespace at MOUNTPOINT (in the foreground; stop with Ctrl-C or SIGTERM).
@@ -92,6 +99,7 @@ def mount(
                     allow_other=allow_other,
                     uid_map=uids,
                     ready_file=ready_file,
+                    defer_creates=defer_creates,
                 )
             )
     except LoomError as exc:
@@ -129,6 +137,7 @@ async def _mount(
     allow_other: bool,
     uid_map: dict[int, str],
     ready_file: Path | None,
+    defer_creates: bool,
 ) -> None:
     from ..protocols.fuse.follow import Poll
     from ..protocols.fuse.mount import check_mountpoint, serve
@@ -174,6 +183,7 @@ async def _mount(
             on_ready=ready,
             follow=follow,
             passthrough=config.fuse.passthrough,
+            defer_creates=defer_creates,
         )
     finally:
         if service is not None:

@@ -508,12 +508,15 @@ class HubNamespace(ResolvingNamespace):
         attrs: Mapping[str, int],
         owner_optional: bool = False,
         tags: WriteTagsArg = None,
+        exclusive: bool = False,
     ) -> Entry:
         # no owner is optional here: the hub is told what to set (the governed namespace
         # above decides what may be)
         if not self.writes_attrs(path):
             raise NotSupported(f"{path}: its volume keeps no attributes of its own", path=path)
-        return await self._write(who, path, data, if_version=if_version, attrs=attrs, tags=tags)
+        return await self._write(
+            who, path, data, if_version=if_version, exclusive=exclusive, attrs=attrs, tags=tags
+        )
 
     async def _write(
         self,
@@ -972,8 +975,8 @@ class HubNamespace(ResolvingNamespace):
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]:
         return await self.catalog.get_tags(paths.normalize(path))
 
-    async def tagged_children(self, who: Principal, path: str) -> set[str]:
-        return await self.catalog.tagged_children(paths.normalize(path))
+    async def children_tags(self, who: Principal, path: str) -> dict[str, dict[str, str]]:
+        return await self.catalog.children_tags(paths.normalize(path))
 
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:
         path = paths.normalize(path)

@@ -214,13 +214,27 @@ class Namespace(ABC):
         attrs: Mapping[str, int],
         owner_optional: bool = False,
         tags: WriteTagsArg = None,
+        exclusive: bool = False,
     ) -> Entry:
         """``write``, then ``set_attrs(**attrs)`` on what it wrote, as one change (where
         ``writes_attrs``): a FUSE close saves the bytes and the mode, times and owner set
         while the file was open. Decided and audited as the two calls. ``owner_optional``:
         where the owner change (uid, gid) is refused, the rest is set, as
-        ``set_attrs_owning`` would. ``tags``: as ``write``'s."""
+        ``set_attrs_owning`` would. ``tags`` and ``exclusive``: as ``write``'s (a file a
+        mount creates at its close is made whole in this one change)."""
         raise NotSupported(f"no write with attributes in one change at {path}", path=path)
+
+    async def authorize_create(self, who: Principal, path: str, mode: int) -> None:
+        """Refuse ``who`` a ``write(path, exclusive=True, mode=mode)`` as that write would
+        be refused for its rights, writing nothing: a mount that makes a file at its close
+        decides its create when it is asked for. A namespace that cannot tell without
+        writing (one whose rules live elsewhere) raises ``NotSupported``."""
+        raise NotSupported(f"this namespace cannot decide a create at {path} beforehand")
+
+    async def visible(self, who: Principal, path: str) -> bool:
+        """Whether ``who`` may see ``path`` (listings leave the rest out); a namespace
+        that decides nothing itself shows everything."""
+        return True
 
     async def set_attrs_owning(self, who: Principal, path: str, attrs: Mapping[str, int]) -> Entry:
         """``set_attrs(**attrs)``, which may give a new entry to its maker: where that
@@ -238,10 +252,10 @@ class Namespace(ABC):
     @abstractmethod
     async def get_tags(self, who: Principal, path: str) -> dict[str, str]: ...
 
-    async def tagged_children(self, who: Principal, path: str) -> set[str] | None:
-        """The names of the children of the directory ``path`` that have tags, in one call
-        (a FUSE listing's extended attributes), or None where this namespace can't tell
-        in one: ask ``get_tags`` of each."""
+    async def children_tags(self, who: Principal, path: str) -> dict[str, dict[str, str]] | None:
+        """The tags of the children of the directory ``path`` that have any, by name, in
+        one call (a FUSE listing's extended attributes: Samba asks each listed name), or
+        None where this namespace can't tell in one: ask ``get_tags`` of each."""
         return None
 
     @abstractmethod

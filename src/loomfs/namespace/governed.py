@@ -708,6 +708,7 @@ class GovernedNamespace(FeedNamespace):
         attrs: Mapping[str, int],
         owner_optional: bool = False,
         tags: WriteTagsArg = None,
+        exclusive: bool = False,
     ) -> Entry:
         # both decided before either is made, each recorded as its own call would be
         await self._changing(who, "write", path, Action.WRITE)
@@ -724,13 +725,19 @@ class GovernedNamespace(FeedNamespace):
         entry = await self._run(
             who, "write", path,
             lambda: self.inner.write_with_attrs(
-                who, path, body, if_version=if_version, attrs=attrs,
+                who, path, body, if_version=if_version, attrs=attrs, exclusive=exclusive,
                 tags=lambda: sse.write_tags(tags_now(tags), sealed),
             ),
             nbytes=lambda entry: entry.size,
         )  # fmt: skip
         self._record(who, "set_attrs", path, "ok")
         return entry
+
+    async def authorize_create(self, who: Principal, path: str, mode: int) -> None:
+        # what ``write`` decides of a new name; nothing is there yet to resolve
+        if mode & SET_ID:
+            await self._privileged(who, "write", path, "a set-user-ID or set-group-ID file")
+        await self._decide(who, "write", [Need(Action.WRITE, path)])
 
     async def mkdir(
         self, who: Principal, path: str, *, parents: bool = False, exist_ok: bool = False
@@ -835,10 +842,10 @@ class GovernedNamespace(FeedNamespace):
             who, "get_tags", Action.LIST, path, lambda: self.inner.get_tags(who, path)
         )
 
-    async def tagged_children(self, who: Principal, path: str) -> set[str] | None:
+    async def children_tags(self, who: Principal, path: str) -> dict[str, dict[str, str]] | None:
         # what the directory's listing shows (list): one decision and record for them all
         return await self._governed(
-            who, "get_tags", Action.LIST, path, lambda: self.inner.tagged_children(who, path)
+            who, "get_tags", Action.LIST, path, lambda: self.inner.children_tags(who, path)
         )
 
     async def stat_tags(self, who: Principal, path: str) -> tuple[Entry, dict[str, str]]:

@@ -433,8 +433,8 @@ class Catalog(ABC):
     async def get_tags(self, path: str) -> dict[str, str]: ...
 
     @abstractmethod
-    async def tagged_children(self, parent: str) -> set[str]:
-        """The names of the children of ``parent`` that have tags, in one query (a
+    async def children_tags(self, parent: str) -> dict[str, dict[str, str]]:
+        """The tags of the children of ``parent`` that have any, by name, in one query (a
         listing's extended attributes: most names have none)."""
 
     @abstractmethod

@@ -1110,15 +1110,18 @@ class SqlCatalog(Catalog):
             self._read, lambda cur: self._tags(cur, self._entry_id(cur, path)[0])
         )
 
-    async def tagged_children(self, parent: str) -> set[str]:
-        def fn(cur: Cursor) -> set[str]:
+    async def children_tags(self, parent: str) -> dict[str, dict[str, str]]:
+        def fn(cur: Cursor) -> dict[str, dict[str, str]]:
             rows = self._q(
                 cur,
-                "SELECT DISTINCT e.name FROM entries e JOIN tags t ON t.entry_id = e.id "
-                "WHERE e.parent = ?",
+                "SELECT e.name, t.key, t.value FROM entries e JOIN tags t ON t.entry_id = e.id "
+                "WHERE e.parent = ? ORDER BY e.name, t.key",
                 (parent,),
             ).fetchall()
-            return {r[0] for r in rows}
+            found: dict[str, dict[str, str]] = {}
+            for name, key, value in rows:
+                found.setdefault(name, {})[key] = value
+            return found
 
         return await self._run(self._read, fn)
 

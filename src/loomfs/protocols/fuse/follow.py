@@ -139,7 +139,7 @@ class FeedInvalidator:
         if node is None:
             return
         node.current_until = 0.0  # the kernel's next getattr must reach the site
-        node.untagged_until = 0.0
+        node.listed_tags = None
         # in a thread: dropping pages waits for reads of them this loop is serving (an
         # inode the kernel has forgotten already is no error: ``Session._send``)
         await asyncio.to_thread(self.kernel.invalidate_inode, node.ino, attr_only=not data)

@@ -19,11 +19,12 @@ another file: it gets a new node, and the old one lives on, unlinked, until forg
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ... import paths
-from ...core.types import Entry
+from ...core.types import Entry, Principal
 from .abi import ROOT_INODE
 
 if TYPE_CHECKING:
@@ -41,6 +42,15 @@ class Passthrough:
     #: the version whose bytes the backing file holds
     version: int
     handles: int = 0
+
+
+class ListedTags(NamedTuple):
+    """A file's tags as a listing for ``who`` carried them, standing until ``until``
+    (monotonic)."""
+
+    who: Principal
+    until: float
+    tags: Mapping[str, str]
 
 
 @dataclass(slots=True, eq=False)
@@ -69,11 +79,15 @@ class Node:
     #: until when (monotonic) ``entry`` may stand for the site's: it came from the site,
     #: and the change feed has said nothing of it since
     current_until: float = 0.0
-    #: until when (monotonic) the file is known to have no tags (its directory's listing
-    #: said so): its extended attributes are answered without a round trip
-    untagged_until: float = 0.0
+    #: the file's tags as its directory's last listing said them, for its caller alone
+    #: and until its attributes' lifetime ends: its extended attributes are answered
+    #: from them without a round trip
+    listed_tags: ListedTags | None = None
     #: the backing file of the handles the kernel reads itself, while any is open
     passthrough: Passthrough | None = None
+    #: made through this mount and not in the namespace yet: a create deferred to the
+    #: file's first commit (``LoomOperations.defer_creates``)
+    pending: bool = False
 
 
 class InodeTable:

@@ -83,13 +83,15 @@ async def mounted(
     follow: Poll | None = None,
     passthrough: bool = True,
     protocol: str = "fuse",
+    defer_creates: bool = False,
 ) -> AsyncIterator[tuple[Session, LoomOperations]]:
     """``ns`` mounted at ``mountpoint`` for as long as the block runs; the block serves it
     (``session.serve(ops)``) until ``session.terminate()``. With ``follow`` (the site's
     change feed) the kernel caches names and attributes for long and is told at once when
     they go stale. ``passthrough``: the kernel reads files whose bytes sit whole in a
     local file from that file, where it can. ``protocol``: its requests' name in the
-    metrics."""
+    metrics. ``defer_creates``: a file created through the mount enters the namespace at
+    its first close (``ops.py``)."""
     check_mountpoint(mountpoint)
     spool_dir.mkdir(parents=True, exist_ok=True)
     timeout = CACHE_TIMEOUT if follow is None else FOLLOWING_TIMEOUT
@@ -97,8 +99,9 @@ async def mounted(
     options = mount_options(allow_other=allow_other, kernel_checks=callers.kernel_checks)
     session = Session(mountpoint, options, passthrough=passthrough, protocol=protocol)
     ops = LoomOperations(
-        ns, session, str(spool_dir), timeout, following=follow is not None, callers=callers
-    )
+        ns, session, str(spool_dir), timeout, following=follow is not None, callers=callers,
+        defer_creates=defer_creates,
+    )  # fmt: skip
     session.mount()
     follower = None
     if follow is not None:
@@ -127,12 +130,14 @@ async def serve(
     on_ready: Callable[[], None] | None = None,
     follow: Poll | None = None,
     passthrough: bool = True,
+    defer_creates: bool = False,
 ) -> None:
     """Mount ``ns`` at ``mountpoint`` (see ``mounted``) and serve until unmounted,
     SIGTERM or SIGINT."""
     async with mounted(
         ns, mountpoint, spool_dir=spool_dir, allow_other=allow_other,
         callers=Callers(uid_map=dict(uid_map or {})), follow=follow, passthrough=passthrough,
+        defer_creates=defer_creates,
     ) as (session, ops):  # fmt: skip
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -5,10 +5,17 @@ namespace, and maps any error through ``errno_of`` (the one table of this edge).
 kernel page cache is kept across opens while a file's version is unchanged
 (``keep_cache``), and dropped on the next open after the version moves, or at once when
 the mount follows the change feed (``follow.py``).
+
+With ``defer_creates`` a file created through the mount enters the namespace at its first
+commit (flush, fsync or release), content and attributes in one change, instead of as an
+empty file at the create and again at the close: decided at the create (refused there,
+nothing written), it is a pending file of this mount until then, seen by lookups, stats and
+listings through it, and renamed or removed here alone. Other protocols see it at the close.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -18,13 +25,14 @@ import stat
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ParamSpec, TypeVar
 
 from ... import paths
 from ...core.acl import ADMIN_GROUP, ANONYMOUS
 from ...core.streams import aiter_bytes
 from ...core.types import KIND_BITS, ChangeOp, Entry, EntryKind, Principal
-from ...errors import Conflict, LoomError
+from ...errors import Conflict, LoomError, NotSupported
 from ...namespace.base import Namespace
 from .abi import (
     ENOATTR,
@@ -41,7 +49,7 @@ from .abi import (
 )
 from .files import ReadStream, WriteBuffer
 from .follow import OwnChanges
-from .inodes import InodeTable, Node, Passthrough, same_kind
+from .inodes import InodeTable, ListedTags, Node, Passthrough, same_kind
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -56,6 +64,8 @@ CACHE_TIMEOUT = 1.0
 #: the I/O size st_blksize suggests to cp, dd and friends
 BLOCK_SIZE = 1 << 17
 XATTR_USER = b"user."
+#: what a listing says of the (most) names that have no tags: one shared, never changed
+_NO_TAGS: Mapping[str, str] = MappingProxyType({})
 
 
 def errno_of(exc: Exception) -> int:
@@ -144,9 +154,9 @@ class DirHandle:
     last_id: int = 0
     listing: AsyncIterator[Entry] | None = None
     pending: Entry | None = None
-    #: the names in the directory that have tags (None: unknown) and until when
-    #: (monotonic) that stands
-    tagged: set[str] | None = None
+    #: the tags of the names in the directory that have any (None: unknown) and until
+    #: when (monotonic) that stands
+    tagged: dict[str, dict[str, str]] | None = None
     tagged_until: float = 0.0
 
 
@@ -162,8 +172,13 @@ class LoomOperations:
         *,
         following: bool = False,
         callers: Callers | None = None,
+        defer_creates: bool = False,
     ) -> None:
         self.ns = ns
+        #: files created here enter the namespace at their first commit (see the module)
+        self.defer_creates = defer_creates
+        #: the nodes of those files until then
+        self._pending: set[Node] = set()
         self.kernel = kernel
         self.cache_timeout = cache_timeout
         #: the change feed is followed (``follow.py``): what it has not flagged is current
@@ -346,7 +361,7 @@ class LoomOperations:
         version the buffer started from; otherwise fail with Conflict (ESTALE), never
         overwrite a change made elsewhere. Then the attributes set meanwhile."""
         buffer = node.buffer
-        if buffer is None or not buffer.unsaved:
+        if buffer is None or not (buffer.unsaved or node.pending):
             return
         async with buffer.commit_lock:
             generation = buffer.generation
@@ -355,8 +370,9 @@ class LoomOperations:
                 buffer.committed_generation = generation
                 buffer.pending.clear()
                 return
-            both = buffer.dirty and bool(buffer.pending) and self.ns.writes_attrs(node.path)
-            if buffer.dirty:
+            content = buffer.dirty or node.pending
+            both = content and bool(buffer.pending) and self.ns.writes_attrs(node.path)
+            if content:
                 await self._save_content(node, who, buffer, generation, with_attrs=both)
             if buffer.pending:
                 await self._save_attrs(node, who, buffer)
@@ -371,21 +387,26 @@ class LoomOperations:
         with_attrs: bool,
     ) -> None:
         """The bytes; ``with_attrs``: with the attributes set meanwhile, in one change (a
-        Samba put sets the mode and the write time before its close)."""
+        Samba put sets the mode and the write time before its close). A pending file is
+        made by it (exclusive: a name taken meanwhile elsewhere is not overwritten)."""
         pending, buffer.pending = (buffer.pending, {}) if with_attrs else ({}, buffer.pending)
+        creating = node.pending
+        base = None if creating else buffer.base_version
+        mode = buffer.pending.get("mode") if creating else None
         try:
             if with_attrs:
                 entry = await self.ns.write_with_attrs(
                     who,
                     node.path,
                     buffer.body(),
-                    if_version=buffer.base_version,
+                    if_version=base,
                     attrs=pending,
                     owner_optional=True,
+                    exclusive=creating,
                 )
             else:
                 entry = await self.ns.write(
-                    who, node.path, buffer.body(), if_version=buffer.base_version
+                    who, node.path, buffer.body(), if_version=base, exclusive=creating, mode=mode
                 )
         except BaseException as exc:
             buffer.pending = {**pending, **buffer.pending}
@@ -399,6 +420,10 @@ class LoomOperations:
             raise
         buffer.committed_generation = generation
         buffer.base_version = entry.version
+        if creating:
+            self._created_now(node, entry)
+            if mode is not None and buffer.pending.get("mode") == mode:
+                del buffer.pending["mode"]  # the write gave it
         node.entry = entry
         # the kernel's pages hold exactly what was written through it
         node.cached_version = entry.version
@@ -440,7 +465,57 @@ class LoomOperations:
             who, path, aiter_bytes(b""), exclusive=True, mode=stat.S_IMODE(mode) & ~ctx.umask
         )
 
+    async def _create_now(self, node: Node, who: Principal) -> None:
+        """Make a pending file in the namespace before a change that needs it there."""
+        if node.pending:
+            await self._commit(node, who)
+
+    async def _deferring(self, who: Principal, path: str, mode: int) -> bool:
+        """Whether the create of ``path`` waits for the file's first commit: it is
+        decided now, as its write would be, writing nothing. Where the namespace can't
+        decide beforehand, the file is made now."""
+        if not self.defer_creates:
+            return False
+        try:
+            await self.ns.authorize_create(who, path, mode)
+        except NotSupported:
+            return False
+        return True
+
+    def _pending_file(self, path: str, mode: int, ctx: Context) -> Node:
+        """The node of a file whose create waits for its first commit: empty, the
+        caller's, with its mode and owner kept for that commit."""
+        now = time.time_ns()
+        entry = Entry(path, EntryKind.FILE, 0, now, mode, ctx.uid, ctx.gid, version=0,
+                      atime_ns=now, ctime_ns=now)  # fmt: skip
+        node = self.inodes.created(entry)
+        node.pending = True
+        node.cached_version = 0
+        self._pending.add(node)
+        node.buffer = WriteBuffer(self.spool_dir, 0)
+        node.buffer.pending.update(mode=mode, uid=ctx.uid, gid=ctx.gid)
+        return node
+
+    def _created_now(self, node: Node, entry: Entry) -> None:
+        """A pending file's first commit made it in the namespace."""
+        node.pending = False
+        self._pending.discard(node)
+        self.own.note(ChangeOp.CREATE, entry.path, entry.version)
+
+    def _pending_at(self, path: str) -> Node | None:
+        node = self.inodes.by_path(path)
+        return node if node is not None and node.pending and node.path == path else None
+
+    def _drop_pending(self, node: Node) -> None:
+        """A pending file's name is gone before it reached the namespace: nothing is
+        written for it, its handles read and write what they hold, as an unlinked file's."""
+        self._pending.discard(node)
+        if not node.unlinked:
+            self.inodes.unlinked(node.path)
+
     def _closed(self, node: Node) -> None:
+        if node.opens == 1 and node.pending:
+            self._drop_pending(node)  # its commit failed: the file was never made
         self.inodes.closed(node)
         if node.opens == 0 and node.buffer is not None:
             node.buffer.close()
@@ -456,7 +531,15 @@ class LoomOperations:
             path = paths.split(self._node(parent_inode).path)[0]
         else:
             path = self._child(parent_inode, name)
-        return self._learned(await self.ns.stat(self.resolving(ctx), path))
+        who = self.resolving(ctx)
+        pending = self._pending_at(path)
+        if pending is not None:
+            # every caller of the mount sees it, as the rules would let them see the file
+            if not await self.ns.visible(who, path):
+                raise _fail(errno.EACCES)
+            pending.lookups += 1
+            return self.attrs(pending)
+        return self._learned(await self.ns.stat(who, path))
 
     @translated
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -466,7 +549,7 @@ class LoomOperations:
     @translated
     async def getattr(self, inode: int, ctx: Context) -> EntryAttributes:
         node = self._node(inode)
-        if node.unlinked:
+        if node.unlinked or node.pending:
             return self.attrs(node)
         entry = node.entry
         current = time.monotonic() < node.current_until
@@ -525,6 +608,7 @@ class LoomOperations:
             # administrator's), and that must be its caller's answer, not the close's.
             node.buffer.pending.update(wanted)
         elif wanted:
+            await self._create_now(node, who)
             before = node.entry.version
             node.entry = await self.ns.set_attrs(who, node.path, **wanted)
             self._moved_on(node, before)
@@ -570,6 +654,7 @@ class LoomOperations:
     ) -> EntryAttributes:
         who = self.who(ctx)
         node = self._node(inode)
+        await self._create_now(node, who)
         entry = await self.ns.link(who, node.path, self._child(new_parent_inode, new_name))
         # the source's link count moved: the kernel must ask again (attributes only,
         # which is safe inside a request); learned again, so the new name finds its node
@@ -591,11 +676,21 @@ class LoomOperations:
 
     @translated
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Context) -> None:
-        await self._remove(self.who(ctx), self._child(parent_inode, name))
+        path = self._child(parent_inode, name)
+        if any(paths.is_within(node.path, path) for node in self._live_pending()):
+            raise _fail(errno.ENOTEMPTY)  # the namespace has not heard of the file yet
+        await self._remove(self.who(ctx), path)
+
+    def _live_pending(self) -> list[Node]:
+        return [node for node in self._pending if not node.unlinked]
 
     @translated
     async def unlink(self, parent_inode: int, name: bytes, ctx: Context) -> None:
         who, path = self.who(ctx), self._child(parent_inode, name)
+        pending = self._pending_at(path)
+        if pending is not None:
+            self._drop_pending(pending)
+            return
         writing = self._writing_as(path)
         await self._remove(who, path)
         await self._rebase(who, writing, path)
@@ -643,12 +738,43 @@ class LoomOperations:
         src = self._child(parent_inode_old, name_old)
         dst = self._child(parent_inode_new, name_new)
         overwrite = not flags & RENAME_NOREPLACE
+        pending = self._pending_at(src)
+        if pending is not None:
+            await self._rename_pending(who, pending, dst, overwrite=overwrite)
+            return
         if overwrite and src != dst:
             await self._clear_target(who, src, dst)
         replaced = self._writing_as(dst)
         await self.ns.rename(who, src, dst, overwrite=overwrite)
         self.inodes.moved(src, dst)
         await self._rebase(who, replaced, dst)
+
+    async def _rename_pending(
+        self, who: Principal, node: Node, dst: str, *, overwrite: bool
+    ) -> None:
+        """A pending file takes another name, still pending: decided as its create at
+        ``dst`` would be; what ``dst`` named before is replaced (a file in the namespace
+        is removed there now, as the rename's own change) unless ``overwrite`` is off."""
+        if dst == node.path:
+            return
+        assert node.buffer is not None
+        await self.ns.authorize_create(who, dst, node.buffer.pending.get("mode", 0))
+        target = self._pending_at(dst)
+        existing: Entry | None = None
+        if target is None:
+            with contextlib.suppress(FileNotFoundError):
+                existing = await self.ns.stat(who, dst)
+        if (target is not None or existing is not None) and not overwrite:
+            raise _fail(errno.EEXIST)
+        if target is not None:
+            self._drop_pending(target)
+        elif existing is not None and existing.is_dir:
+            raise _fail(errno.EISDIR)
+        elif existing is not None:
+            await self._remove(who, dst)
+        self.inodes.moved(node.path, dst)
+        assert node.entry is not None
+        node.entry = replace(node.entry, path=dst)
 
     async def _clear_target(self, who: Principal, src: str, dst: str) -> None:
         """rename(2) replaces an existing target of the same kind (a directory only if it
@@ -679,8 +805,8 @@ class LoomOperations:
             # a seek (or the first call): list again after the name at that position;
             # otherwise the kernel continues where the last buffer filled up
             await self._close_listing(handle)
-            handle.listing = self.ns.list(
-                handle.who, handle.node.path, start_after=handle.cursors.get(start_id)
+            handle.listing = self._listing(
+                handle.who, handle.node.path, handle.cursors.get(start_id)
             )
         while True:
             entry = handle.pending
@@ -691,7 +817,7 @@ class LoomOperations:
                 except StopAsyncIteration:
                     return
             node = self.inodes.learn(entry, lookups=0)
-            await self._note_untagged(handle, node, entry)
+            await self._note_tags(handle, node, entry)
             position = handle.last_id + 1
             if not readdir_reply(token, os.fsencode(entry.name), self.attrs(node), position):
                 handle.pending = entry
@@ -702,16 +828,58 @@ class LoomOperations:
             handle.cursors[position] = entry.name
             handle.last_id = position
 
-    async def _note_untagged(self, handle: DirHandle, node: Node, entry: Entry) -> None:
+    def _listing(
+        self, who: Principal, directory: str, start_after: str | None
+    ) -> AsyncIterator[Entry]:
+        """The namespace's listing of ``directory`` with this mount's pending files in
+        it, in the namespace's order (bytewise by name)."""
+        after = b"" if start_after is None else os.fsencode(start_after)
+        mine = sorted(
+            (
+                (name, node)
+                for node in self._live_pending()
+                if paths.split(node.path)[0] == directory
+                and (name := os.fsencode(paths.split(node.path)[1])) > after
+            ),
+            key=lambda pair: pair[0],
+        )
+        listing = self.ns.list(who, directory, start_after=start_after)
+        return self._merged(who, listing, mine) if mine else listing
+
+    async def _merged(
+        self, who: Principal, listing: AsyncIterator[Entry], mine: list[tuple[bytes, Node]]
+    ) -> AsyncIterator[Entry]:
+        def pending(node: Node) -> Entry:
+            assert node.entry is not None
+            return replace(node.entry, path=node.path)  # renamed with its directory, maybe
+
+        shown = [(name, node) for name, node in mine if await self.ns.visible(who, node.path)]
+        try:
+            async for entry in listing:
+                name = os.fsencode(entry.name)
+                while shown and shown[0][0] < name:
+                    yield pending(shown.pop(0)[1])
+                if shown and shown[0][0] == name:
+                    continue  # made elsewhere meanwhile: this mount's file is the one it shows
+                yield entry
+            for _, node in shown:
+                yield pending(node)
+        finally:
+            await listing.aclose()  # type: ignore[attr-defined]
+
+    async def _note_tags(self, handle: DirHandle, node: Node, entry: Entry) -> None:
         """Samba asks each listed name for its extended attributes (the EA size of a
-        directory entry): answered from the directory's one ask of which names have tags."""
+        directory entry): answered, for the caller the listing was for, from the
+        directory's one ask of the tags of its names. Another caller asks for itself:
+        the rules may show it other names, or none."""
         now = time.monotonic()
         if now >= handle.tagged_until:
-            handle.tagged = await self.ns.tagged_children(handle.who, handle.node.path)
+            handle.tagged = await self.ns.children_tags(handle.who, handle.node.path)
             handle.tagged_until = now + self.cache_timeout
         # a hard-linked file's names are rows of their own, each with its tags
-        if handle.tagged is not None and entry.name not in handle.tagged and not node.aliases:
-            node.untagged_until = handle.tagged_until
+        if handle.tagged is not None and not node.aliases:
+            tags = handle.tagged.get(entry.name, _NO_TAGS)
+            node.listed_tags = ListedTags(handle.who, handle.tagged_until, tags)
 
     @translated
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
@@ -823,14 +991,19 @@ class LoomOperations:
         ctx: Context,
     ) -> tuple[FileInfo, EntryAttributes]:
         who = self.who(ctx)
-        entry = await self._create_file(who, self._child(parent_inode, name), mode, ctx)
-        node = self._made(entry)
-        node.cached_version = entry.version
-        buffer = await self._buffer(node, who, entry.version, empty=True)
-        # the caller's ownership is saved with the content (``_commit``)
-        buffer.pending.update(_ownership(entry, ctx))
+        path = self._child(parent_inode, name)
+        if await self._deferring(who, path, stat.S_IMODE(mode) & ~ctx.umask):
+            node = self._pending_file(path, stat.S_IMODE(mode) & ~ctx.umask, ctx)
+        else:
+            entry = await self._create_file(who, path, mode, ctx)
+            node = self._made(entry)
+            node.cached_version = entry.version
+            buffer = await self._buffer(node, who, entry.version, empty=True)
+            # the caller's ownership is saved with the content (``_commit``)
+            buffer.pending.update(_ownership(entry, ctx))
+        assert node.entry is not None
         fh = self._fh()
-        self._files[fh] = FileHandle(node, who, entry.version)
+        self._files[fh] = FileHandle(node, who, node.entry.version)
         node.opens += 1
         return FileInfo(fh=fh, keep_cache=True), self.attrs(node)
 
@@ -902,9 +1075,12 @@ class LoomOperations:
 
     async def _tags(self, inode: int, ctx: Context) -> Mapping[str, str]:
         node = self._node(inode)
-        if time.monotonic() < node.untagged_until:
+        if node.pending:
             return {}
-        return await self.ns.get_tags(self.who(ctx), node.path)
+        who, listed = self.who(ctx), node.listed_tags
+        if listed is not None and listed.who == who and time.monotonic() < listed.until:
+            return listed.tags  # what the listing for this caller said: decided for them
+        return await self.ns.get_tags(who, node.path)
 
     @translated
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Context) -> None:
@@ -915,8 +1091,10 @@ class LoomOperations:
         except UnicodeDecodeError:
             raise _fail(errno.EINVAL) from None  # tags are text
         node = self._node(inode)
-        await self.ns.set_tags(self.who(ctx), node.path, {key: text})
-        node.untagged_until = 0.0
+        who = self.who(ctx)
+        await self._create_now(node, who)
+        await self.ns.set_tags(who, node.path, {key: text})
+        node.listed_tags = None
         self.inodes.touched(node)
 
     @translated
@@ -932,7 +1110,9 @@ class LoomOperations:
         if key not in await self._tags(inode, ctx):
             raise _fail(ENOATTR)
         await self.ns.set_tags(who, path, {}, [key])
-        self.inodes.touched(self._node(inode))
+        node = self._node(inode)
+        node.listed_tags = None
+        self.inodes.touched(node)
 
     @translated
     async def statfs(self, ctx: Context) -> StatvfsData:

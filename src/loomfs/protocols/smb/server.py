@@ -252,7 +252,7 @@ class SmbServer:
         try:
             async with mounted(
                 self.namespace, self.mountpoint, spool_dir=self.state_dir / "spool",
-                allow_other=True, callers=callers, protocol="smb",
+                allow_other=True, callers=callers, protocol="smb", defer_creates=True,
             ) as (session, ops):  # fmt: skip
                 self._session, self._ops = session, ops
                 ready.set_result(None)
